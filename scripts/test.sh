@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: installs what is missing, builds, runs every Bazel test, and ends with
+#   N passed, N failed, N skipped
+# derived from Bazel's per-test results. A test that needs a GPU and finds none prints the marker line
+# "ZERO_TEST_SKIPPED" and exits 0; it is counted as skipped. Extra arguments go to `bazel test`
+# (for example --config=asan).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh || exit 1
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+bazel test //... --test_summary=short "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+
+testlogs=$(bazel info bazel-testlogs "$@" 2>/dev/null)
+passed=0 failed=0 skipped=0
+while read -r target result; do
+  case "$result" in
+    PASSED)
+      path=${target#//}
+      path=${path/://}
+      if grep -q '^ZERO_TEST_SKIPPED' "$testlogs/$path/test.log" 2>/dev/null; then
+        skipped=$((skipped + 1))
+      else
+        passed=$((passed + 1))
+      fi
+      ;;
+    *) failed=$((failed + 1)) ;;
+  esac
+done < <(grep -E '^//[^ ]+ +(\(cached\) )?(PASSED|FAILED|TIMEOUT|FLAKY|NO STATUS|FAILED TO BUILD|INCOMPLETE|REMOTE FAILURE)' "$log" |
+  sed -E 's/\(cached\) //' | awk '{ print $1, $2 }')
+
+# A build failure can leave tests out of the summary: never report success then.
+if ((status != 0 && failed == 0)); then
+  failed=1
+fi
+echo "${passed} passed, ${failed} failed, ${skipped} skipped"
+((failed == 0))

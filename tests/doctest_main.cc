@@ -1,0 +1,3 @@
+// Shared main() for the doctest unit tests.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
