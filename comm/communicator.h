@@ -1,0 +1,72 @@
+#pragma once
+// Collective communication (DESIGN.md "Communicator").
+//
+// Buffers are raw pointers with an element count and a dtype; the backend decides where they must
+// live (Gloo: host memory; NCCL: CUDA device memory). Every call is asynchronous and returns a Work
+// handle; collectives issued on one communicator complete in issue order. Every blocking wait has a
+// timeout, and a failure (TimeoutError, CommError) names the operation, its sequence number and the
+// rank.
+//
+// Layout rules (NCCL's, so that sharded engines can work in place):
+//   reduce_scatter: send holds size() * recv_count elements; rank r receives the reduction of chunk r.
+//                   In place when recv == send + rank() * recv_count.
+//   all_gather:     recv holds size() * send_count elements; chunk r comes from rank r.
+//                   In place when send == recv + rank() * send_count.
+//   all_to_all:     send and recv hold size() * count elements; recv chunk r is send chunk rank()
+//                   of rank r. Not in place.
+// fp16 and bf16 sums accumulate in fp32 on the Gloo backend.
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "base/dtype.h"
+
+namespace zero::comm {
+
+enum class ReduceOp { kSum, kAvg, kMax, kMin };
+const char* reduce_op_name(ReduceOp op);
+
+// Handle to one issued collective.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the collective completed; throws TimeoutError past the timeout and CommError when
+  // it failed. Waiting again after success returns at once.
+  virtual void wait(std::chrono::milliseconds timeout) = 0;
+  // Waits with the communicator's default timeout.
+  virtual void wait() = 0;
+  // Non-blocking completion test (throws if it failed).
+  virtual bool is_completed() = 0;
+  // CUDA backends: makes `stream` (a cudaStream_t) wait for the collective without blocking the
+  // host. Host backends wait on the host.
+  virtual void wait_stream(void* stream) {
+    (void)stream;
+    wait();
+  }
+};
+using WorkHandle = std::shared_ptr<Work>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend_name() const = 0;
+  virtual std::chrono::milliseconds default_timeout() const = 0;
+
+  virtual WorkHandle all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) = 0;
+  virtual WorkHandle reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
+                                    ReduceOp op) = 0;
+  virtual WorkHandle all_gather(const void* send, void* recv, size_t send_count, DType dtype) = 0;
+  virtual WorkHandle broadcast(void* buf, size_t count, DType dtype, int root) = 0;
+  virtual WorkHandle all_to_all(const void* send, void* recv, size_t count, DType dtype) = 0;
+  virtual WorkHandle barrier() = 0;
+
+  // A communicator over the ranks that pass the same color, ordered by (key, rank). Collective:
+  // every rank must call it. Ranks passing a negative color get nullptr.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+};
+
+}  // namespace zero::comm
