@@ -1,0 +1,118 @@
+#include "zero/shard_layout.h"
+
+#include <algorithm>
+
+#include "base/check.h"
+
+namespace zero {
+namespace {
+
+size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+}  // namespace
+
+ShardLayout::ShardLayout(const std::vector<size_t>& tensor_numels, int world_size,
+                         const ShardLayoutOptions& options)
+    : world_size_(world_size), options_(options) {
+  if (world_size < 1) ZERO_THROW(InvalidArgument, "ShardLayout: world_size must be >= 1, got {}", world_size);
+  if (options.alignment == 0) ZERO_THROW(InvalidArgument, "ShardLayoutOptions.alignment must be > 0");
+  if (options.block == 0 || options.block % options.alignment != 0) {
+    ZERO_THROW(InvalidArgument,
+               "ShardLayoutOptions.block ({}) must be a positive multiple of alignment ({})",
+               options.block, options.alignment);
+  }
+  if (options.bucket_numel == 0) ZERO_THROW(InvalidArgument, "ShardLayoutOptions.bucket_numel must be > 0");
+
+  size_t offset = 0;
+  tensors_.reserve(tensor_numels.size());
+  for (size_t i = 0; i < tensor_numels.size(); ++i) {
+    if (tensor_numels[i] == 0) {
+      ZERO_THROW(InvalidArgument, "ShardLayout: tensor {} has zero elements", i);
+    }
+    offset = round_up(offset, options.alignment);
+    tensors_.push_back({tensor_numels[i], offset});
+    offset += tensor_numels[i];
+  }
+  total_numel_ = offset;
+
+  // Every bucket but the last is exactly `capacity` long, so no padding sits between buckets.
+  const size_t quantum = static_cast<size_t>(world_size) * options.block;
+  const size_t capacity = round_up(options.bucket_numel, quantum);
+  size_t t = 0;
+  size_t shard_offset = 0;
+  for (size_t start = 0; start < total_numel_; start += capacity) {
+    Bucket b;
+    b.offset = start;
+    b.numel = std::min(capacity, total_numel_ - start);
+    b.padded = round_up(b.numel, quantum);
+    b.chunk = b.padded / world_size;
+    b.shard_offset = shard_offset;
+    shard_offset += b.chunk;
+    // Tensors overlapping [start, start + numel).
+    while (t < tensors_.size() && tensors_[t].offset + tensors_[t].numel <= start) ++t;
+    b.first_tensor = t;
+    size_t e = t;
+    while (e < tensors_.size() && tensors_[e].offset < start + b.numel) ++e;
+    b.end_tensor = e;
+    buckets_.push_back(b);
+    padded_numel_ += b.padded;
+  }
+}
+
+size_t ShardLayout::max_bucket_padded() const {
+  size_t m = 0;
+  for (const Bucket& b : buckets_) m = std::max(m, b.padded);
+  return m;
+}
+
+size_t ShardLayout::chunk_begin(size_t bucket, int rank) const {
+  ZERO_CHECK_LT(bucket, buckets_.size());
+  ZERO_CHECK(rank >= 0 && rank < world_size_, "rank {} of {}", rank, world_size_);
+  const Bucket& b = buckets_[bucket];
+  return b.offset + static_cast<size_t>(rank) * b.chunk;
+}
+
+std::vector<ShardLayout::Piece> ShardLayout::pieces(int rank) const {
+  std::vector<Piece> out;
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    const Bucket& b = buckets_[bi];
+    const size_t lo = chunk_begin(bi, rank);
+    const size_t hi = lo + b.chunk;
+    for (size_t t = b.first_tensor; t < b.end_tensor; ++t) {
+      const size_t ts = tensors_[t].offset;
+      const size_t te = ts + tensors_[t].numel;
+      const size_t s = std::max(ts, lo);
+      const size_t e = std::min(te, hi);
+      if (s >= e) continue;
+      out.push_back({t, s - ts, e - ts, b.shard_offset + (s - lo), bi});
+    }
+  }
+  return out;
+}
+
+size_t ShardLayout::bucket_of(size_t flat) const {
+  ZERO_CHECK_LT(flat, padded_numel_, "flat offset out of range");
+  // Every bucket but the last has the same (full, unpadded) length.
+  if (buckets_.size() == 1) return 0;
+  return std::min(flat / buckets_.front().padded, buckets_.size() - 1);
+}
+
+std::pair<size_t, size_t> ShardLayout::buckets_of_tensor(size_t t) const {
+  ZERO_CHECK_LT(t, tensors_.size());
+  const size_t first = bucket_of(tensors_[t].offset);
+  const size_t last = bucket_of(tensors_[t].offset + tensors_[t].numel - 1);
+  return {first, last};
+}
+
+std::string ShardLayout::describe() const {
+  std::string s = fmt::format("ShardLayout: {} tensors, {} elements ({} padded), world {}, {} buckets\n",
+                              tensors_.size(), total_numel_, padded_numel_, world_size_, buckets_.size());
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    const Bucket& b = buckets_[i];
+    s += fmt::format("  bucket {}: flat [{}, {}) padded {} chunk {} tensors [{}, {})\n", i, b.offset,
+                     b.offset + b.numel, b.padded, b.chunk, b.first_tensor, b.end_tensor);
+  }
+  return s;
+}
+
+}  // namespace zero

@@ -1,0 +1,91 @@
+#pragma once
+// ShardLayout: where every trainable tensor lives in the flat gradient/parameter space, how that space
+// is cut into buckets, and which part of each bucket every rank owns.
+//
+// A pure function of (tensor sizes, world size, options): every rank computes the same layout.
+//
+//  flat space   |t0....|pad|t1..........|t2.|pad|t3.......................|   (tensor starts aligned)
+//  buckets      |<------ bucket 0 ------>|<------ bucket 1 ------>|<- 2 ->|pad|
+//  rank chunks  | r0  | r1  | r2  | r3  | r0  | r1  | r2  | r3  | ...
+//
+// Tensors are packed in registration order; a tensor may span buckets. Every bucket's padded length is
+// a multiple of world_size * block, so it splits into world_size equal chunks and rank r's chunk starts
+// at r * chunk: reduce-scatter output and all-gather input are in place (NCCL's rule). Only the last
+// bucket carries padding, so the flat offset of every element is independent of the world size, and
+// so is the partition of the flat space into blocks of `block` elements: norms summed per block in
+// global order come out bitwise the same at any world size and stage.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zero {
+
+struct ShardLayoutOptions {
+  size_t alignment = 16;          // tensor start alignment in elements (16 fp32 = 64 bytes)
+  size_t bucket_numel = 1 << 24;  // target bucket length in elements (rounded up to world * block)
+  size_t block = 1024;            // norm/partition granule in elements; a multiple of alignment
+};
+
+class ShardLayout {
+ public:
+  struct Tensor {
+    size_t numel = 0;
+    size_t offset = 0;  // flat offset
+  };
+  struct Bucket {
+    size_t offset = 0;  // flat offset of the bucket
+    size_t numel = 0;   // elements holding data or inter-tensor alignment (unpadded)
+    size_t padded = 0;  // numel rounded up to a multiple of world * block
+    size_t chunk = 0;   // padded / world
+    size_t shard_offset = 0;  // where this bucket's chunk starts in each rank's shard
+    size_t first_tensor = 0;  // tensors [first_tensor, end_tensor) overlap this bucket
+    size_t end_tensor = 0;
+  };
+  // A piece of a tensor inside one rank's shard.
+  struct Piece {
+    size_t tensor = 0;
+    size_t tensor_begin = 0;  // element range inside the tensor
+    size_t tensor_end = 0;
+    size_t shard_offset = 0;  // where it starts in the rank's shard
+    size_t bucket = 0;
+  };
+
+  ShardLayout() = default;
+  // Throws InvalidArgument naming the field for a world size < 1, zero alignment/bucket/block, a
+  // block that is not a multiple of the alignment, or a zero-sized tensor.
+  ShardLayout(const std::vector<size_t>& tensor_numels, int world_size,
+              const ShardLayoutOptions& options = {});
+
+  int world_size() const { return world_size_; }
+  const ShardLayoutOptions& options() const { return options_; }
+  const std::vector<Tensor>& tensors() const { return tensors_; }
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  size_t total_numel() const { return total_numel_; }    // unpadded flat length
+  size_t padded_numel() const { return padded_numel_; }  // sum of padded bucket lengths
+  size_t shard_numel() const { return padded_numel_ / world_size_; }  // every rank's shard length
+  size_t max_bucket_padded() const;
+
+  // Flat range [begin, end) of rank r inside bucket b.
+  size_t chunk_begin(size_t bucket, int rank) const;
+  // Pieces of tensors owned by rank r, in shard order.
+  std::vector<Piece> pieces(int rank) const;
+  // Bucket holding flat offset `flat` (throws when out of range).
+  size_t bucket_of(size_t flat) const;
+  // Buckets that tensor t overlaps: [first, last].
+  std::pair<size_t, size_t> buckets_of_tensor(size_t t) const;
+  size_t num_blocks() const { return padded_numel_ / options_.block; }
+
+  // One line per bucket, for logs and error messages.
+  std::string describe() const;
+
+ private:
+  int world_size_ = 1;
+  ShardLayoutOptions options_;
+  std::vector<Tensor> tensors_;
+  std::vector<Bucket> buckets_;
+  size_t total_numel_ = 0;
+  size_t padded_numel_ = 0;
+};
+
+}  // namespace zero

@@ -1,0 +1,148 @@
+#include "zero/shard_layout.h"
+
+#include <doctest/doctest.h>
+
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "base/error.h"
+
+namespace zero {
+namespace {
+
+// Checks the invariants every consumer relies on.
+void check_invariants(const ShardLayout& l, const std::vector<size_t>& numels) {
+  const auto& opt = l.options();
+  const int n = l.world_size();
+  // Tensors: aligned, in order, disjoint.
+  size_t prev_end = 0;
+  for (size_t t = 0; t < numels.size(); ++t) {
+    const auto& T = l.tensors()[t];
+    CHECK(T.numel == numels[t]);
+    CHECK(T.offset % opt.alignment == 0);
+    CHECK(T.offset >= prev_end);
+    CHECK(T.offset - prev_end < opt.alignment);
+    prev_end = T.offset + T.numel;
+  }
+  CHECK(l.total_numel() == prev_end);
+  // Buckets: contiguous, no padding except in the last, equal chunks.
+  size_t flat = 0, shard = 0, padded = 0;
+  for (size_t b = 0; b < l.buckets().size(); ++b) {
+    const auto& B = l.buckets()[b];
+    CHECK(B.offset == flat);
+    CHECK(B.padded % (static_cast<size_t>(n) * opt.block) == 0);
+    CHECK(B.chunk * n == B.padded);
+    CHECK(B.shard_offset == shard);
+    if (b + 1 < l.buckets().size()) CHECK(B.padded == B.numel);
+    flat += B.padded;
+    shard += B.chunk;
+    padded += B.padded;
+  }
+  CHECK(l.padded_numel() == padded);
+  CHECK(l.shard_numel() * n == padded);
+  // Pieces of all ranks cover every tensor element exactly once, inside the owner's chunk.
+  std::vector<std::vector<int>> owner(numels.size());
+  for (size_t t = 0; t < numels.size(); ++t) owner[t].assign(numels[t], -1);
+  for (int r = 0; r < n; ++r) {
+    size_t last_shard_end = 0;
+    for (const auto& p : l.pieces(r)) {
+      CHECK(p.tensor_begin < p.tensor_end);
+      CHECK(p.shard_offset >= last_shard_end);
+      last_shard_end = p.shard_offset + (p.tensor_end - p.tensor_begin);
+      CHECK(last_shard_end <= l.shard_numel());
+      const size_t flat_begin = l.tensors()[p.tensor].offset + p.tensor_begin;
+      const auto& B = l.buckets()[p.bucket];
+      const size_t chunk_lo = l.chunk_begin(p.bucket, r);
+      CHECK(flat_begin >= chunk_lo);
+      CHECK(flat_begin + (p.tensor_end - p.tensor_begin) <= chunk_lo + B.chunk);
+      CHECK(p.shard_offset == B.shard_offset + (flat_begin - chunk_lo));
+      for (size_t e = p.tensor_begin; e < p.tensor_end; ++e) {
+        REQUIRE(owner[p.tensor][e] == -1);
+        owner[p.tensor][e] = r;
+      }
+    }
+  }
+  for (size_t t = 0; t < numels.size(); ++t) {
+    for (int o : owner[t]) REQUIRE(o >= 0);
+    auto [first, last] = l.buckets_of_tensor(t);
+    CHECK(first <= last);
+    CHECK(l.buckets()[first].offset <= l.tensors()[t].offset);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("single small tensor, world sizes 1..8") {
+  for (int n = 1; n <= 8; ++n) {
+    ShardLayout l({10}, n, {.alignment = 4, .bucket_numel = 64, .block = 8});
+    CHECK(l.buckets().size() == 1);
+    const size_t q = static_cast<size_t>(8 * n);
+    CHECK(l.buckets()[0].padded == (10 + q - 1) / q * q);
+    check_invariants(l, {10});
+  }
+}
+
+TEST_CASE("tensors larger than a bucket span several buckets") {
+  const std::vector<size_t> numels{1000, 3, 17, 4096, 1};
+  ShardLayout l(numels, 3, {.alignment = 16, .bucket_numel = 256, .block = 32});
+  CHECK(l.buckets().size() > 10);
+  auto [first, last] = l.buckets_of_tensor(0);
+  CHECK(first == 0);
+  CHECK(last >= 3);
+  check_invariants(l, numels);
+}
+
+TEST_CASE("world size larger than a tensor: most ranks own padding only") {
+  ShardLayout l({3, 2}, 16, {.alignment = 1, .bucket_numel = 8, .block = 1});
+  check_invariants(l, {3, 2});
+  int ranks_with_data = 0;
+  for (int r = 0; r < 16; ++r) ranks_with_data += !l.pieces(r).empty();
+  CHECK(ranks_with_data == 5);
+}
+
+TEST_CASE("flat offsets and blocks do not depend on the world size") {
+  const std::vector<size_t> numels{592, 768, 48, 768, 16, 100000, 7};
+  ShardLayoutOptions o{.alignment = 16, .bucket_numel = 1 << 14, .block = 256};
+  ShardLayout one(numels, 1, o), four(numels, 4, o), three(numels, 3, o);
+  for (size_t t = 0; t < numels.size(); ++t) {
+    CHECK(one.tensors()[t].offset == four.tensors()[t].offset);
+    CHECK(one.tensors()[t].offset == three.tensors()[t].offset);
+  }
+  // Non-last bucket boundaries agree when the bucket size is a multiple of every world * block.
+  ShardLayoutOptions o2{.alignment = 16, .bucket_numel = 12 * 256 * 8, .block = 256};
+  ShardLayout a(numels, 1, o2), b(numels, 4, o2), c(numels, 3, o2);
+  REQUIRE(a.buckets().size() == b.buckets().size());
+  for (size_t i = 0; i + 1 < a.buckets().size(); ++i) {
+    CHECK(a.buckets()[i].offset == b.buckets()[i].offset);
+    CHECK(a.buckets()[i].offset == c.buckets()[i].offset);
+  }
+  check_invariants(one, numels);
+  check_invariants(four, numels);
+  check_invariants(three, numels);
+}
+
+TEST_CASE("random layouts keep every invariant") {
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 60; ++trial) {
+    std::vector<size_t> numels(1 + rng() % 12);
+    for (auto& x : numels) x = 1 + rng() % (rng() % 2 ? 50 : 5000);
+    const int n = 1 + static_cast<int>(rng() % 7);
+    const size_t align = size_t{1} << (rng() % 5);
+    const size_t block = align * (1 + rng() % 4);
+    const size_t bucket = 1 + rng() % 3000;
+    ShardLayout l(numels, n, {.alignment = align, .bucket_numel = bucket, .block = block});
+    check_invariants(l, numels);
+  }
+}
+
+TEST_CASE("bad layout arguments name the field") {
+  CHECK_THROWS_WITH_AS(ShardLayout({4}, 0), doctest::Contains("world_size"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(ShardLayout({4}, 2, {.alignment = 0}), doctest::Contains("alignment"),
+                       InvalidArgument);
+  CHECK_THROWS_WITH_AS(ShardLayout({4}, 2, {.alignment = 16, .bucket_numel = 64, .block = 24}),
+                       doctest::Contains("block"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(ShardLayout({4, 0}, 2), doctest::Contains("tensor 1"), InvalidArgument);
+}
+
+}  // namespace zero
