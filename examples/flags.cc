@@ -1,0 +1,60 @@
+#include "examples/flags.h"
+
+#include <cstdlib>
+
+#include "base/check.h"
+
+namespace zero::examples {
+
+Flags::Flags(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--", 0) != 0) ZERO_THROW(InvalidArgument, "unexpected argument '{}'", a);
+    a = a.substr(2);
+    const size_t eq = a.find('=');
+    if (eq != std::string::npos) {
+      values_[a.substr(0, eq)] = a.substr(eq + 1);
+    } else if (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) {
+      values_[a] = argv[++i];
+    } else {
+      values_[a] = "true";
+    }
+  }
+}
+
+std::string Flags::get(const std::string& name, const std::string& fallback) {
+  used_[name] = true;
+  auto it = values_.find(name);
+  return it == values_.end() ? fallback : it->second;
+}
+
+int Flags::get_int(const std::string& name, int fallback) {
+  const std::string v = get(name, std::to_string(fallback));
+  char* end = nullptr;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0') ZERO_THROW(InvalidArgument, "--{}: '{}' is not an integer", name, v);
+  return static_cast<int>(x);
+}
+
+double Flags::get_double(const std::string& name, double fallback) {
+  const std::string v = get(name, std::to_string(fallback));
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0') ZERO_THROW(InvalidArgument, "--{}: '{}' is not a number", name, v);
+  return x;
+}
+
+bool Flags::get_bool(const std::string& name, bool fallback) {
+  const std::string v = get(name, fallback ? "true" : "false");
+  if (v == "true" || v == "1") return true;
+  if (v == "false" || v == "0") return false;
+  ZERO_THROW(InvalidArgument, "--{}: '{}' is not true/false", name, v);
+}
+
+void Flags::check_all_used() const {
+  for (const auto& [name, value] : values_) {
+    if (!used_.count(name)) ZERO_THROW(InvalidArgument, "unknown flag --{}", name);
+  }
+}
+
+}  // namespace zero::examples

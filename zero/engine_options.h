@@ -1,0 +1,59 @@
+#pragma once
+// Options of the sharded engine. Plain structs with defaults; Engine validates them once at
+// construction and names the offending field in the error.
+#include <chrono>
+#include <cstddef>
+
+#include "base/dtype.h"
+#include "optim/loss_scaler.h"
+#include "optim/optimizer.h"
+#include "zero/shard_layout.h"
+
+namespace zero {
+
+enum class LossScaling { kNone, kStatic, kDynamic };
+
+struct EngineOptions {
+  // 0: replicated optimizer, all-reduced gradients (DDP). 1: optimizer state sharded. 2: gradients
+  // sharded too (reduce-scattered bucket by bucket during backward).
+  int stage = 2;
+
+  optim::OptimizerOptions optimizer;
+
+  // Global L2 gradient-norm clipping (torch.nn.utils.clip_grad_norm_ semantics); 0 disables it.
+  float max_grad_norm = 0.0f;
+
+  // Element type the gradient collectives run in: fp32, or the model's gradient dtype.
+  DType reduce_dtype = DType::kFloat32;
+  // Stage 2 gradient shard, and the accumulator used when gradients are reduced every micro-step of
+  // an accumulation: fp32, or the model's gradient dtype.
+  DType grad_accum_dtype = DType::kFloat32;
+
+  // Micro-steps per optimizer step. With reduce_every_micro_step (the default) each micro-step's
+  // gradients are reduced into the shard accumulator right away; otherwise (no_sync style, stages 0
+  // and 1 only) they accumulate locally and are reduced once, at the last micro-step.
+  int gradient_accumulation_steps = 1;
+  bool reduce_every_micro_step = true;
+
+  // Rank contributions are summed in rank order in fp32 (all-to-all, then an ordered local sum), so
+  // stages 0, 1 and 2 give bitwise-identical parameters, and N ranks give bitwise the result of one
+  // rank accumulating the same N micro-batches in rank order.
+  bool deterministic = false;
+
+  LossScaling loss_scaling = LossScaling::kNone;
+  float static_loss_scale = 1.0f;
+  optim::LossScalerOptions dynamic_loss_scaler;
+
+  ShardLayoutOptions layout{.alignment = 16, .bucket_numel = 1 << 23, .block = 1024};
+
+  // Gradient buckets whose reduction may be in flight at once (each holds one bucket buffer).
+  int max_inflight_buckets = 2;
+
+  // Deadline for every collective the engine waits on.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+};
+
+// Throws InvalidArgument naming the field.
+void validate(const EngineOptions& options);
+
+}  // namespace zero

@@ -1,0 +1,73 @@
+#include "zero/memory_report.h"
+
+#include <fmt/format.h>
+
+#include "base/check.h"
+#include "memory/tracker.h"
+
+namespace zero {
+
+MemoryPrediction predict_memory(const MemoryFormulaInputs& in) {
+  ZERO_CHECK(in.stage >= 0 && in.stage <= 2, "stage {}", in.stage);
+  ZERO_CHECK_GE(in.world_size, 1);
+  const uint64_t psi = in.numel;
+  const uint64_t n = static_cast<uint64_t>(in.world_size);
+  MemoryPrediction p;
+  p.params = in.param_bytes * psi;
+  const uint64_t sharded = (in.stage == 0) ? 1 : n;
+  p.master = 4 * psi / sharded;
+  p.optimizer_state = in.state_bytes * psi / sharded;
+  std::string grads_term;
+  if (in.stage == 2) {
+    p.grads = in.shard_grad_bytes * psi / n;
+    grads_term = fmt::format("{}Ψ/N", in.shard_grad_bytes);
+  } else {
+    p.grads = in.grad_bytes * psi;
+    grads_term = fmt::format("{}Ψ", in.grad_bytes);
+    if (in.accumulator) {
+      p.grads += 4 * psi / sharded;
+      grads_term += in.stage == 0 ? " + 4Ψ" : " + 4Ψ/N";
+    }
+  }
+  const uint64_t k = 4 + in.state_bytes;
+  if (in.stage == 0) {
+    p.formula = fmt::format("{}Ψ + {} + {}Ψ", in.param_bytes, grads_term, k);
+  } else {
+    p.formula = fmt::format("{}Ψ + {} + {}Ψ/N", in.param_bytes, grads_term, k);
+  }
+  return p;
+}
+
+uint64_t MemoryReport::formula_current() const {
+  uint64_t s = 0;
+  for (const Row& r : rows) s += r.in_formula ? r.current : 0;
+  return s;
+}
+
+uint64_t MemoryReport::formula_predicted() const {
+  uint64_t s = 0;
+  for (const Row& r : rows) s += r.in_formula ? r.predicted : 0;
+  return s;
+}
+
+double MemoryReport::ratio() const {
+  const uint64_t p = formula_predicted();
+  return p == 0 ? 0.0 : static_cast<double>(formula_current()) / static_cast<double>(p);
+}
+
+std::string MemoryReport::table() const {
+  using memory::format_bytes;
+  std::string s = fmt::format("rank {} memory, stage {}, N = {}, Ψ = {} ({})\n", rank, stage,
+                              world_size, numel, formula);
+  s += fmt::format("  {:<18} {:>12} {:>12} {:>12}\n", "category", "current", "peak", "predicted");
+  for (const Row& r : rows) {
+    s += fmt::format("  {:<18} {:>12} {:>12} {:>12}\n", r.category, format_bytes(r.current),
+                     format_bytes(r.peak), r.in_formula ? format_bytes(r.predicted) : "-");
+  }
+  s += fmt::format("  {:<18} {:>12} {:>12} {:>12}   measured/predicted = {:.3f}\n",
+                   "params+grads+optim", format_bytes(formula_current()), "",
+                   format_bytes(formula_predicted()), ratio());
+  return s;
+}
+
+}  // namespace zero

@@ -1,0 +1,59 @@
+#pragma once
+// Per-rank memory: what the engine measured (memory tracker, plus the registered parameters, which
+// the user owns) next to what the ZeRO formulas predict for the configuration:
+//
+//   stage 0:  (p + g + 4 + k) Ψ                 16Ψ       for 16-bit params/grads and Adam (k = 8)
+//   stage 1:  (p + g) Ψ + (4 + k) Ψ / N          4Ψ + 12Ψ/N
+//   stage 2:  p Ψ + (a + 4 + k) Ψ / N            2Ψ + 14Ψ/N with a 16-bit gradient shard (a = 2)
+//
+// p, g: bytes per parameter and gradient element; a: bytes per element of the stage 2 gradient shard
+// (EngineOptions::grad_accum_dtype); k: optimizer state bytes per element. Accumulating reduced
+// gradients over micro-steps adds an fp32 accumulator (4Ψ at stage 0, 4Ψ/N at stage 1). Bucket
+// buffers (in-flight reductions, the parameter all-gather double buffer) are reported separately.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zero {
+
+struct MemoryFormulaInputs {
+  int stage = 0;
+  int world_size = 1;
+  uint64_t numel = 0;          // Ψ: trainable elements
+  uint64_t param_bytes = 2;    // p
+  uint64_t grad_bytes = 2;     // g
+  uint64_t shard_grad_bytes = 0;     // a (stage 2) or the accumulator's bytes when one is kept
+  bool accumulator = false;    // stages 0/1: an fp32 accumulator for reduced micro-step gradients
+  uint64_t state_bytes = 8;    // k
+};
+
+struct MemoryPrediction {
+  uint64_t params = 0, grads = 0, master = 0, optimizer_state = 0;
+  uint64_t total() const { return params + grads + master + optimizer_state; }
+  std::string formula;  // e.g. "2Ψ + 14Ψ/N"
+};
+
+MemoryPrediction predict_memory(const MemoryFormulaInputs& in);
+
+struct MemoryReport {
+  struct Row {
+    std::string category;
+    uint64_t current = 0;
+    uint64_t peak = 0;
+    uint64_t predicted = 0;
+    bool in_formula = true;  // counted in the ZeRO formula (false: bucket buffers and the like)
+  };
+  int rank = 0;
+  int stage = 0;
+  int world_size = 1;
+  uint64_t numel = 0;
+  std::string formula;
+  std::vector<Row> rows;
+
+  uint64_t formula_current() const;   // sum of in-formula rows
+  uint64_t formula_predicted() const;
+  double ratio() const;               // formula_current / formula_predicted
+  std::string table() const;
+};
+
+}  // namespace zero

@@ -1,0 +1,45 @@
+#include "zero/memory_report.h"
+
+#include <doctest/doctest.h>
+
+namespace zero {
+
+TEST_CASE("the ZeRO formulas for 16-bit parameters and Adam") {
+  const uint64_t psi = 1000000;
+  for (int n : {1, 2, 4, 8}) {
+    MemoryFormulaInputs in{.stage = 0, .world_size = n, .numel = psi, .param_bytes = 2,
+                           .grad_bytes = 2, .shard_grad_bytes = 2, .accumulator = false,
+                           .state_bytes = 8};
+    CHECK(predict_memory(in).total() == 16 * psi);
+    in.stage = 1;
+    CHECK(predict_memory(in).total() == 4 * psi + 12 * psi / n);
+    in.stage = 2;
+    CHECK(predict_memory(in).total() == 2 * psi + 14 * psi / n);
+    CHECK(predict_memory(in).formula == "2Ψ + 2Ψ/N + 12Ψ/N");
+  }
+}
+
+TEST_CASE("accumulators and fp32 gradient shards change the prediction") {
+  const uint64_t psi = 1 << 20;
+  MemoryFormulaInputs in{.stage = 1, .world_size = 4, .numel = psi, .param_bytes = 2,
+                         .grad_bytes = 2, .shard_grad_bytes = 4, .accumulator = true,
+                         .state_bytes = 8};
+  CHECK(predict_memory(in).grads == 2 * psi + psi);
+  in.stage = 2;
+  CHECK(predict_memory(in).grads == psi);
+  in.stage = 0;
+  CHECK(predict_memory(in).grads == 6 * psi);
+}
+
+TEST_CASE("report table and ratio") {
+  MemoryReport r;
+  r.rows.push_back({"params (user)", 100, 100, 100, true});
+  r.rows.push_back({"grads", 50, 60, 40, true});
+  r.rows.push_back({"comm_buffer", 1000, 1000, 0, false});
+  CHECK(r.formula_current() == 150);
+  CHECK(r.formula_predicted() == 140);
+  CHECK(r.ratio() == doctest::Approx(150.0 / 140.0));
+  CHECK(r.table().find("comm_buffer") != std::string::npos);
+}
+
+}  // namespace zero

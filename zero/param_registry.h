@@ -1,0 +1,64 @@
+#pragma once
+// The parameters a training loop registers with the engine, their local validation, and the check
+// that every rank registered the same names, shapes and dtypes in the same order.
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/dtype.h"
+#include "comm/communicator.h"
+
+namespace zero {
+
+// A view of user-owned storage: `numel` elements of the parameter's dtype at `ptr`.
+struct StorageRef {
+  void* ptr = nullptr;
+  size_t numel = 0;
+};
+
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype = DType::kFloat32;  // fp32, fp16 or bf16
+  StorageRef data;                // the parameter values (required)
+  StorageRef grad;                // optional gradient storage; empty = the engine provides it
+  int unit = 0;                   // layer id (gather scopes at stage 3)
+  int group = 0;                  // optimizer parameter group
+  bool requires_grad = true;      // frozen parameters get no reduction and no optimizer state
+};
+
+size_t shape_numel(const std::vector<int64_t>& shape);  // throws InvalidArgument on overflow/<=0
+std::string shape_string(const std::vector<int64_t>& shape);
+
+class ParamRegistry {
+ public:
+  // Validates the spec locally. The first problem is remembered and raised by verify_across_ranks
+  // (on every rank), so a bad registration on one rank cannot leave the others waiting.
+  int add(const ParamSpec& spec);
+
+  const std::vector<ParamSpec>& params() const { return params_; }
+  const ParamSpec& param(int id) const;
+  size_t numel(int id) const { return numels_.at(static_cast<size_t>(id)); }
+  std::vector<int> trainable() const;
+  std::optional<int> find(const std::string& name) const;
+  const std::string& local_error() const { return local_error_; }
+  // Records a problem found outside add() (e.g. by the engine's option checks).
+  void note_error(const std::string& message);
+
+  // Collective: compares every rank's registration with rank 0's and throws InvalidArgument on every
+  // rank naming the first difference and the ranks involved, or any rank's local error.
+  void verify_across_ranks(comm::Communicator& comm, std::chrono::milliseconds timeout) const;
+
+  // One line per parameter: "name shape dtype requires_grad group unit".
+  std::vector<std::string> signature_lines() const;
+
+ private:
+  std::vector<ParamSpec> params_;
+  std::vector<size_t> numels_;
+  std::string local_error_;
+};
+
+}  // namespace zero
