@@ -117,11 +117,12 @@ TcpStore::TcpStore(const TcpStoreOptions& options) : options_(options) {
   for (;;) {
     connection_ = Connection::open(connect_host_, port_, address_, options_.token, deadline, &error);
     if (connection_) break;
-    if (Clock::now() + backoff >= deadline) {
+    const auto now = Clock::now();
+    if (now >= deadline) {
       ZERO_THROW(TimeoutError, "timed out after {} ms connecting to the TCP store at {} (last error: {})",
                  options_.timeout.count(), address_, error);
     }
-    std::this_thread::sleep_for(backoff);
+    std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
   }
 }
