@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "base/dtype.h"
 
@@ -26,6 +27,8 @@ namespace zero::comm {
 
 enum class ReduceOp { kSum, kAvg, kMax, kMin };
 const char* reduce_op_name(ReduceOp op);
+// Accepts the names reduce_op_name prints ("sum", "avg", "max", "min"); InvalidArgument otherwise.
+ReduceOp parse_reduce_op(std::string_view name);
 
 // Handle to one issued collective.
 class Work {

@@ -1,0 +1,214 @@
+#include "comm/gloo_collectives.h"
+
+#include <net/if.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include "base/check.h"
+#include "comm/gloo_store_adapter.h"
+#include "comm/prefix_store.h"
+#include "comm/reduce_kernels.h"
+
+namespace zero::comm {
+namespace {
+
+// Slot prefixes of our collectives; Gloo's own use 0x01..0x08 in the top byte.
+constexpr uint8_t kReduceScatterSlot = 0xA1;
+constexpr uint8_t kAllGatherSlot = 0xA2;
+constexpr uint8_t kRecordSlot = 0xA3;
+constexpr uint64_t kSegmentBits = 24;
+
+uint64_t make_slot(uint8_t prefix, uint32_t tag, size_t segment) {
+  ZERO_CHECK_LT(segment, size_t{1} << kSegmentBits, "too many segments in one collective");
+  return (uint64_t{prefix} << 56) | (uint64_t{tag} << kSegmentBits) | segment;
+}
+
+std::chrono::milliseconds remaining(SteadyClock::time_point deadline) {
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+  return std::max(left, std::chrono::milliseconds(1));
+}
+
+size_t segments(size_t count, size_t seg) { return (count + seg - 1) / seg; }
+
+void wait_recv(gloo::transport::UnboundBuffer& buf, SteadyClock::time_point deadline) {
+  if (!buf.waitRecv(remaining(deadline))) throw gloo::IoException("receive aborted");
+}
+
+void wait_send(gloo::transport::UnboundBuffer& buf, SteadyClock::time_point deadline) {
+  if (!buf.waitSend(remaining(deadline))) throw gloo::IoException("send aborted");
+}
+
+}  // namespace
+
+ChunkLayout ChunkLayout::equal(int size, size_t count) {
+  ChunkLayout l;
+  for (int r = 0; r < size; ++r) {
+    l.offset.push_back(static_cast<size_t>(r) * count);
+    l.count.push_back(count);
+  }
+  return l;
+}
+
+ChunkLayout ChunkLayout::balanced(size_t total, int size) {
+  ChunkLayout l;
+  const size_t base = total / static_cast<size_t>(size);
+  const size_t extra = total % static_cast<size_t>(size);
+  size_t offset = 0;
+  for (int r = 0; r < size; ++r) {
+    const size_t c = base + (static_cast<size_t>(r) < extra ? 1 : 0);
+    l.offset.push_back(offset);
+    l.count.push_back(c);
+    offset += c;
+  }
+  return l;
+}
+
+uint8_t* Scratch::get(size_t bytes) {
+  if (bytes_.size() < bytes) {
+    bytes_.clear();
+    bytes_.shrink_to_fit();
+    bytes_.resize(bytes);
+  }
+  return bytes_.data();
+}
+
+void reduce_scatter_direct(gloo::Context& ctx, const void* send, void* recv,
+                           const ChunkLayout& layout, DType dtype, ReduceOp op,
+                           const DirectOptions& options, Scratch& scratch) {
+  const int n = ctx.size;
+  const int me = ctx.rank;
+  const size_t es = dtype_size(dtype);
+  const size_t seg = std::max<size_t>(1, options.segment_bytes / es);
+  const size_t depth = static_cast<size_t>(std::max(1, options.depth));
+  const auto* send_bytes = static_cast<const uint8_t*>(send);
+  auto* recv_bytes = static_cast<uint8_t*>(recv);
+  const size_t my_count = layout.count[me];
+  const size_t my_offset = layout.offset[me];
+
+  if (n == 1) {
+    const void* src = send_bytes + my_offset * es;
+    reduce_arrays(dtype, op, &src, 1, recv, my_count);
+    return;
+  }
+
+  // Sends: every segment of chunk p to rank p, all posted up front (Gloo moves each one as soon as
+  // the receiver posts the matching receive). Destinations are staggered so that rank r starts with
+  // rank r+1 and no rank is everybody's first target.
+  auto send_buf = ctx.createUnboundBuffer(const_cast<uint8_t*>(send_bytes), layout.total() * es);
+  size_t sends = 0;
+  for (int k = 1; k < n; ++k) {
+    const int p = (me + k) % n;
+    for (size_t j = 0; j < segments(layout.count[p], seg); ++j) {
+      const size_t len = std::min(seg, layout.count[p] - j * seg);
+      send_buf->send(p, make_slot(kReduceScatterSlot, options.tag, j),
+                     (layout.offset[p] + j * seg) * es, len * es);
+      ++sends;
+    }
+  }
+
+  // Receives: `depth` segments per peer in flight, each into its own scratch buffer.
+  const size_t nseg = segments(my_count, seg);
+  const size_t live = std::min(depth, std::max<size_t>(nseg, 1));
+  uint8_t* area = scratch.get(static_cast<size_t>(n) * live * seg * es);
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs(static_cast<size_t>(n) * live);
+  auto slot_buf = [&](int peer, size_t d) -> std::unique_ptr<gloo::transport::UnboundBuffer>& {
+    return bufs[static_cast<size_t>(peer) * live + d];
+  };
+  auto post = [&](size_t j) {
+    const size_t len = std::min(seg, my_count - j * seg);
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      auto& b = slot_buf(p, j % live);
+      if (!b) {
+        b = ctx.createUnboundBuffer(area + (static_cast<size_t>(p) * live + j % live) * seg * es,
+                                    seg * es);
+      }
+      b->recv(p, make_slot(kReduceScatterSlot, options.tag, j), 0, len * es);
+    }
+  };
+  for (size_t j = 0; j < std::min(live, nseg); ++j) post(j);
+
+  std::vector<const void*> srcs(static_cast<size_t>(n));
+  for (size_t j = 0; j < nseg; ++j) {
+    const size_t len = std::min(seg, my_count - j * seg);
+    for (int p = 0; p < n; ++p) {
+      if (p == me) {
+        srcs[p] = send_bytes + (my_offset + j * seg) * es;
+      } else {
+        wait_recv(*slot_buf(p, j % live), options.deadline);
+        srcs[p] = slot_buf(p, j % live)->ptr;
+      }
+    }
+    reduce_arrays(dtype, op, srcs.data(), srcs.size(), recv_bytes + j * seg * es, len);
+    if (j + live < nseg) post(j + live);
+  }
+  for (size_t s = 0; s < sends; ++s) wait_send(*send_buf, options.deadline);
+}
+
+namespace {
+
+void all_gather_slots(gloo::Context& ctx, void* buf, const ChunkLayout& layout, size_t elem_size,
+                      uint8_t slot_prefix, const DirectOptions& options) {
+  const int n = ctx.size;
+  const int me = ctx.rank;
+  if (n == 1 || layout.total() == 0) return;
+  auto ub = ctx.createUnboundBuffer(buf, layout.total() * elem_size);
+  size_t sends = 0;
+  size_t recvs = 0;
+  for (int k = 1; k < n; ++k) {
+    const int to = (me + k) % n;
+    const int from = (me - k + n) % n;
+    if (layout.count[me] > 0) {
+      ub->send(to, make_slot(slot_prefix, options.tag, 0), layout.offset[me] * elem_size,
+               layout.count[me] * elem_size);
+      ++sends;
+    }
+    if (layout.count[from] > 0) {
+      ub->recv(from, make_slot(slot_prefix, options.tag, 0), layout.offset[from] * elem_size,
+               layout.count[from] * elem_size);
+      ++recvs;
+    }
+  }
+  for (size_t i = 0; i < recvs; ++i) wait_recv(*ub, options.deadline);
+  for (size_t i = 0; i < sends; ++i) wait_send(*ub, options.deadline);
+}
+
+}  // namespace
+
+void all_gather_direct(gloo::Context& ctx, void* buf, const ChunkLayout& layout, size_t elem_size,
+                       const DirectOptions& options) {
+  all_gather_slots(ctx, buf, layout, elem_size, kAllGatherSlot, options);
+}
+
+void exchange_records(gloo::Context& ctx, const void* mine, void* all, size_t bytes,
+                      const DirectOptions& options) {
+  std::memcpy(static_cast<uint8_t*>(all) + static_cast<size_t>(ctx.rank) * bytes, mine, bytes);
+  all_gather_slots(ctx, all, ChunkLayout::equal(ctx.size, bytes), 1, kRecordSlot, options);
+}
+
+std::shared_ptr<gloo::Context> connect_gloo_context(std::shared_ptr<Store> store,
+                                                    const std::string& prefix, int rank, int size,
+                                                    const std::string& interface_or_host,
+                                                    std::chrono::milliseconds timeout) {
+  gloo::transport::tcp::attr attr;
+  if (if_nametoindex(interface_or_host.c_str()) != 0) {
+    attr.iface = interface_or_host;
+  } else {
+    attr.hostname = interface_or_host;
+  }
+  auto device = gloo::transport::tcp::CreateDevice(attr);
+  auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  context->setTimeout(timeout);
+  GlooStoreAdapter adapter(std::make_shared<PrefixStore>(prefix, std::move(store)), timeout);
+  context->connectFullMesh(adapter, device);
+  return context;
+}
+
+}  // namespace zero::comm

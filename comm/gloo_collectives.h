@@ -1,0 +1,84 @@
+#pragma once
+// Collectives of our own on a Gloo context, built from Gloo's point-to-point unbound buffers. Gloo's
+// library has no reduce-scatter with NCCL's layout and accumulates 16-bit floats in 16 bits, so the
+// Gloo communicator runs these instead (docs/comm.md has the measurements behind the choice):
+//
+// - reduce_scatter_direct: every rank sends chunk p of its input straight to rank p (same bytes on
+//   the wire as a ring: (n-1)/n of the buffer per rank), in segments; rank p reduces the n sources in
+//   rank order while later segments are still arriving (a few segments per peer in flight). Because
+//   the raw 16-bit inputs travel and are summed in fp32 on the receiving rank, fp16/bf16 results are
+//   rounded exactly once, and every element is reduced on exactly one rank, so an all-reduce built on
+//   it gives identical bits on every rank.
+// - all_gather_direct: every rank sends its chunk to every other rank, straight into place.
+//
+// These run on the communicator's worker thread, one at a time per context; `tag` (the sequence
+// number) keeps the slots of consecutive collectives apart.
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gloo/context.h>
+
+#include "base/dtype.h"
+#include "comm/communicator.h"
+#include "comm/store.h"
+
+namespace zero::comm {
+
+using SteadyClock = std::chrono::steady_clock;
+
+// Where each rank's chunk lives in a flat buffer (elements).
+struct ChunkLayout {
+  std::vector<size_t> offset;
+  std::vector<size_t> count;
+
+  size_t total() const { return offset.empty() ? 0 : offset.back() + count.back(); }
+  // `size` chunks of `count` elements each (NCCL's reduce-scatter / all-gather layout).
+  static ChunkLayout equal(int size, size_t count);
+  // `total` elements split as evenly as possible; the first total % size chunks get one more.
+  static ChunkLayout balanced(size_t total, int size);
+};
+
+// Scratch memory reused across calls (only ever touched by one thread).
+class Scratch {
+ public:
+  uint8_t* get(size_t bytes);
+
+ private:
+  std::vector<uint8_t> bytes_;
+};
+
+struct DirectOptions {
+  uint32_t tag = 0;
+  SteadyClock::time_point deadline = SteadyClock::now() + std::chrono::minutes(5);
+  // Reduce-scatter pipelining: bytes per message and messages in flight per peer.
+  size_t segment_bytes = size_t{1} << 20;
+  int depth = 2;
+};
+
+// recv (layout.count[rank] elements) = reduction over ranks of chunk `rank` of send. recv may be the
+// rank's own chunk inside send (in place); send is never written.
+void reduce_scatter_direct(gloo::Context& ctx, const void* send, void* recv,
+                           const ChunkLayout& layout, DType dtype, ReduceOp op,
+                           const DirectOptions& options, Scratch& scratch);
+
+// In place: chunk r of buf (bytes elem_size * layout.count[r]) is filled from rank r.
+void all_gather_direct(gloo::Context& ctx, void* buf, const ChunkLayout& layout, size_t elem_size,
+                       const DirectOptions& options);
+
+// Small all-gather in one round trip: all (ctx.size * bytes) receives every rank's `mine`. Used for
+// the schedule check and the options handshake.
+void exchange_records(gloo::Context& ctx, const void* mine, void* all, size_t bytes,
+                      const DirectOptions& options);
+
+// A full-mesh Gloo TCP context through our store: keys under `prefix`, device bound to
+// `interface_or_host` (a network interface name if one exists by that name, else a host/address).
+std::shared_ptr<gloo::Context> connect_gloo_context(std::shared_ptr<Store> store,
+                                                    const std::string& prefix, int rank, int size,
+                                                    const std::string& interface_or_host,
+                                                    std::chrono::milliseconds timeout);
+
+}  // namespace zero::comm

@@ -1,0 +1,480 @@
+#include "comm/gloo_communicator.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/context.h>
+
+#include "base/check.h"
+#include "base/logging.h"
+#include "comm/gloo_collectives.h"
+#include "comm/schedule_check.h"
+
+namespace zero::comm {
+
+void GlooOptions::validate() const {
+  if (interface_or_host.empty()) {
+    ZERO_THROW(InvalidArgument, "GlooOptions.interface_or_host must not be empty");
+  }
+  if (timeout.count() <= 0) {
+    ZERO_THROW(InvalidArgument, "GlooOptions.timeout must be positive, got {} ms", timeout.count());
+  }
+  if (prefix.empty()) ZERO_THROW(InvalidArgument, "GlooOptions.prefix must not be empty");
+  if (segment_bytes < 64) {
+    ZERO_THROW(InvalidArgument, "GlooOptions.segment_bytes must be at least 64, got {}",
+               segment_bytes);
+  }
+  if (segment_depth < 1 || segment_depth > 64) {
+    ZERO_THROW(InvalidArgument, "GlooOptions.segment_depth must be in [1, 64], got {}",
+               segment_depth);
+  }
+}
+
+namespace {
+
+// Completion state shared by the worker and every copy of the handle.
+struct WorkState {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+  std::string what;  // "gloo rank 1: all_reduce(fp32, 1024, sum) #7"
+  std::chrono::milliseconds default_timeout;
+
+  void finish(std::exception_ptr e) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+      error = std::move(e);
+    }
+    cv.notify_all();
+  }
+};
+
+class GlooWork final : public Work {
+ public:
+  explicit GlooWork(std::shared_ptr<WorkState> state) : state_(std::move(state)) {}
+
+  void wait(std::chrono::milliseconds timeout) override {
+    std::unique_lock<std::mutex> lock(state_->mu);
+    if (!state_->cv.wait_for(lock, timeout, [&] { return state_->done; })) {
+      ZERO_THROW(TimeoutError, "{} did not complete within {} ms", state_->what, timeout.count());
+    }
+    if (state_->error) std::rethrow_exception(state_->error);
+  }
+  void wait() override { wait(state_->default_timeout); }
+  bool is_completed() override {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->done && state_->error) std::rethrow_exception(state_->error);
+    return state_->done;
+  }
+
+ private:
+  std::shared_ptr<WorkState> state_;
+};
+
+// Byte ranges [a, a + an) and [b, b + bn) intersect.
+bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
+  if (an == 0 || bn == 0) return false;
+  const auto pa = reinterpret_cast<uintptr_t>(a);
+  const auto pb = reinterpret_cast<uintptr_t>(b);
+  return pa < pb + bn && pb < pa + an;
+}
+
+size_t checked_bytes(const char* op, const char* what, size_t count, size_t elem, size_t times) {
+  const size_t max = std::numeric_limits<size_t>::max();
+  if (elem != 0 && times != 0 && count > max / elem / times) {
+    ZERO_THROW(InvalidArgument, "{}: {} of {} elements overflows the address space", op, what,
+               count);
+  }
+  return count * elem * times;
+}
+
+void require_buffer(const char* op, const char* name, const void* p, size_t count) {
+  if (p == nullptr && count > 0) {
+    ZERO_THROW(InvalidArgument, "{}: {} is null with count {}", op, name, count);
+  }
+}
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(std::shared_ptr<Store> store, std::string prefix, int rank, int size,
+                   GlooOptions options, bool check)
+      : store_(std::move(store)),
+        prefix_(std::move(prefix)),
+        rank_(rank),
+        size_(size),
+        options_(std::move(options)),
+        check_(check) {
+    try {
+      context_ = connect_gloo_context(store_, prefix_, rank_, size_, options_.interface_or_host,
+                                      options_.timeout);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      ZERO_THROW(CommError, "gloo rank {}: connecting {} ranks under '{}' failed: {}", rank_,
+                 size_, prefix_, e.what());
+    }
+    handshake();
+    worker_ = std::thread([this] { worker_loop(); });
+  }
+
+  ~GlooCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    queue_cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend_name() const override { return "gloo"; }
+  std::chrono::milliseconds default_timeout() const override { return options_.timeout; }
+
+  WorkHandle all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
+    const char* name = "all_reduce";
+    const size_t es = dtype_size(dtype);
+    checked_bytes(name, "buf", count, es, 1);
+    require_buffer(name, "buf", buf, count);
+    check_reduce_op(name, op);
+    return enqueue(CollectiveKind::kAllReduce, dtype, count, op, -1,
+                   [=, this](const DirectOptions& d) {
+                     const ChunkLayout layout = ChunkLayout::balanced(count, size_);
+                     auto* bytes = static_cast<uint8_t*>(buf);
+                     reduce_scatter_direct(*context_, buf, bytes + layout.offset[rank_] * es,
+                                           layout, dtype, op, d, scratch_);
+                     all_gather_direct(*context_, buf, layout, es, d);
+                   });
+  }
+
+  WorkHandle reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
+                            ReduceOp op) override {
+    const char* name = "reduce_scatter";
+    const size_t es = dtype_size(dtype);
+    const size_t send_bytes = checked_bytes(name, "send", recv_count, es, size_);
+    const size_t recv_bytes = recv_count * es;
+    require_buffer(name, "send", send, recv_count);
+    require_buffer(name, "recv", recv, recv_count);
+    check_reduce_op(name, op);
+    const auto* own = static_cast<const uint8_t*>(send) + rank_ * recv_bytes;
+    if (recv != own && overlaps(send, send_bytes, recv, recv_bytes)) {
+      ZERO_THROW(InvalidArgument,
+                 "{}: recv overlaps send but is not the in-place position send + rank() * "
+                 "recv_count (rank {}, recv_count {})",
+                 name, rank_, recv_count);
+    }
+    return enqueue(CollectiveKind::kReduceScatter, dtype, recv_count, op, -1,
+                   [=, this](const DirectOptions& d) {
+                     reduce_scatter_direct(*context_, send, recv,
+                                           ChunkLayout::equal(size_, recv_count), dtype, op, d,
+                                           scratch_);
+                   });
+  }
+
+  WorkHandle all_gather(const void* send, void* recv, size_t send_count, DType dtype) override {
+    const char* name = "all_gather";
+    const size_t es = dtype_size(dtype);
+    const size_t recv_bytes = checked_bytes(name, "recv", send_count, es, size_);
+    const size_t send_bytes = send_count * es;
+    require_buffer(name, "send", send, send_count);
+    require_buffer(name, "recv", recv, send_count);
+    auto* own = static_cast<uint8_t*>(recv) + rank_ * send_bytes;
+    if (send != own && overlaps(send, send_bytes, recv, recv_bytes)) {
+      ZERO_THROW(InvalidArgument,
+                 "{}: send overlaps recv but is not the in-place position recv + rank() * "
+                 "send_count (rank {}, send_count {})",
+                 name, rank_, send_count);
+    }
+    return enqueue(CollectiveKind::kAllGather, dtype, send_count, std::nullopt, -1,
+                   [=, this](const DirectOptions& d) {
+                     if (send != own && send_bytes > 0) std::memcpy(own, send, send_bytes);
+                     all_gather_direct(*context_, recv, ChunkLayout::equal(size_, send_count), es,
+                                       d);
+                   });
+  }
+
+  WorkHandle broadcast(void* buf, size_t count, DType dtype, int root) override {
+    const char* name = "broadcast";
+    const size_t bytes = checked_bytes(name, "buf", count, dtype_size(dtype), 1);
+    require_buffer(name, "buf", buf, count);
+    if (root < 0 || root >= size_) {
+      ZERO_THROW(InvalidArgument, "{}: root {} is out of range [0, {})", name, root, size_);
+    }
+    return enqueue(CollectiveKind::kBroadcast, dtype, count, std::nullopt, root,
+                   [=, this](const DirectOptions& d) {
+                     if (size_ == 1 || bytes == 0) return;
+                     gloo::BroadcastOptions o(context_);
+                     o.setOutput(static_cast<uint8_t*>(buf), bytes);
+                     o.setRoot(root);
+                     o.setTag(d.tag);
+                     o.setTimeout(remaining_ms(d));
+                     gloo::broadcast(o);
+                   });
+  }
+
+  WorkHandle all_to_all(const void* send, void* recv, size_t count, DType dtype) override {
+    const char* name = "all_to_all";
+    const size_t bytes = checked_bytes(name, "send", count, dtype_size(dtype), size_);
+    require_buffer(name, "send", send, count);
+    require_buffer(name, "recv", recv, count);
+    if (overlaps(send, bytes, recv, bytes)) {
+      ZERO_THROW(InvalidArgument, "{}: send and recv overlap (all_to_all is not in place)", name);
+    }
+    return enqueue(CollectiveKind::kAllToAll, dtype, count, std::nullopt, -1,
+                   [=, this](const DirectOptions& d) {
+                     if (bytes == 0) return;
+                     if (size_ == 1) {
+                       std::memcpy(recv, send, bytes);
+                       return;
+                     }
+                     gloo::AlltoallOptions o(context_);
+                     o.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(send)), bytes);
+                     o.setOutput(static_cast<uint8_t*>(recv), bytes);
+                     o.setTag(d.tag);
+                     o.setTimeout(remaining_ms(d));
+                     gloo::alltoall(o);
+                   });
+  }
+
+  WorkHandle barrier() override {
+    return enqueue(CollectiveKind::kBarrier, DType::kUInt8, 0, std::nullopt, -1,
+                   [this](const DirectOptions& d) {
+                     if (size_ == 1) return;
+                     gloo::BarrierOptions o(context_);
+                     o.setTag(d.tag);
+                     o.setTimeout(remaining_ms(d));
+                     gloo::barrier(o);
+                   });
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key) override;
+
+ private:
+  struct Task {
+    CallInfo call;
+    std::function<void(const DirectOptions&)> run;
+    std::shared_ptr<WorkState> state;
+  };
+
+  static std::chrono::milliseconds remaining_ms(const DirectOptions& d) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(d.deadline - SteadyClock::now());
+    return std::max(left, std::chrono::milliseconds(1));
+  }
+
+  static void check_reduce_op(const char* name, ReduceOp op) {
+    if (static_cast<int>(op) < 0 || static_cast<int>(op) > static_cast<int>(ReduceOp::kMin)) {
+      ZERO_THROW(InvalidArgument, "{}: unknown reduce op value {}", name, static_cast<int>(op));
+    }
+  }
+
+  std::string label(const CallInfo& call) const {
+    return fmt::format("gloo rank {}: {}", rank_, describe_call(call));
+  }
+
+  WorkHandle enqueue(CollectiveKind kind, DType dtype, size_t count, std::optional<ReduceOp> op,
+                     int root, std::function<void(const DirectOptions&)> run) {
+    auto state = std::make_shared<WorkState>();
+    state->default_timeout = options_.timeout;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      CallInfo call = op ? make_reduce_call(next_seq_, kind, dtype, count, *op)
+                         : make_call(next_seq_, kind, dtype, count);
+      call.root = root;
+      state->what = label(call);
+      if (!failure_.empty()) {
+        ZERO_THROW(CommError, "{} rejected: communicator failed earlier: {}", state->what,
+                   failure_);
+      }
+      ++next_seq_;
+      queue_.push_back(Task{call, std::move(run), state});
+    }
+    queue_cv_.notify_one();
+    return std::make_shared<GlooWork>(std::move(state));
+  }
+
+  void worker_loop() {
+    for (;;) {
+      Task task;
+      std::string failure;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        task = std::move(queue_.front());
+        queue_.pop_front();
+        failure = failure_;
+        if (stopping_ && failure.empty()) failure = "communicator destroyed";
+      }
+      if (!failure.empty()) {
+        task.state->finish(std::make_exception_ptr(CommError(fmt::format(
+            "{} not run: communicator failed earlier: {}", task.state->what, failure))));
+        continue;
+      }
+      std::exception_ptr error = run_task(task);
+      if (error) {
+        std::string message;
+        try {
+          std::rethrow_exception(error);
+        } catch (const std::exception& e) {
+          message = e.what();
+        }
+        ZERO_LOG_ERROR("{}", message);
+        std::lock_guard<std::mutex> lock(mu_);
+        if (failure_.empty()) failure_ = message;
+      }
+      task.state->finish(error);
+    }
+  }
+
+  // Runs one collective (after the schedule check); converts Gloo's exceptions into ours.
+  std::exception_ptr run_task(Task& task) {
+    DirectOptions d;
+    d.tag = static_cast<uint32_t>(task.call.seq);
+    d.deadline = SteadyClock::now() + options_.timeout;
+    d.segment_bytes = options_.segment_bytes;
+    d.depth = options_.segment_depth;
+    const std::string& what = task.state->what;
+    try {
+      if (check_) {
+        const CallRecord mine = encode_call(task.call);
+        std::vector<CallRecord> all(static_cast<size_t>(size_));
+        exchange_records(*context_, mine.data(), all.data(), kCallRecordBytes, d);
+        const std::string mismatch = find_schedule_mismatch(all);
+        if (!mismatch.empty()) ZERO_THROW(CommError, "{}: {}", what, mismatch);
+      }
+      task.run(d);
+      return nullptr;
+    } catch (const Error&) {
+      return std::current_exception();
+    } catch (const gloo::IoException& e) {
+      const std::string msg = e.what();
+      if (msg.find("Timed out") != std::string::npos) {
+        return std::make_exception_ptr(
+            TimeoutError(fmt::format("{} timed out in Gloo: {}", what, msg)));
+      }
+      return std::make_exception_ptr(CommError(fmt::format("{} failed in Gloo: {}", what, msg)));
+    } catch (const std::exception& e) {
+      return std::make_exception_ptr(
+          CommError(fmt::format("{} failed in Gloo: {}", what, e.what())));
+    }
+  }
+
+  // Verifies that every rank agrees on the schedule check (a rank checking alone would hang).
+  void handshake() {
+    DirectOptions d;
+    d.tag = 0xffffffffu;
+    d.deadline = SteadyClock::now() + options_.timeout;
+    const uint8_t mine[2] = {static_cast<uint8_t>(check_), static_cast<uint8_t>(size_ & 0xff)};
+    std::vector<uint8_t> all(static_cast<size_t>(size_) * 2);
+    try {
+      exchange_records(*context_, mine, all.data(), 2, d);
+    } catch (const std::exception& e) {
+      ZERO_THROW(CommError, "gloo rank {}: handshake under '{}' failed: {}", rank_, prefix_,
+                 e.what());
+    }
+    for (int r = 0; r < size_; ++r) {
+      if (all[2 * r] != mine[0]) {
+        ZERO_THROW(CommError,
+                   "gloo rank {}: schedule check is {} here but {} on rank {} (set "
+                   "ZERO_COMM_CHECK and GlooOptions.check_schedule the same on every rank)",
+                   rank_, check_ ? "on" : "off", all[2 * r] ? "on" : "off", r);
+      }
+    }
+  }
+
+  std::shared_ptr<Store> store_;
+  const std::string prefix_;  // unique to this communicator instance
+  const int rank_;
+  const int size_;
+  const GlooOptions options_;
+  const bool check_;
+  std::shared_ptr<gloo::Context> context_;
+
+  std::mutex mu_;
+  std::condition_variable queue_cv_;
+  std::deque<Task> queue_;
+  bool stopping_ = false;
+  uint64_t next_seq_ = 0;
+  uint64_t splits_ = 0;
+  std::string failure_;  // first failure; non-empty once failed
+
+  Scratch scratch_;  // worker thread only
+  std::thread worker_;
+};
+
+Bytes encode_color_key(int color, int key) {
+  Bytes b(8);
+  std::memcpy(b.data(), &color, 4);
+  std::memcpy(b.data() + 4, &key, 4);
+  return b;
+}
+
+std::unique_ptr<Communicator> GlooCommunicator::split(int color, int key) {
+  uint64_t index;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    index = splits_++;
+  }
+  const std::string base = fmt::format("{}/split{}", prefix_, index);
+  store_->set(fmt::format("{}/{}", base, rank_), encode_color_key(color, key));
+  std::vector<std::tuple<int, int>> members;  // (key, rank) of ranks with my color
+  for (int r = 0; r < size_; ++r) {
+    const Bytes b = store_->get(fmt::format("{}/{}", base, r), options_.timeout);
+    if (b.size() != 8) {
+      ZERO_THROW(CommError, "gloo rank {}: split record of rank {} has {} bytes", rank_, r,
+                 b.size());
+    }
+    int c, k;
+    std::memcpy(&c, b.data(), 4);
+    std::memcpy(&k, b.data() + 4, 4);
+    if (c == color) members.emplace_back(k, r);
+  }
+  if (color < 0) return nullptr;
+  std::sort(members.begin(), members.end());
+  int new_rank = -1;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (std::get<1>(members[i]) == rank_) new_rank = static_cast<int>(i);
+  }
+  ZERO_CHECK_GE(new_rank, 0, "own rank missing from its split group");
+  return std::make_unique<GlooCommunicator>(store_, fmt::format("{}/color{}", base, color),
+                                            new_rank, static_cast<int>(members.size()), options_,
+                                            check_);
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Store> store, int rank,
+                                                     int size, const GlooOptions& options) {
+  options.validate();
+  if (!store) ZERO_THROW(InvalidArgument, "make_gloo_communicator: store is null");
+  if (size < 1) ZERO_THROW(InvalidArgument, "make_gloo_communicator: size {} < 1", size);
+  if (rank < 0 || rank >= size) {
+    ZERO_THROW(InvalidArgument, "make_gloo_communicator: rank {} is out of range [0, {})", rank,
+               size);
+  }
+  const bool check = options.check_schedule && schedule_check_from_env(true);
+  // Every rank creates its communicators in the same order, so the per-rank instance counter gives
+  // all ranks the same fresh prefix even when the store already holds an older group's keys.
+  const int64_t instance = store->add(fmt::format("{}/instances/{}", options.prefix, rank), 1);
+  return std::make_unique<GlooCommunicator>(
+      store, fmt::format("{}/{}", options.prefix, instance), rank, size, options, check);
+}
+
+}  // namespace zero::comm

@@ -1,0 +1,152 @@
+#include "comm/schedule_check.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "base/check.h"
+#include "base/env.h"
+
+namespace zero::comm {
+
+const char* collective_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllReduce: return "all_reduce";
+    case CollectiveKind::kReduceScatter: return "reduce_scatter";
+    case CollectiveKind::kAllGather: return "all_gather";
+    case CollectiveKind::kBroadcast: return "broadcast";
+    case CollectiveKind::kAllToAll: return "all_to_all";
+    case CollectiveKind::kBarrier: return "barrier";
+  }
+  return "unknown";
+}
+
+CallInfo make_call(uint64_t seq, CollectiveKind kind, DType dtype, uint64_t count) {
+  CallInfo c;
+  c.seq = seq;
+  c.kind = kind;
+  c.dtype = dtype;
+  c.count = count;
+  return c;
+}
+
+CallInfo make_reduce_call(uint64_t seq, CollectiveKind kind, DType dtype, uint64_t count,
+                          ReduceOp op) {
+  CallInfo c = make_call(seq, kind, dtype, count);
+  c.has_reduce_op = true;
+  c.reduce_op = op;
+  return c;
+}
+
+CallInfo make_broadcast_call(uint64_t seq, DType dtype, uint64_t count, int root) {
+  CallInfo c = make_call(seq, CollectiveKind::kBroadcast, dtype, count);
+  c.root = root;
+  return c;
+}
+
+namespace {
+
+void fnv_bytes(uint64_t& h, const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+}
+
+template <typename T>
+void put(CallRecord& r, size_t offset, T v) {
+  std::memcpy(r.data() + offset, &v, sizeof v);
+}
+
+template <typename T>
+T take(const CallRecord& r, size_t offset) {
+  T v;
+  std::memcpy(&v, r.data() + offset, sizeof v);
+  return v;
+}
+
+}  // namespace
+
+uint64_t call_hash(const CallInfo& call) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  const uint8_t small[4] = {static_cast<uint8_t>(call.kind), static_cast<uint8_t>(call.dtype),
+                            static_cast<uint8_t>(call.has_reduce_op),
+                            static_cast<uint8_t>(call.has_reduce_op ? call.reduce_op
+                                                                    : ReduceOp::kSum)};
+  fnv_bytes(h, small, sizeof small);
+  fnv_bytes(h, &call.count, sizeof call.count);
+  fnv_bytes(h, &call.root, sizeof call.root);
+  return h;
+}
+
+std::string describe_call(const CallInfo& call) {
+  std::string args;
+  switch (call.kind) {
+    case CollectiveKind::kBarrier: break;
+    case CollectiveKind::kBroadcast:
+      args = fmt::format("{}, {}, root {}", dtype_name(call.dtype), call.count, call.root);
+      break;
+    default:
+      args = fmt::format("{}, {}", dtype_name(call.dtype), call.count);
+      if (call.has_reduce_op) args += fmt::format(", {}", reduce_op_name(call.reduce_op));
+      break;
+  }
+  return fmt::format("{}({}) #{}", collective_name(call.kind), args, call.seq);
+}
+
+CallRecord encode_call(const CallInfo& call) {
+  CallRecord r{};
+  put<uint64_t>(r, 0, call.seq);
+  put<uint64_t>(r, 8, call.count);
+  put<uint64_t>(r, 16, call_hash(call));
+  r[24] = static_cast<uint8_t>(call.kind);
+  r[25] = static_cast<uint8_t>(call.dtype);
+  r[26] = static_cast<uint8_t>(call.has_reduce_op);
+  r[27] = static_cast<uint8_t>(call.reduce_op);
+  put<int32_t>(r, 28, call.root);
+  return r;
+}
+
+CallInfo decode_call(const CallRecord& record) {
+  CallInfo c;
+  c.seq = take<uint64_t>(record, 0);
+  c.count = take<uint64_t>(record, 8);
+  const auto hash = take<uint64_t>(record, 16);
+  if (record[24] > static_cast<uint8_t>(CollectiveKind::kBarrier) ||
+      record[25] > static_cast<uint8_t>(DType::kUInt8) || record[26] > 1 ||
+      record[27] > static_cast<uint8_t>(ReduceOp::kMin)) {
+    ZERO_THROW(CommError, "schedule check: corrupt call record (field out of range)");
+  }
+  c.kind = static_cast<CollectiveKind>(record[24]);
+  c.dtype = static_cast<DType>(record[25]);
+  c.has_reduce_op = record[26] != 0;
+  c.reduce_op = static_cast<ReduceOp>(record[27]);
+  c.root = take<int32_t>(record, 28);
+  if (call_hash(c) != hash) {
+    ZERO_THROW(CommError, "schedule check: corrupt call record (hash mismatch for {})",
+               describe_call(c));
+  }
+  return c;
+}
+
+std::string find_schedule_mismatch(const std::vector<CallRecord>& records) {
+  ZERO_CHECK(!records.empty(), "no records to compare");
+  const CallInfo first = decode_call(records[0]);
+  for (size_t r = 1; r < records.size(); ++r) {
+    const CallInfo other = decode_call(records[r]);
+    const bool same = other.seq == first.seq && other.kind == first.kind &&
+                      other.dtype == first.dtype && other.count == first.count &&
+                      other.root == first.root && other.has_reduce_op == first.has_reduce_op &&
+                      (!first.has_reduce_op || other.reduce_op == first.reduce_op);
+    if (!same) {
+      return fmt::format("schedule mismatch: rank 0 called {} but rank {} called {}",
+                         describe_call(first), r, describe_call(other));
+    }
+  }
+  return {};
+}
+
+bool schedule_check_from_env(bool fallback) { return env_bool("ZERO_COMM_CHECK", fallback); }
+
+}  // namespace zero::comm

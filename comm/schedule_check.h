@@ -1,0 +1,68 @@
+#pragma once
+// Collective schedule check: every collective a communicator issues gets a sequence number and a
+// description (operation, dtype, element count, root, reduce op). In check mode each rank exchanges a
+// 32-byte record of that description with every other rank right before the collective runs (one
+// extra tiny exchange per call, on the same worker/stream as the collective, so it costs one network
+// round trip whatever the message size). If any rank's record differs from rank 0's, every rank gets
+// the same CommError naming both calls, e.g.
+//   schedule mismatch: rank 0 called all_reduce(fp32, 1024, sum) #7 but rank 1 called
+//   all_gather(fp32, 512) #7
+// instead of a hang or silently mixed buffers. Backend-neutral: the backends only move the records.
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/dtype.h"
+#include "comm/communicator.h"
+
+namespace zero::comm {
+
+enum class CollectiveKind : uint8_t {
+  kAllReduce,
+  kReduceScatter,
+  kAllGather,
+  kBroadcast,
+  kAllToAll,
+  kBarrier,
+};
+const char* collective_name(CollectiveKind kind);
+
+// One issued collective as every rank must agree on it.
+struct CallInfo {
+  uint64_t seq = 0;  // 0-based issue index on the communicator
+  CollectiveKind kind = CollectiveKind::kBarrier;
+  DType dtype = DType::kUInt8;
+  uint64_t count = 0;  // the count argument of the call (recv_count, send_count, ...)
+  int32_t root = -1;   // broadcast only
+  bool has_reduce_op = false;
+  ReduceOp reduce_op = ReduceOp::kSum;  // all_reduce and reduce_scatter only
+};
+
+CallInfo make_call(uint64_t seq, CollectiveKind kind, DType dtype, uint64_t count);
+CallInfo make_reduce_call(uint64_t seq, CollectiveKind kind, DType dtype, uint64_t count,
+                          ReduceOp op);
+CallInfo make_broadcast_call(uint64_t seq, DType dtype, uint64_t count, int root);
+
+// Hash (FNV-1a, 64 bit) of everything but the sequence number.
+uint64_t call_hash(const CallInfo& call);
+// "all_reduce(fp32, 1024, sum) #7", "broadcast(int64, 3, root 1) #2", "barrier() #0".
+std::string describe_call(const CallInfo& call);
+
+constexpr size_t kCallRecordBytes = 32;
+using CallRecord = std::array<uint8_t, kCallRecordBytes>;
+
+// Wire format: seq (8) | count (8) | hash (8) | kind, dtype, has_reduce_op, reduce_op (4) | root (4),
+// little endian (every supported host is).
+CallRecord encode_call(const CallInfo& call);
+// Throws CommError when the record is corrupt (its hash does not match its fields).
+CallInfo decode_call(const CallRecord& record);
+
+// Compares every rank's record (indexed by rank) with rank 0's. Returns "" when they all agree, else
+// the mismatch message (the same text on every rank).
+std::string find_schedule_mismatch(const std::vector<CallRecord>& records);
+
+// The ZERO_COMM_CHECK environment knob (1/0, true/false, ...), `fallback` when unset.
+bool schedule_check_from_env(bool fallback);
+
+}  // namespace zero::comm
