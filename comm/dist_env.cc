@@ -169,6 +169,16 @@ DistEnv read_slurm() {
 // otherwise adopt a closed, or reused, descriptor number).
 std::atomic<bool> g_listen_fd_used{false};
 
+// The local port of a socket, 0 when it is not a bound TCP socket.
+uint16_t local_port(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return 0;
+  if (addr.ss_family == AF_INET) return ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  if (addr.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+  return 0;
+}
+
 }  // namespace
 
 std::string slurm_first_host(const std::string& nodelist) {
@@ -266,29 +276,17 @@ std::shared_ptr<Store> connect_store(const DistEnv& env, std::chrono::millisecon
   o.port = env.master_port;
   o.token = env.token;
   o.timeout = timeout;
-  if (env.rank == 0) {
-    o.is_server = true;
-    if (env.store_listen_fd >= 0 && !g_listen_fd_used.exchange(true)) o.listen_fd = env.store_listen_fd;
-    if (o.listen_fd < 0 && o.port == 0) {
-      ZERO_THROW(InvalidArgument, "connect_store: DistEnv.master_port is 0 for world size {}",
-                 env.world_size);
-    }
-  } else if (o.port == 0) {
-    ZERO_THROW(InvalidArgument, "connect_store: DistEnv.master_port is 0 for world size {}", env.world_size);
-  }
-  if (o.listen_fd >= 0 && env.master_port != 0) {
+  o.is_server = env.rank == 0;
+  if (o.is_server && env.store_listen_fd >= 0 && !g_listen_fd_used.load()) {
     // The other ranks connect to MASTER_PORT: the inherited socket must be listening there.
-    sockaddr_storage addr{};
-    socklen_t len = sizeof(addr);
-    uint16_t port = 0;
-    if (::getsockname(o.listen_fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-      if (addr.ss_family == AF_INET) port = ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-      if (addr.ss_family == AF_INET6) port = ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
-    }
-    if (port != env.master_port) {
+    if (env.master_port != 0 && local_port(env.store_listen_fd) != env.master_port) {
       ZERO_THROW(InvalidArgument, "ZERO_STORE_LISTEN_FD={} is not a socket listening on MASTER_PORT={}",
-                 o.listen_fd, env.master_port);
+                 env.store_listen_fd, env.master_port);
     }
+    if (!g_listen_fd_used.exchange(true)) o.listen_fd = env.store_listen_fd;
+  }
+  if (o.listen_fd < 0 && o.port == 0) {
+    ZERO_THROW(InvalidArgument, "connect_store: DistEnv.master_port is 0 for world size {}", env.world_size);
   }
   return std::make_shared<TcpStore>(o);
 }
