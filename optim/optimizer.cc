@@ -1,0 +1,458 @@
+#include "optim/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <unordered_map>
+
+#include "base/check.h"
+#include "optim/aligned_buffer.h"
+#include "optim/kernels.h"
+#include "optim/step_coeffs.h"
+#include "optim/thread_pool.h"
+
+namespace zero::optim {
+
+const char* optimizer_name(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kAdamW: return "adamw";
+    case OptimizerKind::kAdam: return "adam";
+    case OptimizerKind::kSgd: return "sgd";
+    case OptimizerKind::kAdagrad: return "adagrad";
+    case OptimizerKind::kLion: return "lion";
+  }
+  return "unknown";
+}
+
+OptimizerKind parse_optimizer(std::string_view name) {
+  for (OptimizerKind k : {OptimizerKind::kAdamW, OptimizerKind::kAdam, OptimizerKind::kSgd,
+                          OptimizerKind::kAdagrad, OptimizerKind::kLion}) {
+    if (name == optimizer_name(k)) return k;
+  }
+  ZERO_THROW(InvalidArgument, "unknown optimizer '{}' (expected adamw, adam, sgd, adagrad or lion)",
+             name);
+}
+
+namespace {
+
+void check_finite(float value, const char* field, int group) {
+  if (!std::isfinite(value)) {
+    ZERO_THROW(InvalidArgument, "groups[{}].{} must be finite (got {})", group, field, value);
+  }
+}
+void check_at_least(float value, float lo, const char* field, int group) {
+  check_finite(value, field, group);
+  if (!(value >= lo)) {
+    ZERO_THROW(InvalidArgument, "groups[{}].{} must be >= {} (got {})", group, field, lo, value);
+  }
+}
+void check_beta(float value, const char* field, int group) {
+  check_finite(value, field, group);
+  if (!(value >= 0.0f && value < 1.0f)) {
+    ZERO_THROW(InvalidArgument, "groups[{}].{} must be in [0, 1) (got {})", group, field, value);
+  }
+}
+void check_positive(float value, const char* field, int group) {
+  check_finite(value, field, group);
+  if (!(value > 0.0f)) {
+    ZERO_THROW(InvalidArgument, "groups[{}].{} must be > 0 (got {})", group, field, value);
+  }
+}
+
+std::vector<std::string> names_of_states(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kAdamW:
+    case OptimizerKind::kAdam: return {"exp_avg", "exp_avg_sq"};
+    case OptimizerKind::kSgd: return {"momentum_buffer"};
+    case OptimizerKind::kAdagrad: return {"sum"};
+    case OptimizerKind::kLion: return {"exp_avg"};
+  }
+  return {};
+}
+
+// Elements of one group handled by one thread, in shard elements.
+struct Piece {
+  size_t begin = 0, end = 0;
+  int group = 0;
+};
+
+// Elements each thread handles: the covered (non-padding) elements in shard order, cut into
+// `threads` nearly equal runs whose boundaries are multiples of 16 covered elements.
+std::vector<std::vector<Piece>> partition(const std::vector<Piece>& pieces, int threads) {
+  size_t covered = 0;
+  for (const Piece& p : pieces) covered += p.end - p.begin;
+  std::vector<std::vector<Piece>> out(static_cast<size_t>(threads));
+  size_t piece = 0, offset = 0;  // position: `offset` elements into pieces[piece]
+  for (int t = 0; t < threads; ++t) {
+    size_t want = covered * static_cast<size_t>(t + 1) / static_cast<size_t>(threads);
+    if (t + 1 < threads) want = std::min(covered, (want + 15) / 16 * 16);
+    size_t done = covered * static_cast<size_t>(t) / static_cast<size_t>(threads);
+    if (t > 0) done = std::min(covered, (done + 15) / 16 * 16);
+    size_t need = want > done ? want - done : 0;
+    while (need > 0 && piece < pieces.size()) {
+      const Piece& p = pieces[piece];
+      const size_t take = std::min(need, p.end - p.begin - offset);
+      out[static_cast<size_t>(t)].push_back({p.begin + offset, p.begin + offset + take, p.group});
+      offset += take;
+      need -= take;
+      if (offset == p.end - p.begin) {
+        ++piece;
+        offset = 0;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void validate_hyper(OptimizerKind kind, const Hyper& h, int g) {
+  check_at_least(h.lr, 0.0f, "lr", g);
+  check_at_least(h.weight_decay, 0.0f, "weight_decay", g);
+  switch (kind) {
+    case OptimizerKind::kAdamW:
+    case OptimizerKind::kAdam:
+      check_beta(h.beta1, "beta1", g);
+      check_beta(h.beta2, "beta2", g);
+      check_positive(h.eps, "eps", g);
+      break;
+    case OptimizerKind::kLion:
+      check_beta(h.beta1, "beta1", g);
+      check_beta(h.beta2, "beta2", g);
+      break;
+    case OptimizerKind::kSgd:
+      check_at_least(h.momentum, 0.0f, "momentum", g);
+      check_finite(h.dampening, "dampening", g);
+      if (!(h.dampening >= 0.0f && h.dampening <= 1.0f)) {
+        ZERO_THROW(InvalidArgument, "groups[{}].dampening must be in [0, 1] (got {})", g, h.dampening);
+      }
+      if (h.nesterov && (h.momentum <= 0.0f || h.dampening != 0.0f)) {
+        ZERO_THROW(InvalidArgument,
+                   "groups[{}].nesterov requires momentum > 0 and dampening == 0 (got momentum {}, "
+                   "dampening {})",
+                   g, h.momentum, h.dampening);
+      }
+      break;
+    case OptimizerKind::kAdagrad:
+      check_positive(h.eps, "eps", g);
+      check_at_least(h.lr_decay, 0.0f, "lr_decay", g);
+      check_at_least(h.initial_accumulator_value, 0.0f, "initial_accumulator_value", g);
+      break;
+  }
+}
+
+struct Optimizer::Impl {
+  Impl(const OptimizerOptions& opts, size_t numel, std::vector<Segment> segs)
+      : options(opts),
+        shard_numel(numel),
+        segments(std::move(segs)),
+        path(opts.simd_path.value_or(best_simd_path())),
+        table(&detail::kernel_table(path)),
+        pool(opts.num_threads) {}
+
+  OptimizerOptions options;
+  size_t shard_numel;
+  std::vector<Segment> segments;
+  SimdPath path;
+  const detail::KernelTable* table;
+  int64_t step_count = 0;
+  std::vector<char> momentum_initialized;  // per group (SGD): PyTorch creates the buffer lazily
+  std::vector<std::string> state_names;
+  std::vector<AlignedBuffer> states;
+  std::vector<std::vector<Piece>> thread_pieces;
+  std::unordered_map<std::string, std::vector<size_t>> segments_by_param;
+  std::vector<StepCoeffs> coeffs;  // per group, refilled by every step
+  ThreadPool pool;
+
+  int state_index(const std::string& name) const {
+    for (size_t i = 0; i < state_names.size(); ++i) {
+      if (state_names[i] == name) return static_cast<int>(i);
+    }
+    std::string known;
+    for (const std::string& s : state_names) known += (known.empty() ? "" : ", ") + s;
+    ZERO_THROW(InvalidArgument, "unknown optimizer state '{}' ({} has: {})", name,
+               optimizer_name(options.kind), known);
+  }
+};
+
+namespace {
+
+void validate_options(const OptimizerOptions& o) {
+  if (static_cast<int>(o.kind) < 0 || static_cast<int>(o.kind) >= kNumOptimizerKinds) {
+    ZERO_THROW(InvalidArgument, "kind: unknown optimizer kind {}", static_cast<int>(o.kind));
+  }
+  if (o.groups.empty()) ZERO_THROW(InvalidArgument, "groups must not be empty");
+  for (size_t g = 0; g < o.groups.size(); ++g) validate_hyper(o.kind, o.groups[g], static_cast<int>(g));
+  if (o.state_dtype != DType::kFloat32 && o.state_dtype != DType::kBFloat16) {
+    ZERO_THROW(InvalidArgument, "state_dtype must be fp32 or bf16 (got {})", dtype_name(o.state_dtype));
+  }
+  if (o.num_threads < 1 || o.num_threads > 1024) {
+    ZERO_THROW(InvalidArgument, "num_threads must be in [1, 1024] (got {})", o.num_threads);
+  }
+}
+
+void validate_segments(const std::vector<Segment>& segs, size_t shard_numel, int num_groups) {
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const Segment& s = segs[i];
+    if (s.begin > s.end) {
+      ZERO_THROW(InvalidArgument, "segments[{}].begin ({}) > segments[{}].end ({})", i, s.begin, i,
+                 s.end);
+    }
+    if (s.end > shard_numel) {
+      ZERO_THROW(InvalidArgument, "segments[{}].end ({}) > shard_numel ({})", i, s.end, shard_numel);
+    }
+    if (s.group < 0 || s.group >= num_groups) {
+      ZERO_THROW(InvalidArgument, "segments[{}].group ({}) out of range [0, {})", i, s.group,
+                 num_groups);
+    }
+  }
+  std::vector<size_t> order(segs.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return segs[a].begin < segs[b].begin; });
+  // Sorted by begin, a non-empty segment overlaps an earlier one iff it starts before the furthest
+  // end seen so far.
+  size_t furthest = 0;  // index into segs of the non-empty segment with the largest end so far
+  bool any = false;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const Segment& b = segs[order[k]];
+    if (b.begin == b.end) continue;
+    if (any && b.begin < segs[furthest].end) {
+      const Segment& a = segs[furthest];
+      ZERO_THROW(InvalidArgument, "segments[{}] [{}, {}) overlaps segments[{}] [{}, {})", furthest,
+                 a.begin, a.end, order[k], b.begin, b.end);
+    }
+    if (!any || b.end > segs[furthest].end) furthest = order[k];
+    any = true;
+  }
+}
+
+}  // namespace
+
+Optimizer::Optimizer(const OptimizerOptions& options, size_t shard_numel,
+                     std::vector<Segment> segments) {
+  validate_options(options);
+  validate_segments(segments, shard_numel, static_cast<int>(options.groups.size()));
+  impl_ = std::make_unique<Impl>(options, shard_numel, std::move(segments));
+  Impl& m = *impl_;
+
+  // Segments by parameter, with a check that no element of a parameter appears twice.
+  for (size_t i = 0; i < m.segments.size(); ++i) {
+    const Segment& s = m.segments[i];
+    if (!s.param_name.empty() && s.end > s.begin) m.segments_by_param[s.param_name].push_back(i);
+  }
+  for (auto& [name, idx] : m.segments_by_param) {
+    std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
+      return m.segments[a].param_offset < m.segments[b].param_offset;
+    });
+    for (size_t k = 1; k < idx.size(); ++k) {
+      const Segment& a = m.segments[idx[k - 1]];
+      const Segment& b = m.segments[idx[k]];
+      if (b.param_offset < a.param_offset + (a.end - a.begin)) {
+        ZERO_THROW(InvalidArgument,
+                   "segments[{}] and segments[{}] both hold elements [{}, {}) of parameter '{}'",
+                   idx[k - 1], idx[k], b.param_offset,
+                   std::min(a.param_offset + (a.end - a.begin), b.param_offset + (b.end - b.begin)),
+                   name);
+      }
+    }
+  }
+
+  // State arrays.
+  m.state_names = names_of_states(options.kind);
+  const size_t bytes = shard_numel * dtype_size(options.state_dtype);
+  for (size_t i = 0; i < m.state_names.size(); ++i) m.states.emplace_back(bytes);
+  if (options.kind == OptimizerKind::kAdagrad) {
+    // torch.full_like(p, initial_accumulator_value), per group.
+    for (const Segment& s : m.segments) {
+      const float v = options.groups[static_cast<size_t>(s.group)].initial_accumulator_value;
+      if (v == 0.0f || s.param_name.empty()) continue;
+      for (size_t e = s.begin; e < s.end; ++e) {
+        if (options.state_dtype == DType::kFloat32) {
+          static_cast<float*>(m.states[0].data())[e] = v;
+        } else {
+          static_cast<uint16_t*>(m.states[0].data())[e] = fp32_to_bf16_bits(v);
+        }
+      }
+    }
+  }
+  m.momentum_initialized.assign(options.groups.size(), 0);
+  m.coeffs.resize(options.groups.size());
+
+  // Work of each thread, fixed for the optimizer's life.
+  std::vector<Piece> pieces;
+  for (const Segment& s : m.segments) {
+    if (!s.param_name.empty() && s.end > s.begin) pieces.push_back({s.begin, s.end, s.group});
+  }
+  std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
+  m.thread_pieces = partition(pieces, options.num_threads);
+}
+
+Optimizer::~Optimizer() = default;
+Optimizer::Optimizer(Optimizer&&) noexcept = default;
+Optimizer& Optimizer::operator=(Optimizer&&) noexcept = default;
+
+void Optimizer::step(const StepInput& in) {
+  ZERO_CHECK(impl_ != nullptr, "use of a moved-from Optimizer");
+  Impl& m = *impl_;
+  const int gi = detail::grad_type_index(in.grad_dtype);
+  if (gi < 0) {
+    ZERO_THROW(InvalidArgument, "StepInput.grad_dtype must be fp32, fp16 or bf16 (got {})",
+               dtype_name(in.grad_dtype));
+  }
+  const bool has_out = in.model_out != nullptr;
+  const int oi = detail::out_type_index(has_out, in.model_dtype);
+  if (oi < 0) {
+    ZERO_THROW(InvalidArgument, "StepInput.model_dtype must be fp32, fp16 or bf16 (got {})",
+               dtype_name(in.model_dtype));
+  }
+  const auto check_len = [&](const std::optional<size_t>& n, const char* field) {
+    if (n && *n != m.shard_numel) {
+      ZERO_THROW(InvalidArgument, "StepInput.{} ({}) != shard_numel ({})", field, *n, m.shard_numel);
+    }
+  };
+  check_len(in.master_numel, "master_numel");
+  check_len(in.grad_numel, "grad_numel");
+  if (has_out) check_len(in.model_numel, "model_numel");
+  if (m.shard_numel > 0) {
+    if (in.master == nullptr) ZERO_THROW(InvalidArgument, "StepInput.master is null");
+    if (in.grad == nullptr) ZERO_THROW(InvalidArgument, "StepInput.grad is null");
+  }
+  if (!std::isfinite(in.grad_scale)) {
+    ZERO_THROW(InvalidArgument, "StepInput.grad_scale must be finite (got {})", in.grad_scale);
+  }
+
+  const int64_t step = m.step_count + 1;
+  for (size_t g = 0; g < m.options.groups.size(); ++g) {
+    const Hyper& h = m.options.groups[g];
+    validate_hyper(m.options.kind, h, static_cast<int>(g));
+    const bool first = m.options.kind == OptimizerKind::kSgd && !m.momentum_initialized[g];
+    m.coeffs[g] = compute_step_coeffs(m.options.kind, h, step, in.grad_scale, first);
+  }
+
+  const int si = detail::state_type_index(m.options.state_dtype);
+  const detail::StepFn fn = m.table->step[static_cast<int>(m.options.kind)][gi][si][oi];
+  const size_t grad_size = dtype_size(in.grad_dtype);
+  const size_t state_size = dtype_size(m.options.state_dtype);
+  const size_t out_size = has_out ? dtype_size(in.model_dtype) : 0;
+  auto* grad = static_cast<const char*>(in.grad);
+  auto* out = static_cast<char*>(in.model_out);
+  char* s0 = m.states.empty() ? nullptr : static_cast<char*>(m.states[0].data());
+  char* s1 = m.states.size() < 2 ? nullptr : static_cast<char*>(m.states[1].data());
+
+  m.pool.run([&](int t) {
+    for (const Piece& p : m.thread_pieces[static_cast<size_t>(t)]) {
+      detail::StepArgs a;
+      a.master = in.master + p.begin;
+      a.grad = grad + p.begin * grad_size;
+      a.state0 = s0 ? s0 + p.begin * state_size : nullptr;
+      a.state1 = s1 ? s1 + p.begin * state_size : nullptr;
+      a.model_out = out ? out + p.begin * out_size : nullptr;
+      a.n = p.end - p.begin;
+      a.coeffs = &m.coeffs[static_cast<size_t>(p.group)];
+      fn(a);
+    }
+  });
+
+  m.step_count = step;
+  if (m.options.kind == OptimizerKind::kSgd) {
+    for (size_t g = 0; g < m.options.groups.size(); ++g) {
+      if (m.options.groups[g].momentum != 0.0f) m.momentum_initialized[g] = 1;
+    }
+  }
+}
+
+int64_t Optimizer::step_count() const { return impl_->step_count; }
+
+void Optimizer::set_step_count(int64_t steps) {
+  if (steps < 0) ZERO_THROW(InvalidArgument, "step_count must be >= 0 (got {})", steps);
+  impl_->step_count = steps;
+  std::fill(impl_->momentum_initialized.begin(), impl_->momentum_initialized.end(),
+            static_cast<char>(steps > 0));
+}
+
+OptimizerKind Optimizer::kind() const { return impl_->options.kind; }
+size_t Optimizer::shard_numel() const { return impl_->shard_numel; }
+const std::vector<Segment>& Optimizer::segments() const { return impl_->segments; }
+
+Hyper& Optimizer::group(int i) {
+  if (i < 0 || i >= num_groups()) {
+    ZERO_THROW(InvalidArgument, "group index {} out of range [0, {})", i, num_groups());
+  }
+  return impl_->options.groups[static_cast<size_t>(i)];
+}
+const Hyper& Optimizer::group(int i) const { return const_cast<Optimizer*>(this)->group(i); }
+int Optimizer::num_groups() const { return static_cast<int>(impl_->options.groups.size()); }
+int Optimizer::num_threads() const { return impl_->pool.size(); }
+SimdPath Optimizer::simd_path() const { return impl_->path; }
+
+std::vector<std::string> Optimizer::state_names() const { return impl_->state_names; }
+DType Optimizer::state_dtype() const { return impl_->options.state_dtype; }
+
+void* Optimizer::state_data(const std::string& name) {
+  return impl_->states[static_cast<size_t>(impl_->state_index(name))].data();
+}
+const void* Optimizer::state_data(const std::string& name) const {
+  return impl_->states[static_cast<size_t>(impl_->state_index(name))].data();
+}
+
+namespace {
+
+// Calls fn(shard_index, range_index, count) for each overlap of [begin, end) of `param` with the
+// segments that hold it; returns the total count.
+template <typename Fn>
+size_t for_each_overlap(const std::vector<Segment>& segments,
+                        const std::unordered_map<std::string, std::vector<size_t>>& by_param,
+                        const std::string& param, size_t begin, size_t end, Fn&& fn) {
+  if (begin > end) {
+    ZERO_THROW(InvalidArgument, "param_begin ({}) > param_end ({}) for parameter '{}'", begin, end,
+               param);
+  }
+  const auto it = by_param.find(param);
+  if (it == by_param.end()) return 0;
+  size_t total = 0;
+  for (size_t idx : it->second) {
+    const Segment& s = segments[idx];
+    const size_t lo = std::max(begin, s.param_offset);
+    const size_t hi = std::min(end, s.param_offset + (s.end - s.begin));
+    if (lo >= hi) continue;
+    fn(s.begin + (lo - s.param_offset), lo - begin, hi - lo);
+    total += hi - lo;
+  }
+  return total;
+}
+
+}  // namespace
+
+size_t Optimizer::read_state(const std::string& state, const std::string& param_name,
+                             size_t param_begin, size_t param_end, float* out) const {
+  const Impl& m = *impl_;
+  const void* data = m.states[static_cast<size_t>(m.state_index(state))].data();
+  if (out == nullptr && param_end > param_begin) ZERO_THROW(InvalidArgument, "read_state: out is null");
+  return for_each_overlap(m.segments, m.segments_by_param, param_name, param_begin, param_end,
+                          [&](size_t shard, size_t dst, size_t n) {
+                            if (m.options.state_dtype == DType::kFloat32) {
+                              std::copy_n(static_cast<const float*>(data) + shard, n, out + dst);
+                            } else {
+                              convert_bf16_to_fp32(static_cast<const uint16_t*>(data) + shard,
+                                                   out + dst, n);
+                            }
+                          });
+}
+
+size_t Optimizer::write_state(const std::string& state, const std::string& param_name,
+                              size_t param_begin, size_t param_end, const float* in) {
+  Impl& m = *impl_;
+  void* data = m.states[static_cast<size_t>(m.state_index(state))].data();
+  if (in == nullptr && param_end > param_begin) ZERO_THROW(InvalidArgument, "write_state: in is null");
+  return for_each_overlap(m.segments, m.segments_by_param, param_name, param_begin, param_end,
+                          [&](size_t shard, size_t src, size_t n) {
+                            if (m.options.state_dtype == DType::kFloat32) {
+                              std::copy_n(in + src, n, static_cast<float*>(data) + shard);
+                            } else {
+                              convert_fp32_to_bf16(in + src, static_cast<uint16_t*>(data) + shard, n);
+                            }
+                          });
+}
+
+}  // namespace zero::optim

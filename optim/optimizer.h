@@ -1,0 +1,138 @@
+#pragma once
+// Optimizers over one flat fp32 shard of master weights (ZeRO/FSDP style): AdamW, Adam, SGD, Adagrad
+// and Lion with PyTorch 1.13's semantics (the single-tensor, foreach=False code, operation for
+// operation), fused with the gradient unscale/clip, the 16-bit gradient read, and the 16-bit model
+// copy-out, in one streaming pass over memory.
+//
+// The shard is described by segments: contiguous element ranges, each belonging to a parameter (for
+// checkpoints) and a parameter group (for hyperparameters). Elements outside every segment are padding
+// and are never read or written by step().
+//
+// The CPU kernels (scalar, AVX2, AVX-512; the path chosen at run time) use the same operations in the
+// same order without FMA contraction, so fp32 results are bitwise equal across paths and thread counts.
+//
+// Thread safety: one step() at a time per Optimizer; accessors may be used between steps.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/cpu.h"
+#include "base/dtype.h"
+
+namespace zero::optim {
+
+enum class OptimizerKind { kAdamW, kAdam, kSgd, kAdagrad, kLion };
+inline constexpr int kNumOptimizerKinds = 5;
+
+// "adamw", "adam", "sgd", "adagrad", "lion".
+const char* optimizer_name(OptimizerKind kind);
+// Inverse of optimizer_name; throws InvalidArgument naming the accepted values.
+OptimizerKind parse_optimizer(std::string_view name);
+
+// Hyperparameters of one parameter group (PyTorch's names and defaults; Lion's defaults are the
+// user's to set, its paper suggests lr 3-10x smaller and weight decay 3-10x larger than AdamW's).
+struct Hyper {
+  float lr = 1e-3f;
+  float weight_decay = 0.0f;  // AdamW, Lion: decoupled (p *= 1 - lr*wd); Adam, SGD, Adagrad: L2
+  float beta1 = 0.9f;         // Adam, AdamW, Lion
+  float beta2 = 0.999f;       // Adam, AdamW, Lion
+  float eps = 1e-8f;          // Adam, AdamW, Adagrad (PyTorch's Adagrad default is 1e-10)
+  float momentum = 0.0f;      // SGD
+  float dampening = 0.0f;     // SGD
+  bool nesterov = false;      // SGD
+  float lr_decay = 0.0f;                   // Adagrad
+  float initial_accumulator_value = 0.0f;  // Adagrad
+};
+
+// A contiguous element range of the flat shard.
+struct Segment {
+  size_t begin = 0, end = 0;  // [begin, end) in shard elements
+  int group = 0;              // index into OptimizerOptions::groups
+  std::string param_name;     // the parameter these elements belong to ("" marks padding: skipped)
+  size_t param_offset = 0;    // element offset inside that parameter where this segment starts
+};
+
+struct OptimizerOptions {
+  OptimizerKind kind = OptimizerKind::kAdamW;
+  std::vector<Hyper> groups{Hyper{}};
+  DType state_dtype = DType::kFloat32;  // kFloat32 or kBFloat16 (rounded to nearest even)
+  int num_threads = 1;                  // threads of the step, the caller's included
+  std::optional<SimdPath> simd_path;    // default best_simd_path()
+};
+
+struct StepInput {
+  float* master = nullptr;  // shard_numel fp32 master weights, updated in place
+  const void* grad = nullptr;  // shard_numel gradients of grad_dtype (fp32, fp16 or bf16)
+  DType grad_dtype = DType::kFloat32;
+  float grad_scale = 1.0f;  // the gradient is multiplied by this first (loss unscale * clip coefficient)
+  void* model_out = nullptr;  // optional copy-out of the updated master (fp16/bf16 RNE, or fp32)
+  DType model_dtype = DType::kBFloat16;
+  // Optional lengths of the three arrays: when set they must equal shard_numel (a mismatch throws
+  // InvalidArgument naming the field), so callers holding spans get a length check for free.
+  std::optional<size_t> master_numel, grad_numel, model_numel;
+};
+
+class Optimizer {
+ public:
+  // Validates the options (lr < 0, betas outside [0,1), eps <= 0, weight_decay < 0, momentum < 0,
+  // dampening outside [0,1], nesterov without momentum or with dampening, lr_decay < 0,
+  // initial_accumulator_value < 0, non-finite values), the segments (begin > end, end > shard_numel,
+  // overlapping, group index out of range, overlapping ranges of one parameter), state_dtype,
+  // num_threads and simd_path; throws InvalidArgument naming the field and the group or segment index.
+  // Allocates the state (zero; Adagrad's "sum" is initial_accumulator_value) and starts the threads.
+  Optimizer(const OptimizerOptions& options, size_t shard_numel, std::vector<Segment> segments);
+  ~Optimizer();
+  Optimizer(Optimizer&&) noexcept;
+  Optimizer& operator=(Optimizer&&) noexcept;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One step over the whole shard. Elements outside every segment (padding) are left untouched, in
+  // master, state and model_out alike. Re-validates the groups' hyperparameters (they may have been
+  // changed through group()), then increments step_count(). Allocates nothing.
+  void step(const StepInput& in);
+
+  int64_t step_count() const;
+  // For checkpoint loading. Also tells SGD whether its momentum buffers exist (step_count > 0).
+  void set_step_count(int64_t steps);
+
+  OptimizerKind kind() const;
+  size_t shard_numel() const;
+  const std::vector<Segment>& segments() const;
+  Hyper& group(int i);  // e.g. to set lr from a schedule; validated at the next step()
+  const Hyper& group(int i) const;
+  int num_groups() const;
+  int num_threads() const;
+  SimdPath simd_path() const;
+
+  // AdamW/Adam: "exp_avg", "exp_avg_sq"; SGD: "momentum_buffer"; Adagrad: "sum"; Lion: "exp_avg".
+  std::vector<std::string> state_names() const;
+  DType state_dtype() const;
+  // shard_numel elements of state_dtype; throws InvalidArgument for an unknown name.
+  void* state_data(const std::string& name);
+  const void* state_data(const std::string& name) const;
+
+  // Checkpoint support: state addressed by parameter name and an element range inside that
+  // parameter. Copies the overlap of [param_begin, param_end) with this shard's segments of that
+  // parameter, to/from out/in indexed from param_begin (out[k] is element param_begin + k); elements
+  // of the range not in this shard are not touched. Returns the number of elements copied. fp32 in
+  // and out whatever state_dtype is (bf16 state is written rounded to nearest even).
+  size_t read_state(const std::string& state, const std::string& param_name, size_t param_begin,
+                    size_t param_end, float* out) const;
+  size_t write_state(const std::string& state, const std::string& param_name, size_t param_begin,
+                     size_t param_end, const float* in);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Throws InvalidArgument naming "groups[<index>].<field>" if a hyperparameter that `kind` uses is
+// out of range. Exposed for callers that validate a configuration before building an optimizer.
+void validate_hyper(OptimizerKind kind, const Hyper& h, int group_index);
+
+}  // namespace zero::optim
