@@ -50,7 +50,7 @@ class MemoryTracker {
   void on_free(Category c, Device d, size_t bytes);
 
   Usage usage(Category c, Device d) const;
-  // Summed over devices of the given kind (or all devices).
+  // Summed over all devices; its peak is the peak of that sum.
   Usage usage(Category c) const;
   uint64_t current_total() const;
   uint64_t current_total(DeviceKind kind) const;
@@ -67,11 +67,13 @@ class MemoryTracker {
   struct Slot {
     Device device;
     std::array<Usage, kNumCategories> usage{};
+    Usage total{};  // summed over categories on this device; its peak is the peak of that sum
   };
   Slot& slot_locked(Device d);
 
   mutable std::mutex mu_;
   std::vector<Slot> slots_;
+  std::array<Usage, kNumCategories> by_category_{};  // summed over devices
   uint64_t total_current_ = 0;
   uint64_t total_peak_ = 0;
 };

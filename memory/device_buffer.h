@@ -1,0 +1,44 @@
+#pragma once
+// Owning, move-only CUDA device memory (cudaMalloc on a given device). CUDA builds only.
+//
+// Reports its bytes to MemoryTracker::global() under Device::cuda(ordinal). Contents are not
+// initialized. A failed allocation throws zero::AllocationError naming the size, the category, the
+// device and the CUDA error.
+#include <cstddef>
+#include <cstdint>
+
+#include "base/dtype.h"
+#include "memory/tracker.h"
+
+namespace zero::memory {
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(size_t bytes, Category category, int device);
+  static DeviceBuffer for_elements(int64_t count, DType dtype, Category category, int device);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() { return data_; }
+  const void* data() const { return data_; }
+  size_t size_bytes() const { return bytes_; }
+  Category category() const { return category_; }
+  int device() const { return device_; }
+  template <typename T>
+  T* as() { return static_cast<T*>(data_); }
+  template <typename T>
+  const T* as() const { return static_cast<const T*>(data_); }
+
+ private:
+  void release();
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  Category category_ = Category::kOther;
+  int device_ = 0;
+};
+
+}  // namespace zero::memory
