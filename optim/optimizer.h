@@ -61,7 +61,7 @@ struct OptimizerOptions {
   std::vector<Hyper> groups{Hyper{}};
   DType state_dtype = DType::kFloat32;  // kFloat32 or kBFloat16 (rounded to nearest even)
   int num_threads = 1;                  // threads of the step, the caller's included
-  std::optional<SimdPath> simd_path;    // default best_simd_path()
+  std::optional<SimdPath> simd_path = std::nullopt;  // default best_simd_path()
 };
 
 struct StepInput {
@@ -73,7 +73,8 @@ struct StepInput {
   DType model_dtype = DType::kBFloat16;
   // Optional lengths of the three arrays: when set they must equal shard_numel (a mismatch throws
   // InvalidArgument naming the field), so callers holding spans get a length check for free.
-  std::optional<size_t> master_numel, grad_numel, model_numel;
+  std::optional<size_t> master_numel = std::nullopt, grad_numel = std::nullopt,
+                        model_numel = std::nullopt;
 };
 
 class Optimizer {
