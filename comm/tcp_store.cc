@@ -142,13 +142,27 @@ wire::Response TcpStore::call(const wire::Request& req, std::chrono::millisecond
                            : options_.timeout;
   const auto deadline = deadline_after(limit);
 
-  std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
-  if (!lock.try_lock_until(deadline)) {
-    ZERO_THROW(TimeoutError,
-               "TCP store {}({}) timed out after {} ms waiting for another thread's call on the "
-               "same client (server {})",
-               op, keys, limit.count(), address_);
+  {
+    std::unique_lock<std::mutex> lock(gate_mu_);
+    if (!gate_cv_.wait_until(lock, deadline, [&] { return !busy_; })) {
+      ZERO_THROW(TimeoutError,
+                 "TCP store {}({}) timed out after {} ms waiting for another thread's call on the "
+                 "same client (server {})",
+                 op, keys, limit.count(), address_);
+    }
+    busy_ = true;
   }
+  // Frees the connection for the next caller however this call ends.
+  struct Release {
+    TcpStore* self;
+    ~Release() {
+      {
+        std::lock_guard<std::mutex> lock(self->gate_mu_);
+        self->busy_ = false;
+      }
+      self->gate_cv_.notify_one();
+    }
+  } release{this};
   if (!connection_) {
     // The previous call broke the connection: one reconnection attempt, no retries.
     std::string error;

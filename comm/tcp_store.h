@@ -15,6 +15,7 @@
 // thread waiting in get() holds the connection, so a second thread's call waits for it, within that
 // call's own timeout). Use one client per thread when they wait on each other.
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -99,7 +100,12 @@ class TcpStore : public Store {
   std::string connect_host_;
   uint16_t port_ = 0;
   std::string address_;
-  std::timed_mutex mu_;                     // serializes calls on the connection
+  // Calls are serialized by a "busy" flag rather than std::timed_mutex: waiting for it must respect
+  // the call's deadline, and ThreadSanitizer (GCC 12) does not intercept the clocklock that
+  // timed_mutex::try_lock_until uses.
+  std::mutex gate_mu_;
+  std::condition_variable gate_cv_;
+  bool busy_ = false;
   std::unique_ptr<Connection> connection_;  // null after a failure; the next call reconnects
 };
 
