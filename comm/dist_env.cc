@@ -1,5 +1,6 @@
 #include "comm/dist_env.h"
 
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -9,6 +10,7 @@
 
 #include "base/check.h"
 #include "base/env.h"
+#include "base/logging.h"
 #include "comm/memory_store.h"
 #include "comm/tcp_store.h"
 
@@ -169,6 +171,23 @@ DistEnv read_slurm() {
 // otherwise adopt a closed, or reused, descriptor number).
 std::atomic<bool> g_listen_fd_used{false};
 
+bool resolves_to_loopback(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* list = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &list) != 0) return false;
+  bool loopback = false;
+  if (list->ai_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(list->ai_addr);
+    loopback = (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+  } else if (list->ai_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(list->ai_addr);
+    loopback = IN6_IS_ADDR_LOOPBACK(&a->sin6_addr);
+  }
+  ::freeaddrinfo(list);
+  return loopback;
+}
+
 // The local port of a socket, 0 when it is not a bound TCP socket.
 uint16_t local_port(int fd) {
   sockaddr_storage addr{};
@@ -287,6 +306,13 @@ std::shared_ptr<Store> connect_store(const DistEnv& env, std::chrono::millisecon
   }
   if (o.listen_fd < 0 && o.port == 0) {
     ZERO_THROW(InvalidArgument, "connect_store: DistEnv.master_port is 0 for world size {}", env.world_size);
+  }
+  if (o.is_server && env.world_size > env.local_world_size && resolves_to_loopback(env.master_addr)) {
+    // Classic multi-node pitfall: /etc/hosts maps the host's own name to 127.0.1.1.
+    ZERO_LOG_WARN(
+        "MASTER_ADDR={} resolves to a loopback address on rank 0, but ranks on other nodes must "
+        "reach the store: set MASTER_ADDR to this node's network address",
+        env.master_addr);
   }
   return std::make_shared<TcpStore>(o);
 }

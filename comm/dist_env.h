@@ -41,7 +41,9 @@ DistEnv read_dist_env();
 // The rendezvous store of the job. World size 1: an in-process MemoryStore. Otherwise rank 0 hosts
 // a TcpStoreServer on master_addr:master_port (or the inherited listening socket) and connects to it
 // as a client too; the other ranks connect, retrying until `timeout` (TimeoutError naming the
-// address). Rank 0's process must outlive the others' use of the store.
+// address). Rank 0's process must outlive the others' use of the store. Call it once per process
+// and share the store (PrefixStore gives each user its own key space): an inherited listening
+// socket can be adopted only once.
 std::shared_ptr<Store> connect_store(const DistEnv& env, std::chrono::milliseconds timeout);
 
 // Exposed for tests.
