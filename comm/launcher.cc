@@ -545,7 +545,8 @@ int run_launch(const LaunchOptions& o) {
       if (reason == Reason::kNone) {
         reason = Reason::kSignal;
         exit_code = 128 + sig;
-        say(fmt::format("got signal {} (SIG{}); forwarding it to the ranks", sig, ::sigabbrev_np(sig)));
+        const char* name = ::sigabbrev_np(sig);
+        say(fmt::format("got signal {} (SIG{}); forwarding it to the ranks", sig, name ? name : "?"));
         teardown(sig);
       } else {
         say("got another signal; killing the ranks");

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <regex>
@@ -31,11 +32,11 @@ struct Result {
   double seconds = 0;
 };
 
-// Starts zerorun with args, optionally calls `during(pid)` once after `during_after`, and collects
-// its output until it exits (killing it after `limit`).
+// Starts zerorun with args, calls `during(pid)` once as soon as `ready(stdout so far)` holds, and
+// collects its output until it exits (killing it after `limit`).
 Result run(const std::vector<std::string>& args, std::chrono::milliseconds limit = 30s,
            std::function<void(pid_t)> during = nullptr,
-           std::chrono::milliseconds during_after = 0ms) {
+           std::function<bool(const std::string&)> ready = nullptr) {
   int out[2], err[2];
   REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
   REQUIRE(::pipe2(err, O_CLOEXEC) == 0);
@@ -62,7 +63,7 @@ Result run(const std::vector<std::string>& args, std::chrono::milliseconds limit
   int status = 0;
   bool exited = false;
   while (!exited || fds[0] >= 0 || fds[1] >= 0) {
-    if (!called && Clock::now() - start >= during_after) {
+    if (!called && (!ready || ready(r.out))) {
       during(pid);
       called = true;
     }
@@ -161,7 +162,10 @@ TEST_CASE("a rank exiting 3 stops the others and zerorun exits 3 promptly") {
 }
 
 TEST_CASE("ranks that ignore SIGTERM are killed after the grace period") {
-  const Result r = run({"--nproc-per-node=3", "--grace-s=0.5", "--", kProg, "stubborn", "2", "5"});
+  std::string dir = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") +
+                    "/zerorun_test.XXXXXX";
+  REQUIRE(::mkdtemp(dir.data()) != nullptr);
+  const Result r = run({"--nproc-per-node=3", "--grace-s=0.5", "--", kProg, "stubborn", "2", "5", dir});
   INFO("stderr:\n" << r.err);
   CHECK(r.code == 5);
   CHECK(r.seconds < 10);
@@ -176,9 +180,19 @@ TEST_CASE("a rank killed by a signal gives 128 + signal") {
   CHECK(contains(r.err, "SIGKILL"));
 }
 
+// True once every rank 0..n-1 said it is sleeping (its signal handlers are installed by then).
+std::function<bool(const std::string&)> all_sleeping(int n) {
+  return [n](const std::string& out) {
+    for (int k = 0; k < n; ++k) {
+      if (!contains(out, "rank " + std::to_string(k) + " sleeping")) return false;
+    }
+    return true;
+  };
+}
+
 TEST_CASE("SIGTERM to zerorun is forwarded to every rank") {
   const Result r = run({"--nproc-per-node=3", "--", kProg, "sleep"}, 30s,
-                       [](pid_t pid) { ::kill(pid, SIGTERM); }, 1000ms);
+                       [](pid_t pid) { ::kill(pid, SIGTERM); }, all_sleeping(3));
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   CHECK(r.code == 128 + SIGTERM);
   for (int k = 0; k < 3; ++k) {
@@ -189,7 +203,7 @@ TEST_CASE("SIGTERM to zerorun is forwarded to every rank") {
 
 TEST_CASE("SIGINT to zerorun is forwarded as SIGINT") {
   const Result r = run({"--nproc-per-node=2", "--", kProg, "sleep"}, 30s,
-                       [](pid_t pid) { ::kill(pid, SIGINT); }, 1000ms);
+                       [](pid_t pid) { ::kill(pid, SIGINT); }, all_sleeping(2));
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   CHECK(r.code == 128 + SIGINT);
   CHECK(contains(r.out, "[rank 1] rank 1 got signal " + std::to_string(SIGINT)));

@@ -3,7 +3,7 @@
 //                       several pieces checks that lines stay whole
 //   fail R CODE         rank R exits with CODE after 200 ms; the others sleep 60 s
 //   crash R             rank R kills itself with SIGKILL; the others sleep 60 s
-//   stubborn R CODE     like fail, but the others ignore SIGTERM
+//   stubborn R CODE DIR like fail, but the others ignore SIGTERM (and say so with files in DIR)
 //   sleep               every rank sleeps 60 s, printing "rank R got signal S" when signalled
 //   orphan              rank 0 leaves a child sleeping 60 s (holding the output pipe) and exits 0
 //   longline N          rank 0 prints one line of N 'x' characters
@@ -93,16 +93,37 @@ int main(int argc, char** argv) {
       std::printf("no newline at the end %d", rank());
       return 0;
     }
-    if (mode == "fail" || mode == "stubborn" || mode == "crash") {
+    if (mode == "fail" || mode == "crash") {
       const int who = std::stoi(args.at(1));
       if (rank() == who) {
         std::this_thread::sleep_for(200ms);
         if (mode == "crash") ::raise(SIGKILL);
         return std::stoi(args.at(2));
       }
-      if (mode == "stubborn") ::signal(SIGTERM, SIG_IGN);
       sleep_long();
       return 0;
+    }
+    if (mode == "stubborn") {
+      // The failing rank waits until every other rank ignores SIGTERM (a file per rank in DIR), so
+      // that the teardown really needs its SIGKILL.
+      const int who = std::stoi(args.at(1));
+      const std::string dir = args.at(3);
+      const int world = std::atoi(env_or("WORLD_SIZE", "1"));
+      if (rank() != who) {
+        ::signal(SIGTERM, SIG_IGN);
+        std::fclose(std::fopen((dir + "/ready." + std::to_string(rank())).c_str(), "w"));
+        sleep_long();
+        return 0;
+      }
+      for (int i = 0; i < 2000; ++i) {
+        int ready = 0;
+        for (int k = 0; k < world; ++k) {
+          ready += ::access((dir + "/ready." + std::to_string(k)).c_str(), F_OK) == 0 ? 1 : 0;
+        }
+        if (ready == world - 1) break;
+        std::this_thread::sleep_for(10ms);
+      }
+      return std::stoi(args.at(2));
     }
     if (mode == "sleep") {
       ::signal(SIGTERM, on_signal);
