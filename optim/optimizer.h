@@ -22,11 +22,9 @@
 
 #include "base/cpu.h"
 #include "base/dtype.h"
+#include "optim/optimizer_kind.h"
 
 namespace zero::optim {
-
-enum class OptimizerKind { kAdamW, kAdam, kSgd, kAdagrad, kLion };
-inline constexpr int kNumOptimizerKinds = 5;
 
 // "adamw", "adam", "sgd", "adagrad", "lion".
 const char* optimizer_name(OptimizerKind kind);
