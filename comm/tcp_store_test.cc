@@ -335,7 +335,6 @@ TEST_CASE("a server that goes away gives CommError naming its address") {
 
 TEST_CASE("a server that accepts but never answers: the client deadline names the key") {
   // Speaks the hello, then reads requests and never replies.
-  TcpStoreServer placeholder(server_options());  // only to learn a free port
   net::Fd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
