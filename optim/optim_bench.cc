@@ -20,7 +20,7 @@
 
 #include "base/cpu.h"
 #include "base/dtype.h"
-#include "optim/aligned_buffer.h"
+#include "memory/buffer.h"
 #include "optim/optimizer.h"
 #include "optim/thread_pool.h"
 
@@ -53,7 +53,8 @@ std::string cpu_model() {
 // Best-of-reps STREAM triad a[i] = b[i] + s * c[i] over n floats split across the pool; GB/s at 12
 // bytes per element.
 double triad_gbs(ThreadPool& pool, size_t n, int reps) {
-  AlignedBuffer a(n * 4), b(n * 4), c(n * 4);
+  using memory::Category;
+  memory::HostBuffer a(n * 4, Category::kOther), b(n * 4, Category::kOther), c(n * 4, Category::kOther);
   float* pa = static_cast<float*>(a.data());
   float* pb = static_cast<float*>(b.data());
   float* pc = static_cast<float*>(c.data());
@@ -159,7 +160,9 @@ int run(int argc, char** argv) {
     fmt::print("{:<8} {:<14} {:>7} {:>9} {:>11} {:>11} {:>7} {:>8}\n", "optim", "precision",
                "threads", "ms/step", "Mparams/s", "bytes/param", "GB/s", "/triad");
 
-    AlignedBuffer master_buf(n * 4), grad32_buf(n * 4), grad16_buf(n * 2), out_buf(n * 2);
+    using memory::Category;
+    memory::HostBuffer master_buf(n * 4, Category::kMasterParams), grad32_buf(n * 4, Category::kGrads),
+        grad16_buf(n * 2, Category::kGrads), out_buf(n * 2, Category::kParams);
     float* master = static_cast<float*>(master_buf.data());
     float* grad32 = static_cast<float*>(grad32_buf.data());
     uint16_t* grad16 = static_cast<uint16_t*>(grad16_buf.data());

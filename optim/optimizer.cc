@@ -6,7 +6,7 @@
 #include <unordered_map>
 
 #include "base/check.h"
-#include "optim/aligned_buffer.h"
+#include "memory/buffer.h"
 #include "optim/kernels.h"
 #include "optim/step_coeffs.h"
 #include "optim/thread_pool.h"
@@ -158,7 +158,7 @@ struct Optimizer::Impl {
   int64_t step_count = 0;
   std::vector<char> momentum_initialized;  // per group (SGD): PyTorch creates the buffer lazily
   std::vector<std::string> state_names;
-  std::vector<AlignedBuffer> states;
+  std::vector<memory::HostBuffer> states;  // 64-byte aligned, zero-filled, tracked
   std::vector<std::vector<Piece>> thread_pieces;
   std::unordered_map<std::string, std::vector<size_t>> segments_by_param;
   std::vector<StepCoeffs> coeffs;  // per group, refilled by every step
@@ -261,7 +261,9 @@ Optimizer::Optimizer(const OptimizerOptions& options, size_t shard_numel,
   // State arrays.
   m.state_names = names_of_states(options.kind);
   const size_t bytes = shard_numel * dtype_size(options.state_dtype);
-  for (size_t i = 0; i < m.state_names.size(); ++i) m.states.emplace_back(bytes);
+  for (size_t i = 0; i < m.state_names.size(); ++i) {
+    m.states.emplace_back(bytes, memory::Category::kOptimizerState);
+  }
   if (options.kind == OptimizerKind::kAdagrad) {
     // torch.full_like(p, initial_accumulator_value), per group.
     for (const Segment& s : m.segments) {

@@ -19,6 +19,7 @@
 #include "base/cpu.h"
 #include "base/dtype.h"
 #include "base/error.h"
+#include "memory/tracker.h"
 #include "optim/optimizer.h"
 
 namespace zero::optim {
@@ -466,6 +467,20 @@ TEST_CASE("moves, many threads on few elements, empty shard") {
   Optimizer empty(OptimizerOptions{}, 0, {});
   empty.step(StepInput{});
   CHECK(empty.step_count() == 1);
+}
+
+TEST_CASE("state memory is reported to the memory tracker as optimizer state") {
+  auto& tracker = memory::MemoryTracker::global();
+  const uint64_t before = tracker.usage(memory::Category::kOptimizerState).current;
+  {
+    OptimizerOptions o;  // AdamW: two fp32 arrays
+    Optimizer opt(o, 1000, {Segment{0, 1000, 0, "w", 0}});
+    CHECK(tracker.usage(memory::Category::kOptimizerState).current == before + 8000);
+    o.state_dtype = DType::kBFloat16;
+    Optimizer half(o, 1000, {Segment{0, 1000, 0, "w", 0}});
+    CHECK(tracker.usage(memory::Category::kOptimizerState).current == before + 12000);
+  }
+  CHECK(tracker.usage(memory::Category::kOptimizerState).current == before);
 }
 
 // ---- validation ----
