@@ -98,21 +98,6 @@ void reduce_scatter_direct(gloo::Context& ctx, const void* send, void* recv,
     return;
   }
 
-  // Sends: every segment of chunk p to rank p, all posted up front (Gloo moves each one as soon as
-  // the receiver posts the matching receive). Destinations are staggered so that rank r starts with
-  // rank r+1 and no rank is everybody's first target.
-  auto send_buf = ctx.createUnboundBuffer(const_cast<uint8_t*>(send_bytes), layout.total() * es);
-  size_t sends = 0;
-  for (int k = 1; k < n; ++k) {
-    const int p = (me + k) % n;
-    for (size_t j = 0; j < segments(layout.count[p], seg); ++j) {
-      const size_t len = std::min(seg, layout.count[p] - j * seg);
-      send_buf->send(p, make_slot(kReduceScatterSlot, options.tag, j),
-                     (layout.offset[p] + j * seg) * es, len * es);
-      ++sends;
-    }
-  }
-
   // Receives: `depth` segments per peer in flight, each into its own scratch buffer.
   const size_t nseg = segments(my_count, seg);
   const size_t live = std::min(depth, std::max<size_t>(nseg, 1));
@@ -134,6 +119,22 @@ void reduce_scatter_direct(gloo::Context& ctx, const void* send, void* recv,
     }
   };
   for (size_t j = 0; j < std::min(live, nseg); ++j) post(j);
+
+  // Sends: every segment of chunk p to rank p, all posted up front, after our own receives so that
+  // the peers' sends find them posted and write at once (Gloo moves each send as soon as the
+  // receiver posts the matching receive). Destinations are staggered so that rank r starts with
+  // rank r+1 and no rank is everybody's first target.
+  auto send_buf = ctx.createUnboundBuffer(const_cast<uint8_t*>(send_bytes), layout.total() * es);
+  size_t sends = 0;
+  for (int k = 1; k < n; ++k) {
+    const int p = (me + k) % n;
+    for (size_t j = 0; j < segments(layout.count[p], seg); ++j) {
+      const size_t len = std::min(seg, layout.count[p] - j * seg);
+      send_buf->send(p, make_slot(kReduceScatterSlot, options.tag, j),
+                     (layout.offset[p] + j * seg) * es, len * es);
+      ++sends;
+    }
+  }
 
   std::vector<const void*> srcs(static_cast<size_t>(n));
   for (size_t j = 0; j < nseg; ++j) {
@@ -162,18 +163,21 @@ void all_gather_slots(gloo::Context& ctx, void* buf, const ChunkLayout& layout, 
   auto ub = ctx.createUnboundBuffer(buf, layout.total() * elem_size);
   size_t sends = 0;
   size_t recvs = 0;
+  // Receives first: a send that finds its receive already posted is written at once.
   for (int k = 1; k < n; ++k) {
-    const int to = (me + k) % n;
     const int from = (me - k + n) % n;
-    if (layout.count[me] > 0) {
-      ub->send(to, make_slot(slot_prefix, options.tag, 0), layout.offset[me] * elem_size,
-               layout.count[me] * elem_size);
-      ++sends;
-    }
     if (layout.count[from] > 0) {
       ub->recv(from, make_slot(slot_prefix, options.tag, 0), layout.offset[from] * elem_size,
                layout.count[from] * elem_size);
       ++recvs;
+    }
+  }
+  for (int k = 1; k < n; ++k) {
+    const int to = (me + k) % n;
+    if (layout.count[me] > 0) {
+      ub->send(to, make_slot(slot_prefix, options.tag, 0), layout.offset[me] * elem_size,
+               layout.count[me] * elem_size);
+      ++sends;
     }
   }
   for (size_t i = 0; i < recvs; ++i) wait_recv(*ub, options.deadline);

@@ -46,22 +46,33 @@ void GlooOptions::validate() const {
 
 namespace {
 
-// Completion state shared by the worker and every copy of the handle.
+// How a collective ended.
+enum class Outcome { kOk, kCommError, kTimeout };
+
+// Completion state shared by the worker and every copy of the handle. Failures are kept as a kind
+// and a message and thrown afresh by each wait, so no exception object is shared across threads.
 struct WorkState {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
-  std::exception_ptr error;
+  Outcome outcome = Outcome::kOk;
+  std::string message;
   std::string what;  // "gloo rank 1: all_reduce(fp32, 1024, sum) #7"
   std::chrono::milliseconds default_timeout;
 
-  void finish(std::exception_ptr e) {
+  void finish(Outcome o, std::string m) {
     {
       std::lock_guard<std::mutex> lock(mu);
       done = true;
-      error = std::move(e);
+      outcome = o;
+      message = std::move(m);
     }
     cv.notify_all();
+  }
+  // Lock held.
+  void throw_if_failed() const {
+    if (outcome == Outcome::kTimeout) throw TimeoutError(message);
+    if (outcome == Outcome::kCommError) throw CommError(message);
   }
 };
 
@@ -74,12 +85,12 @@ class GlooWork final : public Work {
     if (!state_->cv.wait_for(lock, timeout, [&] { return state_->done; })) {
       ZERO_THROW(TimeoutError, "{} did not complete within {} ms", state_->what, timeout.count());
     }
-    if (state_->error) std::rethrow_exception(state_->error);
+    state_->throw_if_failed();
   }
   void wait() override { wait(state_->default_timeout); }
   bool is_completed() override {
     std::lock_guard<std::mutex> lock(state_->mu);
-    if (state_->done && state_->error) std::rethrow_exception(state_->error);
+    if (state_->done) state_->throw_if_failed();
     return state_->done;
   }
 
@@ -323,28 +334,24 @@ class GlooCommunicator final : public Communicator {
         if (stopping_ && failure.empty()) failure = "communicator destroyed";
       }
       if (!failure.empty()) {
-        task.state->finish(std::make_exception_ptr(CommError(fmt::format(
-            "{} not run: communicator failed earlier: {}", task.state->what, failure))));
+        task.state->finish(Outcome::kCommError,
+                           fmt::format("{} not run: communicator failed earlier: {}",
+                                       task.state->what, failure));
         continue;
       }
-      std::exception_ptr error = run_task(task);
-      if (error) {
-        std::string message;
-        try {
-          std::rethrow_exception(error);
-        } catch (const std::exception& e) {
-          message = e.what();
-        }
+      auto [outcome, message] = run_task(task);
+      if (outcome != Outcome::kOk) {
         ZERO_LOG_ERROR("{}", message);
         std::lock_guard<std::mutex> lock(mu_);
         if (failure_.empty()) failure_ = message;
       }
-      task.state->finish(error);
+      task.state->finish(outcome, std::move(message));
     }
   }
 
-  // Runs one collective (after the schedule check); converts Gloo's exceptions into ours.
-  std::exception_ptr run_task(Task& task) {
+  // Runs one collective (after the schedule check); turns every exception into an outcome and a
+  // message naming the op, its sequence number and the rank (Gloo's own text included).
+  std::pair<Outcome, std::string> run_task(Task& task) {
     DirectOptions d;
     d.tag = static_cast<uint32_t>(task.call.seq);
     d.deadline = SteadyClock::now() + options_.timeout;
@@ -357,22 +364,20 @@ class GlooCommunicator final : public Communicator {
         std::vector<CallRecord> all(static_cast<size_t>(size_));
         exchange_records(*context_, mine.data(), all.data(), kCallRecordBytes, d);
         const std::string mismatch = find_schedule_mismatch(all);
-        if (!mismatch.empty()) ZERO_THROW(CommError, "{}: {}", what, mismatch);
+        if (!mismatch.empty()) return {Outcome::kCommError, fmt::format("{}: {}", what, mismatch)};
       }
       task.run(d);
-      return nullptr;
-    } catch (const Error&) {
-      return std::current_exception();
+      return {Outcome::kOk, {}};
+    } catch (const TimeoutError& e) {
+      return {Outcome::kTimeout, fmt::format("{}: {}", what, e.what())};
     } catch (const gloo::IoException& e) {
       const std::string msg = e.what();
       if (msg.find("Timed out") != std::string::npos) {
-        return std::make_exception_ptr(
-            TimeoutError(fmt::format("{} timed out in Gloo: {}", what, msg)));
+        return {Outcome::kTimeout, fmt::format("{} timed out in Gloo: {}", what, msg)};
       }
-      return std::make_exception_ptr(CommError(fmt::format("{} failed in Gloo: {}", what, msg)));
+      return {Outcome::kCommError, fmt::format("{} failed in Gloo: {}", what, msg)};
     } catch (const std::exception& e) {
-      return std::make_exception_ptr(
-          CommError(fmt::format("{} failed in Gloo: {}", what, e.what())));
+      return {Outcome::kCommError, fmt::format("{} failed: {}", what, e.what())};
     }
   }
 
