@@ -8,10 +8,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <map>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -121,21 +121,34 @@ TEST_CASE("three ranks print their environment with prefixed, whole lines") {
   const Result r = run({"--nproc-per-node", "3", "--", kProg, "env"});
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   CHECK(r.code == 0);
-  const std::regex env_line(
-      R"(\[rank (\d)\] rank=(\d) world=3 local=(\d)/3 group=0 addr=127\.0\.0\.1 port=(\d+) token=([0-9a-f]{32}) fd=(\S+))");
   std::set<int> ranks;
   std::set<std::string> ports, tokens;
   for (const auto& line : lines(r.out)) {
-    CHECK_MESSAGE(std::regex_match(line, std::regex(R"(\[rank \d\] .*)")), line);
-    std::smatch m;
-    if (std::regex_match(line, m, env_line)) {
-      CHECK(m[1] == m[2]);
-      CHECK(m[2] == m[3]);
-      ranks.insert(std::stoi(m[1]));
-      ports.insert(m[4]);
-      tokens.insert(m[5]);
+    int prefix_rank = -1, prefix_len = 0;
+    CHECK_MESSAGE((std::sscanf(line.c_str(), "[rank %d] %n", &prefix_rank, &prefix_len) == 1 &&
+                   prefix_len == 9 && prefix_rank >= 0 && prefix_rank < 3),
+                  line);
+    // "[rank R] rank=R world=3 local=R/3 group=0 addr=127.0.0.1 port=P token=T fd=F"
+    int rank = -1, world = -1, local = -1, local_world = -1, group = -1, end = 0;
+    char addr[64] = {}, port[16] = {}, token[80] = {}, fd[16] = {};
+    if (std::sscanf(line.c_str(),
+                    "[rank %*d] rank=%d world=%d local=%d/%d group=%d addr=%63s port=%15s "
+                    "token=%79s fd=%15s%n",
+                    &rank, &world, &local, &local_world, &group, addr, port, token, fd, &end) == 9) {
+      CHECK(static_cast<size_t>(end) == line.size());
+      CHECK(rank == prefix_rank);
+      CHECK(local == rank);
+      CHECK(world == 3);
+      CHECK(local_world == 3);
+      CHECK(group == 0);
+      CHECK(std::string(addr) == "127.0.0.1");
+      ranks.insert(rank);
+      ports.insert(port);
+      tokens.insert(token);
+      CHECK(std::string(token).size() == 32);
+      CHECK(std::string(token).find_first_not_of("0123456789abcdef") == std::string::npos);
       // Only rank 0 inherits the listening socket.
-      CHECK((m[6] != "-") == (m[1] == "0"));
+      CHECK((std::string(fd) != "-") == (rank == 0));
     }
   }
   CHECK(ranks == std::set<int>{0, 1, 2});
@@ -275,9 +288,11 @@ TEST_CASE("an explicit --master-port is used by rank 0's server") {
   // Learn a free port from a throwaway zerorun run, then ask for it explicitly (the store then binds
   // it itself instead of inheriting a socket).
   const Result probe = run({"--", kProg, "env"});
-  std::smatch m;
-  REQUIRE(std::regex_search(probe.out, m, std::regex(R"(port=(\d+))")));
-  const std::string port = m[1];
+  const size_t at = probe.out.find(" port=");
+  REQUIRE(at != std::string::npos);
+  const std::string port = probe.out.substr(at + 6, probe.out.find(' ', at + 6) - at - 6);
+  REQUIRE(!port.empty());
+  REQUIRE(port.find_first_not_of("0123456789") == std::string::npos);
   const Result r = run({"--nproc-per-node=2", "--master-port=" + port, "--timeout-s=50", "--", kProg, "store", "2"});
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   CHECK(r.code == 0);
