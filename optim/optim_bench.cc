@@ -5,8 +5,12 @@
 //                                           [--kinds=adamw,adam,sgd,adagrad,lion]
 //
 // Bytes per parameter count each array once per direction (fp32 AdamW: read p, g, m, v and write p,
-// m, v = 28 bytes); triad counts 12 bytes per element (read b, c, write a) as STREAM does. Times are
-// the best of --reps steps after one warm-up step (STREAM's convention).
+// m, v = 28 bytes); triad counts 12 bytes per element (read b, c, write a) as STREAM does, although
+// its store also reads the line first (write-allocate), so the memory actually moves 16. The
+// optimizer's stores go to lines it has just read, so its 28 bytes are all it moves. Times are the
+// best of --reps steps after one warm-up step (STREAM's convention). A second bound has fp32 AdamW's
+// exact traffic (read p, g, m, v, write p, m, v in place) with no arithmetic; on machines whose
+// single-core bandwidth is limited by the number of misses in flight it is well above the triad.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -20,6 +24,7 @@
 
 #include "base/cpu.h"
 #include "base/dtype.h"
+#include "base/simd.h"
 #include "memory/buffer.h"
 #include "optim/optimizer.h"
 #include "optim/thread_pool.h"
@@ -50,6 +55,85 @@ std::string cpu_model() {
   return "unknown CPU";
 }
 
+// The triad loop, vectorized like a STREAM build at -O3 (plain stores, no streaming stores): a scalar
+// loop would be limited by instructions rather than by memory on one core.
+void triad_scalar(float* __restrict a, const float* __restrict b, const float* __restrict c,
+                  size_t n, float s) {
+  for (size_t k = 0; k < n; ++k) a[k] = b[k] + s * c[k];
+}
+
+__attribute__((target("avx2,fma"))) void triad_avx2(float* __restrict a, const float* __restrict b,
+                                                    const float* __restrict c, size_t n, float s) {
+  const __m256 vs = _mm256_set1_ps(s);
+  size_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    _mm256_storeu_ps(a + k, _mm256_add_ps(_mm256_loadu_ps(b + k), _mm256_mul_ps(vs, _mm256_loadu_ps(c + k))));
+  }
+  triad_scalar(a + k, b + k, c + k, n - k, s);
+}
+
+__attribute__((target("avx512f"))) void triad_avx512(float* __restrict a, const float* __restrict b,
+                                                     const float* __restrict c, size_t n, float s) {
+  const __m512 vs = _mm512_set1_ps(s);
+  size_t k = 0;
+  for (; k + 16 <= n; k += 16) {
+    _mm512_storeu_ps(a + k, _mm512_add_ps(_mm512_loadu_ps(b + k), _mm512_mul_ps(vs, _mm512_loadu_ps(c + k))));
+  }
+  triad_scalar(a + k, b + k, c + k, n - k, s);
+}
+
+// AdamW's memory traffic without its arithmetic: read p, g, m, v and write p, m, v in place
+// (p += g, m += g, v += g), 28 bytes per element.
+void inplace_scalar(float* __restrict p, const float* __restrict g, float* __restrict m,
+                    float* __restrict v, size_t n) {
+  for (size_t k = 0; k < n; ++k) {
+    p[k] += g[k];
+    m[k] += g[k];
+    v[k] += g[k];
+  }
+}
+
+__attribute__((target("avx2"))) void inplace_avx2(float* __restrict p, const float* __restrict g,
+                                                  float* __restrict m, float* __restrict v, size_t n) {
+  size_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    const __m256 vg = _mm256_loadu_ps(g + k);
+    _mm256_storeu_ps(p + k, _mm256_add_ps(_mm256_loadu_ps(p + k), vg));
+    _mm256_storeu_ps(m + k, _mm256_add_ps(_mm256_loadu_ps(m + k), vg));
+    _mm256_storeu_ps(v + k, _mm256_add_ps(_mm256_loadu_ps(v + k), vg));
+  }
+  inplace_scalar(p + k, g + k, m + k, v + k, n - k);
+}
+
+__attribute__((target("avx512f"))) void inplace_avx512(float* __restrict p, const float* __restrict g,
+                                                       float* __restrict m, float* __restrict v,
+                                                       size_t n) {
+  size_t k = 0;
+  for (; k + 16 <= n; k += 16) {
+    const __m512 vg = _mm512_loadu_ps(g + k);
+    _mm512_storeu_ps(p + k, _mm512_add_ps(_mm512_loadu_ps(p + k), vg));
+    _mm512_storeu_ps(m + k, _mm512_add_ps(_mm512_loadu_ps(m + k), vg));
+    _mm512_storeu_ps(v + k, _mm512_add_ps(_mm512_loadu_ps(v + k), vg));
+  }
+  inplace_scalar(p + k, g + k, m + k, v + k, n - k);
+}
+
+void inplace(float* p, const float* g, float* m, float* v, size_t n) {
+  switch (best_simd_path()) {
+    case SimdPath::kAvx512: return inplace_avx512(p, g, m, v, n);
+    case SimdPath::kAvx2: return inplace_avx2(p, g, m, v, n);
+    case SimdPath::kScalar: return inplace_scalar(p, g, m, v, n);
+  }
+}
+
+void triad(float* a, const float* b, const float* c, size_t n, float s) {
+  switch (best_simd_path()) {
+    case SimdPath::kAvx512: return triad_avx512(a, b, c, n, s);
+    case SimdPath::kAvx2: return triad_avx2(a, b, c, n, s);
+    case SimdPath::kScalar: return triad_scalar(a, b, c, n, s);
+  }
+}
+
 // Best-of-reps STREAM triad a[i] = b[i] + s * c[i] over n floats split across the pool; GB/s at 12
 // bytes per element.
 double triad_gbs(ThreadPool& pool, size_t n, int reps) {
@@ -74,14 +158,47 @@ double triad_gbs(ThreadPool& pool, size_t n, int reps) {
     pool.run([&](int i) {
       const size_t lo = n * static_cast<size_t>(i) / static_cast<size_t>(t);
       const size_t hi = n * static_cast<size_t>(i + 1) / static_cast<size_t>(t);
-      const float s = 3.f;
-      for (size_t k = lo; k < hi; ++k) pa[k] = pb[k] + s * pc[k];
+      triad(pa + lo, pb + lo, pc + lo, hi - lo, 3.f);
     });
     const double sec = std::chrono::duration<double>(Clock::now() - start).count();
     if (r > 0) best = std::min(best, sec);
   }
   if (pa[n / 2] != 7.f) std::fprintf(stderr, "triad check failed\n");
   return 12.0 * static_cast<double>(n) / best / 1e9;
+}
+
+// Best-of-reps GB/s of the 4-read/3-write in-place pattern over n elements per array.
+double inplace_gbs(ThreadPool& pool, size_t n, int reps) {
+  using memory::Category;
+  memory::HostBuffer p(n * 4, Category::kOther), g(n * 4, Category::kOther),
+      m(n * 4, Category::kOther), v(n * 4, Category::kOther);
+  float* pp = static_cast<float*>(p.data());
+  float* pg = static_cast<float*>(g.data());
+  float* pm = static_cast<float*>(m.data());
+  float* pv = static_cast<float*>(v.data());
+  const int t = pool.size();
+  const auto range = [&](int i, size_t& lo, size_t& hi) {
+    lo = n * static_cast<size_t>(i) / static_cast<size_t>(t);
+    hi = n * static_cast<size_t>(i + 1) / static_cast<size_t>(t);
+  };
+  pool.run([&](int i) {
+    size_t lo, hi;
+    range(i, lo, hi);
+    for (size_t k = lo; k < hi; ++k) pg[k] = 1.f;
+  });
+  double best = 1e30;
+  for (int r = 0; r < reps + 1; ++r) {
+    const auto start = Clock::now();
+    pool.run([&](int i) {
+      size_t lo, hi;
+      range(i, lo, hi);
+      inplace(pp + lo, pg + lo, pm + lo, pv + lo, hi - lo);
+    });
+    const double sec = std::chrono::duration<double>(Clock::now() - start).count();
+    if (r > 0) best = std::min(best, sec);
+  }
+  if (pv[n - 1] != static_cast<float>(reps + 1)) std::fprintf(stderr, "in-place check failed\n");
+  return 28.0 * static_cast<double>(n) / best / 1e9;
 }
 
 struct Combo {
@@ -147,18 +264,25 @@ int run(int argc, char** argv) {
              reps);
   for (size_t m : sizes_m) {
     const size_t n = m << 20;
-    std::vector<double> triad(threads.size());
+    std::vector<double> triad(threads.size()), same_traffic(threads.size());
     for (size_t t = 0; t < threads.size(); ++t) {
       ThreadPool pool(threads[t]);
       triad[t] = triad_gbs(pool, n, reps);
+      same_traffic[t] = inplace_gbs(pool, n, reps);
     }
-    fmt::print("{}M params ({} elements). STREAM triad over 3 x {} MiB:", m, n, n * 4 >> 20);
+    fmt::print("{}M params ({} elements).\n", m, n);
+    fmt::print("  STREAM triad a = b + s*c over 3 x {} MiB:", n * 4 >> 20);
     for (size_t t = 0; t < threads.size(); ++t) {
       fmt::print(" {} thread{}: {:.1f} GB/s;", threads[t], threads[t] == 1 ? "" : "s", triad[t]);
     }
+    fmt::print("\n  fp32 AdamW's traffic without arithmetic (read p,g,m,v, write p,m,v in place):");
+    for (size_t t = 0; t < threads.size(); ++t) {
+      fmt::print(" {} thread{}: {:.1f} GB/s;", threads[t], threads[t] == 1 ? "" : "s",
+                 same_traffic[t]);
+    }
     fmt::print("\n");
-    fmt::print("{:<8} {:<14} {:>7} {:>9} {:>11} {:>11} {:>7} {:>8}\n", "optim", "precision",
-               "threads", "ms/step", "Mparams/s", "bytes/param", "GB/s", "/triad");
+    fmt::print("{:<8} {:<14} {:>7} {:>9} {:>11} {:>11} {:>7} {:>8} {:>10}\n", "optim", "precision",
+               "threads", "ms/step", "Mparams/s", "bytes/param", "GB/s", "/triad", "/same-traf");
 
     using memory::Category;
     memory::HostBuffer master_buf(n * 4, Category::kMasterParams), grad32_buf(n * 4, Category::kGrads),
@@ -167,7 +291,6 @@ int run(int argc, char** argv) {
     float* grad32 = static_cast<float*>(grad32_buf.data());
     uint16_t* grad16 = static_cast<uint16_t*>(grad16_buf.data());
     for (size_t i = 0; i < n; ++i) {
-      master[i] = 0.01f * static_cast<float>(i % 1000) - 5.f;
       grad32[i] = 1e-3f * static_cast<float>(i % 777) - 0.3f;
       grad16[i] = fp32_to_bf16_bits(grad32[i]);
     }
@@ -180,6 +303,7 @@ int run(int argc, char** argv) {
           o.state_dtype = combo.state;
           o.num_threads = threads[t];
           Optimizer opt(o, n, {Segment{0, n, 0, "w", 0}});
+          for (size_t i = 0; i < n; ++i) master[i] = 0.01f * static_cast<float>(i % 1000) - 5.f;
           StepInput in;
           in.master = master;
           in.grad = combo.grad == DType::kFloat32 ? static_cast<const void*>(grad32) : grad16;
@@ -188,7 +312,8 @@ int run(int argc, char** argv) {
             in.model_out = out_buf.data();
             in.model_dtype = DType::kBFloat16;
           }
-          // Sanity: every sampled element must change (all of them are stepped).
+          // Sanity: (nearly) every sampled element changes; a step that skipped part of the shard
+          // would leave whole runs unchanged.
           std::vector<float> before(1024);
           for (size_t k = 0; k < before.size(); ++k) before[k] = master[k * (n / before.size()) + k % 17];
           double best = 1e30;
@@ -198,20 +323,23 @@ int run(int argc, char** argv) {
             const double sec = std::chrono::duration<double>(Clock::now() - start).count();
             if (r > 0) best = std::min(best, sec);
           }
+          size_t unchanged = 0;
           for (size_t k = 0; k < before.size(); ++k) {
-            if (master[k * (n / before.size()) + k % 17] == before[k]) {
-              std::fprintf(stderr, "optim_bench: element not updated\n");
-              return 1;
-            }
+            unchanged += master[k * (n / before.size()) + k % 17] == before[k];
+          }
+          if (unchanged > before.size() / 64) {
+            std::fprintf(stderr, "optim_bench: %zu of %zu sampled elements not updated\n", unchanged,
+                         before.size());
+            return 1;
           }
           const double bytes = 8.0 + static_cast<double>(dtype_size(combo.grad)) +
                                2.0 * states_of(kind) * static_cast<double>(dtype_size(combo.state)) +
                                (combo.copy_out ? 2.0 : 0.0);
           const double params_per_s = static_cast<double>(n) / best;
           const double gbs = params_per_s * bytes / 1e9;
-          fmt::print("{:<8} {:<14} {:>7} {:>9.2f} {:>11.0f} {:>11.0f} {:>7.1f} {:>7.0f}%\n",
+          fmt::print("{:<8} {:<14} {:>7} {:>9.2f} {:>11.0f} {:>11.0f} {:>7.1f} {:>7.0f}% {:>9.0f}%\n",
                      optimizer_name(kind), combo.name, threads[t], best * 1e3, params_per_s / 1e6,
-                     bytes, gbs, 100.0 * gbs / triad[t]);
+                     bytes, gbs, 100.0 * gbs / triad[t], 100.0 * gbs / same_traffic[t]);
         }
       }
     }
