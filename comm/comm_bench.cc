@@ -2,11 +2,13 @@
 // an identically built Gloo context in the same run (and NCCL on CUDA builds with a GPU).
 //
 //   bazel-bin/comm/zerorun --nproc-per-node 2 -- bazel-bin/comm/comm_bench [--max-bytes 256M]
-//       [--min-bytes 1K] [--check 0|1] [--segment-bytes 1M] [--depth 2] [--rounds 3]
+//       [--min-bytes 1K] [--check 0|1] [--segment-bytes 1M] [--depth 2] [--rounds 5]
 //       [--ops all_reduce,reduce_scatter,all_gather]
 //
 // Columns: size (bytes of the whole buffer as nccl-tests counts it), count (elements), type, redop,
-// then for ours and for Gloo's: time per call (us, the slowest rank), algbw = size / time (GB/s),
+// then for ours and for Gloo's: time per call (us: every call is timed on every rank, a call's time
+// is the slowest rank's, and the table shows the median over --rounds alternating rounds of calls),
+// algbw = size / time (GB/s),
 // busbw = algbw * 2(n-1)/n for all_reduce and (n-1)/n for reduce_scatter and all_gather, #wrong
 // (elements that differ from the exact expected value after one more call); ratio = our busbw /
 // Gloo's. Gloo's own: all_reduce = gloo::allreduce (ring), reduce_scatter =
@@ -52,9 +54,8 @@ struct Flags {
   bool check = true;
   size_t segment_bytes = size_t{1} << 20;
   int depth = 2;
-  // Each size is timed in `rounds` alternating rounds (ours, Gloo's, ours, ...); the table shows the
-  // median per side, which keeps the ratio meaningful on a machine with other load.
-  int rounds = 3;
+  // Each size is timed in `rounds` alternating rounds (ours, Gloo's, Gloo's, ours, ...).
+  int rounds = 5;
   std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather"};
 };
 
@@ -114,37 +115,45 @@ struct Measure {
   size_t wrong = 0;
 };
 
-// Seconds per call of `run` over `iters` calls, the slowest rank's.
-double time_calls(Communicator& sync, int iters, const std::function<void()>& run) {
+// Per-call seconds of `iters` back-to-back calls of `run`, each the slowest rank's.
+std::vector<double> time_calls(Communicator& sync, int iters, const std::function<void()>& run) {
   sync.barrier()->wait();
-  const auto t0 = Clock::now();
-  for (int i = 0; i < iters; ++i) run();
-  double s = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
-  sync.all_reduce(&s, 1, DType::kFloat64, ReduceOp::kMax)->wait();
-  return s;
+  std::vector<double> t(static_cast<size_t>(iters));
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = Clock::now();
+    run();
+    t[i] = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  sync.all_reduce(t.data(), t.size(), DType::kFloat64, ReduceOp::kMax)->wait();
+  return t;
 }
 
-int g_rounds = 3;
+int g_rounds = 5;
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
 
-// Microseconds per call of a and of b: warm-up, then g_rounds alternating rounds, medians.
+// Microseconds per call of a and of b: warm-up, then g_rounds alternating rounds (a b, b a, ...);
+// the median over all timed calls of each. The median (rather than the mean) keeps a call that
+// another process on this 2-core machine delayed by a scheduler tick from moving the figure.
 std::pair<double, double> time_pair(Communicator& sync, int warmup, int iters,
                                     const std::function<void()>& a,
                                     const std::function<void()>& b) {
   for (int i = 0; i < warmup; ++i) a();
   for (int i = 0; i < warmup; ++i) b();
   std::vector<double> ta, tb;
+  auto add = [](std::vector<double>& to, const std::vector<double>& from) {
+    to.insert(to.end(), from.begin(), from.end());
+  };
   for (int r = 0; r < g_rounds; ++r) {
     if (r % 2 == 0) {
-      ta.push_back(time_calls(sync, iters, a));
-      tb.push_back(time_calls(sync, iters, b));
+      add(ta, time_calls(sync, iters, a));
+      add(tb, time_calls(sync, iters, b));
     } else {
-      tb.push_back(time_calls(sync, iters, b));
-      ta.push_back(time_calls(sync, iters, a));
+      add(tb, time_calls(sync, iters, b));
+      add(ta, time_calls(sync, iters, a));
     }
   }
   return {1e6 * median(ta), 1e6 * median(tb)};
@@ -193,7 +202,7 @@ void print_row(const Row& r, int n) {
 }
 
 int iterations(size_t bytes) {
-  return static_cast<int>(std::clamp<size_t>((size_t{32} << 20) / std::max<size_t>(bytes, 1), 3, 100));
+  return static_cast<int>(std::clamp<size_t>((size_t{32} << 20) / std::max<size_t>(bytes, 1), 3, 40));
 }
 
 // ---- Gloo (ours and Gloo's own) ----

@@ -1,6 +1,7 @@
 #include "comm/gloo_collectives.h"
 
 #include <net/if.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <cstring>
@@ -93,6 +94,7 @@ void reduce_scatter_direct(gloo::Context& ctx, const void* send, void* recv,
   const size_t my_offset = layout.offset[me];
 
   if (n == 1) {
+    if (options.before_sends) options.before_sends();
     const void* src = send_bytes + my_offset * es;
     reduce_arrays(dtype, op, &src, 1, recv, my_count);
     return;
@@ -119,6 +121,7 @@ void reduce_scatter_direct(gloo::Context& ctx, const void* send, void* recv,
     }
   };
   for (size_t j = 0; j < std::min(live, nseg); ++j) post(j);
+  if (options.before_sends) options.before_sends();
 
   // Sends: every segment of chunk p to rank p, all posted up front, after our own receives so that
   // the peers' sends find them posted and write at once (Gloo moves each send as soon as the
@@ -159,7 +162,10 @@ void all_gather_slots(gloo::Context& ctx, void* buf, const ChunkLayout& layout, 
                       uint8_t slot_prefix, const DirectOptions& options) {
   const int n = ctx.size;
   const int me = ctx.rank;
-  if (n == 1 || layout.total() == 0) return;
+  if (n == 1 || layout.total() == 0) {
+    if (options.before_sends) options.before_sends();
+    return;
+  }
   auto ub = ctx.createUnboundBuffer(buf, layout.total() * elem_size);
   size_t sends = 0;
   size_t recvs = 0;
@@ -172,6 +178,7 @@ void all_gather_slots(gloo::Context& ctx, void* buf, const ChunkLayout& layout, 
       ++recvs;
     }
   }
+  if (options.before_sends) options.before_sends();
   for (int k = 1; k < n; ++k) {
     const int to = (me + k) % n;
     if (layout.count[me] > 0) {
@@ -201,6 +208,13 @@ std::shared_ptr<gloo::Context> connect_gloo_context(std::shared_ptr<Store> store
                                                     const std::string& prefix, int rank, int size,
                                                     const std::string& interface_or_host,
                                                     std::chrono::milliseconds timeout) {
+  // Gloo writes to its sockets without MSG_NOSIGNAL: a peer that died would kill this process with
+  // SIGPIPE instead of failing the collective with EPIPE. Ignore SIGPIPE unless the program installed
+  // its own handler (then it is the program's choice).
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+  }
   gloo::transport::tcp::attr attr;
   if (if_nametoindex(interface_or_host.c_str()) != 0) {
     attr.iface = interface_or_host;

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +58,11 @@ struct DirectOptions {
   // Reduce-scatter pipelining: bytes per message and messages in flight per peer.
   size_t segment_bytes = size_t{1} << 20;
   int depth = 2;
+  // Called once after this rank's receives are posted and before any send: the schedule check runs
+  // here, so its round trip overlaps the receives' setup. Sending only after it returned keeps a
+  // mismatched peer from ever sending data (every rank reaches the same verdict), so the posted
+  // receives can never be matched by a message of another shape.
+  std::function<void()> before_sends;
 };
 
 // recv (layout.count[rank] elements) = reduction over ranks of chunk `rank` of send. recv may be the
@@ -76,6 +82,7 @@ void exchange_records(gloo::Context& ctx, const void* mine, void* all, size_t by
 
 // A full-mesh Gloo TCP context through our store: keys under `prefix`, device bound to
 // `interface_or_host` (a network interface name if one exists by that name, else a host/address).
+// Sets SIGPIPE to ignored if it still has its default action (see the .cc).
 std::shared_ptr<gloo::Context> connect_gloo_context(std::shared_ptr<Store> store,
                                                     const std::string& prefix, int rank, int size,
                                                     const std::string& interface_or_host,

@@ -46,6 +46,9 @@ void GlooOptions::validate() const {
 
 namespace {
 
+// Thrown out of a collective by the schedule check (the message is built by the caller).
+struct ScheduleMismatch {};
+
 // How a collective ended.
 enum class Outcome { kOk, kCommError, kTimeout };
 
@@ -164,13 +167,15 @@ class GlooCommunicator final : public Communicator {
     checked_bytes(name, "buf", count, es, 1);
     require_buffer(name, "buf", buf, count);
     check_reduce_op(name, op);
-    return enqueue(CollectiveKind::kAllReduce, dtype, count, op, -1,
+    return enqueue(CollectiveKind::kAllReduce, dtype, count, op, -1, /*overlap_check=*/true,
                    [=, this](const DirectOptions& d) {
                      const ChunkLayout layout = ChunkLayout::balanced(count, size_);
                      auto* bytes = static_cast<uint8_t*>(buf);
                      reduce_scatter_direct(*context_, buf, bytes + layout.offset[rank_] * es,
                                            layout, dtype, op, d, scratch_);
-                     all_gather_direct(*context_, buf, layout, es, d);
+                     DirectOptions gather = d;
+                     gather.before_sends = nullptr;  // checked once, in the reduce-scatter
+                     all_gather_direct(*context_, buf, layout, es, gather);
                    });
   }
 
@@ -190,7 +195,7 @@ class GlooCommunicator final : public Communicator {
                  "recv_count (rank {}, recv_count {})",
                  name, rank_, recv_count);
     }
-    return enqueue(CollectiveKind::kReduceScatter, dtype, recv_count, op, -1,
+    return enqueue(CollectiveKind::kReduceScatter, dtype, recv_count, op, -1, true,
                    [=, this](const DirectOptions& d) {
                      reduce_scatter_direct(*context_, send, recv,
                                            ChunkLayout::equal(size_, recv_count), dtype, op, d,
@@ -212,7 +217,7 @@ class GlooCommunicator final : public Communicator {
                  "send_count (rank {}, send_count {})",
                  name, rank_, send_count);
     }
-    return enqueue(CollectiveKind::kAllGather, dtype, send_count, std::nullopt, -1,
+    return enqueue(CollectiveKind::kAllGather, dtype, send_count, std::nullopt, -1, true,
                    [=, this](const DirectOptions& d) {
                      if (send != own && send_bytes > 0) std::memcpy(own, send, send_bytes);
                      all_gather_direct(*context_, recv, ChunkLayout::equal(size_, send_count), es,
@@ -227,7 +232,7 @@ class GlooCommunicator final : public Communicator {
     if (root < 0 || root >= size_) {
       ZERO_THROW(InvalidArgument, "{}: root {} is out of range [0, {})", name, root, size_);
     }
-    return enqueue(CollectiveKind::kBroadcast, dtype, count, std::nullopt, root,
+    return enqueue(CollectiveKind::kBroadcast, dtype, count, std::nullopt, root, false,
                    [=, this](const DirectOptions& d) {
                      if (size_ == 1 || bytes == 0) return;
                      gloo::BroadcastOptions o(context_);
@@ -247,7 +252,7 @@ class GlooCommunicator final : public Communicator {
     if (overlaps(send, bytes, recv, bytes)) {
       ZERO_THROW(InvalidArgument, "{}: send and recv overlap (all_to_all is not in place)", name);
     }
-    return enqueue(CollectiveKind::kAllToAll, dtype, count, std::nullopt, -1,
+    return enqueue(CollectiveKind::kAllToAll, dtype, count, std::nullopt, -1, false,
                    [=, this](const DirectOptions& d) {
                      if (bytes == 0) return;
                      if (size_ == 1) {
@@ -264,7 +269,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   WorkHandle barrier() override {
-    return enqueue(CollectiveKind::kBarrier, DType::kUInt8, 0, std::nullopt, -1,
+    return enqueue(CollectiveKind::kBarrier, DType::kUInt8, 0, std::nullopt, -1, false,
                    [this](const DirectOptions& d) {
                      if (size_ == 1) return;
                      gloo::BarrierOptions o(context_);
@@ -279,6 +284,9 @@ class GlooCommunicator final : public Communicator {
  private:
   struct Task {
     CallInfo call;
+    // Our own collectives run the schedule check between posting receives and sends
+    // (DirectOptions::before_sends); Gloo's run after it.
+    bool overlap_check = false;
     std::function<void(const DirectOptions&)> run;
     std::shared_ptr<WorkState> state;
   };
@@ -300,7 +308,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   WorkHandle enqueue(CollectiveKind kind, DType dtype, size_t count, std::optional<ReduceOp> op,
-                     int root, std::function<void(const DirectOptions&)> run) {
+                     int root, bool overlap_check, std::function<void(const DirectOptions&)> run) {
     auto state = std::make_shared<WorkState>();
     state->default_timeout = options_.timeout;
     {
@@ -314,7 +322,7 @@ class GlooCommunicator final : public Communicator {
                    failure_);
       }
       ++next_seq_;
-      queue_.push_back(Task{call, std::move(run), state});
+      queue_.push_back(Task{call, overlap_check, std::move(run), state});
     }
     queue_cv_.notify_one();
     return std::make_shared<GlooWork>(std::move(state));
@@ -358,16 +366,26 @@ class GlooCommunicator final : public Communicator {
     d.segment_bytes = options_.segment_bytes;
     d.depth = options_.segment_depth;
     const std::string& what = task.state->what;
+    std::string mismatch;
+    auto check = [&] {
+      const CallRecord mine = encode_call(task.call);
+      std::vector<CallRecord> all(static_cast<size_t>(size_));
+      DirectOptions c = d;
+      c.before_sends = nullptr;
+      exchange_records(*context_, mine.data(), all.data(), kCallRecordBytes, c);
+      mismatch = find_schedule_mismatch(all);
+      if (!mismatch.empty()) throw ScheduleMismatch{};
+    };
     try {
-      if (check_) {
-        const CallRecord mine = encode_call(task.call);
-        std::vector<CallRecord> all(static_cast<size_t>(size_));
-        exchange_records(*context_, mine.data(), all.data(), kCallRecordBytes, d);
-        const std::string mismatch = find_schedule_mismatch(all);
-        if (!mismatch.empty()) return {Outcome::kCommError, fmt::format("{}: {}", what, mismatch)};
+      if (check_ && task.overlap_check) {
+        d.before_sends = check;
+      } else if (check_) {
+        check();
       }
       task.run(d);
       return {Outcome::kOk, {}};
+    } catch (const ScheduleMismatch&) {
+      return {Outcome::kCommError, fmt::format("{}: {}", what, mismatch)};
     } catch (const TimeoutError& e) {
       return {Outcome::kTimeout, fmt::format("{}: {}", what, e.what())};
     } catch (const gloo::IoException& e) {
