@@ -2,7 +2,8 @@
 // an identically built Gloo context in the same run (and NCCL on CUDA builds with a GPU).
 //
 //   bazel-bin/comm/zerorun --nproc-per-node 2 -- bazel-bin/comm/comm_bench [--max-bytes 256M]
-//       [--min-bytes 1K] [--check 0|1] [--segment-bytes 1M] [--depth 2] [--rounds 5]
+//       [--min-bytes 1K] [--check 0|1] [--segment-bytes 256K] [--depth 4]
+//       [--gather-segment-bytes 256K] [--rounds 5]
 //       [--ops all_reduce,reduce_scatter,all_gather]
 //
 // Columns: size (bytes of the whole buffer as nccl-tests counts it), count (elements), type, redop,
@@ -52,8 +53,9 @@ struct Flags {
   size_t min_bytes = 1024;
   size_t max_bytes = size_t{256} << 20;
   bool check = true;
-  size_t segment_bytes = size_t{1} << 20;
-  int depth = 2;
+  size_t segment_bytes = size_t{256} << 10;
+  int depth = 4;
+  size_t gather_segment_bytes = size_t{256} << 10;
   // Each size is timed in `rounds` alternating rounds (ours, Gloo's, Gloo's, ours, ...).
   int rounds = 5;
   std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather"};
@@ -89,6 +91,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (a == "--check") f.check = value() != "0";
     else if (a == "--segment-bytes") f.segment_bytes = parse_size(a, value());
     else if (a == "--depth") f.depth = std::stoi(value());
+    else if (a == "--gather-segment-bytes") f.gather_segment_bytes = parse_size(a, value());
     else if (a == "--rounds") f.rounds = std::max(1, std::stoi(value()));
     else if (a == "--ops") {
       f.ops.clear();
@@ -351,6 +354,7 @@ int bench_main(int argc, char** argv) {
   go.check_schedule = flags.check;
   go.segment_bytes = flags.segment_bytes;
   go.segment_depth = flags.depth;
+  go.gather_segment_bytes = flags.gather_segment_bytes;
   auto ours = make_gloo_communicator(store, env.rank, env.world_size, go);
   auto gctx = connect_gloo_context(store, "comm_bench_gloo", env.rank, env.world_size, "127.0.0.1",
                                    std::chrono::seconds(120));

@@ -24,6 +24,8 @@ constexpr uint8_t kReduceScatterSlot = 0xA1;
 constexpr uint8_t kAllGatherSlot = 0xA2;
 constexpr uint8_t kRecordSlot = 0xA3;
 constexpr uint64_t kSegmentBits = 24;
+// All-gather messages per peer (upper bound, for chunks larger than segment_bytes times this).
+constexpr size_t kGatherMessages = 4;
 
 uint64_t make_slot(uint8_t prefix, uint32_t tag, size_t segment) {
   ZERO_CHECK_LT(segment, size_t{1} << kSegmentBits, "too many segments in one collective");
@@ -80,9 +82,16 @@ uint8_t* Scratch::get(size_t bytes) {
   return bytes_.data();
 }
 
-void reduce_scatter_direct(gloo::Context& ctx, const void* send, void* recv,
-                           const ChunkLayout& layout, DType dtype, ReduceOp op,
-                           const DirectOptions& options, Scratch& scratch) {
+namespace {
+
+// The reduce-scatter; with `gather_back` (all-reduce: recv is this rank's chunk of send) every
+// reduced segment is sent on to all peers at once, and their reduced segments are received straight
+// into place, so the all-gather runs inside the reduce-scatter's pipeline instead of after it.
+// Receiving into the chunks this rank is still sending from is safe: a peer can only send back
+// segment j after it received all of this rank's segment j, i.e. after those bytes left the buffer.
+void reduce_scatter_impl(gloo::Context& ctx, const void* send, void* recv,
+                         const ChunkLayout& layout, DType dtype, ReduceOp op,
+                         const DirectOptions& options, Scratch& scratch, bool gather_back) {
   const int n = ctx.size;
   const int me = ctx.rank;
   const size_t es = dtype_size(dtype);
@@ -98,6 +107,23 @@ void reduce_scatter_direct(gloo::Context& ctx, const void* send, void* recv,
     const void* src = send_bytes + my_offset * es;
     reduce_arrays(dtype, op, &src, 1, recv, my_count);
     return;
+  }
+
+  // All-gather receives (all-reduce only): every segment of every peer's chunk, straight into place.
+  std::unique_ptr<gloo::transport::UnboundBuffer> gather_buf;
+  size_t gather_recvs = 0;
+  size_t gather_sends = 0;
+  if (gather_back) {
+    gather_buf = ctx.createUnboundBuffer(const_cast<uint8_t*>(send_bytes), layout.total() * es);
+    for (int k = 1; k < n; ++k) {
+      const int from = (me - k + n) % n;
+      for (size_t j = 0; j < segments(layout.count[from], seg); ++j) {
+        const size_t len = std::min(seg, layout.count[from] - j * seg);
+        gather_buf->recv(from, make_slot(kAllGatherSlot, options.tag, j),
+                         (layout.offset[from] + j * seg) * es, len * es);
+        ++gather_recvs;
+      }
+    }
   }
 
   // Receives: `depth` segments per peer in flight, each into its own scratch buffer.
@@ -151,39 +177,70 @@ void reduce_scatter_direct(gloo::Context& ctx, const void* send, void* recv,
       }
     }
     reduce_arrays(dtype, op, srcs.data(), srcs.size(), recv_bytes + j * seg * es, len);
+    if (gather_back) {
+      for (int k = 1; k < n; ++k) {
+        gather_buf->send((me + k) % n, make_slot(kAllGatherSlot, options.tag, j),
+                         (my_offset + j * seg) * es, len * es);
+        ++gather_sends;
+      }
+    }
     if (j + live < nseg) post(j + live);
   }
   for (size_t s = 0; s < sends; ++s) wait_send(*send_buf, options.deadline);
+  for (size_t i = 0; i < gather_recvs; ++i) wait_recv(*gather_buf, options.deadline);
+  for (size_t i = 0; i < gather_sends; ++i) wait_send(*gather_buf, options.deadline);
+}
+
+}  // namespace
+
+void reduce_scatter_direct(gloo::Context& ctx, const void* send, void* recv,
+                           const ChunkLayout& layout, DType dtype, ReduceOp op,
+                           const DirectOptions& options, Scratch& scratch) {
+  reduce_scatter_impl(ctx, send, recv, layout, dtype, op, options, scratch, false);
+}
+
+void all_reduce_direct(gloo::Context& ctx, void* buf, size_t count, DType dtype, ReduceOp op,
+                       const DirectOptions& options, Scratch& scratch) {
+  const ChunkLayout layout = ChunkLayout::balanced(count, ctx.size);
+  auto* own = static_cast<uint8_t*>(buf) + layout.offset[ctx.rank] * dtype_size(dtype);
+  reduce_scatter_impl(ctx, buf, own, layout, dtype, op, options, scratch, true);
 }
 
 namespace {
 
 void all_gather_slots(gloo::Context& ctx, void* buf, const ChunkLayout& layout, size_t elem_size,
-                      uint8_t slot_prefix, const DirectOptions& options) {
+                      uint8_t slot_prefix, size_t segment_bytes, const DirectOptions& options) {
   const int n = ctx.size;
   const int me = ctx.rank;
   if (n == 1 || layout.total() == 0) {
     if (options.before_sends) options.before_sends();
     return;
   }
+  // A few messages per peer (at least segment_bytes each): the receiver copies one out of the
+  // socket while the sender copies the next one in, without paying per-message costs 100 times.
+  size_t largest = 0;
+  for (size_t c : layout.count) largest = std::max(largest, c);
+  const size_t seg = std::max<size_t>(
+      {size_t{1}, segment_bytes / elem_size, (largest + kGatherMessages - 1) / kGatherMessages});
   auto ub = ctx.createUnboundBuffer(buf, layout.total() * elem_size);
   size_t sends = 0;
   size_t recvs = 0;
   // Receives first: a send that finds its receive already posted is written at once.
   for (int k = 1; k < n; ++k) {
     const int from = (me - k + n) % n;
-    if (layout.count[from] > 0) {
-      ub->recv(from, make_slot(slot_prefix, options.tag, 0), layout.offset[from] * elem_size,
-               layout.count[from] * elem_size);
+    for (size_t j = 0; j < segments(layout.count[from], seg); ++j) {
+      const size_t len = std::min(seg, layout.count[from] - j * seg);
+      ub->recv(from, make_slot(slot_prefix, options.tag, j),
+               (layout.offset[from] + j * seg) * elem_size, len * elem_size);
       ++recvs;
     }
   }
   if (options.before_sends) options.before_sends();
-  for (int k = 1; k < n; ++k) {
-    const int to = (me + k) % n;
-    if (layout.count[me] > 0) {
-      ub->send(to, make_slot(slot_prefix, options.tag, 0), layout.offset[me] * elem_size,
-               layout.count[me] * elem_size);
+  for (size_t j = 0; j < segments(layout.count[me], seg); ++j) {
+    const size_t len = std::min(seg, layout.count[me] - j * seg);
+    for (int k = 1; k < n; ++k) {
+      ub->send((me + k) % n, make_slot(slot_prefix, options.tag, j),
+               (layout.offset[me] + j * seg) * elem_size, len * elem_size);
       ++sends;
     }
   }
@@ -195,13 +252,14 @@ void all_gather_slots(gloo::Context& ctx, void* buf, const ChunkLayout& layout, 
 
 void all_gather_direct(gloo::Context& ctx, void* buf, const ChunkLayout& layout, size_t elem_size,
                        const DirectOptions& options) {
-  all_gather_slots(ctx, buf, layout, elem_size, kAllGatherSlot, options);
+  all_gather_slots(ctx, buf, layout, elem_size, kAllGatherSlot, options.gather_segment_bytes,
+                   options);
 }
 
 void exchange_records(gloo::Context& ctx, const void* mine, void* all, size_t bytes,
                       const DirectOptions& options) {
   std::memcpy(static_cast<uint8_t*>(all) + static_cast<size_t>(ctx.rank) * bytes, mine, bytes);
-  all_gather_slots(ctx, all, ChunkLayout::equal(ctx.size, bytes), 1, kRecordSlot, options);
+  all_gather_slots(ctx, all, ChunkLayout::equal(ctx.size, bytes), 1, kRecordSlot, bytes, options);
 }
 
 std::shared_ptr<gloo::Context> connect_gloo_context(std::shared_ptr<Store> store,

@@ -10,6 +10,8 @@
 //   rounded exactly once, and every element is reduced on exactly one rank, so an all-reduce built on
 //   it gives identical bits on every rank.
 // - all_gather_direct: every rank sends its chunk to every other rank, straight into place.
+// - all_reduce_direct: the reduce-scatter, with each reduced segment sent on to every peer as soon
+//   as it is ready (the all-gather pipelined into the reduce-scatter).
 //
 // These run on the communicator's worker thread, one at a time per context; `tag` (the sequence
 // number) keeps the slots of consecutive collectives apart.
@@ -56,8 +58,10 @@ struct DirectOptions {
   uint32_t tag = 0;
   SteadyClock::time_point deadline = SteadyClock::now() + std::chrono::minutes(5);
   // Reduce-scatter pipelining: bytes per message and messages in flight per peer.
-  size_t segment_bytes = size_t{1} << 20;
-  int depth = 2;
+  size_t segment_bytes = size_t{256} << 10;
+  int depth = 4;
+  // All-gather: bytes per message (all posted at once).
+  size_t gather_segment_bytes = size_t{256} << 10;
   // Called once after this rank's receives are posted and before any send: the schedule check runs
   // here, so its round trip overlaps the receives' setup. Sending only after it returned keeps a
   // mismatched peer from ever sending data (every rank reaches the same verdict), so the posted
@@ -70,6 +74,11 @@ struct DirectOptions {
 void reduce_scatter_direct(gloo::Context& ctx, const void* send, void* recv,
                            const ChunkLayout& layout, DType dtype, ReduceOp op,
                            const DirectOptions& options, Scratch& scratch);
+
+// In place: buf (count elements) becomes the reduction over ranks. Reduce-scatter over a balanced
+// layout whose reduced segments are all-gathered while later segments are still being reduced.
+void all_reduce_direct(gloo::Context& ctx, void* buf, size_t count, DType dtype, ReduceOp op,
+                       const DirectOptions& options, Scratch& scratch);
 
 // In place: chunk r of buf (bytes elem_size * layout.count[r]) is filled from rank r.
 void all_gather_direct(gloo::Context& ctx, void* buf, const ChunkLayout& layout, size_t elem_size,

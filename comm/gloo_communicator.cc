@@ -38,6 +38,10 @@ void GlooOptions::validate() const {
     ZERO_THROW(InvalidArgument, "GlooOptions.segment_bytes must be at least 64, got {}",
                segment_bytes);
   }
+  if (gather_segment_bytes < 64) {
+    ZERO_THROW(InvalidArgument, "GlooOptions.gather_segment_bytes must be at least 64, got {}",
+               gather_segment_bytes);
+  }
   if (segment_depth < 1 || segment_depth > 64) {
     ZERO_THROW(InvalidArgument, "GlooOptions.segment_depth must be in [1, 64], got {}",
                segment_depth);
@@ -169,13 +173,7 @@ class GlooCommunicator final : public Communicator {
     check_reduce_op(name, op);
     return enqueue(CollectiveKind::kAllReduce, dtype, count, op, -1, /*overlap_check=*/true,
                    [=, this](const DirectOptions& d) {
-                     const ChunkLayout layout = ChunkLayout::balanced(count, size_);
-                     auto* bytes = static_cast<uint8_t*>(buf);
-                     reduce_scatter_direct(*context_, buf, bytes + layout.offset[rank_] * es,
-                                           layout, dtype, op, d, scratch_);
-                     DirectOptions gather = d;
-                     gather.before_sends = nullptr;  // checked once, in the reduce-scatter
-                     all_gather_direct(*context_, buf, layout, es, gather);
+                     all_reduce_direct(*context_, buf, count, dtype, op, d, scratch_);
                    });
   }
 
@@ -365,6 +363,7 @@ class GlooCommunicator final : public Communicator {
     d.deadline = SteadyClock::now() + options_.timeout;
     d.segment_bytes = options_.segment_bytes;
     d.depth = options_.segment_depth;
+    d.gather_segment_bytes = options_.gather_segment_bytes;
     const std::string& what = task.state->what;
     std::string mismatch;
     auto check = [&] {

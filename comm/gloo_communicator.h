@@ -33,8 +33,10 @@ struct GlooOptions {
   // Store key prefix; communicators sharing a store and prefix get distinct instance numbers.
   std::string prefix = "gloo";
   // Reduce-scatter pipelining: message size and messages in flight per peer.
-  size_t segment_bytes = size_t{1} << 20;
-  int segment_depth = 2;
+  size_t segment_bytes = size_t{256} << 10;
+  int segment_depth = 4;
+  // All-gather message size.
+  size_t gather_segment_bytes = size_t{256} << 10;
 
   // Throws InvalidArgument naming the first bad field.
   void validate() const;
