@@ -75,6 +75,23 @@ void cuda_ok(cudaError_t e, const std::string& what) {
   }
 }
 
+// Makes `device` current for a scope and restores the caller's device after.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (device >= 0 && device != previous_) cudaSetDevice(device);
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
 bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
   if (an == 0 || bn == 0) return false;
   const auto pa = reinterpret_cast<uintptr_t>(a);
@@ -238,6 +255,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   ~NcclCommunicator() override {
+    DeviceScope device(shared_->device);
     // Let issued work finish (bounded), then release the communicator.
     cudaEvent_t drained = nullptr;
     bool healthy = shared_->failed_reason().empty();
@@ -255,6 +273,16 @@ class NcclCommunicator final : public Communicator {
     {
       std::lock_guard<std::mutex> lock(shared_->mu);
       if (!shared_->aborted) {
+        // Non-blocking communicators: finalize (flush) and poll, bounded, before destroying.
+        if (healthy) {
+          ncclResult_t r = ncclCommFinalize(shared_->comm);
+          const auto deadline = Clock::now() + options_.timeout;
+          while (r == ncclInProgress && Clock::now() < deadline) {
+            std::this_thread::yield();
+            ncclCommGetAsyncError(shared_->comm, &r);
+          }
+          healthy = r == ncclSuccess;
+        }
         if (healthy) {
           ncclCommDestroy(shared_->comm);
         } else {
@@ -365,6 +393,7 @@ class NcclCommunicator final : public Communicator {
 
   std::unique_ptr<Communicator> split(int color, int key) override {
     std::lock_guard<std::mutex> issue_lock(issue_mu_);
+    DeviceScope device(shared_->device);
     throw_if_failed("split");
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
@@ -394,6 +423,7 @@ class NcclCommunicator final : public Communicator {
   template <typename Launch>
   WorkHandle issue(CallInfo call, Launch&& launch) {
     std::lock_guard<std::mutex> issue_lock(issue_mu_);
+    DeviceScope device(shared_->device);
     call.seq = next_seq_;
     const std::string what = fmt::format("nccl rank {}: {}", rank(), describe_call(call));
     throw_if_failed(describe_call(call));
