@@ -95,6 +95,17 @@ class Optimizer {
   // changed through group()), then increments step_count(). Allocates nothing.
   void step(const StepInput& in);
 
+  // The same step split over ranges of the shard, so a caller can update bucket by bucket (and
+  // overlap each range's parameter all-gather with the next range's update):
+  //   begin_step();  step_range(in_0, b0, e0);  step_range(in_1, b1, e1); ...
+  // begin_step() validates the hyperparameters and increments step_count(); each step_range()
+  // updates the segment elements inside [begin, end) with that step's coefficients. The pointers of
+  // `in` point at element `begin` (grad[0] is the gradient of element begin), and its length
+  // fields, when set, must equal end - begin. Every element must be covered once per step for the
+  // result to equal step(); the ranges are not tracked.
+  void begin_step();
+  void step_range(const StepInput& in, size_t begin, size_t end);
+
   int64_t step_count() const;
   // For checkpoint loading. Also tells SGD whether its momentum buffers exist (step_count > 0).
   void set_step_count(int64_t steps);
