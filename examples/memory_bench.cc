@@ -11,6 +11,7 @@
 #include <exception>
 #include <vector>
 
+#include "base/check.h"
 #include "comm/process_group.h"
 #include "examples/flags.h"
 #include "zero/engine.h"

@@ -8,6 +8,7 @@
 #include <exception>
 
 #include "base/logging.h"
+#include "base/check.h"
 #include "comm/process_group.h"
 #include "examples/flags.h"
 #include "examples/mlp.h"

@@ -162,6 +162,10 @@ struct Optimizer::Impl {
   std::vector<std::vector<Piece>> thread_pieces;
   std::unordered_map<std::string, std::vector<size_t>> segments_by_param;
   std::vector<StepCoeffs> coeffs;  // per group, refilled by every step
+  std::vector<char> range_first;   // per group: begin_step() saw SGD's first step
+  std::vector<Piece> sorted_pieces;  // covered elements in shard order
+
+  void run(const StepInput& in, size_t base, const std::vector<std::vector<Piece>>& work);
   ThreadPool pool;
 
   int state_index(const std::string& name) const {
@@ -280,6 +284,7 @@ Optimizer::Optimizer(const OptimizerOptions& options, size_t shard_numel,
   }
   m.momentum_initialized.assign(options.groups.size(), 0);
   m.coeffs.resize(options.groups.size());
+  m.range_first.assign(options.groups.size(), 0);
 
   // Work of each thread, fixed for the optimizer's life.
   std::vector<Piece> pieces;
@@ -288,42 +293,78 @@ Optimizer::Optimizer(const OptimizerOptions& options, size_t shard_numel,
   }
   std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
   m.thread_pieces = partition(pieces, options.num_threads);
+  m.sorted_pieces = std::move(pieces);
 }
 
 Optimizer::~Optimizer() = default;
 Optimizer::Optimizer(Optimizer&&) noexcept = default;
 Optimizer& Optimizer::operator=(Optimizer&&) noexcept = default;
 
-void Optimizer::step(const StepInput& in) {
-  ZERO_CHECK(impl_ != nullptr, "use of a moved-from Optimizer");
-  Impl& m = *impl_;
-  const int gi = detail::grad_type_index(in.grad_dtype);
-  if (gi < 0) {
+namespace {
+
+// Checks a step's input for `n` elements (run() relies on the dtypes being valid).
+void check_step_input(const StepInput& in, size_t n, const char* what) {
+  if (detail::grad_type_index(in.grad_dtype) < 0) {
     ZERO_THROW(InvalidArgument, "StepInput.grad_dtype must be fp32, fp16 or bf16 (got {})",
                dtype_name(in.grad_dtype));
   }
   const bool has_out = in.model_out != nullptr;
-  const int oi = detail::out_type_index(has_out, in.model_dtype);
-  if (oi < 0) {
+  if (detail::out_type_index(has_out, in.model_dtype) < 0) {
     ZERO_THROW(InvalidArgument, "StepInput.model_dtype must be fp32, fp16 or bf16 (got {})",
                dtype_name(in.model_dtype));
   }
-  const auto check_len = [&](const std::optional<size_t>& n, const char* field) {
-    if (n && *n != m.shard_numel) {
-      ZERO_THROW(InvalidArgument, "StepInput.{} ({}) != shard_numel ({})", field, *n, m.shard_numel);
+  const auto check_len = [&](const std::optional<size_t>& len, const char* field) {
+    if (len && *len != n) {
+      ZERO_THROW(InvalidArgument, "StepInput.{} ({}) != {} ({})", field, *len, what, n);
     }
   };
   check_len(in.master_numel, "master_numel");
   check_len(in.grad_numel, "grad_numel");
   if (has_out) check_len(in.model_numel, "model_numel");
-  if (m.shard_numel > 0) {
+  if (n > 0) {
     if (in.master == nullptr) ZERO_THROW(InvalidArgument, "StepInput.master is null");
     if (in.grad == nullptr) ZERO_THROW(InvalidArgument, "StepInput.grad is null");
   }
   if (!std::isfinite(in.grad_scale)) {
     ZERO_THROW(InvalidArgument, "StepInput.grad_scale must be finite (got {})", in.grad_scale);
   }
+}
 
+}  // namespace
+
+// Runs the kernel over each thread's pieces; the pointers of `in` refer to shard element `base`.
+void Optimizer::Impl::run(const StepInput& in, size_t base, const std::vector<std::vector<Piece>>& work) {
+  const int gi = detail::grad_type_index(in.grad_dtype);
+  const int oi = detail::out_type_index(in.model_out != nullptr, in.model_dtype);
+  const int si = detail::state_type_index(options.state_dtype);
+  const detail::StepFn fn = table->step[static_cast<int>(options.kind)][gi][si][oi];
+  const size_t grad_size = dtype_size(in.grad_dtype);
+  const size_t state_size = dtype_size(options.state_dtype);
+  const size_t out_size = in.model_out != nullptr ? dtype_size(in.model_dtype) : 0;
+  auto* grad = static_cast<const char*>(in.grad);
+  auto* out = static_cast<char*>(in.model_out);
+  char* s0 = states.empty() ? nullptr : static_cast<char*>(states[0].data());
+  char* s1 = states.size() < 2 ? nullptr : static_cast<char*>(states[1].data());
+  pool.run([&](int t) {
+    for (const Piece& p : work[static_cast<size_t>(t)]) {
+      const size_t rel = p.begin - base;
+      detail::StepArgs a;
+      a.master = in.master + rel;
+      a.grad = grad + rel * grad_size;
+      a.state0 = s0 ? s0 + p.begin * state_size : nullptr;
+      a.state1 = s1 ? s1 + p.begin * state_size : nullptr;
+      a.model_out = out ? out + rel * out_size : nullptr;
+      a.n = p.end - p.begin;
+      a.coeffs = &coeffs[static_cast<size_t>(p.group)];
+      fn(a);
+    }
+  });
+}
+
+void Optimizer::step(const StepInput& in) {
+  ZERO_CHECK(impl_ != nullptr, "use of a moved-from Optimizer");
+  Impl& m = *impl_;
+  check_step_input(in, m.shard_numel, "shard_numel");
   const int64_t step = m.step_count + 1;
   for (size_t g = 0; g < m.options.groups.size(); ++g) {
     const Hyper& h = m.options.groups[g];
@@ -331,37 +372,48 @@ void Optimizer::step(const StepInput& in) {
     const bool first = m.options.kind == OptimizerKind::kSgd && !m.momentum_initialized[g];
     m.coeffs[g] = compute_step_coeffs(m.options.kind, h, step, in.grad_scale, first);
   }
-
-  const int si = detail::state_type_index(m.options.state_dtype);
-  const detail::StepFn fn = m.table->step[static_cast<int>(m.options.kind)][gi][si][oi];
-  const size_t grad_size = dtype_size(in.grad_dtype);
-  const size_t state_size = dtype_size(m.options.state_dtype);
-  const size_t out_size = has_out ? dtype_size(in.model_dtype) : 0;
-  auto* grad = static_cast<const char*>(in.grad);
-  auto* out = static_cast<char*>(in.model_out);
-  char* s0 = m.states.empty() ? nullptr : static_cast<char*>(m.states[0].data());
-  char* s1 = m.states.size() < 2 ? nullptr : static_cast<char*>(m.states[1].data());
-
-  m.pool.run([&](int t) {
-    for (const Piece& p : m.thread_pieces[static_cast<size_t>(t)]) {
-      detail::StepArgs a;
-      a.master = in.master + p.begin;
-      a.grad = grad + p.begin * grad_size;
-      a.state0 = s0 ? s0 + p.begin * state_size : nullptr;
-      a.state1 = s1 ? s1 + p.begin * state_size : nullptr;
-      a.model_out = out ? out + p.begin * out_size : nullptr;
-      a.n = p.end - p.begin;
-      a.coeffs = &m.coeffs[static_cast<size_t>(p.group)];
-      fn(a);
-    }
-  });
-
+  m.run(in, 0, m.thread_pieces);
   m.step_count = step;
   if (m.options.kind == OptimizerKind::kSgd) {
     for (size_t g = 0; g < m.options.groups.size(); ++g) {
       if (m.options.groups[g].momentum != 0.0f) m.momentum_initialized[g] = 1;
     }
   }
+}
+
+void Optimizer::begin_step() {
+  ZERO_CHECK(impl_ != nullptr, "use of a moved-from Optimizer");
+  Impl& m = *impl_;
+  for (size_t g = 0; g < m.options.groups.size(); ++g) {
+    validate_hyper(m.options.kind, m.options.groups[g], static_cast<int>(g));
+    // SGD's first step copies the gradient into the momentum buffer (no dampening).
+    m.range_first[g] = m.options.kind == OptimizerKind::kSgd && !m.momentum_initialized[g];
+    if (m.options.kind == OptimizerKind::kSgd && m.options.groups[g].momentum != 0.0f) {
+      m.momentum_initialized[g] = 1;
+    }
+  }
+  ++m.step_count;
+}
+
+void Optimizer::step_range(const StepInput& in, size_t begin, size_t end) {
+  ZERO_CHECK(impl_ != nullptr, "use of a moved-from Optimizer");
+  Impl& m = *impl_;
+  if (begin > end || end > m.shard_numel) {
+    ZERO_THROW(InvalidArgument, "step_range [{}, {}) is not inside the shard of {} elements", begin,
+               end, m.shard_numel);
+  }
+  if (m.step_count == 0) ZERO_THROW(InvalidArgument, "step_range() before begin_step()");
+  check_step_input(in, end - begin, "range length");
+  for (size_t g = 0; g < m.options.groups.size(); ++g) {
+    m.coeffs[g] = compute_step_coeffs(m.options.kind, m.options.groups[g], m.step_count,
+                                      in.grad_scale, m.range_first[g] != 0);
+  }
+  std::vector<Piece> clipped;
+  for (const Piece& p : m.sorted_pieces) {
+    const size_t lo = std::max(p.begin, begin), hi = std::min(p.end, end);
+    if (lo < hi) clipped.push_back({lo, hi, p.group});
+  }
+  m.run(in, begin, partition(clipped, m.options.num_threads));
 }
 
 int64_t Optimizer::step_count() const { return impl_->step_count; }
