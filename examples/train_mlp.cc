@@ -26,7 +26,7 @@ int run(int argc, char** argv) {
   const int hidden = flags.get_int("hidden", 256);
   const int inputs = flags.get_int("inputs", 64);
   const int classes = flags.get_int("classes", 10);
-  const double lr = flags.get_double("lr", 3e-3);
+  const double lr = flags.get_double("lr", 1e-2);
   const bool deterministic = flags.get_bool("deterministic", false);
   const double clip = flags.get_double("max-grad-norm", 1.0);
   const int bucket_kib = flags.get_int("bucket-kib", 256);

@@ -37,7 +37,9 @@ struct EngineOptions {
 
   // Rank contributions are summed in rank order in fp32 (all-to-all, then an ordered local sum), so
   // stages 0, 1 and 2 give bitwise-identical parameters, and N ranks give bitwise the result of one
-  // rank accumulating the same N micro-batches in rank order.
+  // rank accumulating the same N micro-batches in rank order. (For 16-bit models, stages 0 and 1
+  // keep the reduced gradients in the model dtype: stage 2 matches them bit for bit when
+  // grad_accum_dtype is the model dtype too.)
   bool deterministic = false;
 
   LossScaling loss_scaling = LossScaling::kNone;
