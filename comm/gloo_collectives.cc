@@ -262,6 +262,45 @@ void exchange_records(gloo::Context& ctx, const void* mine, void* all, size_t by
   all_gather_slots(ctx, all, ChunkLayout::equal(ctx.size, bytes), 1, kRecordSlot, bytes, options);
 }
 
+void exchange_messages(gloo::Context& ctx, const void* header, size_t header_bytes,
+                       const std::function<Payload(int peer)>& payload, uint8_t* area,
+                       size_t capacity, Scratch& send_scratch, const DirectOptions& options) {
+  const int n = ctx.size;
+  const int me = ctx.rank;
+  std::memcpy(area + static_cast<size_t>(me) * capacity, header, header_bytes);
+  if (n == 1) return;
+  const uint64_t slot = make_slot(kRecordSlot, options.tag, 0);
+  auto in = ctx.createUnboundBuffer(area, static_cast<size_t>(n) * capacity);
+  for (int k = 1; k < n; ++k) {
+    const int from = (me - k + n) % n;
+    in->recv(from, slot, static_cast<size_t>(from) * capacity, capacity);
+  }
+  // One message per distinct payload; peers with the same payload share it.
+  uint8_t* out = send_scratch.get(static_cast<size_t>(n) * capacity);
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sends;
+  const void* last_data = nullptr;
+  size_t last_bytes = 0;
+  size_t last_len = 0;
+  uint8_t* last_msg = nullptr;
+  for (int k = 1; k < n; ++k) {
+    const int to = (me + k) % n;
+    const Payload p = payload ? payload(to) : Payload{};
+    ZERO_CHECK_LE(header_bytes + p.bytes, capacity, "message larger than the receive capacity");
+    if (last_msg == nullptr || p.data != last_data || p.bytes != last_bytes) {
+      last_msg = out + static_cast<size_t>(to) * capacity;
+      std::memcpy(last_msg, header, header_bytes);
+      if (p.bytes > 0) std::memcpy(last_msg + header_bytes, p.data, p.bytes);
+      last_data = p.data;
+      last_bytes = p.bytes;
+      last_len = header_bytes + p.bytes;
+    }
+    sends.push_back(ctx.createUnboundBuffer(last_msg, last_len));
+    sends.back()->send(to, slot, 0, last_len);
+  }
+  for (int k = 1; k < n; ++k) wait_recv(*in, options.deadline);
+  for (auto& b : sends) wait_send(*b, options.deadline);
+}
+
 std::shared_ptr<gloo::Context> connect_gloo_context(std::shared_ptr<Store> store,
                                                     const std::string& prefix, int rank, int size,
                                                     const std::string& interface_or_host,

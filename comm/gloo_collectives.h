@@ -89,6 +89,20 @@ void all_gather_direct(gloo::Context& ctx, void* buf, const ChunkLayout& layout,
 void exchange_records(gloo::Context& ctx, const void* mine, void* all, size_t bytes,
                       const DirectOptions& options);
 
+// One round of "header + payload" messages, the schedule check's transport and the whole of a small
+// collective (docs/comm.md, "Small messages"): every rank sends `header` (header_bytes) followed by
+// payload(p) to every peer p, and receives each peer's message into slot p of `area` (size *
+// capacity bytes; this rank's own header is copied into its slot). Receives are posted with the full
+// `capacity`, which every rank must use, so a message is never larger than the receive it lands in
+// even when ranks disagree about the call. payload(p) may return {nullptr, 0}.
+struct Payload {
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
+void exchange_messages(gloo::Context& ctx, const void* header, size_t header_bytes,
+                       const std::function<Payload(int peer)>& payload, uint8_t* area,
+                       size_t capacity, Scratch& send_scratch, const DirectOptions& options);
+
 // A full-mesh Gloo TCP context through our store: keys under `prefix`, device bound to
 // `interface_or_host` (a network interface name if one exists by that name, else a host/address).
 // Sets SIGPIPE to ignored if it still has its default action (see the .cc).

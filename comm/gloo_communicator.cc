@@ -14,7 +14,6 @@
 #include <vector>
 
 #include <gloo/alltoall.h>
-#include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/context.h>
@@ -22,6 +21,7 @@
 #include "base/check.h"
 #include "base/logging.h"
 #include "comm/gloo_collectives.h"
+#include "comm/reduce_kernels.h"
 #include "comm/schedule_check.h"
 
 namespace zero::comm {
@@ -41,6 +41,10 @@ void GlooOptions::validate() const {
   if (gather_segment_bytes < 64) {
     ZERO_THROW(InvalidArgument, "GlooOptions.gather_segment_bytes must be at least 64, got {}",
                gather_segment_bytes);
+  }
+  if (eager_bytes > (size_t{16} << 20)) {
+    ZERO_THROW(InvalidArgument, "GlooOptions.eager_bytes must be at most 16 MiB, got {}",
+               eager_bytes);
   }
   if (segment_depth < 1 || segment_depth > 64) {
     ZERO_THROW(InvalidArgument, "GlooOptions.segment_depth must be in [1, 64], got {}",
@@ -171,10 +175,22 @@ class GlooCommunicator final : public Communicator {
     checked_bytes(name, "buf", count, es, 1);
     require_buffer(name, "buf", buf, count);
     check_reduce_op(name, op);
-    return enqueue(CollectiveKind::kAllReduce, dtype, count, op, -1, /*overlap_check=*/true,
-                   [=, this](const DirectOptions& d) {
-                     all_reduce_direct(*context_, buf, count, dtype, op, d, scratch_);
-                   });
+    Plan plan;
+    if (small(count * es)) {
+      // Every rank sends its whole buffer to every peer and reduces all n in rank order.
+      plan.payload = [=](int) { return Payload{buf, count * es}; };
+      plan.apply = [=, this](const uint8_t* area, size_t stride) {
+        std::vector<const void*> srcs(static_cast<size_t>(size_));
+        for (int r = 0; r < size_; ++r) srcs[r] = r == rank_ ? buf : area + r * stride + kHeader;
+        reduce_arrays(dtype, op, srcs.data(), srcs.size(), buf, count);
+      };
+    } else {
+      plan.overlap_check = true;
+      plan.run = [=, this](const DirectOptions& d) {
+        all_reduce_direct(*context_, buf, count, dtype, op, d, scratch_);
+      };
+    }
+    return enqueue(CollectiveKind::kAllReduce, dtype, count, op, -1, std::move(plan));
   }
 
   WorkHandle reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
@@ -193,12 +209,24 @@ class GlooCommunicator final : public Communicator {
                  "recv_count (rank {}, recv_count {})",
                  name, rank_, recv_count);
     }
-    return enqueue(CollectiveKind::kReduceScatter, dtype, recv_count, op, -1, true,
-                   [=, this](const DirectOptions& d) {
-                     reduce_scatter_direct(*context_, send, recv,
-                                           ChunkLayout::equal(size_, recv_count), dtype, op, d,
-                                           scratch_);
-                   });
+    Plan plan;
+    if (small(recv_bytes)) {
+      plan.payload = [=](int p) {
+        return Payload{static_cast<const uint8_t*>(send) + p * recv_bytes, recv_bytes};
+      };
+      plan.apply = [=, this](const uint8_t* area, size_t stride) {
+        std::vector<const void*> srcs(static_cast<size_t>(size_));
+        for (int r = 0; r < size_; ++r) srcs[r] = r == rank_ ? own : area + r * stride + kHeader;
+        reduce_arrays(dtype, op, srcs.data(), srcs.size(), recv, recv_count);
+      };
+    } else {
+      plan.overlap_check = true;
+      plan.run = [=, this](const DirectOptions& d) {
+        reduce_scatter_direct(*context_, send, recv, ChunkLayout::equal(size_, recv_count), dtype,
+                              op, d, scratch_);
+      };
+    }
+    return enqueue(CollectiveKind::kReduceScatter, dtype, recv_count, op, -1, std::move(plan));
   }
 
   WorkHandle all_gather(const void* send, void* recv, size_t send_count, DType dtype) override {
@@ -215,12 +243,28 @@ class GlooCommunicator final : public Communicator {
                  "send_count (rank {}, send_count {})",
                  name, rank_, send_count);
     }
-    return enqueue(CollectiveKind::kAllGather, dtype, send_count, std::nullopt, -1, true,
-                   [=, this](const DirectOptions& d) {
-                     if (send != own && send_bytes > 0) std::memcpy(own, send, send_bytes);
-                     all_gather_direct(*context_, recv, ChunkLayout::equal(size_, send_count), es,
-                                       d);
-                   });
+    Plan plan;
+    if (small(send_bytes)) {
+      plan.payload = [=](int) { return Payload{send, send_bytes}; };
+      plan.apply = [=, this](const uint8_t* area, size_t stride) {
+        for (int r = 0; r < size_; ++r) {
+          uint8_t* to = static_cast<uint8_t*>(recv) + r * send_bytes;
+          if (r != rank_) {
+            std::memcpy(to, area + r * stride + kHeader, send_bytes);
+          } else if (send != own && send_bytes > 0) {
+            std::memcpy(own, send, send_bytes);
+          }
+        }
+      };
+    } else {
+      plan.overlap_check = true;
+      plan.run = [=, this](const DirectOptions& d) {
+        if (send != own && send_bytes > 0) std::memcpy(own, send, send_bytes);
+        all_gather_direct(*context_, recv, ChunkLayout::equal(size_, send_count), es, d);
+      };
+    }
+    return enqueue(CollectiveKind::kAllGather, dtype, send_count, std::nullopt, -1,
+                   std::move(plan));
   }
 
   WorkHandle broadcast(void* buf, size_t count, DType dtype, int root) override {
@@ -230,16 +274,26 @@ class GlooCommunicator final : public Communicator {
     if (root < 0 || root >= size_) {
       ZERO_THROW(InvalidArgument, "{}: root {} is out of range [0, {})", name, root, size_);
     }
-    return enqueue(CollectiveKind::kBroadcast, dtype, count, std::nullopt, root, false,
-                   [=, this](const DirectOptions& d) {
-                     if (size_ == 1 || bytes == 0) return;
-                     gloo::BroadcastOptions o(context_);
-                     o.setOutput(static_cast<uint8_t*>(buf), bytes);
-                     o.setRoot(root);
-                     o.setTag(d.tag);
-                     o.setTimeout(remaining_ms(d));
-                     gloo::broadcast(o);
-                   });
+    Plan plan;
+    if (small(bytes)) {
+      plan.payload = [=, this](int) {
+        return rank_ == root ? Payload{buf, bytes} : Payload{};
+      };
+      plan.apply = [=, this](const uint8_t* area, size_t stride) {
+        if (rank_ != root && bytes > 0) std::memcpy(buf, area + root * stride + kHeader, bytes);
+      };
+    } else {
+      plan.run = [=, this](const DirectOptions& d) {
+        if (size_ == 1 || bytes == 0) return;
+        gloo::BroadcastOptions o(context_);
+        o.setOutput(static_cast<uint8_t*>(buf), bytes);
+        o.setRoot(root);
+        o.setTag(d.tag);
+        o.setTimeout(remaining_ms(d));
+        gloo::broadcast(o);
+      };
+    }
+    return enqueue(CollectiveKind::kBroadcast, dtype, count, std::nullopt, root, std::move(plan));
   }
 
   WorkHandle all_to_all(const void* send, void* recv, size_t count, DType dtype) override {
@@ -250,44 +304,69 @@ class GlooCommunicator final : public Communicator {
     if (overlaps(send, bytes, recv, bytes)) {
       ZERO_THROW(InvalidArgument, "{}: send and recv overlap (all_to_all is not in place)", name);
     }
-    return enqueue(CollectiveKind::kAllToAll, dtype, count, std::nullopt, -1, false,
-                   [=, this](const DirectOptions& d) {
-                     if (bytes == 0) return;
-                     if (size_ == 1) {
-                       std::memcpy(recv, send, bytes);
-                       return;
-                     }
-                     gloo::AlltoallOptions o(context_);
-                     o.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(send)), bytes);
-                     o.setOutput(static_cast<uint8_t*>(recv), bytes);
-                     o.setTag(d.tag);
-                     o.setTimeout(remaining_ms(d));
-                     gloo::alltoall(o);
-                   });
+    const size_t chunk = count * dtype_size(dtype);
+    Plan plan;
+    if (small(chunk)) {
+      plan.payload = [=](int p) {
+        return Payload{static_cast<const uint8_t*>(send) + p * chunk, chunk};
+      };
+      plan.apply = [=, this](const uint8_t* area, size_t stride) {
+        for (int r = 0; r < size_ && chunk > 0; ++r) {
+          const uint8_t* from = r == rank_ ? static_cast<const uint8_t*>(send) + r * chunk
+                                           : area + r * stride + kHeader;
+          std::memcpy(static_cast<uint8_t*>(recv) + r * chunk, from, chunk);
+        }
+      };
+    } else {
+      plan.run = [=, this](const DirectOptions& d) {
+        if (bytes == 0) return;
+        if (size_ == 1) {
+          std::memcpy(recv, send, bytes);
+          return;
+        }
+        gloo::AlltoallOptions o(context_);
+        o.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(send)), bytes);
+        o.setOutput(static_cast<uint8_t*>(recv), bytes);
+        o.setTag(d.tag);
+        o.setTimeout(remaining_ms(d));
+        gloo::alltoall(o);
+      };
+    }
+    return enqueue(CollectiveKind::kAllToAll, dtype, count, std::nullopt, -1, std::move(plan));
   }
 
   WorkHandle barrier() override {
-    return enqueue(CollectiveKind::kBarrier, DType::kUInt8, 0, std::nullopt, -1, false,
-                   [this](const DirectOptions& d) {
-                     if (size_ == 1) return;
-                     gloo::BarrierOptions o(context_);
-                     o.setTag(d.tag);
-                     o.setTimeout(remaining_ms(d));
-                     gloo::barrier(o);
-                   });
+    // The message round itself is the barrier: nobody finishes before everybody's header arrived.
+    Plan plan;
+    plan.payload = [](int) { return Payload{}; };
+    plan.apply = [](const uint8_t*, size_t) {};
+    return enqueue(CollectiveKind::kBarrier, DType::kUInt8, 0, std::nullopt, -1, std::move(plan));
   }
 
   std::unique_ptr<Communicator> split(int color, int key) override;
 
  private:
-  struct Task {
-    CallInfo call;
-    // Our own collectives run the schedule check between posting receives and sends
-    // (DirectOptions::before_sends); Gloo's run after it.
+  // How a call runs. Small calls (payload up to eager_bytes per message) are one round of
+  // header+payload messages (exchange_messages) that carries the schedule check and the data at
+  // once; `apply` then finishes the collective locally from the received payloads. Larger calls
+  // `run` a collective, with the check first (Gloo's ops) or overlapped with the receives being
+  // posted (ours, DirectOptions::before_sends).
+  struct Plan {
+    std::function<Payload(int peer)> payload;
+    std::function<void(const uint8_t* area, size_t stride)> apply;
     bool overlap_check = false;
     std::function<void(const DirectOptions&)> run;
+    bool small() const { return static_cast<bool>(apply); }
+  };
+  struct Task {
+    CallInfo call;
+    Plan plan;
     std::shared_ptr<WorkState> state;
   };
+  static constexpr size_t kHeader = kCallRecordBytes;
+
+  bool small(size_t payload_bytes) const { return payload_bytes <= options_.eager_bytes; }
+  size_t capacity() const { return kHeader + options_.eager_bytes; }
 
   static std::chrono::milliseconds remaining_ms(const DirectOptions& d) {
     const auto left =
@@ -306,7 +385,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   WorkHandle enqueue(CollectiveKind kind, DType dtype, size_t count, std::optional<ReduceOp> op,
-                     int root, bool overlap_check, std::function<void(const DirectOptions&)> run) {
+                     int root, Plan plan) {
     auto state = std::make_shared<WorkState>();
     state->default_timeout = options_.timeout;
     {
@@ -320,7 +399,7 @@ class GlooCommunicator final : public Communicator {
                    failure_);
       }
       ++next_seq_;
-      queue_.push_back(Task{call, overlap_check, std::move(run), state});
+      queue_.push_back(Task{call, std::move(plan), state});
     }
     queue_cv_.notify_one();
     return std::make_shared<GlooWork>(std::move(state));
@@ -366,22 +445,36 @@ class GlooCommunicator final : public Communicator {
     d.gather_segment_bytes = options_.gather_segment_bytes;
     const std::string& what = task.state->what;
     std::string mismatch;
-    auto check = [&] {
-      const CallRecord mine = encode_call(task.call);
+    // Compares the headers in the message area (one per rank, `capacity()` apart).
+    auto compare = [&](const uint8_t* area) {
       std::vector<CallRecord> all(static_cast<size_t>(size_));
-      DirectOptions c = d;
-      c.before_sends = nullptr;
-      exchange_records(*context_, mine.data(), all.data(), kCallRecordBytes, c);
+      for (int r = 0; r < size_; ++r) std::memcpy(all[r].data(), area + r * capacity(), kHeader);
       mismatch = find_schedule_mismatch(all);
       if (!mismatch.empty()) throw ScheduleMismatch{};
     };
+    const CallRecord mine = encode_call(task.call);
+    uint8_t* area = messages_.get(static_cast<size_t>(size_) * capacity());
     try {
-      if (check_ && task.overlap_check) {
+      if (task.plan.small()) {
+        exchange_messages(*context_, mine.data(), kHeader, task.plan.payload, area, capacity(),
+                          message_sends_, d);
+        if (check_) compare(area);
+        task.plan.apply(area, capacity());
+        return {Outcome::kOk, {}};
+      }
+      auto check = [&] {
+        DirectOptions c = d;
+        c.before_sends = nullptr;
+        exchange_messages(*context_, mine.data(), kHeader, nullptr, area, capacity(),
+                          message_sends_, c);
+        compare(area);
+      };
+      if (check_ && task.plan.overlap_check) {
         d.before_sends = check;
       } else if (check_) {
         check();
       }
-      task.run(d);
+      task.plan.run(d);
       return {Outcome::kOk, {}};
     } catch (const ScheduleMismatch&) {
       return {Outcome::kCommError, fmt::format("{}: {}", what, mismatch)};
@@ -398,25 +491,40 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
-  // Verifies that every rank agrees on the schedule check (a rank checking alone would hang).
+  // Verifies that every rank agrees on the settings that shape the messages: the schedule check (a
+  // rank checking alone would wait for headers nobody sends) and the message sizes (a receive
+  // smaller than the message that lands in it aborts Gloo).
   void handshake() {
     DirectOptions d;
     d.tag = 0xffffffffu;
     d.deadline = SteadyClock::now() + options_.timeout;
-    const uint8_t mine[2] = {static_cast<uint8_t>(check_), static_cast<uint8_t>(size_ & 0xff)};
-    std::vector<uint8_t> all(static_cast<size_t>(size_) * 2);
+    struct Settings {
+      uint64_t check, segment_bytes, gather_segment_bytes, eager_bytes;
+    };
+    const Settings mine{check_ ? 1u : 0u, options_.segment_bytes, options_.gather_segment_bytes,
+                        options_.eager_bytes};
+    std::vector<Settings> all(static_cast<size_t>(size_));
     try {
-      exchange_records(*context_, mine, all.data(), 2, d);
+      exchange_records(*context_, &mine, all.data(), sizeof(Settings), d);
     } catch (const std::exception& e) {
       ZERO_THROW(CommError, "gloo rank {}: handshake under '{}' failed: {}", rank_, prefix_,
                  e.what());
     }
     for (int r = 0; r < size_; ++r) {
-      if (all[2 * r] != mine[0]) {
+      if (all[r].check != mine.check) {
         ZERO_THROW(CommError,
                    "gloo rank {}: schedule check is {} here but {} on rank {} (set "
                    "ZERO_COMM_CHECK and GlooOptions.check_schedule the same on every rank)",
-                   rank_, check_ ? "on" : "off", all[2 * r] ? "on" : "off", r);
+                   rank_, check_ ? "on" : "off", all[r].check ? "on" : "off", r);
+      }
+      if (all[r].segment_bytes != mine.segment_bytes ||
+          all[r].gather_segment_bytes != mine.gather_segment_bytes ||
+          all[r].eager_bytes != mine.eager_bytes) {
+        ZERO_THROW(CommError,
+                   "gloo rank {}: GlooOptions segment_bytes/gather_segment_bytes/eager_bytes are "
+                   "{}/{}/{} here but {}/{}/{} on rank {} (they must match on every rank)",
+                   rank_, mine.segment_bytes, mine.gather_segment_bytes, mine.eager_bytes,
+                   all[r].segment_bytes, all[r].gather_segment_bytes, all[r].eager_bytes, r);
       }
     }
   }
@@ -437,7 +545,9 @@ class GlooCommunicator final : public Communicator {
   uint64_t splits_ = 0;
   std::string failure_;  // first failure; non-empty once failed
 
-  Scratch scratch_;  // worker thread only
+  Scratch scratch_;        // worker thread only: reduce-scatter receive segments
+  Scratch messages_;       // worker thread only: received header+payload messages
+  Scratch message_sends_;  // worker thread only: outgoing header+payload messages
   std::thread worker_;
 };
 

@@ -46,9 +46,15 @@ bool contains(const std::string& s, const std::string& part) {
 }
 
 TEST_CASE("every collective and dtype is exact on 1, 2 and 3 ranks") {
+  // eager_bytes 0: every call takes the large-message path; 64 KiB (default): the small sizes run
+  // as one message round.
+  for (size_t eager : {size_t{0}, GlooOptions{}.eager_bytes}) {
   for (int size : {1, 2, 3}) {
     CAPTURE(size);
-    run_ranks(size, short_options(), [](int, std::unique_ptr<Communicator>& comm) {
+    CAPTURE(eager);
+    GlooOptions o = short_options();
+    o.eager_bytes = eager;
+    run_ranks(size, o, [](int, std::unique_ptr<Communicator>& comm) {
       testing::SuiteOptions s;
       s.sizes = {1, 7, 130};
       s.large = 20011;
@@ -59,12 +65,14 @@ TEST_CASE("every collective and dtype is exact on 1, 2 and 3 ranks") {
       CHECK(report.checks > 100);
     });
   }
+  }
 }
 
 TEST_CASE("small segments exercise the reduce-scatter pipeline") {
   GlooOptions o = short_options();
   o.segment_bytes = 64;
   o.segment_depth = 3;
+  o.eager_bytes = 0;
   run_ranks(3, o, [](int, std::unique_ptr<Communicator>& comm) {
     testing::SuiteOptions s;
     s.sizes = {1000};
@@ -150,6 +158,44 @@ TEST_CASE("mismatched collectives fail on every rank with both calls named") {
     CHECK_THROWS_WITH_AS(comm->barrier(), doctest::Contains("failed earlier"), CommError);
   });
   CHECK(reported == 2);
+}
+
+TEST_CASE("a small call against a large one is reported too") {
+  std::atomic<int> reported{0};
+  run_ranks(3, short_options(), [&](int rank, std::unique_ptr<Communicator>& comm) {
+    std::vector<float> buf(300000, 1.0f);
+    const size_t n = rank == 2 ? 100 : 300000;  // rank 2 takes the small-message path
+    try {
+      comm->all_reduce(buf.data(), n, DType::kFloat32, ReduceOp::kSum)->wait();
+      FAIL("mismatch not detected");
+    } catch (const CommError& e) {
+      const std::string m = e.what();
+      CHECK_MESSAGE(contains(m, "rank 0 called all_reduce(fp32, 300000, sum) #0 but rank 2 called "
+                                "all_reduce(fp32, 100, sum) #0"),
+                    m);
+      ++reported;
+    }
+  });
+  CHECK(reported == 3);
+}
+
+TEST_CASE("ranks must agree on the message sizes") {
+  auto store = std::make_shared<MemoryStore>();
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      GlooOptions o = short_options(5s);
+      o.eager_bytes = r == 0 ? 1024 : 2048;
+      try {
+        make_gloo_communicator(store, r, 2, o);
+      } catch (const CommError& e) {
+        if (contains(e.what(), "eager_bytes")) ++errors;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(errors == 2);
 }
 
 TEST_CASE("a wait past its timeout names the op, sequence number and rank") {

@@ -35,6 +35,10 @@ expect_lines() {
 run suite suite --large "${LARGE:-1000003}"
 expect_lines suite "\] rank [0-9]+: suite on $n ranks .*: [0-9]+ checks, 0 failures" "$n"
 
+# Every call on the large-message path (the default sends calls of <= 64 KiB as one message round).
+run suite-no-eager suite --large 100003 --eager-bytes 0
+expect_lines suite-no-eager "\] rank [0-9]+: suite on $n ranks .*: [0-9]+ checks, 0 failures" "$n"
+
 run die die
 expect_lines die "exiting in the middle" 1
 expect_lines die "\] rank [0-9]+: after [0-9.]+ s: (CommError|TimeoutError): gloo rank [0-9]+: all_reduce" "$((n - 1))"

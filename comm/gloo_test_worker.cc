@@ -2,7 +2,8 @@
 // Joins the job with init_process_group() and runs one scenario; exits 0 when the scenario behaved
 // as required, 1 otherwise, printing one "rank R: ..." line per finding.
 //
-//   gloo_test_worker suite [--large N]   every collective, dtype, reduce op, size, in/out of place
+//   gloo_test_worker suite [--large N] [--eager-bytes B]
+//                                        every collective, dtype, reduce op, size, in/out of place
 //   gloo_test_worker die                 the last rank exits in the middle of an all_reduce; the
 //                                        others must fail with CommError/TimeoutError in time
 //   gloo_test_worker mismatch            ranks issue different collectives; all must report it
@@ -139,10 +140,11 @@ int run(int argc, char** argv) {
   }
   const std::string mode = argv[1];
   size_t large = 1000003;
+  ProcessGroupOptions o;
   for (int i = 2; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--large") large = std::stoul(argv[i + 1]);
+    if (std::string(argv[i]) == "--eager-bytes") o.gloo.eager_bytes = std::stoul(argv[i + 1]);
   }
-  ProcessGroupOptions o;
   // The fault scenarios need failures to surface quickly; the suite has big messages on 2 cores.
   o.timeout = mode == "suite" || mode == "split" ? 60s : 8s;
   ProcessGroup pg = init_process_group(o);
