@@ -3,7 +3,7 @@
 //
 //   bazel-bin/comm/zerorun --nproc-per-node 2 -- bazel-bin/comm/comm_bench [--max-bytes 256M]
 //       [--min-bytes 1K] [--check 0|1] [--segment-bytes 256K] [--depth 4]
-//       [--gather-segment-bytes 256K] [--rounds 5]
+//       [--gather-segment-bytes 256K] [--eager-bytes 64K] [--rounds 5]
 //       [--ops all_reduce,reduce_scatter,all_gather]
 //
 // Columns: size (bytes of the whole buffer as nccl-tests counts it), count (elements), type, redop,
@@ -39,6 +39,7 @@
 #include "comm/gloo_collectives.h"
 #include "comm/gloo_communicator.h"
 #include "comm/nccl_communicator.h"
+#include "comm/schedule_check.h"
 
 #ifdef ZERO_WITH_CUDA
 #include <cuda_runtime.h>
@@ -56,6 +57,7 @@ struct Flags {
   size_t segment_bytes = size_t{256} << 10;
   int depth = 4;
   size_t gather_segment_bytes = size_t{256} << 10;
+  size_t eager_bytes = GlooOptions{}.eager_bytes;
   // Each size is timed in `rounds` alternating rounds (ours, Gloo's, Gloo's, ours, ...).
   int rounds = 5;
   std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather"};
@@ -92,6 +94,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (a == "--segment-bytes") f.segment_bytes = parse_size(a, value());
     else if (a == "--depth") f.depth = std::stoi(value());
     else if (a == "--gather-segment-bytes") f.gather_segment_bytes = parse_size(a, value());
+    else if (a == "--eager-bytes") f.eager_bytes = parse_size(a, value());
     else if (a == "--rounds") f.rounds = std::max(1, std::stoi(value()));
     else if (a == "--ops") {
       f.ops.clear();
@@ -355,15 +358,16 @@ int bench_main(int argc, char** argv) {
   go.segment_bytes = flags.segment_bytes;
   go.segment_depth = flags.depth;
   go.gather_segment_bytes = flags.gather_segment_bytes;
+  go.eager_bytes = flags.eager_bytes;
   auto ours = make_gloo_communicator(store, env.rank, env.world_size, go);
   auto gctx = connect_gloo_context(store, "comm_bench_gloo", env.rank, env.world_size, "127.0.0.1",
                                    std::chrono::seconds(120));
   const int n = env.world_size;
   if (env.rank == 0) {
     std::printf("# comm_bench: %d ranks, Gloo TCP on 127.0.0.1, fp32 sum, schedule check %s, "
-                "segment %zu B x %d\n",
-                n, ours->default_timeout().count() > 0 && go.check_schedule ? "on" : "off",
-                flags.segment_bytes, flags.depth);
+                "segment %zu B x %d, all-gather segment %zu B, eager up to %zu B\n",
+                n, go.check_schedule && schedule_check_from_env(true) ? "on" : "off",
+                flags.segment_bytes, flags.depth, flags.gather_segment_bytes, flags.eager_bytes);
     std::printf("# ratio = gloo time / ours time (= our busbw / Gloo's busbw)\n");
   }
   for (const std::string& op : flags.ops) {

@@ -40,7 +40,7 @@ struct GlooOptions {
   // Calls whose per-message payload is at most this many bytes run as one round of messages that
   // carries the schedule check and the data together (0: never). Must match on every rank, as must
   // the two segment sizes (checked at creation).
-  size_t eager_bytes = size_t{64} << 10;
+  size_t eager_bytes = size_t{256} << 10;
 
   // Throws InvalidArgument naming the first bad field.
   void validate() const;

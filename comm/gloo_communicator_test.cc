@@ -46,7 +46,7 @@ bool contains(const std::string& s, const std::string& part) {
 }
 
 TEST_CASE("every collective and dtype is exact on 1, 2 and 3 ranks") {
-  // eager_bytes 0: every call takes the large-message path; 64 KiB (default): the small sizes run
+  // eager_bytes 0: every call takes the large-message path; 256 KiB (default): the small sizes run
   // as one message round.
   for (size_t eager : {size_t{0}, GlooOptions{}.eager_bytes}) {
   for (int size : {1, 2, 3}) {

@@ -35,7 +35,7 @@ expect_lines() {
 run suite suite --large "${LARGE:-1000003}"
 expect_lines suite "\] rank [0-9]+: suite on $n ranks .*: [0-9]+ checks, 0 failures" "$n"
 
-# Every call on the large-message path (the default sends calls of <= 64 KiB as one message round).
+# Every call on the large-message path (the default sends calls of up to 256 KiB per message as one message round).
 run suite-no-eager suite --large 100003 --eager-bytes 0
 expect_lines suite-no-eager "\] rank [0-9]+: suite on $n ranks .*: [0-9]+ checks, 0 failures" "$n"
 
