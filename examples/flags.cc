@@ -1,6 +1,8 @@
 #include "examples/flags.h"
 
+#include <cstdio>
 #include <cstdlib>
+#include <exception>
 
 #include "base/check.h"
 
@@ -54,6 +56,19 @@ bool Flags::get_bool(const std::string& name, bool fallback) {
 void Flags::check_all_used() const {
   for (const auto& [name, value] : values_) {
     if (!used_.count(name)) ZERO_THROW(InvalidArgument, "unknown flag --{}", name);
+  }
+}
+
+}  // namespace zero::examples
+
+namespace zero::examples {
+
+int run_program(const char* program, int (*run)(int, char**), int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+    return 1;
   }
 }
 

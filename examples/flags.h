@@ -22,3 +22,11 @@ class Flags {
 };
 
 }  // namespace zero::examples
+
+namespace zero::examples {
+
+// main() of the example programs: runs `run` and turns an exception into its message on stderr,
+// prefixed with the program name, and exit status 1.
+int run_program(const char* program, int (*run)(int, char**), int argc, char** argv);
+
+}  // namespace zero::examples

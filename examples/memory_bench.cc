@@ -90,11 +90,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "memory_bench: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return zero::examples::run_program("memory_bench", run, argc, argv); }

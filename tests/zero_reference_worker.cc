@@ -133,11 +133,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "zero_reference_worker: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return zero::examples::run_program("zero_reference_worker", run, argc, argv); }
