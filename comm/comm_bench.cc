@@ -3,7 +3,7 @@
 //
 //   bazel-bin/comm/zerorun --nproc-per-node 2 -- bazel-bin/comm/comm_bench [--max-bytes 256M]
 //       [--min-bytes 1K] [--check 0|1] [--segment-bytes 256K] [--depth 4]
-//       [--gather-segment-bytes 256K] [--eager-bytes 64K] [--rounds 5]
+//       [--gather-segment-bytes 256K] [--eager-bytes 256K] [--rounds 5]
 //       [--ops all_reduce,reduce_scatter,all_gather]
 //
 // Columns: size (bytes of the whole buffer as nccl-tests counts it), count (elements), type, redop,

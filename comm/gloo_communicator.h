@@ -5,8 +5,10 @@
 // prefix) and one worker thread. Calls validate their arguments on the caller's thread (throwing
 // InvalidArgument naming the op and the argument), get the next sequence number, and queue the
 // collective; the worker runs them one at a time in issue order while the caller computes. With the
-// schedule check on (default; ZERO_COMM_CHECK=0 or check_schedule=false turns it off) the worker
-// first exchanges a 32-byte description of the call with every rank (comm/schedule_check.h).
+// schedule check on (default; ZERO_COMM_CHECK=0 or check_schedule=false turns it off) every rank
+// sends a 32-byte description of the call to every other rank before any data (comm/schedule_check.h);
+// calls of at most eager_bytes per message send it as the header of a single round of data
+// messages, larger ones overlap it with posting their receives (docs/comm.md).
 //
 // Failures: a Gloo error (a peer died, a connection broke, Gloo's own timeout) or a schedule mismatch
 // completes the Work with CommError/TimeoutError naming the op, its sequence number and the rank, and
