@@ -46,11 +46,17 @@ struct Avx2Ops {
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
   }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
-  static void store(Half* p, V v) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-  }
+  static void store(Half* p, V v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), to_fp16(v)); }
+  static void store(BFloat16* p, V v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), to_bf16(v)); }
+  // Streaming (non-temporal) stores for the copy-out: `p` must be aligned to the vector size.
+  static void stream(float* p, V v) { _mm256_stream_ps(p, v); }
+  static void stream(Half* p, V v) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), to_fp16(v)); }
+  static void stream(BFloat16* p, V v) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), to_bf16(v)); }
+  static void fence() { _mm_sfence(); }
+
+  static __m128i to_fp16(V v) { return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT); }
   // Round to nearest even on the integer bits (as fp32_to_bf16_bits), NaN lanes quieted.
-  static void store(BFloat16* p, V v) {
+  static __m128i to_bf16(V v) {
     const __m256i x = _mm256_castps_si256(v);
     const __m256i hi = _mm256_srli_epi32(x, 16);
     const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
@@ -61,7 +67,7 @@ struct Avx2Ops {
     const __m256i r = _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
     const __m256i packed = _mm256_packus_epi32(r, r);  // per 128-bit half: a0..a3 a0..a3 | b0..b3 ..
     const __m256i ordered = _mm256_permute4x64_epi64(packed, 0x08);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(ordered));
+    return _mm256_castsi256_si128(ordered);
   }
 };
 

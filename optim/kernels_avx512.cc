@@ -48,13 +48,25 @@ struct Avx512Ops {
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
   }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
-  static void store(Half* p, V v) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
-                        _mm512_maskz_cvtps_ph(0xffff, v, _MM_FROUND_TO_NEAREST_INT));
+  static void store(Half* p, V v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_fp16(v)); }
+  static void store(BFloat16* p, V v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16(v));
+  }
+  // Streaming (non-temporal) stores for the copy-out: `p` must be aligned to the vector size.
+  static void stream(float* p, V v) { _mm512_stream_ps(p, v); }
+  static void stream(Half* p, V v) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), to_fp16(v)); }
+  static void stream(BFloat16* p, V v) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), to_bf16(v));
+  }
+  static void fence() { _mm_sfence(); }
+
+  static __m256i to_fp16(V v) {
+    // The maskz form avoids GCC 12's false -Wmaybe-uninitialized in the unmasked intrinsic.
+    return _mm512_maskz_cvtps_ph(0xffff, v, _MM_FROUND_TO_NEAREST_INT);
   }
   // Round to nearest even on the integer bits (as fp32_to_bf16_bits), NaN lanes quieted. Not
   // vcvtneps2bf16, which flushes subnormal inputs to zero.
-  static void store(BFloat16* p, V v) {
+  static __m256i to_bf16(V v) {
     const __m512i x = _mm512_castps_si512(v);
     const __m512i hi = _mm512_srli_epi32(x, 16);
     const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
@@ -62,7 +74,7 @@ struct Avx512Ops {
         _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
     const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     const __m512i r = _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+    return _mm512_cvtepi32_epi16(r);
   }
 };
 

@@ -19,6 +19,7 @@
 #include "base/cpu.h"
 #include "base/dtype.h"
 #include "base/error.h"
+#include "memory/buffer.h"
 #include "memory/tracker.h"
 #include "optim/optimizer.h"
 
@@ -351,6 +352,54 @@ TEST_CASE("copy-out of special values is the round-to-nearest-even of the master
         REQUIRE(std::memcmp(&master[i], &values[i], 4) == 0);
         REQUIRE(out[i] == (od == DType::kFloat16 ? fp32_to_fp16_bits(values[i])
                                                  : fp32_to_bf16_bits(values[i])));
+      }
+    }
+  }
+}
+
+TEST_CASE("large ranges (streaming copy-out stores) give the same bits as small ones") {
+  // 700K elements: each range's copy-out is over 1 MiB, so the vector paths write it with streaming
+  // stores when it is aligned; an output offset by one element takes the normal stores.
+  const size_t n = 700000;
+  using memory::Category;
+  for (DType od : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    std::vector<float> reference;  // master after 2 steps, scalar path
+    for (SimdPath path : supported_simd_paths()) {
+      for (size_t out_offset : {size_t{0}, size_t{1}}) {
+        CAPTURE(dtype_name(od));
+        CAPTURE(simd_path_name(path));
+        CAPTURE(out_offset);
+        OptimizerOptions o;
+        o.kind = OptimizerKind::kAdamW;
+        o.groups = {Hyper{.lr = 1e-2f, .weight_decay = 0.1f}};
+        o.simd_path = path;
+        o.num_threads = 1;
+        Optimizer opt(o, n, {Segment{0, n, 0, "w", 0}});
+        memory::HostBuffer master_buf(n * 4, Category::kOther);
+        memory::HostBuffer out_buf((n + 1) * 4, Category::kOther);
+        float* master = master_buf.as<float>();
+        const std::vector<float> init = random_vector(n, 11, 1.f);
+        std::copy(init.begin(), init.end(), master);
+        char* out = static_cast<char*>(out_buf.data()) + out_offset * dtype_size(od);
+        for (int s = 0; s < 2; ++s) {
+          const std::vector<float> g = random_vector(n, 20 + static_cast<uint32_t>(s), 1.f);
+          opt.step(StepInput{.master = master, .grad = g.data(), .model_out = out, .model_dtype = od});
+        }
+        for (size_t i = 0; i < n; ++i) {
+          if (od == DType::kFloat32) {
+            REQUIRE(std::memcmp(out + 4 * i, &master[i], 4) == 0);
+          } else {
+            uint16_t bits;
+            std::memcpy(&bits, out + 2 * i, 2);
+            REQUIRE(bits == (od == DType::kFloat16 ? fp32_to_fp16_bits(master[i])
+                                                   : fp32_to_bf16_bits(master[i])));
+          }
+        }
+        if (reference.empty()) {
+          reference.assign(master, master + n);
+        } else {
+          REQUIRE(std::memcmp(reference.data(), master, n * 4) == 0);
+        }
       }
     }
   }
