@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
@@ -47,6 +48,41 @@ void wait_recv(gloo::transport::UnboundBuffer& buf, SteadyClock::time_point dead
 void wait_send(gloo::transport::UnboundBuffer& buf, SteadyClock::time_point deadline) {
   if (!buf.waitSend(remaining(deadline))) throw gloo::IoException("send aborted");
 }
+
+// Owns one collective's unbound buffers. When the collective fails, Gloo's loop thread may still be
+// delivering the error to the other buffers of the failed connection (it holds only non-owning
+// pointers to them), so destroying them at that moment races with it (ThreadSanitizer showed it
+// when a peer died during an all-reduce). A failed collective therefore hands its buffers to the
+// graveyard, which the communicator empties only after closing its connections (which waits for
+// the loop thread to finish with each connection).
+class BufferSet {
+ public:
+  explicit BufferSet(Graveyard* graveyard)
+      : graveyard_(graveyard), uncaught_(std::uncaught_exceptions()) {}
+  ~BufferSet() {
+    if (graveyard_ == nullptr || std::uncaught_exceptions() <= uncaught_) return;
+    for (auto& b : buffers_) {
+      if (!b) continue;
+      try {
+        graveyard_->push_back(std::move(b));
+      } catch (...) {
+        (void)b.release();  // out of memory while unwinding: leak rather than race
+      }
+    }
+  }
+  BufferSet(const BufferSet&) = delete;
+  BufferSet& operator=(const BufferSet&) = delete;
+
+  gloo::transport::UnboundBuffer* add(std::unique_ptr<gloo::transport::UnboundBuffer> b) {
+    buffers_.push_back(std::move(b));
+    return buffers_.back().get();
+  }
+
+ private:
+  Graveyard* graveyard_;
+  int uncaught_;
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> buffers_;
+};
 
 }  // namespace
 
@@ -109,12 +145,14 @@ void reduce_scatter_impl(gloo::Context& ctx, const void* send, void* recv,
     return;
   }
 
+  BufferSet owned(options.graveyard);
   // All-gather receives (all-reduce only): every segment of every peer's chunk, straight into place.
-  std::unique_ptr<gloo::transport::UnboundBuffer> gather_buf;
+  gloo::transport::UnboundBuffer* gather_buf = nullptr;
   size_t gather_recvs = 0;
   size_t gather_sends = 0;
   if (gather_back) {
-    gather_buf = ctx.createUnboundBuffer(const_cast<uint8_t*>(send_bytes), layout.total() * es);
+    gather_buf =
+        owned.add(ctx.createUnboundBuffer(const_cast<uint8_t*>(send_bytes), layout.total() * es));
     for (int k = 1; k < n; ++k) {
       const int from = (me - k + n) % n;
       for (size_t j = 0; j < segments(layout.count[from], seg); ++j) {
@@ -130,8 +168,8 @@ void reduce_scatter_impl(gloo::Context& ctx, const void* send, void* recv,
   const size_t nseg = segments(my_count, seg);
   const size_t live = std::min(depth, std::max<size_t>(nseg, 1));
   uint8_t* area = scratch.get(static_cast<size_t>(n) * live * seg * es);
-  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs(static_cast<size_t>(n) * live);
-  auto slot_buf = [&](int peer, size_t d) -> std::unique_ptr<gloo::transport::UnboundBuffer>& {
+  std::vector<gloo::transport::UnboundBuffer*> bufs(static_cast<size_t>(n) * live, nullptr);
+  auto slot_buf = [&](int peer, size_t d) -> gloo::transport::UnboundBuffer*& {
     return bufs[static_cast<size_t>(peer) * live + d];
   };
   auto post = [&](size_t j) {
@@ -140,8 +178,8 @@ void reduce_scatter_impl(gloo::Context& ctx, const void* send, void* recv,
       if (p == me) continue;
       auto& b = slot_buf(p, j % live);
       if (!b) {
-        b = ctx.createUnboundBuffer(area + (static_cast<size_t>(p) * live + j % live) * seg * es,
-                                    seg * es);
+        b = owned.add(ctx.createUnboundBuffer(
+            area + (static_cast<size_t>(p) * live + j % live) * seg * es, seg * es));
       }
       b->recv(p, make_slot(kReduceScatterSlot, options.tag, j), 0, len * es);
     }
@@ -153,7 +191,8 @@ void reduce_scatter_impl(gloo::Context& ctx, const void* send, void* recv,
   // the peers' sends find them posted and write at once (Gloo moves each send as soon as the
   // receiver posts the matching receive). Destinations are staggered so that rank r starts with
   // rank r+1 and no rank is everybody's first target.
-  auto send_buf = ctx.createUnboundBuffer(const_cast<uint8_t*>(send_bytes), layout.total() * es);
+  auto* send_buf =
+      owned.add(ctx.createUnboundBuffer(const_cast<uint8_t*>(send_bytes), layout.total() * es));
   size_t sends = 0;
   for (int k = 1; k < n; ++k) {
     const int p = (me + k) % n;
@@ -222,7 +261,8 @@ void all_gather_slots(gloo::Context& ctx, void* buf, const ChunkLayout& layout, 
   for (size_t c : layout.count) largest = std::max(largest, c);
   const size_t seg = std::max<size_t>(
       {size_t{1}, segment_bytes / elem_size, (largest + kGatherMessages - 1) / kGatherMessages});
-  auto ub = ctx.createUnboundBuffer(buf, layout.total() * elem_size);
+  BufferSet owned(options.graveyard);
+  auto* ub = owned.add(ctx.createUnboundBuffer(buf, layout.total() * elem_size));
   size_t sends = 0;
   size_t recvs = 0;
   // Receives first: a send that finds its receive already posted is written at once.
@@ -270,14 +310,15 @@ void exchange_messages(gloo::Context& ctx, const void* header, size_t header_byt
   std::memcpy(area + static_cast<size_t>(me) * capacity, header, header_bytes);
   if (n == 1) return;
   const uint64_t slot = make_slot(kRecordSlot, options.tag, 0);
-  auto in = ctx.createUnboundBuffer(area, static_cast<size_t>(n) * capacity);
+  BufferSet owned(options.graveyard);
+  auto* in = owned.add(ctx.createUnboundBuffer(area, static_cast<size_t>(n) * capacity));
   for (int k = 1; k < n; ++k) {
     const int from = (me - k + n) % n;
     in->recv(from, slot, static_cast<size_t>(from) * capacity, capacity);
   }
   // One message per distinct payload; peers with the same payload share it.
   uint8_t* out = send_scratch.get(static_cast<size_t>(n) * capacity);
-  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sends;
+  std::vector<gloo::transport::UnboundBuffer*> sends;
   const void* last_data = nullptr;
   size_t last_bytes = 0;
   size_t last_len = 0;
@@ -294,7 +335,7 @@ void exchange_messages(gloo::Context& ctx, const void* header, size_t header_byt
       last_bytes = p.bytes;
       last_len = header_bytes + p.bytes;
     }
-    sends.push_back(ctx.createUnboundBuffer(last_msg, last_len));
+    sends.push_back(owned.add(ctx.createUnboundBuffer(last_msg, last_len)));
     sends.back()->send(to, slot, 0, last_len);
   }
   for (int k = 1; k < n; ++k) wait_recv(*in, options.deadline);

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include <gloo/context.h>
+#include <gloo/transport/unbound_buffer.h>
 
 #include "base/dtype.h"
 #include "comm/communicator.h"
@@ -54,6 +55,10 @@ class Scratch {
   std::vector<uint8_t> bytes_;
 };
 
+// Unbound buffers of failed collectives, kept alive until the owner has closed the context's
+// connections (see BufferSet in the .cc).
+using Graveyard = std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>>;
+
 struct DirectOptions {
   uint32_t tag = 0;
   SteadyClock::time_point deadline = SteadyClock::now() + std::chrono::minutes(5);
@@ -67,6 +72,8 @@ struct DirectOptions {
   // mismatched peer from ever sending data (every rank reaches the same verdict), so the posted
   // receives can never be matched by a message of another shape.
   std::function<void()> before_sends;
+  // Where a failing collective leaves its unbound buffers (nullptr: destroy them at once).
+  Graveyard* graveyard = nullptr;
 };
 
 // recv (layout.count[rank] elements) = reduction over ranks of chunk `rank` of send. recv may be the

@@ -162,6 +162,7 @@ class GlooCommunicator final : public Communicator {
     }
     queue_cv_.notify_all();
     if (worker_.joinable()) worker_.join();
+    bury();
   }
 
   int rank() const override { return rank_; }
@@ -443,6 +444,7 @@ class GlooCommunicator final : public Communicator {
     d.segment_bytes = options_.segment_bytes;
     d.depth = options_.segment_depth;
     d.gather_segment_bytes = options_.gather_segment_bytes;
+    d.graveyard = &graveyard_;
     const std::string& what = task.state->what;
     std::string mismatch;
     // Compares the headers in the message area (one per rank, `capacity()` apart).
@@ -491,6 +493,15 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
+  // Releases the buffers of failed collectives once Gloo's loop thread can no longer touch them:
+  // closing a connection takes the lock the loop thread holds while it signals that connection's
+  // buffers, and a closed connection signals nothing more.
+  void bury() {
+    if (graveyard_.empty()) return;
+    context_->closeConnections();
+    graveyard_.clear();
+  }
+
   // Verifies that every rank agrees on the settings that shape the messages: the schedule check (a
   // rank checking alone would wait for headers nobody sends) and the message sizes (a receive
   // smaller than the message that lands in it aborts Gloo).
@@ -504,9 +515,11 @@ class GlooCommunicator final : public Communicator {
     const Settings mine{check_ ? 1u : 0u, options_.segment_bytes, options_.gather_segment_bytes,
                         options_.eager_bytes};
     std::vector<Settings> all(static_cast<size_t>(size_));
+    d.graveyard = &graveyard_;
     try {
       exchange_records(*context_, &mine, all.data(), sizeof(Settings), d);
     } catch (const std::exception& e) {
+      bury();
       ZERO_THROW(CommError, "gloo rank {}: handshake under '{}' failed: {}", rank_, prefix_,
                  e.what());
     }
@@ -545,6 +558,8 @@ class GlooCommunicator final : public Communicator {
   uint64_t splits_ = 0;
   std::string failure_;  // first failure; non-empty once failed
 
+  // Unbound buffers of failed collectives (worker thread only; see BufferSet in gloo_collectives.cc).
+  Graveyard graveyard_;
   Scratch scratch_;        // worker thread only: reduce-scatter receive segments
   Scratch messages_;       // worker thread only: received header+payload messages
   Scratch message_sends_;  // worker thread only: outgoing header+payload messages
