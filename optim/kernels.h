@@ -2,9 +2,10 @@
 // Internal: the table of vectorized kernels of one SIMD path (scalar, AVX2, AVX-512).
 //
 // Each path is compiled in its own translation unit (kernels_<path>.cc) from the same templates
-// (step_kernels.inc, grad_kernels.inc) with a different vector type, so the arithmetic is the same
-// sequence of IEEE operations on every path: fp32 results are bitwise equal. Those files are built with
-// -ffp-contract=off so that no multiply-add is fused behind our back.
+// (updates.inc through step_kernels.inc, and grad_kernels.inc) with a different vector type, so the
+// arithmetic is the same sequence of IEEE operations on every path: fp32 results are bitwise equal.
+// Those files are built with -ffp-contract=off so that no multiply-add is fused behind our back (the
+// fused ones PyTorch uses are explicit Ops::fma calls).
 #include <cstddef>
 #include <cstdint>
 
