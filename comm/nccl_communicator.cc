@@ -2,6 +2,19 @@
 
 #include "base/check.h"
 
+namespace zero::comm {
+
+// The same checks in CPU and CUDA builds.
+void NcclOptions::validate() const {
+  if (device < -1) ZERO_THROW(InvalidArgument, "NcclOptions.device must be >= -1, got {}", device);
+  if (timeout.count() <= 0) {
+    ZERO_THROW(InvalidArgument, "NcclOptions.timeout must be positive, got {} ms", timeout.count());
+  }
+  if (prefix.empty()) ZERO_THROW(InvalidArgument, "NcclOptions.prefix must not be empty");
+}
+
+}  // namespace zero::comm
+
 #ifdef ZERO_WITH_CUDA
 
 #include <cuda_runtime.h>
@@ -17,14 +30,6 @@
 #include "comm/schedule_check.h"
 
 namespace zero::comm {
-
-void NcclOptions::validate() const {
-  if (device < -1) ZERO_THROW(InvalidArgument, "NcclOptions.device must be >= -1, got {}", device);
-  if (timeout.count() <= 0) {
-    ZERO_THROW(InvalidArgument, "NcclOptions.timeout must be positive, got {} ms", timeout.count());
-  }
-  if (prefix.empty()) ZERO_THROW(InvalidArgument, "NcclOptions.prefix must not be empty");
-}
 
 bool nccl_built() { return true; }
 
@@ -547,14 +552,6 @@ std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Store> stor
 #else  // !ZERO_WITH_CUDA
 
 namespace zero::comm {
-
-void NcclOptions::validate() const {
-  if (device < -1) ZERO_THROW(InvalidArgument, "NcclOptions.device must be >= -1, got {}", device);
-  if (timeout.count() <= 0) {
-    ZERO_THROW(InvalidArgument, "NcclOptions.timeout must be positive, got {} ms", timeout.count());
-  }
-  if (prefix.empty()) ZERO_THROW(InvalidArgument, "NcclOptions.prefix must not be empty");
-}
 
 bool nccl_built() { return false; }
 int cuda_device_count() { return 0; }
