@@ -71,6 +71,17 @@ void Engine::require_param(int id, const char* what) const {
 
 size_t Engine::tensor_of(int id) const { return static_cast<size_t>(param_tensor_.at(static_cast<size_t>(id))); }
 
+// The optimizer updates the whole flat space at stage 0 and the rank's shard above it.
+size_t Engine::optimizer_numel() const {
+  return options_.stage == 0 ? layout_->padded_numel() : layout_->shard_numel();
+}
+
+Engine::OwnedRange Engine::owned(size_t b) const {
+  const auto& B = layout_->buckets()[b];
+  if (options_.stage == 0) return {B.offset, B.padded, B.offset};
+  return {B.shard_offset, B.chunk, B.offset + static_cast<size_t>(rank_) * B.chunk};
+}
+
 bool Engine::reduces_now() const { return options_.reduce_every_micro_step; }
 
 // ---------------------------------------------------------------------------------------------
@@ -122,25 +133,21 @@ void Engine::finalize() {
 
   broadcast_initial_values();
 
-  const size_t opt_numel = options_.stage == 0 ? layout_->padded_numel() : layout_->shard_numel();
-  master_ = HostBuffer::for_elements(static_cast<int64_t>(opt_numel), DType::kFloat32,
+  master_ = HostBuffer::for_elements(static_cast<int64_t>(optimizer_numel()), DType::kFloat32,
                                      Category::kMasterParams);
   init_master();
   build_optimizer();
 
-  const int64_t padded = static_cast<int64_t>(layout_->padded_numel());
-  const int64_t shard = static_cast<int64_t>(layout_->shard_numel());
   if (options_.stage < 2) {
-    flat_grad_ = HostBuffer::for_elements(padded, model_dtype_, Category::kGrads);
+    flat_grad_ = HostBuffer::for_elements(static_cast<int64_t>(layout_->padded_numel()), model_dtype_,
+                                          Category::kGrads);
   }
-  // Accumulator / gradient shard.
+  // Stage 2's gradient shard, or (stages 0/1) the fp32 accumulator of gradients reduced every
+  // micro-step of an accumulation.
   const bool accumulate = options_.reduce_every_micro_step && options_.gradient_accumulation_steps > 1;
-  if (options_.stage == 2) {
-    accum_dtype_ = options_.grad_accum_dtype;
-    accum_ = HostBuffer::for_elements(shard, accum_dtype_, Category::kGrads);
-  } else if (accumulate) {
-    accum_dtype_ = DType::kFloat32;
-    accum_ = HostBuffer::for_elements(options_.stage == 0 ? padded : shard, accum_dtype_,
+  if (options_.stage == 2 || accumulate) {
+    accum_dtype_ = options_.stage == 2 ? options_.grad_accum_dtype : DType::kFloat32;
+    accum_ = HostBuffer::for_elements(static_cast<int64_t>(optimizer_numel()), accum_dtype_,
                                       Category::kGrads);
   }
   const int64_t bucket = static_cast<int64_t>(layout_->max_bucket_padded());
@@ -192,8 +199,7 @@ void Engine::build_optimizer() {
                           p.group, p.name, piece.tensor_begin});
     }
   }
-  const size_t n = options_.stage == 0 ? layout_->padded_numel() : layout_->shard_numel();
-  optimizer_ = std::make_unique<optim::Optimizer>(options_.optimizer, n, std::move(segments));
+  optimizer_ = std::make_unique<optim::Optimizer>(options_.optimizer, optimizer_numel(), std::move(segments));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -375,8 +381,7 @@ void Engine::complete(size_t b) {
   BucketState& st = buckets_[b];
   st.work->wait(options_.timeout);
   const DType rd = options_.reduce_dtype;
-  const size_t my_chunk = static_cast<size_t>(rank_) * B.chunk;
-  void* reduced_chunk = element_ptr(st.comm_buffer, rd, my_chunk);
+  void* reduced_chunk = element_ptr(st.comm_buffer, rd, static_cast<size_t>(rank_) * B.chunk);
   if (options_.deterministic) {
     // recv holds every rank's copy of this rank's chunk, in rank order: sum them in that order.
     ordered_sum(slots_[static_cast<size_t>(st.slot)]->recv.data(), rd, B.chunk, world_, reduced_chunk,
@@ -386,12 +391,12 @@ void Engine::complete(size_t b) {
     }
   }
   // Route the reduced gradient (whole bucket at stage 0, this rank's chunk otherwise).
-  const size_t n = options_.stage == 0 ? B.padded : B.chunk;
-  const void* reduced = options_.stage == 0 ? st.comm_buffer : reduced_chunk;
-  const size_t grad_offset = options_.stage == 0 ? B.offset : B.offset + my_chunk;
+  const OwnedRange own = owned(b);
+  const size_t n = own.len;
+  const void* reduced = element_ptr(st.comm_buffer, rd, own.flat_begin - B.offset);
+  const size_t grad_offset = own.flat_begin;
   if (accum_.size_bytes() != 0) {
-    const size_t acc_offset = options_.stage == 0 ? B.offset : B.shard_offset;
-    void* acc = element_ptr(accum_.data(), accum_dtype_, acc_offset);
+    void* acc = element_ptr(accum_.data(), accum_dtype_, own.opt_begin);
     if (accum_has_data_) {
       accumulate_elements(acc, accum_dtype_, reduced, rd, n);
     } else {
@@ -484,14 +489,10 @@ DType Engine::grad_source_dtype() const {
 }
 
 const void* Engine::optimizer_grad(size_t b, DType* dtype) const {
-  const auto& B = layout_->buckets()[b];
+  const OwnedRange own = owned(b);
   *dtype = grad_source_dtype();
-  if (accum_.size_bytes() != 0) {
-    const size_t off = options_.stage == 0 ? B.offset : B.shard_offset;
-    return element_ptr(accum_.data(), accum_dtype_, off);
-  }
-  const size_t off = options_.stage == 0 ? B.offset : B.offset + static_cast<size_t>(rank_) * B.chunk;
-  return element_ptr(flat_grad_.data(), model_dtype_, off);
+  if (accum_.size_bytes() != 0) return element_ptr(accum_.data(), accum_dtype_, own.opt_begin);
+  return element_ptr(flat_grad_.data(), model_dtype_, own.flat_begin);
 }
 
 double Engine::global_sum_of_squares() {
@@ -602,16 +603,14 @@ void Engine::update_and_gather(float grad_scale) {
     const int s = static_cast<int>(b % 2);
     drain(s);  // the buffer's previous bucket must reach the parameters before reuse
     const auto& B = layout_->buckets()[b];
-    const size_t begin = options_.stage == 0 ? B.offset : B.shard_offset;
-    const size_t len = options_.stage == 0 ? B.padded : B.chunk;
-    const size_t my_chunk = options_.stage == 0 ? 0 : static_cast<size_t>(rank_) * B.chunk;
+    const OwnedRange own = owned(b);
     optim::StepInput in;
-    in.master = master + begin;
+    in.master = master + own.opt_begin;
     in.grad = optimizer_grad(b, &in.grad_dtype);
     in.grad_scale = grad_scale;
-    in.model_out = element_ptr(gather_[s].data(), model_dtype_, my_chunk);
+    in.model_out = element_ptr(gather_[s].data(), model_dtype_, own.flat_begin - B.offset);
     in.model_dtype = model_dtype_;
-    optimizer_->step_range(in, begin, begin + len);
+    optimizer_->step_range(in, own.opt_begin, own.opt_begin + own.len);
     if (options_.stage == 0) {
       scatter_bucket_to_params(b, gather_[s].data());
     } else {
@@ -680,12 +679,7 @@ MemoryReport Engine::memory_report() const {
   in.grad_bytes = dtype_size(model_dtype_);
   in.shard_grad_bytes = options_.stage == 2 ? dtype_size(accum_dtype_) : 4;
   in.accumulator = options_.stage < 2 && accum_.size_bytes() != 0;
-  uint64_t state = 0;
-  for (const std::string& s : optimizer_->state_names()) {
-    (void)s;
-    state += dtype_size(optimizer_->state_dtype());
-  }
-  in.state_bytes = state;
+  in.state_bytes = optimizer_->state_names().size() * dtype_size(optimizer_->state_dtype());
   const MemoryPrediction pred = predict_memory(in);
 
   MemoryReport rep;

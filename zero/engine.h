@@ -111,6 +111,15 @@ class Engine {
   struct Slot;         // buffers for one in-flight bucket reduction
   struct BucketState;  // per-bucket progress within a micro-step
 
+  // The part of bucket b this rank reduces into and updates: the whole bucket at stage 0, the
+  // rank's chunk above it.
+  struct OwnedRange {
+    size_t opt_begin;   // offset in the optimizer space (master, accumulator)
+    size_t len;
+    size_t flat_begin;  // offset in the flat gradient/parameter space
+  };
+  OwnedRange owned(size_t b) const;
+  size_t optimizer_numel() const;
   void require_finalized(const char* what) const;
   void require_param(int id, const char* what) const;
   size_t tensor_of(int id) const;
