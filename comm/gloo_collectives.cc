@@ -24,6 +24,9 @@ namespace {
 constexpr uint8_t kReduceScatterSlot = 0xA1;
 constexpr uint8_t kAllGatherSlot = 0xA2;
 constexpr uint8_t kRecordSlot = 0xA3;
+// All-gather data sent before the schedule check's verdict (DirectOptions::after_sends).
+constexpr uint8_t kEagerGatherSlot = 0xA4;
+constexpr uint64_t kSizeBits = 40;
 constexpr uint64_t kSegmentBits = 24;
 // All-gather messages per peer (upper bound, for chunks larger than segment_bytes times this).
 constexpr size_t kGatherMessages = 4;
@@ -288,10 +291,69 @@ void all_gather_slots(gloo::Context& ctx, void* buf, const ChunkLayout& layout, 
   for (size_t i = 0; i < sends; ++i) wait_send(*ub, options.deadline);
 }
 
+// The all-gather with the schedule check running after the sends were posted (after_sends). Every
+// chunk has the same byte size; its messages are cut from the byte size alone (never from the
+// dtype), and their slots are 0xA4 | seq mod 256 | chunk bytes (40 bits) | segment (8 bits), so a
+// message can only land in a receive posted by this same code for the same chunk size, i.e. of
+// exactly its own size: a peer that called anything else never posts a receive it matches, and
+// Gloo writes a send only once the matching receive is posted. Consecutive collectives differ in
+// seq mod 256 and a collective consumes all its receives before the next starts (after a failure
+// the communicator runs nothing more), so the truncated sequence number cannot mix calls up.
+void all_gather_eager(gloo::Context& ctx, void* buf, size_t chunk_bytes,
+                      const DirectOptions& options) {
+  const int n = ctx.size;
+  const int me = ctx.rank;
+  const size_t seg = std::max<size_t>(
+      {size_t{1}, options.gather_segment_bytes,
+       (chunk_bytes + kGatherMessages - 1) / kGatherMessages});
+  const size_t nseg = segments(chunk_bytes, seg);
+  auto slot = [&](size_t j) {
+    return (uint64_t{kEagerGatherSlot} << 56) | (uint64_t{options.tag & 0xFFu} << 48) |
+           (uint64_t{chunk_bytes} << 8) | j;
+  };
+  BufferSet owned(options.graveyard);
+  auto* ub = owned.add(ctx.createUnboundBuffer(buf, static_cast<size_t>(n) * chunk_bytes));
+  for (int k = 1; k < n; ++k) {
+    const int from = (me - k + n) % n;
+    for (size_t j = 0; j < nseg; ++j) {
+      ub->recv(from, slot(j), static_cast<size_t>(from) * chunk_bytes + j * seg,
+               std::min(seg, chunk_bytes - j * seg));
+    }
+  }
+  for (size_t j = 0; j < nseg; ++j) {
+    for (int k = 1; k < n; ++k) {
+      ub->send((me + k) % n, slot(j), static_cast<size_t>(me) * chunk_bytes + j * seg,
+               std::min(seg, chunk_bytes - j * seg));
+    }
+  }
+  // The check's header messages queue behind the data on each connection; its verdict only
+  // decides whether we wait for the data.
+  options.after_sends();
+  const size_t count = static_cast<size_t>(n - 1) * nseg;
+  for (size_t i = 0; i < count; ++i) wait_recv(*ub, options.deadline);
+  for (size_t i = 0; i < count; ++i) wait_send(*ub, options.deadline);
+}
+
 }  // namespace
 
 void all_gather_direct(gloo::Context& ctx, void* buf, const ChunkLayout& layout, size_t elem_size,
                        const DirectOptions& options) {
+  if (options.after_sends) {
+    const size_t chunk_bytes = layout.count.empty() ? 0 : layout.count[0] * elem_size;
+    const bool equal = std::all_of(layout.count.begin(), layout.count.end(),
+                                   [&](size_t c) { return c == layout.count[0]; });
+    // At most kGatherMessages segments, so the 8-bit segment field always suffices.
+    if (ctx.size > 1 && chunk_bytes > 0 && equal && chunk_bytes < (uint64_t{1} << kSizeBits)) {
+      all_gather_eager(ctx, buf, chunk_bytes, options);
+      return;
+    }
+    // Not representable in the eager slots: check first, then move the data.
+    DirectOptions o = options;
+    o.before_sends = options.after_sends;
+    o.after_sends = nullptr;
+    all_gather_slots(ctx, buf, layout, elem_size, kAllGatherSlot, o.gather_segment_bytes, o);
+    return;
+  }
   all_gather_slots(ctx, buf, layout, elem_size, kAllGatherSlot, options.gather_segment_bytes,
                    options);
 }

@@ -72,6 +72,13 @@ struct DirectOptions {
   // mismatched peer from ever sending data (every rank reaches the same verdict), so the posted
   // receives can never be matched by a message of another shape.
   std::function<void()> before_sends;
+  // all_gather_direct only: when set, called after every send is posted and before any wait, and
+  // used instead of before_sends. The data then moves without waiting for the check's round trip;
+  // this is safe because those data messages use slots that encode the exact chunk size (see
+  // all_gather_direct), so they can only ever match receives of exactly their own size, posted by a
+  // peer making a large all_gather with the same sequence number and chunk size. A mismatch throws
+  // from here, before this rank waits for data that a mismatched peer will never send.
+  std::function<void()> after_sends;
   // Where a failing collective leaves its unbound buffers (nullptr: destroy them at once).
   Graveyard* graveyard = nullptr;
 };
@@ -87,7 +94,9 @@ void reduce_scatter_direct(gloo::Context& ctx, const void* send, void* recv,
 void all_reduce_direct(gloo::Context& ctx, void* buf, size_t count, DType dtype, ReduceOp op,
                        const DirectOptions& options, Scratch& scratch);
 
-// In place: chunk r of buf (bytes elem_size * layout.count[r]) is filled from rank r.
+// In place: chunk r of buf (bytes elem_size * layout.count[r]) is filled from rank r. With
+// options.after_sends (equal chunks under 1 TiB) the data is sent at once on slots that encode the
+// chunk's byte size and the check runs while it moves; otherwise before_sends runs first.
 void all_gather_direct(gloo::Context& ctx, void* buf, const ChunkLayout& layout, size_t elem_size,
                        const DirectOptions& options);
 

@@ -259,6 +259,7 @@ class GlooCommunicator final : public Communicator {
       };
     } else {
       plan.overlap_check = true;
+      plan.check_after_sends = true;
       plan.run = [=, this](const DirectOptions& d) {
         if (send != own && send_bytes > 0) std::memcpy(own, send, send_bytes);
         all_gather_direct(*context_, recv, ChunkLayout::equal(size_, send_count), es, d);
@@ -356,6 +357,8 @@ class GlooCommunicator final : public Communicator {
     std::function<Payload(int peer)> payload;
     std::function<void(const uint8_t* area, size_t stride)> apply;
     bool overlap_check = false;
+    // all_gather_direct: the check runs after the sends are posted (DirectOptions::after_sends).
+    bool check_after_sends = false;
     std::function<void(const DirectOptions&)> run;
     bool small() const { return static_cast<bool>(apply); }
   };
@@ -467,11 +470,14 @@ class GlooCommunicator final : public Communicator {
       auto check = [&] {
         DirectOptions c = d;
         c.before_sends = nullptr;
+        c.after_sends = nullptr;
         exchange_messages(*context_, mine.data(), kHeader, nullptr, area, capacity(),
                           message_sends_, c);
         compare(area);
       };
-      if (check_ && task.plan.overlap_check) {
+      if (check_ && task.plan.check_after_sends) {
+        d.after_sends = check;
+      } else if (check_ && task.plan.overlap_check) {
         d.before_sends = check;
       } else if (check_) {
         check();

@@ -179,6 +179,36 @@ TEST_CASE("a small call against a large one is reported too") {
   CHECK(reported == 3);
 }
 
+// Large all-gathers move their data before the check's verdict (on slots that encode the chunk
+// size): peers that disagree about the size must still get the mismatch error, not a Gloo abort
+// (a larger message landing in a smaller receive) or a hang.
+TEST_CASE("large all_gathers that disagree are reported on every rank") {
+  std::atomic<int> reported{0};
+  GlooOptions o = short_options();
+  o.eager_bytes = 0;
+  o.gather_segment_bytes = 64;
+  run_ranks(3, o, [&](int rank, std::unique_ptr<Communicator>& comm) {
+    std::vector<float> buf(3 * 4000, 1.0f);
+    // Ranks 0 and 1 agree on the bytes (and so exchange data), rank 1 names another dtype; rank 2
+    // gathers more elements.
+    const size_t n = rank == 2 ? 4000 : rank == 1 ? 2000 : 1000;
+    const DType t = rank == 1 ? DType::kFloat16 : DType::kFloat32;
+    try {
+      auto* own = reinterpret_cast<uint8_t*>(buf.data()) + rank * n * dtype_size(t);
+      comm->all_gather(own, buf.data(), n, t)->wait();
+      FAIL("mismatch not detected");
+    } catch (const CommError& e) {
+      const std::string m = e.what();
+      CHECK_MESSAGE(contains(m, "rank 0 called all_gather(fp32, 1000) #0 but rank 1 called "
+                                "all_gather(fp16, 2000) #0"),
+                    m);
+      ++reported;
+    }
+    CHECK_THROWS_WITH_AS(comm->barrier(), doctest::Contains("failed earlier"), CommError);
+  });
+  CHECK(reported == 3);
+}
+
 TEST_CASE("ranks must agree on the message sizes") {
   auto store = std::make_shared<MemoryStore>();
   std::atomic<int> errors{0};
