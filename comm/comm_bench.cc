@@ -3,7 +3,7 @@
 //
 //   bazel-bin/comm/zerorun --nproc-per-node 2 -- bazel-bin/comm/comm_bench [--max-bytes 256M]
 //       [--min-bytes 1K] [--check 0|1] [--segment-bytes 256K] [--depth 4]
-//       [--gather-segment-bytes 256K] [--eager-bytes 256K] [--rounds 5]
+//       [--gather-segment-bytes 1M] [--eager-bytes 256K] [--rounds 5]
 //       [--ops all_reduce,reduce_scatter,all_gather]
 //
 // Columns: size (bytes of the whole buffer as nccl-tests counts it), count (elements), type, redop,
@@ -54,9 +54,10 @@ struct Flags {
   size_t min_bytes = 1024;
   size_t max_bytes = size_t{256} << 20;
   bool check = true;
-  size_t segment_bytes = size_t{256} << 10;
-  int depth = 4;
-  size_t gather_segment_bytes = size_t{256} << 10;
+  // Defaults are the communicator's own, so the bench measures what users get.
+  size_t segment_bytes = GlooOptions{}.segment_bytes;
+  int depth = GlooOptions{}.segment_depth;
+  size_t gather_segment_bytes = GlooOptions{}.gather_segment_bytes;
   size_t eager_bytes = GlooOptions{}.eager_bytes;
   // Each size is timed in `rounds` alternating rounds (ours, Gloo's, Gloo's, ours, ...).
   int rounds = 5;
