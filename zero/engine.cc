@@ -26,7 +26,6 @@ struct Engine::BucketState {
   size_t pending = 0;  // tensors of the bucket not yet ready this micro-step
   int slot = -1;
   bool ready = false;
-  bool launched = false;
   comm::WorkHandle work;
   void* comm_buffer = nullptr;  // what the collective reduces (reduce dtype)
 };
@@ -366,7 +365,6 @@ void Engine::launch(size_t b) {
     st.work = comm_.reduce_scatter(cbuf, element_ptr(cbuf, rd, static_cast<size_t>(rank_) * B.chunk),
                                    B.chunk, rd, comm::ReduceOp::kSum);
   }
-  st.launched = true;
   inflight_.push_back(b);
 }
 
