@@ -5,6 +5,7 @@
 #   bash scripts/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/testlog.sh
 bash scripts/setup.sh || exit 1
 nvidia-smi -L || { echo "gpu_check: no GPU visible" >&2; exit 1; }
 
@@ -17,9 +18,7 @@ bazel test --config=cuda --test_output=all "${tests[@]}" 2>&1 | tee /tmp/zero_gp
 status=${PIPESTATUS[0]}
 testlogs=$(bazel info bazel-testlogs --config=cuda 2>/dev/null)
 for t in "${tests[@]}"; do
-  path=${t#//}
-  path=${path/://}
-  if grep -q '^ZERO_TEST_SKIPPED' "$testlogs/$path/test.log" 2>/dev/null; then
+  if test_skipped "$testlogs" "$t"; then
     echo "gpu_check: $t skipped on a GPU machine" >&2
     status=1
   fi

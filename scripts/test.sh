@@ -6,6 +6,7 @@
 # (for example --config=asan).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/testlog.sh
 bash scripts/setup.sh || exit 1
 
 log=$(mktemp)
@@ -18,9 +19,7 @@ passed=0 failed=0 skipped=0
 while read -r target result; do
   case "$result" in
     PASSED)
-      path=${target#//}
-      path=${path/://}
-      if grep -q '^ZERO_TEST_SKIPPED' "$testlogs/$path/test.log" 2>/dev/null; then
+      if test_skipped "$testlogs" "$target"; then
         skipped=$((skipped + 1))
       else
         passed=$((passed + 1))
