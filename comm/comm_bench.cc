@@ -7,8 +7,9 @@
 //       [--ops all_reduce,reduce_scatter,all_gather]
 //
 // Columns: size (bytes of the whole buffer as nccl-tests counts it), count (elements), type, redop,
-// then for ours and for Gloo's: time per call (us: every call is timed on every rank, a call's time
-// is the slowest rank's, and the table shows the median over --rounds alternating rounds of calls),
+// then for ours and for Gloo's: time per call (us: our calls and Gloo's alternate one by one, every
+// call is timed on every rank, a call's time is the slowest rank's, and the table shows the median
+// of each side over --rounds x (32 MiB / size, clamped to 3..40) calls),
 // algbw = size / time (GB/s),
 // busbw = algbw * 2(n-1)/n for all_reduce and (n-1)/n for reduce_scatter and all_gather, #wrong
 // (elements that differ from the exact expected value after one more call); ratio = our busbw /
@@ -59,7 +60,7 @@ struct Flags {
   int depth = GlooOptions{}.segment_depth;
   size_t gather_segment_bytes = GlooOptions{}.gather_segment_bytes;
   size_t eager_bytes = GlooOptions{}.eager_bytes;
-  // Each size is timed in `rounds` alternating rounds (ours, Gloo's, Gloo's, ours, ...).
+  // Each size is timed over rounds x iterations(size) calls of each side, interleaved call by call.
   int rounds = 5;
   std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather"};
 };
@@ -122,19 +123,6 @@ struct Measure {
   size_t wrong = 0;
 };
 
-// Per-call seconds of `iters` back-to-back calls of `run`, each the slowest rank's.
-std::vector<double> time_calls(Communicator& sync, int iters, const std::function<void()>& run) {
-  sync.barrier()->wait();
-  std::vector<double> t(static_cast<size_t>(iters));
-  for (int i = 0; i < iters; ++i) {
-    const auto t0 = Clock::now();
-    run();
-    t[i] = std::chrono::duration<double>(Clock::now() - t0).count();
-  }
-  sync.all_reduce(t.data(), t.size(), DType::kFloat64, ReduceOp::kMax)->wait();
-  return t;
-}
-
 int g_rounds = 5;
 
 double median(std::vector<double> v) {
@@ -142,26 +130,39 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Microseconds per call of a and of b: warm-up, then g_rounds alternating rounds (a b, b a, ...);
-// the median over all timed calls of each. The median (rather than the mean) keeps a call that
-// another process on this 2-core machine delayed by a scheduler tick from moving the figure.
+// Microseconds per call of a and of b. After a warm-up, a and b calls alternate one by one (a b b a
+// a b b a ...) for g_rounds rounds of `iters` pairs, so both sides meet the same background load
+// at the same moments; each call is timed on every rank and counts as the slowest rank's time. The
+// result is the median of each side over all its calls: a call that another process on this
+// 2-core machine delayed by a scheduler tick moves neither figure, and a load that comes and goes
+// during the run hits both sides alike.
 std::pair<double, double> time_pair(Communicator& sync, int warmup, int iters,
                                     const std::function<void()>& a,
                                     const std::function<void()>& b) {
   for (int i = 0; i < warmup; ++i) a();
   for (int i = 0; i < warmup; ++i) b();
-  std::vector<double> ta, tb;
-  auto add = [](std::vector<double>& to, const std::vector<double>& from) {
-    to.insert(to.end(), from.begin(), from.end());
+  const size_t pairs = static_cast<size_t>(iters) * static_cast<size_t>(g_rounds);
+  std::vector<double> t(2 * pairs);  // [a_0, b_0, a_1, b_1, ...]
+  auto timed = [](const std::function<void()>& f) {
+    const auto t0 = Clock::now();
+    f();
+    return std::chrono::duration<double>(Clock::now() - t0).count();
   };
-  for (int r = 0; r < g_rounds; ++r) {
-    if (r % 2 == 0) {
-      add(ta, time_calls(sync, iters, a));
-      add(tb, time_calls(sync, iters, b));
+  sync.barrier()->wait();
+  for (size_t i = 0; i < pairs; ++i) {
+    if (i % 2 == 0) {
+      t[2 * i] = timed(a);
+      t[2 * i + 1] = timed(b);
     } else {
-      add(tb, time_calls(sync, iters, b));
-      add(ta, time_calls(sync, iters, a));
+      t[2 * i + 1] = timed(b);
+      t[2 * i] = timed(a);
     }
+  }
+  sync.all_reduce(t.data(), t.size(), DType::kFloat64, ReduceOp::kMax)->wait();
+  std::vector<double> ta(pairs), tb(pairs);
+  for (size_t i = 0; i < pairs; ++i) {
+    ta[i] = t[2 * i];
+    tb[i] = t[2 * i + 1];
   }
   return {1e6 * median(ta), 1e6 * median(tb)};
 }

@@ -24,8 +24,13 @@ namespace {
 constexpr uint8_t kReduceScatterSlot = 0xA1;
 constexpr uint8_t kAllGatherSlot = 0xA2;
 constexpr uint8_t kRecordSlot = 0xA3;
-// All-gather data sent before the schedule check's verdict (DirectOptions::after_sends).
+// All-gather and reduce-scatter data sent before the schedule check's verdict
+// (DirectOptions::after_sends).
 constexpr uint8_t kEagerGatherSlot = 0xA4;
+constexpr uint8_t kEagerReduceSlot = 0xA5;
+// Eager reduce-scatter slots: 0xA5 | seq mod 256 | segment bytes | segment index.
+constexpr uint64_t kEagerLengthBits = 24;
+constexpr uint64_t kEagerIndexBits = 24;
 constexpr uint64_t kSizeBits = 40;
 constexpr uint64_t kSegmentBits = 24;
 // All-gather messages per peer (upper bound, for chunks larger than segment_bytes times this).
@@ -141,8 +146,25 @@ void reduce_scatter_impl(gloo::Context& ctx, const void* send, void* recv,
   const size_t my_count = layout.count[me];
   const size_t my_offset = layout.offset[me];
 
+  // With options.after_sends the data moves before the schedule check's verdict, on slots that
+  // encode each message's exact byte size (all_gather_eager explains why that is safe), and the
+  // check runs once the sends are posted; nothing is reduced, and no all-gather segment sent on,
+  // before it passed. When the sizes do not fit such a slot, the check runs before the sends.
+  size_t most = 0;
+  for (size_t c : layout.count) most = std::max(most, c);
+  const bool eager = options.after_sends && seg * es < (size_t{1} << kEagerLengthBits) &&
+                     segments(most, seg) < (size_t{1} << kEagerIndexBits);
+  const std::function<void()>& check_first =
+      eager ? nullptr : (options.after_sends ? options.after_sends : options.before_sends);
+  auto data_slot = [&](size_t j, size_t len) {
+    if (!eager) return make_slot(kReduceScatterSlot, options.tag, j);
+    return (uint64_t{kEagerReduceSlot} << 56) | (uint64_t{options.tag & 0xFFu} << 48) |
+           (uint64_t{len * es} << kEagerIndexBits) | j;
+  };
+
   if (n == 1) {
-    if (options.before_sends) options.before_sends();
+    if (options.after_sends) options.after_sends();
+    else if (options.before_sends) options.before_sends();
     const void* src = send_bytes + my_offset * es;
     reduce_arrays(dtype, op, &src, 1, recv, my_count);
     return;
@@ -150,6 +172,7 @@ void reduce_scatter_impl(gloo::Context& ctx, const void* send, void* recv,
 
   BufferSet owned(options.graveyard);
   // All-gather receives (all-reduce only): every segment of every peer's chunk, straight into place.
+  // Peers send these only after the check passed, so they keep the plain slots.
   gloo::transport::UnboundBuffer* gather_buf = nullptr;
   size_t gather_recvs = 0;
   size_t gather_sends = 0;
@@ -184,11 +207,11 @@ void reduce_scatter_impl(gloo::Context& ctx, const void* send, void* recv,
         b = owned.add(ctx.createUnboundBuffer(
             area + (static_cast<size_t>(p) * live + j % live) * seg * es, seg * es));
       }
-      b->recv(p, make_slot(kReduceScatterSlot, options.tag, j), 0, len * es);
+      b->recv(p, data_slot(j, len), 0, len * es);
     }
   };
   for (size_t j = 0; j < std::min(live, nseg); ++j) post(j);
-  if (options.before_sends) options.before_sends();
+  if (check_first) check_first();
 
   // Sends: every segment of chunk p to rank p, all posted up front, after our own receives so that
   // the peers' sends find them posted and write at once (Gloo moves each send as soon as the
@@ -201,11 +224,11 @@ void reduce_scatter_impl(gloo::Context& ctx, const void* send, void* recv,
     const int p = (me + k) % n;
     for (size_t j = 0; j < segments(layout.count[p], seg); ++j) {
       const size_t len = std::min(seg, layout.count[p] - j * seg);
-      send_buf->send(p, make_slot(kReduceScatterSlot, options.tag, j),
-                     (layout.offset[p] + j * seg) * es, len * es);
+      send_buf->send(p, data_slot(j, len), (layout.offset[p] + j * seg) * es, len * es);
       ++sends;
     }
   }
+  if (eager) options.after_sends();
 
   std::vector<const void*> srcs(static_cast<size_t>(n));
   for (size_t j = 0; j < nseg; ++j) {

@@ -72,12 +72,13 @@ struct DirectOptions {
   // mismatched peer from ever sending data (every rank reaches the same verdict), so the posted
   // receives can never be matched by a message of another shape.
   std::function<void()> before_sends;
-  // all_gather_direct only: when set, called after every send is posted and before any wait, and
-  // used instead of before_sends. The data then moves without waiting for the check's round trip;
-  // this is safe because those data messages use slots that encode the exact chunk size (see
-  // all_gather_direct), so they can only ever match receives of exactly their own size, posted by a
-  // peer making a large all_gather with the same sequence number and chunk size. A mismatch throws
-  // from here, before this rank waits for data that a mismatched peer will never send.
+  // When set, called after every data send is posted and before any data is used, and used instead
+  // of before_sends. The data then moves without waiting for the check's round trip; this is safe
+  // because those data messages use slots that encode their exact byte size (see all_gather_eager
+  // in the .cc), so they can only ever match receives of exactly their own size, posted by a peer
+  // running the same collective code with the same sequence number (mod 256). A mismatch throws
+  // from here, before this rank reduces or waits for data that a mismatched peer will never send.
+  // Where a call's sizes do not fit those slots, the collective runs it as before_sends instead.
   std::function<void()> after_sends;
   // Where a failing collective leaves its unbound buffers (nullptr: destroy them at once).
   Graveyard* graveyard = nullptr;

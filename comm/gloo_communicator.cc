@@ -186,7 +186,7 @@ class GlooCommunicator final : public Communicator {
         reduce_arrays(dtype, op, srcs.data(), srcs.size(), buf, count);
       };
     } else {
-      plan.overlap_check = true;
+      plan.check_after_sends = true;
       plan.run = [=, this](const DirectOptions& d) {
         all_reduce_direct(*context_, buf, count, dtype, op, d, scratch_);
       };
@@ -221,7 +221,7 @@ class GlooCommunicator final : public Communicator {
         reduce_arrays(dtype, op, srcs.data(), srcs.size(), recv, recv_count);
       };
     } else {
-      plan.overlap_check = true;
+      plan.check_after_sends = true;
       plan.run = [=, this](const DirectOptions& d) {
         reduce_scatter_direct(*context_, send, recv, ChunkLayout::equal(size_, recv_count), dtype,
                               op, d, scratch_);
@@ -258,7 +258,6 @@ class GlooCommunicator final : public Communicator {
         }
       };
     } else {
-      plan.overlap_check = true;
       plan.check_after_sends = true;
       plan.run = [=, this](const DirectOptions& d) {
         if (send != own && send_bytes > 0) std::memcpy(own, send, send_bytes);
@@ -351,13 +350,12 @@ class GlooCommunicator final : public Communicator {
   // How a call runs. Small calls (payload up to eager_bytes per message) are one round of
   // header+payload messages (exchange_messages) that carries the schedule check and the data at
   // once; `apply` then finishes the collective locally from the received payloads. Larger calls
-  // `run` a collective, with the check first (Gloo's ops) or overlapped with the receives being
-  // posted (ours, DirectOptions::before_sends).
+  // `run` a collective, with the check first (Gloo's ops) or while the data moves (ours).
   struct Plan {
     std::function<Payload(int peer)> payload;
     std::function<void(const uint8_t* area, size_t stride)> apply;
-    bool overlap_check = false;
-    // all_gather_direct: the check runs after the sends are posted (DirectOptions::after_sends).
+    // Ours: the collective runs the check itself once its sends are posted
+    // (DirectOptions::after_sends).
     bool check_after_sends = false;
     std::function<void(const DirectOptions&)> run;
     bool small() const { return static_cast<bool>(apply); }
@@ -477,8 +475,6 @@ class GlooCommunicator final : public Communicator {
       };
       if (check_ && task.plan.check_after_sends) {
         d.after_sends = check;
-      } else if (check_ && task.plan.overlap_check) {
-        d.before_sends = check;
       } else if (check_) {
         check();
       }

@@ -4,6 +4,7 @@
 #include "comm/gloo_communicator.h"
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <atomic>
 #include <functional>
@@ -207,6 +208,43 @@ TEST_CASE("large all_gathers that disagree are reported on every rank") {
     CHECK_THROWS_WITH_AS(comm->barrier(), doctest::Contains("failed earlier"), CommError);
   });
   CHECK(reported == 3);
+}
+
+// The same for the reduce-scatter and all-reduce, whose data also moves before the verdict: ranks
+// 0 and 1 agree on the bytes (80 per chunk: their segments do land), rank 2's first segments (256
+// bytes) are larger than all of theirs, which aborts in Gloo if the slots do not tell sizes apart.
+TEST_CASE("large reduce_scatters and all_reduces that disagree are reported on every rank") {
+  for (const bool all_reduce : {false, true}) {
+    CAPTURE(all_reduce);
+    std::atomic<int> reported{0};
+    GlooOptions o = short_options();
+    o.eager_bytes = 0;
+    o.segment_bytes = 256;
+    run_ranks(3, o, [&](int rank, std::unique_ptr<Communicator>& comm) {
+      std::vector<float> buf(3 * 1000, 1.0f);
+      const size_t n = rank == 2 ? 1000 : rank == 1 ? 40 : 20;
+      const DType t = rank == 1 ? DType::kFloat16 : DType::kFloat32;
+      const std::string op = all_reduce ? "all_reduce" : "reduce_scatter";
+      try {
+        if (all_reduce) {
+          comm->all_reduce(buf.data(), n, t, ReduceOp::kSum)->wait();
+        } else {
+          auto* own = reinterpret_cast<uint8_t*>(buf.data()) + rank * n * dtype_size(t);
+          comm->reduce_scatter(buf.data(), own, n, t, ReduceOp::kSum)->wait();
+        }
+        FAIL("mismatch not detected");
+      } catch (const CommError& e) {
+        const std::string m = e.what();
+        CHECK_MESSAGE(contains(m, fmt::format("rank 0 called {}(fp32, 20, sum) #0 but rank 1 "
+                                              "called {}(fp16, 40, sum) #0",
+                                              op, op)),
+                      m);
+        ++reported;
+      }
+      CHECK_THROWS_WITH_AS(comm->barrier(), doctest::Contains("failed earlier"), CommError);
+    });
+    CHECK(reported == 3);
+  }
 }
 
 TEST_CASE("ranks must agree on the message sizes") {
