@@ -24,6 +24,8 @@ namespace {
 constexpr uint8_t kReduceScatterSlot = 0xA1;
 constexpr uint8_t kAllGatherSlot = 0xA2;
 constexpr uint8_t kRecordSlot = 0xA3;
+constexpr uint8_t kBroadcastSlot = 0xA6;
+constexpr uint8_t kAllToAllSlot = 0xA7;
 // All-gather and reduce-scatter data sent before the schedule check's verdict
 // (DirectOptions::after_sends).
 constexpr uint8_t kEagerGatherSlot = 0xA4;
@@ -65,9 +67,13 @@ void wait_send(gloo::transport::UnboundBuffer& buf, SteadyClock::time_point dead
 // the loop thread to finish with each connection).
 class BufferSet {
  public:
-  explicit BufferSet(Graveyard* graveyard)
-      : graveyard_(graveyard), uncaught_(std::uncaught_exceptions()) {}
+  explicit BufferSet(const DirectOptions& options)
+      : graveyard_(options.graveyard), abort_(options.abort),
+        uncaught_(std::uncaught_exceptions()) {}
   ~BufferSet() {
+    if (abort_ != nullptr) {
+      for (auto& b : buffers_) abort_->discharge(b.get());
+    }
     if (graveyard_ == nullptr || std::uncaught_exceptions() <= uncaught_) return;
     for (auto& b : buffers_) {
       if (!b) continue;
@@ -83,11 +89,13 @@ class BufferSet {
 
   gloo::transport::UnboundBuffer* add(std::unique_ptr<gloo::transport::UnboundBuffer> b) {
     buffers_.push_back(std::move(b));
+    if (abort_ != nullptr) abort_->enlist(buffers_.back().get());
     return buffers_.back().get();
   }
 
  private:
   Graveyard* graveyard_;
+  AbortSwitch* abort_;
   int uncaught_;
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> buffers_;
 };
@@ -115,6 +123,41 @@ ChunkLayout ChunkLayout::balanced(size_t total, int size) {
     offset += c;
   }
   return l;
+}
+
+void AbortSwitch::trip() {
+  std::lock_guard<std::mutex> lock(mu_);
+  tripped_ = true;
+  for (auto* b : live_) {
+    b->abortWaitRecv();
+    b->abortWaitSend();
+  }
+}
+
+bool AbortSwitch::tripped() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tripped_;
+}
+
+void AbortSwitch::enlist(gloo::transport::UnboundBuffer* buffer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (tripped_) throw gloo::IoException("collective aborted");
+  live_.push_back(buffer);
+}
+
+void AbortSwitch::discharge(gloo::transport::UnboundBuffer* buffer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // A collective has a few live buffers, and discharges them in the order it enlisted them.
+  const auto it = std::find(live_.begin(), live_.end(), buffer);
+  if (it != live_.end()) live_.erase(it);
+}
+
+void abort_connections(gloo::Context& ctx) {
+  // A hard close (SO_LINGER 0): the peer's pending operations fail with a reset at once. Our own
+  // waits on these connections are woken by AbortSwitch::trip, not by this.
+  for (int p = 0; p < ctx.size; ++p) {
+    if (p != ctx.rank) ctx.getPair(p)->close();
+  }
 }
 
 uint8_t* Scratch::get(size_t bytes) {
@@ -170,7 +213,7 @@ void reduce_scatter_impl(gloo::Context& ctx, const void* send, void* recv,
     return;
   }
 
-  BufferSet owned(options.graveyard);
+  BufferSet owned(options);
   // All-gather receives (all-reduce only): every segment of every peer's chunk, straight into place.
   // Peers send these only after the check passed, so they keep the plain slots.
   gloo::transport::UnboundBuffer* gather_buf = nullptr;
@@ -273,45 +316,74 @@ void all_reduce_direct(gloo::Context& ctx, void* buf, size_t count, DType dtype,
 
 namespace {
 
-void all_gather_slots(gloo::Context& ctx, void* buf, const ChunkLayout& layout, size_t elem_size,
-                      uint8_t slot_prefix, size_t segment_bytes, const DirectOptions& options) {
+// One round of point-to-point messages: from every peer p, from(p).bytes into `in` at
+// from(p).offset; to every peer p, to(p).bytes of `out` from to(p).offset. Each message travels in
+// segments of `seg` bytes (both sides of a message must use the same seg) on slots
+// slot_prefix | tag | segment. Receives are posted first (a send that finds its receive posted is
+// written at once), then options.before_sends runs, then the sends, staggered so that rank r
+// starts with rank r+1.
+void exchange_regions(gloo::Context& ctx, void* in, size_t in_bytes, const void* out,
+                      size_t out_bytes, const std::function<Region(int)>& from,
+                      const std::function<Region(int)>& to, size_t seg, uint8_t slot_prefix,
+                      const DirectOptions& options) {
   const int n = ctx.size;
   const int me = ctx.rank;
-  if (n == 1 || layout.total() == 0) {
-    if (options.before_sends) options.before_sends();
-    return;
-  }
-  // A few messages per peer (at least segment_bytes each): the receiver copies one out of the
-  // socket while the sender copies the next one in, without paying per-message costs 100 times.
-  size_t largest = 0;
-  for (size_t c : layout.count) largest = std::max(largest, c);
-  const size_t seg = std::max<size_t>(
-      {size_t{1}, segment_bytes / elem_size, (largest + kGatherMessages - 1) / kGatherMessages});
-  BufferSet owned(options.graveyard);
-  auto* ub = owned.add(ctx.createUnboundBuffer(buf, layout.total() * elem_size));
-  size_t sends = 0;
+  BufferSet owned(options);
+  auto* rb = owned.add(ctx.createUnboundBuffer(in, in_bytes));
+  auto* sb = out == in ? rb
+                       : owned.add(ctx.createUnboundBuffer(const_cast<void*>(out), out_bytes));
   size_t recvs = 0;
-  // Receives first: a send that finds its receive already posted is written at once.
+  size_t sends = 0;
   for (int k = 1; k < n; ++k) {
-    const int from = (me - k + n) % n;
-    for (size_t j = 0; j < segments(layout.count[from], seg); ++j) {
-      const size_t len = std::min(seg, layout.count[from] - j * seg);
-      ub->recv(from, make_slot(slot_prefix, options.tag, j),
-               (layout.offset[from] + j * seg) * elem_size, len * elem_size);
+    const int p = (me - k + n) % n;
+    const Region r = from(p);
+    for (size_t j = 0; j < segments(r.bytes, seg); ++j) {
+      rb->recv(p, make_slot(slot_prefix, options.tag, j), r.offset + j * seg,
+               std::min(seg, r.bytes - j * seg));
       ++recvs;
     }
   }
   if (options.before_sends) options.before_sends();
-  for (size_t j = 0; j < segments(layout.count[me], seg); ++j) {
-    const size_t len = std::min(seg, layout.count[me] - j * seg);
+  std::vector<Region> dest(static_cast<size_t>(n));
+  size_t most = 0;
+  for (int k = 1; k < n; ++k) {
+    dest[k] = to((me + k) % n);
+    most = std::max(most, segments(dest[k].bytes, seg));
+  }
+  // Segment-major, so that every peer's first segment leaves before anybody's second.
+  for (size_t j = 0; j < most; ++j) {
     for (int k = 1; k < n; ++k) {
-      ub->send((me + k) % n, make_slot(slot_prefix, options.tag, j),
-               (layout.offset[me] + j * seg) * elem_size, len * elem_size);
+      if (j >= segments(dest[k].bytes, seg)) continue;
+      sb->send((me + k) % n, make_slot(slot_prefix, options.tag, j), dest[k].offset + j * seg,
+               std::min(seg, dest[k].bytes - j * seg));
       ++sends;
     }
   }
-  for (size_t i = 0; i < recvs; ++i) wait_recv(*ub, options.deadline);
-  for (size_t i = 0; i < sends; ++i) wait_send(*ub, options.deadline);
+  for (size_t i = 0; i < recvs; ++i) wait_recv(*rb, options.deadline);
+  for (size_t i = 0; i < sends; ++i) wait_send(*sb, options.deadline);
+}
+
+// Bytes per message for a transfer whose largest message is `largest` bytes: at least
+// segment_bytes, and at most kGatherMessages messages per peer, so that the receiver copies one
+// out of the socket while the sender copies the next one in, without paying per-message costs
+// 100 times.
+size_t message_bytes(size_t largest, size_t segment_bytes) {
+  return std::max<size_t>(
+      {size_t{1}, segment_bytes, (largest + kGatherMessages - 1) / kGatherMessages});
+}
+
+void all_gather_slots(gloo::Context& ctx, void* buf, const ChunkLayout& layout, size_t elem_size,
+                      uint8_t slot_prefix, size_t segment_bytes, const DirectOptions& options) {
+  if (ctx.size == 1 || layout.total() == 0) {
+    if (options.before_sends) options.before_sends();
+    return;
+  }
+  size_t largest = 0;
+  for (size_t c : layout.count) largest = std::max(largest, c * elem_size);
+  auto chunk = [&](int p) { return Region{layout.offset[p] * elem_size, layout.count[p] * elem_size}; };
+  exchange_regions(ctx, buf, layout.total() * elem_size, buf, layout.total() * elem_size, chunk,
+                   [&](int) { return chunk(ctx.rank); }, message_bytes(largest, segment_bytes),
+                   slot_prefix, options);
 }
 
 // The all-gather with the schedule check running after the sends were posted (after_sends). Every
@@ -326,15 +398,13 @@ void all_gather_eager(gloo::Context& ctx, void* buf, size_t chunk_bytes,
                       const DirectOptions& options) {
   const int n = ctx.size;
   const int me = ctx.rank;
-  const size_t seg = std::max<size_t>(
-      {size_t{1}, options.gather_segment_bytes,
-       (chunk_bytes + kGatherMessages - 1) / kGatherMessages});
+  const size_t seg = message_bytes(chunk_bytes, options.gather_segment_bytes);
   const size_t nseg = segments(chunk_bytes, seg);
   auto slot = [&](size_t j) {
     return (uint64_t{kEagerGatherSlot} << 56) | (uint64_t{options.tag & 0xFFu} << 48) |
            (uint64_t{chunk_bytes} << 8) | j;
   };
-  BufferSet owned(options.graveyard);
+  BufferSet owned(options);
   auto* ub = owned.add(ctx.createUnboundBuffer(buf, static_cast<size_t>(n) * chunk_bytes));
   for (int k = 1; k < n; ++k) {
     const int from = (me - k + n) % n;
@@ -387,6 +457,38 @@ void exchange_records(gloo::Context& ctx, const void* mine, void* all, size_t by
   all_gather_slots(ctx, all, ChunkLayout::equal(ctx.size, bytes), 1, kRecordSlot, bytes, options);
 }
 
+void broadcast_direct(gloo::Context& ctx, void* buf, size_t bytes, int root,
+                      const DirectOptions& options) {
+  if (ctx.size == 1 || bytes == 0) {
+    if (options.before_sends) options.before_sends();
+    return;
+  }
+  const bool is_root = ctx.rank == root;
+  exchange_regions(
+      ctx, buf, bytes, buf, bytes,
+      [&](int p) { return p == root ? Region{0, bytes} : Region{}; },
+      [&](int) { return is_root ? Region{0, bytes} : Region{}; },
+      message_bytes(bytes, options.gather_segment_bytes), kBroadcastSlot, options);
+}
+
+void all_to_all_direct(gloo::Context& ctx, const void* send, void* recv, size_t chunk_bytes,
+                       const DirectOptions& options) {
+  const int me = ctx.rank;
+  const size_t total = static_cast<size_t>(ctx.size) * chunk_bytes;
+  if (ctx.size == 1 || chunk_bytes == 0) {
+    if (options.before_sends) options.before_sends();
+  } else {
+    auto chunk = [&](int p) { return Region{static_cast<size_t>(p) * chunk_bytes, chunk_bytes}; };
+    exchange_regions(ctx, recv, total, send, total, chunk, chunk,
+                     message_bytes(chunk_bytes, options.gather_segment_bytes), kAllToAllSlot,
+                     options);
+  }
+  if (chunk_bytes > 0) {
+    std::memcpy(static_cast<uint8_t*>(recv) + me * chunk_bytes,
+                static_cast<const uint8_t*>(send) + me * chunk_bytes, chunk_bytes);
+  }
+}
+
 void exchange_messages(gloo::Context& ctx, const void* header, size_t header_bytes,
                        const std::function<Payload(int peer)>& payload, uint8_t* area,
                        size_t capacity, Scratch& send_scratch, const DirectOptions& options) {
@@ -395,7 +497,7 @@ void exchange_messages(gloo::Context& ctx, const void* header, size_t header_byt
   std::memcpy(area + static_cast<size_t>(me) * capacity, header, header_bytes);
   if (n == 1) return;
   const uint64_t slot = make_slot(kRecordSlot, options.tag, 0);
-  BufferSet owned(options.graveyard);
+  BufferSet owned(options);
   auto* in = owned.add(ctx.createUnboundBuffer(area, static_cast<size_t>(n) * capacity));
   for (int k = 1; k < n; ++k) {
     const int from = (me - k + n) % n;

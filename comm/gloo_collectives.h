@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,12 @@
 namespace zero::comm {
 
 using SteadyClock = std::chrono::steady_clock;
+
+// A byte range of a buffer.
+struct Region {
+  size_t offset = 0;
+  size_t bytes = 0;
+};
 
 // Where each rank's chunk lives in a flat buffer (elements).
 struct ChunkLayout {
@@ -59,6 +66,29 @@ class Scratch {
 // connections (see BufferSet in the .cc).
 using Graveyard = std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>>;
 
+// Lets another thread cut short the collective running on a context (the communicator's destructor
+// does, so that a collective whose peers never come cannot hold it for the whole timeout). trip()
+// wakes every wait on the buffers of the collective in flight, which then throws, and makes every
+// later collective throw as soon as it creates a buffer.
+class AbortSwitch {
+ public:
+  void trip();
+  bool tripped() const;
+  // Called by the collectives for each buffer they create (throws gloo::IoException once tripped)
+  // and before each is destroyed or handed to the graveyard.
+  void enlist(gloo::transport::UnboundBuffer* buffer);
+  void discharge(gloo::transport::UnboundBuffer* buffer);
+
+ private:
+  mutable std::mutex mu_;
+  bool tripped_ = false;
+  std::vector<gloo::transport::UnboundBuffer*> live_;
+};
+
+// Closes every connection of the context at once (a reset, not an orderly shutdown), so the
+// peers' pending operations with this rank fail now instead of at their timeout.
+void abort_connections(gloo::Context& ctx);
+
 struct DirectOptions {
   uint32_t tag = 0;
   SteadyClock::time_point deadline = SteadyClock::now() + std::chrono::minutes(5);
@@ -82,6 +112,8 @@ struct DirectOptions {
   std::function<void()> after_sends;
   // Where a failing collective leaves its unbound buffers (nullptr: destroy them at once).
   Graveyard* graveyard = nullptr;
+  // Registers the collective's buffers so that another thread can cut it short (may be nullptr).
+  AbortSwitch* abort = nullptr;
 };
 
 // recv (layout.count[rank] elements) = reduction over ranks of chunk `rank` of send. recv may be the
@@ -99,6 +131,15 @@ void all_reduce_direct(gloo::Context& ctx, void* buf, size_t count, DType dtype,
 // options.after_sends (equal chunks under 1 TiB) the data is sent at once on slots that encode the
 // chunk's byte size and the check runs while it moves; otherwise before_sends runs first.
 void all_gather_direct(gloo::Context& ctx, void* buf, const ChunkLayout& layout, size_t elem_size,
+                       const DirectOptions& options);
+
+// buf (bytes) on every rank becomes root's: root sends it to every peer straight into place (a few
+// messages each, options.before_sends first).
+void broadcast_direct(gloo::Context& ctx, void* buf, size_t bytes, int root,
+                      const DirectOptions& options);
+
+// Chunk p (chunk_bytes) of send goes to chunk `rank` of recv on rank p; send and recv do not overlap.
+void all_to_all_direct(gloo::Context& ctx, const void* send, void* recv, size_t chunk_bytes,
                        const DirectOptions& options);
 
 // Small all-gather in one round trip: all (ctx.size * bytes) receives every rank's `mine`. Used for

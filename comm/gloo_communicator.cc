@@ -13,8 +13,6 @@
 #include <utility>
 #include <vector>
 
-#include <gloo/alltoall.h>
-#include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/context.h>
 
@@ -155,12 +153,21 @@ class GlooCommunicator final : public Communicator {
     worker_ = std::thread([this] { worker_loop(); });
   }
 
+  // Queued work fails with "communicator destroyed". A collective still running is cut short
+  // rather than left to run into its timeout (its peers may never come): its waits are woken and
+  // the connections closed, so it fails at once and so do the peers' matching collectives.
   ~GlooCommunicator() override {
+    bool busy;
     {
       std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
+      busy = running_;
     }
     queue_cv_.notify_all();
+    if (busy) {
+      abort_.trip();
+      abort_connections(*context_);
+    }
     if (worker_.joinable()) worker_.join();
     bury();
   }
@@ -285,13 +292,7 @@ class GlooCommunicator final : public Communicator {
       };
     } else {
       plan.run = [=, this](const DirectOptions& d) {
-        if (size_ == 1 || bytes == 0) return;
-        gloo::BroadcastOptions o(context_);
-        o.setOutput(static_cast<uint8_t*>(buf), bytes);
-        o.setRoot(root);
-        o.setTag(d.tag);
-        o.setTimeout(remaining_ms(d));
-        gloo::broadcast(o);
+        broadcast_direct(*context_, buf, bytes, root, d);
       };
     }
     return enqueue(CollectiveKind::kBroadcast, dtype, count, std::nullopt, root, std::move(plan));
@@ -320,17 +321,7 @@ class GlooCommunicator final : public Communicator {
       };
     } else {
       plan.run = [=, this](const DirectOptions& d) {
-        if (bytes == 0) return;
-        if (size_ == 1) {
-          std::memcpy(recv, send, bytes);
-          return;
-        }
-        gloo::AlltoallOptions o(context_);
-        o.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(send)), bytes);
-        o.setOutput(static_cast<uint8_t*>(recv), bytes);
-        o.setTag(d.tag);
-        o.setTimeout(remaining_ms(d));
-        gloo::alltoall(o);
+        all_to_all_direct(*context_, send, recv, chunk, d);
       };
     }
     return enqueue(CollectiveKind::kAllToAll, dtype, count, std::nullopt, -1, std::move(plan));
@@ -350,12 +341,12 @@ class GlooCommunicator final : public Communicator {
   // How a call runs. Small calls (payload up to eager_bytes per message) are one round of
   // header+payload messages (exchange_messages) that carries the schedule check and the data at
   // once; `apply` then finishes the collective locally from the received payloads. Larger calls
-  // `run` a collective, with the check first (Gloo's ops) or while the data moves (ours).
+  // `run` one of our collectives (gloo_collectives.h), which runs the check itself: once its
+  // receives are posted (DirectOptions::before_sends), or with check_after_sends, while its data
+  // moves (DirectOptions::after_sends).
   struct Plan {
     std::function<Payload(int peer)> payload;
     std::function<void(const uint8_t* area, size_t stride)> apply;
-    // Ours: the collective runs the check itself once its sends are posted
-    // (DirectOptions::after_sends).
     bool check_after_sends = false;
     std::function<void(const DirectOptions&)> run;
     bool small() const { return static_cast<bool>(apply); }
@@ -369,12 +360,6 @@ class GlooCommunicator final : public Communicator {
 
   bool small(size_t payload_bytes) const { return payload_bytes <= options_.eager_bytes; }
   size_t capacity() const { return kHeader + options_.eager_bytes; }
-
-  static std::chrono::milliseconds remaining_ms(const DirectOptions& d) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(d.deadline - SteadyClock::now());
-    return std::max(left, std::chrono::milliseconds(1));
-  }
 
   static void check_reduce_op(const char* name, ReduceOp op) {
     if (static_cast<int>(op) < 0 || static_cast<int>(op) > static_cast<int>(ReduceOp::kMin)) {
@@ -419,6 +404,7 @@ class GlooCommunicator final : public Communicator {
         queue_.pop_front();
         failure = failure_;
         if (stopping_ && failure.empty()) failure = "communicator destroyed";
+        running_ = failure.empty();
       }
       if (!failure.empty()) {
         task.state->finish(Outcome::kCommError,
@@ -427,11 +413,12 @@ class GlooCommunicator final : public Communicator {
         continue;
       }
       auto [outcome, message] = run_task(task);
-      if (outcome != Outcome::kOk) {
-        ZERO_LOG_ERROR("{}", message);
+      {
         std::lock_guard<std::mutex> lock(mu_);
-        if (failure_.empty()) failure_ = message;
+        running_ = false;
+        if (outcome != Outcome::kOk && failure_.empty()) failure_ = message;
       }
+      if (outcome != Outcome::kOk) ZERO_LOG_ERROR("{}", message);
       task.state->finish(outcome, std::move(message));
     }
   }
@@ -446,6 +433,7 @@ class GlooCommunicator final : public Communicator {
     d.depth = options_.segment_depth;
     d.gather_segment_bytes = options_.gather_segment_bytes;
     d.graveyard = &graveyard_;
+    d.abort = &abort_;
     const std::string& what = task.state->what;
     std::string mismatch;
     // Compares the headers in the message area (one per rank, `capacity()` apart).
@@ -476,12 +464,25 @@ class GlooCommunicator final : public Communicator {
       if (check_ && task.plan.check_after_sends) {
         d.after_sends = check;
       } else if (check_) {
-        check();
+        d.before_sends = check;
       }
       task.plan.run(d);
       return {Outcome::kOk, {}};
     } catch (const ScheduleMismatch&) {
       return {Outcome::kCommError, fmt::format("{}: {}", what, mismatch)};
+    } catch (...) {
+      if (abort_.tripped()) {
+        return {Outcome::kCommError,
+                fmt::format("{} aborted: the communicator was destroyed while it ran", what)};
+      }
+      return classify_failure(what);
+    }
+  }
+
+  // The outcome of the exception in flight (called from a catch block).
+  static std::pair<Outcome, std::string> classify_failure(const std::string& what) {
+    try {
+      throw;
     } catch (const TimeoutError& e) {
       return {Outcome::kTimeout, fmt::format("{}: {}", what, e.what())};
     } catch (const gloo::IoException& e) {
@@ -492,6 +493,8 @@ class GlooCommunicator final : public Communicator {
       return {Outcome::kCommError, fmt::format("{} failed in Gloo: {}", what, msg)};
     } catch (const std::exception& e) {
       return {Outcome::kCommError, fmt::format("{} failed: {}", what, e.what())};
+    } catch (...) {
+      return {Outcome::kCommError, fmt::format("{} failed: unknown exception", what)};
     }
   }
 
@@ -556,12 +559,14 @@ class GlooCommunicator final : public Communicator {
   std::condition_variable queue_cv_;
   std::deque<Task> queue_;
   bool stopping_ = false;
+  bool running_ = false;  // the worker is running a collective
   uint64_t next_seq_ = 0;
   uint64_t splits_ = 0;
   std::string failure_;  // first failure; non-empty once failed
 
   // Unbound buffers of failed collectives (worker thread only; see BufferSet in gloo_collectives.cc).
   Graveyard graveyard_;
+  AbortSwitch abort_;  // tripped by the destructor while a collective runs
   Scratch scratch_;        // worker thread only: reduce-scatter receive segments
   Scratch messages_;       // worker thread only: received header+payload messages
   Scratch message_sends_;  // worker thread only: outgoing header+payload messages

@@ -322,6 +322,45 @@ TEST_CASE("a peer that goes away fails the collective with CommError") {
   });
 }
 
+// Rank 1 is alive but has not joined when rank 0 gives up and destroys its communicator: the
+// collective in flight must end at once (not after the 20 s timeout), its handle must say why, and
+// rank 1's matching call must fail at once too instead of waiting for a peer that is gone. Covers
+// the one-round path, our large collectives and Gloo's own (large broadcast).
+TEST_CASE("destroying a communicator cuts short the collective it runs, here and on the peers") {
+  struct Case {
+    const char* name;
+    size_t count;
+    bool broadcast;
+  };
+  for (const Case c : {Case{"small all_reduce", 100, false}, Case{"large all_reduce", 1 << 20, false},
+                       Case{"large broadcast", 1 << 20, true}}) {
+    CAPTURE(c.name);
+    std::atomic<bool> destroyed{false};
+    run_ranks(2, short_options(20s), [&](int rank, std::unique_ptr<Communicator>& comm) {
+      std::vector<float> buf(c.count, 1.0f);
+      auto issue = [&] {
+        return c.broadcast ? comm->broadcast(buf.data(), c.count, DType::kFloat32, 1)
+                           : comm->all_reduce(buf.data(), c.count, DType::kFloat32, ReduceOp::kSum);
+      };
+      comm->barrier()->wait();
+      const auto start = std::chrono::steady_clock::now();
+      if (rank == 0) {
+        auto w = issue();
+        CHECK_THROWS_AS(w->wait(100ms), TimeoutError);
+        comm.reset();
+        destroyed = true;
+        CHECK(std::chrono::steady_clock::now() - start < 5s);
+        CHECK_THROWS_WITH_AS(w->wait(), doctest::Contains("destroyed"), CommError);
+        return;
+      }
+      while (!destroyed) std::this_thread::sleep_for(1ms);
+      auto w = issue();
+      CHECK_THROWS_AS(w->wait(), CommError);
+      CHECK(std::chrono::steady_clock::now() - start < 5s);
+    });
+  }
+}
+
 TEST_CASE("split builds groups ordered by key") {
   run_ranks(4, short_options(), [](int rank, std::unique_ptr<Communicator>& comm) {
     auto sub = comm->split(rank % 2, -rank);
