@@ -26,6 +26,7 @@ constexpr uint8_t kAllGatherSlot = 0xA2;
 constexpr uint8_t kRecordSlot = 0xA3;
 constexpr uint8_t kBroadcastSlot = 0xA6;
 constexpr uint8_t kAllToAllSlot = 0xA7;
+constexpr uint8_t kVerdictSlot = 0xA8;
 // All-gather and reduce-scatter data sent before the schedule check's verdict
 // (DirectOptions::after_sends).
 constexpr uint8_t kEagerGatherSlot = 0xA4;
@@ -455,6 +456,11 @@ void exchange_records(gloo::Context& ctx, const void* mine, void* all, size_t by
                       const DirectOptions& options) {
   std::memcpy(static_cast<uint8_t*>(all) + static_cast<size_t>(ctx.rank) * bytes, mine, bytes);
   all_gather_slots(ctx, all, ChunkLayout::equal(ctx.size, bytes), 1, kRecordSlot, bytes, options);
+}
+
+void confirm_verdict(gloo::Context& ctx, const DirectOptions& options) {
+  std::vector<uint8_t> all(static_cast<size_t>(ctx.size), 1);
+  all_gather_slots(ctx, all.data(), ChunkLayout::equal(ctx.size, 1), 1, kVerdictSlot, 1, options);
 }
 
 void broadcast_direct(gloo::Context& ctx, void* buf, size_t bytes, int root,

@@ -147,6 +147,12 @@ void all_to_all_direct(gloo::Context& ctx, const void* send, void* recv, size_t 
 void exchange_records(gloo::Context& ctx, const void* mine, void* all, size_t bytes,
                       const DirectOptions& options);
 
+// After a schedule mismatch, which every rank of the collective detects from the same records: one
+// round of one-byte messages, so that a rank closes its connections only once every peer has its
+// verdict (closing earlier could reset a connection that still carries this rank's record to a
+// slower peer, which would then report a reset instead of the mismatch).
+void confirm_verdict(gloo::Context& ctx, const DirectOptions& options);
+
 // One round of "header + payload" messages, the schedule check's transport and the whole of a small
 // collective (docs/comm.md, "Small messages"): every rank sends `header` (header_bytes) followed by
 // payload(p) to every peer p, and receives each peer's message into slot p of `area` (size *

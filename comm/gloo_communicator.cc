@@ -413,12 +413,20 @@ class GlooCommunicator final : public Communicator {
         continue;
       }
       auto [outcome, message] = run_task(task);
+      if (outcome != Outcome::kOk) {
+        // The communicator is done for. Gloo may still be moving data of the failed collective
+        // (a healthy peer's late "ready" notice starts a send from our caller's buffer; a late
+        // message lands in it), and the caller may free those buffers as soon as it sees the
+        // error, so every connection is closed before the work completes; after that Gloo touches
+        // none of our buffers, and the peers fail at once instead of at their timeout.
+        close_and_bury();
+        ZERO_LOG_ERROR("{}", message);
+      }
       {
         std::lock_guard<std::mutex> lock(mu_);
         running_ = false;
         if (outcome != Outcome::kOk && failure_.empty()) failure_ = message;
       }
-      if (outcome != Outcome::kOk) ZERO_LOG_ERROR("{}", message);
       task.state->finish(outcome, std::move(message));
     }
   }
@@ -469,6 +477,16 @@ class GlooCommunicator final : public Communicator {
       task.plan.run(d);
       return {Outcome::kOk, {}};
     } catch (const ScheduleMismatch&) {
+      // Best effort, bounded: the mismatch is reported whatever becomes of this round.
+      try {
+        DirectOptions v;
+        v.tag = d.tag;
+        v.deadline = std::min(d.deadline, SteadyClock::now() + std::chrono::seconds(10));
+        v.graveyard = &graveyard_;
+        v.abort = &abort_;
+        confirm_verdict(*context_, v);
+      } catch (...) {
+      }
       return {Outcome::kCommError, fmt::format("{}: {}", what, mismatch)};
     } catch (...) {
       if (abort_.tripped()) {
@@ -502,7 +520,9 @@ class GlooCommunicator final : public Communicator {
   // closing a connection takes the lock the loop thread holds while it signals that connection's
   // buffers, and a closed connection signals nothing more.
   void bury() {
-    if (graveyard_.empty()) return;
+    if (!graveyard_.empty()) close_and_bury();
+  }
+  void close_and_bury() {
     context_->closeConnections();
     graveyard_.clear();
   }
