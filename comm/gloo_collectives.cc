@@ -214,6 +214,7 @@ void reduce_scatter_impl(gloo::Context& ctx, const void* send, void* recv,
     return;
   }
 
+  if (eager && options.check_start) options.check_start();
   BufferSet owned(options);
   // All-gather receives (all-reduce only): every segment of every peer's chunk, straight into place.
   // Peers send these only after the check passed, so they keep the plain slots.
@@ -405,6 +406,7 @@ void all_gather_eager(gloo::Context& ctx, void* buf, size_t chunk_bytes,
     return (uint64_t{kEagerGatherSlot} << 56) | (uint64_t{options.tag & 0xFFu} << 48) |
            (uint64_t{chunk_bytes} << 8) | j;
   };
+  if (options.check_start) options.check_start();
   BufferSet owned(options);
   auto* ub = owned.add(ctx.createUnboundBuffer(buf, static_cast<size_t>(n) * chunk_bytes));
   for (int k = 1; k < n; ++k) {
@@ -420,8 +422,7 @@ void all_gather_eager(gloo::Context& ctx, void* buf, size_t chunk_bytes,
                std::min(seg, chunk_bytes - j * seg));
     }
   }
-  // The check's header messages queue behind the data on each connection; its verdict only
-  // decides whether we wait for the data.
+  // The verdict decides whether we wait for the data.
   options.after_sends();
   const size_t count = static_cast<size_t>(n - 1) * nseg;
   for (size_t i = 0; i < count; ++i) wait_recv(*ub, options.deadline);
@@ -495,23 +496,33 @@ void all_to_all_direct(gloo::Context& ctx, const void* send, void* recv, size_t 
   }
 }
 
-void exchange_messages(gloo::Context& ctx, const void* header, size_t header_bytes,
-                       const std::function<Payload(int peer)>& payload, uint8_t* area,
-                       size_t capacity, Scratch& send_scratch, const DirectOptions& options) {
+struct MessageRound::State {
+  explicit State(const DirectOptions& options) : owned(options), deadline(options.deadline) {}
+  BufferSet owned;
+  SteadyClock::time_point deadline;
+  gloo::transport::UnboundBuffer* in = nullptr;
+  int recvs = 0;
+  std::vector<gloo::transport::UnboundBuffer*> sends;
+};
+
+MessageRound::MessageRound(gloo::Context& ctx, const void* header, size_t header_bytes,
+                           const std::function<Payload(int peer)>& payload, uint8_t* area,
+                           size_t capacity, Scratch& send_scratch, const DirectOptions& options) {
   const int n = ctx.size;
   const int me = ctx.rank;
   std::memcpy(area + static_cast<size_t>(me) * capacity, header, header_bytes);
   if (n == 1) return;
+  state_ = std::make_unique<State>(options);
   const uint64_t slot = make_slot(kRecordSlot, options.tag, 0);
-  BufferSet owned(options);
-  auto* in = owned.add(ctx.createUnboundBuffer(area, static_cast<size_t>(n) * capacity));
+  auto* in = state_->owned.add(ctx.createUnboundBuffer(area, static_cast<size_t>(n) * capacity));
+  state_->in = in;
   for (int k = 1; k < n; ++k) {
     const int from = (me - k + n) % n;
     in->recv(from, slot, static_cast<size_t>(from) * capacity, capacity);
+    ++state_->recvs;
   }
   // One message per distinct payload; peers with the same payload share it.
   uint8_t* out = send_scratch.get(static_cast<size_t>(n) * capacity);
-  std::vector<gloo::transport::UnboundBuffer*> sends;
   const void* last_data = nullptr;
   size_t last_bytes = 0;
   size_t last_len = 0;
@@ -528,11 +539,25 @@ void exchange_messages(gloo::Context& ctx, const void* header, size_t header_byt
       last_bytes = p.bytes;
       last_len = header_bytes + p.bytes;
     }
-    sends.push_back(owned.add(ctx.createUnboundBuffer(last_msg, last_len)));
-    sends.back()->send(to, slot, 0, last_len);
+    state_->sends.push_back(state_->owned.add(ctx.createUnboundBuffer(last_msg, last_len)));
+    state_->sends.back()->send(to, slot, 0, last_len);
   }
-  for (int k = 1; k < n; ++k) wait_recv(*in, options.deadline);
-  for (auto& b : sends) wait_send(*b, options.deadline);
+}
+
+MessageRound::~MessageRound() = default;
+
+void MessageRound::finish() {
+  if (!state_) return;
+  for (int k = 0; k < state_->recvs; ++k) wait_recv(*state_->in, state_->deadline);
+  for (auto* b : state_->sends) wait_send(*b, state_->deadline);
+  state_->recvs = 0;
+  state_->sends.clear();
+}
+
+void exchange_messages(gloo::Context& ctx, const void* header, size_t header_bytes,
+                       const std::function<Payload(int peer)>& payload, uint8_t* area,
+                       size_t capacity, Scratch& send_scratch, const DirectOptions& options) {
+  MessageRound(ctx, header, header_bytes, payload, area, capacity, send_scratch, options).finish();
 }
 
 std::shared_ptr<gloo::Context> connect_gloo_context(std::shared_ptr<Store> store,

@@ -93,10 +93,10 @@ struct DirectOptions {
   uint32_t tag = 0;
   SteadyClock::time_point deadline = SteadyClock::now() + std::chrono::minutes(5);
   // Reduce-scatter pipelining: bytes per message and messages in flight per peer.
-  size_t segment_bytes = size_t{256} << 10;
-  int depth = 4;
+  size_t segment_bytes = size_t{512} << 10;
+  int depth = 2;
   // All-gather: bytes per message (all posted at once).
-  size_t gather_segment_bytes = size_t{256} << 10;
+  size_t gather_segment_bytes = size_t{1} << 20;
   // Called once after this rank's receives are posted and before any send: the schedule check runs
   // here, so its round trip overlaps the receives' setup. Sending only after it returned keeps a
   // mismatched peer from ever sending data (every rank reaches the same verdict), so the posted
@@ -110,6 +110,11 @@ struct DirectOptions {
   // from here, before this rank reduces or waits for data that a mismatched peer will never send.
   // Where a call's sizes do not fit those slots, the collective runs it as before_sends instead.
   std::function<void()> after_sends;
+  // With after_sends, on the path where data moves before the verdict: called first thing, before
+  // any receive or send is posted, to put the check's records on the wire ahead of the data (each
+  // record would otherwise wait behind a whole segment on its connection, and its "ready" notice
+  // behind the peer's). after_sends then only waits for them. May be empty.
+  std::function<void()> check_start;
   // Where a failing collective leaves its unbound buffers (nullptr: destroy them at once).
   Graveyard* graveyard = nullptr;
   // Registers the collective's buffers so that another thread can cut it short (may be nullptr).
@@ -166,6 +171,24 @@ struct Payload {
 void exchange_messages(gloo::Context& ctx, const void* header, size_t header_bytes,
                        const std::function<Payload(int peer)>& payload, uint8_t* area,
                        size_t capacity, Scratch& send_scratch, const DirectOptions& options);
+
+// exchange_messages in two halves: the constructor posts the receives and the sends, finish()
+// waits for them. Lets the schedule check's records travel ahead of a collective's data
+// (DirectOptions::check_start).
+class MessageRound {
+ public:
+  MessageRound(gloo::Context& ctx, const void* header, size_t header_bytes,
+               const std::function<Payload(int peer)>& payload, uint8_t* area, size_t capacity,
+               Scratch& send_scratch, const DirectOptions& options);
+  ~MessageRound();
+  MessageRound(const MessageRound&) = delete;
+  MessageRound& operator=(const MessageRound&) = delete;
+  void finish();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 // A full-mesh Gloo TCP context through our store: keys under `prefix`, device bound to
 // `interface_or_host` (a network interface name if one exists by that name, else a host/address).

@@ -461,15 +461,21 @@ class GlooCommunicator final : public Communicator {
         task.plan.apply(area, capacity());
         return {Outcome::kOk, {}};
       }
+      // The check's records: posted by check_start (or by `check` itself when the collective
+      // has no use for an early start), waited for and compared by `check`.
+      std::optional<MessageRound> round;
+      DirectOptions c = d;
+      auto check_start = [&] {
+        round.emplace(*context_, mine.data(), kHeader, nullptr, area, capacity(), message_sends_,
+                      c);
+      };
       auto check = [&] {
-        DirectOptions c = d;
-        c.before_sends = nullptr;
-        c.after_sends = nullptr;
-        exchange_messages(*context_, mine.data(), kHeader, nullptr, area, capacity(),
-                          message_sends_, c);
+        if (!round) check_start();
+        round->finish();
         compare(area);
       };
       if (check_ && task.plan.check_after_sends) {
+        d.check_start = check_start;
         d.after_sends = check;
       } else if (check_) {
         d.before_sends = check;

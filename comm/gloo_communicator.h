@@ -34,9 +34,10 @@ struct GlooOptions {
   bool check_schedule = true;
   // Store key prefix; communicators sharing a store and prefix get distinct instance numbers.
   std::string prefix = "gloo";
-  // Reduce-scatter pipelining: message size and messages in flight per peer.
-  size_t segment_bytes = size_t{256} << 10;
-  int segment_depth = 4;
+  // Reduce-scatter pipelining: message size and messages in flight per peer (scratch memory:
+  // size * segment_depth * segment_bytes). docs/comm.md has the sweep behind the defaults.
+  size_t segment_bytes = size_t{512} << 10;
+  int segment_depth = 2;
   // All-gather message size.
   size_t gather_segment_bytes = size_t{1} << 20;
   // Calls whose per-message payload is at most this many bytes run as one round of messages that
