@@ -96,7 +96,7 @@ struct DirectOptions {
   size_t segment_bytes = size_t{512} << 10;
   int depth = 2;
   // All-gather: bytes per message (all posted at once).
-  size_t gather_segment_bytes = size_t{1} << 20;
+  size_t gather_segment_bytes = size_t{512} << 10;
   // Called once after this rank's receives are posted and before any send: the schedule check runs
   // here, so its round trip overlaps the receives' setup. Sending only after it returned keeps a
   // mismatched peer from ever sending data (every rank reaches the same verdict), so the posted

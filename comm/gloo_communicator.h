@@ -39,7 +39,7 @@ struct GlooOptions {
   size_t segment_bytes = size_t{512} << 10;
   int segment_depth = 2;
   // All-gather message size.
-  size_t gather_segment_bytes = size_t{1} << 20;
+  size_t gather_segment_bytes = size_t{512} << 10;
   // Calls whose per-message payload is at most this many bytes run as one round of messages that
   // carries the schedule check and the data together (0: never). Must match on every rank, as must
   // the two segment sizes (checked at creation).
