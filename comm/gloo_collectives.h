@@ -12,9 +12,12 @@
 // - all_gather_direct: every rank sends its chunk to every other rank, straight into place.
 // - all_reduce_direct: the reduce-scatter, with each reduced segment sent on to every peer as soon
 //   as it is ready (the all-gather pipelined into the reduce-scatter).
+// - broadcast_direct, all_to_all_direct: straight from the sender into place.
 //
 // These run on the communicator's worker thread, one at a time per context; `tag` (the sequence
-// number) keeps the slots of consecutive collectives apart.
+// number) keeps the slots of consecutive collectives apart. Each takes the schedule check as
+// callbacks (DirectOptions) so that it runs where it costs least, and registers its buffers with
+// an AbortSwitch so that another thread can cut it short.
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
