@@ -219,23 +219,31 @@ TEST_CASE("large calls that disagree are reported on every rank") {
   }
 }
 
-TEST_CASE("ranks must agree on the message sizes") {
+// Creates a 2-rank communicator with options set by configure(rank, options) and returns how many
+// ranks were refused with a CommError that mentions `needle`.
+int refused_creations(const std::function<void(int, GlooOptions&)>& configure,
+                      const std::string& needle) {
   auto store = std::make_shared<MemoryStore>();
   std::atomic<int> errors{0};
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
       GlooOptions o = short_options(5s);
-      o.eager_bytes = r == 0 ? 1024 : 2048;
+      configure(r, o);
       try {
         make_gloo_communicator(store, r, 2, o);
       } catch (const CommError& e) {
-        if (contains(e.what(), "eager_bytes")) ++errors;
+        if (contains(e.what(), needle)) ++errors;
       }
     });
   }
   for (auto& t : threads) t.join();
-  CHECK(errors == 2);
+  return errors;
+}
+
+TEST_CASE("ranks must agree on the message sizes") {
+  CHECK(refused_creations([](int r, GlooOptions& o) { o.eager_bytes = r == 0 ? 1024 : 2048; },
+                          "eager_bytes") == 2);
 }
 
 TEST_CASE("a wait past its timeout names the op, sequence number and rank") {
@@ -363,22 +371,8 @@ TEST_CASE("split builds groups ordered by key") {
 }
 
 TEST_CASE("ranks must agree on the schedule check") {
-  auto store = std::make_shared<MemoryStore>();
-  std::atomic<int> errors{0};
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      GlooOptions o = short_options(5s);
-      o.check_schedule = r == 0;
-      try {
-        make_gloo_communicator(store, r, 2, o);
-      } catch (const CommError& e) {
-        if (contains(e.what(), "schedule check")) ++errors;
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  CHECK(errors == 2);
+  CHECK(refused_creations([](int r, GlooOptions& o) { o.check_schedule = r == 0; },
+                          "schedule check") == 2);
 }
 
 TEST_CASE("communicators sharing a store and prefix do not collide") {
