@@ -162,12 +162,11 @@ void abort_connections(gloo::Context& ctx) {
 }
 
 uint8_t* Scratch::get(size_t bytes) {
-  if (bytes_.size() < bytes) {
-    bytes_.clear();
-    bytes_.shrink_to_fit();
-    bytes_.resize(bytes);
+  if (buffer_.size_bytes() < bytes) {
+    buffer_ = memory::HostBuffer();  // release first: the peak is the new size, not both
+    buffer_ = memory::HostBuffer(bytes, memory::Category::kCommBuffer);
   }
-  return bytes_.data();
+  return static_cast<uint8_t*>(buffer_.data());
 }
 
 namespace {

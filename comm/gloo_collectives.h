@@ -33,6 +33,7 @@
 #include "base/dtype.h"
 #include "comm/communicator.h"
 #include "comm/store.h"
+#include "memory/buffer.h"
 
 namespace zero::comm {
 
@@ -56,13 +57,14 @@ struct ChunkLayout {
   static ChunkLayout balanced(size_t total, int size);
 };
 
-// Scratch memory reused across calls (only ever touched by one thread).
+// Scratch memory reused across calls (only ever touched by one thread). Counted as comm_buffer in
+// the memory tracker, so that a rank's memory report includes the communicator's share.
 class Scratch {
  public:
   uint8_t* get(size_t bytes);
 
  private:
-  std::vector<uint8_t> bytes_;
+  memory::HostBuffer buffer_;
 };
 
 // Unbound buffers of failed collectives, kept alive until the owner has closed the context's
