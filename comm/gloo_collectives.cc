@@ -24,13 +24,13 @@ namespace {
 constexpr uint8_t kReduceScatterSlot = 0xA1;
 constexpr uint8_t kAllGatherSlot = 0xA2;
 constexpr uint8_t kRecordSlot = 0xA3;
+// All-gather and reduce-scatter data sent before the schedule check's verdict
+// (DirectOptions::after_sends); their slots encode each message's byte size.
+constexpr uint8_t kEagerGatherSlot = 0xA4;
+constexpr uint8_t kEagerReduceSlot = 0xA5;
 constexpr uint8_t kBroadcastSlot = 0xA6;
 constexpr uint8_t kAllToAllSlot = 0xA7;
 constexpr uint8_t kVerdictSlot = 0xA8;
-// All-gather and reduce-scatter data sent before the schedule check's verdict
-// (DirectOptions::after_sends).
-constexpr uint8_t kEagerGatherSlot = 0xA4;
-constexpr uint8_t kEagerReduceSlot = 0xA5;
 // Eager reduce-scatter slots: 0xA5 | seq mod 256 | segment bytes | segment index.
 constexpr uint64_t kEagerLengthBits = 24;
 constexpr uint64_t kEagerIndexBits = 24;
