@@ -319,16 +319,32 @@ namespace {
 
 // One round of point-to-point messages: from every peer p, from(p).bytes into `in` at
 // from(p).offset; to every peer p, to(p).bytes of `out` from to(p).offset. Each message travels in
-// segments of `seg` bytes (both sides of a message must use the same seg) on slots
-// slot_prefix | tag | segment. Receives are posted first (a send that finds its receive posted is
-// written at once), then options.before_sends runs, then the sends, staggered so that rank r
-// starts with rank r+1.
+// segments of `seg` bytes (both sides of a message must use the same seg), segment j on slot(j).
+// Receives are posted first (a send that finds its receive posted is written at once), then
+// options.before_sends runs, then the sends, staggered so that rank r starts with rank r+1. With
+// options.after_sends (data before the verdict, see DirectOptions) check_start runs first thing
+// and after_sends once the sends are posted. When nothing moves, only the hooks run.
 void exchange_regions(gloo::Context& ctx, void* in, size_t in_bytes, const void* out,
                       size_t out_bytes, const std::function<Region(int)>& from,
-                      const std::function<Region(int)>& to, size_t seg, uint8_t slot_prefix,
-                      const DirectOptions& options) {
+                      const std::function<Region(int)>& to, size_t seg,
+                      const std::function<uint64_t(size_t)>& slot, const DirectOptions& options) {
   const int n = ctx.size;
   const int me = ctx.rank;
+  std::vector<Region> source(static_cast<size_t>(n)), dest(static_cast<size_t>(n));
+  size_t most = 0;
+  bool moves = false;
+  for (int k = 1; k < n; ++k) {
+    source[k] = from((me - k + n) % n);
+    dest[k] = to((me + k) % n);
+    most = std::max(most, segments(dest[k].bytes, seg));
+    moves = moves || source[k].bytes > 0 || dest[k].bytes > 0;
+  }
+  if (options.after_sends && options.check_start) options.check_start();
+  if (!moves) {
+    if (options.before_sends) options.before_sends();
+    if (options.after_sends) options.after_sends();
+    return;
+  }
   BufferSet owned(options);
   auto* rb = owned.add(ctx.createUnboundBuffer(in, in_bytes));
   auto* sb = out == in ? rb
@@ -336,30 +352,24 @@ void exchange_regions(gloo::Context& ctx, void* in, size_t in_bytes, const void*
   size_t recvs = 0;
   size_t sends = 0;
   for (int k = 1; k < n; ++k) {
-    const int p = (me - k + n) % n;
-    const Region r = from(p);
+    const Region& r = source[k];
     for (size_t j = 0; j < segments(r.bytes, seg); ++j) {
-      rb->recv(p, make_slot(slot_prefix, options.tag, j), r.offset + j * seg,
-               std::min(seg, r.bytes - j * seg));
+      rb->recv((me - k + n) % n, slot(j), r.offset + j * seg, std::min(seg, r.bytes - j * seg));
       ++recvs;
     }
   }
   if (options.before_sends) options.before_sends();
-  std::vector<Region> dest(static_cast<size_t>(n));
-  size_t most = 0;
-  for (int k = 1; k < n; ++k) {
-    dest[k] = to((me + k) % n);
-    most = std::max(most, segments(dest[k].bytes, seg));
-  }
   // Segment-major, so that every peer's first segment leaves before anybody's second.
   for (size_t j = 0; j < most; ++j) {
     for (int k = 1; k < n; ++k) {
       if (j >= segments(dest[k].bytes, seg)) continue;
-      sb->send((me + k) % n, make_slot(slot_prefix, options.tag, j), dest[k].offset + j * seg,
+      sb->send((me + k) % n, slot(j), dest[k].offset + j * seg,
                std::min(seg, dest[k].bytes - j * seg));
       ++sends;
     }
   }
+  // With the check after the sends, the verdict decides whether we wait for the data.
+  if (options.after_sends) options.after_sends();
   for (size_t i = 0; i < recvs; ++i) wait_recv(*rb, options.deadline);
   for (size_t i = 0; i < sends; ++i) wait_send(*sb, options.deadline);
 }
@@ -375,16 +385,12 @@ size_t message_bytes(size_t largest, size_t segment_bytes) {
 
 void all_gather_slots(gloo::Context& ctx, void* buf, const ChunkLayout& layout, size_t elem_size,
                       uint8_t slot_prefix, size_t segment_bytes, const DirectOptions& options) {
-  if (ctx.size == 1 || layout.total() == 0) {
-    if (options.before_sends) options.before_sends();
-    return;
-  }
   size_t largest = 0;
   for (size_t c : layout.count) largest = std::max(largest, c * elem_size);
   auto chunk = [&](int p) { return Region{layout.offset[p] * elem_size, layout.count[p] * elem_size}; };
   exchange_regions(ctx, buf, layout.total() * elem_size, buf, layout.total() * elem_size, chunk,
                    [&](int) { return chunk(ctx.rank); }, message_bytes(largest, segment_bytes),
-                   slot_prefix, options);
+                   [&](size_t j) { return make_slot(slot_prefix, options.tag, j); }, options);
 }
 
 // The all-gather with the schedule check running after the sends were posted (after_sends). Every
@@ -397,35 +403,16 @@ void all_gather_slots(gloo::Context& ctx, void* buf, const ChunkLayout& layout, 
 // the communicator runs nothing more), so the truncated sequence number cannot mix calls up.
 void all_gather_eager(gloo::Context& ctx, void* buf, size_t chunk_bytes,
                       const DirectOptions& options) {
-  const int n = ctx.size;
-  const int me = ctx.rank;
-  const size_t seg = message_bytes(chunk_bytes, options.gather_segment_bytes);
-  const size_t nseg = segments(chunk_bytes, seg);
-  auto slot = [&](size_t j) {
-    return (uint64_t{kEagerGatherSlot} << 56) | (uint64_t{options.tag & 0xFFu} << 48) |
-           (uint64_t{chunk_bytes} << 8) | j;
-  };
-  if (options.check_start) options.check_start();
-  BufferSet owned(options);
-  auto* ub = owned.add(ctx.createUnboundBuffer(buf, static_cast<size_t>(n) * chunk_bytes));
-  for (int k = 1; k < n; ++k) {
-    const int from = (me - k + n) % n;
-    for (size_t j = 0; j < nseg; ++j) {
-      ub->recv(from, slot(j), static_cast<size_t>(from) * chunk_bytes + j * seg,
-               std::min(seg, chunk_bytes - j * seg));
-    }
-  }
-  for (size_t j = 0; j < nseg; ++j) {
-    for (int k = 1; k < n; ++k) {
-      ub->send((me + k) % n, slot(j), static_cast<size_t>(me) * chunk_bytes + j * seg,
-               std::min(seg, chunk_bytes - j * seg));
-    }
-  }
-  // The verdict decides whether we wait for the data.
-  options.after_sends();
-  const size_t count = static_cast<size_t>(n - 1) * nseg;
-  for (size_t i = 0; i < count; ++i) wait_recv(*ub, options.deadline);
-  for (size_t i = 0; i < count; ++i) wait_send(*ub, options.deadline);
+  const size_t total = static_cast<size_t>(ctx.size) * chunk_bytes;
+  auto chunk = [&](int p) { return Region{static_cast<size_t>(p) * chunk_bytes, chunk_bytes}; };
+  exchange_regions(ctx, buf, total, buf, total, chunk, [&](int) { return chunk(ctx.rank); },
+                   message_bytes(chunk_bytes, options.gather_segment_bytes),
+                   [&](size_t j) {
+                     return (uint64_t{kEagerGatherSlot} << 56) |
+                            (uint64_t{options.tag & 0xFFu} << 48) |
+                            (uint64_t{chunk_bytes} << 8) | j;
+                   },
+                   options);
 }
 
 }  // namespace
@@ -465,33 +452,24 @@ void confirm_verdict(gloo::Context& ctx, const DirectOptions& options) {
 
 void broadcast_direct(gloo::Context& ctx, void* buf, size_t bytes, int root,
                       const DirectOptions& options) {
-  if (ctx.size == 1 || bytes == 0) {
-    if (options.before_sends) options.before_sends();
-    return;
-  }
   const bool is_root = ctx.rank == root;
   exchange_regions(
-      ctx, buf, bytes, buf, bytes,
-      [&](int p) { return p == root ? Region{0, bytes} : Region{}; },
+      ctx, buf, bytes, buf, bytes, [&](int p) { return p == root ? Region{0, bytes} : Region{}; },
       [&](int) { return is_root ? Region{0, bytes} : Region{}; },
-      message_bytes(bytes, options.gather_segment_bytes), kBroadcastSlot, options);
+      message_bytes(bytes, options.gather_segment_bytes),
+      [&](size_t j) { return make_slot(kBroadcastSlot, options.tag, j); }, options);
 }
 
 void all_to_all_direct(gloo::Context& ctx, const void* send, void* recv, size_t chunk_bytes,
                        const DirectOptions& options) {
-  const int me = ctx.rank;
   const size_t total = static_cast<size_t>(ctx.size) * chunk_bytes;
-  if (ctx.size == 1 || chunk_bytes == 0) {
-    if (options.before_sends) options.before_sends();
-  } else {
-    auto chunk = [&](int p) { return Region{static_cast<size_t>(p) * chunk_bytes, chunk_bytes}; };
-    exchange_regions(ctx, recv, total, send, total, chunk, chunk,
-                     message_bytes(chunk_bytes, options.gather_segment_bytes), kAllToAllSlot,
-                     options);
-  }
+  auto chunk = [&](int p) { return Region{static_cast<size_t>(p) * chunk_bytes, chunk_bytes}; };
+  exchange_regions(ctx, recv, total, send, total, chunk, chunk,
+                   message_bytes(chunk_bytes, options.gather_segment_bytes),
+                   [&](size_t j) { return make_slot(kAllToAllSlot, options.tag, j); }, options);
   if (chunk_bytes > 0) {
-    std::memcpy(static_cast<uint8_t*>(recv) + me * chunk_bytes,
-                static_cast<const uint8_t*>(send) + me * chunk_bytes, chunk_bytes);
+    std::memcpy(static_cast<uint8_t*>(recv) + ctx.rank * chunk_bytes,
+                static_cast<const uint8_t*>(send) + ctx.rank * chunk_bytes, chunk_bytes);
   }
 }
 
