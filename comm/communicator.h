@@ -22,6 +22,7 @@
 #include <string_view>
 
 #include "base/dtype.h"
+#include "memory/tracker.h"
 
 namespace zero::comm {
 
@@ -58,6 +59,15 @@ class Communicator {
   virtual int size() const = 0;
   virtual std::string backend_name() const = 0;
   virtual std::chrono::milliseconds default_timeout() const = 0;
+
+  // Whether buffers of this memory kind may be passed to the collectives: host backends (Gloo)
+  // take host and pinned host memory, CUDA backends (NCCL) device memory. The engine checks its
+  // device against this at construction.
+  virtual bool accepts(memory::DeviceKind kind) const { return kind != memory::DeviceKind::kCuda; }
+  // CUDA backends: collectives this thread issues from now on run after the work issued so far to
+  // `stream` (a cudaStream_t). Host backends ignore it: their callers complete a buffer's producers
+  // before issuing.
+  virtual void set_issue_stream(void* stream) { (void)stream; }
 
   virtual WorkHandle all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) = 0;
   virtual WorkHandle reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,

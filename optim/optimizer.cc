@@ -266,7 +266,8 @@ Optimizer::Optimizer(const OptimizerOptions& options, size_t shard_numel,
   m.state_names = names_of_states(options.kind);
   const size_t bytes = shard_numel * dtype_size(options.state_dtype);
   for (size_t i = 0; i < m.state_names.size(); ++i) {
-    m.states.emplace_back(bytes, memory::Category::kOptimizerState);
+    m.states.emplace_back(bytes, memory::Category::kOptimizerState,
+                          options.tracker ? *options.tracker : memory::MemoryTracker::global());
   }
   if (options.kind == OptimizerKind::kAdagrad) {
     // torch.full_like(p, initial_accumulator_value), per group.

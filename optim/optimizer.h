@@ -22,6 +22,7 @@
 
 #include "base/cpu.h"
 #include "base/dtype.h"
+#include "memory/tracker.h"
 #include "optim/optimizer_kind.h"
 
 namespace zero::optim {
@@ -60,6 +61,8 @@ struct OptimizerOptions {
   DType state_dtype = DType::kFloat32;  // kFloat32 or kBFloat16 (rounded to nearest even)
   int num_threads = 1;                  // threads of the step, the caller's included
   std::optional<SimdPath> simd_path = std::nullopt;  // default best_simd_path()
+  // Where the state's bytes are accounted (an engine's own tracker); nullptr: the process-wide one.
+  memory::MemoryTracker* tracker = nullptr;
 };
 
 struct StepInput {

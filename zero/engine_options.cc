@@ -1,5 +1,7 @@
 #include "zero/engine_options.h"
 
+#include <fmt/format.h>
+
 #include "base/check.h"
 
 namespace zero {
@@ -23,12 +25,6 @@ void validate(const EngineOptions& o) {
     ZERO_THROW(InvalidArgument, "EngineOptions.gradient_accumulation_steps must be >= 1, got {}",
                o.gradient_accumulation_steps);
   }
-  if (!o.reduce_every_micro_step && o.stage >= 2) {
-    ZERO_THROW(InvalidArgument,
-               "EngineOptions.reduce_every_micro_step=false (no_sync) needs full local gradients, "
-               "which stage {} does not keep; use stage 0 or 1",
-               o.stage);
-  }
   if (o.loss_scaling == LossScaling::kStatic && !(o.static_loss_scale > 0.0f)) {
     ZERO_THROW(InvalidArgument, "EngineOptions.static_loss_scale must be > 0, got {}",
                o.static_loss_scale);
@@ -40,6 +36,64 @@ void validate(const EngineOptions& o) {
   if (o.timeout.count() <= 0) {
     ZERO_THROW(InvalidArgument, "EngineOptions.timeout must be positive");
   }
+}
+
+namespace {
+
+const char* loss_scaling_name(LossScaling s) {
+  switch (s) {
+    case LossScaling::kNone: return "none";
+    case LossScaling::kStatic: return "static";
+    case LossScaling::kDynamic: return "dynamic";
+  }
+  return "unknown";
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> fingerprint(const EngineOptions& o) {
+  std::vector<std::pair<std::string, std::string>> f;
+  auto add = [&f](const std::string& field, const auto& value) {
+    f.emplace_back("EngineOptions." + field, fmt::format("{}", value));
+  };
+  add("stage", o.stage);
+  add("optimizer.kind", optim::optimizer_name(o.optimizer.kind));
+  add("optimizer.state_dtype", dtype_name(o.optimizer.state_dtype));
+  add("optimizer.groups.size", o.optimizer.groups.size());
+  for (size_t i = 0; i < o.optimizer.groups.size(); ++i) {
+    const optim::Hyper& h = o.optimizer.groups[i];
+    const std::string g = fmt::format("optimizer.groups[{}].", i);
+    add(g + "lr", h.lr);
+    add(g + "weight_decay", h.weight_decay);
+    add(g + "beta1", h.beta1);
+    add(g + "beta2", h.beta2);
+    add(g + "eps", h.eps);
+    add(g + "momentum", h.momentum);
+    add(g + "dampening", h.dampening);
+    add(g + "nesterov", h.nesterov);
+    add(g + "lr_decay", h.lr_decay);
+    add(g + "initial_accumulator_value", h.initial_accumulator_value);
+  }
+  add("max_grad_norm", o.max_grad_norm);
+  add("reduce_dtype", dtype_name(o.reduce_dtype));
+  add("grad_accum_dtype", dtype_name(o.grad_accum_dtype));
+  add("gradient_accumulation_steps", o.gradient_accumulation_steps);
+  add("reduce_every_micro_step", o.reduce_every_micro_step);
+  add("deterministic", o.deterministic);
+  add("loss_scaling", loss_scaling_name(o.loss_scaling));
+  add("static_loss_scale", o.static_loss_scale);
+  const optim::LossScalerOptions& d = o.dynamic_loss_scaler;
+  add("dynamic_loss_scaler.initial_scale", d.initial_scale);
+  add("dynamic_loss_scaler.growth_factor", d.growth_factor);
+  add("dynamic_loss_scaler.backoff_factor", d.backoff_factor);
+  add("dynamic_loss_scaler.growth_interval", d.growth_interval);
+  add("dynamic_loss_scaler.hysteresis", d.hysteresis);
+  add("dynamic_loss_scaler.min_scale", d.min_scale);
+  add("dynamic_loss_scaler.consecutive_hysteresis", d.consecutive_hysteresis);
+  add("layout.alignment", o.layout.alignment);
+  add("layout.bucket_numel", o.layout.bucket_numel);
+  add("layout.block", o.layout.block);
+  return f;
 }
 
 }  // namespace zero

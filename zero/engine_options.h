@@ -3,6 +3,9 @@
 // construction and names the offending field in the error.
 #include <chrono>
 #include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "base/dtype.h"
 #include "optim/loss_scaler.h"
@@ -30,8 +33,9 @@ struct EngineOptions {
   DType grad_accum_dtype = DType::kFloat32;
 
   // Micro-steps per optimizer step. With reduce_every_micro_step (the default) each micro-step's
-  // gradients are reduced into the shard accumulator right away; otherwise (no_sync style, stages 0
-  // and 1 only) they accumulate locally and are reduced once, at the last micro-step.
+  // gradients are reduced into the shard accumulator right away; otherwise every micro-step but the
+  // last runs as if inside Engine::no_sync(): gradients accumulate locally, in full, and are reduced
+  // once, at the last micro-step.
   int gradient_accumulation_steps = 1;
   bool reduce_every_micro_step = true;
 
@@ -57,5 +61,11 @@ struct EngineOptions {
 
 // Throws InvalidArgument naming the field.
 void validate(const EngineOptions& options);
+
+// Every option that must be the same on all ranks, as (field, value) pairs in a fixed order, e.g.
+// ("EngineOptions.optimizer.groups[0].lr", "0.001"). Floats print in their shortest exact form, so
+// two values compare equal as text exactly when they are equal. Local resources (thread counts,
+// in-flight bucket limits, the timeout) are left out: ranks may differ there.
+std::vector<std::pair<std::string, std::string>> fingerprint(const EngineOptions& options);
 
 }  // namespace zero

@@ -70,4 +70,43 @@ std::string MemoryReport::table() const {
   return s;
 }
 
+MemoryReport build_memory_report(const EngineMemory& em) {
+  using memory::Category;
+  MemoryFormulaInputs in;
+  in.stage = em.stage;
+  in.world_size = em.world_size;
+  for (int id : em.registry->trainable()) in.numel += em.registry->numel(id);
+  in.param_bytes = dtype_size(em.model_dtype);
+  in.grad_bytes = dtype_size(em.model_dtype);
+  in.shard_grad_bytes = em.stage == 2 ? dtype_size(em.accum_dtype) : 4;
+  in.accumulator = em.stage < 2 && em.accumulator;
+  in.state_bytes = em.state_bytes;
+  const MemoryPrediction pred = predict_memory(in);
+
+  MemoryReport rep;
+  rep.rank = em.rank;
+  rep.stage = em.stage;
+  rep.world_size = em.world_size;
+  rep.numel = in.numel;
+  rep.formula = pred.formula;
+  // Parameters are the user's storage: their registered size is what is resident.
+  uint64_t param_bytes = 0;
+  for (const ParamSpec& p : em.registry->params()) param_bytes += p.data.numel * dtype_size(p.dtype);
+  rep.rows.push_back({"params (user)", param_bytes, param_bytes, pred.params, true});
+  auto row = [&](const memory::MemoryTracker& t, Category c, const std::string& name, uint64_t predicted,
+                 bool in_formula) {
+    const auto u = t.usage(c);
+    rep.rows.push_back({name, u.current, u.peak, predicted, in_formula});
+  };
+  const memory::MemoryTracker& t = *em.tracker;
+  row(t, Category::kGrads, "grads", pred.grads, true);
+  row(t, Category::kMasterParams, "master_params", pred.master, true);
+  row(t, Category::kOptimizerState, "optimizer_state", pred.optimizer_state, true);
+  row(t, Category::kCommBuffer, "comm_buffer", 0, false);
+  row(t, Category::kGatherWindow, "gather_window", 0, false);
+  const memory::MemoryTracker& process = memory::MemoryTracker::global();
+  if (&process != em.tracker) row(process, Category::kCommBuffer, "comm (process)", 0, false);
+  return rep;
+}
+
 }  // namespace zero

@@ -14,6 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "base/dtype.h"
+#include "memory/tracker.h"
+#include "zero/param_registry.h"
+
 namespace zero {
 
 struct MemoryFormulaInputs {
@@ -55,5 +59,22 @@ struct MemoryReport {
   double ratio() const;               // formula_current / formula_predicted
   std::string table() const;
 };
+
+// What an engine knows about its own memory, for build_memory_report.
+struct EngineMemory {
+  const memory::MemoryTracker* tracker = nullptr;  // the engine's own
+  const ParamRegistry* registry = nullptr;
+  int stage = 0;
+  int world_size = 1;  // ranks the state is sharded over
+  int rank = 0;
+  DType model_dtype = DType::kFloat32;
+  DType accum_dtype = DType::kFloat32;
+  bool accumulator = false;  // reduced micro-step gradients are accumulated
+  uint64_t state_bytes = 8;  // optimizer state bytes per element
+};
+
+// The engine's tracker by category against predict_memory; the registered parameters (the user's
+// storage) as their own row; the communicators' scratch (accounted process-wide) listed apart.
+MemoryReport build_memory_report(const EngineMemory& em);
 
 }  // namespace zero

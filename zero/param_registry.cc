@@ -1,10 +1,10 @@
 #include "zero/param_registry.h"
 
 #include <algorithm>
-#include <cstring>
 #include <limits>
 
 #include "base/check.h"
+#include "zero/rank_agreement.h"
 
 namespace zero {
 
@@ -35,6 +35,9 @@ int ParamRegistry::add(const ParamSpec& spec) {
   size_t n = 0;
   try {
     if (spec.name.empty()) ZERO_THROW(InvalidArgument, "parameter #{} has an empty name", id);
+    if (spec.name.find_first_of("\t\n") != std::string::npos) {
+      ZERO_THROW(InvalidArgument, "parameter #{}: name '{}' holds a tab or a newline", id, spec.name);
+    }
     if (find(spec.name)) ZERO_THROW(InvalidArgument, "parameter '{}' is registered twice", spec.name);
     if (spec.dtype != DType::kFloat32 && spec.dtype != DType::kFloat16 &&
         spec.dtype != DType::kBFloat16) {
@@ -59,6 +62,7 @@ int ParamRegistry::add(const ParamSpec& spec) {
                  spec.name, spec.grad.numel, shape_string(spec.shape), n);
     }
     if (spec.group < 0) ZERO_THROW(InvalidArgument, "parameter '{}': group {} < 0", spec.name, spec.group);
+    if (spec.unit < 0) ZERO_THROW(InvalidArgument, "parameter '{}': unit {} < 0", spec.name, spec.unit);
   } catch (const InvalidArgument& e) {
     note_error(e.what());
   }
@@ -99,89 +103,29 @@ std::vector<std::string> ParamRegistry::signature_lines() const {
   return lines;
 }
 
-namespace {
-
-// Exchanges one string per rank (all_gather of lengths, then of padded payloads as int32 words).
-std::vector<std::string> all_gather_strings(comm::Communicator& comm, const std::string& mine,
-                                            std::chrono::milliseconds timeout) {
-  const int n = comm.size();
-  std::vector<int64_t> lengths(static_cast<size_t>(n));
-  int64_t my_len = static_cast<int64_t>(mine.size());
-  comm.all_gather(&my_len, lengths.data(), 1, DType::kInt64)->wait(timeout);
-  const int64_t max_len = *std::max_element(lengths.begin(), lengths.end());
-  const size_t words = static_cast<size_t>((max_len + 3) / 4);
-  if (words == 0) return std::vector<std::string>(static_cast<size_t>(n));
-  std::vector<int32_t> send(words, 0), recv(words * static_cast<size_t>(n), 0);
-  std::memcpy(send.data(), mine.data(), mine.size());
-  comm.all_gather(send.data(), recv.data(), words, DType::kInt32)->wait(timeout);
-  std::vector<std::string> out;
-  for (int r = 0; r < n; ++r) {
-    const char* p = reinterpret_cast<const char*>(recv.data() + static_cast<size_t>(r) * words);
-    out.emplace_back(p, static_cast<size_t>(lengths[static_cast<size_t>(r)]));
-  }
-  return out;
-}
-
-std::vector<std::string> split_lines(const std::string& s) {
-  std::vector<std::string> lines;
-  size_t start = 0;
-  while (start < s.size()) {
-    size_t end = s.find('\n', start);
-    if (end == std::string::npos) end = s.size();
-    lines.push_back(s.substr(start, end - start));
-    start = end + 1;
-  }
-  return lines;
-}
-
-}  // namespace
-
 void ParamRegistry::verify_across_ranks(comm::Communicator& comm,
                                         std::chrono::milliseconds timeout) const {
-  // A rank with a local error sends "!" + message instead of its signature.
-  std::string mine;
-  if (!local_error_.empty()) {
-    mine = "!" + local_error_;
-  } else {
-    for (const std::string& line : signature_lines()) mine += line + "\n";
-  }
-  const std::vector<std::string> all = all_gather_strings(comm, mine, timeout);
+  std::vector<AgreementEntry> entries;
+  const std::vector<std::string> lines = signature_lines();
+  for (size_t i = 0; i < lines.size(); ++i) entries.push_back({fmt::format("parameter #{}", i), lines[i]});
+  check_agreement(comm, {.what = "parameter registration", .verb = "registered"}, entries, local_error_,
+                  timeout);
+}
 
-  std::string errors;
-  for (size_t r = 0; r < all.size(); ++r) {
-    if (!all[r].empty() && all[r][0] == '!') {
-      errors += fmt::format("\n  rank {}: {}", r, all[r].substr(1));
-    }
+std::vector<int> ParamRegistry::units() const {
+  std::vector<int> u;
+  for (const ParamSpec& p : params_) {
+    if (std::find(u.begin(), u.end(), p.unit) == u.end()) u.push_back(p.unit);
   }
-  if (!errors.empty()) {
-    ZERO_THROW(InvalidArgument, "parameter registration failed on some ranks:{}", errors);
+  return u;
+}
+
+std::vector<int> ParamRegistry::params_of_unit(int unit) const {
+  std::vector<int> ids;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].unit == unit) ids.push_back(static_cast<int>(i));
   }
-  const std::vector<std::string> ref = split_lines(all[0]);
-  for (size_t r = 1; r < all.size(); ++r) {
-    if (all[r] == all[0]) continue;
-    const std::vector<std::string> other = split_lines(all[r]);
-    std::vector<int> differing;
-    for (size_t q = 1; q < all.size(); ++q) {
-      if (all[q] != all[0]) differing.push_back(static_cast<int>(q));
-    }
-    const size_t common = std::min(ref.size(), other.size());
-    size_t i = 0;
-    while (i < common && ref[i] == other[i]) ++i;
-    std::string detail;
-    if (i < common) {
-      detail = fmt::format("parameter #{}: rank 0 registered {} but rank {} registered {}", i, ref[i],
-                           r, other[i]);
-    } else if (ref.size() > other.size()) {
-      detail = fmt::format("rank 0 registered {} parameters, rank {} only {}; first missing: {}",
-                           ref.size(), r, other.size(), ref[i]);
-    } else {
-      detail = fmt::format("rank {} registered {} parameters, rank 0 only {}; first extra: {}", r,
-                           other.size(), ref.size(), other[i]);
-    }
-    ZERO_THROW(InvalidArgument,
-               "parameter registration differs across ranks (ranks differing from rank 0: {}): {}",
-               fmt::join(differing, ", "), detail);
-  }
+  return ids;
 }
 
 }  // namespace zero

@@ -25,7 +25,7 @@ struct ParamSpec {
   DType dtype = DType::kFloat32;  // fp32, fp16 or bf16
   StorageRef data;                // the parameter values (required)
   StorageRef grad;                // optional gradient storage; empty = the engine provides it
-  int unit = 0;                   // layer id (gather scopes at stage 3)
+  int unit = 0;                   // the unit (a layer or block) it belongs to; see Engine::gather
   int group = 0;                  // optimizer parameter group
   bool requires_grad = true;      // frozen parameters get no reduction and no optimizer state
 };
@@ -44,12 +44,16 @@ class ParamRegistry {
   size_t numel(int id) const { return numels_.at(static_cast<size_t>(id)); }
   std::vector<int> trainable() const;
   std::optional<int> find(const std::string& name) const;
+  // Unit ids in order of first registration, and the parameters of one unit (registration order).
+  std::vector<int> units() const;
+  std::vector<int> params_of_unit(int unit) const;
   const std::string& local_error() const { return local_error_; }
   // Records a problem found outside add() (e.g. by the engine's option checks).
   void note_error(const std::string& message);
 
-  // Collective: compares every rank's registration with rank 0's and throws InvalidArgument on every
-  // rank naming the first difference and the ranks involved, or any rank's local error.
+  // Collective (zero/rank_agreement.h): compares every rank's registration with rank 0's and throws
+  // InvalidArgument on every rank naming the first difference and the ranks involved, or any rank's
+  // local error.
   void verify_across_ranks(comm::Communicator& comm, std::chrono::milliseconds timeout) const;
 
   // One line per parameter: "name shape dtype requires_grad group unit".

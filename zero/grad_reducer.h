@@ -1,0 +1,132 @@
+#pragma once
+// GradReducer: from "the gradient of tensor t is complete" to reduced gradients in the rank's
+// owned ranges.
+//
+// Backward accumulates (+=) each tensor's gradient into grad(t). When every tensor of a bucket is
+// complete the bucket's collective starts (while backward goes on), in one fixed order on every rank
+// (last bucket first, as backward produces them), so ranks always agree on the sequence whatever
+// order their completions came in. The collective follows the ownership: all-reduce when every rank
+// owns every bucket, reduce-scatter into the rank's chunk when sharded; then, with a replica
+// communicator (hybrid sharding), an all-reduce of the chunk across replicas. Deterministic mode
+// replaces each sum with an all-to-all and a local sum in global rank order.
+//
+// Where grad(t) points (one rule at every stage): into the full flat gradient buffer when there is
+// one, otherwise into the bucket's staging buffer (a tensor spanning buckets gets a contiguous scratch
+// copied in when it completes). Either way it is valid until tensor t is marked complete or the
+// micro-step ends, and not after.
+//
+// Micro-steps. A micro-step either reduces ("sync") or, like DDP's no_sync, only accumulates locally
+// into the full flat buffer (allocated on first use when the configuration keeps none), which is
+// then reduced at the next sync micro-step. Reduced gradients either stay in the full buffer (one
+// micro-step, stages 0/1: no copy) or accumulate into the shard accumulator.
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "memory/device.h"
+#include "zero/collective_order.h"
+#include "zero/shard_layout.h"
+#include "zero/shard_ownership.h"
+
+namespace zero {
+
+struct ReducerConfig {
+  DType model_dtype = DType::kFloat32;   // gradients as backward writes them
+  DType reduce_dtype = DType::kFloat32;  // what the collectives sum
+  bool full_grads = true;                // keep a full flat gradient buffer for the whole run
+  bool accumulate = false;               // reduced gradients accumulate into a shard accumulator
+  DType accum_dtype = DType::kFloat32;
+  bool deterministic = false;
+  int max_inflight = 2;                  // bucket reductions in flight at once
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+};
+
+// User-provided gradient storage of one tensor (ParamSpec::grad), or null: the engine provides it.
+struct UserGrad {
+  void* ptr = nullptr;
+};
+
+struct ReducerComms {
+  comm::Communicator* shard = nullptr;    // the group a bucket is reduced (and sharded) within
+  comm::Communicator* replica = nullptr;  // optional: replicas of the same shard (hybrid sharding)
+};
+
+class GradReducer {
+ public:
+  GradReducer(const ReducerConfig& config, const ShardLayout& layout, const ShardOwnership& ownership,
+              ReducerComms comms, memory::Device& device, std::vector<UserGrad> user_grads);
+  ~GradReducer();
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
+  // Opens a micro-step (no-op if one is open): `sync` says whether it reduces.
+  void begin_micro_step(bool sync);
+  bool micro_step_open() const { return open_; }
+  bool micro_step_syncs() const { return sync_; }
+  // Where backward accumulates tensor t's gradient in this micro-step (see the header comment).
+  void* grad(size_t t);
+  // Tensor t's gradient is complete for this micro-step; its buckets may start reducing.
+  void tensor_ready(size_t t);
+  bool is_ready(size_t t) const { return ready_[t] != 0; }
+  // Ends the micro-step: a sync micro-step reduces what is still pending and waits for all of it;
+  // afterwards the compute stream is ordered after the reductions.
+  void end_micro_step();
+  // Local gradients accumulated by no-sync micro-steps and not reduced yet.
+  bool holds_unreduced() const { return unreduced_; }
+
+  // The reduced gradient of bucket b's owned range (ShardOwnership::range), after a sync micro-step.
+  struct Reduced {
+    const void* ptr = nullptr;
+    DType dtype = DType::kFloat32;
+  };
+  Reduced reduced(size_t b) const;
+  // Zeroes every gradient (buffers and user storage) on the compute stream, for the next step.
+  void clear();
+
+  size_t num_tensors() const { return ready_.size(); }
+
+ private:
+  struct Slot;
+  struct BucketState;
+
+  void* bucket_buffer(size_t b);  // model-dtype gradients of bucket b (full buffer or staging)
+  bool uses_full() const { return !full_.empty() && (config_.full_grads || unreduced_ || !sync_); }
+  void ensure_full();
+  void stage_tensor(size_t t);
+  void launch_ready();
+  void launch(size_t b);
+  void complete(size_t b);
+  void complete_all();
+  int acquire_slot();
+  Slot& slot(int s) { return *slots_[static_cast<size_t>(s)]; }
+  void reset_buckets();
+
+  ReducerConfig config_;
+  const ShardLayout& layout_;
+  const ShardOwnership& ownership_;
+  ReducerComms comms_;
+  memory::Device& device_;
+  std::unique_ptr<memory::Stream> stream_;  // conversions and post-processing around collectives
+  std::unique_ptr<memory::Event> event_;
+  CollectiveOrder shard_order_;
+  std::unique_ptr<CollectiveOrder> replica_order_;
+  std::vector<UserGrad> user_grads_;
+
+  memory::Buffer full_;   // full flat gradients, model dtype
+  memory::Buffer accum_;  // shard accumulator, accum_dtype
+  bool accum_has_data_ = false;
+  std::vector<memory::Buffer> scratch_;  // tensors spanning buckets, while staging buffers are used
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<int> free_slots_;
+  std::vector<BucketState> buckets_;
+  std::vector<char> ready_;
+  size_t launched_ = 0;          // buckets launched this micro-step (last bucket first)
+  std::vector<size_t> inflight_;  // launched, not completed, in launch order
+  bool open_ = false;
+  bool sync_ = true;
+  bool unreduced_ = false;
+};
+
+}  // namespace zero

@@ -1,0 +1,102 @@
+#include "zero/param_writeback.h"
+
+#include <algorithm>
+
+namespace zero {
+namespace {
+
+// Copies bucket b (model dtype, bucket-relative) into the tensors it overlaps.
+void scatter_to_params(memory::Device& device, const WritebackTarget& t, size_t b, const void* bucket) {
+  const auto& B = t.layout->buckets()[b];
+  const size_t es = dtype_size(t.model_dtype);
+  for (size_t i = B.first_tensor; i < B.end_tensor; ++i) {
+    const auto& T = t.layout->tensors()[i];
+    const size_t lo = std::max(T.offset, B.offset), hi = std::min(T.offset + T.numel, B.offset + B.numel);
+    device.copy(static_cast<char*>(t.tensor_data[i]) + (lo - T.offset) * es,
+                static_cast<const char*>(bucket) + (lo - B.offset) * es, (hi - lo) * es, device.compute_stream());
+  }
+}
+
+memory::Buffer bucket_buffer(memory::Device& device, const WritebackTarget& t) {
+  return device.allocate_elements(static_cast<int64_t>(t.layout->max_bucket_padded()), t.model_dtype,
+                                  memory::Category::kCommBuffer);
+}
+
+class LocalWriteback final : public ParamWriteback {
+ public:
+  LocalWriteback(memory::Device& device, WritebackTarget target)
+      : device_(device), target_(std::move(target)), buf_(bucket_buffer(device, target_)) {}
+  void* bucket_out(size_t) override { return buf_.data(); }
+  void publish(size_t b) override { scatter_to_params(device_, target_, b, buf_.data()); }
+  void finish() override {}
+
+ private:
+  memory::Device& device_;
+  WritebackTarget target_;
+  memory::Buffer buf_;
+};
+
+class GatherWriteback final : public ParamWriteback {
+ public:
+  GatherWriteback(memory::Device& device, WritebackTarget target, comm::Communicator& comm,
+                  std::chrono::milliseconds timeout)
+      : device_(device), target_(std::move(target)), comm_(comm), order_(device, comm, timeout) {
+    for (auto& s : slots_) s.buf = bucket_buffer(device, target_);
+  }
+  ~GatherWriteback() override {
+    for (auto& s : slots_) {
+      if (s.work) s.work->wait();
+    }
+  }
+
+  void* bucket_out(size_t b) override {
+    Slot& s = slots_[b % 2];
+    drain(s);  // the buffer's previous bucket must reach the parameters before reuse
+    return s.buf.data();
+  }
+  void publish(size_t b) override {
+    Slot& s = slots_[b % 2];
+    const size_t chunk = target_.layout->buckets()[b].chunk;
+    const size_t es = dtype_size(target_.model_dtype);
+    void* mine = static_cast<char*>(s.buf.data()) + static_cast<size_t>(comm_.rank()) * chunk * es;
+    order_.before_issue(device_.compute_stream());
+    s.work = comm_.all_gather(mine, s.buf.data(), chunk, target_.model_dtype);
+    s.bucket = b;
+  }
+  void finish() override {
+    for (auto& s : slots_) drain(s);
+  }
+
+ private:
+  struct Slot {
+    memory::Buffer buf;
+    comm::WorkHandle work;
+    size_t bucket = 0;
+  };
+  void drain(Slot& s) {
+    if (!s.work) return;
+    order_.after(*s.work, device_.compute_stream());
+    s.work.reset();
+    scatter_to_params(device_, target_, s.bucket, s.buf.data());
+  }
+
+  memory::Device& device_;
+  WritebackTarget target_;
+  comm::Communicator& comm_;
+  CollectiveOrder order_;
+  std::array<Slot, 2> slots_;
+};
+
+}  // namespace
+
+std::unique_ptr<ParamWriteback> make_local_writeback(memory::Device& device, WritebackTarget target) {
+  return std::make_unique<LocalWriteback>(device, std::move(target));
+}
+
+std::unique_ptr<ParamWriteback> make_gather_writeback(memory::Device& device, WritebackTarget target,
+                                                      comm::Communicator& shard_comm,
+                                                      std::chrono::milliseconds timeout) {
+  return std::make_unique<GatherWriteback>(device, std::move(target), shard_comm, timeout);
+}
+
+}  // namespace zero

@@ -1,0 +1,136 @@
+#include "zero/sharded_update.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "base/check.h"
+#include "base/logging.h"
+
+namespace zero {
+namespace {
+
+std::vector<optim::Segment> segments_of(const ShardOwnership& own, const std::vector<UpdateTensor>& tensors) {
+  std::vector<optim::Segment> segments;
+  for (const OwnedPiece& p : own.pieces()) {
+    segments.push_back({p.opt_offset, p.opt_offset + (p.tensor_end - p.tensor_begin), tensors[p.tensor].group,
+                        tensors[p.tensor].name, p.tensor_begin});
+  }
+  return segments;
+}
+
+}  // namespace
+
+ShardedUpdate::ShardedUpdate(const UpdateConfig& config, const ShardLayout& layout, const ShardOwnership& ownership,
+                             comm::Communicator& shard_comm, memory::Device& device,
+                             const std::vector<UpdateTensor>& tensors, ParamWriteback& writeback)
+    : config_(config), layout_(layout), ownership_(ownership), comm_(shard_comm), device_(device),
+      writeback_(writeback), order_(device, shard_comm, config.timeout), sums_ready_(device.create_event()) {
+  const size_t numel = ownership_.numel();
+  master_ = device_.allocate_elements(static_cast<int64_t>(numel), DType::kFloat32, memory::Category::kMasterParams);
+  const size_t es = dtype_size(config_.model_dtype);
+  for (const OwnedPiece& p : ownership_.pieces()) {
+    device_.convert(static_cast<const char*>(tensors[p.tensor].data) + p.tensor_begin * es, config_.model_dtype,
+                    master_.as<float>() + p.opt_offset, DType::kFloat32, p.tensor_end - p.tensor_begin,
+                    device_.compute_stream());
+  }
+  optimizer_ = make_shard_optimizer(device_, config_.optimizer, numel, segments_of(ownership_, tensors));
+
+  const size_t block = layout_.options().block;
+  for (size_t b = 0; b < layout_.buckets().size(); ++b) owned_blocks_ += ownership_.range(b).len / block;
+  const size_t world = ownership_.is_replicated() ? 1 : static_cast<size_t>(comm_.size());
+  const auto cat = memory::Category::kCommBuffer;
+  block_sums_ = device_.allocate_elements(static_cast<int64_t>(owned_blocks_), DType::kFloat64, cat);
+  if (world > 1) {
+    gathered_sums_ = device_.allocate_elements(static_cast<int64_t>(owned_blocks_ * world), DType::kFloat64, cat);
+  }
+  host_sums_ = device_.allocate_host_staging(owned_blocks_ * world * sizeof(double), cat);
+}
+
+double ShardedUpdate::global_sum_of_squares(const GradReducer& grads) {
+  memory::Stream& compute = device_.compute_stream();
+  const size_t block = layout_.options().block;
+  size_t k = 0;
+  for (size_t b = 0; b < layout_.buckets().size(); ++b) {
+    const size_t blocks = ownership_.range(b).len / block;
+    const GradReducer::Reduced g = grads.reduced(b);
+    device_.block_sum_of_squares(g.ptr, g.dtype, block, blocks, block_sums_.as<double>() + k, compute);
+    k += blocks;
+  }
+  const bool gather = !gathered_sums_.empty();
+  if (gather) {
+    order_.before_issue(compute);
+    comm::WorkHandle w = comm_.all_gather(block_sums_.data(), gathered_sums_.data(), owned_blocks_, DType::kFloat64);
+    order_.after(*w, compute);
+  }
+  const memory::Buffer& src = gather ? gathered_sums_ : block_sums_;
+  device_.copy(host_sums_.data(), src.data(), host_sums_.size_bytes(), compute);
+  // The clip and overflow decisions need the value on the host: the step's one wait on the device.
+  device_.record(*sums_ready_, compute);
+  device_.synchronize(*sums_ready_, config_.timeout);
+
+  // Add in global order: bucket-major, then rank (chunk order), then block.
+  const double* sums = host_sums_.as<double>();
+  const size_t world = gather ? static_cast<size_t>(comm_.size()) : 1;
+  double total = 0.0;
+  size_t base = 0;
+  for (size_t b = 0; b < layout_.buckets().size(); ++b) {
+    const size_t blocks = ownership_.range(b).len / block;
+    for (size_t q = 0; q < world; ++q) {
+      const double* x = sums + q * owned_blocks_ + base;
+      for (size_t j = 0; j < blocks; ++j) total += x[j];
+    }
+    base += blocks;
+  }
+  return total;
+}
+
+StepResult ShardedUpdate::step(const GradReducer& grads, float loss_scale, double divisor,
+                               optim::DynamicLossScaler* scaler, int64_t steps_taken) {
+  StepResult r;
+  r.loss_scale = loss_scale;
+  r.step = steps_taken;
+  const double total = global_sum_of_squares(grads);
+  const bool found_inf = !std::isfinite(total);
+  const double unscale = 1.0 / (static_cast<double>(loss_scale) * divisor);
+  if (scaler != nullptr) {
+    if (scaler->update(found_inf)) {
+      r.skipped = true;
+      r.grad_norm = found_inf ? INFINITY : std::sqrt(total) * unscale;
+      ZERO_LOG_INFO("step skipped: inf/NaN gradients at loss scale {}; new scale {}", loss_scale, scaler->scale());
+      return r;
+    }
+  } else if (found_inf) {
+    ZERO_THROW(Error, "gradients contain inf or NaN at step {} (no dynamic loss scaling to skip it)",
+               steps_taken + 1);
+  }
+  r.grad_norm = std::sqrt(total) * unscale;
+  if (config_.max_grad_norm > 0.0f) {
+    // torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), clamped to 1.
+    const double coef = static_cast<double>(config_.max_grad_norm) / (r.grad_norm + 1e-6);
+    r.clip_coefficient = static_cast<float>(std::min(1.0, coef));
+  }
+  apply(grads, static_cast<float>(unscale * r.clip_coefficient));
+  r.step = steps_taken + 1;
+  return r;
+}
+
+void ShardedUpdate::apply(const GradReducer& grads, float grad_scale) {
+  optimizer_->begin_step();
+  for (size_t b = 0; b < layout_.buckets().size(); ++b) {
+    const auto& B = layout_.buckets()[b];
+    const OwnedRange own = ownership_.range(b);
+    const GradReducer::Reduced g = grads.reduced(b);
+    optim::StepInput in;
+    in.master = master_.as<float>() + own.opt_begin;
+    in.grad = g.ptr;
+    in.grad_dtype = g.dtype;
+    in.grad_scale = grad_scale;
+    in.model_out = static_cast<char*>(writeback_.bucket_out(b)) + (own.flat_begin - B.offset) * dtype_size(config_.model_dtype);
+    in.model_dtype = config_.model_dtype;
+    optimizer_->step_range(in, own.opt_begin, own.opt_begin + own.len, device_.compute_stream());
+    writeback_.publish(b);
+  }
+  writeback_.finish();
+}
+
+}  // namespace zero

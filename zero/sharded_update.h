@@ -1,0 +1,79 @@
+#pragma once
+// ShardedUpdate: the optimizer step over the rank's owned ranges.
+//
+//   1. the global gradient norm: sums of squares per block of the flat space, each rank computing
+//      the blocks it owns, gathered and added in global block order, so the norm has the same bits
+//      at every stage and world size (see ShardLayout);
+//   2. the overflow decision (skip the step on every rank, back off the loss scale) and the clip
+//      coefficient (torch.nn.utils.clip_grad_norm_);
+//   3. the optimizer bucket by bucket, each bucket's new 16-bit values handed to the ParamWriteback
+//      (which all-gathers them while the next bucket updates, or writes them locally).
+// It owns the fp32 master weights of the optimizer space and the ShardOptimizer.
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "memory/device.h"
+#include "optim/loss_scaler.h"
+#include "optim/optimizer.h"
+#include "zero/collective_order.h"
+#include "zero/grad_reducer.h"
+#include "zero/param_writeback.h"
+#include "zero/shard_optimizer.h"
+#include "zero/shard_ownership.h"
+#include "zero/step_result.h"
+
+namespace zero {
+
+struct UpdateTensor {
+  std::string name;
+  int group = 0;
+  const void* data = nullptr;  // the parameter's values (model dtype), read once for the master
+};
+
+struct UpdateConfig {
+  DType model_dtype = DType::kFloat32;
+  optim::OptimizerOptions optimizer;
+  float max_grad_norm = 0.0f;  // 0: no clipping
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+};
+
+class ShardedUpdate {
+ public:
+  ShardedUpdate(const UpdateConfig& config, const ShardLayout& layout, const ShardOwnership& ownership,
+                comm::Communicator& shard_comm, memory::Device& device, const std::vector<UpdateTensor>& tensors,
+                ParamWriteback& writeback);
+
+  // Steps with the reduced gradients. `divisor` turns reduced sums into means (ranks x micro-steps)
+  // and `loss_scale` is the scale the loss carried; with a scaler, an overflow skips the step. On
+  // success the caller clears the gradients.
+  StepResult step(const GradReducer& grads, float loss_scale, double divisor, optim::DynamicLossScaler* scaler,
+                  int64_t steps_taken);
+
+  ShardOptimizer& optimizer() { return *optimizer_; }
+  const ShardOptimizer& optimizer() const { return *optimizer_; }
+
+ private:
+  double global_sum_of_squares(const GradReducer& grads);
+  void apply(const GradReducer& grads, float grad_scale);
+
+  UpdateConfig config_;
+  const ShardLayout& layout_;
+  const ShardOwnership& ownership_;
+  comm::Communicator& comm_;
+  memory::Device& device_;
+  ParamWriteback& writeback_;
+  CollectiveOrder order_;
+  memory::Buffer master_;
+  std::unique_ptr<ShardOptimizer> optimizer_;
+  memory::Buffer block_sums_;     // owned blocks' sums of squares (device)
+  memory::Buffer gathered_sums_;  // every rank's, when sharded (device)
+  memory::Buffer host_sums_;      // host staging of the above
+  std::unique_ptr<memory::Event> sums_ready_;
+  size_t owned_blocks_ = 0;
+};
+
+}  // namespace zero

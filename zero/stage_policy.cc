@@ -1,0 +1,96 @@
+#include "zero/stage_policy.h"
+
+#include "base/check.h"
+#include "base/logging.h"
+
+namespace zero {
+
+std::optional<DType> check_registration(const EngineOptions& options, ParamRegistry& registry) {
+  const int groups = static_cast<int>(options.optimizer.groups.size());
+  std::optional<DType> model_dtype;
+  for (const ParamSpec& p : registry.params()) {
+    if (p.group >= groups) {
+      registry.note_error(
+          fmt::format("parameter '{}': group {} but the optimizer has {} group(s)", p.name, p.group, groups));
+    }
+    if (!p.requires_grad) continue;
+    if (!model_dtype) model_dtype = p.dtype;
+    if (p.dtype != *model_dtype) {
+      registry.note_error(fmt::format(
+          "parameter '{}' is {} but earlier trainable parameters are {}: all trainable parameters must share one dtype",
+          p.name, dtype_name(p.dtype), dtype_name(*model_dtype)));
+    }
+  }
+  if (!model_dtype) registry.note_error("no trainable parameters registered");
+  auto fits = [&](DType t, const char* field) {
+    if (t != DType::kFloat32 && model_dtype && t != *model_dtype) {
+      registry.note_error(fmt::format("EngineOptions.{} {} must be fp32 or the model dtype {}", field, dtype_name(t),
+                                      dtype_name(*model_dtype)));
+    }
+  };
+  fits(options.reduce_dtype, "reduce_dtype");
+  fits(options.grad_accum_dtype, "grad_accum_dtype");
+  return model_dtype;
+}
+
+void check_topology(const EngineOptions& options, bool has_replica) {
+  if (has_replica && options.stage < 1) {
+    ZERO_THROW(InvalidArgument,
+               "EngineOptions.stage {} with a replica communicator: hybrid sharding shards state within a group, "
+               "so it needs stage 1 or 2 (stage 0 replicates everything: pass one communicator over all ranks)",
+               options.stage);
+  }
+}
+
+EngineParts wire_stage(const PolicyInputs& in) {
+  const EngineOptions& o = *in.options;
+  const ParamRegistry& reg = *in.registry;
+  memory::Device& device = *in.device;
+  EngineParts parts;
+
+  std::vector<size_t> numels;
+  for (int id : in.tensor_param) numels.push_back(reg.numel(id));
+  parts.layout = std::make_unique<ShardLayout>(numels, in.shard->size(), o.layout);
+  ZERO_LOG_DEBUG("{}", parts.layout->describe());
+  const ShardLayout& layout = *parts.layout;
+
+  const bool sharded = o.stage >= 1;
+  parts.ownership = std::make_unique<ShardOwnership>(sharded ? ShardOwnership::sharded(layout, in.shard->rank())
+                                                             : ShardOwnership::replicated(layout));
+
+  ReducerConfig rc;
+  rc.model_dtype = in.model_dtype;
+  rc.reduce_dtype = o.reduce_dtype;
+  rc.full_grads = o.stage < 2;
+  rc.accumulate = o.stage == 2 || (o.reduce_every_micro_step && o.gradient_accumulation_steps > 1);
+  rc.accum_dtype = o.stage == 2 ? o.grad_accum_dtype : DType::kFloat32;
+  rc.deterministic = o.deterministic;
+  rc.max_inflight = o.max_inflight_buckets;
+  rc.timeout = o.timeout;
+  parts.accum_dtype = rc.accum_dtype;
+  parts.accumulator = rc.accumulate;
+  std::vector<UserGrad> user_grads;
+  WritebackTarget target{&layout, {}, in.model_dtype};
+  std::vector<UpdateTensor> tensors;
+  for (int id : in.tensor_param) {
+    const ParamSpec& p = reg.param(id);
+    user_grads.push_back({p.grad.ptr});
+    target.tensor_data.push_back(p.data.ptr);
+    tensors.push_back({p.name, p.group, p.data.ptr});
+  }
+  parts.reducer = std::make_unique<GradReducer>(rc, layout, *parts.ownership, ReducerComms{in.shard, in.replica},
+                                                device, std::move(user_grads));
+  parts.writeback = sharded ? make_gather_writeback(device, std::move(target), *in.shard, o.timeout)
+                            : make_local_writeback(device, std::move(target));
+
+  UpdateConfig uc;
+  uc.model_dtype = in.model_dtype;
+  uc.optimizer = o.optimizer;
+  uc.max_grad_norm = o.max_grad_norm;
+  uc.timeout = o.timeout;
+  parts.update = std::make_unique<ShardedUpdate>(uc, layout, *parts.ownership, *in.shard, device, tensors,
+                                                 *parts.writeback);
+  return parts;
+}
+
+}  // namespace zero

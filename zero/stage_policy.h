@@ -1,0 +1,58 @@
+#pragma once
+// The stage policy: the one place that knows what a ZeRO stage means. Called once, at
+// Engine::finalize(), it chooses the ownership, the reducer's buffers, the parameter writeback and
+// builds the parts; from then on no part asks for the stage.
+//
+//   stage  ownership   gradients (GradReducer)                          writeback
+//   0      replicated  full buffer, all-reduce; accumulator if K > 1    local
+//   1      sharded     full buffer, reduce-scatter; accumulator if K>1  all-gather
+//   2      sharded     bucket staging, reduce-scatter into the shard    all-gather
+//                      accumulator (full buffer only under no_sync)
+// (K: micro-steps per step, when each is reduced.) Stage 3 adds a row.
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "memory/device.h"
+#include "zero/engine_options.h"
+#include "zero/grad_reducer.h"
+#include "zero/param_registry.h"
+#include "zero/param_writeback.h"
+#include "zero/shard_layout.h"
+#include "zero/shard_ownership.h"
+#include "zero/sharded_update.h"
+
+namespace zero {
+
+struct EngineParts {
+  std::unique_ptr<ShardLayout> layout;
+  std::unique_ptr<ShardOwnership> ownership;
+  std::unique_ptr<GradReducer> reducer;
+  std::unique_ptr<ParamWriteback> writeback;
+  std::unique_ptr<ShardedUpdate> update;
+  DType accum_dtype = DType::kFloat32;  // what the reducer accumulates in (memory formula)
+  bool accumulator = false;
+};
+
+struct PolicyInputs {
+  const EngineOptions* options = nullptr;
+  const ParamRegistry* registry = nullptr;
+  std::vector<int> tensor_param;  // layout tensor -> parameter id (trainable parameters in order)
+  DType model_dtype = DType::kFloat32;
+  comm::Communicator* shard = nullptr;
+  comm::Communicator* replica = nullptr;
+  memory::Device* device = nullptr;
+};
+
+// Problems of the registration that only the options reveal (a group index past the optimizer's
+// groups, mixed trainable dtypes, reduce/accumulate dtypes that do not fit the model dtype), for the
+// registry's cross-rank report. Returns the model dtype when there is one.
+std::optional<DType> check_registration(const EngineOptions& options, ParamRegistry& registry);
+
+EngineParts wire_stage(const PolicyInputs& in);
+
+// Throws InvalidArgument when the stage cannot run on the given communicators (hybrid sharding needs
+// a sharded stage).
+void check_topology(const EngineOptions& options, bool has_replica);
+
+}  // namespace zero
