@@ -61,6 +61,17 @@ TEST_CASE("4-rank reference on fewer ranks with accumulated micro-steps") {
   run_ok(1, {"--file", kData + "dp4_adamw_clip.json", "--stage", "0", "--no-sync"});
 }
 
+TEST_CASE("the loop with unit scopes, with and without no_sync scopes, at stages 0, 1, 2") {
+  for (const char* stage : {"0", "1", "2"}) {
+    CAPTURE(stage);
+    run_ok(2, {"--file", kData + "dp2_adamw_clip.json", "--stage", stage, "--units"});
+    run_ok(2, {"--file", kData + "dp4_adamw_clip.json", "--stage", stage, "--units", "--no-sync-scope"});
+    run_ok(1, {"--file", kData + "dp4_adamw_clip.json", "--stage", stage, "--units", "--no-sync-scope"});
+  }
+  // The option form of no_sync, now at stage 2 too.
+  run_ok(2, {"--file", kData + "dp4_adamw_clip.json", "--stage", "2", "--no-sync"});
+}
+
 TEST_CASE("gradients reduced without grad_ready calls") {
   run_ok(2, {"--file", kData + "dp2_adamw_clip.json", "--stage", "2", "--grad-ready", "false"});
 }

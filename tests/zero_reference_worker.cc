@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include "base/check.h"
 #include "comm/process_group.h"
@@ -30,6 +31,10 @@ int run(int argc, char** argv) {
   const bool deterministic = flags.get_bool("deterministic", false);
   const bool no_sync = flags.get_bool("no-sync", false);
   const bool use_grad_ready = flags.get_bool("grad-ready", true);
+  // The loop with unit scopes (one unit per parameter, backward scopes in reverse), and no_sync()
+  // scopes around every micro-step but the last.
+  const bool units = flags.get_bool("units", false);
+  const bool no_sync_scope = flags.get_bool("no-sync-scope", false);
   const int bucket = flags.get_int("bucket-numel", 512);
   const std::string dump = flags.get("dump", "");
   const double tolerance = flags.get_double("tolerance", 1e-5);
@@ -84,7 +89,7 @@ int run(int argc, char** argv) {
     ids.push_back(engine.add_param({.name = names[i], .shape = p["shape"].get<std::vector<int64_t>>(),
                                     .dtype = DType::kFloat32,
                                     .data = {values[i].data(), values[i].size()},
-                                    .group = group_of.at(names[i])}));
+                                    .unit = static_cast<int>(i), .group = group_of.at(names[i])}));
   }
   engine.finalize();
 
@@ -93,9 +98,17 @@ int run(int argc, char** argv) {
   for (int s = 0; s < steps; ++s) {
     for (int m = 0; m < micro; ++m) {
       const auto& grads = ref["grads_per_step_per_rank"][s][rank * micro + m];
+      std::optional<NoSyncScope> quiet;
+      if (no_sync_scope && m + 1 < micro) quiet.emplace(engine.no_sync());
       // Reverse order, as a backward pass would produce them.
       for (size_t i = names.size(); i-- > 0;) {
         const std::vector<float> g = grads[names[i]].get<std::vector<float>>();
+        if (units) {
+          UnitScope scope = engine.gather_for_backward(static_cast<int>(i));
+          float* dst = scope.grad_as<float>(ids[i]);
+          for (size_t k = 0; k < g.size(); ++k) dst[k] += g[k];
+          continue;
+        }
         float* dst = engine.grad_as<float>(ids[i]);
         for (size_t k = 0; k < g.size(); ++k) dst[k] += g[k];
         if (use_grad_ready) engine.grad_ready(ids[i]);
