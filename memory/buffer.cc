@@ -67,9 +67,10 @@ MallocPtr aligned_zeroed(size_t bytes, size_t alignment, const char* what, Categ
 
 // Reports a successful allocation. The tracker may fail to grow its own table; that surfaces as an
 // AllocationError too, and the caller still owns (and frees) the memory.
-void track(Category category, Device device, size_t bytes, const char* what) {
+void track(MemoryTracker& tracker, Category category, Location location, size_t bytes,
+           const char* what) {
   try {
-    MemoryTracker::global().on_alloc(category, device, bytes);
+    tracker.on_alloc(category, location, bytes);
   } catch (const std::bad_alloc&) {
     throw_allocation(bytes, what, category, "the memory tracker could not record it");
   }
@@ -118,8 +119,8 @@ void warn_pageable_once(size_t bytes, Category category, const std::string& why)
       format_bytes(bytes), category_name(category), why);
 }
 
-Device tracked_device(PinnedBuffer::Kind kind) {
-  return kind == PinnedBuffer::Kind::kPageable ? Device::host() : Device::pinned_host();
+Location tracked_location(PinnedBuffer::Kind kind) {
+  return kind == PinnedBuffer::Kind::kPageable ? Location::host() : Location::pinned_host();
 }
 
 #ifdef ZERO_WITH_CUDA
@@ -147,16 +148,19 @@ size_t checked_bytes(int64_t count, DType dtype, Category category) {
 
 // ---- HostBuffer ----
 
-HostBuffer::HostBuffer(size_t bytes, Category category) : category_(category) {
+HostBuffer::HostBuffer(size_t bytes, Category category, MemoryTracker& tracker)
+    : category_(category) {
   if (bytes == 0) return;
   MallocPtr p = aligned_zeroed(bytes, kAlignment, "host", category);
-  track(category, Device::host(), bytes, "host");
+  track(tracker, category, Location::host(), bytes, "host");
   data_ = p.release();
   bytes_ = bytes;
+  tracker_ = &tracker;
 }
 
-HostBuffer HostBuffer::for_elements(int64_t count, DType dtype, Category category) {
-  return HostBuffer(checked_bytes(count, dtype, category), category);
+HostBuffer HostBuffer::for_elements(int64_t count, DType dtype, Category category,
+                                    MemoryTracker& tracker) {
+  return HostBuffer(checked_bytes(count, dtype, category), category, tracker);
 }
 
 HostBuffer::~HostBuffer() { release(); }
@@ -164,7 +168,8 @@ HostBuffer::~HostBuffer() { release(); }
 HostBuffer::HostBuffer(HostBuffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)),
-      category_(other.category_) {}
+      category_(other.category_),
+      tracker_(std::exchange(other.tracker_, nullptr)) {}
 
 HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
   if (this != &other) {
@@ -172,6 +177,7 @@ HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
     category_ = other.category_;
+    tracker_ = std::exchange(other.tracker_, nullptr);
   }
   return *this;
 }
@@ -179,14 +185,16 @@ HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
 void HostBuffer::release() {
   if (data_ == nullptr) return;
   std::free(data_);
-  MemoryTracker::global().on_free(category_, Device::host(), bytes_);
+  tracker_->on_free(category_, Location::host(), bytes_);
   data_ = nullptr;
   bytes_ = 0;
+  tracker_ = nullptr;
 }
 
 // ---- PinnedBuffer ----
 
-PinnedBuffer::PinnedBuffer(size_t bytes, Category category) : category_(category) {
+PinnedBuffer::PinnedBuffer(size_t bytes, Category category, MemoryTracker& tracker)
+    : category_(category) {
   if (bytes == 0) return;
 #ifdef ZERO_WITH_CUDA
   if (cuda_device_available()) {
@@ -196,7 +204,7 @@ PinnedBuffer::PinnedBuffer(size_t bytes, Category category) : category_(category
     if (e != cudaSuccess) throw_allocation(bytes, "CUDA pinned host", category, cuda_error_text(e));
     std::memset(raw, 0, bytes);
     try {
-      track(category, Device::pinned_host(), bytes, "CUDA pinned host");
+      track(tracker, category, Location::pinned_host(), bytes, "CUDA pinned host");
     } catch (...) {
       cudaFreeHost(raw);
       throw;
@@ -204,6 +212,7 @@ PinnedBuffer::PinnedBuffer(size_t bytes, Category category) : category_(category
     data_ = raw;
     bytes_ = bytes;
     kind_ = Kind::kCudaHost;
+    tracker_ = &tracker;
     return;
   }
 #endif
@@ -214,7 +223,7 @@ PinnedBuffer::PinnedBuffer(size_t bytes, Category category) : category_(category
   std::string why;
   const Kind kind = try_lock(p.get(), rounded, &why) ? Kind::kLocked : Kind::kPageable;
   try {
-    track(category, tracked_device(kind), bytes, "pinned host");
+    track(tracker, category, tracked_location(kind), bytes, "pinned host");
   } catch (...) {
     if (kind == Kind::kLocked) unlock(p.get(), rounded);
     throw;
@@ -223,10 +232,12 @@ PinnedBuffer::PinnedBuffer(size_t bytes, Category category) : category_(category
   data_ = p.release();
   bytes_ = bytes;
   kind_ = kind;
+  tracker_ = &tracker;
 }
 
-PinnedBuffer PinnedBuffer::for_elements(int64_t count, DType dtype, Category category) {
-  return PinnedBuffer(checked_bytes(count, dtype, category), category);
+PinnedBuffer PinnedBuffer::for_elements(int64_t count, DType dtype, Category category,
+                                        MemoryTracker& tracker) {
+  return PinnedBuffer(checked_bytes(count, dtype, category), category, tracker);
 }
 
 PinnedBuffer::~PinnedBuffer() { release(); }
@@ -235,7 +246,8 @@ PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)),
       category_(other.category_),
-      kind_(std::exchange(other.kind_, Kind::kPageable)) {}
+      kind_(std::exchange(other.kind_, Kind::kPageable)),
+      tracker_(std::exchange(other.tracker_, nullptr)) {}
 
 PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
   if (this != &other) {
@@ -244,6 +256,7 @@ PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
     bytes_ = std::exchange(other.bytes_, 0);
     category_ = other.category_;
     kind_ = std::exchange(other.kind_, Kind::kPageable);
+    tracker_ = std::exchange(other.tracker_, nullptr);
   }
   return *this;
 }
@@ -265,10 +278,11 @@ void PinnedBuffer::release() {
       std::free(data_);
       break;
   }
-  MemoryTracker::global().on_free(category_, tracked_device(kind_), bytes_);
+  tracker_->on_free(category_, tracked_location(kind_), bytes_);
   data_ = nullptr;
   bytes_ = 0;
   kind_ = Kind::kPageable;
+  tracker_ = nullptr;
 }
 
 const char* pinned_kind_name(PinnedBuffer::Kind kind) {

@@ -1,6 +1,7 @@
 #pragma once
-// Owning, move-only memory buffers. Each reports its bytes to MemoryTracker::global() under the
-// category it was created with, and releases them on destruction.
+// Owning, move-only memory buffers. Each reports its bytes to a MemoryTracker (the one it is given,
+// else MemoryTracker::global()) under the category it was created with, and releases them to that
+// same tracker on destruction. The tracker must outlive the buffer.
 //
 // Sizes are checked before anything is allocated: a negative element count, a byte size that
 // overflows, or an allocation the system refuses throws zero::AllocationError naming the size and the
@@ -24,8 +25,9 @@ class HostBuffer {
   static constexpr size_t kAlignment = 64;
 
   HostBuffer() = default;
-  HostBuffer(size_t bytes, Category category);
-  static HostBuffer for_elements(int64_t count, DType dtype, Category category);
+  HostBuffer(size_t bytes, Category category, MemoryTracker& tracker = MemoryTracker::global());
+  static HostBuffer for_elements(int64_t count, DType dtype, Category category,
+                                 MemoryTracker& tracker = MemoryTracker::global());
   ~HostBuffer();
   HostBuffer(HostBuffer&& other) noexcept;
   HostBuffer& operator=(HostBuffer&& other) noexcept;
@@ -48,6 +50,7 @@ class HostBuffer {
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Category category_ = Category::kOther;
+  MemoryTracker* tracker_ = nullptr;  // set while data_ is
 };
 
 // Page-locked host memory for fast, asynchronous device transfers and the offload tier.
@@ -59,8 +62,9 @@ class PinnedBuffer {
   enum class Kind { kCudaHost, kLocked, kPageable };
 
   PinnedBuffer() = default;
-  PinnedBuffer(size_t bytes, Category category);
-  static PinnedBuffer for_elements(int64_t count, DType dtype, Category category);
+  PinnedBuffer(size_t bytes, Category category, MemoryTracker& tracker = MemoryTracker::global());
+  static PinnedBuffer for_elements(int64_t count, DType dtype, Category category,
+                                   MemoryTracker& tracker = MemoryTracker::global());
   ~PinnedBuffer();
   PinnedBuffer(PinnedBuffer&& other) noexcept;
   PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
@@ -83,6 +87,7 @@ class PinnedBuffer {
   size_t bytes_ = 0;
   Category category_ = Category::kOther;
   Kind kind_ = Kind::kPageable;
+  MemoryTracker* tracker_ = nullptr;  // set while data_ is
 };
 
 const char* pinned_kind_name(PinnedBuffer::Kind kind);

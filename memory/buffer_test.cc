@@ -30,8 +30,8 @@ bool all_zero(const void* p, size_t bytes) {
   return true;
 }
 
-Device device_of(PinnedBuffer::Kind kind) {
-  return kind == PinnedBuffer::Kind::kPageable ? Device::host() : Device::pinned_host();
+Location device_of(PinnedBuffer::Kind kind) {
+  return kind == PinnedBuffer::Kind::kPageable ? Location::host() : Location::pinned_host();
 }
 
 // The whole global tracker state for one category, to show that a failed allocation changed nothing.
@@ -39,8 +39,8 @@ struct Snapshot {
   Usage host, pinned, all;
   uint64_t total, peak;
   explicit Snapshot(Category c)
-      : host(MemoryTracker::global().usage(c, Device::host())),
-        pinned(MemoryTracker::global().usage(c, Device::pinned_host())),
+      : host(MemoryTracker::global().usage(c, Location::host())),
+        pinned(MemoryTracker::global().usage(c, Location::pinned_host())),
         all(MemoryTracker::global().usage(c)),
         total(MemoryTracker::global().current_total()),
         peak(MemoryTracker::global().peak_total()) {}
@@ -86,7 +86,7 @@ TEST_CASE("HostBuffer is 64-byte aligned, zero-filled and tracked") {
   for (size_t bytes : {size_t{1}, size_t{63}, size_t{64}, size_t{65}, size_t{4096},
                        size_t{(1 << 20) + 3}}) {
     CAPTURE(bytes);
-    const Usage before = g.usage(Category::kGrads, Device::host());
+    const Usage before = g.usage(Category::kGrads, Location::host());
     {
       HostBuffer b(bytes, Category::kGrads);
       REQUIRE(b.data() != nullptr);
@@ -95,11 +95,11 @@ TEST_CASE("HostBuffer is 64-byte aligned, zero-filled and tracked") {
       CHECK(aligned(b.data(), HostBuffer::kAlignment));
       CHECK(all_zero(b.data(), bytes));
       std::memset(b.data(), 0xab, bytes);  // the whole size is writable (ASan checks the bounds)
-      const Usage during = g.usage(Category::kGrads, Device::host());
+      const Usage during = g.usage(Category::kGrads, Location::host());
       CHECK(during.current == before.current + bytes);
       CHECK(during.allocations == before.allocations + 1);
     }
-    const Usage after = g.usage(Category::kGrads, Device::host());
+    const Usage after = g.usage(Category::kGrads, Location::host());
     CHECK(after.current == before.current);
     CHECK(after.allocations == before.allocations);
   }
@@ -139,10 +139,10 @@ TEST_CASE("zero-byte and default buffers hold nothing and are not tracked") {
 
 TEST_CASE("HostBuffer moves transfer ownership and count once") {
   MemoryTracker& g = MemoryTracker::global();
-  const uint64_t base = g.usage(Category::kCommBuffer, Device::host()).current;
-  const uint64_t base_count = g.usage(Category::kCommBuffer, Device::host()).allocations;
-  auto current = [&] { return g.usage(Category::kCommBuffer, Device::host()).current - base; };
-  auto count = [&] { return g.usage(Category::kCommBuffer, Device::host()).allocations - base_count; };
+  const uint64_t base = g.usage(Category::kCommBuffer, Location::host()).current;
+  const uint64_t base_count = g.usage(Category::kCommBuffer, Location::host()).allocations;
+  auto current = [&] { return g.usage(Category::kCommBuffer, Location::host()).current - base; };
+  auto count = [&] { return g.usage(Category::kCommBuffer, Location::host()).allocations - base_count; };
   {
     HostBuffer a(1000, Category::kCommBuffer);
     void* p = a.data();
@@ -197,7 +197,7 @@ TEST_CASE("PinnedBuffer is aligned, zero-filled, tracked by kind, and moves coun
     CHECK(all_zero(b.data(), bytes));
     std::memset(b.data(), 0x5a, bytes);
 
-    const Device d = device_of(b.kind());
+    const Location d = device_of(b.kind());
     const Usage before = g.usage(Category::kOffloadHost, d);
     const void* p = b.data();
     const PinnedBuffer::Kind kind = b.kind();

@@ -23,19 +23,19 @@ bool completed(cudaError_t status, const char* what) {
 
 }  // namespace
 
-// ---- Stream ----
+// ---- CudaStream ----
 
-Stream::Stream(int device, unsigned int flags, int priority) : device_(device) {
+CudaStream::CudaStream(int device, unsigned int flags, int priority) : device_(device) {
   DeviceGuard guard(device);
   ZERO_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, flags, priority));
 }
 
-Stream::~Stream() { release(); }
+CudaStream::~CudaStream() { release(); }
 
-Stream::Stream(Stream&& other) noexcept
+CudaStream::CudaStream(CudaStream&& other) noexcept
     : stream_(std::exchange(other.stream_, nullptr)), device_(other.device_) {}
 
-Stream& Stream::operator=(Stream&& other) noexcept {
+CudaStream& CudaStream::operator=(CudaStream&& other) noexcept {
   if (this != &other) {
     release();
     stream_ = std::exchange(other.stream_, nullptr);
@@ -44,48 +44,48 @@ Stream& Stream::operator=(Stream&& other) noexcept {
   return *this;
 }
 
-void Stream::release() {
+void CudaStream::release() {
   if (stream_ == nullptr) return;
   // Returns at once; pending work still completes. Nothing to undo on error (e.g. at exit).
   if (cudaStreamDestroy(stream_) != cudaSuccess) (void)cudaGetLastError();
   stream_ = nullptr;
 }
 
-void Stream::wait(const Event& event) {
-  ZERO_CHECK(valid() && event.valid(), "Stream::wait needs a stream and an event");
+void CudaStream::wait(const CudaEvent& event) {
+  ZERO_CHECK(valid() && event.valid(), "CudaStream::wait needs a stream and an event");
   ZERO_CUDA_CHECK(cudaStreamWaitEvent(stream_, event.get(), 0));
 }
 
-bool Stream::query() const {
-  ZERO_CHECK(valid(), "Stream::query on an empty Stream");
+bool CudaStream::query() const {
+  ZERO_CHECK(valid(), "CudaStream::query on an empty CudaStream");
   return completed(cudaStreamQuery(stream_), "cudaStreamQuery");
 }
 
-void Stream::synchronize(std::chrono::milliseconds timeout) const {
-  ZERO_CHECK(valid(), "Stream::synchronize on an empty Stream");
-  Event done(device_);
+void CudaStream::synchronize(std::chrono::milliseconds timeout) const {
+  ZERO_CHECK(valid(), "CudaStream::synchronize on an empty CudaStream");
+  CudaEvent done(device_);
   ZERO_CUDA_CHECK(cudaEventRecord(done.get(), stream_));
   try {
     done.synchronize(timeout);
   } catch (const TimeoutError&) {
-    ZERO_THROW(TimeoutError, "stream on {} still busy after {} ms", Device::cuda(device_).name(),
+    ZERO_THROW(TimeoutError, "stream on {} still busy after {} ms", Location::cuda(device_).name(),
                timeout.count());
   }
 }
 
-// ---- Event ----
+// ---- CudaEvent ----
 
-Event::Event(int device, unsigned int flags) : device_(device) {
+CudaEvent::CudaEvent(int device, unsigned int flags) : device_(device) {
   DeviceGuard guard(device);
   ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&event_, flags));
 }
 
-Event::~Event() { release(); }
+CudaEvent::~CudaEvent() { release(); }
 
-Event::Event(Event&& other) noexcept
+CudaEvent::CudaEvent(CudaEvent&& other) noexcept
     : event_(std::exchange(other.event_, nullptr)), device_(other.device_) {}
 
-Event& Event::operator=(Event&& other) noexcept {
+CudaEvent& CudaEvent::operator=(CudaEvent&& other) noexcept {
   if (this != &other) {
     release();
     event_ = std::exchange(other.event_, nullptr);
@@ -94,24 +94,24 @@ Event& Event::operator=(Event&& other) noexcept {
   return *this;
 }
 
-void Event::release() {
+void CudaEvent::release() {
   if (event_ == nullptr) return;
   if (cudaEventDestroy(event_) != cudaSuccess) (void)cudaGetLastError();
   event_ = nullptr;
 }
 
-void Event::record(const Stream& stream) {
-  ZERO_CHECK(valid() && stream.valid(), "Event::record needs an event and a stream");
+void CudaEvent::record(const CudaStream& stream) {
+  ZERO_CHECK(valid() && stream.valid(), "CudaEvent::record needs an event and a stream");
   ZERO_CUDA_CHECK(cudaEventRecord(event_, stream.get()));
 }
 
-bool Event::query() const {
-  ZERO_CHECK(valid(), "Event::query on an empty Event");
+bool CudaEvent::query() const {
+  ZERO_CHECK(valid(), "CudaEvent::query on an empty CudaEvent");
   return completed(cudaEventQuery(event_), "cudaEventQuery");
 }
 
-void Event::synchronize(std::chrono::milliseconds timeout) const {
-  ZERO_CHECK(valid(), "Event::synchronize on an empty Event");
+void CudaEvent::synchronize(std::chrono::milliseconds timeout) const {
+  ZERO_CHECK(valid(), "CudaEvent::synchronize on an empty CudaEvent");
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + timeout;
   // Spin briefly (short copies finish in microseconds), then sleep with a growing pause of at most
@@ -121,7 +121,7 @@ void Event::synchronize(std::chrono::milliseconds timeout) const {
     if (completed(cudaEventQuery(event_), "cudaEventQuery")) return;
     if (Clock::now() >= deadline) {
       ZERO_THROW(TimeoutError, "CUDA event on {} not complete after {} ms",
-                 Device::cuda(device_).name(), timeout.count());
+                 Location::cuda(device_).name(), timeout.count());
     }
     if (polls < 100) {
       std::this_thread::yield();
@@ -132,8 +132,8 @@ void Event::synchronize(std::chrono::milliseconds timeout) const {
   }
 }
 
-float Event::elapsed_ms_since(const Event& start) const {
-  ZERO_CHECK(valid() && start.valid(), "Event::elapsed_ms_since needs two events");
+float CudaEvent::elapsed_ms_since(const CudaEvent& start) const {
+  ZERO_CHECK(valid() && start.valid(), "CudaEvent::elapsed_ms_since needs two events");
   float ms = 0.0f;
   ZERO_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), event_));
   return ms;

@@ -1,5 +1,5 @@
-// DeviceBuffer, Stream and Event on a real GPU: tracked allocation and moves, refused allocations,
-// a host -> device -> host round trip across two streams ordered by an event, bounded waits that time
+// DeviceBuffer, CudaStream and CudaEvent on a real GPU: tracked allocation and moves, refused
+// allocations, a host -> device -> host round trip across two streams ordered by an event, bounded waits that time
 // out while a stream is busy, and event timing.
 //
 // Prints ZERO_TEST_SKIPPED in CPU builds, and in CUDA builds without a device (after checking that
@@ -35,12 +35,12 @@ TEST_CASE("CUDA layer") { std::printf("ZERO_TEST_SKIPPED: CPU build (no --config
 
 using namespace std::chrono_literals;
 using zero::memory::Category;
-using zero::memory::Device;
+using zero::memory::Location;
 using zero::memory::DeviceBuffer;
-using zero::memory::Event;
+using zero::memory::CudaEvent;
 using zero::memory::MemoryTracker;
 using zero::memory::PinnedBuffer;
-using zero::memory::Stream;
+using zero::memory::CudaStream;
 
 bool have_gpu(const char* what) {
   if (zero::memory::cuda_device_available()) return true;
@@ -68,8 +68,8 @@ TEST_CASE("without a device, allocation and stream creation fail cleanly") {
   CHECK(m.find("params") != std::string::npos);
   CHECK(m.find("cuda:0") != std::string::npos);
   CHECK(MemoryTracker::global().current_total() == before);
-  CHECK_THROWS_AS(Stream(0), zero::Error);
-  CHECK_THROWS_AS(Event(0), zero::Error);
+  CHECK_THROWS_AS(CudaStream(0), zero::Error);
+  CHECK_THROWS_AS(CudaEvent(0), zero::Error);
   DeviceBuffer empty(0, Category::kParams, 0);  // zero bytes never touch the runtime
   CHECK(empty.data() == nullptr);
   std::printf("ZERO_TEST_SKIPPED: no CUDA device; only the failure paths were tested\n");
@@ -78,7 +78,7 @@ TEST_CASE("without a device, allocation and stream creation fail cleanly") {
 TEST_CASE("DeviceBuffer is tracked under cuda:N and moves count once") {
   if (!have_gpu("DeviceBuffer")) return;
   MemoryTracker& g = MemoryTracker::global();
-  const Device dev = Device::cuda(0);
+  const Location dev = Location::cuda(0);
   const auto base = g.usage(Category::kGatherWindow, dev);
   {
     DeviceBuffer a(1 << 20, Category::kGatherWindow, 0);
@@ -136,9 +136,9 @@ TEST_CASE("round trip across two streams ordered by an event") {
   for (size_t i = 0; i < kBytes / 4; ++i) s[i] = static_cast<uint32_t>(i * 2654435761u);
   DeviceBuffer dev(kBytes, Category::kOther, 0);
 
-  Stream upload(0);
-  Stream download(0);
-  Event uploaded(0);
+  CudaStream upload(0);
+  CudaStream download(0);
+  CudaEvent uploaded(0);
   REQUIRE(cudaMemcpyAsync(dev.data(), src.data(), kBytes, cudaMemcpyHostToDevice, upload.get()) ==
           cudaSuccess);
   uploaded.record(upload);
@@ -151,9 +151,9 @@ TEST_CASE("round trip across two streams ordered by an event") {
   CHECK(std::memcmp(src.data(), dst.data(), kBytes) == 0);
 
   // Moved streams and events keep working.
-  Stream moved = std::move(download);
+  CudaStream moved = std::move(download);
   CHECK_FALSE(download.valid());  // NOLINT(bugprone-use-after-move)
-  Event moved_event = std::move(uploaded);
+  CudaEvent moved_event = std::move(uploaded);
   moved_event.record(moved);
   moved_event.synchronize(10s);
 }
@@ -162,10 +162,10 @@ void CUDART_CB sleep_300ms(void*) { std::this_thread::sleep_for(300ms); }
 
 TEST_CASE("waits on a busy stream time out, then complete") {
   if (!have_gpu("bounded waits")) return;
-  Stream s(0);
+  CudaStream s(0);
   // A host function on the stream keeps it busy for 300 ms without any kernel.
   REQUIRE(cudaLaunchHostFunc(s.get(), sleep_300ms, nullptr) == cudaSuccess);
-  Event e(0);
+  CudaEvent e(0);
   e.record(s);
   CHECK_FALSE(s.query());
   CHECK_FALSE(e.query());
@@ -181,9 +181,9 @@ TEST_CASE("waits on a busy stream time out, then complete") {
 
 TEST_CASE("event timing") {
   if (!have_gpu("event timing")) return;
-  Stream s(0);
-  Event start(0, cudaEventDefault);
-  Event stop(0, cudaEventDefault);
+  CudaStream s(0);
+  CudaEvent start(0, cudaEventDefault);
+  CudaEvent stop(0, cudaEventDefault);
   start.record(s);
   REQUIRE(cudaLaunchHostFunc(s.get(), sleep_300ms, nullptr) == cudaSuccess);
   stop.record(s);
@@ -191,7 +191,7 @@ TEST_CASE("event timing") {
   const float ms = stop.elapsed_ms_since(start);
   CHECK(ms >= 250.0f);
   // Events created without timing cannot be timed: a CUDA error, thrown as zero::Error.
-  Event untimed_a(0), untimed_b(0);
+  CudaEvent untimed_a(0), untimed_b(0);
   untimed_a.record(s);
   untimed_b.record(s);
   untimed_b.synchronize(10s);

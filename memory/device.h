@@ -47,9 +47,11 @@ class Buffer {
   };
 
   Buffer() = default;
+  // A null `allocation` gives an empty buffer (zero bytes) of that kind and category.
   Buffer(std::unique_ptr<Allocation> allocation, DeviceKind kind, Category category);
-  Buffer(Buffer&&) noexcept = default;
-  Buffer& operator=(Buffer&&) noexcept = default;
+  // Moves leave the source empty (not defaulted: data_ and bytes_ must not survive in it).
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 
@@ -151,6 +153,9 @@ class Device {
 struct HostDeviceOptions {
   // Test mode: every created stream runs its work on its own worker thread (see the top comment).
   bool threaded_streams = false;
+  // How long a wait() may hold up a thread (the caller, when the waiting stream is inline; a worker,
+  // when it is threaded) before it fails with TimeoutError. Generous: it only catches a hang. > 0.
+  std::chrono::milliseconds wait_timeout = std::chrono::minutes(5);
 };
 
 // The host device. `tracker` must outlive it and every buffer it allocated.

@@ -10,7 +10,7 @@
 
 namespace zero::memory {
 
-DeviceBuffer::DeviceBuffer(size_t bytes, Category category, int device)
+DeviceBuffer::DeviceBuffer(size_t bytes, Category category, int device, MemoryTracker& tracker)
     : category_(category), device_(device) {
   if (bytes == 0) return;
   // Not DeviceGuard: every failure here must become one AllocationError with the full context.
@@ -23,21 +23,23 @@ DeviceBuffer::DeviceBuffer(size_t bytes, Category category, int device)
   if (error != cudaSuccess) {
     (void)cudaGetLastError();  // clear it so later launch checks do not see it
     ZERO_THROW(AllocationError, "cannot allocate {} bytes ({}) on {} for {}: {} ({})", bytes,
-               format_bytes(bytes), Device::cuda(device).name(), category_name(category),
+               format_bytes(bytes), Location::cuda(device).name(), category_name(category),
                cudaGetErrorString(error), cudaGetErrorName(error));
   }
   try {
-    MemoryTracker::global().on_alloc(category, Device::cuda(device), bytes);
+    tracker.on_alloc(category, Location::cuda(device), bytes);
   } catch (...) {
     (void)cudaFree(raw);
     throw;
   }
   data_ = raw;
   bytes_ = bytes;
+  tracker_ = &tracker;
 }
 
-DeviceBuffer DeviceBuffer::for_elements(int64_t count, DType dtype, Category category, int device) {
-  return DeviceBuffer(checked_bytes(count, dtype, category), category, device);
+DeviceBuffer DeviceBuffer::for_elements(int64_t count, DType dtype, Category category, int device,
+                                        MemoryTracker& tracker) {
+  return DeviceBuffer(checked_bytes(count, dtype, category), category, device, tracker);
 }
 
 DeviceBuffer::~DeviceBuffer() { release(); }
@@ -46,7 +48,8 @@ DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)),
       category_(other.category_),
-      device_(other.device_) {}
+      device_(other.device_),
+      tracker_(std::exchange(other.tracker_, nullptr)) {}
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
@@ -55,6 +58,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
     bytes_ = std::exchange(other.bytes_, 0);
     category_ = other.category_;
     device_ = other.device_;
+    tracker_ = std::exchange(other.tracker_, nullptr);
   }
   return *this;
 }
@@ -64,9 +68,10 @@ void DeviceBuffer::release() {
   // cudaFree finds the owning device through unified addressing; it synchronizes that device. An
   // error (e.g. the runtime already unloading at exit) leaves nothing to undo.
   if (cudaFree(data_) != cudaSuccess) (void)cudaGetLastError();
-  MemoryTracker::global().on_free(category_, Device::cuda(device_), bytes_);
+  tracker_->on_free(category_, Location::cuda(device_), bytes_);
   data_ = nullptr;
   bytes_ = 0;
+  tracker_ = nullptr;
 }
 
 }  // namespace zero::memory

@@ -1,7 +1,8 @@
 #pragma once
 // Owning, move-only CUDA device memory (cudaMalloc on a given device). CUDA builds only.
 //
-// Reports its bytes to MemoryTracker::global() under Device::cuda(ordinal). Contents are not
+// Reports its bytes to the given MemoryTracker (default MemoryTracker::global(); it must outlive the
+// buffer) under Location::cuda(ordinal). Contents are not
 // initialized. A failed allocation throws zero::AllocationError naming the size, the category, the
 // device and the CUDA error.
 #include <cstddef>
@@ -15,8 +16,10 @@ namespace zero::memory {
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  DeviceBuffer(size_t bytes, Category category, int device);
-  static DeviceBuffer for_elements(int64_t count, DType dtype, Category category, int device);
+  DeviceBuffer(size_t bytes, Category category, int device,
+               MemoryTracker& tracker = MemoryTracker::global());
+  static DeviceBuffer for_elements(int64_t count, DType dtype, Category category, int device,
+                                   MemoryTracker& tracker = MemoryTracker::global());
   ~DeviceBuffer();
   DeviceBuffer(DeviceBuffer&& other) noexcept;
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
@@ -39,6 +42,7 @@ class DeviceBuffer {
   size_t bytes_ = 0;
   Category category_ = Category::kOther;
   int device_ = 0;
+  MemoryTracker* tracker_ = nullptr;  // set while data_ is
 };
 
 }  // namespace zero::memory

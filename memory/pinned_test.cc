@@ -95,8 +95,8 @@ TEST_CASE("pinned fallback: locked within RLIMIT_MEMLOCK, else pageable with one
     return;
   }
 
-  const Usage pinned_before = g.usage(Category::kOffloadHost, Device::pinned_host());
-  const Usage host_before = g.usage(Category::kOffloadHost, Device::host());
+  const Usage pinned_before = g.usage(Category::kOffloadHost, Location::pinned_host());
+  const Usage host_before = g.usage(Category::kOffloadHost, Location::host());
   const int64_t vm_locked_before = locked_bytes();
 
   {
@@ -105,7 +105,7 @@ TEST_CASE("pinned fallback: locked within RLIMIT_MEMLOCK, else pageable with one
     if (limit.soft() >= 2 * page) {
       REQUIRE(small.kind() == PinnedBuffer::Kind::kLocked);
       CHECK(reinterpret_cast<uintptr_t>(small.data()) % page == 0);
-      CHECK(g.usage(Category::kOffloadHost, Device::pinned_host()).current ==
+      CHECK(g.usage(Category::kOffloadHost, Location::pinned_host()).current ==
             pinned_before.current + page + 1);
       if (vm_locked_before >= 0) CHECK(locked_bytes() >= vm_locked_before + int64_t(2 * page));
     }
@@ -116,15 +116,15 @@ TEST_CASE("pinned fallback: locked within RLIMIT_MEMLOCK, else pageable with one
     CHECK(big1.kind() == PinnedBuffer::Kind::kPageable);
     CHECK(big2.kind() == PinnedBuffer::Kind::kPageable);
     CHECK(reinterpret_cast<uintptr_t>(big1.data()) % 64 == 0);
-    CHECK(g.usage(Category::kOffloadHost, Device::host()).current ==
+    CHECK(g.usage(Category::kOffloadHost, Location::host()).current ==
           host_before.current + (2u << 20));
     const std::string text = log.text();
     INFO(text);
     CHECK(count(text, "pinned memory unavailable") == 1);
     CHECK(count(text, "RLIMIT_MEMLOCK") == 1);
   }
-  CHECK(g.usage(Category::kOffloadHost, Device::pinned_host()).current == pinned_before.current);
-  CHECK(g.usage(Category::kOffloadHost, Device::host()).current == host_before.current);
+  CHECK(g.usage(Category::kOffloadHost, Location::pinned_host()).current == pinned_before.current);
+  CHECK(g.usage(Category::kOffloadHost, Location::host()).current == host_before.current);
   if (vm_locked_before >= 0) CHECK(locked_bytes() == vm_locked_before);
 
   // Freed locked pages count against the limit no more: the full limit can be locked again.

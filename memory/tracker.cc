@@ -38,7 +38,7 @@ const char* category_name(Category c) {
   return "unknown";
 }
 
-std::string Device::name() const {
+std::string Location::name() const {
   switch (kind) {
     case DeviceKind::kHost: return "host";
     case DeviceKind::kPinnedHost: return "pinned";
@@ -67,15 +67,15 @@ MemoryTracker& MemoryTracker::global() {
   return *instance;
 }
 
-MemoryTracker::Slot& MemoryTracker::slot_locked(Device d) {
+MemoryTracker::Slot& MemoryTracker::slot_locked(Location d) {
   for (Slot& s : slots_) {
-    if (s.device == d) return s;
+    if (s.location == d) return s;
   }
   slots_.push_back(Slot{d});
   return slots_.back();
 }
 
-void MemoryTracker::on_alloc(Category c, Device d, size_t bytes) {
+void MemoryTracker::on_alloc(Category c, Location d, size_t bytes) {
   const auto ci = static_cast<size_t>(c);
   ZERO_CHECK_LT(ci, kNumCategories, "memory category");
   std::lock_guard lock(mu_);
@@ -87,7 +87,7 @@ void MemoryTracker::on_alloc(Category c, Device d, size_t bytes) {
   total_peak_ = std::max(total_peak_, total_current_);
 }
 
-void MemoryTracker::on_free(Category c, Device d, size_t bytes) {
+void MemoryTracker::on_free(Category c, Location d, size_t bytes) {
   const auto ci = static_cast<size_t>(c);
   ZERO_CHECK_LT(ci, kNumCategories, "memory category");
   std::lock_guard lock(mu_);
@@ -103,12 +103,12 @@ void MemoryTracker::on_free(Category c, Device d, size_t bytes) {
   total_current_ -= bytes;
 }
 
-Usage MemoryTracker::usage(Category c, Device d) const {
+Usage MemoryTracker::usage(Category c, Location d) const {
   const auto ci = static_cast<size_t>(c);
   ZERO_CHECK_LT(ci, kNumCategories, "memory category");
   std::lock_guard lock(mu_);
   for (const Slot& s : slots_) {
-    if (s.device == d) return s.usage[ci];
+    if (s.location == d) return s.usage[ci];
   }
   return {};
 }
@@ -129,7 +129,7 @@ uint64_t MemoryTracker::current_total(DeviceKind kind) const {
   std::lock_guard lock(mu_);
   uint64_t sum = 0;
   for (const Slot& s : slots_) {
-    if (s.device.kind == kind) sum += s.total.current;
+    if (s.location.kind == kind) sum += s.total.current;
   }
   return sum;
 }
@@ -161,15 +161,15 @@ std::string MemoryTracker::table() const {
   }
   // Columns in a stable order (host, pinned, cuda:0, cuda:1, ...) whatever the allocation order.
   std::sort(slots.begin(), slots.end(), [](const Slot& a, const Slot& b) {
-    return std::tuple(a.device.kind, a.device.index) < std::tuple(b.device.kind, b.device.index);
+    return std::tuple(a.location.kind, a.location.index) < std::tuple(b.location.kind, b.location.index);
   });
 
   // Cells first, then widths, then rendering: every column right-aligned except the first.
   std::vector<std::vector<std::string>> rows;
   std::vector<std::string> header{"category"};
   for (const Slot& s : slots) {
-    header.push_back(s.device.name() + " current");
-    header.push_back(s.device.name() + " peak");
+    header.push_back(s.location.name() + " current");
+    header.push_back(s.location.name() + " peak");
   }
   rows.push_back(std::move(header));
   for (size_t ci = 0; ci < kNumCategories; ++ci) {

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "base/error.h"
@@ -72,29 +73,29 @@ TEST_CASE("format_bytes, category and device names") {
   std::sort(names.begin(), names.end());
   CHECK(std::unique(names.begin(), names.end()) == names.end());
 
-  CHECK(Device::host().name() == "host");
-  CHECK(Device::pinned_host().name() == "pinned");
-  CHECK(Device::cuda(3).name() == "cuda:3");
-  CHECK(Device::cuda(1) == Device::cuda(1));
-  CHECK_FALSE(Device::cuda(1) == Device::cuda(0));
+  CHECK(Location::host().name() == "host");
+  CHECK(Location::pinned_host().name() == "pinned");
+  CHECK(Location::cuda(3).name() == "cuda:3");
+  CHECK(Location::cuda(1) == Location::cuda(1));
+  CHECK_FALSE(Location::cuda(1) == Location::cuda(0));
 }
 
 TEST_CASE("figures per category and device, peaks and reset_peaks") {
   MemoryTracker t;
-  check_usage(t.usage(Category::kParams, Device::host()), 0, 0, 0);
+  check_usage(t.usage(Category::kParams, Location::host()), 0, 0, 0);
   CHECK(t.current_total() == 0);
   CHECK(t.peak_total() == 0);
 
-  t.on_alloc(Category::kParams, Device::host(), 100);
-  t.on_alloc(Category::kGrads, Device::host(), 50);
-  t.on_free(Category::kParams, Device::host(), 100);
-  t.on_alloc(Category::kParams, Device::cuda(0), 30);
+  t.on_alloc(Category::kParams, Location::host(), 100);
+  t.on_alloc(Category::kGrads, Location::host(), 50);
+  t.on_free(Category::kParams, Location::host(), 100);
+  t.on_alloc(Category::kParams, Location::cuda(0), 30);
 
-  check_usage(t.usage(Category::kParams, Device::host()), 0, 100, 0);
-  check_usage(t.usage(Category::kParams, Device::cuda(0)), 30, 30, 1);
-  check_usage(t.usage(Category::kGrads, Device::host()), 50, 50, 1);
-  check_usage(t.usage(Category::kGrads, Device::cuda(0)), 0, 0, 0);
-  check_usage(t.usage(Category::kParams, Device::cuda(1)), 0, 0, 0);  // never seen
+  check_usage(t.usage(Category::kParams, Location::host()), 0, 100, 0);
+  check_usage(t.usage(Category::kParams, Location::cuda(0)), 30, 30, 1);
+  check_usage(t.usage(Category::kGrads, Location::host()), 50, 50, 1);
+  check_usage(t.usage(Category::kGrads, Location::cuda(0)), 0, 0, 0);
+  check_usage(t.usage(Category::kParams, Location::cuda(1)), 0, 0, 0);  // never seen
   // Across devices the peak is that of the sum: params went 100, 0, 30.
   check_usage(t.usage(Category::kParams), 30, 100, 1);
   CHECK(t.current_total() == 80);
@@ -105,37 +106,37 @@ TEST_CASE("figures per category and device, peaks and reset_peaks") {
   CHECK(t.peak_total() == 150);
 
   t.reset_peaks();
-  check_usage(t.usage(Category::kParams, Device::host()), 0, 0, 0);
+  check_usage(t.usage(Category::kParams, Location::host()), 0, 0, 0);
   check_usage(t.usage(Category::kParams), 30, 30, 1);
-  check_usage(t.usage(Category::kGrads, Device::host()), 50, 50, 1);
+  check_usage(t.usage(Category::kGrads, Location::host()), 50, 50, 1);
   CHECK(t.peak_total() == 80);
 
-  t.on_alloc(Category::kGrads, Device::host(), 20);
-  t.on_free(Category::kGrads, Device::host(), 20);
-  check_usage(t.usage(Category::kGrads, Device::host()), 50, 70, 1);
+  t.on_alloc(Category::kGrads, Location::host(), 20);
+  t.on_free(Category::kGrads, Location::host(), 20);
+  check_usage(t.usage(Category::kGrads, Location::host()), 50, 70, 1);
   CHECK(t.peak_total() == 100);
   CHECK(t.current_total() == 80);
 }
 
 TEST_CASE("a free that was never allocated throws and changes nothing") {
   MemoryTracker t;
-  t.on_alloc(Category::kGrads, Device::host(), 10);
-  CHECK_THROWS_AS(t.on_free(Category::kGrads, Device::host(), 11), CheckError);
-  CHECK_THROWS_AS(t.on_free(Category::kParams, Device::host(), 1), CheckError);
-  CHECK_THROWS_AS(t.on_free(Category::kGrads, Device::cuda(0), 1), CheckError);
-  check_usage(t.usage(Category::kGrads, Device::host()), 10, 10, 1);
+  t.on_alloc(Category::kGrads, Location::host(), 10);
+  CHECK_THROWS_AS(t.on_free(Category::kGrads, Location::host(), 11), CheckError);
+  CHECK_THROWS_AS(t.on_free(Category::kParams, Location::host(), 1), CheckError);
+  CHECK_THROWS_AS(t.on_free(Category::kGrads, Location::cuda(0), 1), CheckError);
+  check_usage(t.usage(Category::kGrads, Location::host()), 10, 10, 1);
   CHECK(t.current_total() == 10);
-  t.on_free(Category::kGrads, Device::host(), 10);
+  t.on_free(Category::kGrads, Location::host(), 10);
   CHECK(t.current_total() == 0);
 }
 
 TEST_CASE("table names every category and shows the figures, aligned") {
   MemoryTracker t;
-  t.on_alloc(Category::kParams, Device::host(), 2048);
-  t.on_free(Category::kParams, Device::host(), 2048);
-  t.on_alloc(Category::kParams, Device::host(), 1536);
-  t.on_alloc(Category::kGrads, Device::cuda(0), 3u << 20);
-  t.on_alloc(Category::kOffloadHost, Device::pinned_host(), 100);
+  t.on_alloc(Category::kParams, Location::host(), 2048);
+  t.on_free(Category::kParams, Location::host(), 2048);
+  t.on_alloc(Category::kParams, Location::host(), 1536);
+  t.on_alloc(Category::kGrads, Location::cuda(0), 3u << 20);
+  t.on_alloc(Category::kOffloadHost, Location::pinned_host(), 100);
 
   const std::string table = t.table();
   INFO(table);
@@ -182,7 +183,7 @@ TEST_CASE("exact figures under concurrent on_alloc/on_free from 8 threads") {
       std::mt19937_64 rng(th + 1);
       struct Block {
         Category c;
-        Device d;
+        Location d;
         uint64_t bytes;
       };
       std::vector<Block> held;
@@ -193,7 +194,7 @@ TEST_CASE("exact figures under concurrent on_alloc/on_free from 8 threads") {
           held[k] = held.back();
           held.pop_back();
         } else {
-          const Block b{kAll[rng() % kNumCategories], rng() % 2 ? Device::host() : Device::cuda(0),
+          const Block b{kAll[rng() % kNumCategories], rng() % 2 ? Location::host() : Location::cuda(0),
                         1 + rng() % 100000};
           t.on_alloc(b.c, b.d, b.bytes);
           held.push_back(b);
@@ -201,7 +202,7 @@ TEST_CASE("exact figures under concurrent on_alloc/on_free from 8 threads") {
       }
       for (const Block& b : held) {
         const auto ci = static_cast<size_t>(b.c);
-        if (b.d == Device::host()) {
+        if (b.d == Location::host()) {
           live[th].host[ci] += b.bytes;
           ++live[th].host_count[ci];
         } else {
@@ -223,10 +224,10 @@ TEST_CASE("exact figures under concurrent on_alloc/on_free from 8 threads") {
       cuda_count += l.cuda_count[ci];
     }
     const Category c = kAll[ci];
-    CHECK(t.usage(c, Device::host()).current == host);
-    CHECK(t.usage(c, Device::host()).allocations == host_count);
-    CHECK(t.usage(c, Device::cuda(0)).current == cuda);
-    CHECK(t.usage(c, Device::cuda(0)).allocations == cuda_count);
+    CHECK(t.usage(c, Location::host()).current == host);
+    CHECK(t.usage(c, Location::host()).allocations == host_count);
+    CHECK(t.usage(c, Location::cuda(0)).current == cuda);
+    CHECK(t.usage(c, Location::cuda(0)).allocations == cuda_count);
     CHECK(t.usage(c).current == host + cuda);
     CHECK(t.usage(c).peak >= host + cuda);
     total += host + cuda;
@@ -243,8 +244,8 @@ TEST_CASE("global tracker equals the bytes of live HostBuffers under 8 threads")
   std::array<uint64_t, kNumCategories> base{};
   std::array<uint64_t, kNumCategories> base_count{};
   for (size_t ci = 0; ci < kNumCategories; ++ci) {
-    base[ci] = g.usage(kAll[ci], Device::host()).current;
-    base_count[ci] = g.usage(kAll[ci], Device::host()).allocations;
+    base[ci] = g.usage(kAll[ci], Location::host()).current;
+    base_count[ci] = g.usage(kAll[ci], Location::host()).allocations;
   }
   const uint64_t base_total = g.current_total();
 
@@ -290,7 +291,7 @@ TEST_CASE("global tracker equals the bytes of live HostBuffers under 8 threads")
       }
       peak_low = std::max(peak_low, own_peak[th][ci]);
     }
-    const Usage u = g.usage(kAll[ci], Device::host());
+    const Usage u = g.usage(kAll[ci], Location::host());
     CHECK(u.current - base[ci] == bytes);
     CHECK(u.allocations - base_count[ci] == count);
     CHECK(u.peak - base[ci] >= peak_low);
@@ -300,10 +301,41 @@ TEST_CASE("global tracker equals the bytes of live HostBuffers under 8 threads")
 
   kept.clear();  // frees everything
   for (size_t ci = 0; ci < kNumCategories; ++ci) {
-    CHECK(g.usage(kAll[ci], Device::host()).current == base[ci]);
-    CHECK(g.usage(kAll[ci], Device::host()).allocations == base_count[ci]);
+    CHECK(g.usage(kAll[ci], Location::host()).current == base[ci]);
+    CHECK(g.usage(kAll[ci], Location::host()).allocations == base_count[ci]);
   }
   CHECK(g.current_total() == base_total);
+}
+
+TEST_CASE("buffers given a tracker report to it, release to it, and leave the global one alone") {
+  MemoryTracker& g = MemoryTracker::global();
+  const uint64_t global_before = g.current_total();
+  MemoryTracker a, b;  // e.g. two engines in one process
+  {
+    HostBuffer x(1000, Category::kParams, a);
+    HostBuffer y = HostBuffer::for_elements(10, DType::kFloat32, Category::kGrads, b);
+    PinnedBuffer z(4096, Category::kOffloadHost, b);
+    PinnedBuffer w = PinnedBuffer::for_elements(8, DType::kFloat64, Category::kOther, a);
+    CHECK(a.current_total() == 1000 + 64);
+    CHECK(b.current_total() == 40 + 4096);
+    CHECK(a.usage(Category::kParams, Location::host()).current == 1000);
+    CHECK(b.usage(Category::kParams).current == 0);
+    CHECK(b.usage(Category::kGrads, Location::host()).current == 40);
+    CHECK(g.current_total() == global_before);
+
+    // A move carries the tracker along: freeing through the new owner releases to `a`.
+    HostBuffer moved = std::move(x);
+    HostBuffer other(10, Category::kParams, b);
+    other = std::move(moved);  // frees b's 10 bytes, takes over a's 1000
+    CHECK(b.usage(Category::kParams).current == 0);
+    CHECK(a.usage(Category::kParams).current == 1000);
+    PinnedBuffer pz = std::move(z);
+    CHECK(b.current_total() == 40 + 4096);
+  }
+  CHECK(a.current_total() == 0);
+  CHECK(b.current_total() == 0);
+  CHECK(a.peak_total() == 1000 + 64);
+  CHECK(g.current_total() == global_before);
 }
 
 }  // namespace

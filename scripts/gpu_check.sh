@@ -11,6 +11,7 @@ nvidia-smi -L || { echo "gpu_check: no GPU visible" >&2; exit 1; }
 
 tests=(
   //memory:cuda_test
+  //memory:cuda_device_test
   //optim/cuda:multi_tensor_step_test
   //comm:nccl_communicator_test
 )

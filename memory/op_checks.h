@@ -1,0 +1,21 @@
+#pragma once
+// Argument checks every Device runs at the call of a stream-ordered operation, so that a bad
+// argument throws there, on the caller's thread, and never fails later inside a stream's work (where
+// it would only surface at the next synchronize, far from its cause).
+#include <cstddef>
+
+#include "base/dtype.h"
+
+namespace zero::memory::op_checks {
+
+// InvalidArgument naming the device and the operation unless dtype is fp32, fp16 or bf16.
+void float_dtype(DType dtype, const char* device, const char* op);
+// InvalidArgument if `p` is null while `bytes` > 0.
+void pointer(const void* p, size_t bytes, const char* device, const char* op, const char* what);
+// The element-count arguments of ordered_sum: k >= 1 and, for k > 1, stride >= n (the k inputs do not
+// overlap); the byte sizes must not overflow.
+void ordered_sum(int k, size_t stride, size_t n, DType in_dtype, const char* device);
+// n * dtype_size(dtype) must not overflow; returns it.
+size_t bytes_of(size_t n, DType dtype, const char* device, const char* op);
+
+}  // namespace zero::memory::op_checks
