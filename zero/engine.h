@@ -135,9 +135,9 @@ class Engine {
   bool finalized() const;
 
   // Unit scopes (see UnitScope). `unit` must be a registered unit id.
-  [[nodiscard]] UnitScope gather(int unit);
-  [[nodiscard]] UnitScope gather_for_backward(int unit);
-  [[nodiscard]] NoSyncScope no_sync();
+  UnitScope gather(int unit);  // [[nodiscard]] by its type, with the reason
+  UnitScope gather_for_backward(int unit);
+  NoSyncScope no_sync();
 
   // Where backward accumulates the gradient of parameter `id` (see the header comment).
   void* grad(int id);

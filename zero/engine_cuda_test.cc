@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "base/error.h"
 #include "comm/gloo_communicator.h"
 #include "comm/memory_store.h"
 #include "comm/nccl_communicator.h"
