@@ -1,4 +1,4 @@
-#include "tests/launch.h"
+#include "testing/launch.h"
 
 #include <sys/wait.h>
 

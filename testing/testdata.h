@@ -1,7 +1,7 @@
 #pragma once
 // Paths of the PyTorch reference results in tests/data/pytorch (see its README.md). Tests list
-// "//tests:pytorch_data" in their data, so the files sit in the test's runfiles; the path is relative
-// to the runfiles root Bazel starts the test in. ZERO_TESTDATA overrides the folder.
+// "//testing:pytorch_data" in their data, so the files sit in the test's runfiles; the path is
+// relative to the runfiles root Bazel starts the test in. ZERO_TESTDATA overrides the folder.
 #include <cstdlib>
 #include <filesystem>
 #include <string>
