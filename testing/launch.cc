@@ -22,8 +22,9 @@ std::string quote(const std::string& s) {
 
 LaunchResult launch(int nproc, const std::string& program, const std::vector<std::string>& args,
                     int timeout_s) {
-  std::string cmd = "timeout -k 5 " + std::to_string(timeout_s) + " comm/zerorun --nproc-per-node " +
-                    std::to_string(nproc) + " --master-port 0 -- " + quote(program);
+  std::string cmd = "timeout -k 5 " + std::to_string(timeout_s) +
+                    " comm/launch/zerorun --nproc-per-node " + std::to_string(nproc) +
+                    " --master-port 0 -- " + quote(program);
   for (const std::string& a : args) cmd += " " + quote(a);
   cmd += " 2>&1";
   LaunchResult r;

@@ -14,7 +14,7 @@
 #include <map>
 
 #include "base/check.h"
-#include "comm/process_group.h"
+#include "comm/launch/process_group.h"
 #include "examples/flags.h"
 #include "zero/engine.h"
 
