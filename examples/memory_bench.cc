@@ -1,6 +1,6 @@
 // Per-rank memory at a ZeRO stage, measured against the formula. Run under the launcher:
 //
-//   bazel-bin/comm/zerorun --nproc-per-node 4 -- bazel-bin/examples/memory_bench --stage 2
+//   bazel-bin/comm/launch/zerorun --nproc-per-node 4 -- bazel-bin/examples/memory_bench --stage 2
 //
 // Registers a synthetic model of 16-bit parameters (Adam, fp32 master weights and state), takes a few
 // steps with synthetic gradients, and prints each rank's memory report: params + grads + optimizer
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "base/check.h"
-#include "comm/process_group.h"
+#include "comm/launch/process_group.h"
 #include "examples/flags.h"
 #include "zero/engine.h"
 

@@ -1,6 +1,6 @@
 // Trains an MLP on synthetic data with the sharded engine, on as many ranks as the launcher starts:
 //
-//   bazel-bin/comm/zerorun --nproc-per-node 2 -- bazel-bin/examples/train_mlp --stage 2
+//   bazel-bin/comm/launch/zerorun --nproc-per-node 2 -- bazel-bin/examples/train_mlp --stage 2
 //
 // Prints the global loss per step (rank 0) and every rank's memory report at the end. Each rank
 // trains on its own slice of every global batch; the engine averages the gradients.
@@ -9,7 +9,7 @@
 
 #include "base/logging.h"
 #include "base/check.h"
-#include "comm/process_group.h"
+#include "comm/launch/process_group.h"
 #include "examples/flags.h"
 #include "examples/mlp.h"
 #include "zero/engine.h"

@@ -17,7 +17,7 @@
 #include "base/cpu.h"
 #include "base/dtype.h"
 #include "optim/optimizer.h"
-#include "tests/testdata.h"
+#include "testing/testdata.h"
 
 namespace zero::optim {
 namespace {

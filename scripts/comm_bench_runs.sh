@@ -21,14 +21,14 @@ out=${COMM_BENCH_OUT:-/tmp/comm_bench_runs}
 mkdir -p "$out"
 rm -f "$out"/run_*.txt
 
-bazel build //comm:comm_bench //comm:zerorun >&2
+bazel build //comm/benchmarks:comm_bench //comm/launch:zerorun >&2
 bin=$(bazel info bazel-bin 2>/dev/null)
 prefix=()
 if chrt -f 10 true 2>/dev/null; then prefix=(chrt -f 10); fi
 
 for ((i = 1; i <= runs; i++)); do
   echo "run $i of $runs" >&2
-  "${prefix[@]}" "$bin/comm/zerorun" --nproc-per-node 2 -- "$bin/comm/comm_bench" "$@" \
+  "${prefix[@]}" "$bin/comm/launch/zerorun" --nproc-per-node 2 -- "$bin/comm/benchmarks/comm_bench" "$@" \
     > "$out/run_$i.txt" 2>&1
 done
 

@@ -13,7 +13,7 @@ tests=(
   //memory:cuda_test
   //memory:cuda_device_test
   //optim/cuda:multi_tensor_step_test
-  //comm:nccl_communicator_test
+  //comm/nccl:nccl_communicator_test
 )
 bazel test --config=cuda --test_output=all "${tests[@]}" 2>&1 | tee /tmp/zero_gpu_check.log
 status=${PIPESTATUS[0]}

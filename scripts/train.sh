@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bazel build //comm:zerorun //examples:train_mlp
-exec bazel-bin/comm/zerorun --nproc-per-node "${NPROC:-2}" -- bazel-bin/examples/train_mlp "$@"
+bazel build //comm/launch:zerorun //examples:train_mlp
+exec bazel-bin/comm/launch/zerorun --nproc-per-node "${NPROC:-2}" -- bazel-bin/examples/train_mlp "$@"

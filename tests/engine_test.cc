@@ -7,7 +7,7 @@
 #include <set>
 #include <string>
 
-#include "tests/launch.h"
+#include "testing/launch.h"
 
 namespace zero {
 namespace {

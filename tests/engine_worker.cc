@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "base/check.h"
-#include "comm/process_group.h"
+#include "comm/launch/process_group.h"
 #include "examples/flags.h"
 #include "zero/engine.h"
 

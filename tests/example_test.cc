@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/launch.h"
+#include "testing/launch.h"
 
 namespace zero {
 namespace {

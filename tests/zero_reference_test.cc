@@ -8,7 +8,7 @@
 #include <iterator>
 #include <string>
 
-#include "tests/launch.h"
+#include "testing/launch.h"
 
 namespace zero {
 namespace {

@@ -15,7 +15,7 @@
 #include <optional>
 
 #include "base/check.h"
-#include "comm/process_group.h"
+#include "comm/launch/process_group.h"
 #include "examples/flags.h"
 #include "zero/engine.h"
 

@@ -1,0 +1,55 @@
+#pragma once
+// Environment-based initialization: who am I (rank, world size, local rank) and where is the
+// rendezvous store, read from the variables a launcher sets (docs/launcher.md).
+//
+// Sources, first match wins:
+//   "torchrun": RANK / WORLD_SIZE set (torchrun, zerorun). Also LOCAL_RANK, LOCAL_WORLD_SIZE
+//               (default: one node), MASTER_ADDR and MASTER_PORT (required when WORLD_SIZE > 1).
+//   "openmpi":  OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK / _LOCAL_SIZE; MASTER_ADDR and
+//               MASTER_PORT required when the size is > 1. Checked before Slurm because mpirun inside
+//               a Slurm allocation leaves its daemons' SLURM_PROCID in every rank's environment.
+//   "slurm":    SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; tasks on this node from
+//               SLURM_NTASKS_PER_NODE, else SLURM_TASKS_PER_NODE ("2(x3),1") with SLURM_NODEID, else
+//               SLURM_NTASKS / SLURM_NNODES; master = MASTER_ADDR or the first host of
+//               SLURM_STEP_NODELIST / SLURM_JOB_NODELIST ("node[03-05,07]" -> "node03"); port =
+//               MASTER_PORT or 29500 + SLURM_JOB_ID % 1000.
+//   "default":  none of the above: a single process (world size 1).
+// ZERO_JOB_TOKEN is the job token in every case. Bad values throw InvalidArgument naming the variable
+// and its value.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "comm/store/store.h"
+
+namespace zero::comm {
+
+struct DistEnv {
+  int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  uint16_t master_port = 0;
+  std::string token;   // ZERO_JOB_TOKEN
+  std::string source;  // "torchrun", "slurm", "openmpi", or "default" (single process)
+  // Rank 0 only: a listening socket inherited from zerorun (ZERO_STORE_LISTEN_FD), served instead of
+  // binding master_addr:master_port; -1 when none.
+  int store_listen_fd = -1;
+};
+
+DistEnv read_dist_env();
+
+// The rendezvous store of the job. World size 1: an in-process MemoryStore. Otherwise rank 0 hosts
+// a TcpStoreServer on master_addr:master_port (or the inherited listening socket) and connects to it
+// as a client too; the other ranks connect, retrying until `timeout` (TimeoutError naming the
+// address). Rank 0's process must outlive the others' use of the store. Call it once per process
+// and share the store (PrefixStore gives each user its own key space): an inherited listening
+// socket can be adopted only once.
+std::shared_ptr<Store> connect_store(const DistEnv& env, std::chrono::milliseconds timeout);
+
+// Exposed for tests.
+// First host of a Slurm node list: "node[03-05,07],gpu1" -> "node03", "a[1-2]-ib" -> "a1-ib".
+std::string slurm_first_host(const std::string& nodelist);
+// Tasks on node `node_id` from a Slurm tasks-per-node list: "2(x3),1" with node 3 -> 1.
+int slurm_tasks_on_node(const std::string& tasks_per_node, int node_id);
+
+}  // namespace zero::comm

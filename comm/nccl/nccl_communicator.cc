@@ -1,0 +1,570 @@
+#include "comm/nccl/nccl_communicator.h"
+
+#include "base/check.h"
+
+namespace zero::comm {
+
+// The same checks in CPU and CUDA builds.
+void NcclOptions::validate() const {
+  if (device < -1) ZERO_THROW(InvalidArgument, "NcclOptions.device must be >= -1, got {}", device);
+  if (timeout.count() <= 0) {
+    ZERO_THROW(InvalidArgument, "NcclOptions.timeout must be positive, got {} ms", timeout.count());
+  }
+  if (prefix.empty()) ZERO_THROW(InvalidArgument, "NcclOptions.prefix must not be empty");
+}
+
+}  // namespace zero::comm
+
+#ifdef ZERO_WITH_CUDA
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "base/logging.h"
+#include "comm/schedule_check.h"
+
+namespace zero::comm {
+
+bool nccl_built() { return true; }
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // no driver / no device: clear the sticky error
+    return 0;
+  }
+  return n;
+}
+
+bool nccl_available() { return cuda_device_count() > 0; }
+
+namespace {
+
+thread_local cudaStream_t g_caller_stream = nullptr;
+
+using Clock = std::chrono::steady_clock;
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::kFloat32: return ncclFloat32;
+    case DType::kFloat16: return ncclFloat16;
+    case DType::kBFloat16: return ncclBfloat16;
+    case DType::kFloat64: return ncclFloat64;
+    case DType::kInt32: return ncclInt32;
+    case DType::kInt64: return ncclInt64;
+    case DType::kUInt8: return ncclUint8;
+  }
+  ZERO_THROW(InvalidArgument, "unknown dtype value {}", static_cast<int>(t));
+}
+
+ncclRedOp_t nccl_op(const char* name, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kMin: return ncclMin;
+  }
+  ZERO_THROW(InvalidArgument, "{}: unknown reduce op value {}", name, static_cast<int>(op));
+}
+
+void cuda_ok(cudaError_t e, const std::string& what) {
+  if (e != cudaSuccess) {
+    ZERO_THROW(CommError, "{}: CUDA error {}: {}", what, cudaGetErrorName(e),
+               cudaGetErrorString(e));
+  }
+}
+
+// Makes `device` current for a scope and restores the caller's device after.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (device >= 0 && device != previous_) cudaSetDevice(device);
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
+  if (an == 0 || bn == 0) return false;
+  const auto pa = reinterpret_cast<uintptr_t>(a);
+  const auto pb = reinterpret_cast<uintptr_t>(b);
+  return pa < pb + bn && pb < pa + an;
+}
+
+void require_buffer(const char* op, const char* name, const void* p, size_t count) {
+  if (p == nullptr && count > 0) {
+    ZERO_THROW(InvalidArgument, "{}: {} is null with count {}", op, name, count);
+  }
+}
+
+// The NCCL communicator and its failure state, shared with the work handles (which may outlive
+// the communicator object).
+struct NcclShared {
+  ncclComm_t comm = nullptr;
+  int rank = 0;
+  int device = 0;
+  std::chrono::milliseconds timeout{0};
+  std::mutex mu;
+  std::string failure;  // non-empty once failed
+  bool aborted = false;
+
+  std::string failed_reason() {
+    std::lock_guard<std::mutex> lock(mu);
+    return failure;
+  }
+  // Marks the communicator failed (first reason wins) and aborts it so that nothing blocks on it.
+  void fail_and_abort(const std::string& reason) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (failure.empty()) failure = reason;
+    if (!aborted && comm != nullptr) {
+      ncclCommAbort(comm);
+      aborted = true;
+    }
+  }
+  // ncclSuccess, or an error string when the communicator reports an asynchronous error.
+  std::string async_error() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (aborted) return "communicator aborted";
+    ncclResult_t r = ncclSuccess;
+    const ncclResult_t q = ncclCommGetAsyncError(comm, &r);
+    if (q != ncclSuccess) return ncclGetErrorString(q);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      return fmt::format("{} ({})", ncclGetErrorString(r), ncclGetLastError(comm));
+    }
+    return {};
+  }
+  // Non-blocking communicators may answer ncclInProgress: poll until the call settled.
+  void settle(ncclResult_t r, const std::string& what) {
+    const auto deadline = Clock::now() + timeout;
+    while (r == ncclInProgress) {
+      if (Clock::now() > deadline) {
+        fail_and_abort(what + ": NCCL call still in progress at the timeout");
+        ZERO_THROW(TimeoutError, "{}: NCCL call did not settle within {} ms", what,
+                   timeout.count());
+      }
+      std::this_thread::yield();
+      ncclCommGetAsyncError(comm, &r);
+    }
+    if (r != ncclSuccess) {
+      const std::string msg =
+          fmt::format("{}: NCCL error {} ({})", what, ncclGetErrorString(r), ncclGetLastError(comm));
+      fail_and_abort(msg);
+      throw CommError(msg);
+    }
+  }
+  // Waits for `event` (polling the communicator's async error) until `timeout`; aborts on timeout.
+  void wait_event(cudaEvent_t event, std::chrono::milliseconds wait_timeout,
+                  const std::string& what) {
+    const auto deadline = Clock::now() + wait_timeout;
+    for (;;) {
+      const cudaError_t q = cudaEventQuery(event);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) {
+        const std::string msg = fmt::format("{} failed: CUDA error {}", what, cudaGetErrorString(q));
+        fail_and_abort(msg);
+        throw CommError(msg);
+      }
+      const std::string err = async_error();
+      if (!err.empty()) {
+        const std::string msg = fmt::format("{} failed: NCCL {}", what, err);
+        fail_and_abort(msg);
+        throw CommError(msg);
+      }
+      if (Clock::now() > deadline) {
+        const std::string msg = fmt::format("{} did not complete within {} ms (communicator aborted)",
+                                            what, wait_timeout.count());
+        fail_and_abort(msg);
+        throw TimeoutError(msg);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+};
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::shared_ptr<NcclShared> shared, cudaEvent_t done, std::string what)
+      : shared_(std::move(shared)), done_(done), what_(std::move(what)) {}
+  ~NcclWork() override { cudaEventDestroy(done_); }
+
+  void wait(std::chrono::milliseconds timeout) override {
+    if (completed_) return;
+    shared_->wait_event(done_, timeout, what_);
+    completed_ = true;
+  }
+  void wait() override { wait(shared_->timeout); }
+  bool is_completed() override {
+    if (completed_) return true;
+    const cudaError_t q = cudaEventQuery(done_);
+    if (q == cudaSuccess) return completed_ = true;
+    const std::string err = q == cudaErrorNotReady ? shared_->async_error()
+                                                   : std::string(cudaGetErrorString(q));
+    if (!err.empty()) {
+      const std::string msg = fmt::format("{} failed: {}", what_, err);
+      shared_->fail_and_abort(msg);
+      throw CommError(msg);
+    }
+    return false;
+  }
+  void wait_stream(void* stream) override {
+    const std::string failure = shared_->failed_reason();
+    if (!failure.empty()) ZERO_THROW(CommError, "{}: communicator failed: {}", what_, failure);
+    cuda_ok(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), done_, 0), what_);
+  }
+
+ private:
+  std::shared_ptr<NcclShared> shared_;
+  cudaEvent_t done_;
+  std::string what_;
+  bool completed_ = false;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Takes ownership of an initialized (or initializing) communicator.
+  NcclCommunicator(ncclComm_t comm, ncclResult_t init_result, int rank, int size,
+                   NcclOptions options, bool check)
+      : shared_(std::make_shared<NcclShared>()), size_(size), options_(std::move(options)),
+        check_(check) {
+    shared_->comm = comm;
+    shared_->rank = rank;
+    shared_->device = options_.device;
+    shared_->timeout = options_.timeout;
+    shared_->settle(init_result, fmt::format("nccl rank {}: communicator init", rank));
+    if (rank < 0 || size < 0) {  // a split child: ask NCCL
+      int r = 0, n = 0;
+      shared_->settle(ncclCommUserRank(comm, &r), "split child: ncclCommUserRank");
+      shared_->settle(ncclCommCount(comm, &n), "split child: ncclCommCount");
+      shared_->rank = r;
+      size_ = n;
+    }
+    const std::string what = fmt::format("nccl rank {}: setup", shared_->rank);
+    if (shared_->device >= 0) cuda_ok(cudaSetDevice(shared_->device), what);
+    cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), what);
+    cuda_ok(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), what);
+    cuda_ok(cudaMalloc(&device_scratch_, kCallRecordBytes * size_ + 16), what);
+    cuda_ok(cudaMallocHost(&host_records_, kCallRecordBytes * size_), what);
+  }
+
+  ~NcclCommunicator() override {
+    DeviceScope device(shared_->device);
+    // Let issued work finish (bounded), then release the communicator.
+    cudaEvent_t drained = nullptr;
+    bool healthy = shared_->failed_reason().empty();
+    if (healthy && cudaEventCreateWithFlags(&drained, cudaEventDisableTiming) == cudaSuccess &&
+        cudaEventRecord(drained, stream_) == cudaSuccess) {
+      try {
+        shared_->wait_event(drained, options_.timeout,
+                            fmt::format("nccl rank {}: shutdown", shared_->rank));
+      } catch (const std::exception& e) {
+        ZERO_LOG_ERROR("{}", e.what());
+        healthy = false;
+      }
+    }
+    if (drained) cudaEventDestroy(drained);
+    {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      if (!shared_->aborted) {
+        // Non-blocking communicators: finalize (flush) and poll, bounded, before destroying.
+        if (healthy) {
+          ncclResult_t r = ncclCommFinalize(shared_->comm);
+          const auto deadline = Clock::now() + options_.timeout;
+          while (r == ncclInProgress && Clock::now() < deadline) {
+            std::this_thread::yield();
+            ncclCommGetAsyncError(shared_->comm, &r);
+          }
+          healthy = r == ncclSuccess;
+        }
+        if (healthy) {
+          ncclCommDestroy(shared_->comm);
+        } else {
+          ncclCommAbort(shared_->comm);
+        }
+        shared_->aborted = true;
+      }
+    }
+    cudaFreeHost(host_records_);
+    cudaFree(device_scratch_);
+    cudaEventDestroy(ready_);
+    cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return shared_->rank; }
+  int size() const override { return size_; }
+  std::string backend_name() const override { return "nccl"; }
+  std::chrono::milliseconds default_timeout() const override { return options_.timeout; }
+
+  WorkHandle all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
+    require_buffer("all_reduce", "buf", buf, count);
+    const ncclRedOp_t nop = nccl_op("all_reduce", op);
+    const ncclDataType_t t = nccl_type(dtype);
+    return issue(make_reduce_call(0, CollectiveKind::kAllReduce, dtype, count, op), [&] {
+      return ncclAllReduce(buf, buf, count, t, nop, shared_->comm, stream_);
+    });
+  }
+
+  WorkHandle reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
+                            ReduceOp op) override {
+    const char* name = "reduce_scatter";
+    require_buffer(name, "send", send, recv_count);
+    require_buffer(name, "recv", recv, recv_count);
+    const size_t bytes = recv_count * dtype_size(dtype);
+    const auto* own = static_cast<const uint8_t*>(send) + rank() * bytes;
+    if (recv != own && overlaps(send, bytes * size_, recv, bytes)) {
+      ZERO_THROW(InvalidArgument,
+                 "{}: recv overlaps send but is not the in-place position send + rank() * "
+                 "recv_count (rank {}, recv_count {})",
+                 name, rank(), recv_count);
+    }
+    const ncclRedOp_t nop = nccl_op(name, op);
+    const ncclDataType_t t = nccl_type(dtype);
+    return issue(make_reduce_call(0, CollectiveKind::kReduceScatter, dtype, recv_count, op), [&] {
+      return ncclReduceScatter(send, recv, recv_count, t, nop, shared_->comm, stream_);
+    });
+  }
+
+  WorkHandle all_gather(const void* send, void* recv, size_t send_count, DType dtype) override {
+    const char* name = "all_gather";
+    require_buffer(name, "send", send, send_count);
+    require_buffer(name, "recv", recv, send_count);
+    const size_t bytes = send_count * dtype_size(dtype);
+    const auto* own = static_cast<const uint8_t*>(recv) + rank() * bytes;
+    if (send != own && overlaps(send, bytes, recv, bytes * size_)) {
+      ZERO_THROW(InvalidArgument,
+                 "{}: send overlaps recv but is not the in-place position recv + rank() * "
+                 "send_count (rank {}, send_count {})",
+                 name, rank(), send_count);
+    }
+    const ncclDataType_t t = nccl_type(dtype);
+    return issue(make_call(0, CollectiveKind::kAllGather, dtype, send_count), [&] {
+      return ncclAllGather(send, recv, send_count, t, shared_->comm, stream_);
+    });
+  }
+
+  WorkHandle broadcast(void* buf, size_t count, DType dtype, int root) override {
+    require_buffer("broadcast", "buf", buf, count);
+    if (root < 0 || root >= size_) {
+      ZERO_THROW(InvalidArgument, "broadcast: root {} is out of range [0, {})", root, size_);
+    }
+    const ncclDataType_t t = nccl_type(dtype);
+    return issue(make_broadcast_call(0, dtype, count, root), [&] {
+      return ncclBroadcast(buf, buf, count, t, root, shared_->comm, stream_);
+    });
+  }
+
+  WorkHandle all_to_all(const void* send, void* recv, size_t count, DType dtype) override {
+    require_buffer("all_to_all", "send", send, count);
+    require_buffer("all_to_all", "recv", recv, count);
+    const size_t bytes = count * dtype_size(dtype);
+    if (overlaps(send, bytes * size_, recv, bytes * size_)) {
+      ZERO_THROW(InvalidArgument, "all_to_all: send and recv overlap (all_to_all is not in place)");
+    }
+    const ncclDataType_t t = nccl_type(dtype);
+    return issue(make_call(0, CollectiveKind::kAllToAll, dtype, count), [&] {
+      ncclResult_t r = ncclGroupStart();
+      if (r != ncclSuccess) return r;
+      for (int p = 0; p < size_ && count > 0; ++p) {
+        r = ncclSend(static_cast<const uint8_t*>(send) + p * bytes, count, t, p, shared_->comm,
+                     stream_);
+        if (r != ncclSuccess && r != ncclInProgress) break;
+        r = ncclRecv(static_cast<uint8_t*>(recv) + p * bytes, count, t, p, shared_->comm, stream_);
+        if (r != ncclSuccess && r != ncclInProgress) break;
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return (r != ncclSuccess && r != ncclInProgress) ? r : end;
+    });
+  }
+
+  WorkHandle barrier() override {
+    // A one-element all-reduce on device scratch; waiting on its Work blocks the host.
+    void* scratch = static_cast<uint8_t*>(device_scratch_) + kCallRecordBytes * size_;
+    return issue(make_call(0, CollectiveKind::kBarrier, DType::kUInt8, 0), [&] {
+      return ncclAllReduce(scratch, scratch, 1, ncclInt32, ncclSum, shared_->comm, stream_);
+    });
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    std::lock_guard<std::mutex> issue_lock(issue_mu_);
+    DeviceScope device(shared_->device);
+    throw_if_failed("split");
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t child = nullptr;
+    const ncclResult_t r = ncclCommSplit(shared_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color,
+                                         key, &child, &config);
+    const std::string what = fmt::format("nccl rank {}: split({}, {})", rank(), color, key);
+    if (color < 0 || child == nullptr || (r != ncclSuccess && r != ncclInProgress)) {
+      shared_->settle(r, what);  // throws on an error
+      return nullptr;
+    }
+    // The child settles (non-blocking init) in its constructor and reports its own rank and size.
+    return std::make_unique<NcclCommunicator>(child, r, -1, -1, options_, check_);
+  }
+
+ private:
+  void throw_if_failed(const std::string& what) {
+    const std::string failure = shared_->failed_reason();
+    if (!failure.empty()) {
+      ZERO_THROW(CommError, "nccl rank {}: {} rejected: communicator failed earlier: {}", rank(),
+                 what, failure);
+    }
+  }
+
+  // Orders the NCCL stream after the caller's stream, runs the schedule check, enqueues the
+  // collective and records its completion event.
+  template <typename Launch>
+  WorkHandle issue(CallInfo call, Launch&& launch) {
+    std::lock_guard<std::mutex> issue_lock(issue_mu_);
+    DeviceScope device(shared_->device);
+    call.seq = next_seq_;
+    const std::string what = fmt::format("nccl rank {}: {}", rank(), describe_call(call));
+    throw_if_failed(describe_call(call));
+    ++next_seq_;
+    cuda_ok(cudaEventRecord(ready_, g_caller_stream), what);
+    cuda_ok(cudaStreamWaitEvent(stream_, ready_, 0), what);
+    if (check_) run_check(call, what);
+    shared_->settle(launch(), what);
+    cudaEvent_t done = nullptr;
+    cuda_ok(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), what);
+    cuda_ok(cudaEventRecord(done, stream_), what);
+    return std::make_shared<NcclWork>(shared_, done, what);
+  }
+
+  // All-gathers the call records on the NCCL stream and compares them on the host.
+  void run_check(const CallInfo& call, const std::string& what) {
+    const CallRecord mine = encode_call(call);
+    auto* dev = static_cast<uint8_t*>(device_scratch_);
+    cuda_ok(cudaMemcpyAsync(dev + rank() * kCallRecordBytes, mine.data(), kCallRecordBytes,
+                            cudaMemcpyHostToDevice, stream_),
+            what);
+    shared_->settle(ncclAllGather(dev + rank() * kCallRecordBytes, dev, kCallRecordBytes,
+                                  ncclUint8, shared_->comm, stream_),
+                    what + " (schedule check)");
+    cuda_ok(cudaMemcpyAsync(host_records_, dev, kCallRecordBytes * size_, cudaMemcpyDeviceToHost,
+                            stream_),
+            what);
+    cudaEvent_t checked = nullptr;
+    cuda_ok(cudaEventCreateWithFlags(&checked, cudaEventDisableTiming), what);
+    cuda_ok(cudaEventRecord(checked, stream_), what);
+    try {
+      shared_->wait_event(checked, options_.timeout, what + " (schedule check)");
+    } catch (...) {
+      cudaEventDestroy(checked);
+      throw;
+    }
+    cudaEventDestroy(checked);
+    std::vector<CallRecord> all(static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r) {
+      std::memcpy(all[r].data(), static_cast<uint8_t*>(host_records_) + r * kCallRecordBytes,
+                  kCallRecordBytes);
+    }
+    const std::string mismatch = find_schedule_mismatch(all);
+    if (!mismatch.empty()) {
+      const std::string msg = fmt::format("{}: {}", what, mismatch);
+      shared_->fail_and_abort(msg);
+      throw CommError(msg);
+    }
+  }
+
+  std::shared_ptr<NcclShared> shared_;
+  int size_;
+  const NcclOptions options_;
+  const bool check_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+  void* device_scratch_ = nullptr;  // size * 32 bytes of records + the barrier word
+  void* host_records_ = nullptr;    // pinned
+  std::mutex issue_mu_;
+  uint64_t next_seq_ = 0;
+};
+
+}  // namespace
+
+void set_caller_stream(void* stream) { g_caller_stream = static_cast<cudaStream_t>(stream); }
+
+std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Store> store, int rank,
+                                                     int size, const NcclOptions& options) {
+  options.validate();
+  if (!store) ZERO_THROW(InvalidArgument, "make_nccl_communicator: store is null");
+  if (size < 1) ZERO_THROW(InvalidArgument, "make_nccl_communicator: size {} < 1", size);
+  if (rank < 0 || rank >= size) {
+    ZERO_THROW(InvalidArgument, "make_nccl_communicator: rank {} is out of range [0, {})", rank,
+               size);
+  }
+  const int devices = cuda_device_count();
+  if (devices == 0) ZERO_THROW(InvalidArgument, "make_nccl_communicator: no CUDA device visible");
+  NcclOptions o = options;
+  if (o.device < 0) {
+    cuda_ok(cudaGetDevice(&o.device), "make_nccl_communicator: cudaGetDevice");
+  }
+  if (o.device >= devices) {
+    ZERO_THROW(InvalidArgument, "NcclOptions.device {} but only {} device(s) visible", o.device,
+               devices);
+  }
+  cuda_ok(cudaSetDevice(o.device), "make_nccl_communicator: cudaSetDevice");
+
+  // Rank 0 publishes the unique id under a fresh per-instance key.
+  const int64_t instance = store->add(fmt::format("{}/instances/{}", o.prefix, rank), 1);
+  const std::string key = fmt::format("{}/{}/unique_id", o.prefix, instance);
+  ncclUniqueId id;
+  if (rank == 0) {
+    const ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess) {
+      ZERO_THROW(CommError, "nccl rank 0: ncclGetUniqueId failed: {}", ncclGetErrorString(r));
+    }
+    store->set(key, Bytes(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof id));
+  } else {
+    const Bytes b = store->get(key, o.timeout);
+    if (b.size() != sizeof id) {
+      ZERO_THROW(CommError, "nccl rank {}: unique id under '{}' has {} bytes, expected {}", rank,
+                 key, b.size(), sizeof id);
+    }
+    std::memcpy(&id, b.data(), sizeof id);
+  }
+  const bool check = o.check_schedule && schedule_check_from_env(true);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // init (and every call) returns at once; we poll with our timeout
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    if (comm) ncclCommAbort(comm);
+    ZERO_THROW(CommError, "nccl rank {}: ncclCommInitRankConfig failed: {}", rank,
+               ncclGetErrorString(r));
+  }
+  return std::make_unique<NcclCommunicator>(comm, r, rank, size, o, check);
+}
+
+}  // namespace zero::comm
+
+#else  // !ZERO_WITH_CUDA
+
+namespace zero::comm {
+
+bool nccl_built() { return false; }
+int cuda_device_count() { return 0; }
+bool nccl_available() { return false; }
+void set_caller_stream(void*) {}
+
+std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Store>, int, int,
+                                                     const NcclOptions& options) {
+  options.validate();
+  ZERO_THROW(InvalidArgument,
+             "make_nccl_communicator: this build has no CUDA (build with --config=cuda)");
+}
+
+}  // namespace zero::comm
+
+#endif  // ZERO_WITH_CUDA

@@ -1,0 +1,53 @@
+#pragma once
+// NCCL backend: collectives over CUDA device memory. Compiled only under --config=cuda (the
+// implementation needs cuda_runtime.h and nccl.h); this header names no CUDA type, so CPU code may
+// include it and ask nccl_available(), which is false in a CPU build.
+//
+// Rendezvous: rank 0 creates the ncclUniqueId and publishes it through the Store; every rank then
+// calls ncclCommInitRank on its device (NcclOptions.device, else the current one). Collectives run
+// on the communicator's own stream, ordered after the caller's work: each call records an event on
+// the caller's stream (NcclOptions.stream per call is not exposed; the "current" caller stream is
+// the legacy default stream unless set with set_caller_stream) and makes the NCCL stream wait on it.
+// Work::wait_stream(s) makes s wait for the collective without blocking the host; Work::wait(t)
+// polls the completion event and ncclCommGetAsyncError until t, then aborts the communicator
+// (ncclCommAbort) and throws TimeoutError; an NCCL error throws CommError. Both name the op, its
+// sequence number and the rank, and leave the communicator failed (later calls throw CommError).
+//
+// With the schedule check on, each call first all-gathers its 32-byte record on the NCCL stream and
+// compares on the host before enqueueing the collective (one tiny collective and one host
+// synchronization per call; turn it off with ZERO_COMM_CHECK=0 for overlap-critical runs).
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+#include "comm/store/store.h"
+
+namespace zero::comm {
+
+struct NcclOptions {
+  // CUDA device ordinal; -1 keeps the calling thread's current device.
+  int device = -1;
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  bool check_schedule = true;
+  std::string prefix = "nccl";
+
+  void validate() const;
+};
+
+// True in a --config=cuda build.
+bool nccl_built();
+// Visible CUDA devices; 0 in a CPU build or without a driver.
+int cuda_device_count();
+// nccl_built() and at least one device.
+bool nccl_available();
+
+// Throws InvalidArgument in a build without CUDA.
+std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Store> store, int rank,
+                                                     int size, const NcclOptions& options = {});
+
+// CUDA builds: the stream (a cudaStream_t) that later collectives of this thread order after;
+// nullptr means the legacy default stream. No effect in a CPU build.
+void set_caller_stream(void* stream);
+
+}  // namespace zero::comm
