@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "base/error.h"
-#include "comm/gloo_communicator.h"
-#include "comm/memory_store.h"
-#include "comm/nccl_communicator.h"
+#include "comm/gloo/gloo_communicator.h"
+#include "comm/store/memory_store.h"
+#include "comm/nccl/nccl_communicator.h"
 #include "memory/device.h"
 #include "zero/engine.h"
 

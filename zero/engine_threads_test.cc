@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "base/error.h"
-#include "comm/gloo_communicator.h"
-#include "comm/memory_store.h"
+#include "comm/gloo/gloo_communicator.h"
+#include "comm/store/memory_store.h"
 #include "memory/device.h"
 #include "zero/engine.h"
 

@@ -305,6 +305,8 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return shared_->rank; }
   int size() const override { return size_; }
   std::string backend_name() const override { return "nccl"; }
+  bool accepts(memory::DeviceKind kind) const override { return kind == memory::DeviceKind::kCuda; }
+  void set_issue_stream(void* stream) override { g_caller_stream = static_cast<cudaStream_t>(stream); }
   std::chrono::milliseconds default_timeout() const override { return options_.timeout; }
 
   WorkHandle all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
