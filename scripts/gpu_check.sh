@@ -12,6 +12,7 @@ nvidia-smi -L || { echo "gpu_check: no GPU visible" >&2; exit 1; }
 tests=(
   //memory:cuda_test
   //optim/cuda:multi_tensor_step_test
+  //optim/cuda:cuda_optimizer_test
   //comm:nccl_communicator_test
 )
 bazel test --config=cuda --test_output=all "${tests[@]}" 2>&1 | tee /tmp/zero_gpu_check.log
