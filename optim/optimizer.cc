@@ -8,6 +8,7 @@
 #include "base/check.h"
 #include "memory/buffer.h"
 #include "optim/kernels.h"
+#include "optim/optimizer_checks.h"
 #include "optim/step_coeffs.h"
 #include "optim/thread_pool.h"
 
@@ -57,17 +58,6 @@ void check_positive(float value, const char* field, int group) {
   if (!(value > 0.0f)) {
     ZERO_THROW(InvalidArgument, "groups[{}].{} must be > 0 (got {})", group, field, value);
   }
-}
-
-std::vector<std::string> names_of_states(OptimizerKind kind) {
-  switch (kind) {
-    case OptimizerKind::kAdamW:
-    case OptimizerKind::kAdam: return {"exp_avg", "exp_avg_sq"};
-    case OptimizerKind::kSgd: return {"momentum_buffer"};
-    case OptimizerKind::kAdagrad: return {"sum"};
-    case OptimizerKind::kLion: return {"exp_avg"};
-  }
-  return {};
 }
 
 // Elements of one group handled by one thread, in shard elements.
@@ -160,7 +150,7 @@ struct Optimizer::Impl {
   std::vector<std::string> state_names;
   std::vector<memory::HostBuffer> states;  // 64-byte aligned, zero-filled, tracked
   std::vector<std::vector<Piece>> thread_pieces;
-  std::unordered_map<std::string, std::vector<size_t>> segments_by_param;
+  detail::SegmentsByParam segments_by_param;
   std::vector<StepCoeffs> coeffs;  // per group, refilled by every step
   std::vector<char> range_first;   // per group: begin_step() saw SGD's first step
   std::vector<Piece> sorted_pieces;  // covered elements in shard order
@@ -179,9 +169,20 @@ struct Optimizer::Impl {
   }
 };
 
-namespace {
+namespace detail {
 
-void validate_options(const OptimizerOptions& o) {
+std::vector<std::string> state_names_of(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kAdamW:
+    case OptimizerKind::kAdam: return {"exp_avg", "exp_avg_sq"};
+    case OptimizerKind::kSgd: return {"momentum_buffer"};
+    case OptimizerKind::kAdagrad: return {"sum"};
+    case OptimizerKind::kLion: return {"exp_avg"};
+  }
+  return {};
+}
+
+void validate_common_options(const OptimizerOptions& o) {
   if (static_cast<int>(o.kind) < 0 || static_cast<int>(o.kind) >= kNumOptimizerKinds) {
     ZERO_THROW(InvalidArgument, "kind: unknown optimizer kind {}", static_cast<int>(o.kind));
   }
@@ -190,12 +191,10 @@ void validate_options(const OptimizerOptions& o) {
   if (o.state_dtype != DType::kFloat32 && o.state_dtype != DType::kBFloat16) {
     ZERO_THROW(InvalidArgument, "state_dtype must be fp32 or bf16 (got {})", dtype_name(o.state_dtype));
   }
-  if (o.num_threads < 1 || o.num_threads > 1024) {
-    ZERO_THROW(InvalidArgument, "num_threads must be in [1, 1024] (got {})", o.num_threads);
-  }
 }
 
-void validate_segments(const std::vector<Segment>& segs, size_t shard_numel, int num_groups) {
+SegmentsByParam validate_segments(const std::vector<Segment>& segs, size_t shard_numel,
+                                  int num_groups) {
   for (size_t i = 0; i < segs.size(); ++i) {
     const Segment& s = segs[i];
     if (s.begin > s.end) {
@@ -229,29 +228,19 @@ void validate_segments(const std::vector<Segment>& segs, size_t shard_numel, int
     if (!any || b.end > segs[furthest].end) furthest = order[k];
     any = true;
   }
-}
-
-}  // namespace
-
-Optimizer::Optimizer(const OptimizerOptions& options, size_t shard_numel,
-                     std::vector<Segment> segments) {
-  validate_options(options);
-  validate_segments(segments, shard_numel, static_cast<int>(options.groups.size()));
-  impl_ = std::make_unique<Impl>(options, shard_numel, std::move(segments));
-  Impl& m = *impl_;
 
   // Segments by parameter, with a check that no element of a parameter appears twice.
-  for (size_t i = 0; i < m.segments.size(); ++i) {
-    const Segment& s = m.segments[i];
-    if (!s.param_name.empty() && s.end > s.begin) m.segments_by_param[s.param_name].push_back(i);
+  SegmentsByParam by_param;
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const Segment& s = segs[i];
+    if (!s.param_name.empty() && s.end > s.begin) by_param[s.param_name].push_back(i);
   }
-  for (auto& [name, idx] : m.segments_by_param) {
-    std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
-      return m.segments[a].param_offset < m.segments[b].param_offset;
-    });
+  for (auto& [name, idx] : by_param) {
+    std::sort(idx.begin(), idx.end(),
+              [&](size_t a, size_t b) { return segs[a].param_offset < segs[b].param_offset; });
     for (size_t k = 1; k < idx.size(); ++k) {
-      const Segment& a = m.segments[idx[k - 1]];
-      const Segment& b = m.segments[idx[k]];
+      const Segment& a = segs[idx[k - 1]];
+      const Segment& b = segs[idx[k]];
       if (b.param_offset < a.param_offset + (a.end - a.begin)) {
         ZERO_THROW(InvalidArgument,
                    "segments[{}] and segments[{}] both hold elements [{}, {}) of parameter '{}'",
@@ -261,9 +250,53 @@ Optimizer::Optimizer(const OptimizerOptions& options, size_t shard_numel,
       }
     }
   }
+  return by_param;
+}
+
+// run() relies on the dtypes being valid.
+void check_step_input(const StepInput& in, size_t n, const char* what) {
+  if (detail::grad_type_index(in.grad_dtype) < 0) {
+    ZERO_THROW(InvalidArgument, "StepInput.grad_dtype must be fp32, fp16 or bf16 (got {})",
+               dtype_name(in.grad_dtype));
+  }
+  const bool has_out = in.model_out != nullptr;
+  if (detail::out_type_index(has_out, in.model_dtype) < 0) {
+    ZERO_THROW(InvalidArgument, "StepInput.model_dtype must be fp32, fp16 or bf16 (got {})",
+               dtype_name(in.model_dtype));
+  }
+  const auto check_len = [&](const std::optional<size_t>& len, const char* field) {
+    if (len && *len != n) {
+      ZERO_THROW(InvalidArgument, "StepInput.{} ({}) != {} ({})", field, *len, what, n);
+    }
+  };
+  check_len(in.master_numel, "master_numel");
+  check_len(in.grad_numel, "grad_numel");
+  if (has_out) check_len(in.model_numel, "model_numel");
+  if (n > 0) {
+    if (in.master == nullptr) ZERO_THROW(InvalidArgument, "StepInput.master is null");
+    if (in.grad == nullptr) ZERO_THROW(InvalidArgument, "StepInput.grad is null");
+  }
+  if (!std::isfinite(in.grad_scale)) {
+    ZERO_THROW(InvalidArgument, "StepInput.grad_scale must be finite (got {})", in.grad_scale);
+  }
+}
+
+}  // namespace detail
+
+Optimizer::Optimizer(const OptimizerOptions& options, size_t shard_numel,
+                     std::vector<Segment> segments) {
+  detail::validate_common_options(options);
+  if (options.num_threads < 1 || options.num_threads > 1024) {
+    ZERO_THROW(InvalidArgument, "num_threads must be in [1, 1024] (got {})", options.num_threads);
+  }
+  detail::SegmentsByParam by_param =
+      detail::validate_segments(segments, shard_numel, static_cast<int>(options.groups.size()));
+  impl_ = std::make_unique<Impl>(options, shard_numel, std::move(segments));
+  Impl& m = *impl_;
+  m.segments_by_param = std::move(by_param);
 
   // State arrays.
-  m.state_names = names_of_states(options.kind);
+  m.state_names = detail::state_names_of(options.kind);
   const size_t bytes = shard_numel * dtype_size(options.state_dtype);
   for (size_t i = 0; i < m.state_names.size(); ++i) {
     m.states.emplace_back(bytes, memory::Category::kOptimizerState,
@@ -301,38 +334,6 @@ Optimizer::~Optimizer() = default;
 Optimizer::Optimizer(Optimizer&&) noexcept = default;
 Optimizer& Optimizer::operator=(Optimizer&&) noexcept = default;
 
-namespace {
-
-// Checks a step's input for `n` elements (run() relies on the dtypes being valid).
-void check_step_input(const StepInput& in, size_t n, const char* what) {
-  if (detail::grad_type_index(in.grad_dtype) < 0) {
-    ZERO_THROW(InvalidArgument, "StepInput.grad_dtype must be fp32, fp16 or bf16 (got {})",
-               dtype_name(in.grad_dtype));
-  }
-  const bool has_out = in.model_out != nullptr;
-  if (detail::out_type_index(has_out, in.model_dtype) < 0) {
-    ZERO_THROW(InvalidArgument, "StepInput.model_dtype must be fp32, fp16 or bf16 (got {})",
-               dtype_name(in.model_dtype));
-  }
-  const auto check_len = [&](const std::optional<size_t>& len, const char* field) {
-    if (len && *len != n) {
-      ZERO_THROW(InvalidArgument, "StepInput.{} ({}) != {} ({})", field, *len, what, n);
-    }
-  };
-  check_len(in.master_numel, "master_numel");
-  check_len(in.grad_numel, "grad_numel");
-  if (has_out) check_len(in.model_numel, "model_numel");
-  if (n > 0) {
-    if (in.master == nullptr) ZERO_THROW(InvalidArgument, "StepInput.master is null");
-    if (in.grad == nullptr) ZERO_THROW(InvalidArgument, "StepInput.grad is null");
-  }
-  if (!std::isfinite(in.grad_scale)) {
-    ZERO_THROW(InvalidArgument, "StepInput.grad_scale must be finite (got {})", in.grad_scale);
-  }
-}
-
-}  // namespace
-
 // Runs the kernel over each thread's pieces; the pointers of `in` refer to shard element `base`.
 void Optimizer::Impl::run(const StepInput& in, size_t base, const std::vector<std::vector<Piece>>& work) {
   const int gi = detail::grad_type_index(in.grad_dtype);
@@ -365,7 +366,7 @@ void Optimizer::Impl::run(const StepInput& in, size_t base, const std::vector<st
 void Optimizer::step(const StepInput& in) {
   ZERO_CHECK(impl_ != nullptr, "use of a moved-from Optimizer");
   Impl& m = *impl_;
-  check_step_input(in, m.shard_numel, "shard_numel");
+  detail::check_step_input(in, m.shard_numel, "shard_numel");
   const int64_t step = m.step_count + 1;
   for (size_t g = 0; g < m.options.groups.size(); ++g) {
     const Hyper& h = m.options.groups[g];
@@ -385,8 +386,11 @@ void Optimizer::step(const StepInput& in) {
 void Optimizer::begin_step() {
   ZERO_CHECK(impl_ != nullptr, "use of a moved-from Optimizer");
   Impl& m = *impl_;
+  // All groups first: a bad group must leave every group's SGD state as it was.
   for (size_t g = 0; g < m.options.groups.size(); ++g) {
     validate_hyper(m.options.kind, m.options.groups[g], static_cast<int>(g));
+  }
+  for (size_t g = 0; g < m.options.groups.size(); ++g) {
     // SGD's first step copies the gradient into the momentum buffer (no dampening).
     m.range_first[g] = m.options.kind == OptimizerKind::kSgd && !m.momentum_initialized[g];
     if (m.options.kind == OptimizerKind::kSgd && m.options.groups[g].momentum != 0.0f) {
@@ -404,7 +408,7 @@ void Optimizer::step_range(const StepInput& in, size_t begin, size_t end) {
                end, m.shard_numel);
   }
   if (m.step_count == 0) ZERO_THROW(InvalidArgument, "step_range() before begin_step()");
-  check_step_input(in, end - begin, "range length");
+  detail::check_step_input(in, end - begin, "range length");
   for (size_t g = 0; g < m.options.groups.size(); ++g) {
     m.coeffs[g] = compute_step_coeffs(m.options.kind, m.options.groups[g], m.step_count,
                                       in.grad_scale, m.range_first[g] != 0);

@@ -13,7 +13,9 @@ tests=(
   //memory:cuda_test
   //memory:cuda_device_test
   //optim/cuda:multi_tensor_step_test
+  //optim/cuda:cuda_optimizer_test
   //comm/nccl:nccl_communicator_test
+  //zero:engine_cuda_test
 )
 bazel test --config=cuda --test_output=all "${tests[@]}" 2>&1 | tee /tmp/zero_gpu_check.log
 status=${PIPESTATUS[0]}

@@ -70,8 +70,12 @@ int multi_tensor_step(const DeviceStepConfig& config, std::span<const DeviceRang
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
              "cudaDeviceGetAttribute(multiProcessorCount)");
 
-  // ~15 KB: kept off the stack of callers with small stacks.
-  auto params = std::make_unique<detail::LaunchParams>();
+  // ~15 KB: kept off the stack of callers with small stacks, and reused so that steps after a
+  // thread's first allocate nothing. A launch copies its parameters, so the block is free again as
+  // soon as launch_step returns (one per thread: concurrent callers never share it).
+  thread_local std::unique_ptr<detail::LaunchParams> scratch;
+  if (!scratch) scratch = std::make_unique<detail::LaunchParams>();
+  detail::LaunchParams* params = scratch.get();
   int launches = 0;
   size_t next = 0;
   while (next < ranges.size()) {

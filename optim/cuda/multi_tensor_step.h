@@ -41,8 +41,9 @@ inline constexpr size_t kMaxRangesPerLaunch = 128;
 
 // Enqueues the step for every range on `stream` (a cudaStream_t; nullptr: the legacy default stream)
 // of the current device; returns the number of launches (0 for an empty list). Asynchronous: the
-// ranges' memory must stay valid until the stream reaches this point. Throws InvalidArgument for a
-// bad dtype or a null pointer a range needs, and zero::Error if the launch fails.
+// ranges' memory must stay valid until the stream reaches this point; `ranges` itself may be reused
+// on return. Allocates nothing after a thread's first call. Throws InvalidArgument for a bad dtype or
+// a null pointer a range needs, and zero::Error if the launch fails.
 int multi_tensor_step(const DeviceStepConfig& config, std::span<const DeviceRange> ranges,
                       void* stream);
 
