@@ -8,6 +8,7 @@
 #include "base/check.h"
 #include "base/logging.h"
 #include "optim/loss_scaler.h"
+#include "zero/collective_order.h"
 #include "zero/rank_agreement.h"
 #include "zero/stage_policy.h"
 
@@ -103,8 +104,8 @@ void Engine::finalize() {
   for (auto& [field, value] : fingerprint(m.options)) fp.push_back({field, value});
   for (comm::Communicator* c : {m.comms.shard, m.comms.replica}) {
     if (c == nullptr) continue;
-    m.registry.verify_across_ranks(*c, m.options.timeout);
-    check_agreement(*c, {.what = "engine options", .verb = "has"}, fp, "", m.options.timeout);
+    m.registry.verify_across_ranks(*c, m.options.timeout, m.device);
+    check_agreement(*c, {.what = "engine options", .verb = "has"}, fp, "", m.options.timeout, m.device);
   }
   m.model_dtype = *model_dtype;
   m.param_tensor.assign(m.registry.params().size(), -1);
@@ -113,9 +114,14 @@ void Engine::finalize() {
     m.tensor_param.push_back(id);
   }
   // Rank 0's initial values everywhere: within the shard group, then from replica 0 to the others.
-  for (const ParamSpec& p : m.registry.params()) {
-    for (comm::Communicator* c : {m.comms.shard, m.comms.replica}) {
-      if (c != nullptr) c->broadcast(p.data.ptr, p.data.numel, p.dtype, 0)->wait(m.options.timeout);
+  // The parameters were written on the compute stream.
+  memory::Stream& compute = m.device->compute_stream();
+  for (comm::Communicator* c : {m.comms.shard, m.comms.replica}) {
+    if (c == nullptr) continue;
+    CollectiveOrder order(*m.device, *c, m.options.timeout);
+    for (const ParamSpec& p : m.registry.params()) {
+      order.before_issue(compute);
+      order.after(*c->broadcast(p.data.ptr, p.data.numel, p.dtype, 0), compute);
     }
   }
   m.parts = wire_stage({&m.options, &m.registry, m.tensor_param, m.model_dtype, m.comms.shard, m.comms.replica,

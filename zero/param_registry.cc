@@ -103,13 +103,13 @@ std::vector<std::string> ParamRegistry::signature_lines() const {
   return lines;
 }
 
-void ParamRegistry::verify_across_ranks(comm::Communicator& comm,
-                                        std::chrono::milliseconds timeout) const {
+void ParamRegistry::verify_across_ranks(comm::Communicator& comm, std::chrono::milliseconds timeout,
+                                        memory::Device* device) const {
   std::vector<AgreementEntry> entries;
   const std::vector<std::string> lines = signature_lines();
   for (size_t i = 0; i < lines.size(); ++i) entries.push_back({fmt::format("parameter #{}", i), lines[i]});
   check_agreement(comm, {.what = "parameter registration", .verb = "registered"}, entries, local_error_,
-                  timeout);
+                  timeout, device);
 }
 
 std::vector<int> ParamRegistry::units() const {

@@ -10,6 +10,7 @@
 
 #include "base/dtype.h"
 #include "comm/communicator.h"
+#include "memory/device.h"
 
 namespace zero {
 
@@ -54,7 +55,8 @@ class ParamRegistry {
   // Collective (zero/rank_agreement.h): compares every rank's registration with rank 0's and throws
   // InvalidArgument on every rank naming the first difference and the ranks involved, or any rank's
   // local error.
-  void verify_across_ranks(comm::Communicator& comm, std::chrono::milliseconds timeout) const;
+  void verify_across_ranks(comm::Communicator& comm, std::chrono::milliseconds timeout,
+                           memory::Device* device = nullptr) const;
 
   // One line per parameter: "name shape dtype requires_grad group unit".
   std::vector<std::string> signature_lines() const;

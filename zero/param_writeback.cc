@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "base/logging.h"
+
 namespace zero {
 namespace {
 
@@ -44,8 +46,13 @@ class GatherWriteback final : public ParamWriteback {
     for (auto& s : slots_) s.buf = bucket_buffer(device, target_);
   }
   ~GatherWriteback() override {
+    // An all-gather still in flight writes into our buffers: let it finish (or fail) first.
     for (auto& s : slots_) {
-      if (s.work) s.work->wait();
+      try {
+        if (s.work) s.work->wait();
+      } catch (const std::exception& e) {
+        ZERO_LOG_WARN("engine destroyed with a failed parameter all-gather in flight: {}", e.what());
+      }
     }
   }
 

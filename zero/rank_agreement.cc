@@ -8,19 +8,38 @@
 namespace zero {
 namespace {
 
+// all_gather of host arrays: directly on a host communicator, through device buffers otherwise.
+void gather_host(comm::Communicator& comm, memory::Device* device, const void* send, void* recv, size_t count,
+                 DType dtype, std::chrono::milliseconds timeout) {
+  if (comm.accepts(memory::DeviceKind::kHost)) {
+    comm.all_gather(send, recv, count, dtype)->wait(timeout);
+    return;
+  }
+  ZERO_CHECK(device != nullptr, "communicator '{}' takes no host memory and no device was given", comm.backend_name());
+  const size_t bytes = count * dtype_size(dtype), all = bytes * static_cast<size_t>(comm.size());
+  memory::Buffer d_send = device->allocate(bytes, memory::Category::kOther);
+  memory::Buffer d_recv = device->allocate(all, memory::Category::kOther);
+  memory::Stream& s = device->compute_stream();
+  device->copy(d_send.data(), send, bytes, s);
+  comm.set_issue_stream(device->native_handle(s));
+  comm.all_gather(d_send.data(), d_recv.data(), count, dtype)->wait_stream(device->native_handle(s));
+  device->copy(recv, d_recv.data(), all, s);
+  device->synchronize(s, timeout);
+}
+
 // One string per rank: an all_gather of the lengths, then of the payloads padded to int32 words.
-std::vector<std::string> all_gather_strings(comm::Communicator& comm, const std::string& mine,
-                                            std::chrono::milliseconds timeout) {
+std::vector<std::string> all_gather_strings(comm::Communicator& comm, memory::Device* device,
+                                            const std::string& mine, std::chrono::milliseconds timeout) {
   const int n = comm.size();
   std::vector<int64_t> lengths(static_cast<size_t>(n));
   int64_t my_len = static_cast<int64_t>(mine.size());
-  comm.all_gather(&my_len, lengths.data(), 1, DType::kInt64)->wait(timeout);
+  gather_host(comm, device, &my_len, lengths.data(), 1, DType::kInt64, timeout);
   const int64_t max_len = *std::max_element(lengths.begin(), lengths.end());
   const size_t words = static_cast<size_t>((max_len + 3) / 4);
   if (words == 0) return std::vector<std::string>(static_cast<size_t>(n));
   std::vector<int32_t> send(words, 0), recv(words * static_cast<size_t>(n), 0);
   std::memcpy(send.data(), mine.data(), mine.size());
-  comm.all_gather(send.data(), recv.data(), words, DType::kInt32)->wait(timeout);
+  gather_host(comm, device, send.data(), recv.data(), words, DType::kInt32, timeout);
   std::vector<std::string> out;
   for (int r = 0; r < n; ++r) {
     const char* p = reinterpret_cast<const char*>(recv.data() + static_cast<size_t>(r) * words);
@@ -75,10 +94,10 @@ std::string first_difference(const AgreementSubject& subject, const std::vector<
 
 void check_agreement(comm::Communicator& comm, const AgreementSubject& subject,
                      const std::vector<AgreementEntry>& entries, const std::string& local_error,
-                     std::chrono::milliseconds timeout) {
+                     std::chrono::milliseconds timeout, memory::Device* device) {
   // A rank with a local error sends "!" + message instead of its entries.
   const std::string mine = local_error.empty() ? encode(entries) : "!" + local_error;
-  const std::vector<std::string> all = all_gather_strings(comm, mine, timeout);
+  const std::vector<std::string> all = all_gather_strings(comm, device, mine, timeout);
 
   std::string errors;
   for (size_t r = 0; r < all.size(); ++r) {

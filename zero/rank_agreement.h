@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "memory/device.h"
 
 namespace zero {
 
@@ -24,9 +25,10 @@ struct AgreementSubject {
 };
 
 // Collective. `local_error` (non-empty) replaces this rank's entries: every rank then throws
-// "<what> failed on some ranks:" followed by each failing rank's error.
+// "<what> failed on some ranks:" followed by each failing rank's error. A communicator that takes
+// no host memory (NCCL) exchanges through buffers of `device`, which must then be given.
 void check_agreement(comm::Communicator& comm, const AgreementSubject& subject,
                      const std::vector<AgreementEntry>& entries, const std::string& local_error,
-                     std::chrono::milliseconds timeout);
+                     std::chrono::milliseconds timeout, memory::Device* device = nullptr);
 
 }  // namespace zero
