@@ -421,12 +421,19 @@ TEST_CASE("a failed task is rethrown by synchronize; the stream refuses later wo
   auto before = f.device->create_event();
   auto after = f.device->create_event();
   int ran = 0;
-  f.device->host_task(*f.stream, [&] { ++ran; });
+  // The first task holds the stream until everything below is queued: once the failure has run,
+  // the stream refuses new work, and the test must not race the worker to it.
+  std::atomic<bool> queued{false};
+  f.device->host_task(*f.stream, [&] {
+    ++ran;
+    while (!queued) std::this_thread::sleep_for(1ms);
+  });
   f.device->record(*before, *f.stream);
   f.device->host_task(*f.stream, [] { throw std::runtime_error("boom in the producer"); });
   f.device->host_task(*f.stream, [&] { ran += 100; });  // queued behind the failure: skipped
   f.device->record(*after, *f.stream);
   f.device->wait(*consumer, *after);
+  queued = true;
 
   f.device->synchronize(*before, 10s);  // covers only the work before the failure
   CHECK_THROWS_WITH_AS(f.device->synchronize(*after, 10s), "boom in the producer", std::runtime_error);

@@ -271,14 +271,8 @@ MemoryReport Engine::memory_report() const {
   EngineMemory em;
   em.tracker = &m.device->tracker();
   em.registry = &m.registry;
-  em.stage = m.options.stage;
-  em.world_size = m.comms.shard->size();
   em.rank = rank();
-  em.model_dtype = m.model_dtype;
-  em.accum_dtype = m.parts.accum_dtype;
-  em.accumulator = m.parts.accumulator;
-  const ShardOptimizer& opt = m.parts.update->optimizer();
-  em.state_bytes = opt.state_names().size() * dtype_size(opt.state_dtype());
+  em.formula = m.parts.formula;
   return build_memory_report(em);
 }
 

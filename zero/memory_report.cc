@@ -72,21 +72,15 @@ std::string MemoryReport::table() const {
 
 MemoryReport build_memory_report(const EngineMemory& em) {
   using memory::Category;
-  MemoryFormulaInputs in;
-  in.stage = em.stage;
-  in.world_size = em.world_size;
+  MemoryFormulaInputs in = em.formula;
+  in.numel = 0;
   for (int id : em.registry->trainable()) in.numel += em.registry->numel(id);
-  in.param_bytes = dtype_size(em.model_dtype);
-  in.grad_bytes = dtype_size(em.model_dtype);
-  in.shard_grad_bytes = em.stage == 2 ? dtype_size(em.accum_dtype) : 4;
-  in.accumulator = em.stage < 2 && em.accumulator;
-  in.state_bytes = em.state_bytes;
   const MemoryPrediction pred = predict_memory(in);
 
   MemoryReport rep;
   rep.rank = em.rank;
-  rep.stage = em.stage;
-  rep.world_size = em.world_size;
+  rep.stage = in.stage;
+  rep.world_size = in.world_size;
   rep.numel = in.numel;
   rep.formula = pred.formula;
   // Parameters are the user's storage: their registered size is what is resident.

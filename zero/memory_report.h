@@ -60,17 +60,13 @@ struct MemoryReport {
   std::string table() const;
 };
 
-// What an engine knows about its own memory, for build_memory_report.
+// What an engine knows about its own memory, for build_memory_report. `formula` comes from the stage
+// policy (stage, gradient-shard bytes, accumulator); the rest from the engine.
 struct EngineMemory {
   const memory::MemoryTracker* tracker = nullptr;  // the engine's own
   const ParamRegistry* registry = nullptr;
-  int stage = 0;
-  int world_size = 1;  // ranks the state is sharded over
   int rank = 0;
-  DType model_dtype = DType::kFloat32;
-  DType accum_dtype = DType::kFloat32;
-  bool accumulator = false;  // reduced micro-step gradients are accumulated
-  uint64_t state_bytes = 8;  // optimizer state bytes per element
+  MemoryFormulaInputs formula;  // numel and param/grad bytes are filled in by build_memory_report
 };
 
 // The engine's tracker by category against predict_memory; the registered parameters (the user's

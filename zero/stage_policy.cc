@@ -67,8 +67,11 @@ EngineParts wire_stage(const PolicyInputs& in) {
   rc.deterministic = o.deterministic;
   rc.max_inflight = o.max_inflight_buckets;
   rc.timeout = o.timeout;
-  parts.accum_dtype = rc.accum_dtype;
-  parts.accumulator = rc.accumulate;
+  parts.formula.stage = o.stage;
+  parts.formula.world_size = in.shard->size();
+  parts.formula.param_bytes = parts.formula.grad_bytes = dtype_size(in.model_dtype);
+  parts.formula.shard_grad_bytes = o.stage == 2 ? dtype_size(rc.accum_dtype) : 4;
+  parts.formula.accumulator = o.stage < 2 && rc.accumulate;
   std::vector<UserGrad> user_grads;
   WritebackTarget target{&layout, {}, in.model_dtype};
   std::vector<UpdateTensor> tensors;
@@ -90,6 +93,8 @@ EngineParts wire_stage(const PolicyInputs& in) {
   uc.timeout = o.timeout;
   parts.update = std::make_unique<ShardedUpdate>(uc, layout, *parts.ownership, *in.shard, device, tensors,
                                                  *parts.writeback);
+  const ShardOptimizer& opt = parts.update->optimizer();
+  parts.formula.state_bytes = opt.state_names().size() * dtype_size(opt.state_dtype());
   return parts;
 }
 

@@ -16,6 +16,7 @@
 #include "memory/device.h"
 #include "zero/engine_options.h"
 #include "zero/grad_reducer.h"
+#include "zero/memory_report.h"
 #include "zero/param_registry.h"
 #include "zero/param_writeback.h"
 #include "zero/shard_layout.h"
@@ -30,8 +31,7 @@ struct EngineParts {
   std::unique_ptr<GradReducer> reducer;
   std::unique_ptr<ParamWriteback> writeback;
   std::unique_ptr<ShardedUpdate> update;
-  DType accum_dtype = DType::kFloat32;  // what the reducer accumulates in (memory formula)
-  bool accumulator = false;
+  MemoryFormulaInputs formula;  // the ZeRO formula this wiring should meet (memory report)
 };
 
 struct PolicyInputs {
