@@ -5,6 +5,7 @@
 // in base/check.h as CheckError) and recoverable faults, each with its own type so that callers can
 // catch what they can handle: bad input, a timeout, a communication failure, an I/O failure, an
 // allocation that cannot be satisfied. Library code throws; it never exits or aborts on input.
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -51,5 +52,17 @@ class AllocationError : public Error {
  public:
   using Error::Error;
 };
+
+// The message of a captured exception (what() for a std::exception), for errors that report a
+// failure which happened on another thread.
+inline std::string exception_message(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
 
 }  // namespace zero

@@ -35,16 +35,6 @@ namespace {
 // Zeroing a new allocation is a short memset; this only bounds a hung device.
 constexpr std::chrono::milliseconds kAllocationZeroTimeout = std::chrono::minutes(5);
 
-std::string what_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
-    return "an exception that is not a std::exception";
-  }
-}
-
 // The first exception of a stream's host tasks (written on a CUDA callback thread).
 struct FailureSlot {
   std::mutex mu;
@@ -325,7 +315,7 @@ class CudaDevice final : public Device {
     const CudaDeviceStream& s = own(stream);
     if (const std::exception_ptr e = s.failure()->get()) {
       ZERO_THROW(Error, "{} stream '{}' failed earlier ({}); no more work is accepted", name_,
-                 s.name(), what_of(e));
+                 s.name(), exception_message(e));
     }
     return s;
   }

@@ -46,16 +46,6 @@ Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
   return Clock::now() + (timeout > kLongest ? kLongest : timeout);
 }
 
-std::string what_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
-    return "an exception that is not a std::exception";
-  }
-}
-
 // Completion state of one stream. Shared with the events recorded on it, which may outlive it.
 struct StreamState {
   explicit StreamState(std::string stream_name) : name(std::move(stream_name)) {}
@@ -122,7 +112,7 @@ class HostStream final : public Stream {
       std::lock_guard lock(state_->mu);
       if (state_->failure) {
         ZERO_THROW(Error, "{} stream '{}' failed earlier ({}); no more work is accepted", kDeviceName,
-                   state_->name, what_of(state_->failure));
+                   state_->name, exception_message(state_->failure));
       }
       state_->queue.push_back(std::move(task));
       ++state_->issued;
@@ -373,7 +363,7 @@ class HostDevice final : public Device {
     }
     if (producer.failure && producer.failed_at <= seq) {
       ZERO_THROW(Error, "{} stream '{}' waited for an event of stream '{}', whose work failed: {}",
-                 kDeviceName, waiter, producer.name, what_of(producer.failure));
+                 kDeviceName, waiter, producer.name, exception_message(producer.failure));
     }
   }
 

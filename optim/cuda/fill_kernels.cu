@@ -1,4 +1,5 @@
 // Batched range fill (see fill_kernels.h).
+#include "optim/cuda/chunk_ranges.h"
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -12,16 +13,7 @@ template <class T>
 __global__ void __launch_bounds__(kFillThreads) fill_kernel(const __grid_constant__ FillParams p) {
   const unsigned long long total = p.chunk_begin[p.num_ranges];
   for (unsigned long long chunk = blockIdx.x; chunk < total; chunk += gridDim.x) {
-    // The range holding this chunk: the last r with chunk_begin[r] <= chunk (ranges are non-empty).
-    int lo = 0, hi = p.num_ranges - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (p.chunk_begin[mid] <= chunk) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
-      }
-    }
+    const int lo = detail::range_of_chunk(p.chunk_begin, p.num_ranges, chunk);
     const FillRange& r = p.ranges[lo];
     const size_t begin = static_cast<size_t>(chunk - p.chunk_begin[lo]) * kFillChunk;
     const size_t end = begin + kFillChunk < r.n ? begin + kFillChunk : r.n;

@@ -1,5 +1,6 @@
 // CUDA multi-tensor optimizer step kernels. See multi_tensor_step.h; the host side (validation,
 // batching, errors) is multi_tensor_step.cc.
+#include "optim/cuda/chunk_ranges.h"
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -67,16 +68,7 @@ template <class U, class G, class S, class Out>
 __global__ void __launch_bounds__(kThreads) step_kernel(const __grid_constant__ LaunchParams p) {
   const unsigned long long total = p.chunk_begin[p.num_ranges];
   for (unsigned long long chunk = blockIdx.x; chunk < total; chunk += gridDim.x) {
-    // The range holding this chunk: the last r with chunk_begin[r] <= chunk (ranges are non-empty).
-    int lo = 0, hi = p.num_ranges - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (p.chunk_begin[mid] <= chunk) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
-      }
-    }
+    const int lo = detail::range_of_chunk(p.chunk_begin, p.num_ranges, chunk);
     const DeviceRange& r = p.ranges[lo];
     const Consts<CudaOps> k(r.coeffs);
     // SGD without momentum has no buffer to read or write.
