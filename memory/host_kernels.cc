@@ -41,41 +41,31 @@ void narrow(const float* src, void* dst, DType dtype, size_t n) {
   }
 }
 
-float load(const void* p, DType dtype, size_t i) {
-  uint16_t h;
-  switch (dtype) {
-    case DType::kFloat16:
-      std::memcpy(&h, at(p, dtype, i), sizeof h);
-      return fp16_bits_to_fp32(h);
-    case DType::kBFloat16:
-      std::memcpy(&h, at(p, dtype, i), sizeof h);
-      return bf16_bits_to_fp32(h);
-    default:
-      return static_cast<const float*>(p)[i];
-  }
-}
-
-template <typename Load>
-double lane_sum_of_squares(size_t n, Load load_at) {
-  double lanes[kSumLanes] = {};
+// Adds the squares of p[0, n) into the lanes, element k into lane k % kSumLanes: callers pass runs
+// that start on a whole row of lanes. Every lane is an independent chain, so the compiler may keep
+// the lanes in vector registers without reassociating any sum.
+void add_squares(double* lanes, const float* p, size_t n) {
   size_t i = 0;
-  // Whole rows of kSumLanes first: every lane is an independent chain, so the compiler may keep the
-  // lanes in vector registers without reassociating any sum.
   for (; i + kSumLanes <= n; i += kSumLanes) {
     for (size_t l = 0; l < kSumLanes; ++l) {
-      const double v = load_at(i + l);
+      const double v = p[i + l];
       lanes[l] += v * v;  // a float's square is exact in double, so a fused form gives the same bits
     }
   }
   for (; i < n; ++i) {
-    const double v = load_at(i);
+    const double v = p[i];
     lanes[i % kSumLanes] += v * v;
   }
+}
+
+double reduce_lanes(double* lanes) {
   for (size_t w = kSumLanes / 2; w >= 1; w /= 2) {
     for (size_t j = 0; j < w; ++j) lanes[j] += lanes[j + w];
   }
   return lanes[0];
 }
+
+static_assert(kTile % kSumLanes == 0, "tiles must hold whole rows of lanes");
 
 }  // namespace
 
@@ -135,14 +125,19 @@ void ordered_sum(const void* ins, DType in_dtype, size_t stride, int k, void* ou
 }
 
 double sum_of_squares(const void* x, DType dtype, size_t n) {
-  switch (dtype) {
-    case DType::kFloat32: {
-      const float* p = static_cast<const float*>(x);
-      return lane_sum_of_squares(n, [p](size_t i) { return p[i]; });
-    }
-    default:
-      return lane_sum_of_squares(n, [x, dtype](size_t i) { return load(x, dtype, i); });
+  double lanes[kSumLanes] = {};
+  if (dtype == DType::kFloat32) {
+    add_squares(lanes, static_cast<const float*>(x), n);
+    return reduce_lanes(lanes);
   }
+  // 16-bit: widened a tile at a time with base/dtype's vectorized conversions; a tile is a whole
+  // number of lane rows, so every element keeps its lane.
+  float tmp[kTile];
+  for (size_t i = 0; i < n; i += kTile) {
+    const size_t m = std::min(kTile, n - i);
+    add_squares(lanes, widen(at(x, dtype, i), dtype, m, tmp), m);
+  }
+  return reduce_lanes(lanes);
 }
 
 void block_sum_of_squares(const void* x, DType dtype, size_t block, size_t blocks, double* out) {
