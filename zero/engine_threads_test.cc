@@ -8,13 +8,11 @@
 #include <functional>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "base/error.h"
-#include "comm/gloo/gloo_communicator.h"
-#include "comm/store/memory_store.h"
 #include "memory/device.h"
+#include "testing/thread_ranks.h"
 #include "zero/engine.h"
 
 namespace zero {
@@ -23,19 +21,7 @@ namespace {
 using namespace std::chrono_literals;
 using Params = std::vector<std::vector<float>>;
 
-void run_ranks(int size, const std::function<void(comm::Communicator&)>& fn) {
-  auto store = std::make_shared<comm::MemoryStore>();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      comm::GlooOptions o;
-      o.timeout = 30s;
-      auto c = comm::make_gloo_communicator(store, r, size, o);
-      fn(*c);
-    });
-  }
-  for (auto& t : threads) t.join();
-}
+void run_ranks(int size, const std::function<void(comm::Communicator&)>& fn) { testing::run_thread_ranks(size, fn); }
 
 struct Setup {
   int stage = 2;
