@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "base/dtype.h"
 #include "memory/device.h"
 #include "testing/thread_ranks.h"
 
@@ -114,6 +115,45 @@ TEST_CASE("micro-steps accumulate, no-sync ones locally until the next sync micr
       }
     });
   }
+}
+
+// Backward writes 16-bit gradients on the compute stream (the test's thread); the reduce stream (a
+// worker thread here) converts them to fp32 before the collective. Under TSan, a missing event wait
+// between the two is a data race.
+TEST_CASE("16-bit gradients are converted on the reduce stream after backward's writes") {
+  testing::run_thread_ranks(2, [&](comm::Communicator& comm) {
+    memory::MemoryTracker tracker;
+    auto device = memory::make_host_device(tracker, {.threaded_streams = true});
+    const ShardLayout layout(kNumels, 2, kLayout);
+    const ShardOwnership own = ShardOwnership::sharded(layout, comm.rank());
+    GradReducer red({.model_dtype = DType::kBFloat16, .reduce_dtype = DType::kFloat32, .full_grads = false,
+                     .accumulate = true},
+                    layout, own, {&comm}, *device, std::vector<UserGrad>(kNumels.size()));
+    for (int m = 0; m < 2; ++m) {
+      red.begin_micro_step(true);
+      for (size_t t = kNumels.size(); t-- > 0;) {
+        auto* g = static_cast<uint16_t*>(red.grad(t));
+        const float v = static_cast<float>((comm.rank() + 1) * static_cast<int>(t + 1) + m);  // exact in bf16
+        for (size_t e = 0; e < kNumels[t]; ++e) g[e] = fp32_to_bf16_bits(v);
+        red.tensor_ready(t);
+      }
+      red.end_micro_step();
+    }
+    for (size_t b = 0; b < layout.buckets().size(); ++b) {
+      const OwnedRange r = own.range(b);
+      const float* acc = static_cast<const float*>(red.reduced(b).ptr);
+      for (size_t i = 0; i < r.len; ++i) {
+        float want = 0;
+        for (size_t t = 0; t < kNumels.size(); ++t) {
+          const auto& T = layout.tensors()[t];
+          if (r.flat_begin + i >= T.offset && r.flat_begin + i < T.offset + T.numel) {
+            want = static_cast<float>(3 * static_cast<int>(t + 1) * 2 + 2);  // ranks 1 + 2, micro-steps 0 + 1
+          }
+        }
+        REQUIRE(acc[i] == want);
+      }
+    }
+  });
 }
 
 TEST_CASE("user gradient storage is added in when complete, then zeroed") {
