@@ -72,6 +72,34 @@ TEST_CASE("the loop with unit scopes, with and without no_sync scopes, at stages
   run_ok(2, {"--file", kData + "dp4_adamw_clip.json", "--stage", "2", "--no-sync"});
 }
 
+TEST_CASE("stage 3 at world sizes 1, 2 and 4, with and without no_sync") {
+  run_ok(2, {"--file", kData + "dp2_adamw_clip.json", "--stage", "3", "--units"});
+  run_ok(4, {"--file", kData + "dp4_adamw_clip.json", "--stage", "3", "--units"});
+  run_ok(1, {"--file", kData + "dp4_adamw_clip.json", "--stage", "3", "--units"});
+  run_ok(2, {"--file", kData + "dp4_adamw_clip.json", "--stage", "3", "--units", "--no-sync-scope"});
+}
+
+// The same with unit scopes (one unit per parameter, so every unit starts on a block): stages 0-3
+// bitwise equal at 4 ranks and at 1 rank x 4 micro-steps.
+TEST_CASE("deterministic mode with units: stages 0-3 bitwise equal, and 4 ranks equal 1 rank x 4") {
+  std::string first;
+  for (const auto& [nproc, stage] : std::vector<std::pair<int, std::string>>{
+           {4, "3"}, {4, "0"}, {4, "1"}, {4, "2"}, {1, "3"}, {1, "0"}}) {
+    CAPTURE(nproc);
+    CAPTURE(stage);
+    const std::string dump = tmp("det_units_" + std::to_string(nproc) + "_" + stage + ".bin");
+    run_ok(nproc, {"--file", kData + "dp4_adamw_clip.json", "--stage", stage, "--deterministic", "--units",
+                   "--dump", dump});
+    const std::string bytes = slurp(dump);
+    REQUIRE(!bytes.empty());
+    if (first.empty()) {
+      first = bytes;
+    } else {
+      CHECK(bytes == first);
+    }
+  }
+}
+
 TEST_CASE("gradients reduced without grad_ready calls") {
   run_ok(2, {"--file", kData + "dp2_adamw_clip.json", "--stage", "2", "--grad-ready", "false"});
 }

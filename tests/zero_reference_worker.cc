@@ -35,6 +35,7 @@ int run(int argc, char** argv) {
   // scopes around every micro-step but the last.
   const bool units = flags.get_bool("units", false);
   const bool no_sync_scope = flags.get_bool("no-sync-scope", false);
+  if (stage == 3 && !units) ZERO_THROW(InvalidArgument, "--stage 3 reads the parameters through unit scopes: add --units");
   const int bucket = flags.get_int("bucket-numel", 512);
   const std::string dump = flags.get("dump", "");
   const double tolerance = flags.get_double("tolerance", 1e-5);
@@ -95,6 +96,7 @@ int run(int argc, char** argv) {
 
   const int steps = ref["steps"].get<int>();
   double worst = 0.0;
+  std::vector<std::vector<float>> last;  // the parameters after the last step (for --dump)
   for (int s = 0; s < steps; ++s) {
     for (int m = 0; m < micro; ++m) {
       const auto& grads = ref["grads_per_step_per_rank"][s][rank * micro + m];
@@ -120,15 +122,26 @@ int run(int argc, char** argv) {
     if (std::fabs(r.grad_norm - ref_norm) > tolerance * ref_norm) {
       ZERO_THROW(Error, "rank {} step {}: grad norm {} but PyTorch {}", rank, s + 1, r.grad_norm, ref_norm);
     }
+    // The parameters after the step: the user's storage, or (with units: required at stage 3, where
+    // the engine owns them) read through each unit's gather scope.
+    std::vector<std::vector<float>> current = values;
+    if (units) {
+      for (size_t i = 0; i < names.size(); ++i) {
+        UnitScope scope = engine.gather(static_cast<int>(i));
+        const float* p = scope.param_as<float>(ids[i]);
+        current[i].assign(p, p + values[i].size());
+      }
+    }
+    last = current;
     for (size_t i = 0; i < names.size(); ++i) {
       const std::vector<float> want = ref["params_after_step"][s][names[i]].get<std::vector<float>>();
       for (size_t k = 0; k < want.size(); ++k) {
-        const double err = std::fabs(static_cast<double>(values[i][k]) - want[k]) /
+        const double err = std::fabs(static_cast<double>(current[i][k]) - want[k]) /
                            std::max(std::fabs(static_cast<double>(want[k])), 1e-3);
         worst = std::max(worst, err);
         if (err > tolerance) {
           ZERO_THROW(Error, "rank {} step {}: {}[{}] = {} but PyTorch has {} (relative error {:.3g})",
-                     rank, s + 1, names[i], k, values[i][k], want[k], err);
+                     rank, s + 1, names[i], k, current[i][k], want[k], err);
         }
       }
     }
@@ -137,7 +150,7 @@ int run(int argc, char** argv) {
               rank, stage, world, micro, deterministic ? ", deterministic" : "", steps, worst);
   if (!dump.empty() && rank == 0) {
     std::ofstream out(dump, std::ios::binary);
-    for (const auto& v : values) out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+    for (const auto& v : last) out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
     if (!out) ZERO_THROW(IoError, "cannot write '{}'", dump);
   }
   comm.barrier()->wait();

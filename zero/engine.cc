@@ -3,6 +3,7 @@
 #include "zero/engine.h"
 
 #include <exception>
+#include <map>
 #include <optional>
 
 #include "base/check.h"
@@ -31,6 +32,7 @@ struct Engine::Impl {
   int no_sync_depth = 0;  // open NoSyncScopes
   int64_t steps_taken = 0;
   std::exception_ptr scope_error;  // raised by the next call after a scope's destructor failed
+  std::map<int, size_t> unit_bucket;  // stage 3: unit id -> its bucket
 
   int world() const { return comms.shard->size() * (comms.replica ? comms.replica->size() : 1); }
   // The current micro-step reduces unless no_sync is open or it is a deferred one.
@@ -108,10 +110,14 @@ void Engine::finalize() {
     check_agreement(*c, {.what = "engine options", .verb = "has"}, fp, "", m.options.timeout, m.device);
   }
   m.model_dtype = *model_dtype;
+  // Trainable tensors grouped by unit (units in order of first registration).
   m.param_tensor.assign(m.registry.params().size(), -1);
-  for (int id : m.registry.trainable()) {
-    m.param_tensor[static_cast<size_t>(id)] = static_cast<int64_t>(m.tensor_param.size());
-    m.tensor_param.push_back(id);
+  for (int unit : m.registry.units()) {
+    for (int id : m.registry.params_of_unit(unit)) {
+      if (!m.registry.param(id).requires_grad) continue;
+      m.param_tensor[static_cast<size_t>(id)] = static_cast<int64_t>(m.tensor_param.size());
+      m.tensor_param.push_back(id);
+    }
   }
   // Rank 0's initial values everywhere: within the shard group, then from replica 0 to the others.
   // The parameters were written on the compute stream.
@@ -126,29 +132,51 @@ void Engine::finalize() {
   }
   m.parts = wire_stage({&m.options, &m.registry, m.tensor_param, m.model_dtype, m.comms.shard, m.comms.replica,
                         m.device});
+  for (size_t b = 0; b < m.parts.layout->buckets().size(); ++b) {
+    const int unit = m.parts.layout->buckets()[b].unit;
+    if (unit >= 0) m.unit_bucket[unit] = b;
+  }
   m.finalized = true;
 }
 
 bool Engine::finalized() const { return impl_->finalized; }
 
-UnitScope Engine::gather(int unit) {
-  impl_->require_unit(unit, "gather");
-  return UnitScope(this, unit, false);
-}
+UnitScope Engine::gather(int unit) { return open_scope(unit, false); }
 
-UnitScope Engine::gather_for_backward(int unit) {
-  impl_->require_unit(unit, "gather_for_backward");
-  impl_->parts.reducer->begin_micro_step(impl_->syncs());
-  return UnitScope(this, unit, true);
+UnitScope Engine::gather_for_backward(int unit) { return open_scope(unit, true); }
+
+UnitScope Engine::open_scope(int unit, bool backward) {
+  Impl& m = *impl_;
+  m.require_unit(unit, backward ? "gather_for_backward" : "gather");
+  if (backward) m.parts.reducer->begin_micro_step(m.syncs());
+  UnitScope scope(this, unit, backward);
+  // Below stage 3 (no gatherer) parameters stay in the user's storage.
+  const auto it = m.unit_bucket.find(unit);
+  if (m.parts.gatherer && it != m.unit_bucket.end()) scope.base_ = m.parts.gatherer->acquire(it->second, backward);
+  return scope;
 }
 
 void Engine::end_scope(int unit, bool backward) {
-  if (!backward) return;  // parameters stay resident below stage 3
   Impl& m = *impl_;
-  for (int id : m.registry.params_of_unit(unit)) {
-    const int64_t t = m.param_tensor[static_cast<size_t>(id)];
-    if (t >= 0 && !m.parts.reducer->is_ready(static_cast<size_t>(t))) m.parts.reducer->tensor_ready(static_cast<size_t>(t));
+  if (backward) {
+    for (int id : m.registry.params_of_unit(unit)) {
+      const int64_t t = m.param_tensor[static_cast<size_t>(id)];
+      if (t >= 0 && !m.parts.reducer->is_ready(static_cast<size_t>(t))) m.parts.reducer->tensor_ready(static_cast<size_t>(t));
+    }
   }
+  const auto it = m.unit_bucket.find(unit);
+  if (m.parts.gatherer && it != m.unit_bucket.end()) m.parts.gatherer->release(it->second, backward);
+}
+
+void* Engine::scope_param(void* base, int id) {
+  Impl& m = *impl_;
+  const ParamSpec& p = m.registry.param(id);
+  const int64_t t = m.param_tensor[static_cast<size_t>(id)];
+  if (base == nullptr || t < 0) return p.data.ptr;  // resident: the user's storage
+  const ShardLayout& l = *m.parts.layout;
+  const size_t b = m.unit_bucket.at(p.unit);
+  return static_cast<char*>(base) +
+         (l.tensors()[static_cast<size_t>(t)].offset - l.buckets()[b].offset) * dtype_size(m.model_dtype);
 }
 
 NoSyncScope Engine::no_sync() {
@@ -211,6 +239,7 @@ StepResult Engine::step() {
     throw;
   }
   r.micro_steps = m.micro_steps;
+  if (m.parts.gatherer) m.parts.gatherer->after_step();
   m.parts.reducer->clear();
   m.micro_steps = 0;
   m.steps_taken = r.step;

@@ -71,6 +71,14 @@ class [[nodiscard("a unit scope ends when it is destroyed: hold it for the unit'
 
   int unit() const { return unit_; }
   bool backward() const { return backward_; }
+  // Parameter `id` of this unit, in full, in its dtype: the user's storage below stage 3, the
+  // gathered copy at stage 3 (valid while the scope is open; read-only: the engine's update is the
+  // only writer).
+  void* param(int id);
+  template <typename T>
+  T* param_as(int id) {
+    return static_cast<T*>(param(id));
+  }
   // The backward scope's gradient storage of parameter `id` of this unit (Engine::grad's rule).
   void* grad(int id);
   template <typename T>
@@ -86,6 +94,7 @@ class [[nodiscard("a unit scope ends when it is destroyed: hold it for the unit'
   Engine* engine_ = nullptr;
   int unit_ = -1;
   bool backward_ = false;
+  void* base_ = nullptr;  // stage 3: the unit's gathered parameters
 };
 
 // While alive, micro-steps only accumulate their gradients locally; see the header comment. Open it
@@ -175,7 +184,9 @@ class Engine {
  private:
   friend class UnitScope;
   friend class NoSyncScope;
+  UnitScope open_scope(int unit, bool backward);
   void end_scope(int unit, bool backward);
+  void* scope_param(void* base, int id);
   void end_no_sync();
   void note_scope_error(std::exception_ptr error);
   struct Impl;

@@ -7,8 +7,8 @@
 namespace zero {
 
 void validate(const EngineOptions& o) {
-  if (o.stage < 0 || o.stage > 2) {
-    ZERO_THROW(InvalidArgument, "EngineOptions.stage must be 0, 1 or 2, got {}", o.stage);
+  if (o.stage < 0 || o.stage > 3) {
+    ZERO_THROW(InvalidArgument, "EngineOptions.stage must be 0, 1, 2 or 3, got {}", o.stage);
   }
   if (!(o.max_grad_norm >= 0.0f)) {
     ZERO_THROW(InvalidArgument, "EngineOptions.max_grad_norm must be >= 0, got {}", o.max_grad_norm);
@@ -93,6 +93,10 @@ std::vector<std::pair<std::string, std::string>> fingerprint(const EngineOptions
   add("layout.alignment", o.layout.alignment);
   add("layout.bucket_numel", o.layout.bucket_numel);
   add("layout.block", o.layout.block);
+  add("reshard_after_forward", o.reshard_after_forward);
+  add("prefetch_bytes", o.prefetch_bytes);
+  add("max_live_gathered_bytes", o.max_live_gathered_bytes);
+  add("param_persistence_bytes", o.param_persistence_bytes);
   return f;
 }
 

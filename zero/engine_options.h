@@ -18,7 +18,9 @@ enum class LossScaling { kNone, kStatic, kDynamic };
 
 struct EngineOptions {
   // 0: replicated optimizer, all-reduced gradients (DDP). 1: optimizer state sharded. 2: gradients
-  // sharded too (reduce-scattered bucket by bucket during backward).
+  // sharded too (reduce-scattered bucket by bucket during backward). 3: parameters sharded too:
+  // each unit is all-gathered just in time inside its gather scopes (with prefetch) and its
+  // gradients reduce-scattered when its backward scope ends.
   int stage = 2;
 
   optim::OptimizerOptions optimizer;
@@ -54,6 +56,18 @@ struct EngineOptions {
 
   // Gradient buckets whose reduction may be in flight at once (each holds one bucket buffer).
   int max_inflight_buckets = 2;
+
+  // Stage 3. Leaving a forward scope frees the unit's gathered parameters (false: keep them for
+  // its backward, FSDP's ZeRO-2-like trade; they stay while the window has room).
+  bool reshard_after_forward = true;
+  // Gathered bytes issued ahead of use, following the unit order recorded in the first step
+  // (0: one unit ahead, as FSDP2).
+  size_t prefetch_bytes = 0;
+  // The gather window: one pool, allocated once, that every gathered unit lives in
+  // (0: room for two of the largest unit). The peak of gathered bytes never exceeds it.
+  size_t max_live_gathered_bytes = 0;
+  // Units of at most this many bytes stay gathered from their first use to the end of the step.
+  size_t param_persistence_bytes = 0;
 
   // Deadline for every collective the engine waits on.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};

@@ -214,7 +214,7 @@ TEST_CASE("a host communicator refuses a device whose memory it cannot take; sta
   run_ranks(1, [&](comm::Communicator& c) {
     EngineOptions opt;
     opt.stage = 0;
-    CHECK_THROWS_WITH_AS(Engine(EngineComms{&c, &c}, opt), doctest::Contains("needs stage 1 or 2"), InvalidArgument);
+    CHECK_THROWS_WITH_AS(Engine(EngineComms{&c, &c}, opt), doctest::Contains("needs a sharded stage"), InvalidArgument);
     CHECK_FALSE(c.accepts(memory::DeviceKind::kCuda));
   });
 }

@@ -8,17 +8,17 @@
 namespace zero {
 
 MemoryPrediction predict_memory(const MemoryFormulaInputs& in) {
-  ZERO_CHECK(in.stage >= 0 && in.stage <= 2, "stage {}", in.stage);
+  ZERO_CHECK(in.stage >= 0 && in.stage <= 3, "stage {}", in.stage);
   ZERO_CHECK_GE(in.world_size, 1);
   const uint64_t psi = in.numel;
   const uint64_t n = static_cast<uint64_t>(in.world_size);
   MemoryPrediction p;
-  p.params = in.param_bytes * psi;
+  p.params = in.stage == 3 ? in.param_bytes * psi / n : in.param_bytes * psi;
   const uint64_t sharded = (in.stage == 0) ? 1 : n;
   p.master = 4 * psi / sharded;
   p.optimizer_state = in.state_bytes * psi / sharded;
   std::string grads_term;
-  if (in.stage == 2) {
+  if (in.stage >= 2) {
     p.grads = in.shard_grad_bytes * psi / n;
     grads_term = fmt::format("{}Ψ/N", in.shard_grad_bytes);
   } else {
@@ -32,6 +32,8 @@ MemoryPrediction predict_memory(const MemoryFormulaInputs& in) {
   const uint64_t k = 4 + in.state_bytes;
   if (in.stage == 0) {
     p.formula = fmt::format("{}Ψ + {} + {}Ψ", in.param_bytes, grads_term, k);
+  } else if (in.stage == 3) {
+    p.formula = fmt::format("{}Ψ/N + {} + {}Ψ/N", in.param_bytes, grads_term, k);
   } else {
     p.formula = fmt::format("{}Ψ + {} + {}Ψ/N", in.param_bytes, grads_term, k);
   }
@@ -83,16 +85,21 @@ MemoryReport build_memory_report(const EngineMemory& em) {
   rep.world_size = in.world_size;
   rep.numel = in.numel;
   rep.formula = pred.formula;
-  // Parameters are the user's storage: their registered size is what is resident.
-  uint64_t param_bytes = 0;
-  for (const ParamSpec& p : em.registry->params()) param_bytes += p.data.numel * dtype_size(p.dtype);
-  rep.rows.push_back({"params (user)", param_bytes, param_bytes, pred.params, true});
   auto row = [&](const memory::MemoryTracker& t, Category c, const std::string& name, uint64_t predicted,
                  bool in_formula) {
     const auto u = t.usage(c);
     rep.rows.push_back({name, u.current, u.peak, predicted, in_formula});
   };
   const memory::MemoryTracker& t = *em.tracker;
+  if (in.stage == 3) {
+    // The engine keeps the parameter shard; the registered storage only gave the initial values.
+    row(t, Category::kParams, "params (shard)", pred.params, true);
+  } else {
+    // Parameters are the user's storage: their registered size is what is resident.
+    uint64_t param_bytes = 0;
+    for (const ParamSpec& p : em.registry->params()) param_bytes += p.data.numel * dtype_size(p.dtype);
+    rep.rows.push_back({"params (user)", param_bytes, param_bytes, pred.params, true});
+  }
   row(t, Category::kGrads, "grads", pred.grads, true);
   row(t, Category::kMasterParams, "master_params", pred.master, true);
   row(t, Category::kOptimizerState, "optimizer_state", pred.optimizer_state, true);

@@ -19,6 +19,11 @@ void scatter_to_params(memory::Device& device, const WritebackTarget& t, size_t 
   }
 }
 
+// The owned range's place in a bucket-sized buffer.
+void* in_bucket(const WritebackTarget& t, size_t b, void* buf, const OwnedRange& own) {
+  return static_cast<char*>(buf) + (own.flat_begin - t.layout->buckets()[b].offset) * dtype_size(t.model_dtype);
+}
+
 memory::Buffer bucket_buffer(memory::Device& device, const WritebackTarget& t) {
   return device.allocate_elements(static_cast<int64_t>(t.layout->max_bucket_padded()), t.model_dtype,
                                   memory::Category::kCommBuffer);
@@ -28,7 +33,7 @@ class LocalWriteback final : public ParamWriteback {
  public:
   LocalWriteback(memory::Device& device, WritebackTarget target)
       : device_(device), target_(std::move(target)), buf_(bucket_buffer(device, target_)) {}
-  void* bucket_out(size_t) override { return buf_.data(); }
+  void* owned_out(size_t b, const OwnedRange& own) override { return in_bucket(target_, b, buf_.data(), own); }
   void publish(size_t b) override { scatter_to_params(device_, target_, b, buf_.data()); }
   void finish() override {}
 
@@ -56,10 +61,10 @@ class GatherWriteback final : public ParamWriteback {
     }
   }
 
-  void* bucket_out(size_t b) override {
+  void* owned_out(size_t b, const OwnedRange& own) override {
     Slot& s = slots_[b % 2];
     drain(s);  // the buffer's previous bucket must reach the parameters before reuse
-    return s.buf.data();
+    return in_bucket(target_, b, s.buf.data(), own);
   }
   void publish(size_t b) override {
     Slot& s = slots_[b % 2];
@@ -94,7 +99,23 @@ class GatherWriteback final : public ParamWriteback {
   std::array<Slot, 2> slots_;
 };
 
+class ShardWriteback final : public ParamWriteback {
+ public:
+  ShardWriteback(void* shard, DType dtype) : shard_(static_cast<char*>(shard)), es_(dtype_size(dtype)) {}
+  void* owned_out(size_t, const OwnedRange& own) override { return shard_ + own.opt_begin * es_; }
+  void publish(size_t) override {}
+  void finish() override {}
+
+ private:
+  char* shard_;
+  size_t es_;
+};
+
 }  // namespace
+
+std::unique_ptr<ParamWriteback> make_shard_writeback(void* shard, DType model_dtype) {
+  return std::make_unique<ShardWriteback>(shard, model_dtype);
+}
 
 std::unique_ptr<ParamWriteback> make_local_writeback(memory::Device& device, WritebackTarget target) {
   return std::make_unique<LocalWriteback>(device, std::move(target));

@@ -4,7 +4,8 @@
 //   local   the rank owns the whole bucket (stage 0): copy it into the parameters;
 //   gather  the rank owns one chunk (stages 1, 2): all-gather the bucket within the shard group,
 //           double-buffered so one bucket's all-gather overlaps the next bucket's update, then copy.
-// Stage 3 adds a third (write the 16-bit shard) without touching the update.
+//   shard   stage 3: the new values go straight into the rank's parameter shard, which the
+//           ParamGatherer all-gathers when a unit is next used.
 #include <array>
 #include <chrono>
 #include <memory>
@@ -14,15 +15,16 @@
 #include "memory/device.h"
 #include "zero/collective_order.h"
 #include "zero/shard_layout.h"
+#include "zero/shard_ownership.h"
 
 namespace zero {
 
 class ParamWriteback {
  public:
   virtual ~ParamWriteback() = default;
-  // Where the optimizer writes bucket b (model dtype, indexed from the bucket's flat start; only the
-  // owned range is written). Valid until publish(b).
-  virtual void* bucket_out(size_t b) = 0;
+  // Where the optimizer writes the new values of bucket b's owned range `own` (model dtype, its
+  // first element). Valid until publish(b).
+  virtual void* owned_out(size_t b, const OwnedRange& own) = 0;
   // Bucket b's owned range is written (on the compute stream).
   virtual void publish(size_t b) = 0;
   // Every published bucket has reached the parameters (in compute-stream order).
@@ -36,6 +38,8 @@ struct WritebackTarget {
 };
 
 std::unique_ptr<ParamWriteback> make_local_writeback(memory::Device& device, WritebackTarget target);
+// `shard`: the rank's parameter shard in optimizer-space order (ParamGatherer::shard()).
+std::unique_ptr<ParamWriteback> make_shard_writeback(void* shard, DType model_dtype);
 std::unique_ptr<ParamWriteback> make_gather_writeback(memory::Device& device, WritebackTarget target,
                                                       comm::Communicator& shard_comm,
                                                       std::chrono::milliseconds timeout);

@@ -1,6 +1,7 @@
 #include "zero/shard_layout.h"
 
 #include <algorithm>
+#include <set>
 
 #include "base/check.h"
 
@@ -12,7 +13,7 @@ size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 }  // namespace
 
 ShardLayout::ShardLayout(const std::vector<size_t>& tensor_numels, int world_size,
-                         const ShardLayoutOptions& options)
+                         const ShardLayoutOptions& options, const std::vector<int>& tensor_units)
     : world_size_(world_size), options_(options) {
   if (world_size < 1) ZERO_THROW(InvalidArgument, "ShardLayout: world_size must be >= 1, got {}", world_size);
   if (options.alignment == 0) ZERO_THROW(InvalidArgument, "ShardLayoutOptions.alignment must be > 0");
@@ -22,21 +23,66 @@ ShardLayout::ShardLayout(const std::vector<size_t>& tensor_numels, int world_siz
                options.block, options.alignment);
   }
   if (options.bucket_numel == 0) ZERO_THROW(InvalidArgument, "ShardLayoutOptions.bucket_numel must be > 0");
+  if (!tensor_units.empty() && tensor_units.size() != tensor_numels.size()) {
+    ZERO_THROW(InvalidArgument, "ShardLayout: {} tensor units for {} tensors", tensor_units.size(),
+               tensor_numels.size());
+  }
+  if (options.unit_buckets && tensor_units.empty()) {
+    ZERO_THROW(InvalidArgument, "ShardLayoutOptions.unit_buckets needs each tensor's unit");
+  }
+  const size_t quantum = static_cast<size_t>(world_size) * options.block;
+  auto unit_of = [&](size_t t) { return tensor_units.empty() ? 0 : tensor_units[t]; };
+  std::set<int> finished_units;
+  for (size_t t = 0; t < tensor_numels.size(); ++t) {
+    if (tensor_numels[t] == 0) ZERO_THROW(InvalidArgument, "ShardLayout: tensor {} has zero elements", t);
+    if (t > 0 && unit_of(t) != unit_of(t - 1)) {
+      finished_units.insert(unit_of(t - 1));
+      if (finished_units.count(unit_of(t))) {
+        ZERO_THROW(InvalidArgument, "ShardLayout: the tensors of unit {} are not consecutive (tensor {})",
+                   unit_of(t), t);
+      }
+    }
+  }
+
+  if (options.unit_buckets) {
+    // One padded bucket per unit, back to back.
+    size_t offset = 0, shard_offset = 0;
+    for (size_t t = 0; t < tensor_numels.size();) {
+      Bucket b;
+      b.offset = offset;
+      b.first_tensor = t;
+      b.unit = unit_of(t);
+      size_t end = offset;
+      for (; t < tensor_numels.size() && unit_of(t) == b.unit; ++t) {
+        end = round_up(end, options.alignment);
+        tensors_.push_back({tensor_numels[t], end});
+        end += tensor_numels[t];
+      }
+      b.end_tensor = t;
+      b.numel = end - offset;
+      b.padded = round_up(b.numel, quantum);
+      b.chunk = b.padded / world_size;
+      b.shard_offset = shard_offset;
+      shard_offset += b.chunk;
+      offset += b.padded;
+      buckets_.push_back(b);
+    }
+    total_numel_ = tensors_.empty() ? 0 : tensors_.back().offset + tensors_.back().numel;
+    padded_numel_ = offset;
+    return;
+  }
 
   size_t offset = 0;
   tensors_.reserve(tensor_numels.size());
   for (size_t i = 0; i < tensor_numels.size(); ++i) {
-    if (tensor_numels[i] == 0) {
-      ZERO_THROW(InvalidArgument, "ShardLayout: tensor {} has zero elements", i);
-    }
-    offset = round_up(offset, options.alignment);
+    const bool new_unit = i > 0 && unit_of(i) != unit_of(i - 1);
+    offset = round_up(offset, new_unit ? options.block : options.alignment);
     tensors_.push_back({tensor_numels[i], offset});
     offset += tensor_numels[i];
   }
   total_numel_ = offset;
 
   // Every bucket but the last is exactly `capacity` long, so no padding sits between buckets.
-  const size_t quantum = static_cast<size_t>(world_size) * options.block;
   const size_t capacity = round_up(options.bucket_numel, quantum);
   size_t t = 0;
   size_t shard_offset = 0;
@@ -92,9 +138,10 @@ std::vector<ShardLayout::Piece> ShardLayout::pieces(int rank) const {
 
 size_t ShardLayout::bucket_of(size_t flat) const {
   ZERO_CHECK_LT(flat, padded_numel_, "flat offset out of range");
-  // Every bucket but the last has the same (full, unpadded) length.
-  if (buckets_.size() == 1) return 0;
-  return std::min(flat / buckets_.front().padded, buckets_.size() - 1);
+  // The last bucket starting at or before `flat` (buckets are contiguous and padded).
+  const auto it = std::upper_bound(buckets_.begin(), buckets_.end(), flat,
+                                   [](size_t f, const Bucket& b) { return f < b.offset; });
+  return static_cast<size_t>(it - buckets_.begin()) - 1;
 }
 
 std::pair<size_t, size_t> ShardLayout::buckets_of_tensor(size_t t) const {

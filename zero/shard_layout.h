@@ -8,12 +8,17 @@
 //  buckets      |<------ bucket 0 ------>|<------ bucket 1 ------>|<- 2 ->|pad|
 //  rank chunks  | r0  | r1  | r2  | r3  | r0  | r1  | r2  | r3  | ...
 //
-// Tensors are packed in registration order; a tensor may span buckets. Every bucket's padded length is
+// Tensors are packed in the order given; a tensor may span buckets. Every bucket's padded length is
 // a multiple of world_size * block, so it splits into world_size equal chunks and rank r's chunk starts
-// at r * chunk: reduce-scatter output and all-gather input are in place (NCCL's rule). Only the last
-// bucket carries padding, so the flat offset of every element is independent of the world size, and
-// so is the partition of the flat space into blocks of `block` elements: norms summed per block in
-// global order come out bitwise the same at any world size and stage.
+// at r * chunk: reduce-scatter output and all-gather input are in place (NCCL's rule).
+//
+// Units. Given each tensor's unit (tensors of a unit consecutive), every unit starts on a block. With
+// `unit_buckets` (stage 3: each unit is one flat parameter, FSDP's FlatParameter) every unit is one
+// bucket of its own, padded to world_size * block, so the next unit starts after that padding;
+// otherwise buckets are cut every `bucket_numel` elements and only the last is padded. Either way the
+// data's partition into blocks of `block` elements is the same at every stage and world size, and
+// padding only adds whole zero blocks: norms summed per block in global order come out bitwise the
+// same everywhere.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -25,6 +30,7 @@ struct ShardLayoutOptions {
   size_t alignment = 16;          // tensor start alignment in elements (16 fp32 = 64 bytes)
   size_t bucket_numel = 1 << 24;  // target bucket length in elements (rounded up to world * block)
   size_t block = 1024;            // norm/partition granule in elements; a multiple of alignment
+  bool unit_buckets = false;      // one bucket per unit (needs tensor units)
 };
 
 class ShardLayout {
@@ -41,6 +47,7 @@ class ShardLayout {
     size_t shard_offset = 0;  // where this bucket's chunk starts in each rank's shard
     size_t first_tensor = 0;  // tensors [first_tensor, end_tensor) overlap this bucket
     size_t end_tensor = 0;
+    int unit = -1;            // with unit_buckets: the unit this bucket holds
   };
   // A piece of a tensor inside one rank's shard.
   struct Piece {
@@ -54,8 +61,9 @@ class ShardLayout {
   ShardLayout() = default;
   // Throws InvalidArgument naming the field for a world size < 1, zero alignment/bucket/block, a
   // block that is not a multiple of the alignment, or a zero-sized tensor.
+  // `tensor_units`, when given, holds each tensor's unit; a unit's tensors must be consecutive.
   ShardLayout(const std::vector<size_t>& tensor_numels, int world_size,
-              const ShardLayoutOptions& options = {});
+              const ShardLayoutOptions& options = {}, const std::vector<int>& tensor_units = {});
 
   int world_size() const { return world_size_; }
   const ShardLayoutOptions& options() const { return options_; }

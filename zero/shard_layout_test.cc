@@ -146,3 +146,82 @@ TEST_CASE("bad layout arguments name the field") {
 }
 
 }  // namespace zero
+
+namespace zero {
+namespace {
+
+// Every block of the flat space that holds data, as (tensor, element) per position (-1: padding).
+// Layouts that agree on this list give bitwise the same block-wise norms.
+std::vector<std::vector<std::pair<int, size_t>>> data_blocks(const ShardLayout& l) {
+  const size_t block = l.options().block;
+  std::vector<std::vector<std::pair<int, size_t>>> blocks(l.padded_numel() / block,
+                                                          std::vector<std::pair<int, size_t>>(block, {-1, 0}));
+  std::vector<bool> has_data(blocks.size(), false);
+  for (size_t t = 0; t < l.tensors().size(); ++t) {
+    for (size_t e = 0; e < l.tensors()[t].numel; ++e) {
+      const size_t f = l.tensors()[t].offset + e;
+      blocks[f / block][f % block] = {static_cast<int>(t), e};
+      has_data[f / block] = true;
+    }
+  }
+  std::vector<std::vector<std::pair<int, size_t>>> out;
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    if (has_data[b]) out.push_back(blocks[b]);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("units start on a block; unit buckets hold one unit each; the data's blocks never change") {
+  const std::vector<size_t> numels{100, 7, 300, 33, 1, 500};
+  const std::vector<int> units{4, 4, 9, 9, 9, 2};
+  const ShardLayoutOptions base{.alignment = 4, .bucket_numel = 128, .block = 16};
+  const auto reference = data_blocks(ShardLayout(numels, 1, base, units));
+  for (int n : {1, 2, 3, 4}) {
+    for (bool unit_buckets : {false, true}) {
+      CAPTURE(n);
+      CAPTURE(unit_buckets);
+      ShardLayoutOptions o = base;
+      o.unit_buckets = unit_buckets;
+      const ShardLayout l(numels, n, o, units);
+      for (size_t t : {size_t{0}, size_t{2}, size_t{5}}) CHECK(l.tensors()[t].offset % o.block == 0);
+      if (unit_buckets) {
+        REQUIRE(l.buckets().size() == 3);
+        CHECK(l.buckets()[1].unit == 9);
+        CHECK(l.buckets()[1].first_tensor == 2);
+        CHECK(l.buckets()[1].end_tensor == 5);
+        size_t flat = 0;
+        for (const auto& B : l.buckets()) {
+          CHECK(B.offset == flat);
+          CHECK(B.padded % (static_cast<size_t>(n) * o.block) == 0);
+          flat += B.padded;
+        }
+      }
+      // Every element owned exactly once across ranks.
+      std::vector<std::vector<int>> owner(numels.size());
+      for (size_t t = 0; t < numels.size(); ++t) owner[t].assign(numels[t], 0);
+      for (int r = 0; r < n; ++r) {
+        for (const auto& p : l.pieces(r)) {
+          for (size_t e = p.tensor_begin; e < p.tensor_end; ++e) ++owner[p.tensor][e];
+        }
+      }
+      for (const auto& o2 : owner) {
+        for (int c : o2) REQUIRE(c == 1);
+      }
+      CHECK(data_blocks(l) == reference);
+      for (size_t t = 0; t < numels.size(); ++t) {
+        const auto [first, last] = l.buckets_of_tensor(t);
+        CHECK(l.buckets()[first].offset <= l.tensors()[t].offset);
+        CHECK(l.tensors()[t].offset + l.tensors()[t].numel <= l.buckets()[last].offset + l.buckets()[last].padded);
+      }
+    }
+  }
+  CHECK_THROWS_WITH_AS(ShardLayout(numels, 2, base, {4, 9, 4, 9, 9, 2}), doctest::Contains("not consecutive"),
+                       InvalidArgument);
+  ShardLayoutOptions ub = base;
+  ub.unit_buckets = true;
+  CHECK_THROWS_WITH_AS(ShardLayout(numels, 2, ub), doctest::Contains("needs each tensor's unit"), InvalidArgument);
+}
+
+}  // namespace zero

@@ -117,7 +117,6 @@ StepResult ShardedUpdate::step(const GradReducer& grads, float loss_scale, doubl
 void ShardedUpdate::apply(const GradReducer& grads, float grad_scale) {
   optimizer_->begin_step();
   for (size_t b = 0; b < layout_.buckets().size(); ++b) {
-    const auto& B = layout_.buckets()[b];
     const OwnedRange own = ownership_.range(b);
     const GradReducer::Reduced g = grads.reduced(b);
     optim::StepInput in;
@@ -125,7 +124,7 @@ void ShardedUpdate::apply(const GradReducer& grads, float grad_scale) {
     in.grad = g.ptr;
     in.grad_dtype = g.dtype;
     in.grad_scale = grad_scale;
-    in.model_out = static_cast<char*>(writeback_.bucket_out(b)) + (own.flat_begin - B.offset) * dtype_size(config_.model_dtype);
+    in.model_out = writeback_.owned_out(b, own);
     in.model_dtype = config_.model_dtype;
     optimizer_->step_range(in, own.opt_begin, own.opt_begin + own.len, device_.compute_stream());
     writeback_.publish(b);

@@ -37,7 +37,7 @@ void check_topology(const EngineOptions& options, bool has_replica) {
   if (has_replica && options.stage < 1) {
     ZERO_THROW(InvalidArgument,
                "EngineOptions.stage {} with a replica communicator: hybrid sharding shards state within a group, "
-               "so it needs stage 1 or 2 (stage 0 replicates everything: pass one communicator over all ranks)",
+               "so it needs a sharded stage (1, 2 or 3; stage 0 replicates everything: pass one communicator over all ranks)",
                options.stage);
   }
 }
@@ -49,8 +49,14 @@ EngineParts wire_stage(const PolicyInputs& in) {
   EngineParts parts;
 
   std::vector<size_t> numels;
-  for (int id : in.tensor_param) numels.push_back(reg.numel(id));
-  parts.layout = std::make_unique<ShardLayout>(numels, in.shard->size(), o.layout);
+  std::vector<int> units;
+  for (int id : in.tensor_param) {
+    numels.push_back(reg.numel(id));
+    units.push_back(reg.param(id).unit);
+  }
+  ShardLayoutOptions lo = o.layout;
+  lo.unit_buckets = o.stage == 3;
+  parts.layout = std::make_unique<ShardLayout>(numels, in.shard->size(), lo, units);
   ZERO_LOG_DEBUG("{}", parts.layout->describe());
   const ShardLayout& layout = *parts.layout;
 
@@ -62,29 +68,44 @@ EngineParts wire_stage(const PolicyInputs& in) {
   rc.model_dtype = in.model_dtype;
   rc.reduce_dtype = o.reduce_dtype;
   rc.full_grads = o.stage < 2;
-  rc.accumulate = o.stage == 2 || (o.reduce_every_micro_step && o.gradient_accumulation_steps > 1);
-  rc.accum_dtype = o.stage == 2 ? o.grad_accum_dtype : DType::kFloat32;
+  rc.accumulate = o.stage >= 2 || (o.reduce_every_micro_step && o.gradient_accumulation_steps > 1);
+  rc.accum_dtype = o.stage >= 2 ? o.grad_accum_dtype : DType::kFloat32;
   rc.deterministic = o.deterministic;
   rc.max_inflight = o.max_inflight_buckets;
   rc.timeout = o.timeout;
   parts.formula.stage = o.stage;
   parts.formula.world_size = in.shard->size();
   parts.formula.param_bytes = parts.formula.grad_bytes = dtype_size(in.model_dtype);
-  parts.formula.shard_grad_bytes = o.stage == 2 ? dtype_size(rc.accum_dtype) : 4;
+  parts.formula.shard_grad_bytes = o.stage >= 2 ? dtype_size(rc.accum_dtype) : 4;
   parts.formula.accumulator = o.stage < 2 && rc.accumulate;
   std::vector<UserGrad> user_grads;
   WritebackTarget target{&layout, {}, in.model_dtype};
   std::vector<UpdateTensor> tensors;
+  std::vector<const void*> initial;
   for (int id : in.tensor_param) {
     const ParamSpec& p = reg.param(id);
     user_grads.push_back({p.grad.ptr});
     target.tensor_data.push_back(p.data.ptr);
     tensors.push_back({p.name, p.group, p.data.ptr});
+    initial.push_back(p.data.ptr);
   }
   parts.reducer = std::make_unique<GradReducer>(rc, layout, *parts.ownership, ReducerComms{in.shard, in.replica},
                                                 device, std::move(user_grads));
-  parts.writeback = sharded ? make_gather_writeback(device, std::move(target), *in.shard, o.timeout)
-                            : make_local_writeback(device, std::move(target));
+  if (o.stage == 3) {
+    GathererConfig gc;
+    gc.model_dtype = in.model_dtype;
+    gc.reshard_after_forward = o.reshard_after_forward;
+    gc.prefetch_bytes = o.prefetch_bytes;
+    gc.max_live_bytes = o.max_live_gathered_bytes;
+    gc.persistence_bytes = o.param_persistence_bytes;
+    gc.timeout = o.timeout;
+    parts.gatherer = std::make_unique<ParamGatherer>(gc, layout, *parts.ownership, *in.shard, device, initial);
+    parts.writeback = make_shard_writeback(parts.gatherer->shard(), in.model_dtype);
+  } else if (sharded) {
+    parts.writeback = make_gather_writeback(device, std::move(target), *in.shard, o.timeout);
+  } else {
+    parts.writeback = make_local_writeback(device, std::move(target));
+  }
 
   UpdateConfig uc;
   uc.model_dtype = in.model_dtype;

@@ -8,7 +8,10 @@
 //   1      sharded     full buffer, reduce-scatter; accumulator if K>1  all-gather
 //   2      sharded     bucket staging, reduce-scatter into the shard    all-gather
 //                      accumulator (full buffer only under no_sync)
-// (K: micro-steps per step, when each is reduced.) Stage 3 adds a row.
+//   3      sharded     as stage 2, one bucket per unit                  into the parameter shard;
+//                                                                       units gathered by ParamGatherer
+// (K: micro-steps per step, when each is reduced.) Every stage lays tensors out grouped by unit,
+// each unit starting on a block, so block-wise norms agree bit for bit across stages.
 #include <memory>
 #include <vector>
 
@@ -17,6 +20,7 @@
 #include "zero/engine_options.h"
 #include "zero/grad_reducer.h"
 #include "zero/memory_report.h"
+#include "zero/param_gatherer.h"
 #include "zero/param_registry.h"
 #include "zero/param_writeback.h"
 #include "zero/shard_layout.h"
@@ -29,6 +33,7 @@ struct EngineParts {
   std::unique_ptr<ShardLayout> layout;
   std::unique_ptr<ShardOwnership> ownership;
   std::unique_ptr<GradReducer> reducer;
+  std::unique_ptr<ParamGatherer> gatherer;  // stage 3 only; outlives the writeback that writes its shard
   std::unique_ptr<ParamWriteback> writeback;
   std::unique_ptr<ShardedUpdate> update;
   MemoryFormulaInputs formula;  // the ZeRO formula this wiring should meet (memory report)
@@ -37,7 +42,7 @@ struct EngineParts {
 struct PolicyInputs {
   const EngineOptions* options = nullptr;
   const ParamRegistry* registry = nullptr;
-  std::vector<int> tensor_param;  // layout tensor -> parameter id (trainable parameters in order)
+  std::vector<int> tensor_param;  // layout tensor -> parameter id (trainable, grouped by unit)
   DType model_dtype = DType::kFloat32;
   comm::Communicator* shard = nullptr;
   comm::Communicator* replica = nullptr;

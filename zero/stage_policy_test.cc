@@ -48,7 +48,7 @@ TEST_CASE("each stage wires its ownership and memory formula") {
 TEST_CASE("hybrid sharding needs a sharded stage") {
   EngineOptions o;
   o.stage = 0;
-  CHECK_THROWS_WITH_AS(check_topology(o, true), doctest::Contains("needs stage 1 or 2"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(check_topology(o, true), doctest::Contains("needs a sharded stage"), InvalidArgument);
   o.stage = 1;
   CHECK_NOTHROW(check_topology(o, true));
   CHECK_NOTHROW(check_topology(EngineOptions{}, false));

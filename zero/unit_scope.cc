@@ -7,7 +7,8 @@
 namespace zero {
 
 UnitScope::UnitScope(UnitScope&& o) noexcept
-    : engine_(std::exchange(o.engine_, nullptr)), unit_(o.unit_), backward_(o.backward_) {}
+    : engine_(std::exchange(o.engine_, nullptr)), unit_(o.unit_), backward_(o.backward_),
+      base_(std::exchange(o.base_, nullptr)) {}
 
 UnitScope& UnitScope::operator=(UnitScope&& o) noexcept {
   if (this != &o) {
@@ -15,6 +16,7 @@ UnitScope& UnitScope::operator=(UnitScope&& o) noexcept {
     engine_ = std::exchange(o.engine_, nullptr);
     unit_ = o.unit_;
     backward_ = o.backward_;
+    base_ = std::exchange(o.base_, nullptr);
   }
   return *this;
 }
@@ -34,6 +36,16 @@ void UnitScope::end_quietly() noexcept {
 void UnitScope::close() {
   Engine* e = std::exchange(engine_, nullptr);
   if (e != nullptr) e->end_scope(unit_, backward_);
+}
+
+void* UnitScope::param(int id) {
+  ZERO_CHECK(engine_ != nullptr, "UnitScope::param() on a closed scope");
+  const ParamSpec& p = engine_->registry().param(id);
+  if (p.unit != unit_) {
+    ZERO_THROW(InvalidArgument, "param({}): parameter '{}' belongs to unit {}, not to this scope's unit {}", id, p.name,
+               p.unit, unit_);
+  }
+  return engine_->scope_param(base_, id);
 }
 
 void* UnitScope::grad(int id) {

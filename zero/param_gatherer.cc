@@ -1,0 +1,219 @@
+#include "zero/param_gatherer.h"
+
+#include <algorithm>
+#include <string>
+
+#include "base/check.h"
+#include "base/logging.h"
+#include "zero/rank_agreement.h"
+
+namespace zero {
+namespace {
+
+std::string entry_name(const ShardLayout& layout, int64_t entry) {
+  return fmt::format("unit {} {}", layout.buckets()[static_cast<size_t>(entry / 2)].unit,
+                     entry % 2 ? "backward" : "forward");
+}
+
+}  // namespace
+
+ParamGatherer::ParamGatherer(const GathererConfig& config, const ShardLayout& layout,
+                             const ShardOwnership& ownership, comm::Communicator& shard_comm,
+                             memory::Device& device, const std::vector<const void*>& initial)
+    : config_(config), layout_(layout), comm_(shard_comm), device_(device), order_(device, shard_comm, config.timeout) {
+  const DType dt = config_.model_dtype;
+  const size_t es = dtype_size(dt);
+  memory::Stream& compute = device_.compute_stream();
+  shard_ = device_.allocate_elements(static_cast<int64_t>(ownership.numel()), dt, memory::Category::kParams);
+  for (const OwnedPiece& p : ownership.pieces()) {
+    device_.copy(static_cast<char*>(shard_.data()) + p.opt_offset * es,
+                 static_cast<const char*>(initial[p.tensor]) + p.tensor_begin * es, (p.tensor_end - p.tensor_begin) * es,
+                 compute);
+  }
+  slot_elems_ = layout_.max_bucket_padded();
+  const size_t slot_bytes = slot_elems_ * es;
+  const size_t cap = config_.max_live_bytes ? config_.max_live_bytes : 2 * slot_bytes;
+  if (cap < slot_bytes) {
+    ZERO_THROW(InvalidArgument,
+               "EngineOptions.max_live_gathered_bytes = {} cannot hold the largest unit ({} bytes gathered)", cap,
+               slot_bytes);
+  }
+  slots_.resize(cap / slot_bytes);
+  window_ = device_.allocate(slots_.size() * slot_bytes, memory::Category::kGatherWindow);
+  const size_t world = static_cast<size_t>(comm_.size());
+  id_send_ = device_.allocate_elements(static_cast<int64_t>(slots_.size()), DType::kInt64, memory::Category::kCommBuffer);
+  id_recv_ = device_.allocate_elements(static_cast<int64_t>(slots_.size() * world), DType::kInt64,
+                                       memory::Category::kCommBuffer);
+  id_host_ = device_.allocate_host_staging((slots_.size() * (world + 1)) * sizeof(int64_t), memory::Category::kCommBuffer);
+}
+
+ParamGatherer::~ParamGatherer() {
+  // All-gathers still in flight write into the window: let them finish (or fail) first.
+  for (Slot& s : slots_) {
+    for (comm::WorkHandle* w : {&s.ids_work, &s.data_work}) {
+      try {
+        if (*w) (*w)->wait(config_.timeout);
+      } catch (const std::exception& e) {
+        ZERO_LOG_WARN("engine destroyed with a failed parameter all-gather in flight: {}", e.what());
+      }
+    }
+  }
+}
+
+size_t ParamGatherer::unit_bytes(size_t b) const { return layout_.buckets()[b].padded * dtype_size(config_.model_dtype); }
+
+int ParamGatherer::find(size_t b) const {
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    const Slot& x = slots_[s];
+    if (x.bucket == static_cast<int>(b) && (x.valid || x.data_work)) return static_cast<int>(s);
+  }
+  return -1;
+}
+
+// An empty or stale slot first, else the least recently used one that no scope holds, that is not
+// being gathered and not kept for later; -1 when there is none.
+int ParamGatherer::free_slot() {
+  int best = -1;
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    const Slot& x = slots_[s];
+    if (x.bucket < 0 || (!x.valid && !x.data_work)) return static_cast<int>(s);
+    if (x.users > 0 || x.data_work || x.persistent) continue;
+    if (best < 0 || x.last_use < slots_[static_cast<size_t>(best)].last_use) best = static_cast<int>(s);
+  }
+  return best;
+}
+
+void ParamGatherer::issue(size_t b, int s) {
+  Slot& x = slots_[static_cast<size_t>(s)];
+  const auto& B = layout_.buckets()[b];
+  const size_t es = dtype_size(config_.model_dtype);
+  const size_t world = static_cast<size_t>(comm_.size());
+  memory::Stream& compute = device_.compute_stream();
+  x = Slot{};
+  x.bucket = static_cast<int>(b);
+  x.id = static_cast<int64_t>(b);
+  int64_t* host_id = id_host_.as<int64_t>() + static_cast<size_t>(s) * (world + 1);
+  *host_id = x.id;
+  int64_t* send = id_send_.as<int64_t>() + s;
+  device_.copy(send, host_id, sizeof(int64_t), compute);
+  // The shard was last written by the update on the compute stream.
+  order_.before_issue(compute);
+  x.ids_work = comm_.all_gather(send, id_recv_.as<int64_t>() + static_cast<size_t>(s) * world, 1, DType::kInt64);
+  x.data_work = comm_.all_gather(static_cast<const char*>(shard_.data()) + B.shard_offset * es,
+                                 static_cast<char*>(window_.data()) + static_cast<size_t>(s) * slot_elems_ * es, B.chunk,
+                                 config_.model_dtype);
+  ++gathers_;
+}
+
+void ParamGatherer::finish(int s) {
+  Slot& x = slots_[static_cast<size_t>(s)];
+  if (!x.data_work) return;
+  memory::Stream& compute = device_.compute_stream();
+  const size_t world = static_cast<size_t>(comm_.size());
+  order_.after(*x.ids_work, compute);
+  int64_t* ids = id_host_.as<int64_t>() + static_cast<size_t>(s) * (world + 1) + 1;
+  device_.copy(ids, id_recv_.as<int64_t>() + static_cast<size_t>(s) * world, world * sizeof(int64_t), compute);
+  device_.synchronize(compute, config_.timeout);
+  x.ids_work.reset();
+  if (std::any_of(ids, ids + world, [&](int64_t id) { return id != x.id; })) {
+    std::string who;
+    for (size_t r = 0; r < world; ++r) {
+      const size_t b = static_cast<size_t>(ids[r]);
+      who += fmt::format("{}rank {}: unit {}", r ? ", " : "", r, b < layout_.buckets().size() ? layout_.buckets()[b].unit : -1);
+    }
+    x.data_work.reset();
+    x.bucket = -1;
+    ZERO_THROW(InvalidArgument,
+               "stage 3: ranks gathered different units at the same point (a unit's gather scope on one rank met "
+               "another unit's on another; every rank must open the same units in the same order): {}",
+               who);
+  }
+  order_.after(*x.data_work, compute);
+  x.data_work.reset();
+  x.valid = true;
+}
+
+void* ParamGatherer::acquire(size_t b, bool backward) {
+  const int64_t entry = static_cast<int64_t>(b) * 2 + (backward ? 1 : 0);
+  current_.push_back(entry);
+  if (order_agreed_ && !on_demand_) {
+    if (position_ < recorded_.size() && recorded_[position_] == entry) {
+      ++position_;
+    } else {
+      on_demand_ = true;
+      ZERO_LOG_INFO("stage 3: {} asked for at position {} of the step, where the recorded order has {}: the rest "
+                    "of this step gathers on demand, and the new order is recorded",
+                    entry_name(layout_, entry), position_,
+                    position_ < recorded_.size() ? entry_name(layout_, recorded_[position_]) : "the end of the step");
+    }
+  }
+  int s = find(b);
+  if (s < 0) {
+    s = free_slot();
+    if (s < 0) {
+      ZERO_THROW(InvalidArgument,
+                 "stage 3: the gather window is full ({} slot(s) of {} bytes, all held by open scopes or kept for "
+                 "backward) when unit {} is asked for: close scopes earlier or raise "
+                 "EngineOptions.max_live_gathered_bytes",
+                 slots_.size(), slot_elems_ * dtype_size(config_.model_dtype), layout_.buckets()[b].unit);
+    }
+    issue(b, s);
+  }
+  finish(s);
+  Slot& x = slots_[static_cast<size_t>(s)];
+  ++x.users;
+  x.last_use = ++clock_;
+  if (unit_bytes(b) <= config_.persistence_bytes) x.persistent = true;
+  if (order_agreed_ && !on_demand_) prefetch_from(position_);
+  return static_cast<char*>(window_.data()) + static_cast<size_t>(s) * slot_elems_ * dtype_size(config_.model_dtype);
+}
+
+void ParamGatherer::release(size_t b, bool backward) {
+  const int s = find(b);
+  ZERO_CHECK(s >= 0, "release of unit bucket {} that is not gathered", b);
+  Slot& x = slots_[static_cast<size_t>(s)];
+  ZERO_CHECK_GT(x.users, 0);
+  --x.users;
+  // A forward scope may keep the unit for its backward (reshard_after_forward = false).
+  const bool keep = !backward && !config_.reshard_after_forward;
+  x.persistent = x.persistent || keep;
+  if (backward && unit_bytes(b) > config_.persistence_bytes) x.persistent = false;
+}
+
+void ParamGatherer::prefetch_from(size_t position) {
+  // Default budget: the largest unit, i.e. one unit ahead.
+  const size_t budget = config_.prefetch_bytes ? config_.prefetch_bytes : slot_elems_ * dtype_size(config_.model_dtype);
+  size_t ahead = 0;
+  for (size_t p = position; p < recorded_.size(); ++p) {
+    const size_t b = static_cast<size_t>(recorded_[p] / 2);
+    ahead += unit_bytes(b);
+    if (ahead > budget) break;
+    if (find(b) >= 0) continue;
+    const int s = free_slot();
+    if (s < 0) break;
+    issue(b, s);
+  }
+}
+
+void ParamGatherer::after_step() {
+  for (size_t s = 0; s < slots_.size(); ++s) finish(static_cast<int>(s));
+  // Every rank checks the order it followed against the others' (a mismatch that no all-gather
+  // revealed, e.g. a unit served from the window on one rank and gathered on another).
+  std::vector<AgreementEntry> entries;
+  for (size_t i = 0; i < current_.size(); ++i) entries.push_back({fmt::format("position {}", i), entry_name(layout_, current_[i])});
+  check_agreement(comm_, {.what = "stage 3 unit order", .verb = "has"}, entries, "", config_.timeout, &device_);
+  if (order_agreed_ && current_ != recorded_) ZERO_LOG_INFO("stage 3: the unit order changed; recorded the new one");
+  recorded_ = current_;
+  order_agreed_ = true;
+  current_.clear();
+  position_ = 0;
+  on_demand_ = false;
+  for (Slot& x : slots_) {
+    ZERO_CHECK_EQ(x.users, 0, "a gather scope is still open at step()");
+    x.valid = false;  // the update changed every shard
+    x.persistent = false;
+  }
+  prefetch_from(0);  // the next step's first unit, while the loop prepares its data
+}
+
+}  // namespace zero
