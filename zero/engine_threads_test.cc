@@ -31,6 +31,9 @@ struct Setup {
   int micro = 2;
   int steps = 3;
   float lr = 1e-2f;
+  int skip_step = -1;       // at this step, the forward pass skips unit 1 (control flow) ...
+  int skip_rank = -1;       // ... on this rank only (-1: on every rank)
+  size_t window_bytes = 0;  // EngineOptions::max_live_gathered_bytes
 };
 
 constexpr int kUnits = 3;
@@ -57,6 +60,7 @@ Params train(const EngineComms& comms, const Setup& s, int data_rank, int data_w
   opt.gradient_accumulation_steps = s.micro;
   opt.timeout = 30s;
   opt.layout = {.alignment = 4, .bucket_numel = 64, .block = 16};
+  opt.max_live_gathered_bytes = s.window_bytes;
   memory::MemoryTracker tracker;
   std::unique_ptr<memory::Device> device =
       memory::make_host_device(tracker, {.threaded_streams = s.threaded_streams});
@@ -80,14 +84,23 @@ Params train(const EngineComms& comms, const Setup& s, int data_rank, int data_w
       std::optional<NoSyncScope> quiet;
       if (s.no_sync && m + 1 < s.micro) quiet.emplace(engine.no_sync());
       const int sample = data_rank * s.micro + m;  // the same global sample at any split of ranks
+      // "Forward": every unit's parameters are read inside its gather scope (at stage 3 they exist
+      // only there).
+      for (int k = 0; k < kUnits; ++k) {
+        if (k == 1 && step == s.skip_step && (s.skip_rank < 0 || s.skip_rank == comms.shard->rank())) continue;
+        UnitScope scope = engine.gather(k);
+        const float* w = scope.param_as<float>(ids[2 * static_cast<size_t>(k)]);
+        CHECK(std::isfinite(w[0]));
+      }
       for (int k = kUnits; k-- > 0;) {
         UnitScope scope = engine.gather_for_backward(k);
         for (size_t i = 2 * static_cast<size_t>(k) + 2; i-- > 2 * static_cast<size_t>(k);) {
+          const float* p = scope.param_as<float>(ids[i]);
           float* g = scope.grad_as<float>(ids[i]);
           for (size_t e = 0; e < params[i].size(); ++e) {
             g[e] += 0.01f * std::sin(0.37f * static_cast<float>(e) + 1.3f * static_cast<float>(sample) +
                                      0.7f * static_cast<float>(step) + static_cast<float>(i)) +
-                    0.1f * params[i][e];
+                    0.1f * p[e];
           }
         }
       }
@@ -98,7 +111,17 @@ Params train(const EngineComms& comms, const Setup& s, int data_rank, int data_w
     CHECK(engine.world_size() == data_world);
   }
   if (report) *report = engine.memory_report();
-  return params;
+  // The trained parameters, read the way stage 3 needs (the registered storage keeps the initial
+  // values there).
+  Params out(params.size());
+  for (int k = 0; k < kUnits; ++k) {
+    UnitScope scope = engine.gather(k);
+    for (size_t i = 2 * static_cast<size_t>(k); i < 2 * static_cast<size_t>(k) + 2; ++i) {
+      const float* p = scope.param_as<float>(ids[i]);
+      out[i].assign(p, p + params[i].size());
+    }
+  }
+  return out;
 }
 
 Params run_plain(int world, const Setup& s) {
@@ -126,9 +149,9 @@ double max_rel_diff(const Params& a, const Params& b) {
 
 }  // namespace
 
-TEST_CASE("unit scopes: stages 0, 1, 2 with and without no_sync agree; deterministic mode bitwise") {
+TEST_CASE("unit scopes: stages 0-3 with and without no_sync agree; deterministic mode bitwise") {
   const Params base = run_plain(2, {.stage = 0});
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     for (bool no_sync : {false, true}) {
       CAPTURE(stage);
       CAPTURE(no_sync);
@@ -137,10 +160,75 @@ TEST_CASE("unit scopes: stages 0, 1, 2 with and without no_sync agree; determini
   }
   const Params det = run_plain(2, {.stage = 0, .deterministic = true});
   CHECK(max_rel_diff(det, base) < 1e-6);
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     CAPTURE(stage);
     CHECK(run_plain(2, {.stage = stage, .deterministic = true}) == det);
   }
+  CHECK(run_plain(1, {.stage = 3, .deterministic = true, .micro = 4}) ==
+        run_plain(1, {.stage = 0, .deterministic = true, .micro = 4}));
+}
+
+TEST_CASE("stage 3: a unit skipped on step 3 keeps training exact; ranks that disagree fail, naming it") {
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    CHECK(run_plain(world, {.stage = 3, .deterministic = true, .steps = 5, .skip_step = 2}) ==
+          run_plain(world, {.stage = 2, .deterministic = true, .steps = 5, .skip_step = 2}));
+  }
+  // Rank 1 alone skips the unit: every rank fails fast, never hangs. Depending on where the two
+  // ranks' collectives part ways, the error names the units (the gather check, or the unit order
+  // compared at step()), or the two calls that met (the communicator's schedule check).
+  for (int window_units : {2, 3}) {
+    CAPTURE(window_units);
+    std::mutex mu;
+    std::vector<std::string> errors;
+    run_ranks(2, [&](comm::Communicator& c) {
+      try {
+        train(EngineComms{&c}, {.stage = 3, .steps = 4, .skip_step = 2, .skip_rank = 1,
+                                .window_bytes = static_cast<size_t>(window_units) * 640},
+              c.rank(), 2);
+      } catch (const Error& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        errors.push_back(e.what());
+      }
+    });
+    REQUIRE(errors.size() == 2);
+    for (const std::string& e : errors) {
+      CAPTURE(e);
+      const bool named = e.find("stage 3 unit order differs across ranks") != std::string::npos ||
+                         e.find("ranks gathered different units") != std::string::npos ||
+                         e.find("schedule mismatch: rank 0 called") != std::string::npos;
+      CHECK(named);
+    }
+  }
+}
+
+TEST_CASE("stage 3: the gather window is one pool of the configured size, never exceeded") {
+  // Units of 37+5, 87+5, 137+5 fp32 elements pad to multiples of 2 x 16: the largest is 160
+  // elements, 640 bytes. A window of 3 such slots (and change) holds 3 units.
+  for (size_t window : {size_t{0}, size_t{3 * 640 + 100}}) {
+    CAPTURE(window);
+    std::mutex mu;
+    std::vector<MemoryReport> reports(2);
+    run_ranks(2, [&](comm::Communicator& c) {
+      MemoryReport r;
+      train(EngineComms{&c}, {.stage = 3, .window_bytes = window}, c.rank(), 2, &r);
+      std::lock_guard<std::mutex> lock(mu);
+      reports[static_cast<size_t>(c.rank())] = r;
+    });
+    const size_t cap = window ? window : 2 * 640;
+    for (const MemoryReport& r : reports) {
+      for (const MemoryReport::Row& row : r.rows) {
+        if (row.category != "gather_window") continue;
+        CHECK(row.peak <= cap);
+        CHECK(row.peak == cap / 640 * 640);
+      }
+    }
+  }
+  // A window smaller than the largest unit is refused, naming the option.
+  run_ranks(1, [&](comm::Communicator& c) {
+    CHECK_THROWS_WITH_AS(train(EngineComms{&c}, {.stage = 3, .window_bytes = 100}, 0, 1),
+                         doctest::Contains("EngineOptions.max_live_gathered_bytes = 100"), InvalidArgument);
+  });
 }
 
 TEST_CASE("threaded streams (the TSan mode) give the inline device's bits") {
