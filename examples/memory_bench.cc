@@ -57,7 +57,8 @@ int run(int argc, char** argv) {
     ids.push_back(engine.add_param({.name = "w" + std::to_string(t),
                                     .shape = {static_cast<int64_t>(per)},
                                     .dtype = dtype,
-                                    .data = {p.data(), p.size()}}));
+                                    .data = {p.data(), p.size()},
+                                    .unit = t}));  // each tensor a unit: the stage 3 window holds two
   }
   engine.finalize();
 

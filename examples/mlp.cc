@@ -28,18 +28,20 @@ size_t Mlp::num_params() const {
   return n;
 }
 
-float Mlp::forward(const Matrix& x, const std::vector<int>& labels) {
+float Mlp::forward(const Matrix& x, const std::vector<int>& labels, const Access& access) {
   const size_t layers = params_.size() / 2;
   acts_.assign(1, x);
   pre_.clear();
   Matrix h = x;
   for (size_t l = 0; l < layers; ++l) {
-    Param& W = params_[2 * l];
-    Param& B = params_[2 * l + 1];
-    MatrixMap w(W.values.data(), W.shape[0], W.shape[1]);
-    VectorMap b(B.values.data(), B.shape[0]);
+    const Param& W = params_[2 * l];
+    const Param& B = params_[2 * l + 1];
+    access.enter(l, false);
+    Eigen::Map<const Matrix> w(value(access, 2 * l), W.shape[0], W.shape[1]);
+    Eigen::Map<const Vector> b(value(access, 2 * l + 1), B.shape[0]);
     Matrix z = h * w;
     z.rowwise() += b;
+    access.leave(l, false);
     if (l + 1 < layers) {
       pre_.push_back(z);
       h = z.cwiseMax(0.0f);
@@ -63,23 +65,28 @@ float Mlp::forward(const Matrix& x, const std::vector<int>& labels) {
 }
 
 void Mlp::backward(float loss_scale, const std::function<float*(size_t)>& grad,
-                   const std::function<void(size_t)>& ready) {
+                   const std::function<void(size_t)>& ready, const Access& access) {
   const size_t layers = params_.size() / 2;
   Matrix d = probs_;
   for (Eigen::Index i = 0; i < d.rows(); ++i) d(i, labels_[static_cast<size_t>(i)]) -= 1.0f;
   d *= loss_scale / static_cast<float>(d.rows());
   for (size_t l = layers; l-- > 0;) {
-    Param& W = params_[2 * l];
+    const Param& W = params_[2 * l];
     const Matrix& in = acts_[l];
+    access.enter(l, true);
     MatrixMap gw(grad(2 * l), W.shape[0], W.shape[1]);
     gw.noalias() += in.transpose() * d;
     ready(2 * l);
     VectorMap gb(grad(2 * l + 1), W.shape[1]);
     gb += d.colwise().sum();
     ready(2 * l + 1);
-    if (l == 0) break;
-    MatrixMap w(W.values.data(), W.shape[0], W.shape[1]);
+    if (l == 0) {
+      access.leave(l, true);
+      break;
+    }
+    Eigen::Map<const Matrix> w(value(access, 2 * l), W.shape[0], W.shape[1]);
     Matrix dh = d * w.transpose();
+    access.leave(l, true);
     d = dh.cwiseProduct((pre_[l - 1].array() > 0.0f).cast<float>().matrix());
   }
 }

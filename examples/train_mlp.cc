@@ -1,11 +1,12 @@
 // Trains an MLP on synthetic data with the sharded engine, on as many ranks as the launcher starts:
 //
-//   bazel-bin/comm/launch/zerorun --nproc-per-node 2 -- bazel-bin/examples/train_mlp --stage 2
+//   bazel-bin/comm/launch/zerorun --nproc-per-node 2 -- bazel-bin/examples/train_mlp --stage 3
 //
 // Prints the global loss per step (rank 0) and every rank's memory report at the end. Each rank
 // trains on its own slice of every global batch; the engine averages the gradients.
 #include <cstdio>
 #include <exception>
+#include <optional>
 
 #include "base/logging.h"
 #include "base/check.h"
@@ -56,12 +57,22 @@ int run(int argc, char** argv) {
   opt.layout.bucket_numel = static_cast<size_t>(bucket_kib) * 1024 / sizeof(float);
   Engine engine(comm, opt);
 
+  // Each layer (its weight and bias) is a unit: at stage 3 its parameters exist in full only while
+  // the layer's gather scope is open.
   std::vector<int> ids;
-  for (auto& p : model.params()) {
+  for (size_t i = 0; i < model.params().size(); ++i) {
+    auto& p = model.params()[i];
     ids.push_back(engine.add_param({.name = p.name, .shape = p.shape, .dtype = DType::kFloat32,
                                     .data = {p.values.data(), p.values.size()},
-                                    .group = p.decay ? 0 : 1}));
+                                    .unit = static_cast<int>(i / 2), .group = p.decay ? 0 : 1}));
   }
+  std::optional<UnitScope> scope;
+  examples::Mlp::Access access;
+  access.enter = [&](size_t layer, bool backward) {
+    scope.emplace(backward ? engine.gather_for_backward(static_cast<int>(layer)) : engine.gather(static_cast<int>(layer)));
+  };
+  access.leave = [&](size_t, bool) { scope->close(); };
+  access.param = [&](size_t i) { return scope->param_as<float>(ids[i]); };
   engine.finalize();
   if (rank == 0) {
     std::printf("training MLP %d-%d-%d-%d (%zu parameters) on %d rank(s), stage %d%s\n", inputs,
@@ -76,10 +87,10 @@ int run(int argc, char** argv) {
     for (int m = 0; m < micro; ++m) {
       const int64_t first = static_cast<int64_t>(m) * global_batch + static_cast<int64_t>(rank) * local_batch;
       data.batch(step, first, local_batch, &x, &labels);
-      loss_sum += model.forward(x, labels);
+      loss_sum += model.forward(x, labels, access);
       model.backward(
           engine.loss_scale(), [&](size_t i) { return engine.grad_as<float>(ids[i]); },
-          [&](size_t i) { engine.grad_ready(ids[i]); });
+          [&](size_t i) { engine.grad_ready(ids[i]); }, access);
       engine.finish_backward();
     }
     const StepResult r = engine.step();

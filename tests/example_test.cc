@@ -1,5 +1,5 @@
 // The README's main job: the example trains, its loss decreases, and in deterministic mode the loss
-// curve is identical at stages 0, 1 and 2. Also the memory benchmark's formula check at N = 2 and 4.
+// curve is identical at stages 0, 1, 2 and 3. Also the memory benchmark's formula check at N = 2 and 4.
 #include <doctest/doctest.h>
 
 #include <sstream>
@@ -32,7 +32,7 @@ double loss_of(const std::string& line) {
 
 TEST_CASE("example: loss decreases and is identical across stages in deterministic mode") {
   std::vector<std::string> first;
-  for (const char* stage : {"0", "1", "2"}) {
+  for (const char* stage : {"0", "1", "2", "3"}) {
     CAPTURE(stage);
     const auto r = testing::launch(2, "examples/train_mlp",
                                    {"--stage", stage, "--steps", "30", "--deterministic", "--lr", "0.01",
@@ -58,7 +58,7 @@ TEST_CASE("example: loss decreases and is identical across stages in determinist
 
 TEST_CASE("memory per rank within 5% of the ZeRO formulas, N = 2 and 4") {
   for (const char* n : {"2", "4"}) {
-    for (const char* stage : {"0", "1", "2"}) {
+    for (const char* stage : {"0", "1", "2", "3"}) {
       CAPTURE(n);
       CAPTURE(stage);
       const auto r = testing::launch(std::stoi(n), "examples/memory_bench",
