@@ -33,6 +33,7 @@ struct Engine::Impl {
   int64_t steps_taken = 0;
   std::exception_ptr scope_error;  // raised by the next call after a scope's destructor failed
   std::map<int, size_t> unit_bucket;  // stage 3: unit id -> its bucket
+  StepTimings timings, last_timings;  // the step in progress, the last one completed
 
   int world() const { return comms.shard->size() * (comms.replica ? comms.replica->size() : 1); }
   // The current micro-step reduces unless no_sync is open or it is a deferred one.
@@ -131,7 +132,7 @@ void Engine::finalize() {
     }
   }
   m.parts = wire_stage({&m.options, &m.registry, m.tensor_param, m.model_dtype, m.comms.shard, m.comms.replica,
-                        m.device});
+                        m.device, &m.timings});
   for (size_t b = 0; b < m.parts.layout->buckets().size(); ++b) {
     const int unit = m.parts.layout->buckets()[b].unit;
     if (unit >= 0) m.unit_bucket[unit] = b;
@@ -232,6 +233,7 @@ StepResult Engine::step() {
   const double divisor = static_cast<double>(m.world()) * m.micro_steps;
   StepResult r;
   try {
+    ScopedTimer updating(&m.timings.optimizer_s);
     r = m.parts.update->step(*m.parts.reducer, loss_scale(), divisor, m.scaler ? &*m.scaler : nullptr, m.steps_taken);
   } catch (...) {
     m.parts.reducer->clear();
@@ -243,6 +245,7 @@ StepResult Engine::step() {
   m.parts.reducer->clear();
   m.micro_steps = 0;
   m.steps_taken = r.step;
+  m.last_timings = std::exchange(m.timings, StepTimings{});
   return r;
 }
 
@@ -287,6 +290,7 @@ const ParamRegistry& Engine::registry() const { return impl_->registry; }
 const EngineOptions& Engine::options() const { return impl_->options; }
 memory::Device& Engine::device() { return *impl_->device; }
 int64_t Engine::steps_taken() const { return impl_->steps_taken; }
+const StepTimings& Engine::step_timings() const { return impl_->last_timings; }
 int Engine::world_size() const { return impl_->world(); }
 
 int Engine::rank() const {

@@ -50,6 +50,7 @@
 #include "zero/param_registry.h"
 #include "zero/shard_layout.h"
 #include "zero/step_result.h"
+#include "zero/step_timings.h"
 
 namespace zero {
 
@@ -177,6 +178,8 @@ class Engine {
   int rank() const;        // in the whole data-parallel group (replica-major with hybrid sharding)
   int world_size() const;  // shard group size x replicas
   int64_t steps_taken() const;
+  // Where the last completed step's time went (waits, optimizer, bytes moved).
+  const StepTimings& step_timings() const;
 
   // This engine's memory (its own tracker) against the ZeRO formula.
   MemoryReport memory_report() const;

@@ -109,6 +109,13 @@ Params train(const EngineComms& comms, const Setup& s, int data_rank, int data_w
     const StepResult r = engine.step();
     CHECK(r.micro_steps == s.micro);
     CHECK(engine.world_size() == data_world);
+    // Every reducing micro-step reduces every gradient (no_sync: only the last); stage 3 all-gathers
+    // at least every unit once.
+    const StepTimings& t = engine.step_timings();
+    size_t numel = 0;
+    for (const auto& tensor : tensors) numel += tensor.second;
+    CHECK(t.reduced_bytes >= static_cast<size_t>(s.no_sync ? 1 : s.micro) * numel * sizeof(float));
+    if (s.stage == 3) CHECK(t.gathered_bytes >= numel * sizeof(float));
   }
   if (report) *report = engine.memory_report();
   // The trained parameters, read the way stage 3 needs (the registered storage keeps the initial
@@ -261,10 +268,11 @@ TEST_CASE("options that differ across ranks fail on every rank, naming the field
   }
 }
 
-TEST_CASE("hybrid sharding 2 x 2 equals plain stage 2 at 4 ranks (bitwise in deterministic mode)") {
-  for (bool det : {false, true}) {
+TEST_CASE("hybrid sharding 2 x 2 equals plain stage 2 (and 3) at 4 ranks (bitwise in deterministic mode)") {
+  for (const auto& [stage, det] : std::vector<std::pair<int, bool>>{{2, false}, {2, true}, {3, true}}) {
+    CAPTURE(stage);
     CAPTURE(det);
-    const Setup s{.stage = 2, .deterministic = det};
+    const Setup s{.stage = stage, .deterministic = det};
     const Params plain = run_plain(4, s);
     Params hsdp;
     std::mutex mu;

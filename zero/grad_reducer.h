@@ -29,6 +29,7 @@
 #include "zero/collective_order.h"
 #include "zero/shard_layout.h"
 #include "zero/shard_ownership.h"
+#include "zero/step_timings.h"
 
 namespace zero {
 
@@ -41,6 +42,7 @@ struct ReducerConfig {
   bool deterministic = false;
   int max_inflight = 2;                  // bucket reductions in flight at once
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  StepTimings* timings = nullptr;  // where waits and bytes are added (optional)
 };
 
 // User-provided gradient storage of one tensor (ParamSpec::grad), or null: the engine provides it.

@@ -103,11 +103,14 @@ void ParamGatherer::issue(size_t b, int s) {
                                  static_cast<char*>(window_.data()) + static_cast<size_t>(s) * slot_elems_ * es, B.chunk,
                                  config_.model_dtype);
   ++gathers_;
+  if (config_.timings) config_.timings->gathered_bytes += B.padded * es;
 }
 
 void ParamGatherer::finish(int s) {
   Slot& x = slots_[static_cast<size_t>(s)];
   if (!x.data_work) return;
+  double ignored = 0;
+  ScopedTimer waiting(config_.timings ? &config_.timings->gather_wait_s : &ignored);
   memory::Stream& compute = device_.compute_stream();
   const size_t world = static_cast<size_t>(comm_.size());
   order_.after(*x.ids_work, compute);

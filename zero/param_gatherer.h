@@ -27,6 +27,7 @@
 #include "zero/collective_order.h"
 #include "zero/shard_layout.h"
 #include "zero/shard_ownership.h"
+#include "zero/step_timings.h"
 
 namespace zero {
 
@@ -37,6 +38,7 @@ struct GathererConfig {
   size_t max_live_bytes = 0;           // 0: two of the largest unit
   size_t persistence_bytes = 0;        // units this small stay gathered for the rest of the step
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  StepTimings* timings = nullptr;  // where waits and bytes are added (optional)
 };
 
 class ParamGatherer {

@@ -46,8 +46,8 @@ class LocalWriteback final : public ParamWriteback {
 class GatherWriteback final : public ParamWriteback {
  public:
   GatherWriteback(memory::Device& device, WritebackTarget target, comm::Communicator& comm,
-                  std::chrono::milliseconds timeout)
-      : device_(device), target_(std::move(target)), comm_(comm), order_(device, comm, timeout) {
+                  std::chrono::milliseconds timeout, StepTimings* timings)
+      : device_(device), target_(std::move(target)), comm_(comm), order_(device, comm, timeout), timings_(timings) {
     for (auto& s : slots_) s.buf = bucket_buffer(device, target_);
   }
   ~GatherWriteback() override {
@@ -74,6 +74,7 @@ class GatherWriteback final : public ParamWriteback {
     order_.before_issue(device_.compute_stream());
     s.work = comm_.all_gather(mine, s.buf.data(), chunk, target_.model_dtype);
     s.bucket = b;
+    if (timings_) timings_->gathered_bytes += target_.layout->buckets()[b].padded * es;
   }
   void finish() override {
     for (auto& s : slots_) drain(s);
@@ -96,6 +97,7 @@ class GatherWriteback final : public ParamWriteback {
   WritebackTarget target_;
   comm::Communicator& comm_;
   CollectiveOrder order_;
+  StepTimings* timings_;
   std::array<Slot, 2> slots_;
 };
 
@@ -123,8 +125,8 @@ std::unique_ptr<ParamWriteback> make_local_writeback(memory::Device& device, Wri
 
 std::unique_ptr<ParamWriteback> make_gather_writeback(memory::Device& device, WritebackTarget target,
                                                       comm::Communicator& shard_comm,
-                                                      std::chrono::milliseconds timeout) {
-  return std::make_unique<GatherWriteback>(device, std::move(target), shard_comm, timeout);
+                                                      std::chrono::milliseconds timeout, StepTimings* timings) {
+  return std::make_unique<GatherWriteback>(device, std::move(target), shard_comm, timeout, timings);
 }
 
 }  // namespace zero

@@ -16,6 +16,7 @@
 #include "zero/collective_order.h"
 #include "zero/shard_layout.h"
 #include "zero/shard_ownership.h"
+#include "zero/step_timings.h"
 
 namespace zero {
 
@@ -40,8 +41,10 @@ struct WritebackTarget {
 std::unique_ptr<ParamWriteback> make_local_writeback(memory::Device& device, WritebackTarget target);
 // `shard`: the rank's parameter shard in optimizer-space order (ParamGatherer::shard()).
 std::unique_ptr<ParamWriteback> make_shard_writeback(void* shard, DType model_dtype);
+// `timings` (optional) counts the all-gathered bytes.
 std::unique_ptr<ParamWriteback> make_gather_writeback(memory::Device& device, WritebackTarget target,
                                                       comm::Communicator& shard_comm,
-                                                      std::chrono::milliseconds timeout);
+                                                      std::chrono::milliseconds timeout,
+                                                      StepTimings* timings = nullptr);
 
 }  // namespace zero

@@ -73,6 +73,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
   rc.deterministic = o.deterministic;
   rc.max_inflight = o.max_inflight_buckets;
   rc.timeout = o.timeout;
+  rc.timings = in.timings;
   parts.formula.stage = o.stage;
   parts.formula.world_size = in.shard->size();
   parts.formula.param_bytes = parts.formula.grad_bytes = dtype_size(in.model_dtype);
@@ -99,10 +100,11 @@ EngineParts wire_stage(const PolicyInputs& in) {
     gc.max_live_bytes = o.max_live_gathered_bytes;
     gc.persistence_bytes = o.param_persistence_bytes;
     gc.timeout = o.timeout;
+    gc.timings = in.timings;
     parts.gatherer = std::make_unique<ParamGatherer>(gc, layout, *parts.ownership, *in.shard, device, initial);
     parts.writeback = make_shard_writeback(parts.gatherer->shard(), in.model_dtype);
   } else if (sharded) {
-    parts.writeback = make_gather_writeback(device, std::move(target), *in.shard, o.timeout);
+    parts.writeback = make_gather_writeback(device, std::move(target), *in.shard, o.timeout, in.timings);
   } else {
     parts.writeback = make_local_writeback(device, std::move(target));
   }

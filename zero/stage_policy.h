@@ -47,6 +47,7 @@ struct PolicyInputs {
   comm::Communicator* shard = nullptr;
   comm::Communicator* replica = nullptr;
   memory::Device* device = nullptr;
+  StepTimings* timings = nullptr;
 };
 
 // Problems of the registration that only the options reveal (a group index past the optimizer's
