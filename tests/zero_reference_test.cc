@@ -34,6 +34,29 @@ std::string tmp(const std::string& name) {
   return std::string(dir ? dir : "/tmp") + "/" + name;
 }
 
+// Runs the 4-rank reference in deterministic mode for each (ranks, stage) and checks that every
+// run's final parameters have the bits of the first.
+void check_bitwise(const std::vector<std::pair<int, std::string>>& runs, const std::vector<std::string>& extra,
+                   const std::string& tag) {
+  std::string first;
+  for (const auto& [nproc, stage] : runs) {
+    CAPTURE(nproc);
+    CAPTURE(stage);
+    const std::string dump = tmp(tag + "_" + std::to_string(nproc) + "_" + stage + ".bin");
+    std::vector<std::string> args{"--file", kData + "dp4_adamw_clip.json", "--stage", stage, "--deterministic",
+                                  "--dump", dump};
+    args.insert(args.end(), extra.begin(), extra.end());
+    run_ok(nproc, args);
+    const std::string bytes = slurp(dump);
+    REQUIRE(!bytes.empty());
+    if (first.empty()) {
+      first = bytes;
+    } else {
+      CHECK(bytes == first);
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("2-rank reference at stages 0, 1, 2") {
@@ -82,22 +105,7 @@ TEST_CASE("stage 3 at world sizes 1, 2 and 4, with and without no_sync") {
 // The same with unit scopes (one unit per parameter, so every unit starts on a block): stages 0-3
 // bitwise equal at 4 ranks and at 1 rank x 4 micro-steps.
 TEST_CASE("deterministic mode with units: stages 0-3 bitwise equal, and 4 ranks equal 1 rank x 4") {
-  std::string first;
-  for (const auto& [nproc, stage] : std::vector<std::pair<int, std::string>>{
-           {4, "3"}, {4, "0"}, {4, "1"}, {4, "2"}, {1, "3"}, {1, "0"}}) {
-    CAPTURE(nproc);
-    CAPTURE(stage);
-    const std::string dump = tmp("det_units_" + std::to_string(nproc) + "_" + stage + ".bin");
-    run_ok(nproc, {"--file", kData + "dp4_adamw_clip.json", "--stage", stage, "--deterministic", "--units",
-                   "--dump", dump});
-    const std::string bytes = slurp(dump);
-    REQUIRE(!bytes.empty());
-    if (first.empty()) {
-      first = bytes;
-    } else {
-      CHECK(bytes == first);
-    }
-  }
+  check_bitwise({{4, "3"}, {4, "0"}, {4, "1"}, {4, "2"}, {1, "3"}, {1, "0"}}, {"--units"}, "det_units");
 }
 
 TEST_CASE("gradients reduced without grad_ready calls") {
@@ -108,22 +116,7 @@ TEST_CASE("gradients reduced without grad_ready calls") {
 // adds them in the same order. (2 ranks x 2 micro-steps add (g0 + g1) + (g2 + g3): not the same
 // bits, and not claimed.)
 TEST_CASE("deterministic mode: bitwise equal across stages, and 4 ranks equal 1 rank x 4 micro-steps") {
-  std::string first;
-  for (const auto& [nproc, stage] : std::vector<std::pair<int, std::string>>{
-           {4, "0"}, {4, "1"}, {4, "2"}, {1, "2"}, {1, "1"}, {1, "0"}}) {
-    CAPTURE(nproc);
-    CAPTURE(stage);
-    const std::string dump = tmp("det_" + std::to_string(nproc) + "_" + stage + ".bin");
-    run_ok(nproc, {"--file", kData + "dp4_adamw_clip.json", "--stage", stage, "--deterministic",
-                   "--dump", dump});
-    const std::string bytes = slurp(dump);
-    REQUIRE(!bytes.empty());
-    if (first.empty()) {
-      first = bytes;
-    } else {
-      CHECK(bytes == first);
-    }
-  }
+  check_bitwise({{4, "0"}, {4, "1"}, {4, "2"}, {1, "2"}, {1, "1"}, {1, "0"}}, {}, "det");
 }
 
 }  // namespace zero
