@@ -1,5 +1,6 @@
 // Engine behaviour across real processes: errors raised on every rank (never a hang), overflow steps
-// skipped alike on every rank, 16-bit parameters identical across ranks and (deterministic) stages.
+// skipped alike on every rank, 16-bit parameters identical across ranks and (deterministic) stages
+// 0-3.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -69,7 +70,7 @@ TEST_CASE("a rank that leaves makes the others fail quickly instead of hanging")
 }
 
 TEST_CASE("an overflow on one rank skips the step on every rank and backs off the scale") {
-  for (const char* stage : {"0", "1", "2"}) {
+  for (const char* stage : {"0", "1", "2", "3"}) {
     for (const char* dtype : {"fp16", "bf16"}) {
       CAPTURE(stage);
       CAPTURE(dtype);
@@ -87,7 +88,7 @@ TEST_CASE("an overflow on one rank skips the step on every rank and backs off th
 TEST_CASE("16-bit parameters: identical on every rank; deterministic mode identical across stages") {
   for (const char* dtype : {"fp16", "bf16"}) {
     std::set<std::string> all;
-    for (const char* stage : {"0", "1", "2"}) {
+    for (const char* stage : {"0", "1", "2", "3"}) {
       CAPTURE(dtype);
       CAPTURE(stage);
       const auto r = run(3, {"--scenario", "mixed", "--stage", stage, "--dtype", dtype, "--deterministic"});

@@ -111,19 +111,28 @@ int run(int argc, char** argv) {
     std::_Exit(0);
   }
 
+  // The parameters as the loop sees them: through the unit's gather scope (at stage 3 the engine
+  // owns them and the registered storage keeps the initial values).
+  auto current = [&] {
+    UnitScope scope = engine.gather(0);
+    const auto* pw = scope.param_as<uint16_t>(wid);
+    const auto* pb = scope.param_as<uint16_t>(bid);
+    return std::make_pair(std::vector<uint16_t>(pw, pw + w.size()), std::vector<uint16_t>(pb, pb + b.size()));
+  };
   for (int s = 0; s < steps; ++s) {
     const bool inf = scenario == "overflow" && s == 1 && rank == 1;
     fill_grad(engine.grad(bid), dtype, b.size(), rank, s, false);
     engine.grad_ready(bid);
     fill_grad(engine.grad(wid), dtype, w.size(), rank, s, inf);
     engine.grad_ready(wid);
-    const std::vector<uint16_t> before = w;
+    const std::vector<uint16_t> before = current().first;
     const StepResult r = engine.step();
     std::printf("RESULT step %d skipped %d scale %g next_scale %g unchanged %d\n", s + 1, r.skipped ? 1 : 0,
-                r.loss_scale, engine.loss_scale(), before == w ? 1 : 0);
+                r.loss_scale, engine.loss_scale(), before == current().first ? 1 : 0);
   }
-  std::printf("RESULT digest %016llx %016llx\n", static_cast<unsigned long long>(digest(w)),
-              static_cast<unsigned long long>(digest(b)));
+  const auto [final_w, final_b] = current();
+  std::printf("RESULT digest %016llx %016llx\n", static_cast<unsigned long long>(digest(final_w)),
+              static_cast<unsigned long long>(digest(final_b)));
   comm.barrier()->wait();
   return 0;
 }

@@ -78,6 +78,10 @@ Params train(const EngineComms& comms, const Setup& s, int data_rank, int data_w
                                     .dtype = DType::kFloat32, .data = {params[i].data(), params[i].size()},
                                     .unit = static_cast<int>(i / 2)}));
   }
+  // A frozen parameter in unit 1: no gradient, no optimizer state, resident at every stage.
+  std::vector<float> frozen(9, 7.0f);
+  const int frozen_id = engine.add_param({.name = "u1.frozen", .shape = {9}, .dtype = DType::kFloat32,
+                                          .data = {frozen.data(), frozen.size()}, .unit = 1, .requires_grad = false});
   engine.finalize();
   for (int step = 0; step < s.steps; ++step) {
     for (int m = 0; m < s.micro; ++m) {
@@ -91,6 +95,7 @@ Params train(const EngineComms& comms, const Setup& s, int data_rank, int data_w
         UnitScope scope = engine.gather(k);
         const float* w = scope.param_as<float>(ids[2 * static_cast<size_t>(k)]);
         CHECK(std::isfinite(w[0]));
+        if (k == 1) CHECK(scope.param_as<float>(frozen_id)[8] == 7.0f);
       }
       for (int k = kUnits; k-- > 0;) {
         UnitScope scope = engine.gather_for_backward(k);
