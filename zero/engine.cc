@@ -2,70 +2,14 @@
 // stage policy wires at finalize() (zero/stage_policy.h).
 #include "zero/engine.h"
 
-#include <exception>
-#include <map>
-#include <optional>
+#include <utility>
 
 #include "base/check.h"
-#include "base/logging.h"
-#include "optim/loss_scaler.h"
 #include "zero/collective_order.h"
+#include "zero/engine_impl.h"
 #include "zero/rank_agreement.h"
-#include "zero/stage_policy.h"
 
 namespace zero {
-
-struct Engine::Impl {
-  EngineComms comms;
-  EngineOptions options;
-  std::unique_ptr<memory::MemoryTracker> own_tracker;  // when the engine owns its device
-  std::unique_ptr<memory::Device> own_device;
-  memory::Device* device = nullptr;
-  ParamRegistry registry;
-  std::vector<int> tensor_param;    // layout tensor -> parameter id
-  std::vector<int64_t> param_tensor;  // parameter id -> layout tensor (-1: frozen)
-  DType model_dtype = DType::kFloat32;
-  EngineParts parts;
-  std::optional<optim::DynamicLossScaler> scaler;
-  bool finalized = false;
-  int micro_steps = 0;    // finished micro-steps since the last step
-  int no_sync_depth = 0;  // open NoSyncScopes
-  int64_t steps_taken = 0;
-  std::exception_ptr scope_error;  // raised by the next call after a scope's destructor failed
-  std::map<int, size_t> unit_bucket;  // stage 3: unit id -> its bucket
-  StepTimings timings, last_timings;  // the step in progress, the last one completed
-
-  int world() const { return comms.shard->size() * (comms.replica ? comms.replica->size() : 1); }
-  // The current micro-step reduces unless no_sync is open or it is a deferred one.
-  bool syncs() const {
-    if (no_sync_depth > 0) return false;
-    return options.reduce_every_micro_step || micro_steps + 1 == options.gradient_accumulation_steps;
-  }
-  void require_finalized(const char* what) {
-    if (scope_error) std::rethrow_exception(std::exchange(scope_error, nullptr));
-    if (!finalized) ZERO_THROW(InvalidArgument, "{}() called before finalize()", what);
-  }
-  size_t tensor_of(int id, const char* what) {
-    require_finalized(what);
-    const ParamSpec& p = registry.param(id);
-    if (!p.requires_grad) {
-      ZERO_THROW(InvalidArgument, "{}({}): parameter '{}' is frozen (requires_grad = false)", what, id, p.name);
-    }
-    const size_t t = static_cast<size_t>(param_tensor[static_cast<size_t>(id)]);
-    parts.reducer->begin_micro_step(syncs());
-    if (parts.reducer->is_ready(t)) {
-      ZERO_THROW(InvalidArgument, "{}({}): parameter '{}' was already marked ready in this micro-step", what, id,
-                 p.name);
-    }
-    return t;
-  }
-  void require_unit(int unit, const char* what) {
-    require_finalized(what);
-    if (registry.params_of_unit(unit).empty()) {
-      ZERO_THROW(InvalidArgument, "{}({}): no parameter was registered with unit {}", what, unit, unit);
-    }
-  }
-};
 
 Engine::Engine(comm::Communicator& comm, EngineOptions options) : Engine(EngineComms{&comm}, std::move(options)) {}
 
@@ -141,62 +85,6 @@ void Engine::finalize() {
 }
 
 bool Engine::finalized() const { return impl_->finalized; }
-
-UnitScope Engine::gather(int unit) { return open_scope(unit, false); }
-
-UnitScope Engine::gather_for_backward(int unit) { return open_scope(unit, true); }
-
-UnitScope Engine::open_scope(int unit, bool backward) {
-  Impl& m = *impl_;
-  m.require_unit(unit, backward ? "gather_for_backward" : "gather");
-  if (backward) m.parts.reducer->begin_micro_step(m.syncs());
-  UnitScope scope(this, unit, backward);
-  // Below stage 3 (no gatherer) parameters stay in the user's storage.
-  const auto it = m.unit_bucket.find(unit);
-  if (m.parts.gatherer && it != m.unit_bucket.end()) scope.base_ = m.parts.gatherer->acquire(it->second, backward);
-  return scope;
-}
-
-void Engine::end_scope(int unit, bool backward) {
-  Impl& m = *impl_;
-  if (backward) {
-    for (int id : m.registry.params_of_unit(unit)) {
-      const int64_t t = m.param_tensor[static_cast<size_t>(id)];
-      if (t >= 0 && !m.parts.reducer->is_ready(static_cast<size_t>(t))) m.parts.reducer->tensor_ready(static_cast<size_t>(t));
-    }
-  }
-  const auto it = m.unit_bucket.find(unit);
-  if (m.parts.gatherer && it != m.unit_bucket.end()) m.parts.gatherer->release(it->second, backward);
-}
-
-void* Engine::scope_param(void* base, int id) {
-  Impl& m = *impl_;
-  const ParamSpec& p = m.registry.param(id);
-  const int64_t t = m.param_tensor[static_cast<size_t>(id)];
-  if (base == nullptr || t < 0) return p.data.ptr;  // resident: the user's storage
-  const ShardLayout& l = *m.parts.layout;
-  const size_t b = m.unit_bucket.at(p.unit);
-  return static_cast<char*>(base) +
-         (l.tensors()[static_cast<size_t>(t)].offset - l.buckets()[b].offset) * dtype_size(m.model_dtype);
-}
-
-NoSyncScope Engine::no_sync() {
-  Impl& m = *impl_;
-  m.require_finalized("no_sync");
-  if (m.parts.reducer->micro_step_open() && m.parts.reducer->micro_step_syncs()) {
-    ZERO_THROW(InvalidArgument,
-               "no_sync() inside a micro-step that already started reducing: open it before the micro-step's first "
-               "gradient");
-  }
-  ++m.no_sync_depth;
-  return NoSyncScope(this);
-}
-
-void Engine::end_no_sync() { --impl_->no_sync_depth; }
-
-void Engine::note_scope_error(std::exception_ptr e) {
-  if (!impl_->scope_error) impl_->scope_error = std::move(e);
-}
 
 void* Engine::grad(int id) {
   Impl& m = *impl_;

@@ -1,10 +1,69 @@
-// UnitScope and NoSyncScope: move-only handles whose end calls back into the engine.
+// The scopes: Engine's gather / gather_for_backward / no_sync, and UnitScope and NoSyncScope, the
+// move-only handles whose end calls back into the engine.
 #include <utility>
 
 #include "base/check.h"
 #include "zero/engine.h"
+#include "zero/engine_impl.h"
 
 namespace zero {
+
+UnitScope Engine::gather(int unit) { return open_scope(unit, false); }
+
+UnitScope Engine::gather_for_backward(int unit) { return open_scope(unit, true); }
+
+UnitScope Engine::open_scope(int unit, bool backward) {
+  Impl& m = *impl_;
+  m.require_unit(unit, backward ? "gather_for_backward" : "gather");
+  if (backward) m.parts.reducer->begin_micro_step(m.syncs());
+  UnitScope scope(this, unit, backward);
+  // Below stage 3 (no gatherer) parameters stay in the user's storage.
+  const auto it = m.unit_bucket.find(unit);
+  if (m.parts.gatherer && it != m.unit_bucket.end()) scope.base_ = m.parts.gatherer->acquire(it->second, backward);
+  return scope;
+}
+
+void Engine::end_scope(int unit, bool backward) {
+  Impl& m = *impl_;
+  if (backward) {
+    for (int id : m.registry.params_of_unit(unit)) {
+      const int64_t t = m.param_tensor[static_cast<size_t>(id)];
+      if (t >= 0 && !m.parts.reducer->is_ready(static_cast<size_t>(t))) m.parts.reducer->tensor_ready(static_cast<size_t>(t));
+    }
+  }
+  const auto it = m.unit_bucket.find(unit);
+  if (m.parts.gatherer && it != m.unit_bucket.end()) m.parts.gatherer->release(it->second, backward);
+}
+
+void* Engine::scope_param(void* base, int id) {
+  Impl& m = *impl_;
+  const ParamSpec& p = m.registry.param(id);
+  const int64_t t = m.param_tensor[static_cast<size_t>(id)];
+  if (base == nullptr || t < 0) return p.data.ptr;  // resident: the user's storage
+  const ShardLayout& l = *m.parts.layout;
+  const size_t b = m.unit_bucket.at(p.unit);
+  return static_cast<char*>(base) +
+         (l.tensors()[static_cast<size_t>(t)].offset - l.buckets()[b].offset) * dtype_size(m.model_dtype);
+}
+
+NoSyncScope Engine::no_sync() {
+  Impl& m = *impl_;
+  m.require_finalized("no_sync");
+  if (m.parts.reducer->micro_step_open() && m.parts.reducer->micro_step_syncs()) {
+    ZERO_THROW(InvalidArgument,
+               "no_sync() inside a micro-step that already started reducing: open it before the micro-step's first "
+               "gradient");
+  }
+  ++m.no_sync_depth;
+  return NoSyncScope(this);
+}
+
+void Engine::end_no_sync() { --impl_->no_sync_depth; }
+
+void Engine::note_scope_error(std::exception_ptr e) {
+  if (!impl_->scope_error) impl_->scope_error = std::move(e);
+}
+
 
 UnitScope::UnitScope(UnitScope&& o) noexcept
     : engine_(std::exchange(o.engine_, nullptr)), unit_(o.unit_), backward_(o.backward_),

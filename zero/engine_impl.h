@@ -1,0 +1,70 @@
+#pragma once
+// Private to the engine's implementation (engine.cc, unit_scope.cc): the state behind Engine's
+// pimpl. Not a public header; nothing outside zero/engine*.cc and unit_scope.cc includes it.
+#include <exception>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "base/check.h"
+#include "memory/device.h"
+#include "optim/loss_scaler.h"
+#include "zero/engine.h"
+#include "zero/stage_policy.h"
+
+namespace zero {
+
+struct Engine::Impl {
+  EngineComms comms;
+  EngineOptions options;
+  std::unique_ptr<memory::MemoryTracker> own_tracker;  // when the engine owns its device
+  std::unique_ptr<memory::Device> own_device;
+  memory::Device* device = nullptr;
+  ParamRegistry registry;
+  std::vector<int> tensor_param;    // layout tensor -> parameter id
+  std::vector<int64_t> param_tensor;  // parameter id -> layout tensor (-1: frozen)
+  DType model_dtype = DType::kFloat32;
+  EngineParts parts;
+  std::optional<optim::DynamicLossScaler> scaler;
+  bool finalized = false;
+  int micro_steps = 0;    // finished micro-steps since the last step
+  int no_sync_depth = 0;  // open NoSyncScopes
+  int64_t steps_taken = 0;
+  std::exception_ptr scope_error;  // raised by the next call after a scope's destructor failed
+  std::map<int, size_t> unit_bucket;  // stage 3: unit id -> its bucket
+  StepTimings timings, last_timings;  // the step in progress, the last one completed
+
+  int world() const { return comms.shard->size() * (comms.replica ? comms.replica->size() : 1); }
+  // The current micro-step reduces unless no_sync is open or it is a deferred one.
+  bool syncs() const {
+    if (no_sync_depth > 0) return false;
+    return options.reduce_every_micro_step || micro_steps + 1 == options.gradient_accumulation_steps;
+  }
+  void require_finalized(const char* what) {
+    if (scope_error) std::rethrow_exception(std::exchange(scope_error, nullptr));
+    if (!finalized) ZERO_THROW(InvalidArgument, "{}() called before finalize()", what);
+  }
+  size_t tensor_of(int id, const char* what) {
+    require_finalized(what);
+    const ParamSpec& p = registry.param(id);
+    if (!p.requires_grad) {
+      ZERO_THROW(InvalidArgument, "{}({}): parameter '{}' is frozen (requires_grad = false)", what, id, p.name);
+    }
+    const size_t t = static_cast<size_t>(param_tensor[static_cast<size_t>(id)]);
+    parts.reducer->begin_micro_step(syncs());
+    if (parts.reducer->is_ready(t)) {
+      ZERO_THROW(InvalidArgument, "{}({}): parameter '{}' was already marked ready in this micro-step", what, id,
+                 p.name);
+    }
+    return t;
+  }
+  void require_unit(int unit, const char* what) {
+    require_finalized(what);
+    if (registry.params_of_unit(unit).empty()) {
+      ZERO_THROW(InvalidArgument, "{}({}): no parameter was registered with unit {}", what, unit, unit);
+    }
+  }
+};
+
+}  // namespace zero
