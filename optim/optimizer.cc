@@ -10,6 +10,7 @@
 #include "optim/kernels.h"
 #include "optim/optimizer_checks.h"
 #include "optim/step_coeffs.h"
+#include "optim/step_schedule.h"
 #include "optim/thread_pool.h"
 
 namespace zero::optim {
@@ -145,27 +146,20 @@ struct Optimizer::Impl {
   std::vector<Segment> segments;
   SimdPath path;
   const detail::KernelTable* table;
-  int64_t step_count = 0;
-  std::vector<char> momentum_initialized;  // per group (SGD): PyTorch creates the buffer lazily
+  detail::StepSchedule schedule;
   std::vector<std::string> state_names;
   std::vector<memory::HostBuffer> states;  // 64-byte aligned, zero-filled, tracked
   std::vector<std::vector<Piece>> thread_pieces;
   detail::SegmentsByParam segments_by_param;
-  std::vector<StepCoeffs> coeffs;  // per group, refilled by every step
-  std::vector<char> range_first;   // per group: begin_step() saw SGD's first step
   std::vector<Piece> sorted_pieces;  // covered elements in shard order
 
-  void run(const StepInput& in, size_t base, const std::vector<std::vector<Piece>>& work);
+  // Runs the step over `work` with the groups' `coeffs`; the pointers of `in` refer to element `base`.
+  void run(const StepInput& in, size_t base, const std::vector<std::vector<Piece>>& work,
+           const std::vector<StepCoeffs>& coeffs);
   ThreadPool pool;
 
   int state_index(const std::string& name) const {
-    for (size_t i = 0; i < state_names.size(); ++i) {
-      if (state_names[i] == name) return static_cast<int>(i);
-    }
-    std::string known;
-    for (const std::string& s : state_names) known += (known.empty() ? "" : ", ") + s;
-    ZERO_THROW(InvalidArgument, "unknown optimizer state '{}' ({} has: {})", name,
-               optimizer_name(options.kind), known);
+    return detail::state_index(state_names, name, options.kind);
   }
 };
 
@@ -316,9 +310,7 @@ Optimizer::Optimizer(const OptimizerOptions& options, size_t shard_numel,
       }
     }
   }
-  m.momentum_initialized.assign(options.groups.size(), 0);
-  m.coeffs.resize(options.groups.size());
-  m.range_first.assign(options.groups.size(), 0);
+  m.schedule = detail::StepSchedule(options.groups.size());
 
   // Work of each thread, fixed for the optimizer's life.
   std::vector<Piece> pieces;
@@ -334,8 +326,8 @@ Optimizer::~Optimizer() = default;
 Optimizer::Optimizer(Optimizer&&) noexcept = default;
 Optimizer& Optimizer::operator=(Optimizer&&) noexcept = default;
 
-// Runs the kernel over each thread's pieces; the pointers of `in` refer to shard element `base`.
-void Optimizer::Impl::run(const StepInput& in, size_t base, const std::vector<std::vector<Piece>>& work) {
+void Optimizer::Impl::run(const StepInput& in, size_t base, const std::vector<std::vector<Piece>>& work,
+                          const std::vector<StepCoeffs>& coeffs) {
   const int gi = detail::grad_type_index(in.grad_dtype);
   const int oi = detail::out_type_index(in.model_out != nullptr, in.model_dtype);
   const int si = detail::state_type_index(options.state_dtype);
@@ -366,80 +358,38 @@ void Optimizer::Impl::run(const StepInput& in, size_t base, const std::vector<st
 void Optimizer::step(const StepInput& in) {
   ZERO_CHECK(impl_ != nullptr, "use of a moved-from Optimizer");
   Impl& m = *impl_;
+  // Checked before begin_step() so that a bad input leaves step_count() as it was.
   detail::check_step_input(in, m.shard_numel, "shard_numel");
-  const int64_t step = m.step_count + 1;
-  for (size_t g = 0; g < m.options.groups.size(); ++g) {
-    const Hyper& h = m.options.groups[g];
-    validate_hyper(m.options.kind, h, static_cast<int>(g));
-    const bool first = m.options.kind == OptimizerKind::kSgd && !m.momentum_initialized[g];
-    m.coeffs[g] = compute_step_coeffs(m.options.kind, h, step, in.grad_scale, first);
-  }
-  m.run(in, 0, m.thread_pieces);
-  m.step_count = step;
-  if (m.options.kind == OptimizerKind::kSgd) {
-    for (size_t g = 0; g < m.options.groups.size(); ++g) {
-      if (m.options.groups[g].momentum != 0.0f) m.momentum_initialized[g] = 1;
-    }
-  }
+  m.schedule.begin_step(m.options);
+  m.run(in, 0, m.thread_pieces, m.schedule.range_coeffs(m.options, 0, m.shard_numel, m.shard_numel, in.grad_scale));
 }
 
 void Optimizer::begin_step() {
   ZERO_CHECK(impl_ != nullptr, "use of a moved-from Optimizer");
-  Impl& m = *impl_;
-  // All groups first: a bad group must leave every group's SGD state as it was.
-  for (size_t g = 0; g < m.options.groups.size(); ++g) {
-    validate_hyper(m.options.kind, m.options.groups[g], static_cast<int>(g));
-  }
-  for (size_t g = 0; g < m.options.groups.size(); ++g) {
-    // SGD's first step copies the gradient into the momentum buffer (no dampening).
-    m.range_first[g] = m.options.kind == OptimizerKind::kSgd && !m.momentum_initialized[g];
-    if (m.options.kind == OptimizerKind::kSgd && m.options.groups[g].momentum != 0.0f) {
-      m.momentum_initialized[g] = 1;
-    }
-  }
-  ++m.step_count;
+  impl_->schedule.begin_step(impl_->options);
 }
 
 void Optimizer::step_range(const StepInput& in, size_t begin, size_t end) {
   ZERO_CHECK(impl_ != nullptr, "use of a moved-from Optimizer");
   Impl& m = *impl_;
-  if (begin > end || end > m.shard_numel) {
-    ZERO_THROW(InvalidArgument, "step_range [{}, {}) is not inside the shard of {} elements", begin,
-               end, m.shard_numel);
-  }
-  if (m.step_count == 0) ZERO_THROW(InvalidArgument, "step_range() before begin_step()");
+  const std::vector<StepCoeffs>& coeffs = m.schedule.range_coeffs(m.options, begin, end, m.shard_numel, in.grad_scale);
   detail::check_step_input(in, end - begin, "range length");
-  for (size_t g = 0; g < m.options.groups.size(); ++g) {
-    m.coeffs[g] = compute_step_coeffs(m.options.kind, m.options.groups[g], m.step_count,
-                                      in.grad_scale, m.range_first[g] != 0);
-  }
   std::vector<Piece> clipped;
   for (const Piece& p : m.sorted_pieces) {
     const size_t lo = std::max(p.begin, begin), hi = std::min(p.end, end);
     if (lo < hi) clipped.push_back({lo, hi, p.group});
   }
-  m.run(in, begin, partition(clipped, m.options.num_threads));
+  m.run(in, begin, partition(clipped, m.options.num_threads), coeffs);
 }
 
-int64_t Optimizer::step_count() const { return impl_->step_count; }
-
-void Optimizer::set_step_count(int64_t steps) {
-  if (steps < 0) ZERO_THROW(InvalidArgument, "step_count must be >= 0 (got {})", steps);
-  impl_->step_count = steps;
-  std::fill(impl_->momentum_initialized.begin(), impl_->momentum_initialized.end(),
-            static_cast<char>(steps > 0));
-}
+int64_t Optimizer::step_count() const { return impl_->schedule.step_count(); }
+void Optimizer::set_step_count(int64_t steps) { impl_->schedule.set_step_count(steps); }
 
 OptimizerKind Optimizer::kind() const { return impl_->options.kind; }
 size_t Optimizer::shard_numel() const { return impl_->shard_numel; }
 const std::vector<Segment>& Optimizer::segments() const { return impl_->segments; }
 
-Hyper& Optimizer::group(int i) {
-  if (i < 0 || i >= num_groups()) {
-    ZERO_THROW(InvalidArgument, "group index {} out of range [0, {})", i, num_groups());
-  }
-  return impl_->options.groups[static_cast<size_t>(i)];
-}
+Hyper& Optimizer::group(int i) { return detail::group_at(impl_->options, i); }
 const Hyper& Optimizer::group(int i) const { return const_cast<Optimizer*>(this)->group(i); }
 int Optimizer::num_groups() const { return static_cast<int>(impl_->options.groups.size()); }
 int Optimizer::num_threads() const { return impl_->pool.size(); }

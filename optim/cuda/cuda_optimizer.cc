@@ -8,6 +8,7 @@
 #include "optim/cuda/multi_tensor_step.h"
 #include "optim/optimizer_checks.h"
 #include "optim/step_coeffs.h"
+#include "optim/step_schedule.h"
 
 #ifdef ZERO_WITH_CUDA
 #include <cuda_runtime.h>
@@ -34,22 +35,13 @@ struct CudaOptimizer::Impl {
   size_t shard_numel = 0;
   std::vector<Segment> segments;
   std::vector<Piece> pieces;  // sorted by begin (and so by end: segments do not overlap)
-  int64_t step_count = 0;
-  std::vector<char> momentum_initialized;  // per group (SGD): PyTorch creates the buffer lazily
-  std::vector<char> range_first;           // per group: begin_step() saw SGD's first step
-  std::vector<StepCoeffs> coeffs;          // per group, refilled by every step_range
+  optim::detail::StepSchedule schedule;
   std::vector<std::string> state_names;
   std::vector<void*> states;          // device arrays owned by the caller
   std::vector<DeviceRange> ranges;    // reserved for every piece: step_range never allocates
 
   int state_index(const std::string& name) const {
-    for (size_t i = 0; i < state_names.size(); ++i) {
-      if (state_names[i] == name) return static_cast<int>(i);
-    }
-    std::string known;
-    for (const std::string& s : state_names) known += (known.empty() ? "" : ", ") + s;
-    ZERO_THROW(InvalidArgument, "unknown optimizer state '{}' ({} has: {})", name,
-               optimizer_name(options.kind), known);
+    return optim::detail::state_index(state_names, name, options.kind);
   }
 };
 
@@ -142,10 +134,7 @@ CudaOptimizer::CudaOptimizer(const OptimizerOptions& options, size_t shard_numel
   std::sort(m.pieces.begin(), m.pieces.end(),
             [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
   m.ranges.reserve(m.pieces.size());
-  const size_t groups = options.groups.size();
-  m.momentum_initialized.assign(groups, 0);
-  m.range_first.assign(groups, 0);
-  m.coeffs.resize(groups);
+  m.schedule = optim::detail::StepSchedule(options.groups.size());
 
   m.state_names = optim::detail::state_names_of(options.kind);
   const size_t bytes = shard_numel * state_size;
@@ -177,34 +166,14 @@ void CudaOptimizer::step(const StepInput& in, void* stream) {
 
 void CudaOptimizer::begin_step() {
   ZERO_CHECK(impl_ != nullptr, "use of a moved-from CudaOptimizer");
-  Impl& m = *impl_;
-  // All groups first: a bad group must leave every group's SGD state as it was.
-  for (size_t g = 0; g < m.options.groups.size(); ++g) {
-    validate_hyper(m.options.kind, m.options.groups[g], static_cast<int>(g));
-  }
-  for (size_t g = 0; g < m.options.groups.size(); ++g) {
-    // SGD's first step copies the gradient into the momentum buffer (no dampening).
-    m.range_first[g] = m.options.kind == OptimizerKind::kSgd && !m.momentum_initialized[g];
-    if (m.options.kind == OptimizerKind::kSgd && m.options.groups[g].momentum != 0.0f) {
-      m.momentum_initialized[g] = 1;
-    }
-  }
-  ++m.step_count;
+  impl_->schedule.begin_step(impl_->options);
 }
 
 void CudaOptimizer::step_range(const StepInput& in, size_t begin, size_t end, void* stream) {
   ZERO_CHECK(impl_ != nullptr, "use of a moved-from CudaOptimizer");
   Impl& m = *impl_;
-  if (begin > end || end > m.shard_numel) {
-    ZERO_THROW(InvalidArgument, "step_range [{}, {}) is not inside the shard of {} elements", begin,
-               end, m.shard_numel);
-  }
-  if (m.step_count == 0) ZERO_THROW(InvalidArgument, "step_range() before begin_step()");
+  const std::vector<StepCoeffs>& coeffs = m.schedule.range_coeffs(m.options, begin, end, m.shard_numel, in.grad_scale);
   optim::detail::check_step_input(in, end - begin, "range length");
-  for (size_t g = 0; g < m.options.groups.size(); ++g) {
-    m.coeffs[g] = compute_step_coeffs(m.options.kind, m.options.groups[g], m.step_count,
-                                      in.grad_scale, m.range_first[g] != 0);
-  }
 
   const size_t grad_size = dtype_size(in.grad_dtype);
   const size_t state_size = dtype_size(m.options.state_dtype);
@@ -228,7 +197,7 @@ void CudaOptimizer::step_range(const StepInput& in, size_t begin, size_t end, vo
     r.state1 = s1 != nullptr ? s1 + lo * state_size : nullptr;
     r.model_out = out != nullptr ? out + rel * out_size : nullptr;
     r.n = hi - lo;
-    r.coeffs = m.coeffs[static_cast<size_t>(it->group)];
+    r.coeffs = coeffs[static_cast<size_t>(it->group)];
     m.ranges.push_back(r);
   }
   if (m.ranges.empty()) return;
@@ -247,25 +216,14 @@ void CudaOptimizer::step_range(const StepInput& in, size_t begin, size_t end, vo
 #endif
 }
 
-int64_t CudaOptimizer::step_count() const { return impl_->step_count; }
-
-void CudaOptimizer::set_step_count(int64_t steps) {
-  if (steps < 0) ZERO_THROW(InvalidArgument, "step_count must be >= 0 (got {})", steps);
-  impl_->step_count = steps;
-  std::fill(impl_->momentum_initialized.begin(), impl_->momentum_initialized.end(),
-            static_cast<char>(steps > 0));
-}
+int64_t CudaOptimizer::step_count() const { return impl_->schedule.step_count(); }
+void CudaOptimizer::set_step_count(int64_t steps) { impl_->schedule.set_step_count(steps); }
 
 OptimizerKind CudaOptimizer::kind() const { return impl_->options.kind; }
 size_t CudaOptimizer::shard_numel() const { return impl_->shard_numel; }
 const std::vector<Segment>& CudaOptimizer::segments() const { return impl_->segments; }
 
-Hyper& CudaOptimizer::group(int i) {
-  if (i < 0 || i >= num_groups()) {
-    ZERO_THROW(InvalidArgument, "group index {} out of range [0, {})", i, num_groups());
-  }
-  return impl_->options.groups[static_cast<size_t>(i)];
-}
+Hyper& CudaOptimizer::group(int i) { return optim::detail::group_at(impl_->options, i); }
 const Hyper& CudaOptimizer::group(int i) const { return const_cast<CudaOptimizer*>(this)->group(i); }
 int CudaOptimizer::num_groups() const { return static_cast<int>(impl_->options.groups.size()); }
 
