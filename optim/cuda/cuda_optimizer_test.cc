@@ -23,6 +23,8 @@
 #ifdef ZERO_WITH_CUDA
 #include <cuda_runtime.h>
 
+#include "optim/cuda/gpu_test_util.h"
+
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -149,35 +151,8 @@ TEST_CASE("CudaOptimizer on a device") {
 
 #else
 
-bool have_gpu() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    cudaGetLastError();  // clear the sticky "no driver" error
-    std::printf("ZERO_TEST_SKIPPED: no CUDA device\n");
-    return false;
-  }
-  return true;
-}
-
-// A device allocation, zero-filled when the constructor returns, freed on destruction.
-class DeviceBytes {
- public:
-  explicit DeviceBytes(size_t bytes) : bytes_(bytes) {
-    REQUIRE(cudaMalloc(&ptr_, bytes == 0 ? 1 : bytes) == cudaSuccess);
-    REQUIRE(cudaMemset(ptr_, 0, bytes == 0 ? 1 : bytes) == cudaSuccess);
-    // cudaMemset is asynchronous: the allocator contract says zero on return.
-    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-  }
-  ~DeviceBytes() { cudaFree(ptr_); }
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-  char* get() const { return static_cast<char*>(ptr_); }
-  size_t size() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_;
-};
+using optim::cuda::testing::DeviceBytes;
+using optim::cuda::testing::have_gpu;
 
 // A non-blocking stream (so nothing is ordered with it by accident through the legacy stream).
 class Stream {

@@ -11,6 +11,8 @@
 #ifdef ZERO_WITH_CUDA
 #include <cuda_runtime.h>
 
+#include "optim/cuda/gpu_test_util.h"
+
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -37,40 +39,8 @@ TEST_CASE("CUDA multi-tensor step") {
 using namespace zero;
 using namespace zero::optim;
 
-bool have_gpu() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    cudaGetLastError();  // clear the sticky "no driver" error
-    std::printf("ZERO_TEST_SKIPPED: no CUDA device\n");
-    return false;
-  }
-  return true;
-}
-
-// A device allocation of `bytes`, freed on destruction.
-class DeviceBytes {
- public:
-  explicit DeviceBytes(size_t bytes) : bytes_(bytes) {
-    REQUIRE(cudaMalloc(&ptr_, bytes == 0 ? 1 : bytes) == cudaSuccess);
-    REQUIRE(cudaMemset(ptr_, 0, bytes == 0 ? 1 : bytes) == cudaSuccess);
-  }
-  ~DeviceBytes() { cudaFree(ptr_); }
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-  char* get() const { return static_cast<char*>(ptr_); }
-  void upload(const void* src) const {
-    REQUIRE(cudaMemcpy(ptr_, src, bytes_, cudaMemcpyHostToDevice) == cudaSuccess);
-  }
-  std::vector<char> download() const {
-    std::vector<char> out(bytes_);
-    REQUIRE(cudaMemcpy(out.data(), ptr_, bytes_, cudaMemcpyDeviceToHost) == cudaSuccess);
-    return out;
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_;
-};
+using optim::cuda::testing::DeviceBytes;
+using optim::cuda::testing::have_gpu;
 
 const OptimizerKind kAllKinds[] = {OptimizerKind::kAdamW, OptimizerKind::kAdam, OptimizerKind::kSgd,
                                    OptimizerKind::kAdagrad, OptimizerKind::kLion};
