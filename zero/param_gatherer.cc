@@ -198,13 +198,36 @@ void ParamGatherer::prefetch_from(size_t position) {
   }
 }
 
+bool ParamGatherer::same_order_everywhere() {
+  uint64_t h = 1469598103934665603ull ^ current_.size();  // FNV-1a over the entries
+  for (int64_t e : current_) h = (h ^ static_cast<uint64_t>(e)) * 1099511628211ull;
+  // Slot 0's check buffers: every slot's gathers have finished here.
+  const size_t world = static_cast<size_t>(comm_.size());
+  int64_t* host = id_host_.as<int64_t>();
+  host[0] = static_cast<int64_t>(h);
+  memory::Stream& compute = device_.compute_stream();
+  device_.copy(id_send_.data(), host, sizeof(int64_t), compute);
+  order_.before_issue(compute);
+  comm::WorkHandle w = comm_.all_gather(id_send_.data(), id_recv_.data(), 1, DType::kInt64);
+  order_.after(*w, compute);
+  device_.copy(host + 1, id_recv_.data(), world * sizeof(int64_t), compute);
+  device_.synchronize(compute, config_.timeout);
+  return std::all_of(host + 1, host + 1 + world, [&](int64_t x) { return x == host[0]; });
+}
+
 void ParamGatherer::after_step() {
   for (size_t s = 0; s < slots_.size(); ++s) finish(static_cast<int>(s));
   // Every rank checks the order it followed against the others' (a mismatch that no all-gather
-  // revealed, e.g. a unit served from the window on one rank and gathered on another).
-  std::vector<AgreementEntry> entries;
-  for (size_t i = 0; i < current_.size(); ++i) entries.push_back({fmt::format("position {}", i), entry_name(layout_, current_[i])});
-  check_agreement(comm_, {.what = "stage 3 unit order", .verb = "has"}, entries, "", config_.timeout, &device_);
+  // revealed, e.g. a unit served from the window on one rank and gathered on another): one small
+  // all-gather of a hash each step; only when the hashes differ (on every rank alike) are the
+  // orders exchanged in full, for the error that names the first difference.
+  if (!same_order_everywhere()) {
+    std::vector<AgreementEntry> entries;
+    for (size_t i = 0; i < current_.size(); ++i) {
+      entries.push_back({fmt::format("position {}", i), entry_name(layout_, current_[i])});
+    }
+    check_agreement(comm_, {.what = "stage 3 unit order", .verb = "has"}, entries, "", config_.timeout, &device_);
+  }
   if (order_agreed_ && current_ != recorded_) ZERO_LOG_INFO("stage 3: the unit order changed; recorded the new one");
   recorded_ = current_;
   order_agreed_ = true;

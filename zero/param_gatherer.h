@@ -79,6 +79,7 @@ class ParamGatherer {
   void issue(size_t b, int slot);
   void finish(int slot);  // waits for the slot's gathers and checks the ranks asked for the same unit
   void prefetch_from(size_t position);
+  bool same_order_everywhere();  // collective: every rank followed the same unit order this step
   size_t unit_bytes(size_t b) const;
 
   GathererConfig config_;
