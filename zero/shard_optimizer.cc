@@ -5,13 +5,19 @@
 namespace zero {
 namespace {
 
+// The options with the state's bytes accounted in the device's tracker.
+optim::OptimizerOptions accounted_in(memory::Device& device, optim::OptimizerOptions options) {
+  options.tracker = &device.tracker();
+  return options;
+}
+
 // optim::Optimizer over host memory. The host device's compute stream is the calling thread, so
 // the step runs right here, in stream order.
 class HostShardOptimizer final : public ShardOptimizer {
  public:
   HostShardOptimizer(memory::Device& device, optim::OptimizerOptions options, size_t numel,
                      std::vector<optim::Segment> segments)
-      : device_(device), opt_((options.tracker = &device.tracker(), options), numel, std::move(segments)) {}
+      : device_(device), opt_(accounted_in(device, std::move(options)), numel, std::move(segments)) {}
 
   void begin_step() override { opt_.begin_step(); }
   void step_range(const optim::StepInput& in, size_t begin, size_t end, memory::Stream& stream) override {
