@@ -68,6 +68,12 @@ class Communicator {
   // `stream` (a cudaStream_t). Host backends ignore it: their callers complete a buffer's producers
   // before issuing.
   virtual void set_issue_stream(void* stream) { (void)stream; }
+  // Names what the calls issued next on this communicator are for (e.g. "unit 3 forward"; "" for
+  // none), until the next set_call_label. With the schedule check on, the label is part of what the
+  // ranks must agree on: calls of the same shape issued for different purposes fail with the
+  // schedule mismatch, which names each rank's label (comm/schedule_check.h). Labels longer than
+  // 32 bytes are cut. Backends without a schedule check ignore it. CallLabel sets one for a scope.
+  virtual void set_call_label(std::string_view label) { (void)label; }
 
   virtual WorkHandle all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) = 0;
   virtual WorkHandle reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
@@ -80,6 +86,19 @@ class Communicator {
   // A communicator over the ranks that pass the same color, ordered by (key, rank). Collective:
   // every rank must call it. Ranks passing a negative color get nullptr.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+};
+
+// Labels the calls issued on `comm` while it lives (Communicator::set_call_label), then clears the
+// label.
+class CallLabel {
+ public:
+  CallLabel(Communicator& comm, std::string_view label) : comm_(comm) { comm_.set_call_label(label); }
+  ~CallLabel() { comm_.set_call_label({}); }
+  CallLabel(const CallLabel&) = delete;
+  CallLabel& operator=(const CallLabel&) = delete;
+
+ private:
+  Communicator& comm_;
 };
 
 }  // namespace zero::comm

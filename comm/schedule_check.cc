@@ -21,6 +21,14 @@ const char* collective_name(CollectiveKind kind) {
   return "unknown";
 }
 
+std::string fit_call_label(std::string_view label) {
+  if (label.size() <= kCallLabelBytes) return std::string(label);
+  size_t n = kCallLabelBytes;
+  // Never cut inside a UTF-8 sequence: back up over continuation bytes (10xxxxxx).
+  while (n > 0 && (static_cast<uint8_t>(label[n]) & 0xC0) == 0x80) --n;
+  return std::string(label.substr(0, n));
+}
+
 CallInfo make_call(uint64_t seq, CollectiveKind kind, DType dtype, uint64_t count) {
   CallInfo c;
   c.seq = seq;
@@ -77,6 +85,7 @@ uint64_t call_hash(const CallInfo& call) {
   fnv_bytes(h, small, sizeof small);
   fnv_bytes(h, &call.count, sizeof call.count);
   fnv_bytes(h, &call.root, sizeof call.root);
+  fnv_bytes(h, call.label.data(), call.label.size());
   return h;
 }
 
@@ -92,7 +101,9 @@ std::string describe_call(const CallInfo& call) {
       if (call.has_reduce_op) args += fmt::format(", {}", reduce_op_name(call.reduce_op));
       break;
   }
-  return fmt::format("{}({}) #{}", collective_name(call.kind), args, call.seq);
+  std::string text = fmt::format("{}({}) #{}", collective_name(call.kind), args, call.seq);
+  if (!call.label.empty()) text += fmt::format(" [{}]", call.label);
+  return text;
 }
 
 CallRecord encode_call(const CallInfo& call) {
@@ -105,6 +116,8 @@ CallRecord encode_call(const CallInfo& call) {
   r[26] = static_cast<uint8_t>(call.has_reduce_op);
   r[27] = static_cast<uint8_t>(call.reduce_op);
   put<int32_t>(r, 28, call.root);
+  ZERO_CHECK_LE(call.label.size(), kCallLabelBytes, "call label too long (fit_call_label cuts it)");
+  std::memcpy(r.data() + 32, call.label.data(), call.label.size());
   return r;
 }
 
@@ -123,6 +136,8 @@ CallInfo decode_call(const CallRecord& record) {
   c.has_reduce_op = record[26] != 0;
   c.reduce_op = static_cast<ReduceOp>(record[27]);
   c.root = take<int32_t>(record, 28);
+  const auto* label = reinterpret_cast<const char*>(record.data() + 32);
+  c.label.assign(label, strnlen(label, kCallLabelBytes));
   if (call_hash(c) != hash) {
     ZERO_THROW(CommError, "schedule check: corrupt call record (hash mismatch for {})",
                describe_call(c));
@@ -138,7 +153,8 @@ std::string find_schedule_mismatch(const std::vector<CallRecord>& records) {
     const bool same = other.seq == first.seq && other.kind == first.kind &&
                       other.dtype == first.dtype && other.count == first.count &&
                       other.root == first.root && other.has_reduce_op == first.has_reduce_op &&
-                      (!first.has_reduce_op || other.reduce_op == first.reduce_op);
+                      (!first.has_reduce_op || other.reduce_op == first.reduce_op) &&
+                      other.label == first.label;
     if (!same) {
       return fmt::format("schedule mismatch: rank 0 called {} but rank {} called {}",
                          describe_call(first), r, describe_call(other));

@@ -1,16 +1,23 @@
 #pragma once
 // Collective schedule check: every collective a communicator issues gets a sequence number and a
 // description (operation, dtype, element count, root, reduce op). In check mode each rank exchanges a
-// 32-byte record of that description with every other rank right before the collective runs (one
+// 64-byte record of that description with every other rank right before the collective runs (one
 // extra tiny exchange per call, on the same worker/stream as the collective, so it costs one network
 // round trip whatever the message size). If any rank's record differs from rank 0's, every rank gets
 // the same CommError naming both calls, e.g.
 //   schedule mismatch: rank 0 called all_reduce(fp32, 1024, sum) #7 but rank 1 called
 //   all_gather(fp32, 512) #7
-// instead of a hang or silently mixed buffers. Backend-neutral: the backends only move the records.
+// instead of a hang or silently mixed buffers. A call may carry the caller's label (what the call is
+// for, e.g. "unit 3 forward"; Communicator::set_call_label): the label is part of what must agree,
+// so two calls of the same shape made for different purposes are a mismatch too, and the message
+// names each rank's purpose:
+//   schedule mismatch: rank 0 called all_gather(fp32, 512) #7 [unit 3 forward] but rank 1 called
+//   all_gather(fp32, 512) #7 [unit 4 forward]
+// Backend-neutral: the backends only move the records.
 #include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/dtype.h"
@@ -37,7 +44,13 @@ struct CallInfo {
   int32_t root = -1;   // broadcast only
   bool has_reduce_op = false;
   ReduceOp reduce_op = ReduceOp::kSum;  // all_reduce and reduce_scatter only
+  std::string label;  // the caller's label, at most kCallLabelBytes bytes ("" when none)
 };
+
+// Longest label a record carries; longer labels are cut (at a UTF-8 character boundary).
+constexpr size_t kCallLabelBytes = 32;
+// `label` cut to kCallLabelBytes.
+std::string fit_call_label(std::string_view label);
 
 CallInfo make_call(uint64_t seq, CollectiveKind kind, DType dtype, uint64_t count);
 CallInfo make_reduce_call(uint64_t seq, CollectiveKind kind, DType dtype, uint64_t count,
@@ -46,14 +59,15 @@ CallInfo make_broadcast_call(uint64_t seq, DType dtype, uint64_t count, int root
 
 // Hash (FNV-1a, 64 bit) of everything but the sequence number.
 uint64_t call_hash(const CallInfo& call);
-// "all_reduce(fp32, 1024, sum) #7", "broadcast(int64, 3, root 1) #2", "barrier() #0".
+// "all_reduce(fp32, 1024, sum) #7", "broadcast(int64, 3, root 1) #2", "barrier() #0",
+// "all_gather(fp32, 512) #7 [unit 3 forward]".
 std::string describe_call(const CallInfo& call);
 
-constexpr size_t kCallRecordBytes = 32;
+constexpr size_t kCallRecordBytes = 32 + kCallLabelBytes;
 using CallRecord = std::array<uint8_t, kCallRecordBytes>;
 
-// Wire format: seq (8) | count (8) | hash (8) | kind, dtype, has_reduce_op, reduce_op (4) | root (4),
-// little endian (every supported host is).
+// Wire format: seq (8) | count (8) | hash (8) | kind, dtype, has_reduce_op, reduce_op (4) | root (4)
+// | label (kCallLabelBytes, zero-padded), little endian (every supported host is).
 CallRecord encode_call(const CallInfo& call);
 // Throws CommError when the record is corrupt (its hash does not match its fields).
 CallInfo decode_call(const CallRecord& record);

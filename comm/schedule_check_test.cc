@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <string>
 
 #include "base/error.h"
 
@@ -68,6 +69,35 @@ TEST_CASE("mismatches name rank 0's call and the first differing rank's call") {
   CHECK(find_schedule_mismatch({encode_call(ar), encode_call(later)}) ==
         "schedule mismatch: rank 0 called all_reduce(fp32, 1024, sum) #7 but rank 1 called "
         "all_reduce(fp32, 1024, sum) #8");
+}
+
+TEST_CASE("labels travel in the record, take part in the hash and the comparison, and are cut to fit") {
+  CallInfo a = make_call(7, CollectiveKind::kAllGather, DType::kFloat32, 512);
+  a.label = "unit 3 forward";
+  CHECK(describe_call(a) == "all_gather(fp32, 512) #7 [unit 3 forward]");
+  const CallInfo d = decode_call(encode_call(a));
+  CHECK(d.label == "unit 3 forward");
+  CallInfo b = a;
+  b.label = "unit 4 forward";
+  CHECK(call_hash(a) != call_hash(b));
+  CHECK(find_schedule_mismatch({encode_call(a), encode_call(a)}).empty());
+  CHECK(find_schedule_mismatch({encode_call(a), encode_call(b)}) ==
+        "schedule mismatch: rank 0 called all_gather(fp32, 512) #7 [unit 3 forward] but rank 1 called "
+        "all_gather(fp32, 512) #7 [unit 4 forward]");
+  CallInfo none = a;
+  none.label.clear();
+  CHECK_FALSE(find_schedule_mismatch({encode_call(a), encode_call(none)}).empty());
+  // A label of exactly kCallLabelBytes round-trips; longer ones are cut, never inside a character.
+  a.label = std::string(kCallLabelBytes, 'x');
+  CHECK(decode_call(encode_call(a)).label == a.label);
+  CHECK(fit_call_label(std::string(40, 'y')) == std::string(kCallLabelBytes, 'y'));
+  const std::string accented = std::string(kCallLabelBytes - 1, 'z') + "\xc3\xa9";  // "...zé"
+  CHECK(fit_call_label(accented) == std::string(kCallLabelBytes - 1, 'z'));
+  // A corrupted label is caught by the hash.
+  a.label = "unit 3 forward";
+  CallRecord r = encode_call(a);
+  r[32] ^= 1;
+  CHECK_THROWS_AS(decode_call(r), CommError);
 }
 
 TEST_CASE("ZERO_COMM_CHECK switches the check") {

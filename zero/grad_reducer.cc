@@ -214,6 +214,9 @@ void GradReducer::launch(size_t b) {
   st.comm_buffer = cbuf;
   comm::Communicator& comm = shard_order_.comm();
   shard_order_.before_issue(*stream_);
+  // Named for the schedule check, so a rank whose reduction meets another rank's different call is
+  // told which gradients it was reducing.
+  comm::CallLabel label(comm, B.unit >= 0 ? fmt::format("unit {} gradients", B.unit) : fmt::format("bucket {} gradients", b));
   if (config_.deterministic) {
     Slot& s = slot(st.slot);
     const size_t replicas = comms_.replica ? static_cast<size_t>(comms_.replica->size()) : 1;

@@ -41,21 +41,18 @@ ParamGatherer::ParamGatherer(const GathererConfig& config, const ShardLayout& la
   slots_.resize(cap / slot_bytes);
   window_ = device_.allocate(slots_.size() * slot_bytes, memory::Category::kGatherWindow);
   const size_t world = static_cast<size_t>(comm_.size());
-  id_send_ = device_.allocate_elements(static_cast<int64_t>(slots_.size()), DType::kInt64, memory::Category::kCommBuffer);
-  id_recv_ = device_.allocate_elements(static_cast<int64_t>(slots_.size() * world), DType::kInt64,
-                                       memory::Category::kCommBuffer);
-  id_host_ = device_.allocate_host_staging((slots_.size() * (world + 1)) * sizeof(int64_t), memory::Category::kCommBuffer);
+  hash_send_ = device_.allocate_elements(1, DType::kInt64, memory::Category::kCommBuffer);
+  hash_recv_ = device_.allocate_elements(static_cast<int64_t>(world), DType::kInt64, memory::Category::kCommBuffer);
+  hash_host_ = device_.allocate_host_staging((world + 1) * sizeof(int64_t), memory::Category::kCommBuffer);
 }
 
 ParamGatherer::~ParamGatherer() {
   // All-gathers still in flight write into the window: let them finish (or fail) first.
   for (Slot& s : slots_) {
-    for (comm::WorkHandle* w : {&s.ids_work, &s.data_work}) {
-      try {
-        if (*w) (*w)->wait(config_.timeout);
-      } catch (const std::exception& e) {
-        ZERO_LOG_WARN("engine destroyed with a failed parameter all-gather in flight: {}", e.what());
-      }
+    try {
+      if (s.data_work) s.data_work->wait(config_.timeout);
+    } catch (const std::exception& e) {
+      ZERO_LOG_WARN("engine destroyed with a failed parameter all-gather in flight: {}", e.what());
     }
   }
 }
@@ -83,26 +80,22 @@ int ParamGatherer::free_slot() {
   return best;
 }
 
-void ParamGatherer::issue(size_t b, int s) {
+void ParamGatherer::issue(size_t b, bool backward, int s) {
   Slot& x = slots_[static_cast<size_t>(s)];
   const auto& B = layout_.buckets()[b];
   const size_t es = dtype_size(config_.model_dtype);
-  const size_t world = static_cast<size_t>(comm_.size());
-  memory::Stream& compute = device_.compute_stream();
   x = Slot{};
   x.bucket = static_cast<int>(b);
-  x.id = static_cast<int64_t>(b);
-  int64_t* host_id = id_host_.as<int64_t>() + static_cast<size_t>(s) * (world + 1);
-  *host_id = x.id;
-  int64_t* send = id_send_.as<int64_t>() + s;
-  device_.copy(send, host_id, sizeof(int64_t), compute);
+  x.backward = backward;
   // The shard was last written by the update on the compute stream.
-  order_.before_issue(compute);
-  x.ids_work = comm_.all_gather(send, id_recv_.as<int64_t>() + static_cast<size_t>(s) * world, 1, DType::kInt64);
+  order_.before_issue(device_.compute_stream());
+  // The unit travels in the schedule check's record: ranks that gather different units here (even
+  // units of the same size) fail with the communicator's mismatch error, which names each rank's
+  // unit, before any data is used.
+  comm::CallLabel label(comm_, unit_label(b, backward));
   x.data_work = comm_.all_gather(static_cast<const char*>(shard_.data()) + B.shard_offset * es,
                                  static_cast<char*>(window_.data()) + static_cast<size_t>(s) * slot_elems_ * es, B.chunk,
                                  config_.model_dtype);
-  ++gathers_;
   if (config_.timings) config_.timings->gathered_bytes += B.padded * es;
 }
 
@@ -111,29 +104,21 @@ void ParamGatherer::finish(int s) {
   if (!x.data_work) return;
   double ignored = 0;
   ScopedTimer waiting(config_.timings ? &config_.timings->gather_wait_s : &ignored);
-  memory::Stream& compute = device_.compute_stream();
-  const size_t world = static_cast<size_t>(comm_.size());
-  order_.after(*x.ids_work, compute);
-  int64_t* ids = id_host_.as<int64_t>() + static_cast<size_t>(s) * (world + 1) + 1;
-  device_.copy(ids, id_recv_.as<int64_t>() + static_cast<size_t>(s) * world, world * sizeof(int64_t), compute);
-  device_.synchronize(compute, config_.timeout);
-  x.ids_work.reset();
-  if (std::any_of(ids, ids + world, [&](int64_t id) { return id != x.id; })) {
-    std::string who;
-    for (size_t r = 0; r < world; ++r) {
-      const size_t b = static_cast<size_t>(ids[r]);
-      who += fmt::format("{}rank {}: unit {}", r ? ", " : "", r, b < layout_.buckets().size() ? layout_.buckets()[b].unit : -1);
-    }
+  try {
+    order_.after(*x.data_work, device_.compute_stream());
+  } catch (const Error& e) {
+    const std::string what = fmt::format("stage 3: the all-gather of {} failed: {}", unit_label(static_cast<size_t>(x.bucket), x.backward), e.what());
     x.data_work.reset();
     x.bucket = -1;
-    ZERO_THROW(InvalidArgument,
-               "stage 3: ranks gathered different units at the same point (a unit's gather scope on one rank met "
-               "another unit's on another; every rank must open the same units in the same order): {}",
-               who);
+    if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(what);
+    throw CommError(what);
   }
-  order_.after(*x.data_work, compute);
   x.data_work.reset();
   x.valid = true;
+}
+
+std::string ParamGatherer::unit_label(size_t b, bool backward) const {
+  return fmt::format("unit {} {}", layout_.buckets()[b].unit, backward ? "backward" : "forward");
 }
 
 void* ParamGatherer::acquire(size_t b, bool backward) {
@@ -160,14 +145,16 @@ void* ParamGatherer::acquire(size_t b, bool backward) {
                  "EngineOptions.max_live_gathered_bytes",
                  slots_.size(), slot_elems_ * dtype_size(config_.model_dtype), layout_.buckets()[b].unit);
     }
-    issue(b, s);
+    issue(b, backward, s);
   }
-  finish(s);
   Slot& x = slots_[static_cast<size_t>(s)];
   ++x.users;
   x.last_use = ++clock_;
   if (unit_bytes(b) <= config_.persistence_bytes) x.persistent = true;
+  // The next units' gathers are issued before this one is waited for, so the communicator runs them
+  // back to back instead of idling between this gather's completion and the next issue.
   if (order_agreed_ && !on_demand_) prefetch_from(position_);
+  finish(s);
   return static_cast<char*>(window_.data()) + static_cast<size_t>(s) * slot_elems_ * dtype_size(config_.model_dtype);
 }
 
@@ -194,23 +181,26 @@ void ParamGatherer::prefetch_from(size_t position) {
     if (find(b) >= 0) continue;
     const int s = free_slot();
     if (s < 0) break;
-    issue(b, s);
+    issue(b, recorded_[p] % 2 != 0, s);
   }
 }
 
 bool ParamGatherer::same_order_everywhere() {
   uint64_t h = 1469598103934665603ull ^ current_.size();  // FNV-1a over the entries
   for (int64_t e : current_) h = (h ^ static_cast<uint64_t>(e)) * 1099511628211ull;
-  // Slot 0's check buffers: every slot's gathers have finished here.
   const size_t world = static_cast<size_t>(comm_.size());
-  int64_t* host = id_host_.as<int64_t>();
+  int64_t* host = hash_host_.as<int64_t>();
   host[0] = static_cast<int64_t>(h);
   memory::Stream& compute = device_.compute_stream();
-  device_.copy(id_send_.data(), host, sizeof(int64_t), compute);
+  device_.copy(hash_send_.data(), host, sizeof(int64_t), compute);
   order_.before_issue(compute);
-  comm::WorkHandle w = comm_.all_gather(id_send_.data(), id_recv_.data(), 1, DType::kInt64);
+  comm::WorkHandle w;
+  {
+    comm::CallLabel label(comm_, "stage 3 unit order");
+    w = comm_.all_gather(hash_send_.data(), hash_recv_.data(), 1, DType::kInt64);
+  }
   order_.after(*w, compute);
-  device_.copy(host + 1, id_recv_.data(), world * sizeof(int64_t), compute);
+  device_.copy(host + 1, hash_recv_.data(), world * sizeof(int64_t), compute);
   device_.synchronize(compute, config_.timeout);
   return std::all_of(host + 1, host + 1 + world, [&](int64_t x) { return x == host[0]; });
 }

@@ -15,11 +15,16 @@
 // A unit asked for out of that order switches the rest of the step to on-demand gathers, logs one
 // line, and the new order is recorded for the next step.
 //
-// Agreement. Every all-gather travels with an all-gather of the unit's index, so ranks that ask for
-// different units at the same point fail at once, each naming the units and the ranks, instead of
-// silently exchanging the chunks of different units.
+// Agreement. Every all-gather is labelled with its unit ("unit 3 forward", comm::CallLabel), which
+// the communicator's schedule check compares across ranks with the call itself: ranks that ask for
+// different units at the same point (even units of the same size) fail at once, each naming every
+// rank's unit, instead of silently exchanging the chunks of different units. A failed gather's
+// error names this rank's unit too. At the step's end the ranks compare a hash of the order they
+// followed (one tiny all-gather), which also catches a difference that moved no data (a unit served
+// from the window on one rank and gathered on another).
 #include <chrono>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -70,14 +75,15 @@ class ParamGatherer {
     bool valid = false;  // its data is current (gathered after the last update)
     int users = 0;     // open scopes
     bool persistent = false;
+    bool backward = false;  // the gather was issued for a backward scope (for its label)
     uint64_t last_use = 0;
-    comm::WorkHandle ids_work, data_work;
-    int64_t id = -1;
+    comm::WorkHandle data_work;
   };
   int find(size_t b) const;
   int free_slot();
-  void issue(size_t b, int slot);
-  void finish(int slot);  // waits for the slot's gathers and checks the ranks asked for the same unit
+  void issue(size_t b, bool backward, int slot);
+  void finish(int slot);  // waits for the slot's gather; a failure names the unit
+  std::string unit_label(size_t b, bool backward) const;  // "unit 3 forward"
   void prefetch_from(size_t position);
   bool same_order_everywhere();  // collective: every rank followed the same unit order this step
   size_t unit_bytes(size_t b) const;
@@ -89,7 +95,7 @@ class ParamGatherer {
   CollectiveOrder order_;
   memory::Buffer shard_;   // every unit's chunk of this rank, back to back (kParams)
   memory::Buffer window_;  // slots x the largest padded unit (kGatherWindow)
-  memory::Buffer id_send_, id_recv_, id_host_;
+  memory::Buffer hash_send_, hash_recv_, hash_host_;  // the step's order check
   std::vector<Slot> slots_;
   size_t slot_elems_ = 0;
   uint64_t clock_ = 0;
@@ -98,7 +104,6 @@ class ParamGatherer {
   bool order_agreed_ = false;
   bool on_demand_ = false;  // this step left the recorded order
   size_t position_ = 0;     // next expected entry of recorded_
-  int64_t gathers_ = 0;     // all-gathers issued (the check's sequence number)
 };
 
 }  // namespace zero

@@ -217,6 +217,10 @@ class GlooCommunicator final : public Communicator, private InlineRunner {
   }
 
   int rank() const override { return rank_; }
+  void set_call_label(std::string_view label) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    call_label_ = fit_call_label(label);
+  }
   int size() const override { return size_; }
   std::string backend_name() const override { return "gloo"; }
   std::chrono::milliseconds default_timeout() const override { return options_.timeout; }
@@ -425,6 +429,7 @@ class GlooCommunicator final : public Communicator, private InlineRunner {
       CallInfo call = op ? make_reduce_call(next_seq_, kind, dtype, count, *op)
                          : make_call(next_seq_, kind, dtype, count);
       call.root = root;
+      call.label = call_label_;
       state->what = label(call);
       if (!failure_.empty()) {
         ZERO_THROW(CommError, "{} rejected: communicator failed earlier: {}", state->what,
@@ -656,6 +661,7 @@ class GlooCommunicator final : public Communicator, private InlineRunner {
   bool stopping_ = false;
   bool running_ = false;  // a collective runs (on the worker or inline on a waiting caller)
   uint64_t next_seq_ = 0;
+  std::string call_label_;  // set_call_label; guarded by mu_
   uint64_t splits_ = 0;
   std::string failure_;  // first failure; non-empty once failed
 

@@ -6,7 +6,7 @@
 // InvalidArgument naming the op and the argument), get the next sequence number, and queue the
 // collective; the worker runs them one at a time in issue order while the caller computes. With the
 // schedule check on (default; ZERO_COMM_CHECK=0 or check_schedule=false turns it off) every rank
-// sends a 32-byte description of the call to every other rank before any data (comm/schedule_check.h);
+// sends a 64-byte description of the call to every other rank before any data (comm/schedule_check.h);
 // calls of at most eager_bytes per message send it as the header of a single round of data
 // messages, larger ones overlap it with posting their receives (docs/comm.md).
 //

@@ -180,6 +180,37 @@ TEST_CASE("a small call against a large one is reported too") {
   CHECK(reported == 3);
 }
 
+// Same shape, different purpose: the labels disagree. Both the small-message path and the large
+// one (data before the verdict) must report it, naming each rank's label, and the call after the
+// label is cleared carries none.
+TEST_CASE("calls of the same shape with different labels fail, naming each rank's label") {
+  for (size_t n : {size_t{64}, size_t{200000}}) {
+    CAPTURE(n);
+    std::atomic<int> reported{0};
+    run_ranks(2, short_options(), [&](int rank, std::unique_ptr<Communicator>& comm) {
+      std::vector<float> buf(2 * n, 1.0f);
+      {
+        CallLabel same(*comm, "unit 7 forward");
+        comm->all_gather(buf.data() + rank * n, buf.data(), n, DType::kFloat32)->wait();
+      }
+      comm->all_gather(buf.data() + rank * n, buf.data(), n, DType::kFloat32)->wait();
+      try {
+        CallLabel differ(*comm, rank == 0 ? "unit 3 forward" : "unit 4 forward");
+        comm->all_gather(buf.data() + rank * n, buf.data(), n, DType::kFloat32)->wait();
+        FAIL("mismatch not detected");
+      } catch (const CommError& e) {
+        const std::string m = e.what();
+        CHECK_MESSAGE(contains(m, fmt::format("rank 0 called all_gather(fp32, {}) #2 [unit 3 forward] but rank 1 "
+                                              "called all_gather(fp32, {}) #2 [unit 4 forward]",
+                                              n, n)),
+                      m);
+        ++reported;
+      }
+    });
+    CHECK(reported == 2);
+  }
+}
+
 // Large all-gathers, reduce-scatters and all-reduces move their data before the check's verdict
 // (on slots that encode each message's size): peers that disagree about the size must still get
 // the mismatch error, not a Gloo abort (a larger message landing in a smaller receive) or a hang.

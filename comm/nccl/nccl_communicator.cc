@@ -307,6 +307,10 @@ class NcclCommunicator final : public Communicator {
   std::string backend_name() const override { return "nccl"; }
   bool accepts(memory::DeviceKind kind) const override { return kind == memory::DeviceKind::kCuda; }
   void set_issue_stream(void* stream) override { g_caller_stream = static_cast<cudaStream_t>(stream); }
+  void set_call_label(std::string_view label) override {
+    std::lock_guard<std::mutex> issue_lock(issue_mu_);
+    call_label_ = fit_call_label(label);
+  }
   std::chrono::milliseconds default_timeout() const override { return options_.timeout; }
 
   WorkHandle all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
@@ -432,6 +436,7 @@ class NcclCommunicator final : public Communicator {
     std::lock_guard<std::mutex> issue_lock(issue_mu_);
     DeviceScope device(shared_->device);
     call.seq = next_seq_;
+    call.label = call_label_;
     const std::string what = fmt::format("nccl rank {}: {}", rank(), describe_call(call));
     throw_if_failed(describe_call(call));
     ++next_seq_;
@@ -487,10 +492,11 @@ class NcclCommunicator final : public Communicator {
   const bool check_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;
-  void* device_scratch_ = nullptr;  // size * 32 bytes of records + the barrier word
+  void* device_scratch_ = nullptr;  // size * kCallRecordBytes of records + the barrier word
   void* host_records_ = nullptr;    // pinned
   std::mutex issue_mu_;
   uint64_t next_seq_ = 0;
+  std::string call_label_;  // set_call_label; guarded by issue_mu_
 };
 
 }  // namespace

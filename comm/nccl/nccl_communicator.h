@@ -13,7 +13,7 @@
 // (ncclCommAbort) and throws TimeoutError; an NCCL error throws CommError. Both name the op, its
 // sequence number and the rank, and leave the communicator failed (later calls throw CommError).
 //
-// With the schedule check on, each call first all-gathers its 32-byte record on the NCCL stream and
+// With the schedule check on, each call first all-gathers its 64-byte record on the NCCL stream and
 // compares on the host before enqueueing the collective (one tiny collective and one host
 // synchronization per call; turn it off with ZERO_COMM_CHECK=0 for overlap-critical runs).
 #include <chrono>
