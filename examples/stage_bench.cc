@@ -1,7 +1,8 @@
 // Stage 2 against stage 3 on the same model in one run: the MLP example's model and loop, one engine
 // per stage on the same communicator, rounds alternating (2 3 3 2 ...). Prints per stage the median
-// step time, the exposed communication (time the loop waited for all-gathers and reductions), and
-// the gradient and parameter elements moved per step in units of Ψ:
+// over rounds of the wall time per step, the median step's waits for all-gathers and reductions (the
+// exposed communication) and its update time, and the gradient and parameter elements moved per
+// step in units of Ψ:
 //
 //   bazel-bin/comm/launch/zerorun --nproc-per-node 2 -- bazel-bin/examples/stage_bench
 //
@@ -63,7 +64,7 @@ double median(std::vector<double> v) {
 
 int run(int argc, char** argv) {
   examples::Flags flags(argc, argv);
-  const int rounds = flags.get_int("rounds", 4);
+  const int rounds = flags.get_int("rounds", 6);
   const int steps = flags.get_int("steps", 10);
   const int hidden = flags.get_int("hidden", 1024);
   const int layers = flags.get_int("layers", 4);
@@ -93,15 +94,16 @@ int run(int argc, char** argv) {
     for (int k = 0; k < 2; ++k) {
       const int which = (round % 2 == 0) ? k : 1 - k;
       Trainer& t = *trainers[which];
+      // The round's wall time per step, from a barrier to a barrier: it includes what a step leaves
+      // running into the next (stage 3's prefetch of the next step's first units).
+      comm.barrier()->wait();
+      const auto t0 = std::chrono::steady_clock::now();
       for (int s = 0; s < steps; ++s) {
         data.batch(s, static_cast<int64_t>(rank) * (batch / world), batch / world, &x, &labels);
-        comm.barrier()->wait();
-        const auto t0 = std::chrono::steady_clock::now();
         t.model.forward(x, labels, t.access);
         t.model.backward(
             1.0f, [&](size_t i) { return t.engine->grad_as<float>(t.ids[i]); }, [](size_t) {}, t.access);
         t.engine->step();
-        stats[which].step_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         const StepTimings& st = t.engine->step_timings();
         stats[which].gather_s.push_back(st.gather_wait_s);
         stats[which].reduce_s.push_back(st.reduce_wait_s);
@@ -109,6 +111,8 @@ int run(int argc, char** argv) {
         // Elements moved: gathered parameters plus reduced gradients (fp32 here: 4 bytes each).
         stats[which].moved = static_cast<double>(st.gathered_bytes + st.reduced_bytes) / 4.0 / psi;
       }
+      comm.barrier()->wait();
+      stats[which].step_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps);
     }
   }
   if (rank == 0) {
