@@ -1,6 +1,7 @@
 // The engine against PyTorch (tests/data/pytorch/zero): stages 0, 1, 2 at world sizes 2 and 4, the
 // 4-rank reference at 1 rank with 4 accumulated micro-steps (and 2 ranks x 2), no_sync accumulation,
-// and deterministic mode bitwise equal across stages and world sizes.
+// and deterministic mode bitwise equal across stages and world sizes; the same with the optimizer
+// offloaded to the host tier.
 #include <doctest/doctest.h>
 
 #include <cstdlib>
@@ -34,21 +35,30 @@ std::string tmp(const std::string& name) {
   return std::string(dir ? dir : "/tmp") + "/" + name;
 }
 
-// Runs the 4-rank reference in deterministic mode for each (ranks, stage) and checks that every
-// run's final parameters have the bits of the first.
+// Runs the 4-rank reference in deterministic mode on `nproc` ranks at `stage` and returns its final
+// parameters' bytes.
+std::string deterministic_run(int nproc, const std::string& stage, const std::vector<std::string>& extra,
+                              const std::string& tag) {
+  std::string name = tag + "_" + std::to_string(nproc) + "_" + stage;
+  for (const std::string& e : extra) name += e;
+  const std::string dump = tmp(name + ".bin");
+  std::vector<std::string> args{"--file", kData + "dp4_adamw_clip.json", "--stage", stage, "--deterministic",
+                                "--dump", dump};
+  args.insert(args.end(), extra.begin(), extra.end());
+  run_ok(nproc, args);
+  const std::string bytes = slurp(dump);
+  REQUIRE(!bytes.empty());
+  return bytes;
+}
+
+// Checks that every (ranks, stage) run's final parameters have the bits of the first.
 void check_bitwise(const std::vector<std::pair<int, std::string>>& runs, const std::vector<std::string>& extra,
                    const std::string& tag) {
   std::string first;
   for (const auto& [nproc, stage] : runs) {
     CAPTURE(nproc);
     CAPTURE(stage);
-    const std::string dump = tmp(tag + "_" + std::to_string(nproc) + "_" + stage + ".bin");
-    std::vector<std::string> args{"--file", kData + "dp4_adamw_clip.json", "--stage", stage, "--deterministic",
-                                  "--dump", dump};
-    args.insert(args.end(), extra.begin(), extra.end());
-    run_ok(nproc, args);
-    const std::string bytes = slurp(dump);
-    REQUIRE(!bytes.empty());
+    const std::string bytes = deterministic_run(nproc, stage, extra, tag);
     if (first.empty()) {
       first = bytes;
     } else {
@@ -106,6 +116,26 @@ TEST_CASE("stage 3 at world sizes 1, 2 and 4, with and without no_sync") {
 // bitwise equal at 4 ranks and at 1 rank x 4 micro-steps.
 TEST_CASE("deterministic mode with units: stages 0-3 bitwise equal, and 4 ranks equal 1 rank x 4") {
   check_bitwise({{4, "3"}, {4, "0"}, {4, "1"}, {4, "2"}, {1, "3"}, {1, "0"}}, {"--units"}, "det_units");
+}
+
+TEST_CASE("optimizer offload reproduces PyTorch at stages 0-3 and world sizes 1, 2 and 4") {
+  for (const char* stage : {"0", "1", "2", "3"}) {
+    CAPTURE(stage);
+    run_ok(2, {"--file", kData + "dp2_adamw_clip.json", "--stage", stage, "--units", "--offload"});
+  }
+  run_ok(4, {"--file", kData + "dp4_adamw_clip.json", "--stage", "2", "--offload"});
+  run_ok(4, {"--file", kData + "dp4_adamw_clip.json", "--stage", "3", "--units", "--offload"});
+  run_ok(1, {"--file", kData + "dp4_adamw_clip.json", "--stage", "3", "--units", "--offload"});
+  run_ok(2, {"--file", kData + "dp4_adamw_clip.json", "--stage", "2", "--units", "--no-sync-scope", "--offload"});
+}
+
+TEST_CASE("deterministic mode: optimizer offload is bitwise equal to no offload at stages 1-3") {
+  const std::string off = deterministic_run(4, "2", {"--units"}, "det_offload");
+  for (const char* stage : {"1", "2", "3"}) {
+    CAPTURE(stage);
+    CHECK(deterministic_run(4, stage, {"--units", "--offload"}, "det_offload") == off);
+  }
+  CHECK(deterministic_run(1, "3", {"--units", "--offload"}, "det_offload") == off);
 }
 
 TEST_CASE("gradients reduced without grad_ready calls") {

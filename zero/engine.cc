@@ -191,6 +191,7 @@ MemoryReport Engine::memory_report() const {
   if (!m.finalized) ZERO_THROW(InvalidArgument, "memory_report() called before finalize()");
   EngineMemory em;
   em.tracker = &m.device->tracker();
+  em.offload_tracker = m.parts.offload_tracker.get();
   em.registry = &m.registry;
   em.rank = rank();
   em.formula = m.parts.formula;

@@ -97,6 +97,7 @@ std::vector<std::pair<std::string, std::string>> fingerprint(const EngineOptions
   add("prefetch_bytes", o.prefetch_bytes);
   add("max_live_gathered_bytes", o.max_live_gathered_bytes);
   add("param_persistence_bytes", o.param_persistence_bytes);
+  add("offload.optimizer", o.offload.optimizer);
   return f;
 }
 

@@ -16,6 +16,18 @@ namespace zero {
 
 enum class LossScaling { kNone, kStatic, kDynamic };
 
+// ZeRO-Offload: the fp32 master weights and the optimizer state live in host memory and the CPU
+// optimizer updates them there; the device keeps the model-dtype parameters and gradients. Each
+// bucket's reduced gradient shard goes device-to-host into staging, is applied on the host, and its
+// new parameter values go host-to-device, pipelined bucket by bucket (zero/offload_pipeline.h). The
+// CPU optimizer runs optimizer.num_threads threads.
+struct OffloadOptions {
+  bool optimizer = false;
+  // Copy staging in page-locked host memory (what asynchronous device copies need to overlap), or
+  // pageable memory.
+  bool pinned_staging = true;
+};
+
 struct EngineOptions {
   // 0: replicated optimizer, all-reduced gradients (DDP). 1: optimizer state sharded. 2: gradients
   // sharded too (reduce-scattered bucket by bucket during backward). 3: parameters sharded too:
@@ -68,6 +80,8 @@ struct EngineOptions {
   size_t max_live_gathered_bytes = 0;
   // Units of at most this many bytes stay gathered from their first use to the end of the step.
   size_t param_persistence_bytes = 0;
+
+  OffloadOptions offload;
 
   // Deadline for every collective the engine waits on.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <utility>
+
 #include "base/check.h"
 #include "memory/tracker.h"
 
@@ -30,32 +33,39 @@ MemoryPrediction predict_memory(const MemoryFormulaInputs& in) {
     }
   }
   const uint64_t k = 4 + in.state_bytes;
-  if (in.stage == 0) {
-    p.formula = fmt::format("{}Ψ + {} + {}Ψ", in.param_bytes, grads_term, k);
-  } else if (in.stage == 3) {
-    p.formula = fmt::format("{}Ψ/N + {} + {}Ψ/N", in.param_bytes, grads_term, k);
+  const std::string params_term = fmt::format("{}Ψ{}", in.param_bytes, in.stage == 3 ? "/N" : "");
+  const std::string optim_term = fmt::format("{}Ψ{}", k, in.stage == 0 ? "" : "/N");
+  if (in.offload_optimizer) {
+    p.offload_master = std::exchange(p.master, 0);
+    p.offload_state = std::exchange(p.optimizer_state, 0);
+    p.formula = fmt::format("{} + {}; host {}", params_term, grads_term, optim_term);
   } else {
-    p.formula = fmt::format("{}Ψ + {} + {}Ψ/N", in.param_bytes, grads_term, k);
+    p.formula = fmt::format("{} + {} + {}", params_term, grads_term, optim_term);
   }
   return p;
 }
 
-uint64_t MemoryReport::formula_current() const {
+namespace {
+
+uint64_t sum_rows(const std::vector<MemoryReport::Row>& rows, bool host_tier, uint64_t MemoryReport::Row::*field) {
   uint64_t s = 0;
-  for (const Row& r : rows) s += r.in_formula ? r.current : 0;
+  for (const MemoryReport::Row& r : rows) s += (r.in_formula && r.host_tier == host_tier) ? r.*field : 0;
   return s;
 }
 
-uint64_t MemoryReport::formula_predicted() const {
-  uint64_t s = 0;
-  for (const Row& r : rows) s += r.in_formula ? r.predicted : 0;
-  return s;
-}
+double quotient(uint64_t a, uint64_t b) { return b == 0 ? 0.0 : static_cast<double>(a) / static_cast<double>(b); }
 
-double MemoryReport::ratio() const {
-  const uint64_t p = formula_predicted();
-  return p == 0 ? 0.0 : static_cast<double>(formula_current()) / static_cast<double>(p);
+}  // namespace
+
+uint64_t MemoryReport::formula_current() const { return sum_rows(rows, false, &Row::current); }
+uint64_t MemoryReport::formula_predicted() const { return sum_rows(rows, false, &Row::predicted); }
+double MemoryReport::ratio() const { return quotient(formula_current(), formula_predicted()); }
+bool MemoryReport::offloaded() const {
+  return std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.host_tier; });
 }
+uint64_t MemoryReport::host_current() const { return sum_rows(rows, true, &Row::current); }
+uint64_t MemoryReport::host_predicted() const { return sum_rows(rows, true, &Row::predicted); }
+double MemoryReport::host_ratio() const { return quotient(host_current(), host_predicted()); }
 
 std::string MemoryReport::table() const {
   using memory::format_bytes;
@@ -67,8 +77,12 @@ std::string MemoryReport::table() const {
                      format_bytes(r.peak), r.in_formula ? format_bytes(r.predicted) : "-");
   }
   s += fmt::format("  {:<18} {:>12} {:>12} {:>12}   measured/predicted = {:.3f}\n",
-                   "params+grads+optim", format_bytes(formula_current()), "",
+                   offloaded() ? "device formula" : "params+grads+optim", format_bytes(formula_current()), "",
                    format_bytes(formula_predicted()), ratio());
+  if (offloaded()) {
+    s += fmt::format("  {:<18} {:>12} {:>12} {:>12}   measured/predicted = {:.3f}\n", "host formula",
+                     format_bytes(host_current()), "", format_bytes(host_predicted()), host_ratio());
+  }
   return s;
 }
 
@@ -105,6 +119,16 @@ MemoryReport build_memory_report(const EngineMemory& em) {
   row(t, Category::kOptimizerState, "optimizer_state", pred.optimizer_state, true);
   row(t, Category::kCommBuffer, "comm_buffer", 0, false);
   row(t, Category::kGatherWindow, "gather_window", 0, false);
+  if (em.offload_tracker != nullptr) {
+    const memory::MemoryTracker& h = *em.offload_tracker;
+    row(h, Category::kMasterParams, "offload master", pred.offload_master, true);
+    rep.rows.back().host_tier = true;
+    row(h, Category::kOptimizerState, "offload state", pred.offload_state, true);
+    rep.rows.back().host_tier = true;
+    // Staging: pinned (from the device) or pageable (from the host tier).
+    const auto pinned = t.usage(Category::kOffloadHost), pageable = h.usage(Category::kOffloadHost);
+    rep.rows.push_back({"offload staging", pinned.current + pageable.current, pinned.peak + pageable.peak, 0, false});
+  }
   const memory::MemoryTracker& process = memory::MemoryTracker::global();
   if (&process != em.tracker) row(process, Category::kCommBuffer, "comm (process)", 0, false);
   return rep;

@@ -10,6 +10,10 @@
 // (EngineOptions::grad_accum_dtype); k: optimizer state bytes per element. Accumulating reduced
 // gradients over micro-steps adds an fp32 accumulator (4Ψ at stage 0, 4Ψ/N at stage 1). Bucket
 // buffers (in-flight reductions, the parameter all-gather double buffer) are reported separately.
+//
+// With the optimizer offloaded the master and state terms, (4 + k)Ψ/N (stage 0: (4 + k)Ψ), move to
+// the host tier and are compared there on their own; the device keeps the p and g terms (stage 1:
+// 4Ψ, stage 2: 2Ψ + 2Ψ/N, stage 3: 4Ψ/N with 16-bit parameters and gradients).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -29,12 +33,17 @@ struct MemoryFormulaInputs {
   uint64_t shard_grad_bytes = 0;     // a (stage 2) or the accumulator's bytes when one is kept
   bool accumulator = false;    // stages 0/1: an fp32 accumulator for reduced micro-step gradients
   uint64_t state_bytes = 8;    // k
+  bool offload_optimizer = false;  // master and state in the host tier (OffloadPipeline)
 };
 
 struct MemoryPrediction {
+  // On the device (the engine's memory::Device).
   uint64_t params = 0, grads = 0, master = 0, optimizer_state = 0;
+  // In the host tier (optimizer offload).
+  uint64_t offload_master = 0, offload_state = 0;
   uint64_t total() const { return params + grads + master + optimizer_state; }
-  std::string formula;  // e.g. "2Ψ + 14Ψ/N"
+  uint64_t offload_total() const { return offload_master + offload_state; }
+  std::string formula;  // e.g. "2Ψ + 14Ψ/N", or "2Ψ + 2Ψ/N; host 12Ψ/N" with offload
 };
 
 MemoryPrediction predict_memory(const MemoryFormulaInputs& in);
@@ -46,6 +55,7 @@ struct MemoryReport {
     uint64_t peak = 0;
     uint64_t predicted = 0;
     bool in_formula = true;  // counted in the ZeRO formula (false: bucket buffers and the like)
+    bool host_tier = false;  // in the offload tier's memory (compared with the formula's host part)
   };
   int rank = 0;
   int stage = 0;
@@ -54,9 +64,13 @@ struct MemoryReport {
   std::string formula;
   std::vector<Row> rows;
 
-  uint64_t formula_current() const;   // sum of in-formula rows
+  uint64_t formula_current() const;   // sum of in-formula device rows
   uint64_t formula_predicted() const;
   double ratio() const;               // formula_current / formula_predicted
+  bool offloaded() const;             // some rows are in the host tier
+  uint64_t host_current() const;      // sum of in-formula host-tier rows
+  uint64_t host_predicted() const;
+  double host_ratio() const;
   std::string table() const;
 };
 
@@ -64,6 +78,7 @@ struct MemoryReport {
 // policy (stage, gradient-shard bytes, accumulator); the rest from the engine.
 struct EngineMemory {
   const memory::MemoryTracker* tracker = nullptr;  // the engine's own
+  const memory::MemoryTracker* offload_tracker = nullptr;  // the host tier's, with optimizer offload
   const ParamRegistry* registry = nullptr;
   int rank = 0;
   MemoryFormulaInputs formula;  // numel and param/grad bytes are filled in by build_memory_report

@@ -7,34 +7,12 @@
 #include "base/logging.h"
 
 namespace zero {
-namespace {
-
-std::vector<optim::Segment> segments_of(const ShardOwnership& own, const std::vector<UpdateTensor>& tensors) {
-  std::vector<optim::Segment> segments;
-  for (const OwnedPiece& p : own.pieces()) {
-    segments.push_back({p.opt_offset, p.opt_offset + (p.tensor_end - p.tensor_begin), tensors[p.tensor].group,
-                        tensors[p.tensor].name, p.tensor_begin});
-  }
-  return segments;
-}
-
-}  // namespace
-
 ShardedUpdate::ShardedUpdate(const UpdateConfig& config, const ShardLayout& layout, const ShardOwnership& ownership,
                              comm::Communicator& shard_comm, memory::Device& device,
-                             const std::vector<UpdateTensor>& tensors, ParamWriteback& writeback)
+                             std::unique_ptr<UpdateApplier> applier, ParamWriteback& writeback)
     : config_(config), layout_(layout), ownership_(ownership), comm_(shard_comm), device_(device),
-      writeback_(writeback), order_(device, shard_comm, config.timeout), sums_ready_(device.create_event()) {
-  const size_t numel = ownership_.numel();
-  master_ = device_.allocate_elements(static_cast<int64_t>(numel), DType::kFloat32, memory::Category::kMasterParams);
-  const size_t es = dtype_size(config_.model_dtype);
-  for (const OwnedPiece& p : ownership_.pieces()) {
-    device_.convert(static_cast<const char*>(tensors[p.tensor].data) + p.tensor_begin * es, config_.model_dtype,
-                    master_.as<float>() + p.opt_offset, DType::kFloat32, p.tensor_end - p.tensor_begin,
-                    device_.compute_stream());
-  }
-  optimizer_ = make_shard_optimizer(device_, config_.optimizer, numel, segments_of(ownership_, tensors));
-
+      writeback_(writeback), order_(device, shard_comm, config.timeout), applier_(std::move(applier)),
+      sums_ready_(device.create_event()) {
   const size_t block = layout_.options().block;
   for (size_t b = 0; b < layout_.buckets().size(); ++b) owned_blocks_ += ownership_.range(b).len / block;
   const size_t world = ownership_.is_replicated() ? 1 : static_cast<size_t>(comm_.size());
@@ -109,27 +87,9 @@ StepResult ShardedUpdate::step(const GradReducer& grads, float loss_scale, doubl
     const double coef = static_cast<double>(config_.max_grad_norm) / (r.grad_norm + 1e-6);
     r.clip_coefficient = static_cast<float>(std::min(1.0, coef));
   }
-  apply(grads, static_cast<float>(unscale * r.clip_coefficient));
+  applier_->apply(grads, static_cast<float>(unscale * r.clip_coefficient), writeback_);
   r.step = steps_taken + 1;
   return r;
-}
-
-void ShardedUpdate::apply(const GradReducer& grads, float grad_scale) {
-  optimizer_->begin_step();
-  for (size_t b = 0; b < layout_.buckets().size(); ++b) {
-    const OwnedRange own = ownership_.range(b);
-    const GradReducer::Reduced g = grads.reduced(b);
-    optim::StepInput in;
-    in.master = master_.as<float>() + own.opt_begin;
-    in.grad = g.ptr;
-    in.grad_dtype = g.dtype;
-    in.grad_scale = grad_scale;
-    in.model_out = writeback_.owned_out(b, own);
-    in.model_dtype = config_.model_dtype;
-    optimizer_->step_range(in, own.opt_begin, own.opt_begin + own.len, device_.compute_stream());
-    writeback_.publish(b);
-  }
-  writeback_.finish();
 }
 
 }  // namespace zero

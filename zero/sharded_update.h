@@ -6,9 +6,9 @@
 //      at every stage and world size (see ShardLayout);
 //   2. the overflow decision (skip the step on every rank, back off the loss scale) and the clip
 //      coefficient (torch.nn.utils.clip_grad_norm_);
-//   3. the optimizer bucket by bucket, each bucket's new 16-bit values handed to the ParamWriteback
-//      (which all-gathers them while the next bucket updates, or writes them locally).
-// It owns the fp32 master weights of the optimizer space and the ShardOptimizer.
+//   3. the optimizer bucket by bucket through the UpdateApplier (on the device, or offloaded to the
+//      host), each bucket's new 16-bit values handed to the ParamWriteback (which all-gathers them
+//      while the next bucket updates, or writes them locally).
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -23,20 +23,13 @@
 #include "zero/grad_reducer.h"
 #include "zero/param_writeback.h"
 #include "zero/shard_optimizer.h"
+#include "zero/update_applier.h"
 #include "zero/shard_ownership.h"
 #include "zero/step_result.h"
 
 namespace zero {
 
-struct UpdateTensor {
-  std::string name;
-  int group = 0;
-  const void* data = nullptr;  // the parameter's values (model dtype), read once for the master
-};
-
 struct UpdateConfig {
-  DType model_dtype = DType::kFloat32;
-  optim::OptimizerOptions optimizer;
   float max_grad_norm = 0.0f;  // 0: no clipping
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
 };
@@ -44,7 +37,7 @@ struct UpdateConfig {
 class ShardedUpdate {
  public:
   ShardedUpdate(const UpdateConfig& config, const ShardLayout& layout, const ShardOwnership& ownership,
-                comm::Communicator& shard_comm, memory::Device& device, const std::vector<UpdateTensor>& tensors,
+                comm::Communicator& shard_comm, memory::Device& device, std::unique_ptr<UpdateApplier> applier,
                 ParamWriteback& writeback);
 
   // Steps with the reduced gradients. `divisor` turns reduced sums into means (ranks x micro-steps)
@@ -53,12 +46,10 @@ class ShardedUpdate {
   StepResult step(const GradReducer& grads, float loss_scale, double divisor, optim::DynamicLossScaler* scaler,
                   int64_t steps_taken);
 
-  ShardOptimizer& optimizer() { return *optimizer_; }
-  const ShardOptimizer& optimizer() const { return *optimizer_; }
+  ShardOptimizer& optimizer() { return applier_->optimizer(); }
 
  private:
   double global_sum_of_squares(const GradReducer& grads);
-  void apply(const GradReducer& grads, float grad_scale);
 
   UpdateConfig config_;
   const ShardLayout& layout_;
@@ -67,8 +58,7 @@ class ShardedUpdate {
   memory::Device& device_;
   ParamWriteback& writeback_;
   CollectiveOrder order_;
-  memory::Buffer master_;
-  std::unique_ptr<ShardOptimizer> optimizer_;
+  std::unique_ptr<UpdateApplier> applier_;
   memory::Buffer block_sums_;     // owned blocks' sums of squares (device)
   memory::Buffer gathered_sums_;  // every rank's, when sharded (device)
   memory::Buffer host_sums_;      // host staging of the above

@@ -2,6 +2,7 @@
 // norm, clipping, the SGD update reaching every rank's parameters, and an overflow that skips the
 // step on every rank.
 #include "zero/sharded_update.h"
+#include "zero/offload_pipeline.h"
 
 #include <doctest/doctest.h>
 
@@ -24,9 +25,11 @@ struct Result {
 
 // One step of SGD (lr 0.5) on two ranks that both hold gradient `g` everywhere (rank 1 an inf at
 // one element when `inf`), replicated or sharded; returns rank `rank`'s view.
-Result one_step(comm::Communicator& comm, bool sharded, float g, float max_norm, bool inf) {
-  memory::MemoryTracker tracker;
-  auto device = memory::make_host_device(tracker);
+Result one_step(comm::Communicator& comm, bool sharded, float g, float max_norm, bool inf, bool offload = false) {
+  memory::MemoryTracker tracker, host_tracker;
+  // Offloaded: threaded streams, so the pipeline's copies run on their own threads (TSan checks the
+  // events that order them).
+  auto device = memory::make_host_device(tracker, {.threaded_streams = offload});
   const ShardLayout layout(kNumels, comm.size(), kLayout);
   const ShardOwnership own = sharded ? ShardOwnership::sharded(layout, comm.rank()) : ShardOwnership::replicated(layout);
   Result res;
@@ -41,11 +44,19 @@ Result one_step(comm::Communicator& comm, bool sharded, float g, float max_norm,
                   std::vector<UserGrad>(kNumels.size()));
   auto wb = sharded ? make_gather_writeback(*device, target, comm, std::chrono::seconds(20))
                     : make_local_writeback(*device, target);
+  optim::OptimizerOptions oo;
+  oo.kind = optim::OptimizerKind::kSgd;
+  oo.groups = {optim::Hyper{.lr = 0.5f}};
+  const ApplierInputs ai{DType::kFloat32, oo, &layout, &own, device.get(), tensors};
+  std::unique_ptr<UpdateApplier> applier;
+  if (offload) {
+    applier = std::make_unique<OffloadPipeline>(ai, OffloadConfig{.host_tracker = &host_tracker});
+  } else {
+    applier = make_device_applier(ai);
+  }
   UpdateConfig uc;
-  uc.optimizer.kind = optim::OptimizerKind::kSgd;
-  uc.optimizer.groups = {optim::Hyper{.lr = 0.5f}};
   uc.max_grad_norm = max_norm;
-  ShardedUpdate update(uc, layout, own, comm, *device, tensors, *wb);
+  ShardedUpdate update(uc, layout, own, comm, *device, std::move(applier), *wb);
   red.begin_micro_step(true);
   for (size_t t = 0; t < kNumels.size(); ++t) {
     float* gp = static_cast<float*>(red.grad(t));
@@ -61,13 +72,15 @@ Result one_step(comm::Communicator& comm, bool sharded, float g, float max_norm,
 
 }  // namespace
 
-TEST_CASE("the norm, the clip and the update reach every rank, replicated or sharded") {
+TEST_CASE("the norm, the clip and the update reach every rank, replicated or sharded, offloaded or not") {
   for (bool sharded : {false, true}) {
     for (float max_norm : {0.0f, 0.1f}) {
+      for (bool offload : {false, true}) {
       CAPTURE(sharded);
       CAPTURE(max_norm);
+      CAPTURE(offload);
       testing::run_thread_ranks(2, [&](comm::Communicator& comm) {
-        const Result r = one_step(comm, sharded, 0.25f, max_norm, false);
+        const Result r = one_step(comm, sharded, 0.25f, max_norm, false, offload);
         const double norm = 0.25 * std::sqrt(130.0);  // the mean gradient over both ranks is 0.25
         CHECK(r.step.grad_norm == doctest::Approx(norm).epsilon(1e-12));
         CHECK(r.step.step == 1);
@@ -80,19 +93,23 @@ TEST_CASE("the norm, the clip and the update reach every rank, replicated or sha
           for (float v : p) REQUIRE(std::fabs(v - want) <= 1e-7 * want);
         }
       });
+      }
     }
   }
 }
 
 TEST_CASE("an inf on one rank skips the step on every rank and leaves the parameters") {
-  testing::run_thread_ranks(2, [&](comm::Communicator& comm) {
-    const Result r = one_step(comm, true, 0.25f, 1.0f, true);
-    CHECK(r.step.skipped);
-    CHECK(r.step.step == 0);
-    for (const auto& p : r.params) {
-      for (float v : p) REQUIRE(v == 1.0f);
-    }
-  });
+  for (bool offload : {false, true}) {
+    CAPTURE(offload);
+    testing::run_thread_ranks(2, [&](comm::Communicator& comm) {
+      const Result r = one_step(comm, true, 0.25f, 1.0f, true, offload);
+      CHECK(r.step.skipped);
+      CHECK(r.step.step == 0);
+      for (const auto& p : r.params) {
+        for (float v : p) REQUIRE(v == 1.0f);
+      }
+    });
+  }
 }
 
 }  // namespace zero

@@ -109,12 +109,22 @@ EngineParts wire_stage(const PolicyInputs& in) {
     parts.writeback = make_local_writeback(device, std::move(target));
   }
 
+  const ApplierInputs ai{in.model_dtype, o.optimizer, &layout, parts.ownership.get(), &device, std::move(tensors)};
+  std::unique_ptr<UpdateApplier> applier;
+  if (o.offload.optimizer) {
+    parts.offload_tracker = std::make_unique<memory::MemoryTracker>();
+    applier = std::make_unique<OffloadPipeline>(ai, OffloadConfig{.pinned_staging = o.offload.pinned_staging,
+                                                                  .host_tracker = parts.offload_tracker.get(),
+                                                                  .timings = in.timings,
+                                                                  .timeout = o.timeout});
+  } else {
+    applier = make_device_applier(ai);
+  }
+  parts.formula.offload_optimizer = o.offload.optimizer;
   UpdateConfig uc;
-  uc.model_dtype = in.model_dtype;
-  uc.optimizer = o.optimizer;
   uc.max_grad_norm = o.max_grad_norm;
   uc.timeout = o.timeout;
-  parts.update = std::make_unique<ShardedUpdate>(uc, layout, *parts.ownership, *in.shard, device, tensors,
+  parts.update = std::make_unique<ShardedUpdate>(uc, layout, *parts.ownership, *in.shard, device, std::move(applier),
                                                  *parts.writeback);
   const ShardOptimizer& opt = parts.update->optimizer();
   parts.formula.state_bytes = opt.state_names().size() * dtype_size(opt.state_dtype());

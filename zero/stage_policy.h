@@ -10,7 +10,8 @@
 //                      accumulator (full buffer only under no_sync)
 //   3      sharded     as stage 2, one bucket per unit                  into the parameter shard;
 //                                                                       units gathered by ParamGatherer
-// (K: micro-steps per step, when each is reduced.) Every stage lays tensors out grouped by unit,
+// (K: micro-steps per step, when each is reduced.) Independently of the stage, the optimizer runs on
+// the device (master and state beside the gradients) or offloaded (OffloadPipeline). Every stage lays tensors out grouped by unit,
 // each unit starting on a block, so block-wise norms agree bit for bit across stages.
 #include <memory>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "zero/engine_options.h"
 #include "zero/grad_reducer.h"
 #include "zero/memory_report.h"
+#include "zero/offload_pipeline.h"
 #include "zero/param_gatherer.h"
 #include "zero/param_registry.h"
 #include "zero/param_writeback.h"
@@ -35,6 +37,8 @@ struct EngineParts {
   std::unique_ptr<GradReducer> reducer;
   std::unique_ptr<ParamGatherer> gatherer;  // stage 3 only; outlives the writeback that writes its shard
   std::unique_ptr<ParamWriteback> writeback;
+  // Optimizer offload: the host tier's tracker (master, state, pageable staging); outlives the update.
+  std::unique_ptr<memory::MemoryTracker> offload_tracker;
   std::unique_ptr<ShardedUpdate> update;
   MemoryFormulaInputs formula;  // the ZeRO formula this wiring should meet (memory report)
 };

@@ -12,6 +12,13 @@ struct StepTimings {
   double gather_wait_s = 0;    // stage 3: waiting for unit all-gathers (prefetch misses)
   double reduce_wait_s = 0;    // waiting for gradient reductions to complete
   double optimizer_s = 0;      // norm, clip decision, optimizer and parameter writeback
+  // Optimizer offload, parts of optimizer_s: the copies of gradient shards to the host and of new
+  // parameters back (time the copy streams spent copying), the CPU optimizer's time, and how long
+  // the host waited for copies (what of the copies the pipeline did not hide).
+  double offload_d2h_s = 0;
+  double offload_cpu_s = 0;
+  double offload_h2d_s = 0;
+  double offload_wait_s = 0;
   uint64_t gathered_bytes = 0;  // parameter bytes all-gathered (whole units or buckets, every rank's part)
   uint64_t reduced_bytes = 0;   // gradient bytes reduced (whole buckets)
   double exposed_comm_s() const { return gather_wait_s + reduce_wait_s; }

@@ -1,0 +1,64 @@
+#include "zero/update_applier.h"
+
+namespace zero {
+
+std::vector<optim::Segment> optimizer_segments(const ShardOwnership& own, const std::vector<UpdateTensor>& tensors) {
+  std::vector<optim::Segment> segments;
+  for (const OwnedPiece& p : own.pieces()) {
+    segments.push_back({p.opt_offset, p.opt_offset + (p.tensor_end - p.tensor_begin), tensors[p.tensor].group,
+                        tensors[p.tensor].name, p.tensor_begin});
+  }
+  return segments;
+}
+
+namespace {
+
+class DeviceApplier final : public UpdateApplier {
+ public:
+  explicit DeviceApplier(const ApplierInputs& in)
+      : model_dtype_(in.model_dtype), layout_(*in.layout), ownership_(*in.ownership), device_(*in.device) {
+    const size_t numel = ownership_.numel();
+    master_ = device_.allocate_elements(static_cast<int64_t>(numel), DType::kFloat32, memory::Category::kMasterParams);
+    const size_t es = dtype_size(model_dtype_);
+    for (const OwnedPiece& p : ownership_.pieces()) {
+      device_.convert(static_cast<const char*>(in.tensors[p.tensor].data) + p.tensor_begin * es, model_dtype_,
+                      master_.as<float>() + p.opt_offset, DType::kFloat32, p.tensor_end - p.tensor_begin,
+                      device_.compute_stream());
+    }
+    optimizer_ = make_shard_optimizer(device_, in.optimizer, numel, optimizer_segments(ownership_, in.tensors));
+  }
+
+  void apply(const GradReducer& grads, float grad_scale, ParamWriteback& writeback) override {
+    optimizer_->begin_step();
+    for (size_t b = 0; b < layout_.buckets().size(); ++b) {
+      const OwnedRange own = ownership_.range(b);
+      const GradReducer::Reduced g = grads.reduced(b);
+      optim::StepInput in;
+      in.master = master_.as<float>() + own.opt_begin;
+      in.grad = g.ptr;
+      in.grad_dtype = g.dtype;
+      in.grad_scale = grad_scale;
+      in.model_out = writeback.owned_out(b, own);
+      in.model_dtype = model_dtype_;
+      optimizer_->step_range(in, own.opt_begin, own.opt_begin + own.len, device_.compute_stream());
+      writeback.publish(b);
+    }
+    writeback.finish();
+  }
+
+  ShardOptimizer& optimizer() override { return *optimizer_; }
+
+ private:
+  DType model_dtype_;
+  const ShardLayout& layout_;
+  const ShardOwnership& ownership_;
+  memory::Device& device_;
+  memory::Buffer master_;
+  std::unique_ptr<ShardOptimizer> optimizer_;
+};
+
+}  // namespace
+
+std::unique_ptr<UpdateApplier> make_device_applier(const ApplierInputs& in) { return std::make_unique<DeviceApplier>(in); }
+
+}  // namespace zero

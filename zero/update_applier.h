@@ -1,0 +1,52 @@
+#pragma once
+// Where the optimizer runs over the rank's owned ranges, and where the fp32 master weights and the
+// optimizer state live: beside the gradients on the engine's device (make_device_applier), or in
+// host memory, updated by the CPU optimizer (OffloadPipeline, zero/offload_pipeline.h). ShardedUpdate
+// decides whether to step and with which gradient scale (norm, overflow, clip); the applier steps.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/dtype.h"
+#include "memory/device.h"
+#include "optim/optimizer.h"
+#include "zero/grad_reducer.h"
+#include "zero/param_writeback.h"
+#include "zero/shard_layout.h"
+#include "zero/shard_optimizer.h"
+#include "zero/shard_ownership.h"
+
+namespace zero {
+
+struct UpdateTensor {
+  std::string name;
+  int group = 0;
+  const void* data = nullptr;  // the parameter's values (model dtype, device memory), read once for the master
+};
+
+struct ApplierInputs {
+  DType model_dtype = DType::kFloat32;
+  optim::OptimizerOptions optimizer;
+  const ShardLayout* layout = nullptr;
+  const ShardOwnership* ownership = nullptr;
+  memory::Device* device = nullptr;  // the engine's: gradients and parameters live there
+  std::vector<UpdateTensor> tensors;  // per layout tensor
+};
+
+class UpdateApplier {
+ public:
+  virtual ~UpdateApplier() = default;
+  // One optimizer step over every bucket's owned range with the reduced gradients times
+  // `grad_scale`, each bucket's new values (model dtype) handed to `writeback` in bucket order
+  // (owned_out, publish), then writeback.finish().
+  virtual void apply(const GradReducer& grads, float grad_scale, ParamWriteback& writeback) = 0;
+  virtual ShardOptimizer& optimizer() = 0;
+};
+
+// The optimizer's segments for the rank's owned pieces (optimizer-space order).
+std::vector<optim::Segment> optimizer_segments(const ShardOwnership& ownership, const std::vector<UpdateTensor>& tensors);
+
+// Master and state on `in.device`, the optimizer stepping on its compute stream.
+std::unique_ptr<UpdateApplier> make_device_applier(const ApplierInputs& in);
+
+}  // namespace zero
