@@ -56,17 +56,23 @@ TEST_CASE("example: loss decreases and is identical across stages in determinist
   }
 }
 
-TEST_CASE("memory per rank within 5% of the ZeRO formulas, N = 2 and 4") {
+TEST_CASE("memory per rank within 5% of the ZeRO formulas, N = 2 and 4, with and without optimizer offload") {
   for (const char* n : {"2", "4"}) {
     for (const char* stage : {"0", "1", "2", "3"}) {
-      CAPTURE(n);
-      CAPTURE(stage);
-      const auto r = testing::launch(std::stoi(n), "examples/memory_bench",
-                                     {"--stage", stage, "--params-m", "2", "--tensors", "8",
-                                      "--bucket-m", "1", "--tolerance", "0.05"});
-      INFO(r.output);
-      CHECK(r.exit_code == 0);
-      CHECK(r.output.find("measured/predicted") != std::string::npos);
+      for (bool offload : {false, true}) {
+        CAPTURE(n);
+        CAPTURE(stage);
+        CAPTURE(offload);
+        std::vector<std::string> args{"--stage", stage, "--params-m", "2", "--tensors", "8",
+                                      "--bucket-m", "1", "--tolerance", "0.05"};
+        if (offload) args.push_back("--offload");
+        const auto r = testing::launch(std::stoi(n), "examples/memory_bench", args);
+        INFO(r.output);
+        CHECK(r.exit_code == 0);
+        CHECK(r.output.find("measured/predicted") != std::string::npos);
+        // Offloaded, the host tier is compared on its own line.
+        CHECK((r.output.find("host formula") != std::string::npos) == offload);
+      }
     }
   }
 }

@@ -34,6 +34,7 @@ struct Setup {
   int skip_step = -1;       // at this step, the forward pass skips unit 1 (control flow) ...
   int skip_rank = -1;       // ... on this rank only (-1: on every rank)
   size_t window_bytes = 0;  // EngineOptions::max_live_gathered_bytes
+  bool offload = false;     // EngineOptions::offload.optimizer
 };
 
 constexpr int kUnits = 3;
@@ -61,6 +62,7 @@ Params train(const EngineComms& comms, const Setup& s, int data_rank, int data_w
   opt.timeout = 30s;
   opt.layout = {.alignment = 4, .bucket_numel = 64, .block = 16};
   opt.max_live_gathered_bytes = s.window_bytes;
+  opt.offload.optimizer = s.offload;
   memory::MemoryTracker tracker;
   std::unique_ptr<memory::Device> device =
       memory::make_host_device(tracker, {.threaded_streams = s.threaded_streams});
@@ -252,6 +254,21 @@ TEST_CASE("threaded streams (the TSan mode) give the inline device's bits") {
   }
   CHECK(run_plain(2, {.stage = 2, .no_sync = true, .threaded_streams = true}) ==
         run_plain(2, {.stage = 2, .no_sync = true}));
+}
+
+TEST_CASE("optimizer offload: the pipeline on threaded streams gives the bits of no offload, stages 0-3") {
+  for (int stage : {0, 1, 2, 3}) {
+    CAPTURE(stage);
+    const Params off = run_plain(2, {.stage = stage, .deterministic = true});
+    CHECK(run_plain(2, {.stage = stage, .deterministic = true, .threaded_streams = true, .offload = true}) == off);
+    CHECK(run_plain(2, {.stage = stage, .deterministic = true, .offload = true}) == off);
+  }
+  // Accumulation with no_sync and a step skipped for a unit: the same rule holds.
+  CHECK(run_plain(2, {.stage = 2, .no_sync = true, .threaded_streams = true, .offload = true}) ==
+        run_plain(2, {.stage = 2, .no_sync = true}));
+  CHECK(run_plain(2, {.stage = 3, .deterministic = true, .threaded_streams = true, .steps = 5, .skip_step = 2,
+                      .offload = true}) ==
+        run_plain(2, {.stage = 3, .deterministic = true, .steps = 5, .skip_step = 2}));
 }
 
 TEST_CASE("options that differ across ranks fail on every rank, naming the field and the ranks") {

@@ -25,11 +25,14 @@ struct Result {
 
 // One step of SGD (lr 0.5) on two ranks that both hold gradient `g` everywhere (rank 1 an inf at
 // one element when `inf`), replicated or sharded; returns rank `rank`'s view.
-Result one_step(comm::Communicator& comm, bool sharded, float g, float max_norm, bool inf, bool offload = false) {
+enum class Offload { kNone, kPinned, kPageable };
+
+Result one_step(comm::Communicator& comm, bool sharded, float g, float max_norm, bool inf,
+                Offload offload = Offload::kNone) {
   memory::MemoryTracker tracker, host_tracker;
   // Offloaded: threaded streams, so the pipeline's copies run on their own threads (TSan checks the
   // events that order them).
-  auto device = memory::make_host_device(tracker, {.threaded_streams = offload});
+  auto device = memory::make_host_device(tracker, {.threaded_streams = offload != Offload::kNone});
   const ShardLayout layout(kNumels, comm.size(), kLayout);
   const ShardOwnership own = sharded ? ShardOwnership::sharded(layout, comm.rank()) : ShardOwnership::replicated(layout);
   Result res;
@@ -49,8 +52,9 @@ Result one_step(comm::Communicator& comm, bool sharded, float g, float max_norm,
   oo.groups = {optim::Hyper{.lr = 0.5f}};
   const ApplierInputs ai{DType::kFloat32, oo, &layout, &own, device.get(), tensors};
   std::unique_ptr<UpdateApplier> applier;
-  if (offload) {
-    applier = std::make_unique<OffloadPipeline>(ai, OffloadConfig{.host_tracker = &host_tracker});
+  if (offload != Offload::kNone) {
+    applier = std::make_unique<OffloadPipeline>(
+        ai, OffloadConfig{.pinned_staging = offload == Offload::kPinned, .host_tracker = &host_tracker});
   } else {
     applier = make_device_applier(ai);
   }
@@ -75,10 +79,10 @@ Result one_step(comm::Communicator& comm, bool sharded, float g, float max_norm,
 TEST_CASE("the norm, the clip and the update reach every rank, replicated or sharded, offloaded or not") {
   for (bool sharded : {false, true}) {
     for (float max_norm : {0.0f, 0.1f}) {
-      for (bool offload : {false, true}) {
+      for (Offload offload : {Offload::kNone, Offload::kPinned, Offload::kPageable}) {
       CAPTURE(sharded);
       CAPTURE(max_norm);
-      CAPTURE(offload);
+      CAPTURE(static_cast<int>(offload));
       testing::run_thread_ranks(2, [&](comm::Communicator& comm) {
         const Result r = one_step(comm, sharded, 0.25f, max_norm, false, offload);
         const double norm = 0.25 * std::sqrt(130.0);  // the mean gradient over both ranks is 0.25
@@ -99,8 +103,8 @@ TEST_CASE("the norm, the clip and the update reach every rank, replicated or sha
 }
 
 TEST_CASE("an inf on one rank skips the step on every rank and leaves the parameters") {
-  for (bool offload : {false, true}) {
-    CAPTURE(offload);
+  for (Offload offload : {Offload::kNone, Offload::kPinned}) {
+    CAPTURE(static_cast<int>(offload));
     testing::run_thread_ranks(2, [&](comm::Communicator& comm) {
       const Result r = one_step(comm, true, 0.25f, 1.0f, true, offload);
       CHECK(r.step.skipped);
