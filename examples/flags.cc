@@ -46,6 +46,19 @@ double Flags::get_double(const std::string& name, double fallback) {
   return x;
 }
 
+std::vector<std::string> Flags::get_list(const std::string& name, const std::string& fallback) {
+  const std::string v = get(name, fallback);
+  std::vector<std::string> items;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = v.find(',', start);
+    items.push_back(v.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (items.back().empty()) ZERO_THROW(InvalidArgument, "--{}: '{}' has an empty item", name, v);
+    if (comma == std::string::npos) return items;
+    start = comma + 1;
+  }
+}
+
 bool Flags::get_bool(const std::string& name, bool fallback) {
   const std::string v = get(name, fallback ? "true" : "false");
   if (v == "true" || v == "1") return true;

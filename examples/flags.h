@@ -3,6 +3,7 @@
 // unparsable values are errors that name the flag.
 #include <map>
 #include <string>
+#include <vector>
 
 namespace zero::examples {
 
@@ -13,6 +14,8 @@ class Flags {
   int get_int(const std::string& name, int fallback);
   double get_double(const std::string& name, double fallback);
   bool get_bool(const std::string& name, bool fallback);
+  // A comma-separated list ("2,3" -> {"2", "3"}); an empty item is an error naming the flag.
+  std::vector<std::string> get_list(const std::string& name, const std::string& fallback);
   // Throws zero::InvalidArgument when a flag was given that no get_* asked for.
   void check_all_used() const;
 

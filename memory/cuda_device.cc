@@ -141,14 +141,6 @@ class CudaDevice final : public Device {
                   DeviceKind::kCuda, category);
   }
 
-  Buffer allocate_host_staging(size_t bytes, Category category) override {
-    if (bytes == 0) return Buffer(nullptr, DeviceKind::kPinnedHost, category);
-    PinnedBuffer pinned(bytes, category, tracker_);  // cudaHostAlloc with a device present
-    const DeviceKind kind = pinned.kind() == PinnedBuffer::Kind::kPageable ? DeviceKind::kHost
-                                                                          : DeviceKind::kPinnedHost;
-    return Buffer(std::make_unique<OwnedAllocation<PinnedBuffer>>(std::move(pinned)), kind, category);
-  }
-
   Stream& compute_stream() override { return compute_; }
 
   std::unique_ptr<Stream> create_stream(const std::string& name) override {

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "memory/buffer.h"
+#include "memory/owned_allocation.h"
 
 namespace zero::memory {
 
@@ -34,6 +35,17 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
 
 Buffer Device::allocate_elements(int64_t count, DType dtype, Category category) {
   return allocate(checked_bytes(count, dtype, category), category);
+}
+
+Buffer Device::allocate_host_staging(size_t bytes, Category category) {
+  return allocate_host_staging(bytes, category, tracker());
+}
+
+Buffer Device::allocate_host_staging(size_t bytes, Category category, MemoryTracker& tracker) {
+  if (bytes == 0) return Buffer(nullptr, DeviceKind::kPinnedHost, category);
+  PinnedBuffer pinned(bytes, category, tracker);
+  const DeviceKind kind = pinned.kind() == PinnedBuffer::Kind::kPageable ? DeviceKind::kHost : DeviceKind::kPinnedHost;
+  return Buffer(std::make_unique<OwnedAllocation<PinnedBuffer>>(std::move(pinned)), kind, category);
 }
 
 }  // namespace zero::memory

@@ -101,9 +101,12 @@ class Device {
   // size, the category and the device (never returns an empty buffer for bytes > 0).
   virtual Buffer allocate(size_t bytes, Category category) = 0;
   Buffer allocate_elements(int64_t count, DType dtype, Category category);
-  // Host memory the device copies to and from fastest (pinned on CUDA; aligned host memory on the
-  // host device), zero-filled, accounted under `category` at Location::pinned_host() or host().
-  virtual Buffer allocate_host_staging(size_t bytes, Category category) = 0;
+  // Host memory the device copies to and from fastest (page-locked: cudaHostAlloc with a GPU present,
+  // else mlock'ed, else ordinary aligned memory), zero-filled, accounted under `category` at
+  // Location::pinned_host() (host() when it could not be locked), in this device's tracker or in
+  // `tracker` (a host tier that accounts its own memory, like the optimizer offload's).
+  Buffer allocate_host_staging(size_t bytes, Category category);
+  Buffer allocate_host_staging(size_t bytes, Category category, MemoryTracker& tracker);
 
   // Streams and events.
   virtual Stream& compute_stream() = 0;

@@ -56,7 +56,7 @@ TEST_CASE("example: loss decreases and is identical across stages in determinist
   }
 }
 
-TEST_CASE("memory per rank within 5% of the ZeRO formulas, N = 2 and 4, with and without optimizer offload") {
+TEST_CASE("memory per rank within 5% of the ZeRO formulas, N = 2 and 4, with and without optimizer and parameter offload") {
   for (const char* n : {"2", "4"}) {
     for (const char* stage : {"0", "1", "2", "3"}) {
       for (bool offload : {false, true}) {
@@ -74,6 +74,12 @@ TEST_CASE("memory per rank within 5% of the ZeRO formulas, N = 2 and 4, with and
         CHECK((r.output.find("host formula") != std::string::npos) == offload);
       }
     }
+    const auto r = testing::launch(std::stoi(n), "examples/memory_bench",
+                                   {"--stage", "3", "--params-m", "2", "--tensors", "8", "--bucket-m", "1",
+                                    "--tolerance", "0.05", "--offload-params"});
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(r.output.find("2Ψ/N; host 2Ψ/N + 12Ψ/N") != std::string::npos);
   }
 }
 

@@ -118,7 +118,7 @@ TEST_CASE("deterministic mode with units: stages 0-3 bitwise equal, and 4 ranks 
   check_bitwise({{4, "3"}, {4, "0"}, {4, "1"}, {4, "2"}, {1, "3"}, {1, "0"}}, {"--units"}, "det_units");
 }
 
-TEST_CASE("optimizer offload reproduces PyTorch at stages 0-3 and world sizes 1, 2 and 4") {
+TEST_CASE("optimizer offload reproduces PyTorch at stages 0-3 and world sizes 1, 2 and 4; parameter offload at stage 3") {
   for (const char* stage : {"0", "1", "2", "3"}) {
     CAPTURE(stage);
     run_ok(2, {"--file", kData + "dp2_adamw_clip.json", "--stage", stage, "--units", "--offload"});
@@ -127,15 +127,19 @@ TEST_CASE("optimizer offload reproduces PyTorch at stages 0-3 and world sizes 1,
   run_ok(4, {"--file", kData + "dp4_adamw_clip.json", "--stage", "3", "--units", "--offload"});
   run_ok(1, {"--file", kData + "dp4_adamw_clip.json", "--stage", "3", "--units", "--offload"});
   run_ok(2, {"--file", kData + "dp4_adamw_clip.json", "--stage", "2", "--units", "--no-sync-scope", "--offload"});
+  // Stage 3 with the parameter shard offloaded too.
+  run_ok(2, {"--file", kData + "dp2_adamw_clip.json", "--stage", "3", "--units", "--offload", "--offload-params"});
+  run_ok(4, {"--file", kData + "dp4_adamw_clip.json", "--stage", "3", "--units", "--offload", "--offload-params"});
 }
 
-TEST_CASE("deterministic mode: optimizer offload is bitwise equal to no offload at stages 1-3") {
+TEST_CASE("deterministic mode: optimizer (and parameter) offload is bitwise equal to no offload at stages 1-3") {
   const std::string off = deterministic_run(4, "2", {"--units"}, "det_offload");
   for (const char* stage : {"1", "2", "3"}) {
     CAPTURE(stage);
     CHECK(deterministic_run(4, stage, {"--units", "--offload"}, "det_offload") == off);
   }
   CHECK(deterministic_run(1, "3", {"--units", "--offload"}, "det_offload") == off);
+  CHECK(deterministic_run(4, "3", {"--units", "--offload", "--offload-params"}, "det_offload") == off);
 }
 
 TEST_CASE("gradients reduced without grad_ready calls") {

@@ -36,6 +36,7 @@ int run(int argc, char** argv) {
   const bool units = flags.get_bool("units", false);
   const bool no_sync_scope = flags.get_bool("no-sync-scope", false);
   const bool offload = flags.get_bool("offload", false);
+  const bool offload_params = flags.get_bool("offload-params", false);
   if (stage == 3 && !units) ZERO_THROW(InvalidArgument, "--stage 3 reads the parameters through unit scopes: add --units");
   const int bucket = flags.get_int("bucket-numel", 512);
   const std::string dump = flags.get("dump", "");
@@ -75,6 +76,7 @@ int run(int argc, char** argv) {
   opt.reduce_every_micro_step = !no_sync;
   opt.deterministic = deterministic;
   opt.offload.optimizer = offload;
+  opt.offload.params = offload_params;
   // Small buckets and blocks so that the tiny model spans several buckets and tensors split.
   opt.layout = {.alignment = 4, .bucket_numel = static_cast<size_t>(bucket), .block = 16};
   Engine engine(comm, opt);

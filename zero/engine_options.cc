@@ -33,6 +33,12 @@ void validate(const EngineOptions& o) {
     ZERO_THROW(InvalidArgument, "EngineOptions.max_inflight_buckets must be >= 1, got {}",
                o.max_inflight_buckets);
   }
+  if (o.offload.params && (o.stage != 3 || !o.offload.optimizer)) {
+    ZERO_THROW(InvalidArgument,
+               "EngineOptions.offload.params needs stage 3 (got stage {}) and offload.optimizer (got {}): only stage 3 "
+               "shards the parameters, and the offloaded optimizer is what writes the new values on the host",
+               o.stage, o.offload.optimizer);
+  }
   if (o.timeout.count() <= 0) {
     ZERO_THROW(InvalidArgument, "EngineOptions.timeout must be positive");
   }
@@ -98,6 +104,7 @@ std::vector<std::pair<std::string, std::string>> fingerprint(const EngineOptions
   add("max_live_gathered_bytes", o.max_live_gathered_bytes);
   add("param_persistence_bytes", o.param_persistence_bytes);
   add("offload.optimizer", o.offload.optimizer);
+  add("offload.params", o.offload.params);
   return f;
 }
 

@@ -23,6 +23,9 @@ enum class LossScaling { kNone, kStatic, kDynamic };
 // CPU optimizer runs optimizer.num_threads threads.
 struct OffloadOptions {
   bool optimizer = false;
+  // Stage 3, with the optimizer offloaded: the parameter shard lives in host memory too and each
+  // unit's chunk is copied to the device ahead of its all-gather (as part of prefetch).
+  bool params = false;
   // Copy staging in page-locked host memory (what asynchronous device copies need to overlap), or
   // pageable memory.
   bool pinned_staging = true;

@@ -35,6 +35,7 @@ struct Setup {
   int skip_rank = -1;       // ... on this rank only (-1: on every rank)
   size_t window_bytes = 0;  // EngineOptions::max_live_gathered_bytes
   bool offload = false;     // EngineOptions::offload.optimizer
+  bool offload_params = false;
 };
 
 constexpr int kUnits = 3;
@@ -63,6 +64,7 @@ Params train(const EngineComms& comms, const Setup& s, int data_rank, int data_w
   opt.layout = {.alignment = 4, .bucket_numel = 64, .block = 16};
   opt.max_live_gathered_bytes = s.window_bytes;
   opt.offload.optimizer = s.offload;
+  opt.offload.params = s.offload_params;
   memory::MemoryTracker tracker;
   std::unique_ptr<memory::Device> device =
       memory::make_host_device(tracker, {.threaded_streams = s.threaded_streams});
@@ -256,7 +258,7 @@ TEST_CASE("threaded streams (the TSan mode) give the inline device's bits") {
         run_plain(2, {.stage = 2, .no_sync = true}));
 }
 
-TEST_CASE("optimizer offload: the pipeline on threaded streams gives the bits of no offload, stages 0-3") {
+TEST_CASE("optimizer and parameter offload: the pipelines on threaded streams give the bits of no offload") {
   for (int stage : {0, 1, 2, 3}) {
     CAPTURE(stage);
     const Params off = run_plain(2, {.stage = stage, .deterministic = true});
@@ -269,6 +271,12 @@ TEST_CASE("optimizer offload: the pipeline on threaded streams gives the bits of
   CHECK(run_plain(2, {.stage = 3, .deterministic = true, .threaded_streams = true, .steps = 5, .skip_step = 2,
                       .offload = true}) ==
         run_plain(2, {.stage = 3, .deterministic = true, .steps = 5, .skip_step = 2}));
+  // Parameter offload: each chunk's copy to the device runs on its own stream before the gather.
+  CHECK(run_plain(2, {.stage = 3, .deterministic = true, .threaded_streams = true, .offload = true,
+                      .offload_params = true}) == run_plain(2, {.stage = 3, .deterministic = true}));
+  CHECK(run_plain(3, {.stage = 3, .deterministic = true, .threaded_streams = true, .steps = 5, .skip_step = 2,
+                      .offload = true, .offload_params = true}) ==
+        run_plain(3, {.stage = 3, .deterministic = true, .steps = 5, .skip_step = 2}));
 }
 
 TEST_CASE("options that differ across ranks fail on every rank, naming the field and the ranks") {

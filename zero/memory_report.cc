@@ -35,7 +35,12 @@ MemoryPrediction predict_memory(const MemoryFormulaInputs& in) {
   const uint64_t k = 4 + in.state_bytes;
   const std::string params_term = fmt::format("{}Ψ{}", in.param_bytes, in.stage == 3 ? "/N" : "");
   const std::string optim_term = fmt::format("{}Ψ{}", k, in.stage == 0 ? "" : "/N");
-  if (in.offload_optimizer) {
+  if (in.offload_params) {
+    p.offload_params = std::exchange(p.params, 0);
+    p.offload_master = std::exchange(p.master, 0);
+    p.offload_state = std::exchange(p.optimizer_state, 0);
+    p.formula = fmt::format("{}; host {} + {}", grads_term, params_term, optim_term);
+  } else if (in.offload_optimizer) {
     p.offload_master = std::exchange(p.master, 0);
     p.offload_state = std::exchange(p.optimizer_state, 0);
     p.formula = fmt::format("{} + {}; host {}", params_term, grads_term, optim_term);
@@ -121,13 +126,16 @@ MemoryReport build_memory_report(const EngineMemory& em) {
   row(t, Category::kGatherWindow, "gather_window", 0, false);
   if (em.offload_tracker != nullptr) {
     const memory::MemoryTracker& h = *em.offload_tracker;
+    if (in.offload_params) {
+      row(h, Category::kParams, "offload params", pred.offload_params, true);
+      rep.rows.back().host_tier = true;
+    }
     row(h, Category::kMasterParams, "offload master", pred.offload_master, true);
     rep.rows.back().host_tier = true;
     row(h, Category::kOptimizerState, "offload state", pred.offload_state, true);
     rep.rows.back().host_tier = true;
-    // Staging: pinned (from the device) or pageable (from the host tier).
-    const auto pinned = t.usage(Category::kOffloadHost), pageable = h.usage(Category::kOffloadHost);
-    rep.rows.push_back({"offload staging", pinned.current + pageable.current, pinned.peak + pageable.peak, 0, false});
+    row(h, Category::kOffloadHost, "offload staging", 0, false);
+    rep.rows.back().host_tier = true;
   }
   const memory::MemoryTracker& process = memory::MemoryTracker::global();
   if (&process != em.tracker) row(process, Category::kCommBuffer, "comm (process)", 0, false);

@@ -34,15 +34,16 @@ struct MemoryFormulaInputs {
   bool accumulator = false;    // stages 0/1: an fp32 accumulator for reduced micro-step gradients
   uint64_t state_bytes = 8;    // k
   bool offload_optimizer = false;  // master and state in the host tier (OffloadPipeline)
+  bool offload_params = false;     // stage 3: the parameter shard in the host tier too
 };
 
 struct MemoryPrediction {
   // On the device (the engine's memory::Device).
   uint64_t params = 0, grads = 0, master = 0, optimizer_state = 0;
-  // In the host tier (optimizer offload).
-  uint64_t offload_master = 0, offload_state = 0;
+  // In the host tier (optimizer offload; the parameter shard with parameter offload).
+  uint64_t offload_params = 0, offload_master = 0, offload_state = 0;
   uint64_t total() const { return params + grads + master + optimizer_state; }
-  uint64_t offload_total() const { return offload_master + offload_state; }
+  uint64_t offload_total() const { return offload_params + offload_master + offload_state; }
   std::string formula;  // e.g. "2Ψ + 14Ψ/N", or "2Ψ + 2Ψ/N; host 12Ψ/N" with offload
 };
 

@@ -31,6 +31,40 @@ TEST_CASE("accumulators and fp32 gradient shards change the prediction") {
   CHECK(predict_memory(in).grads == 6 * psi);
 }
 
+TEST_CASE("offload moves master and state (and at stage 3 the parameter shard) to the host tier") {
+  const uint64_t psi = 1000000;
+  for (int n : {1, 2, 4}) {
+    MemoryFormulaInputs in{.stage = 1, .world_size = n, .numel = psi, .param_bytes = 2, .grad_bytes = 2,
+                           .shard_grad_bytes = 2, .accumulator = false, .state_bytes = 8, .offload_optimizer = true};
+    CHECK(predict_memory(in).total() == 4 * psi);
+    CHECK(predict_memory(in).offload_total() == 12 * psi / n);
+    in.stage = 2;
+    CHECK(predict_memory(in).total() == 2 * psi + 2 * psi / n);
+    CHECK(predict_memory(in).formula == "2Ψ + 2Ψ/N; host 12Ψ/N");
+    in.stage = 3;
+    CHECK(predict_memory(in).total() == 4 * psi / n);
+    in.offload_params = true;
+    CHECK(predict_memory(in).total() == 2 * psi / n);
+    CHECK(predict_memory(in).offload_total() == 14 * psi / n);
+    CHECK(predict_memory(in).formula == "2Ψ/N; host 2Ψ/N + 12Ψ/N");
+    in.stage = 0;
+    in.offload_params = false;
+    CHECK(predict_memory(in).offload_total() == 12 * psi);
+  }
+}
+
+TEST_CASE("the host tier is compared on its own") {
+  MemoryReport r;
+  r.rows.push_back({"grads", 50, 60, 40, true});
+  r.rows.push_back({"offload master", 400, 400, 400, true, true});
+  r.rows.push_back({"offload staging", 30, 30, 0, false, true});
+  CHECK(r.offloaded());
+  CHECK(r.formula_current() == 50);
+  CHECK(r.host_current() == 400);
+  CHECK(r.host_ratio() == doctest::Approx(1.0));
+  CHECK(r.table().find("host formula") != std::string::npos);
+}
+
 TEST_CASE("report table and ratio") {
   MemoryReport r;
   r.rows.push_back({"params (user)", 100, 100, 100, true});

@@ -17,7 +17,7 @@ OffloadPipeline::OffloadPipeline(const ApplierInputs& in, const OffloadConfig& c
   master_ = host_->allocate_elements(static_cast<int64_t>(numel), DType::kFloat32, memory::Category::kMasterParams);
   {
     // The registered values are device memory: bring the owned pieces over once, then widen.
-    memory::Buffer initial = device_.allocate_host_staging(numel * es, memory::Category::kOffloadHost);
+    memory::Buffer initial = device_.allocate_host_staging(numel * es, memory::Category::kOffloadHost, *config_.host_tracker);
     memory::Stream& compute = device_.compute_stream();
     for (const OwnedPiece& p : ownership_.pieces()) {
       device_.copy(initial.as<char>() + p.opt_offset * es,
@@ -39,8 +39,9 @@ OffloadPipeline::OffloadPipeline(const ApplierInputs& in, const OffloadConfig& c
   const size_t grad_bytes = most * sizeof(float);
   for (Slot& s : slots_) {
     const auto cat = memory::Category::kOffloadHost;
-    s.grad = config_.pinned_staging ? device_.allocate_host_staging(grad_bytes, cat) : host_->allocate(grad_bytes, cat);
-    s.params = config_.pinned_staging ? device_.allocate_host_staging(most * es, cat) : host_->allocate(most * es, cat);
+    memory::MemoryTracker& tier = *config_.host_tracker;
+    s.grad = config_.pinned_staging ? device_.allocate_host_staging(grad_bytes, cat, tier) : host_->allocate(grad_bytes, cat);
+    s.params = config_.pinned_staging ? device_.allocate_host_staging(most * es, cat, tier) : host_->allocate(most * es, cat);
     s.grad_landed = device_.create_event();
     s.params_sent = device_.create_event();
   }

@@ -33,7 +33,7 @@ namespace zero {
 
 struct OffloadConfig {
   bool pinned_staging = true;  // staging from Device::allocate_host_staging; else pageable host memory
-  memory::MemoryTracker* host_tracker = nullptr;  // the host tier's (master, state, pageable staging)
+  memory::MemoryTracker* host_tracker = nullptr;  // the host tier's (master, state, staging)
   StepTimings* timings = nullptr;                 // where the copy and CPU times are added (optional)
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
 };

@@ -24,7 +24,14 @@ ParamGatherer::ParamGatherer(const GathererConfig& config, const ShardLayout& la
   const DType dt = config_.model_dtype;
   const size_t es = dtype_size(dt);
   memory::Stream& compute = device_.compute_stream();
-  shard_ = device_.allocate_elements(static_cast<int64_t>(ownership.numel()), dt, memory::Category::kParams);
+  const size_t shard_bytes = ownership.numel() * es;
+  if (config_.offload_tracker != nullptr) {
+    shard_ = device_.allocate_host_staging(shard_bytes, memory::Category::kParams, *config_.offload_tracker);
+    h2d_ = device_.create_stream("parameter offload h2d");
+    slot_free_ = device_.create_event();
+  } else {
+    shard_ = device_.allocate(shard_bytes, memory::Category::kParams);
+  }
   for (const OwnedPiece& p : ownership.pieces()) {
     device_.copy(static_cast<char*>(shard_.data()) + p.opt_offset * es,
                  static_cast<const char*>(initial[p.tensor]) + p.tensor_begin * es, (p.tensor_end - p.tensor_begin) * es,
@@ -47,7 +54,12 @@ ParamGatherer::ParamGatherer(const GathererConfig& config, const ShardLayout& la
 }
 
 ParamGatherer::~ParamGatherer() {
-  // All-gathers still in flight write into the window: let them finish (or fail) first.
+  // Copies and all-gathers still in flight write into the window: let them finish (or fail) first.
+  try {
+    if (h2d_) device_.synchronize(*h2d_, config_.timeout);
+  } catch (const std::exception& e) {
+    ZERO_LOG_WARN("engine destroyed with a failed parameter copy in flight: {}", e.what());
+  }
   for (Slot& s : slots_) {
     try {
       if (s.data_work) s.data_work->wait(config_.timeout);
@@ -87,15 +99,27 @@ void ParamGatherer::issue(size_t b, bool backward, int s) {
   x = Slot{};
   x.bucket = static_cast<int>(b);
   x.backward = backward;
-  // The shard was last written by the update on the compute stream.
-  order_.before_issue(device_.compute_stream());
+  char* slot = static_cast<char*>(window_.data()) + static_cast<size_t>(s) * slot_elems_ * es;
+  const char* send = static_cast<const char*>(shard_.data()) + B.shard_offset * es;
+  if (h2d_) {
+    // Parameter offload: the chunk comes over into its own place in the slot (in place all-gather)
+    // once the compute stream is done with the slot's previous unit and with the update that wrote
+    // the shard.
+    char* own = slot + static_cast<size_t>(comm_.rank()) * B.chunk * es;
+    device_.record(*slot_free_, device_.compute_stream());
+    device_.wait(*h2d_, *slot_free_);
+    device_.copy(own, send, B.chunk * es, *h2d_);
+    order_.before_issue(*h2d_);
+    send = own;
+  } else {
+    // The shard was last written by the update on the compute stream.
+    order_.before_issue(device_.compute_stream());
+  }
   // The unit travels in the schedule check's record: ranks that gather different units here (even
   // units of the same size) fail with the communicator's mismatch error, which names each rank's
   // unit, before any data is used.
   comm::CallLabel label(comm_, unit_label(b, backward));
-  x.data_work = comm_.all_gather(static_cast<const char*>(shard_.data()) + B.shard_offset * es,
-                                 static_cast<char*>(window_.data()) + static_cast<size_t>(s) * slot_elems_ * es, B.chunk,
-                                 config_.model_dtype);
+  x.data_work = comm_.all_gather(send, slot, B.chunk, config_.model_dtype);
   if (config_.timings) config_.timings->gathered_bytes += B.padded * es;
 }
 

@@ -44,6 +44,11 @@ struct GathererConfig {
   size_t persistence_bytes = 0;        // units this small stay gathered for the rest of the step
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   StepTimings* timings = nullptr;  // where waits and bytes are added (optional)
+  // Parameter offload: the shard lives in page-locked host memory accounted in this tracker (the
+  // offload tier's). Each gather first copies the unit's chunk host-to-device into its place in the
+  // window slot, on a copy stream of its own, and all-gathers in place; a prefetch brings the chunk
+  // over as early as it issues the gather.
+  memory::MemoryTracker* offload_tracker = nullptr;
 };
 
 class ParamGatherer {
@@ -62,6 +67,7 @@ class ParamGatherer {
   void* acquire(size_t b, bool backward);
   void release(size_t b, bool backward);
   // The rank's parameter shard (model dtype) in optimizer-space order: where the update writes.
+  // Host memory with parameter offload.
   void* shard() { return shard_.data(); }
   // After the update: every gathered copy is stale. Closes the first step's order recording (a
   // collective check across ranks) and prefetches the next step's first unit.
@@ -94,6 +100,8 @@ class ParamGatherer {
   memory::Device& device_;
   CollectiveOrder order_;
   memory::Buffer shard_;   // every unit's chunk of this rank, back to back (kParams)
+  std::unique_ptr<memory::Stream> h2d_;  // parameter offload: the shard chunks' copies
+  std::unique_ptr<memory::Event> slot_free_;
   memory::Buffer window_;  // slots x the largest padded unit (kGatherWindow)
   memory::Buffer hash_send_, hash_recv_, hash_host_;  // the step's order check
   std::vector<Slot> slots_;

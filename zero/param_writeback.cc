@@ -88,7 +88,11 @@ class GatherWriteback final : public ParamWriteback {
   };
   void drain(Slot& s) {
     if (!s.work) return;
-    order_.after(*s.work, device_.compute_stream());
+    double ignored = 0;
+    {
+      ScopedTimer waiting(timings_ ? &timings_->writeback_wait_s : &ignored);
+      order_.after(*s.work, device_.compute_stream());
+    }
     s.work.reset();
     scatter_to_params(device_, target_, s.bucket, s.buf.data());
   }

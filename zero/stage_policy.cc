@@ -90,6 +90,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
     tensors.push_back({p.name, p.group, p.data.ptr});
     initial.push_back(p.data.ptr);
   }
+  if (o.offload.optimizer) parts.offload_tracker = std::make_unique<memory::MemoryTracker>();
   parts.reducer = std::make_unique<GradReducer>(rc, layout, *parts.ownership, ReducerComms{in.shard, in.replica},
                                                 device, std::move(user_grads));
   if (o.stage == 3) {
@@ -101,6 +102,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
     gc.persistence_bytes = o.param_persistence_bytes;
     gc.timeout = o.timeout;
     gc.timings = in.timings;
+    gc.offload_tracker = o.offload.params ? parts.offload_tracker.get() : nullptr;
     parts.gatherer = std::make_unique<ParamGatherer>(gc, layout, *parts.ownership, *in.shard, device, initial);
     parts.writeback = make_shard_writeback(parts.gatherer->shard(), in.model_dtype);
   } else if (sharded) {
@@ -112,7 +114,6 @@ EngineParts wire_stage(const PolicyInputs& in) {
   const ApplierInputs ai{in.model_dtype, o.optimizer, &layout, parts.ownership.get(), &device, std::move(tensors)};
   std::unique_ptr<UpdateApplier> applier;
   if (o.offload.optimizer) {
-    parts.offload_tracker = std::make_unique<memory::MemoryTracker>();
     applier = std::make_unique<OffloadPipeline>(ai, OffloadConfig{.pinned_staging = o.offload.pinned_staging,
                                                                   .host_tracker = parts.offload_tracker.get(),
                                                                   .timings = in.timings,
@@ -121,6 +122,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
     applier = make_device_applier(ai);
   }
   parts.formula.offload_optimizer = o.offload.optimizer;
+  parts.formula.offload_params = o.offload.params;
   UpdateConfig uc;
   uc.max_grad_norm = o.max_grad_norm;
   uc.timeout = o.timeout;

@@ -32,13 +32,14 @@
 namespace zero {
 
 struct EngineParts {
+  // Optimizer offload: the host tier's tracker (master, state, staging, the stage 3 parameter shard
+  // with parameter offload); first, so that it outlives every part that allocates from it.
+  std::unique_ptr<memory::MemoryTracker> offload_tracker;
   std::unique_ptr<ShardLayout> layout;
   std::unique_ptr<ShardOwnership> ownership;
   std::unique_ptr<GradReducer> reducer;
   std::unique_ptr<ParamGatherer> gatherer;  // stage 3 only; outlives the writeback that writes its shard
   std::unique_ptr<ParamWriteback> writeback;
-  // Optimizer offload: the host tier's tracker (master, state, pageable staging); outlives the update.
-  std::unique_ptr<memory::MemoryTracker> offload_tracker;
   std::unique_ptr<ShardedUpdate> update;
   MemoryFormulaInputs formula;  // the ZeRO formula this wiring should meet (memory report)
 };

@@ -12,6 +12,7 @@ struct StepTimings {
   double gather_wait_s = 0;    // stage 3: waiting for unit all-gathers (prefetch misses)
   double reduce_wait_s = 0;    // waiting for gradient reductions to complete
   double optimizer_s = 0;      // norm, clip decision, optimizer and parameter writeback
+  double writeback_wait_s = 0;  // stages 1, 2: part of optimizer_s waiting for the new parameters' all-gathers
   // Optimizer offload, parts of optimizer_s: the copies of gradient shards to the host and of new
   // parameters back (time the copy streams spent copying), the CPU optimizer's time, and how long
   // the host waited for copies (what of the copies the pipeline did not hide).
