@@ -1,9 +1,10 @@
 // Engine configurations side by side on the same model in one run: the MLP example's model and
 // loop, one engine per configuration on the same communicator, rounds alternating (a b b a ...).
-// A configuration is a stage, optionally with "+offload" (the optimizer in the host tier):
+// A configuration is a stage, optionally with "+offload" (the optimizer in the host tier) or
+// "+offload-params" (stage 3: the parameter shard too):
 //
 //   bazel-bin/comm/launch/zerorun --nproc-per-node 2 -- bazel-bin/examples/stage_bench [--configs 2,3]
-//   ... --configs 2,2+offload        (offload against none; also 1, 3)
+//   ... --configs 2,2+offload        (offload against none; also 1, 3, 3+offload-params)
 //
 // Per configuration: the median over rounds of the wall time per step; the median step's waits for
 // all-gathers and reductions (the exposed communication) and its update time (norm, optimizer,
@@ -40,19 +41,24 @@ struct Trainer {
 struct Config {
   std::string name;
   int stage = 2;
-  bool offload = false;
+  bool offload = false;         // the optimizer in the host tier
+  bool offload_params = false;  // and (stage 3) the parameter shard
 };
 
 Config parse_config(const std::string& text) {
   Config c{text};
   std::string stage = text;
-  const std::string suffix = "+offload";
-  if (text.size() > suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0) {
-    c.offload = true;
-    stage = text.substr(0, text.size() - suffix.size());
+  for (const std::string suffix : {"+offload-params", "+offload"}) {
+    if (text.size() > suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      c.offload = true;
+      c.offload_params = suffix == "+offload-params";
+      stage = text.substr(0, text.size() - suffix.size());
+      break;
+    }
   }
   if (stage.size() != 1 || stage[0] < '0' || stage[0] > '3') {
-    ZERO_THROW(InvalidArgument, "--configs: '{}' is not a stage 0-3 optionally followed by +offload", text);
+    ZERO_THROW(InvalidArgument, "--configs: '{}' is not a stage 0-3 optionally followed by +offload or +offload-params",
+               text);
   }
   c.stage = stage[0] - '0';
   return c;
@@ -64,6 +70,7 @@ std::unique_ptr<Trainer> make_trainer(comm::Communicator& comm, const Config& co
   EngineOptions opt;
   opt.stage = config.stage;
   opt.offload.optimizer = config.offload;
+  opt.offload.params = config.offload_params;
   opt.optimizer.groups = {optim::Hyper{.lr = 1e-3f}};
   opt.max_grad_norm = 1.0f;
   opt.max_live_gathered_bytes = window_bytes;
@@ -154,18 +161,18 @@ int run(int argc, char** argv) {
   if (rank == 0) {
     std::printf("MLP %d x %d hidden (%.0f parameters), batch %d, %d ranks, %d rounds x %d steps\n", layers, hidden, psi,
                 batch, world, rounds, steps);
-    std::printf("%-10s %9s %8s %8s %9s %8s %8s %8s %8s %11s %9s %10s\n", "config", "ms/step", "gather", "reduce",
+    std::printf("%-16s %9s %8s %8s %9s %8s %8s %8s %8s %11s %9s %10s\n", "config", "ms/step", "gather", "reduce",
                 "update", "ag-wait", "d2h", "cpu", "h2d", "parts/upd", "moved/Ψ", "vs first");
     const double first = median(stats[0].step_s);
     for (size_t k = 0; k < nc; ++k) {
       const Stats& s = stats[k];
       const double update = median(s.update_s);
       const double parts = median(s.ag_s) + median(s.d2h_s) + median(s.cpu_s) + median(s.h2d_s);
-      std::printf("%-10s %9.2f %8.2f %8.2f %9.2f %8.2f %8.2f %8.2f %8.2f %11.2f %9.2f %10.3f\n",
+      std::printf("%-16s %9.2f %8.2f %8.2f %9.2f %8.2f %8.2f %8.2f %8.2f %11.2f %9.2f %10.3f\n",
                   configs[k].name.c_str(), 1e3 * median(s.step_s), 1e3 * median(s.gather_s),
                   1e3 * median(s.reduce_s), 1e3 * update, 1e3 * median(s.ag_s), 1e3 * median(s.d2h_s),
                   1e3 * median(s.cpu_s), 1e3 * median(s.h2d_s),
-                  configs[k].offload && update > 0 ? parts / update : 0.0, s.moved, median(s.step_s) / first);
+                  update > 0 ? parts / update : 0.0, s.moved, median(s.step_s) / first);
     }
     std::printf("(ms; gather, reduce: waits in the step; update: the update's wall time, whose parts are ag-wait\n"
                 " (waiting for the new parameters' all-gathers, stages 1-2) and, offloaded, d2h, cpu and h2d;\n"

@@ -32,6 +32,8 @@ int run(int argc, char** argv) {
   const double clip = flags.get_double("max-grad-norm", 1.0);
   const int bucket_kib = flags.get_int("bucket-kib", 256);
   const int seed = flags.get_int("seed", 1);
+  const bool offload = flags.get_bool("offload", false);
+  const bool offload_params = flags.get_bool("offload-params", false);
   flags.check_all_used();
 
   comm::ProcessGroup pg = comm::init_process_group();
@@ -54,6 +56,8 @@ int run(int argc, char** argv) {
   opt.max_grad_norm = static_cast<float>(clip);
   opt.gradient_accumulation_steps = micro;
   opt.deterministic = deterministic;
+  opt.offload.optimizer = offload || offload_params;
+  opt.offload.params = offload_params;
   opt.layout.bucket_numel = static_cast<size_t>(bucket_kib) * 1024 / sizeof(float);
   Engine engine(comm, opt);
 

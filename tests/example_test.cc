@@ -1,5 +1,5 @@
 // The README's main job: the example trains, its loss decreases, and in deterministic mode the loss
-// curve is identical at stages 0, 1, 2 and 3. Also the memory benchmark's formula check at N = 2 and 4.
+// curve is identical at stages 0, 1, 2 and 3, and with the optimizer (and parameters) offloaded. Also the memory benchmark's formula check at N = 2 and 4.
 #include <doctest/doctest.h>
 
 #include <sstream>
@@ -30,13 +30,17 @@ double loss_of(const std::string& line) {
 
 }  // namespace
 
-TEST_CASE("example: loss decreases and is identical across stages in deterministic mode") {
+TEST_CASE("example: loss decreases and is identical across stages and offload in deterministic mode") {
   std::vector<std::string> first;
-  for (const char* stage : {"0", "1", "2", "3"}) {
-    CAPTURE(stage);
-    const auto r = testing::launch(2, "examples/train_mlp",
-                                   {"--stage", stage, "--steps", "30", "--deterministic", "--lr", "0.01",
-                                    "--hidden", "64", "--bucket-kib", "16"});
+  const std::vector<std::vector<std::string>> configs{{"--stage", "0"}, {"--stage", "1"}, {"--stage", "2"},
+                                                      {"--stage", "3"}, {"--stage", "1", "--offload"},
+                                                      {"--stage", "3", "--offload-params"}};
+  for (const auto& config : configs) {
+    CAPTURE(config.back());
+    std::vector<std::string> args{"--steps", "30", "--deterministic", "--lr", "0.01", "--hidden", "64",
+                                  "--bucket-kib", "16"};
+    args.insert(args.end(), config.begin(), config.end());
+    const auto r = testing::launch(2, "examples/train_mlp", args);
     INFO(r.output);
     REQUIRE(r.exit_code == 0);
     const auto lines = loss_lines(r.output);
