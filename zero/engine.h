@@ -41,10 +41,13 @@
 #include <cstddef>
 #include <exception>
 #include <memory>
+#include <string>
+#include <string_view>
 
 #include "comm/communicator.h"
 #include "memory/device.h"
 #include "optim/optimizer.h"
+#include "zero/checkpoint_types.h"
 #include "zero/engine_options.h"
 #include "zero/memory_report.h"
 #include "zero/param_registry.h"
@@ -53,6 +56,8 @@
 #include "zero/step_timings.h"
 
 namespace zero {
+
+struct CheckpointParts;  // zero/checkpoint.h
 
 class Engine;
 
@@ -184,6 +189,20 @@ class Engine {
   // This engine's memory (its own tracker) against the ZeRO formula.
   MemoryReport memory_report() const;
 
+  // Checkpoints (zero/checkpoint.h, docs/checkpoints.md). Collective: every rank calls them.
+  // save(): every rank writes the pieces it owns into DIR (crash-safe: a DIR without manifest.json
+  // is never loaded, and the previous checkpoint in DIR is kept until the new one is complete);
+  // `user_blob` is this rank's opaque state (RNG, data position). Call between steps.
+  void save(const std::string& dir, std::string_view user_blob = {});
+  // load(): at any world size and stage; restores the master, the optimizer state, the parameters,
+  // the step count and the loss scaler, and drops accumulated gradients. Returns every saving rank's
+  // user blob and the saved world size and stage. A missing, incomplete, corrupt or foreign
+  // checkpoint fails on every rank with an error naming the file, and changes nothing.
+  LoadedCheckpoint load(const std::string& dir);
+  // export_safetensors(): the full weights (fp32 from the master, or the model dtype) as one
+  // safetensors file, written in place by every rank, piece by piece.
+  void export_safetensors(const std::string& path, DType dtype = DType::kFloat32);
+
  private:
   friend class UnitScope;
   friend class NoSyncScope;
@@ -192,6 +211,7 @@ class Engine {
   void* scope_param(void* base, int id);
   void end_no_sync();
   void note_scope_error(std::exception_ptr error);
+  CheckpointParts checkpoint_parts();
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "base/check.h"
 #include "base/logging.h"
@@ -140,6 +141,28 @@ void OffloadPipeline::apply(const GradReducer& grads, float grad_scale, ParamWri
     config_.timings->offload_d2h_s += d2h_s_;
     config_.timings->offload_h2d_s += h2d_s_;
   }
+}
+
+void OffloadPipeline::read_master(size_t begin, size_t n, float* out) {
+  std::memcpy(out, master_.as<float>() + begin, n * sizeof(float));
+}
+
+void OffloadPipeline::write_master(size_t begin, size_t n, const float* in) {
+  std::memcpy(master_.as<float>() + begin, in, n * sizeof(float));
+}
+
+void OffloadPipeline::publish_master(ParamWriteback& writeback) {
+  memory::Stream& compute = device_.compute_stream();
+  Slot& slot = slots_[0];
+  for (size_t b = 0; b < layout_.buckets().size(); ++b) {
+    const OwnedRange own = ownership_.range(b);
+    host_->convert(master_.as<float>() + own.opt_begin, DType::kFloat32, slot.params.data(), model_dtype_, own.len,
+                   host_->compute_stream());
+    device_.copy(writeback.owned_out(b, own), slot.params.data(), own.len * dtype_size(model_dtype_), compute);
+    device_.synchronize(compute, config_.timeout);  // the staging is reused by the next bucket
+    writeback.publish(b);
+  }
+  writeback.finish();
 }
 
 }  // namespace zero

@@ -45,6 +45,9 @@ class OffloadPipeline final : public UpdateApplier {
 
   void apply(const GradReducer& grads, float grad_scale, ParamWriteback& writeback) override;
   ShardOptimizer& optimizer() override { return *optimizer_; }
+  void read_master(size_t begin, size_t n, float* out) override;
+  void write_master(size_t begin, size_t n, const float* in) override;
+  void publish_master(ParamWriteback& writeback) override;
 
  private:
   struct Slot {

@@ -229,6 +229,14 @@ bool ParamGatherer::same_order_everywhere() {
   return std::all_of(host + 1, host + 1 + world, [&](int64_t x) { return x == host[0]; });
 }
 
+void ParamGatherer::invalidate() {
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    finish(static_cast<int>(s));
+    ZERO_CHECK_EQ(slots_[s].users, 0, "a gather scope is open while the shard is rewritten");
+    slots_[s].valid = false;
+  }
+}
+
 void ParamGatherer::after_step() {
   for (size_t s = 0; s < slots_.size(); ++s) finish(static_cast<int>(s));
   // Every rank checks the order it followed against the others' (a mismatch that no all-gather

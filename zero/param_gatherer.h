@@ -72,6 +72,8 @@ class ParamGatherer {
   // After the update: every gathered copy is stale. Closes the first step's order recording (a
   // collective check across ranks) and prefetches the next step's first unit.
   void after_step();
+  // The shard was rewritten outside a step (a checkpoint load): every gathered copy is stale.
+  void invalidate();
 
   size_t window_bytes() const { return window_.size_bytes(); }
 

@@ -47,6 +47,7 @@ class ShardedUpdate {
                   int64_t steps_taken);
 
   ShardOptimizer& optimizer() { return applier_->optimizer(); }
+  UpdateApplier& applier() { return *applier_; }
 
  private:
   double global_sum_of_squares(const GradReducer& grads);

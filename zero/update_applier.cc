@@ -1,5 +1,7 @@
 #include "zero/update_applier.h"
 
+#include <chrono>
+
 namespace zero {
 
 std::vector<optim::Segment> optimizer_segments(const ShardOwnership& own, const std::vector<UpdateTensor>& tensors) {
@@ -47,6 +49,26 @@ class DeviceApplier final : public UpdateApplier {
   }
 
   ShardOptimizer& optimizer() override { return *optimizer_; }
+
+  void read_master(size_t begin, size_t n, float* out) override {
+    memory::Stream& compute = device_.compute_stream();
+    device_.copy(out, master_.as<float>() + begin, n * sizeof(float), compute);
+    device_.synchronize(compute, std::chrono::minutes(5));
+  }
+  void write_master(size_t begin, size_t n, const float* in) override {
+    memory::Stream& compute = device_.compute_stream();
+    device_.copy(master_.as<float>() + begin, in, n * sizeof(float), compute);
+    device_.synchronize(compute, std::chrono::minutes(5));
+  }
+  void publish_master(ParamWriteback& writeback) override {
+    for (size_t b = 0; b < layout_.buckets().size(); ++b) {
+      const OwnedRange own = ownership_.range(b);
+      device_.convert(master_.as<float>() + own.opt_begin, DType::kFloat32, writeback.owned_out(b, own), model_dtype_,
+                      own.len, device_.compute_stream());
+      writeback.publish(b);
+    }
+    writeback.finish();
+  }
 
  private:
   DType model_dtype_;

@@ -41,6 +41,14 @@ class UpdateApplier {
   // (owned_out, publish), then writeback.finish().
   virtual void apply(const GradReducer& grads, float grad_scale, ParamWriteback& writeback) = 0;
   virtual ShardOptimizer& optimizer() = 0;
+
+  // Checkpoints: optimizer-space elements [begin, begin + n) of the fp32 master, to or from host
+  // memory (synchronous).
+  virtual void read_master(size_t begin, size_t n, float* out) = 0;
+  virtual void write_master(size_t begin, size_t n, const float* in) = 0;
+  // Every bucket's owned master rounded to the model dtype, through `writeback` (after a load: the
+  // parameters then hold exactly what the last step wrote).
+  virtual void publish_master(ParamWriteback& writeback) = 0;
 };
 
 // The optimizer's segments for the rank's owned pieces (optimizer-space order).

@@ -1,0 +1,526 @@
+#include "zero/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "base/check.h"
+#include "base/logging.h"
+#include "memory/host_kernels.h"
+#include "zero/crc32c.h"
+#include "zero/file_io.h"
+#include "zero/rank_agreement.h"
+#include "zero/safetensors.h"
+
+namespace zero {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr const char* kFormat = "zero-checkpoint";
+constexpr int kVersion = 1;
+constexpr const char* kMaster = "master";
+constexpr const char* kParams = "params";
+constexpr const char* kBlob = "user_blob";
+
+std::string state_kind(const std::string& name) { return "state:" + name; }
+std::string rank_name(int r, const char* ext) { return fmt::format("rank-{:05d}.{}", r, ext); }
+
+int global_rank(const CheckpointParts& p) {
+  return p.replica ? p.replica->rank() * p.shard->size() + p.shard->rank() : p.shard->rank();
+}
+int world_size(const CheckpointParts& p) { return p.shard->size() * (p.replica ? p.replica->size() : 1); }
+std::chrono::milliseconds timeout_of(const CheckpointParts& p) { return p.options->timeout; }
+
+const std::string& tensor_name(const CheckpointParts& p, size_t t) {
+  return p.registry->param((*p.tensor_param)[t]).name;
+}
+
+// Replicas hold the same pieces: the first replica writes them. Replicated ownership (stage 0): every
+// rank owns everything, so the buckets are dealt out round robin.
+bool writes(const CheckpointParts& p, const OwnedPiece& piece) {
+  if (p.replica && p.replica->rank() != 0) return false;
+  if (p.ownership->is_replicated()) return static_cast<int>(piece.bucket % p.shard->size()) == p.shard->rank();
+  return true;
+}
+
+// Collective over every rank: each rank's error (or "") becomes the same exception everywhere.
+void agree(const CheckpointParts& p, const std::string& what, std::string error) {
+  const AgreementSubject subject{what, "has"};
+  try {
+    check_agreement(*p.shard, subject, {}, error, timeout_of(p), p.device);
+  } catch (const InvalidArgument& e) {
+    error = e.what();
+  }
+  if (p.replica) {
+    try {
+      check_agreement(*p.replica, subject, {}, error, timeout_of(p), p.device);
+    } catch (const InvalidArgument& e) {
+      error = e.what();
+    }
+  }
+  if (!error.empty()) throw IoError(error);
+}
+
+// Runs `fn` and returns its error message ("" on success), so that a rank's failure can be agreed on.
+template <typename Fn>
+std::string attempt(Fn&& fn) {
+  try {
+    fn();
+    return {};
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+std::vector<std::string> state_names(const CheckpointParts& p) { return p.applier->optimizer().state_names(); }
+
+optim::Optimizer& host_optimizer(const CheckpointParts& p) {
+  optim::Optimizer* o = p.applier->optimizer().host_optimizer();
+  if (o == nullptr) {
+    ZERO_THROW(InvalidArgument, "checkpoints of an optimizer on {} are not supported yet (the CPU optimizer, with or "
+                                "without offload, is)",
+               p.device ? p.device->name() : "this device");
+  }
+  return *o;
+}
+
+json scaler_json(const std::optional<optim::LossScalerState>& s) {
+  if (!s) return nullptr;
+  return {{"scale", s->scale},
+          {"good_steps_since_growth", s->good_steps_since_growth},
+          {"hysteresis_left", s->hysteresis_left},
+          {"skipped_steps", s->skipped_steps},
+          {"steps", s->steps}};
+}
+
+// --- save ----------------------------------------------------------------------------------------
+
+// Writes this rank's data file and index into `dir`.
+void write_rank_files(const CheckpointParts& p, const std::string& dir, std::string_view blob) {
+  const int rank = global_rank(p);
+  FileWriter data(dir + "/" + rank_name(rank, "bin"));
+  json pieces = json::array();
+  auto add = [&](const std::string& name, const std::string& kind, size_t begin, size_t end, DType dtype,
+                 const void* bytes, size_t n) {
+    const uint64_t offset = data.bytes();
+    data.write(bytes, n);
+    pieces.push_back({{"name", name}, {"kind", kind}, {"begin", begin}, {"end", end}, {"dtype", dtype_name(dtype)},
+                      {"offset", offset}, {"bytes", n}, {"crc32c", crc32c(bytes, n)}});
+  };
+  const std::vector<std::string> states = state_names(p);
+  std::vector<float> master, state;
+  std::vector<char> params;
+  for (const OwnedPiece& piece : p.ownership->pieces()) {
+    if (!writes(p, piece)) continue;
+    const size_t n = piece.tensor_end - piece.tensor_begin;
+    const std::string& name = tensor_name(p, piece.tensor);
+    master.resize(n);
+    p.applier->read_master(piece.opt_offset, n, master.data());
+    add(name, kMaster, piece.tensor_begin, piece.tensor_end, DType::kFloat32, master.data(), n * sizeof(float));
+    for (const std::string& s : states) {
+      state.assign(n, 0.0f);
+      host_optimizer(p).read_state(s, name, piece.tensor_begin, piece.tensor_end, state.data());
+      add(name, state_kind(s), piece.tensor_begin, piece.tensor_end, DType::kFloat32, state.data(), n * sizeof(float));
+    }
+    // The parameters are the master rounded to the model dtype (what every step writes).
+    params.resize(n * dtype_size(p.model_dtype));
+    memory::host_kernels::convert(master.data(), DType::kFloat32, params.data(), p.model_dtype, n);
+    add(name, kParams, piece.tensor_begin, piece.tensor_end, p.model_dtype, params.data(), params.size());
+  }
+  add("", kBlob, 0, blob.size(), DType::kUInt8, blob.data(), blob.size());
+  data.commit();
+  const json index = {{"rank", rank}, {"file", rank_name(rank, "bin")}, {"bytes", data.bytes()},
+                      {"crc32c", data.crc32c()}, {"pieces", pieces}};
+  const std::string text = index.dump(1);
+  FileWriter idx(dir + "/" + rank_name(rank, "json"));
+  idx.write(text.data(), text.size());
+  idx.commit();
+}
+
+json params_json(const CheckpointParts& p) {
+  json params = json::array();
+  for (size_t t = 0; t < p.layout->tensors().size(); ++t) {
+    const ParamSpec& spec = p.registry->param((*p.tensor_param)[t]);
+    params.push_back({{"name", spec.name}, {"shape", spec.shape}, {"dtype", dtype_name(spec.dtype)}});
+  }
+  return params;
+}
+
+void write_manifest(const CheckpointParts& p, const CheckpointState& state, const std::string& dir) {
+  json files = json::array();
+  for (int r = 0; r < world_size(p); ++r) {
+    const std::string index_path = dir + "/" + rank_name(r, "json");
+    const std::string text = read_whole_file(index_path);
+    const json index = json::parse(text);
+    files.push_back({{"rank", r}, {"file", index["file"]}, {"bytes", index["bytes"]}, {"crc32c", index["crc32c"]},
+                     {"index", rank_name(r, "json")}, {"index_crc32c", crc32c(text.data(), text.size())}});
+  }
+  json options = json::object();
+  for (const auto& [k, v] : fingerprint(*p.options)) options[k] = v;
+  const json manifest = {{"format", kFormat},
+                         {"version", kVersion},
+                         {"step", state.step},
+                         {"world_size", world_size(p)},
+                         {"stage", p.options->stage},
+                         {"model_dtype", dtype_name(p.model_dtype)},
+                         {"optimizer", {{"kind", optim::optimizer_name(p.options->optimizer.kind)},
+                                        {"states", state_names(p)}}},
+                         {"loss_scaler", scaler_json(state.scaler)},
+                         {"params", params_json(p)},
+                         {"options", options},
+                         {"files", files}};
+  const std::string text = manifest.dump(1);
+  FileWriter m(dir + "/manifest.json");
+  m.write(text.data(), text.size());
+  m.commit();
+  sync_directory(dir);
+}
+
+// --- load ----------------------------------------------------------------------------------------
+
+struct SavedPiece {
+  std::string kind;
+  size_t begin = 0, end = 0;
+  DType dtype = DType::kFloat32;
+  int file = 0;  // rank
+  uint64_t offset = 0, bytes = 0;
+  uint32_t crc = 0;
+};
+
+struct Manifest {
+  json doc;
+  std::map<std::string, std::vector<SavedPiece>> pieces;  // by tensor name
+  std::vector<SavedPiece> blobs;
+  std::vector<std::string> files;  // data file paths by rank
+};
+
+[[noreturn]] void bad(const std::string& where, const std::string& what) {
+  ZERO_THROW(InvalidArgument, "checkpoint '{}': {}", where, what);
+}
+
+template <typename T>
+T field(const json& j, const char* key, const std::string& where) {
+  if (!j.is_object() || !j.contains(key)) bad(where, fmt::format("field '{}' is missing", key));
+  try {
+    return j.at(key).get<T>();
+  } catch (const std::exception&) {
+    bad(where, fmt::format("field '{}' has the wrong type: {}", key, j.at(key).dump()));
+  }
+}
+
+Manifest read_manifest(const std::string& dir) {
+  const std::string path = dir + "/manifest.json";
+  if (!path_exists(path)) {
+    std::string hint;
+    if (path_exists(dir + ".partial")) hint = fmt::format("; '{}.partial' is a save still running or interrupted", dir);
+    if (path_exists(dir + ".old")) hint += fmt::format("; '{}.old' holds the previous complete checkpoint", dir);
+    bad(dir, (path_exists(dir) ? "no manifest.json: not a complete checkpoint" : "no such directory") + hint);
+  }
+  Manifest m;
+  try {
+    m.doc = json::parse(read_whole_file(path));
+  } catch (const json::exception& e) {
+    bad(path, fmt::format("not JSON: {}", e.what()));
+  }
+  if (field<std::string>(m.doc, "format", path) != kFormat) bad(path, "not a zero checkpoint manifest");
+  if (field<int>(m.doc, "version", path) != kVersion) {
+    bad(path, fmt::format("format version {} (this build reads {})", field<int>(m.doc, "version", path), kVersion));
+  }
+  const json files = field<json>(m.doc, "files", path);
+  if (!files.is_array() || files.size() != field<size_t>(m.doc, "world_size", path)) {
+    bad(path, "the file list does not have one entry per saved rank");
+  }
+  for (size_t r = 0; r < files.size(); ++r) {
+    const json& f = files[r];
+    const std::string index_path = dir + "/" + field<std::string>(f, "index", path);
+    if (!path_exists(index_path)) bad(index_path, fmt::format("missing (the index of rank {})", r));
+    const std::string text = read_whole_file(index_path);
+    if (crc32c(text.data(), text.size()) != field<uint32_t>(f, "index_crc32c", path)) {
+      bad(index_path, "checksum mismatch: the index was changed or damaged after the save");
+    }
+    json index;
+    try {
+      index = json::parse(text);
+    } catch (const json::exception& e) {
+      bad(index_path, fmt::format("not JSON: {}", e.what()));
+    }
+    const std::string data_path = dir + "/" + field<std::string>(f, "file", path);
+    if (!path_exists(data_path)) bad(data_path, fmt::format("missing (the data of rank {})", r));
+    struct stat st {};
+    ::stat(data_path.c_str(), &st);
+    if (static_cast<uint64_t>(st.st_size) != field<uint64_t>(f, "bytes", path)) {
+      bad(data_path, fmt::format("{} bytes, the manifest says {}: the file is truncated or was replaced",
+                                 static_cast<uint64_t>(st.st_size), field<uint64_t>(f, "bytes", path)));
+    }
+    m.files.push_back(data_path);
+    for (const json& pj : field<json>(index, "pieces", index_path)) {
+      SavedPiece sp;
+      sp.kind = field<std::string>(pj, "kind", index_path);
+      sp.begin = field<size_t>(pj, "begin", index_path);
+      sp.end = field<size_t>(pj, "end", index_path);
+      sp.dtype = parse_dtype(field<std::string>(pj, "dtype", index_path));
+      sp.file = static_cast<int>(r);
+      sp.offset = field<uint64_t>(pj, "offset", index_path);
+      sp.bytes = field<uint64_t>(pj, "bytes", index_path);
+      sp.crc = field<uint32_t>(pj, "crc32c", index_path);
+      if (sp.end < sp.begin || sp.bytes != (sp.end - sp.begin) * dtype_size(sp.dtype) ||
+          sp.offset + sp.bytes > static_cast<uint64_t>(st.st_size)) {
+        bad(index_path, fmt::format("piece {} [{}, {}) of '{}' is inconsistent", sp.kind, sp.begin, sp.end,
+                                    field<std::string>(pj, "name", index_path)));
+      }
+      if (sp.kind == kBlob) {
+        m.blobs.push_back(sp);
+      } else {
+        m.pieces[field<std::string>(pj, "name", index_path)].push_back(sp);
+      }
+    }
+  }
+  return m;
+}
+
+// The manifest against this engine's registration and optimizer: names, shapes, dtypes, states.
+void check_model(const CheckpointParts& p, const Manifest& m, const std::string& path) {
+  std::map<std::string, json> saved;
+  for (const json& j : field<json>(m.doc, "params", path)) saved[field<std::string>(j, "name", path)] = j;
+  for (size_t t = 0; t < p.layout->tensors().size(); ++t) {
+    const ParamSpec& spec = p.registry->param((*p.tensor_param)[t]);
+    const auto it = saved.find(spec.name);
+    if (it == saved.end()) bad(path, fmt::format("has no parameter '{}' (a checkpoint of another model?)", spec.name));
+    const auto shape = field<std::vector<int64_t>>(it->second, "shape", path);
+    if (shape != spec.shape) {
+      bad(path, fmt::format("parameter '{}' has shape {} but the engine registered {}", spec.name, shape_string(shape),
+                            shape_string(spec.shape)));
+    }
+    if (field<std::string>(it->second, "dtype", path) != dtype_name(spec.dtype)) {
+      bad(path, fmt::format("parameter '{}' was saved as {} but the engine registered {}", spec.name,
+                            field<std::string>(it->second, "dtype", path), dtype_name(spec.dtype)));
+    }
+    saved.erase(it);
+  }
+  if (!saved.empty()) {
+    bad(path, fmt::format("holds parameter '{}', which the engine did not register (a checkpoint of another model?)",
+                          saved.begin()->first));
+  }
+  const json opt = field<json>(m.doc, "optimizer", path);
+  const std::string kind = field<std::string>(opt, "kind", path);
+  if (kind != optim::optimizer_name(p.options->optimizer.kind)) {
+    bad(path, fmt::format("saved by optimizer {} but the engine runs {}", kind,
+                          optim::optimizer_name(p.options->optimizer.kind)));
+  }
+}
+
+// One kind of one owned piece, read from every saved piece that overlaps it.
+struct Overlap {
+  const SavedPiece* saved;
+  size_t begin, end;  // tensor elements
+};
+
+class PieceReader {
+ public:
+  explicit PieceReader(const Manifest& m) : m_(m) {}
+  // The saved piece's bytes, checksum verified (read once).
+  const std::vector<char>& bytes(const SavedPiece& sp) {
+    const auto key = std::make_pair(sp.file, sp.offset);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    std::vector<char> buf(sp.bytes);
+    file(sp.file).read(buf.data(), buf.size(), sp.offset);
+    if (crc32c(buf.data(), buf.size()) != sp.crc) {
+      bad(m_.files[static_cast<size_t>(sp.file)],
+          fmt::format("checksum mismatch in piece {} [{}, {}) at byte {}: the file is damaged", sp.kind, sp.begin,
+                      sp.end, sp.offset));
+    }
+    return cache_.emplace(key, std::move(buf)).first->second;
+  }
+  void clear() { cache_.clear(); }
+
+ private:
+  const FileReader& file(int r) {
+    auto it = readers_.find(r);
+    if (it == readers_.end()) it = readers_.emplace(r, std::make_unique<FileReader>(m_.files[static_cast<size_t>(r)])).first;
+    return *it->second;
+  }
+  const Manifest& m_;
+  std::map<int, std::unique_ptr<FileReader>> readers_;
+  std::map<std::pair<int, uint64_t>, std::vector<char>> cache_;
+};
+
+// Fills out[0, end - begin) (fp32) with elements [begin, end) of kind `kind` of tensor `name`.
+void gather_range(const Manifest& m, PieceReader& reader, const std::string& name, const std::string& kind,
+                  size_t begin, size_t end, float* out, const std::string& path) {
+  size_t covered = 0;
+  const auto it = m.pieces.find(name);
+  if (it != m.pieces.end()) {
+    for (const SavedPiece& sp : it->second) {
+      if (sp.kind != kind || sp.end <= begin || sp.begin >= end) continue;
+      if (sp.dtype != DType::kFloat32) bad(path, fmt::format("piece {} of '{}' is not fp32", kind, name));
+      const size_t lo = std::max(begin, sp.begin), hi = std::min(end, sp.end);
+      const std::vector<char>& bytes = reader.bytes(sp);
+      std::memcpy(out + (lo - begin), bytes.data() + (lo - sp.begin) * sizeof(float), (hi - lo) * sizeof(float));
+      covered += hi - lo;
+    }
+  }
+  if (covered != end - begin) {
+    bad(path, fmt::format("holds {} of the {} elements [{}, {}) of '{}' ({}) this rank needs", covered, end - begin,
+                          begin, end, name, kind));
+  }
+}
+
+}  // namespace
+
+void save_checkpoint(const CheckpointParts& p, const CheckpointState& state, const std::string& dir,
+                     std::string_view user_blob) {
+  const std::string partial = dir + ".partial";
+  const bool leader = global_rank(p) == 0;
+  // Rank 0 prepares an empty DIR.partial (a leftover of an interrupted save is discarded).
+  agree(p, "checkpoint save", attempt([&] {
+          if (!leader) return;
+          fs::remove_all(partial);
+          fs::create_directories(partial);
+        }));
+  agree(p, "checkpoint save", attempt([&] { write_rank_files(p, partial, user_blob); }));
+  agree(p, "checkpoint save", attempt([&] {
+          if (!leader) return;
+          write_manifest(p, state, partial);
+          // The swap: the previous checkpoint stays whole in DIR.old until DIR holds the new one.
+          const std::string old = dir + ".old";
+          fs::remove_all(old);
+          if (fs::exists(dir)) fs::rename(dir, old);
+          fs::rename(partial, dir);
+          const fs::path parent = fs::absolute(fs::path(dir)).parent_path();
+          sync_directory(parent.string());
+          fs::remove_all(old);
+        }));
+  ZERO_LOG_INFO("checkpoint saved to '{}' (step {}, {} ranks)", dir, state.step, world_size(p));
+}
+
+LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::string& dir) {
+  LoadedCheckpoint out;
+  std::vector<float> master(p.ownership->numel());
+  std::vector<std::vector<float>> states;
+  std::vector<std::string> names;
+  // Read and verify everything this rank needs before anything changes.
+  agree(p, "checkpoint load", attempt([&] {
+          const Manifest m = read_manifest(dir);
+          const std::string path = dir + "/manifest.json";
+          check_model(p, m, path);
+          names = state_names(p);
+          const auto saved_states = field<std::vector<std::string>>(field<json>(m.doc, "optimizer", path), "states", path);
+          for (const std::string& s : names) {
+            if (std::find(saved_states.begin(), saved_states.end(), s) == saved_states.end()) {
+              bad(path, fmt::format("has no optimizer state '{}'", s));
+            }
+          }
+          states.assign(names.size(), std::vector<float>(p.ownership->numel()));
+          PieceReader reader(m);
+          for (const OwnedPiece& piece : p.ownership->pieces()) {
+            const std::string& name = tensor_name(p, piece.tensor);
+            gather_range(m, reader, name, kMaster, piece.tensor_begin, piece.tensor_end, master.data() + piece.opt_offset,
+                         path);
+            for (size_t s = 0; s < names.size(); ++s) {
+              gather_range(m, reader, name, state_kind(names[s]), piece.tensor_begin, piece.tensor_end,
+                           states[s].data() + piece.opt_offset, path);
+            }
+            reader.clear();
+          }
+          for (const SavedPiece& b : m.blobs) {
+            const std::vector<char>& bytes = reader.bytes(b);
+            if (out.user_blobs.size() <= static_cast<size_t>(b.file)) out.user_blobs.resize(static_cast<size_t>(b.file) + 1);
+            out.user_blobs[static_cast<size_t>(b.file)].assign(bytes.begin(), bytes.end());
+          }
+          out.world_size = field<int>(m.doc, "world_size", path);
+          out.stage = field<int>(m.doc, "stage", path);
+          out.state.step = field<int64_t>(m.doc, "step", path);
+          const json& sc = m.doc["loss_scaler"];
+          if (!sc.is_null()) {
+            optim::LossScalerState st;
+            st.scale = field<float>(sc, "scale", path);
+            st.good_steps_since_growth = field<int64_t>(sc, "good_steps_since_growth", path);
+            st.hysteresis_left = field<int>(sc, "hysteresis_left", path);
+            st.skipped_steps = field<int64_t>(sc, "skipped_steps", path);
+            st.steps = field<int64_t>(sc, "steps", path);
+            out.state.scaler = st;
+          }
+          if (!names.empty()) host_optimizer(p);  // refuse an optimizer whose state cannot be written, now
+        }));
+  // Everything verified on every rank: apply.
+  for (const OwnedPiece& piece : p.ownership->pieces()) {
+    const size_t n = piece.tensor_end - piece.tensor_begin;
+    p.applier->write_master(piece.opt_offset, n, master.data() + piece.opt_offset);
+    for (size_t s = 0; s < names.size(); ++s) {
+      host_optimizer(p).write_state(names[s], tensor_name(p, piece.tensor), piece.tensor_begin, piece.tensor_end,
+                                    states[s].data() + piece.opt_offset);
+    }
+  }
+  p.applier->publish_master(*p.writeback);
+  return out;
+}
+
+void export_safetensors(const CheckpointParts& p, const std::string& path, DType dtype) {
+  if (dtype != DType::kFloat32 && dtype != p.model_dtype) {
+    ZERO_THROW(InvalidArgument, "export_safetensors('{}'): dtype {} must be fp32 or the model dtype {}", path,
+               dtype_name(dtype), dtype_name(p.model_dtype));
+  }
+  SafetensorsLayout layout;
+  std::map<std::string, size_t> index;
+  for (size_t t = 0; t < p.layout->tensors().size(); ++t) {
+    const ParamSpec& spec = p.registry->param((*p.tensor_param)[t]);
+    index[spec.name] = layout.tensors.size();
+    layout.tensors.push_back({spec.name, dtype, spec.shape});
+  }
+  const std::string header = safetensors_header(layout);
+  const std::string tmp = path + ".tmp";
+  const bool leader = global_rank(p) == 0;
+  agree(p, "safetensors export", attempt([&] {
+          if (!leader) return;
+          FileWriter f(path + ".head");  // written, then grown to the full size
+          f.write(header.data(), header.size());
+          f.commit();
+          fs::rename(path + ".head", tmp);
+          fs::resize_file(tmp, layout.file_bytes());
+        }));
+  agree(p, "safetensors export", attempt([&] {
+          const int fd = ::open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
+          if (fd < 0) ZERO_THROW(IoError, "'{}': cannot open for writing: {}", tmp, std::strerror(errno));
+          struct Closer {
+            int fd;
+            ~Closer() { ::close(fd); }
+          } closer{fd};
+          std::vector<float> master;
+          std::vector<char> out;
+          const size_t es = dtype_size(dtype);
+          for (const OwnedPiece& piece : p.ownership->pieces()) {
+            if (!writes(p, piece)) continue;
+            const size_t n = piece.tensor_end - piece.tensor_begin;
+            master.resize(n);
+            p.applier->read_master(piece.opt_offset, n, master.data());
+            out.resize(n * es);
+            memory::host_kernels::convert(master.data(), DType::kFloat32, out.data(), dtype, n);
+            const SafetensorsTensor& t = layout.tensors[index.at(tensor_name(p, piece.tensor))];
+            const uint64_t at = layout.data_start + t.begin + piece.tensor_begin * es;
+            size_t done = 0;
+            while (done < out.size()) {
+              const ssize_t w = ::pwrite(fd, out.data() + done, out.size() - done, static_cast<off_t>(at + done));
+              if (w < 0 && errno == EINTR) continue;
+              if (w < 0) ZERO_THROW(IoError, "'{}': write failed at byte {}: {}", tmp, at + done, std::strerror(errno));
+              done += static_cast<size_t>(w);
+            }
+          }
+          if (::fsync(fd) != 0) ZERO_THROW(IoError, "'{}': fsync failed: {}", tmp, std::strerror(errno));
+        }));
+  agree(p, "safetensors export", attempt([&] {
+          if (leader) fs::rename(tmp, path);
+        }));
+}
+
+}  // namespace zero

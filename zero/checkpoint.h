@@ -1,0 +1,68 @@
+#pragma once
+// Checkpointer: save and load of the rank's (parameter, element range) pieces, at any world size and
+// stage; export of the full weights as safetensors. The format ("Checkpoint format" in DESIGN.md,
+// docs/checkpoints.md): a directory with, per writing rank, a data file rank-NNNNN.bin (the pieces
+// back to back: fp32 master, each optimizer state in fp32, the parameters in the model dtype, and
+// the rank's user blob) and an index rank-NNNNN.json (each piece's tensor name, kind, element range,
+// offset, bytes and CRC-32C; the file's size and CRC-32C), and manifest.json, written last (format,
+// step, world size, stage, model dtype, optimizer, loss scaler, the parameters' names, shapes and
+// dtypes, the options fingerprint, every rank file with its size and checksum). No flat offsets and
+// nothing that depends on the layout: a load intersects the ranges each rank now owns with the saved
+// pieces and reads only those pieces.
+//
+// Crash safety: a save writes into DIR.partial (each file under a temporary name, fsynced, renamed),
+// the manifest last, and only then swaps DIR.partial into DIR (the previous checkpoint there moves to
+// DIR.old until the swap is done, then is removed). A directory without manifest.json is never
+// loaded.
+//
+// Every rank validates what it reads (the manifest against the registration, sizes, checksums)
+// before anything in the engine changes, and the ranks agree on the outcome: a bad checkpoint fails on
+// every rank with an error naming the file and the problem, and leaves every engine as it was.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "memory/device.h"
+#include "optim/loss_scaler.h"
+#include "zero/checkpoint_types.h"
+#include "zero/engine_options.h"
+#include "zero/param_registry.h"
+#include "zero/param_writeback.h"
+#include "zero/shard_layout.h"
+#include "zero/shard_ownership.h"
+#include "zero/update_applier.h"
+
+namespace zero {
+
+// What the engine lends the checkpointer.
+struct CheckpointParts {
+  const ParamRegistry* registry = nullptr;
+  const std::vector<int>* tensor_param = nullptr;  // layout tensor -> parameter id
+  const ShardLayout* layout = nullptr;
+  const ShardOwnership* ownership = nullptr;
+  UpdateApplier* applier = nullptr;
+  ParamWriteback* writeback = nullptr;
+  comm::Communicator* shard = nullptr;
+  comm::Communicator* replica = nullptr;  // hybrid sharding; nullptr otherwise
+  const EngineOptions* options = nullptr;
+  DType model_dtype = DType::kFloat32;
+  memory::Device* device = nullptr;  // for the ranks' agreement on communicators that take no host memory
+};
+
+// Collective over every rank. `user_blob`: this rank's opaque bytes (RNG, data position).
+void save_checkpoint(const CheckpointParts& parts, const CheckpointState& state, const std::string& dir,
+                     std::string_view user_blob);
+
+// Collective. Writes the master, the optimizer state and (through the writeback) the parameters;
+// the caller applies `state` (step count, loss scaler). Throws before changing anything when the
+// checkpoint is missing, incomplete, corrupt or of another model.
+LoadedCheckpoint load_checkpoint(const CheckpointParts& parts, const std::string& dir);
+
+// Collective: the full weights as one safetensors file, fp32 (the master) or the model dtype, in
+// registration order; every rank writes the pieces it owns in place, so no rank holds the model.
+void export_safetensors(const CheckpointParts& parts, const std::string& path, DType dtype);
+
+}  // namespace zero

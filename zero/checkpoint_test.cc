@@ -1,0 +1,133 @@
+// Checkpoints in one process (ranks as threads): a load that fails on one rank fails on every rank
+// and leaves every engine as it was; the user blobs and the step come back.
+#include "zero/checkpoint.h"
+
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "testing/thread_ranks.h"
+#include "zero/engine.h"
+
+namespace zero {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string tmp(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir ? dir : "/tmp") + "/" + name;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+struct Model {
+  std::vector<std::vector<float>> values{std::vector<float>(70, 0.5f), std::vector<float>(9, -0.25f)};
+};
+
+// An engine over `c` with the two tensors registered and `steps` steps of synthetic gradients taken.
+std::unique_ptr<Engine> trained(comm::Communicator& c, Model& m, int stage, int steps) {
+  EngineOptions opt;
+  opt.stage = stage;
+  opt.optimizer.groups = {optim::Hyper{.lr = 1e-2f}};
+  opt.layout = {.alignment = 4, .bucket_numel = 32, .block = 16};
+  opt.timeout = std::chrono::seconds(30);
+  auto e = std::make_unique<Engine>(c, opt);
+  std::vector<int> ids;
+  for (size_t t = 0; t < m.values.size(); ++t) {
+    ids.push_back(e->add_param({.name = "t" + std::to_string(t), .shape = {static_cast<int64_t>(m.values[t].size())},
+                                .dtype = DType::kFloat32, .data = {m.values[t].data(), m.values[t].size()},
+                                .unit = static_cast<int>(t)}));
+  }
+  e->finalize();
+  for (int s = 0; s < steps; ++s) {
+    for (size_t t = 0; t < ids.size(); ++t) {
+      auto scope = e->gather_for_backward(static_cast<int>(t));
+      float* g = scope.grad_as<float>(ids[t]);
+      for (size_t i = 0; i < m.values[t].size(); ++i) g[i] += 0.01f * static_cast<float>((i + 1) * (s + 1 + c.rank()));
+    }
+    e->step();
+  }
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("a load that fails on one rank fails on every rank and changes nothing") {
+  const std::string dir = tmp("threads_ckpt");
+  std::mutex mu;
+  std::vector<std::string> errors;
+  testing::run_thread_ranks(2, [&](comm::Communicator& c) {
+    Model m;
+    auto e = trained(c, m, 2, 2);
+    e->save(dir, "blob of rank " + std::to_string(c.rank()));
+    e->export_safetensors(dir + "_before.safetensors");
+    // One more step, so that the engine's state differs from the checkpoint's.
+    auto scope = e->gather_for_backward(0);
+    scope.grad_as<float>(0)[0] = 1.0f;
+    scope.close();
+    e->step();
+    const std::string after = dir + "_after.safetensors";
+    e->export_safetensors(after);
+    c.barrier()->wait();
+    if (c.rank() == 0) {
+      // Damage a piece only rank 1 reads.
+      std::fstream f(dir + "/rank-00001.bin", std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(3);
+      f.put('\x7f');
+    }
+    c.barrier()->wait();
+    try {
+      e->load(dir);
+    } catch (const IoError& x) {
+      std::lock_guard<std::mutex> lock(mu);
+      errors.push_back(x.what());
+    }
+    // Nothing changed: the weights are still those of the third step.
+    const std::string again = dir + "_again.safetensors";
+    e->export_safetensors(again);
+    CHECK(slurp(again) == slurp(after));
+    CHECK(slurp(again) != slurp(dir + "_before.safetensors"));
+    CHECK(e->steps_taken() == 3);
+  });
+  REQUIRE(errors.size() == 2);
+  for (const std::string& x : errors) {
+    CAPTURE(x);
+    CHECK(x.find("rank-00001.bin") != std::string::npos);
+    CHECK(x.find("checksum mismatch") != std::string::npos);
+  }
+}
+
+TEST_CASE("a load restores the step, the weights and every rank's blob, at another stage") {
+  const std::string dir = tmp("threads_ckpt_b");
+  testing::run_thread_ranks(2, [&](comm::Communicator& c) {
+    Model m;
+    auto e = trained(c, m, 1, 2);
+    e->save(dir, "blob " + std::to_string(c.rank()));
+    e->export_safetensors(dir + "_saved.safetensors");
+    Model fresh;
+    auto f = trained(c, fresh, 3, 0);
+    const LoadedCheckpoint got = f->load(dir);
+    CHECK(got.state.step == 2);
+    CHECK(got.world_size == 2);
+    CHECK(got.stage == 1);
+    CHECK(got.user_blobs == std::vector<std::string>{"blob 0", "blob 1"});
+    CHECK(f->steps_taken() == 2);
+    f->export_safetensors(dir + "_loaded.safetensors");
+    c.barrier()->wait();
+    CHECK(slurp(dir + "_loaded.safetensors") == slurp(dir + "_saved.safetensors"));
+    c.barrier()->wait();
+  });
+}
+
+}  // namespace zero

@@ -1,0 +1,24 @@
+#pragma once
+// What a checkpoint carries besides the tensors, and what a load reports (Engine::load).
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "optim/loss_scaler.h"
+
+namespace zero {
+
+struct CheckpointState {
+  int64_t step = 0;
+  std::optional<optim::LossScalerState> scaler;
+};
+
+struct LoadedCheckpoint {
+  CheckpointState state;
+  int world_size = 0;  // of the run that saved it
+  int stage = 0;
+  std::vector<std::string> user_blobs;  // by saving rank
+};
+
+}  // namespace zero

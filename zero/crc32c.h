@@ -1,0 +1,12 @@
+#pragma once
+// CRC-32C (Castagnoli), the checksum of the checkpoint files: the polynomial iSCSI, ext4 and
+// Snappy use, in its usual form (reflected, initial and final XOR 0xFFFFFFFF), so that the value of
+// a file equals what other tools compute for it. Incremental: crc32c(b, crc32c(a)) == crc32c(ab).
+#include <cstddef>
+#include <cstdint>
+
+namespace zero {
+
+uint32_t crc32c(const void* data, size_t bytes, uint32_t crc = 0);
+
+}  // namespace zero

@@ -1,0 +1,29 @@
+#include "zero/crc32c.h"
+
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+namespace zero {
+
+TEST_CASE("CRC-32C check values") {
+  CHECK(crc32c("", 0) == 0u);
+  CHECK(crc32c("123456789", 9) == 0xE3069283u);  // the standard check value of CRC-32C
+  const std::vector<unsigned char> zeros(32, 0);
+  CHECK(crc32c(zeros.data(), zeros.size()) == 0x8A9136AAu);  // RFC 3720 B.4: 32 bytes of zeros
+  const std::vector<unsigned char> ones(32, 0xFF);
+  CHECK(crc32c(ones.data(), ones.size()) == 0x62A8AB43u);  // RFC 3720 B.4: 32 bytes of 0xFF
+}
+
+TEST_CASE("incremental over any split equals one pass") {
+  std::string s;
+  for (int i = 0; i < 1000; ++i) s.push_back(static_cast<char>(i * 7 + 3));
+  const uint32_t whole = crc32c(s.data(), s.size());
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{500}, size_t{999}}) {
+    CAPTURE(cut);
+    CHECK(crc32c(s.data() + cut, s.size() - cut, crc32c(s.data(), cut)) == whole);
+  }
+}
+
+}  // namespace zero

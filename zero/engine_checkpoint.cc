@@ -1,0 +1,48 @@
+// Engine::save / load / export_safetensors: the engine lends its parts to the Checkpointer.
+#include "base/check.h"
+#include "base/logging.h"
+#include "zero/checkpoint.h"
+#include "zero/engine.h"
+#include "zero/engine_impl.h"
+
+namespace zero {
+
+CheckpointParts Engine::checkpoint_parts() {
+  Impl& m = *impl_;
+  return {&m.registry,   &m.tensor_param,  m.parts.layout.get(), m.parts.ownership.get(), &m.parts.update->applier(),
+          m.parts.writeback.get(), m.comms.shard, m.comms.replica, &m.options, m.model_dtype, m.device};
+}
+
+void Engine::save(const std::string& dir, std::string_view user_blob) {
+  Impl& m = *impl_;
+  m.require_finalized("save");
+  CheckpointState state;
+  state.step = m.steps_taken;
+  if (m.scaler) state.scaler = m.scaler->state();
+  save_checkpoint(checkpoint_parts(), state, dir, user_blob);
+}
+
+LoadedCheckpoint Engine::load(const std::string& dir) {
+  Impl& m = *impl_;
+  m.require_finalized("load");
+  zero_grad();
+  LoadedCheckpoint c = load_checkpoint(checkpoint_parts(), dir);
+  if (m.parts.gatherer) m.parts.gatherer->invalidate();
+  m.steps_taken = c.state.step;
+  if (optim::Optimizer* o = m.parts.update->optimizer().host_optimizer()) o->set_step_count(c.state.step);
+  if (m.scaler && c.state.scaler) {
+    m.scaler->set_state(*c.state.scaler);
+  } else if (m.scaler || c.state.scaler) {
+    ZERO_LOG_WARN("checkpoint '{}': the loss scaler {}; the engine keeps its own setting", dir,
+                  m.scaler ? "was not saved (no dynamic loss scaling then)" : "state is ignored (no dynamic loss scaling now)");
+  }
+  return c;
+}
+
+void Engine::export_safetensors(const std::string& path, DType dtype) {
+  Impl& m = *impl_;
+  m.require_finalized("export_safetensors");
+  ::zero::export_safetensors(checkpoint_parts(), path, dtype);
+}
+
+}  // namespace zero
