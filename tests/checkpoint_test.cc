@@ -121,6 +121,11 @@ TEST_CASE("resume is exact at the same world size (any stage) and between N x 1 
   run_ok(1, {"--stage", "0", "--micro", "4", "--steps", "3", "--save-at", "3", "--dir", dir1});
   CHECK(exported(4, {"--stage", "2", "--resume", dir1}, "resume_from1_stage2") == full);
   CHECK(exported(4, {"--stage", "3", "--resume", dir1}, "resume_from1_stage3") == full);
+  // An async save taken at step 3 while steps 4-6 train resumes the same way.
+  const std::string dira = tmp("ckpt_4_async");
+  CHECK(exported(4, {"--stage", "3", "--steps", "6", "--save-at", "3", "--dir", dira, "--async"}, "async_run") == full);
+  CHECK(exported(2, {"--stage", "0", "--micro", "2", "--resume", dira}, "resume_async").size() == full.size());
+  CHECK(exported(4, {"--stage", "1", "--resume", dira}, "resume_async4") == full);
 }
 
 TEST_CASE("resume at other world sizes and stages follows the uninterrupted run within fp32 tolerance") {

@@ -31,6 +31,7 @@ int run(int argc, char** argv) {
   const bool offload = flags.get_bool("offload", false);
   const int hidden = flags.get_int("hidden", 16);
   const std::string dump_params = flags.get("dump-params", "");
+  const bool async = flags.get_bool("async", false);
   flags.check_all_used();
 
   comm::ProcessGroup pg = comm::init_process_group();
@@ -94,8 +95,16 @@ int run(int argc, char** argv) {
       engine.finish_backward();
     }
     engine.step();
-    if (s + 1 == save_at) engine.save(dir, "rank " + std::to_string(rank) + " after step " + std::to_string(s + 1));
+    if (s + 1 == save_at) {
+      const std::string blob = "rank " + std::to_string(rank) + " after step " + std::to_string(s + 1);
+      if (async) {
+        engine.save_async(dir, blob);  // written while the next steps train
+      } else {
+        engine.save(dir, blob);
+      }
+    }
   }
+  engine.wait_for_save();
   if (!export_path.empty()) engine.export_safetensors(export_path);
   // Below stage 3 the model's own storage holds the full parameters: rank 0 dumps them raw, in
   // registration order, for the test to compare with the export.

@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <chrono>
 #include <filesystem>
 #include <map>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "base/check.h"
@@ -105,17 +107,21 @@ json scaler_json(const std::optional<optim::LossScalerState>& s) {
 
 // --- save ----------------------------------------------------------------------------------------
 
-// Writes this rank's data file and index into `dir`.
-void write_rank_files(const CheckpointParts& p, const std::string& dir, std::string_view blob) {
-  const int rank = global_rank(p);
-  FileWriter data(dir + "/" + rank_name(rank, "bin"));
-  json pieces = json::array();
+// One piece of a rank's snapshot: what the index says of it and its bytes.
+struct SnapshotPiece {
+  std::string name, kind;
+  size_t begin = 0, end = 0;
+  DType dtype = DType::kFloat32;
+  std::vector<char> bytes;
+};
+
+// This rank's pieces copied out of the engine, so that writing them needs nothing of the engine.
+std::vector<SnapshotPiece> snapshot_pieces(const CheckpointParts& p, std::string_view blob) {
+  std::vector<SnapshotPiece> out;
   auto add = [&](const std::string& name, const std::string& kind, size_t begin, size_t end, DType dtype,
                  const void* bytes, size_t n) {
-    const uint64_t offset = data.bytes();
-    data.write(bytes, n);
-    pieces.push_back({{"name", name}, {"kind", kind}, {"begin", begin}, {"end", end}, {"dtype", dtype_name(dtype)},
-                      {"offset", offset}, {"bytes", n}, {"crc32c", crc32c(bytes, n)}});
+    const auto* c = static_cast<const char*>(bytes);
+    out.push_back({name, kind, begin, end, dtype, std::vector<char>(c, c + n)});
   };
   const std::vector<std::string> states = state_names(p);
   std::vector<float> master, state;
@@ -138,6 +144,20 @@ void write_rank_files(const CheckpointParts& p, const std::string& dir, std::str
     add(name, kParams, piece.tensor_begin, piece.tensor_end, p.model_dtype, params.data(), params.size());
   }
   add("", kBlob, 0, blob.size(), DType::kUInt8, blob.data(), blob.size());
+  return out;
+}
+
+// Writes rank `rank`'s data file and index into `dir`.
+void write_rank_files(int rank, const std::vector<SnapshotPiece>& snapshot, const std::string& dir) {
+  FileWriter data(dir + "/" + rank_name(rank, "bin"));
+  json pieces = json::array();
+  for (const SnapshotPiece& sp : snapshot) {
+    const uint64_t offset = data.bytes();
+    data.write(sp.bytes.data(), sp.bytes.size());
+    pieces.push_back({{"name", sp.name}, {"kind", sp.kind}, {"begin", sp.begin}, {"end", sp.end},
+                      {"dtype", dtype_name(sp.dtype)}, {"offset", offset}, {"bytes", sp.bytes.size()},
+                      {"crc32c", crc32c(sp.bytes.data(), sp.bytes.size())}});
+  }
   data.commit();
   const json index = {{"rank", rank}, {"file", rank_name(rank, "bin")}, {"bytes", data.bytes()},
                       {"crc32c", data.crc32c()}, {"pieces", pieces}};
@@ -156,34 +176,53 @@ json params_json(const CheckpointParts& p) {
   return params;
 }
 
-void write_manifest(const CheckpointParts& p, const CheckpointState& state, const std::string& dir) {
+// Everything of the manifest but the file list, taken when the save starts.
+json manifest_head(const CheckpointParts& p, const CheckpointState& state) {
+  json options = json::object();
+  for (const auto& [k, v] : fingerprint(*p.options)) options[k] = v;
+  return {{"format", kFormat},
+          {"version", kVersion},
+          {"step", state.step},
+          {"world_size", world_size(p)},
+          {"stage", p.options->stage},
+          {"model_dtype", dtype_name(p.model_dtype)},
+          {"optimizer", {{"kind", optim::optimizer_name(p.options->optimizer.kind)}, {"states", state_names(p)}}},
+          {"loss_scaler", scaler_json(state.scaler)},
+          {"params", params_json(p)},
+          {"options", options}};
+}
+
+// Rank 0, once every rank's index is in `dir`: the manifest, last.
+void write_manifest(json manifest, int world, const std::string& dir) {
   json files = json::array();
-  for (int r = 0; r < world_size(p); ++r) {
-    const std::string index_path = dir + "/" + rank_name(r, "json");
-    const std::string text = read_whole_file(index_path);
+  for (int r = 0; r < world; ++r) {
+    const std::string text = read_whole_file(dir + "/" + rank_name(r, "json"));
     const json index = json::parse(text);
     files.push_back({{"rank", r}, {"file", index["file"]}, {"bytes", index["bytes"]}, {"crc32c", index["crc32c"]},
                      {"index", rank_name(r, "json")}, {"index_crc32c", crc32c(text.data(), text.size())}});
   }
-  json options = json::object();
-  for (const auto& [k, v] : fingerprint(*p.options)) options[k] = v;
-  const json manifest = {{"format", kFormat},
-                         {"version", kVersion},
-                         {"step", state.step},
-                         {"world_size", world_size(p)},
-                         {"stage", p.options->stage},
-                         {"model_dtype", dtype_name(p.model_dtype)},
-                         {"optimizer", {{"kind", optim::optimizer_name(p.options->optimizer.kind)},
-                                        {"states", state_names(p)}}},
-                         {"loss_scaler", scaler_json(state.scaler)},
-                         {"params", params_json(p)},
-                         {"options", options},
-                         {"files", files}};
+  manifest["files"] = files;
   const std::string text = manifest.dump(1);
   FileWriter m(dir + "/manifest.json");
   m.write(text.data(), text.size());
   m.commit();
   sync_directory(dir);
+}
+
+// Rank 0: waits until every rank's index (or failure note) is in `dir`.
+void wait_for_ranks(int world, const std::string& dir, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int r = 0; r < world; ++r) {
+    for (;;) {
+      if (path_exists(dir + "/" + rank_name(r, "json"))) break;
+      const std::string failed = dir + "/" + rank_name(r, "failed");
+      if (path_exists(failed)) ZERO_THROW(IoError, "rank {} could not write its part: {}", r, read_whole_file(failed));
+      if (std::chrono::steady_clock::now() > deadline) {
+        ZERO_THROW(TimeoutError, "checkpoint '{}': rank {} did not write its part within {} ms", dir, r, timeout.count());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
 }
 
 // --- load ----------------------------------------------------------------------------------------
@@ -378,30 +417,84 @@ void gather_range(const Manifest& m, PieceReader& reader, const std::string& nam
 
 }  // namespace
 
+struct PendingSave::Job {
+  std::string dir;
+  int rank = 0, world = 1;
+  std::chrono::milliseconds timeout{};
+  std::vector<SnapshotPiece> pieces;
+  json manifest;
+  std::string error;
+  std::thread thread;
+};
+
+PendingSave::PendingSave(const CheckpointParts& p, const CheckpointState& state, const std::string& dir,
+                         std::string_view user_blob, bool background)
+    : job_(std::make_unique<Job>()) {
+  Job& j = *job_;
+  j.dir = dir;
+  j.rank = global_rank(p);
+  j.world = world_size(p);
+  j.timeout = timeout_of(p);
+  const std::string partial = dir + ".partial";
+  // Rank 0 prepares an empty DIR.partial (a leftover of an interrupted save is discarded); every rank
+  // copies its pieces out of the engine. From here on nothing of the engine is touched.
+  agree(p, "checkpoint save", attempt([&] {
+          if (j.rank == 0) {
+            fs::remove_all(partial);
+            fs::create_directories(partial);
+            j.manifest = manifest_head(p, state);
+          }
+          j.pieces = snapshot_pieces(p, user_blob);
+        }));
+  auto work = [&j, partial] {
+    j.error = attempt([&] {
+      try {
+        write_rank_files(j.rank, j.pieces, partial);
+      } catch (const std::exception& e) {
+        // Rank 0 stops waiting for this rank as soon as it sees the note.
+        const std::string note = e.what();
+        FileWriter f(partial + "/" + rank_name(j.rank, "failed"));
+        f.write(note.data(), note.size());
+        f.commit();
+        throw;
+      }
+      j.pieces.clear();
+      if (j.rank != 0) return;
+      wait_for_ranks(j.world, partial, j.timeout);
+      write_manifest(std::move(j.manifest), j.world, partial);
+      // The swap: the previous checkpoint stays whole in DIR.old until DIR holds the new one.
+      const std::string old = j.dir + ".old";
+      fs::remove_all(old);
+      if (fs::exists(j.dir)) fs::rename(j.dir, old);
+      fs::rename(partial, j.dir);
+      sync_directory(fs::absolute(fs::path(j.dir)).parent_path().string());
+      fs::remove_all(old);
+    });
+  };
+  if (background) {
+    j.thread = std::thread(work);
+  } else {
+    work();
+  }
+}
+
+PendingSave::~PendingSave() {
+  if (job_ && job_->thread.joinable()) job_->thread.join();
+  if (job_ && !job_->error.empty()) ZERO_LOG_ERROR("checkpoint save to '{}' failed: {}", job_->dir, job_->error);
+}
+
+bool PendingSave::written() const { return !job_->thread.joinable(); }
+
+void PendingSave::wait(const CheckpointParts& p) {
+  if (job_->thread.joinable()) job_->thread.join();
+  std::string error = std::exchange(job_->error, {});
+  agree(p, "checkpoint save", error);
+  ZERO_LOG_INFO("checkpoint saved to '{}' ({} ranks)", job_->dir, job_->world);
+}
+
 void save_checkpoint(const CheckpointParts& p, const CheckpointState& state, const std::string& dir,
                      std::string_view user_blob) {
-  const std::string partial = dir + ".partial";
-  const bool leader = global_rank(p) == 0;
-  // Rank 0 prepares an empty DIR.partial (a leftover of an interrupted save is discarded).
-  agree(p, "checkpoint save", attempt([&] {
-          if (!leader) return;
-          fs::remove_all(partial);
-          fs::create_directories(partial);
-        }));
-  agree(p, "checkpoint save", attempt([&] { write_rank_files(p, partial, user_blob); }));
-  agree(p, "checkpoint save", attempt([&] {
-          if (!leader) return;
-          write_manifest(p, state, partial);
-          // The swap: the previous checkpoint stays whole in DIR.old until DIR holds the new one.
-          const std::string old = dir + ".old";
-          fs::remove_all(old);
-          if (fs::exists(dir)) fs::rename(dir, old);
-          fs::rename(partial, dir);
-          const fs::path parent = fs::absolute(fs::path(dir)).parent_path();
-          sync_directory(parent.string());
-          fs::remove_all(old);
-        }));
-  ZERO_LOG_INFO("checkpoint saved to '{}' (step {}, {} ranks)", dir, state.step, world_size(p));
+  PendingSave(p, state, dir, user_blob, false).wait(p);
 }
 
 LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::string& dir) {

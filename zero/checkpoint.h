@@ -19,6 +19,7 @@
 // before anything in the engine changes, and the ranks agree on the outcome: a bad checkpoint fails on
 // every rank with an error naming the file and the problem, and leaves every engine as it was.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -52,7 +53,29 @@ struct CheckpointParts {
   memory::Device* device = nullptr;  // for the ranks' agreement on communicators that take no host memory
 };
 
-// Collective over every rank. `user_blob`: this rank's opaque bytes (RNG, data position).
+// A save in progress. The constructor is collective: rank 0 prepares DIR.partial and every rank
+// copies its pieces (master, state, parameters, blob) into a host snapshot; the files are then
+// written on a thread of this object (`background`) or before the constructor returns. Rank 0
+// writes the manifest and swaps the directory in once every rank's index is there (a rank that fails
+// leaves a note, so rank 0 never waits for it past the note). wait() is collective: it returns when
+// the checkpoint is complete on disk, and every rank raises the same error if any rank's part failed.
+class PendingSave {
+ public:
+  PendingSave(const CheckpointParts& parts, const CheckpointState& state, const std::string& dir,
+              std::string_view user_blob, bool background);
+  ~PendingSave();  // joins the writer (an unreported failure is logged)
+  PendingSave(const PendingSave&) = delete;
+  PendingSave& operator=(const PendingSave&) = delete;
+  void wait(const CheckpointParts& parts);
+  bool written() const;  // this rank's writer has finished (no wait needed to free it)
+
+ private:
+  struct Job;
+  std::unique_ptr<Job> job_;
+};
+
+// Collective over every rank: a PendingSave written before it returns, then waited for. `user_blob`:
+// this rank's opaque bytes (RNG, data position).
 void save_checkpoint(const CheckpointParts& parts, const CheckpointState& state, const std::string& dir,
                      std::string_view user_blob);
 

@@ -130,4 +130,33 @@ TEST_CASE("a load restores the step, the weights and every rank's blob, at anoth
   });
 }
 
+TEST_CASE("an async save holds the state of when it was called while training goes on") {
+  const std::string dir = tmp("threads_ckpt_async");
+  testing::run_thread_ranks(2, [&](comm::Communicator& c) {
+    Model m;
+    auto e = trained(c, m, 2, 2);
+    e->export_safetensors(dir + "_at_save.safetensors");
+    e->save_async(dir, "async " + std::to_string(c.rank()));
+    // Training goes on while the files are written.
+    for (int s = 0; s < 2; ++s) {
+      auto scope = e->gather_for_backward(1);
+      scope.grad_as<float>(1)[0] = 1.0f;
+      scope.close();
+      e->step();
+    }
+    e->wait_for_save();
+    CHECK(fs::exists(dir + "/manifest.json"));
+    Model fresh;
+    auto f = trained(c, fresh, 3, 0);
+    CHECK(f->load(dir).user_blobs == std::vector<std::string>{"async 0", "async 1"});
+    f->export_safetensors(dir + "_loaded.safetensors");
+    c.barrier()->wait();
+    CHECK(slurp(dir + "_loaded.safetensors") == slurp(dir + "_at_save.safetensors"));
+    c.barrier()->wait();
+    // A second async save waits for nothing: the first is done; destroying the engine joins it.
+    e->save_async(dir, "again");
+  });
+  CHECK(fs::exists(dir + "/manifest.json"));
+}
+
 }  // namespace zero

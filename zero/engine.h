@@ -194,6 +194,11 @@ class Engine {
   // is never loaded, and the previous checkpoint in DIR is kept until the new one is complete);
   // `user_blob` is this rank's opaque state (RNG, data position). Call between steps.
   void save(const std::string& dir, std::string_view user_blob = {});
+  // save_async(): copies what it must into a host snapshot and returns; the files are written in the
+  // background while training goes on. A second save (or load) waits for the first; wait_for_save()
+  // (collective) returns once the checkpoint is complete and raises its error, if any.
+  void save_async(const std::string& dir, std::string_view user_blob = {});
+  void wait_for_save();
   // load(): at any world size and stage; restores the master, the optimizer state, the parameters,
   // the step count and the loss scaler, and drops accumulated gradients. Returns every saving rank's
   // user blob and the saved world size and stage. A missing, incomplete, corrupt or foreign
@@ -212,6 +217,7 @@ class Engine {
   void end_no_sync();
   void note_scope_error(std::exception_ptr error);
   CheckpointParts checkpoint_parts();
+  CheckpointState checkpoint_state() const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

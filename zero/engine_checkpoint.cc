@@ -7,6 +7,13 @@
 
 namespace zero {
 
+CheckpointState Engine::checkpoint_state() const {
+  CheckpointState state;
+  state.step = impl_->steps_taken;
+  if (impl_->scaler) state.scaler = impl_->scaler->state();
+  return state;
+}
+
 CheckpointParts Engine::checkpoint_parts() {
   Impl& m = *impl_;
   return {&m.registry,   &m.tensor_param,  m.parts.layout.get(), m.parts.ownership.get(), &m.parts.update->applier(),
@@ -14,17 +21,29 @@ CheckpointParts Engine::checkpoint_parts() {
 }
 
 void Engine::save(const std::string& dir, std::string_view user_blob) {
+  impl_->require_finalized("save");
+  wait_for_save();
+  save_checkpoint(checkpoint_parts(), checkpoint_state(), dir, user_blob);
+}
+
+void Engine::save_async(const std::string& dir, std::string_view user_blob) {
+  impl_->require_finalized("save_async");
+  wait_for_save();
+  impl_->pending_save = std::make_unique<PendingSave>(checkpoint_parts(), checkpoint_state(), dir, user_blob, true);
+}
+
+void Engine::wait_for_save() {
   Impl& m = *impl_;
-  m.require_finalized("save");
-  CheckpointState state;
-  state.step = m.steps_taken;
-  if (m.scaler) state.scaler = m.scaler->state();
-  save_checkpoint(checkpoint_parts(), state, dir, user_blob);
+  m.require_finalized("wait_for_save");
+  if (!m.pending_save) return;
+  std::unique_ptr<PendingSave> pending = std::move(m.pending_save);
+  pending->wait(checkpoint_parts());
 }
 
 LoadedCheckpoint Engine::load(const std::string& dir) {
   Impl& m = *impl_;
   m.require_finalized("load");
+  wait_for_save();
   zero_grad();
   LoadedCheckpoint c = load_checkpoint(checkpoint_parts(), dir);
   if (m.parts.gatherer) m.parts.gatherer->invalidate();

@@ -10,6 +10,7 @@
 #include "base/check.h"
 #include "memory/device.h"
 #include "optim/loss_scaler.h"
+#include "zero/checkpoint.h"
 #include "zero/engine.h"
 #include "zero/stage_policy.h"
 
@@ -34,6 +35,7 @@ struct Engine::Impl {
   std::exception_ptr scope_error;  // raised by the next call after a scope's destructor failed
   std::map<int, size_t> unit_bucket;  // stage 3: unit id -> its bucket
   StepTimings timings, last_timings;  // the step in progress, the last one completed
+  std::unique_ptr<PendingSave> pending_save;  // save_async in progress
 
   int world() const { return comms.shard->size() * (comms.replica ? comms.replica->size() : 1); }
   // The current micro-step reduces unless no_sync is open or it is a deferred one.
