@@ -5,6 +5,8 @@
 #include <array>
 #include <cstdio>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "base/check.h"
 
@@ -20,11 +22,8 @@ std::string quote(const std::string& s) {
 
 }  // namespace
 
-LaunchResult launch(int nproc, const std::string& program, const std::vector<std::string>& args,
-                    int timeout_s) {
-  std::string cmd = "timeout -k 5 " + std::to_string(timeout_s) +
-                    " comm/launch/zerorun --nproc-per-node " + std::to_string(nproc) +
-                    " --master-port 0 -- " + quote(program);
+LaunchResult run(const std::string& program, const std::vector<std::string>& args, int timeout_s) {
+  std::string cmd = "timeout -k 5 " + std::to_string(timeout_s) + " " + quote(program);
   for (const std::string& a : args) cmd += " " + quote(a);
   cmd += " 2>&1";
   LaunchResult r;
@@ -36,6 +35,13 @@ LaunchResult launch(int nproc, const std::string& program, const std::vector<std
   const int status = pclose(pipe);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+LaunchResult launch(int nproc, const std::string& program, const std::vector<std::string>& args,
+                    int timeout_s) {
+  std::vector<std::string> all{"--nproc-per-node", std::to_string(nproc), "--master-port", "0", "--", program};
+  all.insert(all.end(), args.begin(), args.end());
+  return run("comm/launch/zerorun", all, timeout_s);
 }
 
 }  // namespace zero::testing

@@ -394,18 +394,22 @@ class PieceReader {
   std::map<std::pair<int, uint64_t>, std::vector<char>> cache_;
 };
 
-// Fills out[0, end - begin) (fp32) with elements [begin, end) of kind `kind` of tensor `name`.
+// Fills out[0, end - begin) (elements of `dtype`) with elements [begin, end) of kind `kind` of tensor
+// `name`, from every saved piece that overlaps them.
 void gather_range(const Manifest& m, PieceReader& reader, const std::string& name, const std::string& kind,
-                  size_t begin, size_t end, float* out, const std::string& path) {
+                  size_t begin, size_t end, void* out, DType dtype, const std::string& path) {
   size_t covered = 0;
+  const size_t es = dtype_size(dtype);
   const auto it = m.pieces.find(name);
   if (it != m.pieces.end()) {
     for (const SavedPiece& sp : it->second) {
       if (sp.kind != kind || sp.end <= begin || sp.begin >= end) continue;
-      if (sp.dtype != DType::kFloat32) bad(path, fmt::format("piece {} of '{}' is not fp32", kind, name));
+      if (sp.dtype != dtype) {
+        bad(path, fmt::format("piece {} of '{}' is {}, not {}", kind, name, dtype_name(sp.dtype), dtype_name(dtype)));
+      }
       const size_t lo = std::max(begin, sp.begin), hi = std::min(end, sp.end);
       const std::vector<char>& bytes = reader.bytes(sp);
-      std::memcpy(out + (lo - begin), bytes.data() + (lo - sp.begin) * sizeof(float), (hi - lo) * sizeof(float));
+      std::memcpy(static_cast<char*>(out) + (lo - begin) * es, bytes.data() + (lo - sp.begin) * es, (hi - lo) * es);
       covered += hi - lo;
     }
   }
@@ -519,10 +523,10 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::string& di
           for (const OwnedPiece& piece : p.ownership->pieces()) {
             const std::string& name = tensor_name(p, piece.tensor);
             gather_range(m, reader, name, kMaster, piece.tensor_begin, piece.tensor_end, master.data() + piece.opt_offset,
-                         path);
+                         DType::kFloat32, path);
             for (size_t s = 0; s < names.size(); ++s) {
               gather_range(m, reader, name, state_kind(names[s]), piece.tensor_begin, piece.tensor_end,
-                           states[s].data() + piece.opt_offset, path);
+                           states[s].data() + piece.opt_offset, DType::kFloat32, path);
             }
             reader.clear();
           }
@@ -614,6 +618,79 @@ void export_safetensors(const CheckpointParts& p, const std::string& path, DType
   agree(p, "safetensors export", attempt([&] {
           if (leader) fs::rename(tmp, path);
         }));
+}
+
+CheckpointInfo inspect_checkpoint(const std::string& dir) {
+  const Manifest m = read_manifest(dir);
+  const std::string path = dir + "/manifest.json";
+  CheckpointInfo info;
+  info.step = field<int64_t>(m.doc, "step", path);
+  info.world_size = field<int>(m.doc, "world_size", path);
+  info.stage = field<int>(m.doc, "stage", path);
+  info.model_dtype = parse_dtype(field<std::string>(m.doc, "model_dtype", path));
+  const json opt = field<json>(m.doc, "optimizer", path);
+  info.optimizer = field<std::string>(opt, "kind", path);
+  info.states = field<std::vector<std::string>>(opt, "states", path);
+  for (const json& j : field<json>(m.doc, "params", path)) {
+    info.params.push_back({field<std::string>(j, "name", path), field<std::vector<int64_t>>(j, "shape", path),
+                           parse_dtype(field<std::string>(j, "dtype", path))});
+  }
+  for (size_t r = 0; r < m.files.size(); ++r) {
+    info.files.push_back({m.files[r], field<uint64_t>(m.doc["files"][r], "bytes", path)});
+  }
+  return info;
+}
+
+void verify_checkpoint(const std::string& dir) {
+  const Manifest m = read_manifest(dir);
+  const std::string path = dir + "/manifest.json";
+  std::vector<char> buf(size_t{4} << 20);
+  for (size_t r = 0; r < m.files.size(); ++r) {
+    const FileReader f(m.files[r]);
+    uint32_t crc = 0;
+    for (uint64_t at = 0; at < f.size(); at += buf.size()) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), f.size() - at));
+      f.read(buf.data(), n, at);
+      crc = crc32c(buf.data(), n, crc);
+    }
+    if (crc != field<uint32_t>(m.doc["files"][r], "crc32c", path)) {
+      bad(m.files[r], "checksum mismatch: the file is damaged");
+    }
+  }
+  // And every piece against its own checksum (which names the piece that is damaged).
+  PieceReader reader(m);
+  for (const auto& [name, pieces] : m.pieces) {
+    for (const SavedPiece& sp : pieces) reader.bytes(sp);
+    reader.clear();
+  }
+}
+
+void export_checkpoint(const std::string& dir, const std::string& out, DType dtype) {
+  const Manifest m = read_manifest(dir);
+  const std::string path = dir + "/manifest.json";
+  const CheckpointInfo info = inspect_checkpoint(dir);
+  // fp32 comes from the master; the model dtype from the saved parameters.
+  const bool from_params = dtype != DType::kFloat32;
+  if (from_params && dtype != info.model_dtype) {
+    bad(path, fmt::format("export as {}: the checkpoint holds fp32 masters and {} parameters", dtype_name(dtype),
+                          dtype_name(info.model_dtype)));
+  }
+  SafetensorsLayout layout;
+  for (const CheckpointInfo::Param& p : info.params) layout.tensors.push_back({p.name, dtype, p.shape});
+  const std::string header = safetensors_header(layout);
+  FileWriter f(out);
+  f.write(header.data(), header.size());
+  PieceReader reader(m);
+  std::vector<char> tensor;
+  // One tensor in memory at a time.
+  for (const SafetensorsTensor& t : layout.tensors) {
+    const size_t n = static_cast<size_t>((t.end - t.begin) / dtype_size(dtype));
+    tensor.resize(t.end - t.begin);
+    gather_range(m, reader, t.name, from_params ? kParams : kMaster, 0, n, tensor.data(), dtype, path);
+    reader.clear();
+    f.write(tensor.data(), tensor.size());
+  }
+  f.commit();
 }
 
 }  // namespace zero
