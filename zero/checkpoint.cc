@@ -620,6 +620,51 @@ void export_safetensors(const CheckpointParts& p, const std::string& path, DType
         }));
 }
 
+void import_safetensors(const CheckpointParts& p, const std::string& path,
+                        const std::map<std::string, std::string>& name_map) {
+  std::vector<float> master(p.ownership->numel());
+  agree(p, "safetensors import", attempt([&] {
+          const SafetensorsLayout layout = read_safetensors_header(path);
+          std::map<std::string, const SafetensorsTensor*> by_name;
+          for (const SafetensorsTensor& t : layout.tensors) by_name[t.name] = &t;
+          for (const auto& [engine_name, file_name] : name_map) {
+            if (!p.registry->find(engine_name)) {
+              ZERO_THROW(InvalidArgument, "import '{}': the name map's '{}' is not a registered parameter", path,
+                         engine_name);
+            }
+            (void)file_name;
+          }
+          const FileReader file(path);
+          std::vector<char> raw;
+          for (const OwnedPiece& piece : p.ownership->pieces()) {
+            const ParamSpec& spec = p.registry->param((*p.tensor_param)[piece.tensor]);
+            const auto mapped = name_map.find(spec.name);
+            const std::string& name = mapped == name_map.end() ? spec.name : mapped->second;
+            const auto it = by_name.find(name);
+            if (it == by_name.end()) {
+              ZERO_THROW(InvalidArgument, "import '{}': no tensor '{}' (for parameter '{}')", path, name, spec.name);
+            }
+            const SafetensorsTensor& t = *it->second;
+            if (t.shape != spec.shape) {
+              ZERO_THROW(InvalidArgument, "import '{}': tensor '{}' has shape {} but parameter '{}' is {}", path, name,
+                         shape_string(t.shape), spec.name, shape_string(spec.shape));
+            }
+            if (t.dtype != DType::kFloat32 && !is_float16_family(t.dtype)) {
+              ZERO_THROW(InvalidArgument, "import '{}': tensor '{}' is {}, not a float type", path, name,
+                         dtype_name(t.dtype));
+            }
+            const size_t es = dtype_size(t.dtype), n = piece.tensor_end - piece.tensor_begin;
+            raw.resize(n * es);
+            file.read(raw.data(), raw.size(), layout.data_start + t.begin + piece.tensor_begin * es);
+            memory::host_kernels::convert(raw.data(), t.dtype, master.data() + piece.opt_offset, DType::kFloat32, n);
+          }
+        }));
+  for (const OwnedPiece& piece : p.ownership->pieces()) {
+    p.applier->write_master(piece.opt_offset, piece.tensor_end - piece.tensor_begin, master.data() + piece.opt_offset);
+  }
+  p.applier->publish_master(*p.writeback);
+}
+
 CheckpointInfo inspect_checkpoint(const std::string& dir) {
   const Manifest m = read_manifest(dir);
   const std::string path = dir + "/manifest.json";

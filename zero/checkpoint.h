@@ -19,6 +19,7 @@
 // before anything in the engine changes, and the ranks agree on the outcome: a bad checkpoint fails on
 // every rank with an error naming the file and the problem, and leaves every engine as it was.
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -87,6 +88,13 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& parts, const std::string
 // Collective: the full weights as one safetensors file, fp32 (the master) or the model dtype, in
 // registration order; every rank writes the pieces it owns in place, so no rank holds the model.
 void export_safetensors(const CheckpointParts& parts, const std::string& path, DType dtype);
+
+// Collective: the parameters (and the fp32 master) from a safetensors file, each rank reading only
+// the ranges it owns; `name_map` maps registered names to the file's where they differ. Shapes must
+// match; F32, F16 and BF16 are widened exactly. The optimizer state is left as it is. Throws naming
+// the file and the tensor, on every rank, before anything changes.
+void import_safetensors(const CheckpointParts& parts, const std::string& path,
+                        const std::map<std::string, std::string>& name_map);
 
 // Offline, without an engine (the zero_ckpt tool).
 struct CheckpointInfo {

@@ -159,4 +159,37 @@ TEST_CASE("an async save holds the state of when it was called while training go
   CHECK(fs::exists(dir + "/manifest.json"));
 }
 
+TEST_CASE("import from safetensors, with a name map, at another stage and world size") {
+  const std::string file = tmp("import_src.safetensors");
+  testing::run_thread_ranks(2, [&](comm::Communicator& c) {
+    Model m;
+    auto e = trained(c, m, 2, 2);
+    e->export_safetensors(file);
+  });
+  testing::run_thread_ranks(3, [&](comm::Communicator& c) {
+    // Registered under other names: the map points them at the file's.
+    Model fresh;
+    EngineOptions opt;
+    opt.stage = 3;
+    opt.layout = {.alignment = 4, .bucket_numel = 32, .block = 16};
+    Engine e(c, opt);
+    for (size_t t = 0; t < fresh.values.size(); ++t) {
+      e.add_param({.name = "renamed" + std::to_string(t), .shape = {static_cast<int64_t>(fresh.values[t].size())},
+                   .dtype = DType::kFloat32, .data = {fresh.values[t].data(), fresh.values[t].size()},
+                   .unit = static_cast<int>(t)});
+    }
+    e.finalize();
+    e.import_safetensors(file, {{"renamed0", "t0"}, {"renamed1", "t1"}});
+    const std::string back = tmp("import_back.safetensors");
+    e.export_safetensors(back);
+    c.barrier()->wait();
+    // The same data; only the names in the header differ.
+    const std::string a = slurp(file), b = slurp(back);
+    CHECK(a.substr(a.size() - 79 * 4) == b.substr(b.size() - 79 * 4));
+    // A missing tensor is named, on every rank, and changes nothing.
+    CHECK_THROWS_WITH_AS(e.import_safetensors(file), doctest::Contains("no tensor 'renamed0'"), IoError);
+    c.barrier()->wait();
+  });
+}
+
 }  // namespace zero

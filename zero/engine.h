@@ -40,6 +40,7 @@
 // CommError naming the operation and the rank, never a hang.
 #include <cstddef>
 #include <exception>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -207,6 +208,10 @@ class Engine {
   // export_safetensors(): the full weights (fp32 from the master, or the model dtype) as one
   // safetensors file, written in place by every rank, piece by piece.
   void export_safetensors(const std::string& path, DType dtype = DType::kFloat32);
+  // import_safetensors(): start from a safetensors file's weights (parameters and master; the
+  // optimizer state is kept), each rank reading only its own ranges. `name_map`: registered name ->
+  // the file's name, where they differ.
+  void import_safetensors(const std::string& path, const std::map<std::string, std::string>& name_map = {});
 
  private:
   friend class UnitScope;

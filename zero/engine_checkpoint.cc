@@ -64,4 +64,12 @@ void Engine::export_safetensors(const std::string& path, DType dtype) {
   ::zero::export_safetensors(checkpoint_parts(), path, dtype);
 }
 
+void Engine::import_safetensors(const std::string& path, const std::map<std::string, std::string>& name_map) {
+  Impl& m = *impl_;
+  m.require_finalized("import_safetensors");
+  wait_for_save();
+  ::zero::import_safetensors(checkpoint_parts(), path, name_map);
+  if (m.parts.gatherer) m.parts.gatherer->invalidate();
+}
+
 }  // namespace zero
