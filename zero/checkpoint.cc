@@ -10,6 +10,7 @@
 #include <cstring>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <thread>
 #include <nlohmann/json.hpp>
@@ -115,13 +116,13 @@ struct SnapshotPiece {
   std::vector<char> bytes;
 };
 
-// This rank's pieces copied out of the engine, so that writing them needs nothing of the engine.
-std::vector<SnapshotPiece> snapshot_pieces(const CheckpointParts& p, std::string_view blob) {
-  std::vector<SnapshotPiece> out;
+// Hands each of this rank's pieces, copied out of the engine, to `sink`.
+template <typename Sink>
+void for_each_piece(const CheckpointParts& p, std::string_view blob, Sink&& sink) {
   auto add = [&](const std::string& name, const std::string& kind, size_t begin, size_t end, DType dtype,
                  const void* bytes, size_t n) {
     const auto* c = static_cast<const char*>(bytes);
-    out.push_back({name, kind, begin, end, dtype, std::vector<char>(c, c + n)});
+    sink(SnapshotPiece{name, kind, begin, end, dtype, std::vector<char>(c, c + n)});
   };
   const std::vector<std::string> states = state_names(p);
   std::vector<float> master, state;
@@ -144,28 +145,35 @@ std::vector<SnapshotPiece> snapshot_pieces(const CheckpointParts& p, std::string
     add(name, kParams, piece.tensor_begin, piece.tensor_end, p.model_dtype, params.data(), params.size());
   }
   add("", kBlob, 0, blob.size(), DType::kUInt8, blob.data(), blob.size());
-  return out;
 }
 
-// Writes rank `rank`'s data file and index into `dir`.
-void write_rank_files(int rank, const std::vector<SnapshotPiece>& snapshot, const std::string& dir) {
-  FileWriter data(dir + "/" + rank_name(rank, "bin"));
-  json pieces = json::array();
-  for (const SnapshotPiece& sp : snapshot) {
-    const uint64_t offset = data.bytes();
-    data.write(sp.bytes.data(), sp.bytes.size());
-    pieces.push_back({{"name", sp.name}, {"kind", sp.kind}, {"begin", sp.begin}, {"end", sp.end},
-                      {"dtype", dtype_name(sp.dtype)}, {"offset", offset}, {"bytes", sp.bytes.size()},
-                      {"crc32c", crc32c(sp.bytes.data(), sp.bytes.size())}});
+// Rank `rank`'s data file and index in `dir`, piece by piece.
+class RankFiles {
+ public:
+  RankFiles(int rank, std::string dir) : rank_(rank), dir_(std::move(dir)), data_(dir_ + "/" + rank_name(rank, "bin")) {}
+  void add(const SnapshotPiece& sp) {
+    const uint64_t offset = data_.bytes();
+    data_.write(sp.bytes.data(), sp.bytes.size());
+    pieces_.push_back({{"name", sp.name}, {"kind", sp.kind}, {"begin", sp.begin}, {"end", sp.end},
+                       {"dtype", dtype_name(sp.dtype)}, {"offset", offset}, {"bytes", sp.bytes.size()},
+                       {"crc32c", crc32c(sp.bytes.data(), sp.bytes.size())}});
   }
-  data.commit();
-  const json index = {{"rank", rank}, {"file", rank_name(rank, "bin")}, {"bytes", data.bytes()},
-                      {"crc32c", data.crc32c()}, {"pieces", pieces}};
-  const std::string text = index.dump(1);
-  FileWriter idx(dir + "/" + rank_name(rank, "json"));
-  idx.write(text.data(), text.size());
-  idx.commit();
-}
+  void commit() {
+    data_.commit();
+    const json index = {{"rank", rank_}, {"file", rank_name(rank_, "bin")}, {"bytes", data_.bytes()},
+                        {"crc32c", data_.crc32c()}, {"pieces", pieces_}};
+    const std::string text = index.dump(1);
+    FileWriter idx(dir_ + "/" + rank_name(rank_, "json"));
+    idx.write(text.data(), text.size());
+    idx.commit();
+  }
+
+ private:
+  int rank_;
+  std::string dir_;
+  FileWriter data_;
+  json pieces_ = json::array();
+};
 
 json params_json(const CheckpointParts& p) {
   json params = json::array();
@@ -374,16 +382,24 @@ class PieceReader {
     if (it != cache_.end()) return it->second;
     std::vector<char> buf(sp.bytes);
     file(sp.file).read(buf.data(), buf.size(), sp.offset);
-    if (crc32c(buf.data(), buf.size()) != sp.crc) {
-      bad(m_.files[static_cast<size_t>(sp.file)],
-          fmt::format("checksum mismatch in piece {} [{}, {}) at byte {}: the file is damaged", sp.kind, sp.begin,
-                      sp.end, sp.offset));
-    }
+    verify(sp, buf.data());
     return cache_.emplace(key, std::move(buf)).first->second;
+  }
+  // The saved piece straight into `out` (its whole length), checksum verified.
+  void read_into(const SavedPiece& sp, void* out) {
+    file(sp.file).read(out, sp.bytes, sp.offset);
+    verify(sp, out);
   }
   void clear() { cache_.clear(); }
 
  private:
+  void verify(const SavedPiece& sp, const void* bytes) const {
+    if (crc32c(bytes, sp.bytes) != sp.crc) {
+      bad(m_.files[static_cast<size_t>(sp.file)],
+          fmt::format("checksum mismatch in piece {} [{}, {}) at byte {}: the file is damaged", sp.kind, sp.begin,
+                      sp.end, sp.offset));
+    }
+  }
   const FileReader& file(int r) {
     auto it = readers_.find(r);
     if (it == readers_.end()) it = readers_.emplace(r, std::make_unique<FileReader>(m_.files[static_cast<size_t>(r)])).first;
@@ -408,8 +424,12 @@ void gather_range(const Manifest& m, PieceReader& reader, const std::string& nam
         bad(path, fmt::format("piece {} of '{}' is {}, not {}", kind, name, dtype_name(sp.dtype), dtype_name(dtype)));
       }
       const size_t lo = std::max(begin, sp.begin), hi = std::min(end, sp.end);
-      const std::vector<char>& bytes = reader.bytes(sp);
-      std::memcpy(static_cast<char*>(out) + (lo - begin) * es, bytes.data() + (lo - sp.begin) * es, (hi - lo) * es);
+      if (lo == sp.begin && hi == sp.end) {
+        reader.read_into(sp, static_cast<char*>(out) + (lo - begin) * es);  // the whole piece is wanted
+      } else {
+        const std::vector<char>& bytes = reader.bytes(sp);
+        std::memcpy(static_cast<char*>(out) + (lo - begin) * es, bytes.data() + (lo - sp.begin) * es, (hi - lo) * es);
+      }
       covered += hi - lo;
     }
   }
@@ -448,12 +468,18 @@ PendingSave::PendingSave(const CheckpointParts& p, const CheckpointState& state,
             fs::create_directories(partial);
             j.manifest = manifest_head(p, state);
           }
-          j.pieces = snapshot_pieces(p, user_blob);
+          if (background) {
+            for_each_piece(p, user_blob, [&](SnapshotPiece&& sp) { j.pieces.push_back(std::move(sp)); });
+          }
         }));
-  auto work = [&j, partial] {
+  // In the background the snapshot is written; inline, each piece goes to the file as it is copied
+  // out of the engine (only then may `fill` touch the engine).
+  auto work = [&j, partial](const std::function<void(RankFiles&)>& fill) {
     j.error = attempt([&] {
       try {
-        write_rank_files(j.rank, j.pieces, partial);
+        RankFiles files(j.rank, partial);
+        fill(files);
+        files.commit();
       } catch (const std::exception& e) {
         // Rank 0 stops waiting for this rank as soon as it sees the note.
         const std::string note = e.what();
@@ -476,9 +502,13 @@ PendingSave::PendingSave(const CheckpointParts& p, const CheckpointState& state,
     });
   };
   if (background) {
-    j.thread = std::thread(work);
+    j.thread = std::thread([&j, work] {
+      work([&j](RankFiles& files) {
+        for (const SnapshotPiece& sp : j.pieces) files.add(sp);
+      });
+    });
   } else {
-    work();
+    work([&](RankFiles& files) { for_each_piece(p, user_blob, [&](SnapshotPiece&& sp) { files.add(sp); }); });
   }
 }
 
@@ -503,8 +533,10 @@ void save_checkpoint(const CheckpointParts& p, const CheckpointState& state, con
 
 LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::string& dir) {
   LoadedCheckpoint out;
-  std::vector<float> master(p.ownership->numel());
-  std::vector<std::vector<float>> states;
+  // Uninitialized on purpose: every element is written from the checkpoint (coverage is checked).
+  const size_t numel = p.ownership->numel();
+  std::unique_ptr<float[]> master(new float[numel]);
+  std::vector<std::unique_ptr<float[]>> states;
   std::vector<std::string> names;
   // Read and verify everything this rank needs before anything changes.
   agree(p, "checkpoint load", attempt([&] {
@@ -518,15 +550,15 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::string& di
               bad(path, fmt::format("has no optimizer state '{}'", s));
             }
           }
-          states.assign(names.size(), std::vector<float>(p.ownership->numel()));
+          for (size_t i = 0; i < names.size(); ++i) states.emplace_back(new float[numel]);
           PieceReader reader(m);
           for (const OwnedPiece& piece : p.ownership->pieces()) {
             const std::string& name = tensor_name(p, piece.tensor);
-            gather_range(m, reader, name, kMaster, piece.tensor_begin, piece.tensor_end, master.data() + piece.opt_offset,
+            gather_range(m, reader, name, kMaster, piece.tensor_begin, piece.tensor_end, master.get() + piece.opt_offset,
                          DType::kFloat32, path);
             for (size_t s = 0; s < names.size(); ++s) {
               gather_range(m, reader, name, state_kind(names[s]), piece.tensor_begin, piece.tensor_end,
-                           states[s].data() + piece.opt_offset, DType::kFloat32, path);
+                           states[s].get() + piece.opt_offset, DType::kFloat32, path);
             }
             reader.clear();
           }
@@ -553,10 +585,10 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::string& di
   // Everything verified on every rank: apply.
   for (const OwnedPiece& piece : p.ownership->pieces()) {
     const size_t n = piece.tensor_end - piece.tensor_begin;
-    p.applier->write_master(piece.opt_offset, n, master.data() + piece.opt_offset);
+    p.applier->write_master(piece.opt_offset, n, master.get() + piece.opt_offset);
     for (size_t s = 0; s < names.size(); ++s) {
       host_optimizer(p).write_state(names[s], tensor_name(p, piece.tensor), piece.tensor_begin, piece.tensor_end,
-                                    states[s].data() + piece.opt_offset);
+                                    states[s].get() + piece.opt_offset);
     }
   }
   p.applier->publish_master(*p.writeback);

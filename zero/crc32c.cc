@@ -26,9 +26,29 @@ const Tables& tables() {
   return t;
 }
 
-}  // namespace
+#if defined(__x86_64__)
+// SSE4.2's crc32 instruction computes exactly this polynomial, 8 bytes per instruction.
+__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const uint8_t* p, size_t bytes, uint32_t crc) {
+  uint64_t c = ~crc;
+  while (bytes >= 8) {
+    uint64_t word;
+    std::memcpy(&word, p, 8);
+    c = __builtin_ia32_crc32di(c, word);
+    p += 8;
+    bytes -= 8;
+  }
+  uint32_t c32 = static_cast<uint32_t>(c);
+  while (bytes-- > 0) c32 = __builtin_ia32_crc32qi(c32, *p++);
+  return ~c32;
+}
 
-uint32_t crc32c(const void* data, size_t bytes, uint32_t crc) {
+bool have_sse42() {
+  static const bool yes = __builtin_cpu_supports("sse4.2");
+  return yes;
+}
+#endif
+
+uint32_t crc32c_table(const void* data, size_t bytes, uint32_t crc) {
   const auto& t = tables().t;
   const auto* p = static_cast<const uint8_t*>(data);
   uint32_t c = ~crc;
@@ -45,5 +65,16 @@ uint32_t crc32c(const void* data, size_t bytes, uint32_t crc) {
   while (bytes-- > 0) c = (c >> 8) ^ t[0][(c ^ *p++) & 0xFF];
   return ~c;
 }
+
+}  // namespace
+
+uint32_t crc32c(const void* data, size_t bytes, uint32_t crc) {
+#if defined(__x86_64__)
+  if (have_sse42()) return crc32c_sse42(static_cast<const uint8_t*>(data), bytes, crc);
+#endif
+  return crc32c_table(data, bytes, crc);
+}
+
+uint32_t crc32c_portable(const void* data, size_t bytes, uint32_t crc) { return crc32c_table(data, bytes, crc); }
 
 }  // namespace zero

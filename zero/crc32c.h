@@ -7,6 +7,9 @@
 
 namespace zero {
 
+// The SSE4.2 instruction where the CPU has it, else slicing-by-8 tables.
 uint32_t crc32c(const void* data, size_t bytes, uint32_t crc = 0);
+// Always the tables (the tests compare the two).
+uint32_t crc32c_portable(const void* data, size_t bytes, uint32_t crc = 0);
 
 }  // namespace zero

@@ -16,6 +16,17 @@ TEST_CASE("CRC-32C check values") {
   CHECK(crc32c(ones.data(), ones.size()) == 0x62A8AB43u);  // RFC 3720 B.4: 32 bytes of 0xFF
 }
 
+TEST_CASE("the instruction path and the tables agree") {
+  std::string s;
+  for (int i = 0; i < 4099; ++i) s.push_back(static_cast<char>(i * 131 + 17));
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{63}, size_t{4099}}) {
+    CAPTURE(n);
+    CHECK(crc32c(s.data(), n) == crc32c_portable(s.data(), n));
+    CHECK(crc32c(s.data() + 3, n > 3 ? n - 3 : 0, 0x1234u) == crc32c_portable(s.data() + 3, n > 3 ? n - 3 : 0, 0x1234u));
+  }
+  CHECK(crc32c_portable("123456789", 9) == 0xE3069283u);
+}
+
 TEST_CASE("incremental over any split equals one pass") {
   std::string s;
   for (int i = 0; i < 1000; ++i) s.push_back(static_cast<char>(i * 7 + 3));
