@@ -108,55 +108,84 @@ json scaler_json(const std::optional<optim::LossScalerState>& s) {
 
 // --- save ----------------------------------------------------------------------------------------
 
-// One piece of a rank's snapshot: what the index says of it and its bytes.
+// One piece as the index describes it, and where its bytes are (valid during the sink's call).
+struct PieceView {
+  const std::string& name;
+  const char* kind;
+  size_t begin, end;
+  DType dtype;
+  const void* bytes;
+  size_t n;
+};
+
+// A piece of a rank's snapshot, with its bytes.
 struct SnapshotPiece {
   std::string name, kind;
   size_t begin = 0, end = 0;
   DType dtype = DType::kFloat32;
   std::vector<char> bytes;
+  PieceView view() const { return {name, kind.c_str(), begin, end, dtype, bytes.data(), bytes.size()}; }
 };
 
-// Hands each of this rank's pieces, copied out of the engine, to `sink`.
+SnapshotPiece own(const PieceView& v) {
+  const auto* c = static_cast<const char*>(v.bytes);
+  return {v.name, v.kind, v.begin, v.end, v.dtype, std::vector<char>(c, c + v.n)};
+}
+
+// Hands each of this rank's pieces to `sink`, straight from the engine's memory where the master and
+// the state are host memory in fp32, else through a copy.
 template <typename Sink>
 void for_each_piece(const CheckpointParts& p, std::string_view blob, Sink&& sink) {
-  auto add = [&](const std::string& name, const std::string& kind, size_t begin, size_t end, DType dtype,
-                 const void* bytes, size_t n) {
-    const auto* c = static_cast<const char*>(bytes);
-    sink(SnapshotPiece{name, kind, begin, end, dtype, std::vector<char>(c, c + n)});
-  };
   const std::vector<std::string> states = state_names(p);
+  const float* host_master = p.applier->host_master();
+  optim::Optimizer* opt = states.empty() ? nullptr : &host_optimizer(p);
+  const bool host_state = opt != nullptr && opt->state_dtype() == DType::kFloat32;
   std::vector<float> master, state;
   std::vector<char> params;
   for (const OwnedPiece& piece : p.ownership->pieces()) {
     if (!writes(p, piece)) continue;
     const size_t n = piece.tensor_end - piece.tensor_begin;
     const std::string& name = tensor_name(p, piece.tensor);
-    master.resize(n);
-    p.applier->read_master(piece.opt_offset, n, master.data());
-    add(name, kMaster, piece.tensor_begin, piece.tensor_end, DType::kFloat32, master.data(), n * sizeof(float));
-    for (const std::string& s : states) {
-      state.assign(n, 0.0f);
-      host_optimizer(p).read_state(s, name, piece.tensor_begin, piece.tensor_end, state.data());
-      add(name, state_kind(s), piece.tensor_begin, piece.tensor_end, DType::kFloat32, state.data(), n * sizeof(float));
+    const float* m = host_master ? host_master + piece.opt_offset : nullptr;
+    if (m == nullptr) {
+      master.resize(n);
+      p.applier->read_master(piece.opt_offset, n, master.data());
+      m = master.data();
+    }
+    sink(PieceView{name, kMaster, piece.tensor_begin, piece.tensor_end, DType::kFloat32, m, n * sizeof(float)});
+    for (const std::string& st : states) {
+      const float* v = host_state ? static_cast<const float*>(opt->state_data(st)) + piece.opt_offset : nullptr;
+      if (v == nullptr) {
+        state.assign(n, 0.0f);
+        opt->read_state(st, name, piece.tensor_begin, piece.tensor_end, state.data());
+        v = state.data();
+      }
+      const std::string kind = state_kind(st);
+      sink(PieceView{name, kind.c_str(), piece.tensor_begin, piece.tensor_end, DType::kFloat32, v, n * sizeof(float)});
     }
     // The parameters are the master rounded to the model dtype (what every step writes).
-    params.resize(n * dtype_size(p.model_dtype));
-    memory::host_kernels::convert(master.data(), DType::kFloat32, params.data(), p.model_dtype, n);
-    add(name, kParams, piece.tensor_begin, piece.tensor_end, p.model_dtype, params.data(), params.size());
+    const void* w = m;
+    if (p.model_dtype != DType::kFloat32) {
+      params.resize(n * dtype_size(p.model_dtype));
+      memory::host_kernels::convert(m, DType::kFloat32, params.data(), p.model_dtype, n);
+      w = params.data();
+    }
+    sink(PieceView{name, kParams, piece.tensor_begin, piece.tensor_end, p.model_dtype, w, n * dtype_size(p.model_dtype)});
   }
-  add("", kBlob, 0, blob.size(), DType::kUInt8, blob.data(), blob.size());
+  static const std::string none;
+  sink(PieceView{none, kBlob, 0, blob.size(), DType::kUInt8, blob.data(), blob.size()});
 }
 
 // Rank `rank`'s data file and index in `dir`, piece by piece.
 class RankFiles {
  public:
   RankFiles(int rank, std::string dir) : rank_(rank), dir_(std::move(dir)), data_(dir_ + "/" + rank_name(rank, "bin")) {}
-  void add(const SnapshotPiece& sp) {
+  void add(const PieceView& v) {
     const uint64_t offset = data_.bytes();
-    data_.write(sp.bytes.data(), sp.bytes.size());
-    pieces_.push_back({{"name", sp.name}, {"kind", sp.kind}, {"begin", sp.begin}, {"end", sp.end},
-                       {"dtype", dtype_name(sp.dtype)}, {"offset", offset}, {"bytes", sp.bytes.size()},
-                       {"crc32c", crc32c(sp.bytes.data(), sp.bytes.size())}});
+    data_.write(v.bytes, v.n);
+    pieces_.push_back({{"name", v.name}, {"kind", v.kind}, {"begin", v.begin}, {"end", v.end},
+                       {"dtype", dtype_name(v.dtype)}, {"offset", offset}, {"bytes", v.n},
+                       {"crc32c", crc32c(v.bytes, v.n)}});
   }
   void commit() {
     data_.commit();
@@ -469,7 +498,7 @@ PendingSave::PendingSave(const CheckpointParts& p, const CheckpointState& state,
             j.manifest = manifest_head(p, state);
           }
           if (background) {
-            for_each_piece(p, user_blob, [&](SnapshotPiece&& sp) { j.pieces.push_back(std::move(sp)); });
+            for_each_piece(p, user_blob, [&](const PieceView& v) { j.pieces.push_back(own(v)); });
           }
         }));
   // In the background the snapshot is written; inline, each piece goes to the file as it is copied
@@ -504,11 +533,11 @@ PendingSave::PendingSave(const CheckpointParts& p, const CheckpointState& state,
   if (background) {
     j.thread = std::thread([&j, work] {
       work([&j](RankFiles& files) {
-        for (const SnapshotPiece& sp : j.pieces) files.add(sp);
+        for (const SnapshotPiece& sp : j.pieces) files.add(sp.view());
       });
     });
   } else {
-    work([&](RankFiles& files) { for_each_piece(p, user_blob, [&](SnapshotPiece&& sp) { files.add(sp); }); });
+    work([&](RankFiles& files) { for_each_piece(p, user_blob, [&](const PieceView& v) { files.add(v); }); });
   }
 }
 
