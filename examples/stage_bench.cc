@@ -24,6 +24,7 @@
 #include "comm/launch/process_group.h"
 #include "examples/flags.h"
 #include "examples/mlp.h"
+#include "examples/mlp_engine.h"
 #include "zero/engine.h"
 
 namespace {
@@ -34,7 +35,6 @@ struct Trainer {
   examples::Mlp model;
   std::unique_ptr<Engine> engine;
   std::vector<int> ids;
-  std::optional<UnitScope> scope;
   examples::Mlp::Access access;
 };
 
@@ -66,7 +66,7 @@ Config parse_config(const std::string& text) {
 
 std::unique_ptr<Trainer> make_trainer(comm::Communicator& comm, const Config& config, const std::vector<int>& widths,
                                       size_t window_bytes, size_t prefetch_bytes) {
-  auto t = std::make_unique<Trainer>(Trainer{examples::Mlp(widths, 1), nullptr, {}, std::nullopt, {}});
+  auto t = std::make_unique<Trainer>(Trainer{examples::Mlp(widths, 1), nullptr, {}, {}});
   EngineOptions opt;
   opt.stage = config.stage;
   opt.offload.optimizer = config.offload;
@@ -82,12 +82,7 @@ std::unique_ptr<Trainer> make_trainer(comm::Communicator& comm, const Config& co
                                            .data = {p.values.data(), p.values.size()}, .unit = static_cast<int>(i / 2)}));
   }
   t->engine->finalize();
-  Trainer* raw = t.get();
-  t->access.enter = [raw](size_t l, bool backward) {
-    raw->scope.emplace(backward ? raw->engine->gather_for_backward(static_cast<int>(l)) : raw->engine->gather(static_cast<int>(l)));
-  };
-  t->access.leave = [raw](size_t, bool) { raw->scope->close(); };
-  t->access.param = [raw](size_t i) { return raw->scope->param_as<float>(raw->ids[i]); };
+  t->access = examples::unit_scope_access(*t->engine, t->ids);
   return t;
 }
 

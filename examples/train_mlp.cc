@@ -14,6 +14,7 @@
 #include "comm/launch/process_group.h"
 #include "examples/flags.h"
 #include "examples/mlp.h"
+#include "examples/mlp_engine.h"
 #include "zero/engine.h"
 
 namespace {
@@ -77,13 +78,7 @@ int run(int argc, char** argv) {
                                     .data = {p.values.data(), p.values.size()},
                                     .unit = static_cast<int>(i / 2), .group = p.decay ? 0 : 1}));
   }
-  std::optional<UnitScope> scope;
-  examples::Mlp::Access access;
-  access.enter = [&](size_t layer, bool backward) {
-    scope.emplace(backward ? engine.gather_for_backward(static_cast<int>(layer)) : engine.gather(static_cast<int>(layer)));
-  };
-  access.leave = [&](size_t, bool) { scope->close(); };
-  access.param = [&](size_t i) { return scope->param_as<float>(ids[i]); };
+  const examples::Mlp::Access access = examples::unit_scope_access(engine, ids);
   engine.finalize();
   if (rank == 0) {
     std::printf("training MLP %d-%d-%d-%d (%zu parameters) on %d rank(s), stage %d%s\n", inputs,

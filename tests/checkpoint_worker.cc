@@ -12,6 +12,7 @@
 #include "comm/launch/process_group.h"
 #include "examples/flags.h"
 #include "examples/mlp.h"
+#include "examples/mlp_engine.h"
 #include "zero/engine.h"
 
 namespace {
@@ -62,13 +63,7 @@ int run(int argc, char** argv) {
                                     .data = {p.values.data(), p.values.size()}, .unit = static_cast<int>(i / 2)}));
   }
   engine.finalize();
-  std::optional<UnitScope> scope;
-  examples::Mlp::Access access;
-  access.enter = [&](size_t l, bool backward) {
-    scope.emplace(backward ? engine.gather_for_backward(static_cast<int>(l)) : engine.gather(static_cast<int>(l)));
-  };
-  access.leave = [&](size_t, bool) { scope->close(); };
-  access.param = [&](size_t i) { return scope->param_as<float>(ids[i]); };
+  const examples::Mlp::Access access = examples::unit_scope_access(engine, ids);
 
   int start = 0;
   if (!resume.empty()) {
