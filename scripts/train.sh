@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The main job: trains the example MLP on 2 local ranks with the sharded engine and prints the loss
-# per step and every rank's memory report. Installs what is missing first. Extra arguments go to the
-# training program (e.g. --stage 1 --steps 50 --deterministic); NPROC overrides the rank count.
+# The main job: trains the GPT example (byte-level, on the licence texts of /usr/share/common-licenses)
+# on 2 local ranks at stage 3 and prints per step the loss, the learning rate, tokens/s, the step time
+# and its split, and memory; the validation loss; every rank's memory report; and a sample. Installs
+# what is missing first. Extra arguments go to the training program (e.g. --stage 2 --steps 1000
+# --deterministic); NPROC overrides the rank count. The minimal MLP example:
+# bazel-bin/examples/train_mlp under the same launcher.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bazel build //comm/launch:zerorun //examples:train_mlp
-exec bazel-bin/comm/launch/zerorun --nproc-per-node "${NPROC:-2}" -- bazel-bin/examples/train_mlp "$@"
+bazel build -c opt //comm/launch:zerorun //examples/gpt:train_gpt
+exec bazel-bin/comm/launch/zerorun --nproc-per-node "${NPROC:-2}" -- bazel-bin/examples/gpt/train_gpt "$@"

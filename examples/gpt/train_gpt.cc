@@ -1,0 +1,195 @@
+// Trains the GPT-2-style example on byte-level text with the sharded engine, on as many ranks as the
+// launcher starts (the README's main job):
+//
+//   bazel-bin/comm/launch/zerorun --nproc-per-node 2 -- bazel-bin/examples/gpt/train_gpt [--stage 3]
+//
+// Each rank trains on its own slice of every global batch. Prints per step the loss, the learning
+// rate (warm-up then cosine), tokens/s, the step time with the engine's split (gather and reduce
+// waits, the update) and rank 0's memory; the validation loss every --val-every steps; every rank's
+// memory report; and a sample generated from the model (top-k with --top-k and --seed; --top-k 0:
+// greedy).
+// Checkpoints: --save DIR [--save-every K], --resume DIR (any world size and stage), --export FILE.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/check.h"
+#include "comm/launch/process_group.h"
+#include "examples/flags.h"
+#include "examples/gpt/gpt_engine.h"
+#include "examples/gpt/gpt_model.h"
+#include "examples/gpt/text_data.h"
+#include "memory/tracker.h"
+#include "optim/lr_schedule.h"
+#include "zero/engine.h"
+
+namespace {
+
+using namespace zero;
+using Clock = std::chrono::steady_clock;
+
+std::string printable(const std::vector<int>& tokens) {
+  std::string s;
+  for (int t : tokens) s += (t == '\n' || (t >= 32 && t < 127)) ? static_cast<char>(t) : '?';
+  return s;
+}
+
+int run(int argc, char** argv) {
+  examples::Flags flags(argc, argv);
+  const int stage = flags.get_int("stage", 3);
+  const int steps = flags.get_int("steps", 400);
+  const int batch = flags.get_int("batch", 16);  // sequences per global step
+  const int micro = flags.get_int("micro-steps", 1);
+  examples::GptConfig cfg;
+  cfg.vocab_size = 256;
+  cfg.block_size = flags.get_int("block-size", 64);
+  cfg.n_embd = flags.get_int("n-embd", 64);
+  cfg.n_head = flags.get_int("n-head", 4);
+  cfg.n_layer = flags.get_int("n-layer", 2);
+  const double lr = flags.get_double("lr", 3e-3);
+  const int warmup = flags.get_int("warmup", 20);
+  const double min_lr_ratio = flags.get_double("min-lr-ratio", 0.1);
+  const double clip = flags.get_double("max-grad-norm", 1.0);
+  const int val_every = flags.get_int("val-every", 50);
+  const int val_batches = flags.get_int("val-batches", 4);
+  const std::string corpus = flags.get("data", examples::default_corpus());
+  const int seed = flags.get_int("seed", 1);
+  const int sample_tokens = flags.get_int("sample-tokens", 160);
+  const int top_k = flags.get_int("top-k", 5);  // 0: greedy
+  const bool deterministic = flags.get_bool("deterministic", false);
+  const bool offload = flags.get_bool("offload", false);
+  const bool offload_params = flags.get_bool("offload-params", false);
+  const std::string save_dir = flags.get("save", "");
+  const int save_every = flags.get_int("save-every", 0);
+  const std::string resume_dir = flags.get("resume", "");
+  const std::string export_path = flags.get("export", "");
+  flags.check_all_used();
+
+  comm::ProcessGroup pg = comm::init_process_group();
+  comm::Communicator& comm = *pg.host;
+  const int rank = comm.rank(), world = comm.size();
+  if (batch % (world * micro) != 0) {
+    ZERO_THROW(InvalidArgument, "--batch {} is not a multiple of {} ranks x {} micro-steps", batch, world, micro);
+  }
+  const int local = batch / (world * micro);
+  const int T = cfg.block_size;
+  const examples::TextData data(corpus, T, 0.1, static_cast<uint64_t>(seed));
+  examples::Gpt model(cfg, static_cast<uint64_t>(seed));
+
+  EngineOptions opt;
+  opt.stage = stage;
+  opt.optimizer.kind = optim::OptimizerKind::kAdamW;
+  const optim::Hyper decayed{.lr = static_cast<float>(lr), .weight_decay = 0.1f, .beta1 = 0.9f, .beta2 = 0.95f};
+  optim::Hyper plain = decayed;
+  plain.weight_decay = 0.0f;
+  opt.optimizer.groups = {decayed, plain};
+  opt.max_grad_norm = static_cast<float>(clip);
+  opt.gradient_accumulation_steps = micro;
+  opt.deterministic = deterministic;
+  opt.offload.optimizer = offload || offload_params;
+  opt.offload.params = offload_params;
+  Engine engine(comm, opt);
+  const std::vector<int> ids = examples::register_gpt(engine, model);
+  engine.finalize();
+  examples::GptScopes scopes(engine, model, ids);
+  const examples::Gpt::Access access = scopes.access();
+  const optim::LrScheduleOptions schedule{"warmup_cosine", static_cast<float>(lr), warmup, steps,
+                                          static_cast<float>(lr * min_lr_ratio)};
+  if (rank == 0) {
+    std::printf("GPT %d layers, %d heads, n_embd %d, context %d (%zu parameters) on %d rank(s), stage %d%s%s\n"
+                "data: %s, %zu bytes for training, %zu held out; global batch %d x %d tokens\n",
+                cfg.n_layer, cfg.n_head, cfg.n_embd, T, model.num_params(), world, stage,
+                opt.offload.optimizer ? ", optimizer offloaded" : "", opt.offload.params ? " (and parameters)" : "",
+                data.source().c_str(), data.train_bytes(), data.val_bytes(), batch, T);
+  }
+
+  int first_step = 0;
+  if (!resume_dir.empty()) {
+    const LoadedCheckpoint c = engine.load(resume_dir);
+    first_step = static_cast<int>(c.state.step);
+    if (rank == 0) std::printf("resumed from %s at step %d (saved by %d rank(s) at stage %d)\n", resume_dir.c_str(),
+                               first_step, c.world_size, c.stage);
+  }
+  std::vector<int> x, y;
+  auto validation_loss = [&] {
+    double sum = 0;
+    for (int v = 0; v < val_batches; ++v) {
+      data.batch(v, rank * (batch / world), batch / world, true, &x, &y);
+      sum += model.forward(x, y, batch / world, T, access);
+    }
+    double mean = sum / val_batches;
+    comm.all_reduce(&mean, 1, DType::kFloat64, comm::ReduceOp::kAvg)->wait();
+    return mean;
+  };
+  for (int step = first_step; step < steps; ++step) {
+    const float step_lr = optim::lr_at(schedule, step);
+    for (int g = 0; g < 2; ++g) engine.param_group(g).lr = step_lr;
+    const auto t0 = Clock::now();
+    double loss_sum = 0;
+    for (int m = 0; m < micro; ++m) {
+      data.batch(step, (rank * micro + m) * local, local, false, &x, &y);
+      loss_sum += model.forward(x, y, local, T, access);
+      model.backward(engine.loss_scale(), access);
+      engine.finish_backward();
+    }
+    const StepResult r = engine.step();
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    double loss = loss_sum / micro;
+    comm.all_reduce(&loss, 1, DType::kFloat64, comm::ReduceOp::kAvg)->wait();
+    const StepTimings& tm = engine.step_timings();
+    if (rank == 0) {
+      std::printf("step %4d | loss %.4f | norm %.2f | lr %.2e | %7.0f tok/s | %6.1f ms (gather %.1f, reduce %.1f, "
+                  "update %.1f) | mem %s\n",
+                  step + 1, loss, r.grad_norm, step_lr, batch * T / dt, 1e3 * dt, 1e3 * tm.gather_wait_s, 1e3 * tm.reduce_wait_s,
+                  1e3 * tm.optimizer_s, memory::format_bytes(engine.device().tracker().current_total()).c_str());
+      std::fflush(stdout);
+    }
+    if (val_every > 0 && ((step + 1) % val_every == 0 || step + 1 == steps)) {
+      const double val = validation_loss();
+      if (rank == 0) std::printf("step %4d | validation loss %.4f\n", step + 1, val);
+    }
+    if (!save_dir.empty() && ((save_every > 0 && (step + 1) % save_every == 0) || step + 1 == steps)) {
+      engine.save_async(save_dir);  // the data is a function of the step, which the checkpoint keeps
+    }
+  }
+  engine.wait_for_save();
+  if (!export_path.empty()) engine.export_safetensors(export_path);
+  comm.barrier()->wait();
+  for (int r = 0; r < world; ++r) {
+    if (r == rank) {
+      std::printf("%s", engine.memory_report().table().c_str());
+      std::fflush(stdout);
+    }
+    comm.barrier()->wait();
+  }
+  // A sample: every rank runs the same forwards (at stage 3 they are collective), rank 0 prints.
+  if (sample_tokens > 0) {
+    std::vector<int> text = data.prompt("This program is free software", static_cast<size_t>(std::min(16, T)));
+    std::mt19937_64 rng(static_cast<uint64_t>(seed));
+    for (int i = 0; i < sample_tokens; ++i) {
+      std::vector<float> logits = model.next_logits(text, access);
+      int next = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      if (top_k > 0) {
+        std::vector<int> order(logits.size());
+        for (size_t v = 0; v < order.size(); ++v) order[v] = static_cast<int>(v);
+        std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
+                          [&](int a, int b) { return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)]; });
+        std::vector<double> w;
+        for (int k = 0; k < top_k; ++k) w.push_back(std::exp(logits[static_cast<size_t>(order[static_cast<size_t>(k)])]));
+        next = order[std::discrete_distribution<size_t>(w.begin(), w.end())(rng)];
+      }
+      text.push_back(next);
+    }
+    if (rank == 0) std::printf("sample (%s):\n%s\n", top_k > 0 ? "top-k" : "greedy", printable(text).c_str());
+  }
+  comm.barrier()->wait();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return zero::examples::run_program("train_gpt", run, argc, argv); }

@@ -1,0 +1,57 @@
+// The README's main job: the GPT example trains on 2 ranks (the loss falls, the validation loss is
+// printed, every rank's memory report and a sample follow), and in deterministic mode its loss curve
+// is the same at stages 0-3 and with the optimizer offloaded.
+#include <doctest/doctest.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "testing/launch.h"
+
+namespace zero {
+namespace {
+
+// "step N | loss X | ..." lines, cut after the loss (the rest holds times).
+std::vector<std::string> losses(const std::string& out) {
+  std::vector<std::string> lines;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t p = line.find("] step ");
+    const size_t l = line.find("| loss ");
+    if (p != std::string::npos && l != std::string::npos) lines.push_back(line.substr(p + 2, line.find(" | norm") - p - 2));
+  }
+  return lines;
+}
+
+double loss_of(const std::string& line) { return std::stod(line.substr(line.find("loss ") + 5)); }
+
+}  // namespace
+
+TEST_CASE("the GPT example learns, and its deterministic loss curve is the same at every stage") {
+  std::vector<std::string> first;
+  const std::vector<std::vector<std::string>> configs{{"--stage", "3"}, {"--stage", "0"}, {"--stage", "1"},
+                                                      {"--stage", "2"}, {"--stage", "3", "--offload-params"}};
+  for (const auto& config : configs) {
+    CAPTURE(config.back());
+    std::vector<std::string> args{"--steps", "40", "--deterministic", "--val-every", "20", "--sample-tokens", "20"};
+    args.insert(args.end(), config.begin(), config.end());
+    const auto r = testing::launch(2, "examples/gpt/train_gpt", args);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    const auto lines = losses(r.output);
+    REQUIRE(lines.size() == 40);
+    CHECK(loss_of(lines.back()) < loss_of(lines.front()) - 1.0);
+    CHECK(r.output.find("validation loss") != std::string::npos);
+    CHECK(r.output.find("rank 1 memory") != std::string::npos);
+    CHECK(r.output.find("sample (top-k):") != std::string::npos);
+    if (first.empty()) {
+      first = lines;
+    } else {
+      CHECK(lines == first);
+    }
+  }
+}
+
+}  // namespace zero
