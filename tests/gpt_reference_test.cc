@@ -18,7 +18,7 @@ TEST_CASE("GPT training follows PyTorch at stages 0-3") {
       const auto r = testing::launch(nproc, "tests/gpt_reference_worker", {"--file", file, "--stage", stage});
       INFO(r.output);
       CHECK(r.exit_code == 0);
-      CHECK(r.output.find("steps match PyTorch") != std::string::npos);
+      CHECK(r.output.find("check and 3 steps match PyTorch") != std::string::npos);
     }
   }
   const auto r = testing::launch(2, "tests/gpt_reference_worker", {"--file", file, "--stage", "3", "--offload"});

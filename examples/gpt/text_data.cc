@@ -1,6 +1,7 @@
 #include "examples/gpt/text_data.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -69,6 +70,16 @@ void TextData::batch(int64_t step, int first, int count, bool validation, std::v
       targets->push_back(text[at + static_cast<size_t>(t) + 1]);
     }
   }
+}
+
+double TextData::unigram_entropy() const {
+  std::vector<double> count(256, 0.0);
+  for (uint8_t b : train_) count[b] += 1;
+  double h = 0;
+  for (double c : count) {
+    if (c > 0) h -= c / static_cast<double>(train_.size()) * std::log(c / static_cast<double>(train_.size()));
+  }
+  return h;
 }
 
 std::vector<int> TextData::prompt(const std::string& marker, size_t n) const {

@@ -25,6 +25,9 @@ class TextData {
              std::vector<int>* targets) const;
 
   size_t train_bytes() const { return train_.size(); }
+  // The entropy of the training text's byte frequencies (nats per byte): the loss of the best model
+  // that ignores context, the line a language model must get well below.
+  double unigram_entropy() const;
   size_t val_bytes() const { return val_.size(); }
   const std::string& source() const { return source_; }
   // `n` bytes of the training text as tokens, from the first occurrence of `marker` (the start when

@@ -101,10 +101,11 @@ int run(int argc, char** argv) {
                                           static_cast<float>(lr * min_lr_ratio)};
   if (rank == 0) {
     std::printf("GPT %d layers, %d heads, n_embd %d, context %d (%zu parameters) on %d rank(s), stage %d%s%s\n"
-                "data: %s, %zu bytes for training, %zu held out; global batch %d x %d tokens\n",
+                "data: %s, %zu bytes for training, %zu held out (unigram entropy %.4f nats/byte); global batch %d x "
+                "%d tokens\n",
                 cfg.n_layer, cfg.n_head, cfg.n_embd, T, model.num_params(), world, stage,
                 opt.offload.optimizer ? ", optimizer offloaded" : "", opt.offload.params ? " (and parameters)" : "",
-                data.source().c_str(), data.train_bytes(), data.val_bytes(), batch, T);
+                data.source().c_str(), data.train_bytes(), data.val_bytes(), data.unigram_entropy(), batch, T);
   }
 
   int first_step = 0;
@@ -150,7 +151,9 @@ int run(int argc, char** argv) {
     }
     if (val_every > 0 && ((step + 1) % val_every == 0 || step + 1 == steps)) {
       const double val = validation_loss();
-      if (rank == 0) std::printf("step %4d | validation loss %.4f\n", step + 1, val);
+      if (rank == 0) {
+        std::printf("step %4d | validation loss %.4f (unigram entropy %.4f)\n", step + 1, val, data.unigram_entropy());
+      }
     }
     if (!save_dir.empty() && ((save_every > 0 && (step + 1) % save_every == 0) || step + 1 == steps)) {
       engine.save_async(save_dir);  // the data is a function of the step, which the checkpoint keeps
