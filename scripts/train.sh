@@ -8,5 +8,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bazel build -c opt //comm/launch:zerorun //examples/gpt:train_gpt
+bazel build -c opt --config=native //comm/launch:zerorun //examples/gpt:train_gpt
 exec bazel-bin/comm/launch/zerorun --nproc-per-node "${NPROC:-2}" -- bazel-bin/examples/gpt/train_gpt "$@"
