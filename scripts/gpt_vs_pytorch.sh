@@ -14,7 +14,7 @@ model=(--n-embd 384 --n-layer 6 --n-head 6 --block-size 128 --batch 8 --steps "$
        --sample-tokens 0 --warmup 1 --lr 3e-4)
 for stage in 0 1 2 3; do
   out=$(bazel-bin/comm/launch/zerorun --nproc-per-node 2 -- bazel-bin/examples/gpt/train_gpt --stage "$stage" "${model[@]}" 2>&1)
-  params=$(grep -o '([0-9]* parameters)' <<<"$out" | head -1 | tr -d '()')
+  params=$(grep -o '([0-9]* [a-z0-9]* parameters)' <<<"$out" | head -1 | tr -d '()')
   # Step times in ms, the first left out; the median.
   ms=$(grep -o '| *[0-9.]* ms' <<<"$out" | grep -o '[0-9.]*' | tail -n +2 | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
   awk -v s="$stage" -v p="$params" -v ms="$ms" 'BEGIN {printf "ours stage %s: %s, step %.1f ms, %.0f tokens/s\n", s, p, ms, 8 * 128 / (ms / 1000)}'

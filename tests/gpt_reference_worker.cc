@@ -102,9 +102,9 @@ int run(int argc, char** argv) {
   opt.offload.optimizer = offload;
   opt.layout = {.alignment = 4, .bucket_numel = 1024, .block = 16};
   Engine engine(comm, opt);
-  const std::vector<int> ids = examples::register_gpt(engine, model);
+  examples::GptScopes scopes(engine, model);
+  const std::vector<int>& ids = scopes.ids();
   engine.finalize();
-  examples::GptScopes scopes(engine, model, ids);
   const examples::Gpt::Access access = scopes.access();
 
   double worst_loss = 0, worst_param = 0;

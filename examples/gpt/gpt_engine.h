@@ -1,55 +1,93 @@
 #pragma once
-// The GPT's units in the engine's scopes: register_gpt() hands the model's parameters to the engine
-// (unit as the model numbers them, group 0 for the decayed ones, 1 for the rest); GptScopes turns the
-// model's enter/leave into gather / gather_for_backward scopes, and reads parameters and writes
-// gradients through the open scope of their unit (more than one is open while unit 0's backward
-// spans the others).
+// The GPT's units in the engine's scopes. GptScopes registers the model's parameters with the engine
+// (unit as the model numbers them, group 0 for the decayed ones, 1 for the rest), in fp32 or bf16,
+// and turns the model's enter/leave into gather / gather_for_backward scopes, reading parameters and
+// writing gradients through the open scope of their unit (more than one is open while unit 0's
+// backward spans the others).
+//
+// bf16: the engine holds bf16 parameters and gradients (and the fp32 master). The model computes in
+// fp32: entering a unit widens its parameters into fp32 copies, a backward scope collects the
+// gradients in fp32 and adds them, rounded to bf16, into the engine's buffers when it closes.
 #include <map>
 #include <optional>
 #include <vector>
 
+#include "base/dtype.h"
 #include "examples/gpt/gpt_model.h"
 #include "zero/engine.h"
 
 namespace zero::examples {
 
-inline std::vector<int> register_gpt(Engine& engine, Gpt& model) {
-  std::vector<int> ids;
-  for (Gpt::Param& p : model.params()) {
-    ids.push_back(engine.add_param({.name = p.name, .shape = p.shape, .dtype = DType::kFloat32,
-                                    .data = {p.values.data(), p.values.size()}, .unit = p.unit,
-                                    .group = p.decay ? 0 : 1}));
-  }
-  return ids;
-}
-
 class GptScopes {
  public:
-  // Keeps the engine and the model by reference.
-  GptScopes(Engine& engine, const Gpt& model, std::vector<int> ids)
-      : engine_(engine), model_(model), ids_(std::move(ids)) {}
+  // Registers `model`'s parameters (call before engine.finalize()). Keeps the engine and the model by
+  // reference. In bf16 the registered storage is this object's, rounded from the model's values.
+  GptScopes(Engine& engine, Gpt& model, DType dtype = DType::kFloat32) : engine_(engine), model_(model), dtype_(dtype) {
+    ZERO_CHECK(dtype == DType::kFloat32 || dtype == DType::kBFloat16, "the GPT runs in fp32 or bf16");
+    const size_t n = model.params().size();
+    bf16_.resize(dtype == DType::kBFloat16 ? n : 0);
+    wide_.resize(n);
+    wide_grad_.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      Gpt::Param& p = model.params()[i];
+      StorageRef data{p.values.data(), p.values.size()};
+      if (dtype == DType::kBFloat16) {
+        bf16_[i].resize(p.values.size());
+        for (size_t e = 0; e < p.values.size(); ++e) bf16_[i][e] = fp32_to_bf16_bits(p.values[e]);
+        data = {bf16_[i].data(), bf16_[i].size()};
+      }
+      ids_.push_back(engine.add_param({.name = p.name, .shape = p.shape, .dtype = dtype, .data = data, .unit = p.unit,
+                                       .group = p.decay ? 0 : 1}));
+    }
+  }
   GptScopes(const GptScopes&) = delete;
   GptScopes& operator=(const GptScopes&) = delete;
 
+  const std::vector<int>& ids() const { return ids_; }
+
   Gpt::Access access() {
     Gpt::Access a;
-    a.enter = [this](int unit, bool backward) {
-      open_[unit].emplace(backward ? engine_.gather_for_backward(unit) : engine_.gather(unit));
+    a.enter = [this](int unit, bool backward) { enter(unit, backward); };
+    a.leave = [this](int unit, bool backward) { leave(unit, backward); };
+    a.param = [this](size_t i) -> const float* {
+      return dtype_ == DType::kFloat32 ? scope_of(i).param_as<float>(ids_[i]) : wide_[i].data();
     };
-    a.leave = [this](int unit, bool) { open_.at(unit).reset(); };
-    a.param = [this](size_t i) { return scope_of(i).param_as<float>(ids_[i]); };
-    a.grad = [this](size_t i) { return scope_of(i).grad_as<float>(ids_[i]); };
+    a.grad = [this](size_t i) -> float* {
+      return dtype_ == DType::kFloat32 ? scope_of(i).grad_as<float>(ids_[i]) : wide_grad_[i].data();
+    };
     return a;
   }
 
  private:
-  UnitScope& scope_of(size_t i) {
-    std::optional<UnitScope>& s = open_.at(model_.params()[i].unit);
-    return *s;
+  void enter(int unit, bool backward) {
+    open_[unit].emplace(backward ? engine_.gather_for_backward(unit) : engine_.gather(unit));
+    if (dtype_ == DType::kFloat32) return;
+    for (size_t i = 0; i < ids_.size(); ++i) {
+      if (model_.params()[i].unit != unit) continue;
+      const auto* v = static_cast<const uint16_t*>(open_[unit]->param(ids_[i]));
+      wide_[i].resize(model_.params()[i].values.size());
+      for (size_t e = 0; e < wide_[i].size(); ++e) wide_[i][e] = bf16_bits_to_fp32(v[e]);
+      if (backward) wide_grad_[i].assign(wide_[i].size(), 0.0f);
+    }
   }
+  void leave(int unit, bool backward) {
+    if (dtype_ == DType::kBFloat16 && backward) {
+      for (size_t i = 0; i < ids_.size(); ++i) {
+        if (model_.params()[i].unit != unit) continue;
+        auto* g = static_cast<uint16_t*>(open_[unit]->grad(ids_[i]));
+        for (size_t e = 0; e < wide_grad_[i].size(); ++e) g[e] = fp32_to_bf16_bits(bf16_bits_to_fp32(g[e]) + wide_grad_[i][e]);
+      }
+    }
+    open_.at(unit).reset();
+  }
+  UnitScope& scope_of(size_t i) { return *open_.at(model_.params()[i].unit); }
+
   Engine& engine_;
-  const Gpt& model_;
+  Gpt& model_;
+  DType dtype_;
   std::vector<int> ids_;
+  std::vector<std::vector<uint16_t>> bf16_;                // bf16: the registered storage
+  std::vector<std::vector<float>> wide_, wide_grad_;       // bf16: fp32 views of the open units
   std::map<int, std::optional<UnitScope>> open_;
 };
 

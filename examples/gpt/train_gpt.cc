@@ -67,6 +67,7 @@ int run(int argc, char** argv) {
   const int save_every = flags.get_int("save-every", 0);
   const std::string resume_dir = flags.get("resume", "");
   const std::string export_path = flags.get("export", "");
+  const DType dtype = parse_dtype(flags.get("dtype", "fp32"));  // the parameters: fp32 or bf16
   flags.check_all_used();
 
   comm::ProcessGroup pg = comm::init_process_group();
@@ -90,20 +91,22 @@ int run(int argc, char** argv) {
   opt.max_grad_norm = static_cast<float>(clip);
   opt.gradient_accumulation_steps = micro;
   opt.deterministic = deterministic;
+  // A bf16 model keeps a bf16 gradient shard (2Ψ/N), and its reduced gradients are then the same
+  // bits at every stage.
+  opt.grad_accum_dtype = dtype;
   opt.offload.optimizer = offload || offload_params;
   opt.offload.params = offload_params;
   Engine engine(comm, opt);
-  const std::vector<int> ids = examples::register_gpt(engine, model);
+  examples::GptScopes scopes(engine, model, dtype);
   engine.finalize();
-  examples::GptScopes scopes(engine, model, ids);
   const examples::Gpt::Access access = scopes.access();
   const optim::LrScheduleOptions schedule{"warmup_cosine", static_cast<float>(lr), warmup, steps,
                                           static_cast<float>(lr * min_lr_ratio)};
   if (rank == 0) {
-    std::printf("GPT %d layers, %d heads, n_embd %d, context %d (%zu parameters) on %d rank(s), stage %d%s%s\n"
+    std::printf("GPT %d layers, %d heads, n_embd %d, context %d (%zu %s parameters) on %d rank(s), stage %d%s%s\n"
                 "data: %s, %zu bytes for training, %zu held out (unigram entropy %.4f nats/byte); global batch %d x "
                 "%d tokens\n",
-                cfg.n_layer, cfg.n_head, cfg.n_embd, T, model.num_params(), world, stage,
+                cfg.n_layer, cfg.n_head, cfg.n_embd, T, model.num_params(), dtype_name(dtype), world, stage,
                 opt.offload.optimizer ? ", optimizer offloaded" : "", opt.offload.params ? " (and parameters)" : "",
                 data.source().c_str(), data.train_bytes(), data.val_bytes(), data.unigram_entropy(), batch, T);
   }
