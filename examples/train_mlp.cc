@@ -13,6 +13,7 @@
 #include "base/check.h"
 #include "comm/launch/process_group.h"
 #include "examples/flags.h"
+#include "examples/run_flags.h"
 #include "examples/mlp.h"
 #include "examples/mlp_engine.h"
 #include "zero/engine.h"
@@ -34,14 +35,7 @@ int run(int argc, char** argv) {
   const double clip = flags.get_double("max-grad-norm", 1.0);
   const int bucket_kib = flags.get_int("bucket-kib", 256);
   const int seed = flags.get_int("seed", 1);
-  const bool offload = flags.get_bool("offload", false);
-  const bool offload_params = flags.get_bool("offload-params", false);
-  // Checkpoints: --save DIR every --save-every steps (and at the end), asynchronously; --resume DIR
-  // (from any world size and stage); --export FILE.safetensors at the end.
-  const std::string save_dir = flags.get("save", "");
-  const int save_every = flags.get_int("save-every", 0);
-  const std::string resume_dir = flags.get("resume", "");
-  const std::string export_path = flags.get("export", "");
+  const examples::RunFlags run_flags = examples::RunFlags::read(flags);
   flags.check_all_used();
 
   comm::ProcessGroup pg = comm::init_process_group();
@@ -64,8 +58,7 @@ int run(int argc, char** argv) {
   opt.max_grad_norm = static_cast<float>(clip);
   opt.gradient_accumulation_steps = micro;
   opt.deterministic = deterministic;
-  opt.offload.optimizer = offload || offload_params;
-  opt.offload.params = offload_params;
+  run_flags.apply(opt);
   opt.layout.bucket_numel = static_cast<size_t>(bucket_kib) * 1024 / sizeof(float);
   Engine engine(comm, opt);
 
@@ -86,15 +79,7 @@ int run(int argc, char** argv) {
                 deterministic ? ", deterministic" : "");
   }
 
-  int first_step = 0;
-  if (!resume_dir.empty()) {
-    const LoadedCheckpoint c = engine.load(resume_dir);
-    first_step = static_cast<int>(c.state.step);
-    if (rank == 0) {
-      std::printf("resumed from %s at step %d (saved by %d rank(s) at stage %d)\n", resume_dir.c_str(), first_step,
-                  c.world_size, c.stage);
-    }
-  }
+  const int first_step = run_flags.resume(engine);
   examples::Matrix x;
   std::vector<int> labels;
   for (int step = first_step; step < steps; ++step) {
@@ -117,16 +102,9 @@ int run(int argc, char** argv) {
     }
     // The data is a pure function of the step, so the step (which the checkpoint keeps) is all the
     // loop needs to resume; the blob records it anyway, as a loop with an RNG would.
-    if (!save_dir.empty() && ((save_every > 0 && (step + 1) % save_every == 0) || step + 1 == steps)) {
-      engine.save_async(save_dir, "data position: step " + std::to_string(step + 1));
-    }
+    run_flags.after_step(engine, step + 1, steps, "data position: step " + std::to_string(step + 1));
   }
-  engine.wait_for_save();
-  if (!save_dir.empty() && rank == 0) std::printf("checkpoint in %s\n", save_dir.c_str());
-  if (!export_path.empty()) {
-    engine.export_safetensors(export_path);
-    if (rank == 0) std::printf("weights exported to %s\n", export_path.c_str());
-  }
+  run_flags.finish(engine);
   comm.barrier()->wait();
   std::fflush(stdout);
   std::printf("%s", engine.memory_report().table().c_str());

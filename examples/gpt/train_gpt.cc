@@ -20,6 +20,7 @@
 #include "base/check.h"
 #include "comm/launch/process_group.h"
 #include "examples/flags.h"
+#include "examples/run_flags.h"
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_model.h"
 #include "examples/gpt/text_data.h"
@@ -61,12 +62,7 @@ int run(int argc, char** argv) {
   const int sample_tokens = flags.get_int("sample-tokens", 160);
   const int top_k = flags.get_int("top-k", 5);  // 0: greedy
   const bool deterministic = flags.get_bool("deterministic", false);
-  const bool offload = flags.get_bool("offload", false);
-  const bool offload_params = flags.get_bool("offload-params", false);
-  const std::string save_dir = flags.get("save", "");
-  const int save_every = flags.get_int("save-every", 0);
-  const std::string resume_dir = flags.get("resume", "");
-  const std::string export_path = flags.get("export", "");
+  const examples::RunFlags run_flags = examples::RunFlags::read(flags);
   const DType dtype = parse_dtype(flags.get("dtype", "fp32"));  // the parameters: fp32 or bf16
   flags.check_all_used();
 
@@ -94,8 +90,7 @@ int run(int argc, char** argv) {
   // A bf16 model keeps a bf16 gradient shard (2Ψ/N), and its reduced gradients are then the same
   // bits at every stage.
   opt.grad_accum_dtype = dtype;
-  opt.offload.optimizer = offload || offload_params;
-  opt.offload.params = offload_params;
+  run_flags.apply(opt);
   Engine engine(comm, opt);
   examples::GptScopes scopes(engine, model, dtype);
   engine.finalize();
@@ -111,13 +106,7 @@ int run(int argc, char** argv) {
                 data.source().c_str(), data.train_bytes(), data.val_bytes(), data.unigram_entropy(), batch, T);
   }
 
-  int first_step = 0;
-  if (!resume_dir.empty()) {
-    const LoadedCheckpoint c = engine.load(resume_dir);
-    first_step = static_cast<int>(c.state.step);
-    if (rank == 0) std::printf("resumed from %s at step %d (saved by %d rank(s) at stage %d)\n", resume_dir.c_str(),
-                               first_step, c.world_size, c.stage);
-  }
+  const int first_step = run_flags.resume(engine);
   std::vector<int> x, y;
   auto validation_loss = [&] {
     double sum = 0;
@@ -158,12 +147,9 @@ int run(int argc, char** argv) {
         std::printf("step %4d | validation loss %.4f (unigram entropy %.4f)\n", step + 1, val, data.unigram_entropy());
       }
     }
-    if (!save_dir.empty() && ((save_every > 0 && (step + 1) % save_every == 0) || step + 1 == steps)) {
-      engine.save_async(save_dir);  // the data is a function of the step, which the checkpoint keeps
-    }
+    run_flags.after_step(engine, step + 1, steps);  // the data is a function of the step, which it keeps
   }
-  engine.wait_for_save();
-  if (!export_path.empty()) engine.export_safetensors(export_path);
+  run_flags.finish(engine);
   comm.barrier()->wait();
   for (int r = 0; r < world; ++r) {
     if (r == rank) {
