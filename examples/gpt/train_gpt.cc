@@ -5,10 +5,9 @@
 //
 // Each rank trains on its own slice of every global batch. Prints per step the loss, the learning
 // rate (warm-up then cosine), tokens/s, the step time with the engine's split (gather and reduce
-// waits, the update) and rank 0's memory; the validation loss every --val-every steps; every rank's
-// memory report; and a sample generated from the model (top-k with --top-k and --seed; --top-k 0:
-// greedy).
-// Checkpoints: --save DIR [--save-every K], --resume DIR (any world size and stage), --export FILE.
+// waits, the update) and the memory of the largest rank; the validation loss every --val-every
+// steps; every rank's memory report; and a sample generated from the model (top-k with --top-k and
+// --seed; --top-k 0: greedy). Checkpoints and offload: examples/run_flags.h.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -133,12 +132,15 @@ int run(int argc, char** argv) {
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     double loss = loss_sum / micro;
     comm.all_reduce(&loss, 1, DType::kFloat64, comm::ReduceOp::kAvg)->wait();
+    // The largest rank's memory (the engine's tracker: shards, buffers, the gather window).
+    double mem = static_cast<double>(engine.device().tracker().current_total());
+    comm.all_reduce(&mem, 1, DType::kFloat64, comm::ReduceOp::kMax)->wait();
     const StepTimings& tm = engine.step_timings();
     if (rank == 0) {
       std::printf("step %4d | loss %.4f | norm %.2f | lr %.2e | %7.0f tok/s | %6.1f ms (gather %.1f, reduce %.1f, "
-                  "update %.1f) | mem %s\n",
+                  "update %.1f) | mem/rank %s\n",
                   step + 1, loss, r.grad_norm, step_lr, batch * T / dt, 1e3 * dt, 1e3 * tm.gather_wait_s, 1e3 * tm.reduce_wait_s,
-                  1e3 * tm.optimizer_s, memory::format_bytes(engine.device().tracker().current_total()).c_str());
+                  1e3 * tm.optimizer_s, memory::format_bytes(static_cast<uint64_t>(mem)).c_str());
       std::fflush(stdout);
     }
     if (val_every > 0 && ((step + 1) % val_every == 0 || step + 1 == steps)) {
