@@ -51,7 +51,7 @@ int run(int argc, char** argv) {
   cfg.n_head = flags.get_int("n-head", 4);
   cfg.n_layer = flags.get_int("n-layer", 2);
   const double lr = flags.get_double("lr", 3e-3);
-  const int warmup = flags.get_int("warmup", 20);
+  const int warmup = flags.get_int("warmup", std::min(20, steps / 10));  // the default fits short runs
   const double min_lr_ratio = flags.get_double("min-lr-ratio", 0.1);
   const double clip = flags.get_double("max-grad-norm", 1.0);
   const int val_every = flags.get_int("val-every", 50);
