@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
+#include <set>
 #include <thread>
 #include <nlohmann/json.hpp>
 
@@ -414,6 +416,18 @@ class PieceReader {
     verify(sp, buf.data());
     return cache_.emplace(key, std::move(buf)).first->second;
   }
+  // Reads the saved piece through a small buffer only to check its checksum (once per piece).
+  void verify_only(const SavedPiece& sp) {
+    if (!verified_.insert({sp.file, sp.offset}).second) return;
+    scratch_.resize(std::min<uint64_t>(sp.bytes, uint64_t{8} << 20));
+    uint32_t crc = 0;
+    for (uint64_t at = 0; at < sp.bytes; at += scratch_.size()) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(scratch_.size(), sp.bytes - at));
+      file(sp.file).read(scratch_.data(), n, sp.offset + at);
+      crc = crc32c(scratch_.data(), n, crc);
+    }
+    if (crc != sp.crc) fail(sp);
+  }
   // The saved piece straight into `out` (its whole length), checksum verified.
   void read_into(const SavedPiece& sp, void* out) {
     file(sp.file).read(out, sp.bytes, sp.offset);
@@ -423,11 +437,12 @@ class PieceReader {
 
  private:
   void verify(const SavedPiece& sp, const void* bytes) const {
-    if (crc32c(bytes, sp.bytes) != sp.crc) {
-      bad(m_.files[static_cast<size_t>(sp.file)],
-          fmt::format("checksum mismatch in piece {} [{}, {}) at byte {}: the file is damaged", sp.kind, sp.begin,
-                      sp.end, sp.offset));
-    }
+    if (crc32c(bytes, sp.bytes) != sp.crc) fail(sp);
+  }
+  [[noreturn]] void fail(const SavedPiece& sp) const {
+    bad(m_.files[static_cast<size_t>(sp.file)],
+        fmt::format("checksum mismatch in piece {} [{}, {}) at byte {}: the file is damaged", sp.kind, sp.begin, sp.end,
+                    sp.offset));
   }
   const FileReader& file(int r) {
     auto it = readers_.find(r);
@@ -437,10 +452,13 @@ class PieceReader {
   const Manifest& m_;
   std::map<int, std::unique_ptr<FileReader>> readers_;
   std::map<std::pair<int, uint64_t>, std::vector<char>> cache_;
+  std::set<std::pair<int, uint64_t>> verified_;
+  std::vector<char> scratch_;
 };
 
 // Fills out[0, end - begin) (elements of `dtype`) with elements [begin, end) of kind `kind` of tensor
-// `name`, from every saved piece that overlaps them.
+// `name`, from every saved piece that overlaps them (out == nullptr: only checks that they are all
+// there and intact).
 void gather_range(const Manifest& m, PieceReader& reader, const std::string& name, const std::string& kind,
                   size_t begin, size_t end, void* out, DType dtype, const std::string& path) {
   size_t covered = 0;
@@ -453,7 +471,9 @@ void gather_range(const Manifest& m, PieceReader& reader, const std::string& nam
         bad(path, fmt::format("piece {} of '{}' is {}, not {}", kind, name, dtype_name(sp.dtype), dtype_name(dtype)));
       }
       const size_t lo = std::max(begin, sp.begin), hi = std::min(end, sp.end);
-      if (lo == sp.begin && hi == sp.end) {
+      if (out == nullptr) {
+        reader.verify_only(sp);
+      } else if (lo == sp.begin && hi == sp.end) {
         reader.read_into(sp, static_cast<char*>(out) + (lo - begin) * es);  // the whole piece is wanted
       } else {
         const std::vector<char>& bytes = reader.bytes(sp);
@@ -562,44 +582,55 @@ void save_checkpoint(const CheckpointParts& p, const CheckpointState& state, con
 
 LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::string& dir) {
   LoadedCheckpoint out;
-  // Uninitialized on purpose: every element is written from the checkpoint (coverage is checked).
-  const size_t numel = p.ownership->numel();
-  std::unique_ptr<float[]> master(new float[numel]);
-  std::vector<std::unique_ptr<float[]>> states;
+  std::optional<Manifest> m;
   std::vector<std::string> names;
-  // Read and verify everything this rank needs before anything changes.
+  // Where the master and the state are, when the host can write them in place (fp32 state): then the
+  // first pass only checks and the second reads straight into them; otherwise the first pass reads
+  // into buffers, written into the engine once every rank agreed.
+  float* direct_master = p.applier->host_master();
+  const size_t numel = p.ownership->numel();
+  std::unique_ptr<float[]> master;  // uninitialized: every element is written (coverage is checked)
+  std::vector<std::unique_ptr<float[]>> states;
+  std::vector<float*> direct_states;
+  const std::string path = dir + "/manifest.json";
+  // Pass 1: read and verify everything this rank needs before anything changes.
   agree(p, "checkpoint load", attempt([&] {
-          const Manifest m = read_manifest(dir);
-          const std::string path = dir + "/manifest.json";
-          check_model(p, m, path);
+          m = read_manifest(dir);
+          check_model(p, *m, path);
           names = state_names(p);
-          const auto saved_states = field<std::vector<std::string>>(field<json>(m.doc, "optimizer", path), "states", path);
+          const auto saved_states = field<std::vector<std::string>>(field<json>(m->doc, "optimizer", path), "states", path);
           for (const std::string& s : names) {
             if (std::find(saved_states.begin(), saved_states.end(), s) == saved_states.end()) {
               bad(path, fmt::format("has no optimizer state '{}'", s));
             }
           }
-          for (size_t i = 0; i < names.size(); ++i) states.emplace_back(new float[numel]);
-          PieceReader reader(m);
+          if (!names.empty() && host_optimizer(p).state_dtype() != DType::kFloat32) direct_master = nullptr;
+          if (direct_master != nullptr) {
+            for (const std::string& s : names) direct_states.push_back(static_cast<float*>(host_optimizer(p).state_data(s)));
+          } else {
+            master.reset(new float[numel]);
+            for (size_t i = 0; i < names.size(); ++i) states.emplace_back(new float[numel]);
+          }
+          PieceReader reader(*m);
           for (const OwnedPiece& piece : p.ownership->pieces()) {
             const std::string& name = tensor_name(p, piece.tensor);
-            gather_range(m, reader, name, kMaster, piece.tensor_begin, piece.tensor_end, master.get() + piece.opt_offset,
-                         DType::kFloat32, path);
+            gather_range(*m, reader, name, kMaster, piece.tensor_begin, piece.tensor_end,
+                         master ? master.get() + piece.opt_offset : nullptr, DType::kFloat32, path);
             for (size_t s = 0; s < names.size(); ++s) {
-              gather_range(m, reader, name, state_kind(names[s]), piece.tensor_begin, piece.tensor_end,
-                           states[s].get() + piece.opt_offset, DType::kFloat32, path);
+              gather_range(*m, reader, name, state_kind(names[s]), piece.tensor_begin, piece.tensor_end,
+                           master ? states[s].get() + piece.opt_offset : nullptr, DType::kFloat32, path);
             }
             reader.clear();
           }
-          for (const SavedPiece& b : m.blobs) {
+          for (const SavedPiece& b : m->blobs) {
             const std::vector<char>& bytes = reader.bytes(b);
             if (out.user_blobs.size() <= static_cast<size_t>(b.file)) out.user_blobs.resize(static_cast<size_t>(b.file) + 1);
             out.user_blobs[static_cast<size_t>(b.file)].assign(bytes.begin(), bytes.end());
           }
-          out.world_size = field<int>(m.doc, "world_size", path);
-          out.stage = field<int>(m.doc, "stage", path);
-          out.state.step = field<int64_t>(m.doc, "step", path);
-          const json& sc = m.doc["loss_scaler"];
+          out.world_size = field<int>(m->doc, "world_size", path);
+          out.stage = field<int>(m->doc, "stage", path);
+          out.state.step = field<int64_t>(m->doc, "step", path);
+          const json& sc = m->doc["loss_scaler"];
           if (!sc.is_null()) {
             optim::LossScalerState st;
             st.scale = field<float>(sc, "scale", path);
@@ -609,15 +640,30 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::string& di
             st.steps = field<int64_t>(sc, "steps", path);
             out.state.scaler = st;
           }
-          if (!names.empty()) host_optimizer(p);  // refuse an optimizer whose state cannot be written, now
         }));
-  // Everything verified on every rank: apply.
-  for (const OwnedPiece& piece : p.ownership->pieces()) {
-    const size_t n = piece.tensor_end - piece.tensor_begin;
-    p.applier->write_master(piece.opt_offset, n, master.get() + piece.opt_offset);
-    for (size_t s = 0; s < names.size(); ++s) {
-      host_optimizer(p).write_state(names[s], tensor_name(p, piece.tensor), piece.tensor_begin, piece.tensor_end,
-                                    states[s].get() + piece.opt_offset);
+  // Pass 2, everything verified on every rank: into the engine.
+  if (direct_master != nullptr) {
+    // The same pieces again (now from the page cache, their checksums checked again) straight into
+    // place. Only a file changed between the passes can fail here, and it is reported.
+    PieceReader reader(*m);
+    for (const OwnedPiece& piece : p.ownership->pieces()) {
+      const std::string& name = tensor_name(p, piece.tensor);
+      gather_range(*m, reader, name, kMaster, piece.tensor_begin, piece.tensor_end, direct_master + piece.opt_offset,
+                   DType::kFloat32, path);
+      for (size_t s = 0; s < names.size(); ++s) {
+        gather_range(*m, reader, name, state_kind(names[s]), piece.tensor_begin, piece.tensor_end,
+                     direct_states[s] + piece.opt_offset, DType::kFloat32, path);
+      }
+      reader.clear();
+    }
+  } else {
+    for (const OwnedPiece& piece : p.ownership->pieces()) {
+      const size_t n = piece.tensor_end - piece.tensor_begin;
+      p.applier->write_master(piece.opt_offset, n, master.get() + piece.opt_offset);
+      for (size_t s = 0; s < names.size(); ++s) {
+        host_optimizer(p).write_state(names[s], tensor_name(p, piece.tensor), piece.tensor_begin, piece.tensor_end,
+                                      states[s].get() + piece.opt_offset);
+      }
     }
   }
   p.applier->publish_master(*p.writeback);

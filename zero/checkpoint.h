@@ -15,9 +15,10 @@
 // DIR.old until the swap is done, then is removed). A directory without manifest.json is never
 // loaded.
 //
-// Every rank validates what it reads (the manifest against the registration, sizes, checksums)
-// before anything in the engine changes, and the ranks agree on the outcome: a bad checkpoint fails on
-// every rank with an error naming the file and the problem, and leaves every engine as it was.
+// Every rank validates what it reads (the manifest against the registration, sizes, every piece's
+// checksum, in a first pass that writes nothing) before anything in the engine changes, and the
+// ranks agree on the outcome: a bad checkpoint fails on every rank with an error naming the file and
+// the problem, and leaves every engine as it was. A second pass then reads the pieces into place.
 #include <cstdint>
 #include <map>
 #include <memory>

@@ -63,6 +63,8 @@ FileReader::FileReader(std::string path) : path_(std::move(path)) {
     ZERO_THROW(IoError, "'{}': cannot stat: {}", path_, why());
   }
   size_ = static_cast<uint64_t>(st.st_size);
+  // Checkpoint pieces are read front to back: a larger read-ahead window.
+  ::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
 }
 
 FileReader::~FileReader() {

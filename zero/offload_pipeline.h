@@ -46,7 +46,7 @@ class OffloadPipeline final : public UpdateApplier {
   void apply(const GradReducer& grads, float grad_scale, ParamWriteback& writeback) override;
   ShardOptimizer& optimizer() override { return *optimizer_; }
   void read_master(size_t begin, size_t n, float* out) override;
-  const float* host_master() const override { return master_.as<float>(); }
+  float* host_master() override { return master_.as<float>(); }
   void write_master(size_t begin, size_t n, const float* in) override;
   void publish_master(ParamWriteback& writeback) override;
 

@@ -55,9 +55,7 @@ class DeviceApplier final : public UpdateApplier {
     device_.copy(out, master_.as<float>() + begin, n * sizeof(float), compute);
     device_.synchronize(compute, std::chrono::minutes(5));
   }
-  const float* host_master() const override {
-    return device_.kind() == memory::DeviceKind::kCuda ? nullptr : master_.as<float>();
-  }
+  float* host_master() override { return device_.kind() == memory::DeviceKind::kCuda ? nullptr : master_.as<float>(); }
   void write_master(size_t begin, size_t n, const float* in) override {
     memory::Stream& compute = device_.compute_stream();
     device_.copy(master_.as<float>() + begin, in, n * sizeof(float), compute);

@@ -45,8 +45,8 @@ class UpdateApplier {
   // Checkpoints: optimizer-space elements [begin, begin + n) of the fp32 master, to or from host
   // memory (synchronous).
   virtual void read_master(size_t begin, size_t n, float* out) = 0;
-  // The master itself when the host can read it (host memory), else nullptr.
-  virtual const float* host_master() const = 0;
+  // The master itself when the host can read and write it (host memory), else nullptr.
+  virtual float* host_master() = 0;
   virtual void write_master(size_t begin, size_t n, const float* in) = 0;
   // Every bucket's owned master rounded to the model dtype, through `writeback` (after a load: the
   // parameters then hold exactly what the last step wrote).
