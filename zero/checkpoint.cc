@@ -36,6 +36,7 @@ constexpr int kVersion = 1;
 constexpr const char* kMaster = "master";
 constexpr const char* kParams = "params";
 constexpr const char* kBlob = "user_blob";
+constexpr const char* kFrozen = "frozen";  // a frozen parameter, whole, in its own dtype
 
 std::string state_kind(const std::string& name) { return "state:" + name; }
 std::string rank_name(int r, const char* ext) { return fmt::format("rank-{:05d}.{}", r, ext); }
@@ -48,6 +49,30 @@ std::chrono::milliseconds timeout_of(const CheckpointParts& p) { return p.option
 
 const std::string& tensor_name(const CheckpointParts& p, size_t t) {
   return p.registry->param((*p.tensor_param)[t]).name;
+}
+
+std::vector<int> frozen_ids(const CheckpointParts& p) {
+  std::vector<int> ids;
+  for (size_t i = 0; i < p.registry->params().size(); ++i) {
+    if (!p.registry->params()[i].requires_grad) ids.push_back(static_cast<int>(i));
+  }
+  return ids;
+}
+
+// A frozen parameter's values (the user's storage, on the engine's device) copied to the host.
+std::vector<char> frozen_bytes(const CheckpointParts& p, int id) {
+  const ParamSpec& spec = p.registry->param(id);
+  std::vector<char> out(p.registry->numel(id) * dtype_size(spec.dtype));
+  memory::Stream& compute = p.device->compute_stream();
+  p.device->copy(out.data(), spec.data.ptr, out.size(), compute);
+  p.device->synchronize(compute, timeout_of(p));
+  return out;
+}
+
+void set_frozen(const CheckpointParts& p, int id, const std::vector<char>& bytes) {
+  memory::Stream& compute = p.device->compute_stream();
+  p.device->copy(p.registry->param(id).data.ptr, bytes.data(), bytes.size(), compute);
+  p.device->synchronize(compute, timeout_of(p));
 }
 
 // Replicas hold the same pieces: the first replica writes them. Replicated ownership (stage 0): every
@@ -174,6 +199,14 @@ void for_each_piece(const CheckpointParts& p, std::string_view blob, Sink&& sink
     }
     sink(PieceView{name, kParams, piece.tensor_begin, piece.tensor_end, p.model_dtype, w, n * dtype_size(p.model_dtype)});
   }
+  // Frozen parameters are whole on every rank: rank 0 writes them.
+  if (global_rank(p) == 0) {
+    for (int id : frozen_ids(p)) {
+      const ParamSpec& spec = p.registry->param(id);
+      const std::vector<char> bytes = frozen_bytes(p, id);
+      sink(PieceView{spec.name, kFrozen, 0, p.registry->numel(id), spec.dtype, bytes.data(), bytes.size()});
+    }
+  }
   static const std::string none;
   sink(PieceView{none, kBlob, 0, blob.size(), DType::kUInt8, blob.data(), blob.size()});
 }
@@ -206,11 +239,12 @@ class RankFiles {
   json pieces_ = json::array();
 };
 
+// Every registered parameter, in registration order (the export's order).
 json params_json(const CheckpointParts& p) {
   json params = json::array();
-  for (size_t t = 0; t < p.layout->tensors().size(); ++t) {
-    const ParamSpec& spec = p.registry->param((*p.tensor_param)[t]);
-    params.push_back({{"name", spec.name}, {"shape", spec.shape}, {"dtype", dtype_name(spec.dtype)}});
+  for (const ParamSpec& spec : p.registry->params()) {
+    params.push_back({{"name", spec.name}, {"shape", spec.shape}, {"dtype", dtype_name(spec.dtype)},
+                      {"trainable", spec.requires_grad}});
   }
   return params;
 }
@@ -370,8 +404,7 @@ Manifest read_manifest(const std::string& dir) {
 void check_model(const CheckpointParts& p, const Manifest& m, const std::string& path) {
   std::map<std::string, json> saved;
   for (const json& j : field<json>(m.doc, "params", path)) saved[field<std::string>(j, "name", path)] = j;
-  for (size_t t = 0; t < p.layout->tensors().size(); ++t) {
-    const ParamSpec& spec = p.registry->param((*p.tensor_param)[t]);
+  for (const ParamSpec& spec : p.registry->params()) {
     const auto it = saved.find(spec.name);
     if (it == saved.end()) bad(path, fmt::format("has no parameter '{}' (a checkpoint of another model?)", spec.name));
     const auto shape = field<std::vector<int64_t>>(it->second, "shape", path);
@@ -382,6 +415,10 @@ void check_model(const CheckpointParts& p, const Manifest& m, const std::string&
     if (field<std::string>(it->second, "dtype", path) != dtype_name(spec.dtype)) {
       bad(path, fmt::format("parameter '{}' was saved as {} but the engine registered {}", spec.name,
                             field<std::string>(it->second, "dtype", path), dtype_name(spec.dtype)));
+    }
+    if (field<bool>(it->second, "trainable", path) != spec.requires_grad) {
+      bad(path, fmt::format("parameter '{}' was saved {} but the engine registered it {}", spec.name,
+                            spec.requires_grad ? "frozen" : "trainable", spec.requires_grad ? "trainable" : "frozen"));
     }
     saved.erase(it);
   }
@@ -592,6 +629,7 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::string& di
   std::unique_ptr<float[]> master;  // uninitialized: every element is written (coverage is checked)
   std::vector<std::unique_ptr<float[]>> states;
   std::vector<float*> direct_states;
+  std::vector<std::vector<char>> frozen;  // by frozen_ids order
   const std::string path = dir + "/manifest.json";
   // Pass 1: read and verify everything this rank needs before anything changes.
   agree(p, "checkpoint load", attempt([&] {
@@ -621,6 +659,11 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::string& di
                            master ? states[s].get() + piece.opt_offset : nullptr, DType::kFloat32, path);
             }
             reader.clear();
+          }
+          for (int id : frozen_ids(p)) {
+            const ParamSpec& spec = p.registry->param(id);
+            std::vector<char>& bytes = frozen.emplace_back(p.registry->numel(id) * dtype_size(spec.dtype));
+            gather_range(*m, reader, spec.name, kFrozen, 0, p.registry->numel(id), bytes.data(), spec.dtype, path);
           }
           for (const SavedPiece& b : m->blobs) {
             const std::vector<char>& bytes = reader.bytes(b);
@@ -666,6 +709,8 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::string& di
       }
     }
   }
+  const std::vector<int> frozen_list = frozen_ids(p);
+  for (size_t i = 0; i < frozen_list.size(); ++i) set_frozen(p, frozen_list[i], frozen[i]);
   p.applier->publish_master(*p.writeback);
   return out;
 }
@@ -675,10 +720,10 @@ void export_safetensors(const CheckpointParts& p, const std::string& path, DType
     ZERO_THROW(InvalidArgument, "export_safetensors('{}'): dtype {} must be fp32 or the model dtype {}", path,
                dtype_name(dtype), dtype_name(p.model_dtype));
   }
+  // Every registered parameter, in registration order, frozen ones included.
   SafetensorsLayout layout;
   std::map<std::string, size_t> index;
-  for (size_t t = 0; t < p.layout->tensors().size(); ++t) {
-    const ParamSpec& spec = p.registry->param((*p.tensor_param)[t]);
+  for (const ParamSpec& spec : p.registry->params()) {
     index[spec.name] = layout.tensors.size();
     layout.tensors.push_back({spec.name, dtype, spec.shape});
   }
@@ -703,6 +748,15 @@ void export_safetensors(const CheckpointParts& p, const std::string& path, DType
           std::vector<float> master;
           std::vector<char> out;
           const size_t es = dtype_size(dtype);
+          auto write_at = [&](uint64_t at) {
+            size_t done = 0;
+            while (done < out.size()) {
+              const ssize_t w = ::pwrite(fd, out.data() + done, out.size() - done, static_cast<off_t>(at + done));
+              if (w < 0 && errno == EINTR) continue;
+              if (w < 0) ZERO_THROW(IoError, "'{}': write failed at byte {}: {}", tmp, at + done, std::strerror(errno));
+              done += static_cast<size_t>(w);
+            }
+          };
           for (const OwnedPiece& piece : p.ownership->pieces()) {
             if (!writes(p, piece)) continue;
             const size_t n = piece.tensor_end - piece.tensor_begin;
@@ -711,13 +765,16 @@ void export_safetensors(const CheckpointParts& p, const std::string& path, DType
             out.resize(n * es);
             memory::host_kernels::convert(master.data(), DType::kFloat32, out.data(), dtype, n);
             const SafetensorsTensor& t = layout.tensors[index.at(tensor_name(p, piece.tensor))];
-            const uint64_t at = layout.data_start + t.begin + piece.tensor_begin * es;
-            size_t done = 0;
-            while (done < out.size()) {
-              const ssize_t w = ::pwrite(fd, out.data() + done, out.size() - done, static_cast<off_t>(at + done));
-              if (w < 0 && errno == EINTR) continue;
-              if (w < 0) ZERO_THROW(IoError, "'{}': write failed at byte {}: {}", tmp, at + done, std::strerror(errno));
-              done += static_cast<size_t>(w);
+            write_at(layout.data_start + t.begin + piece.tensor_begin * es);
+          }
+          // Frozen parameters, whole on every rank: rank 0 writes them.
+          if (leader) {
+            for (int id : frozen_ids(p)) {
+              const ParamSpec& spec = p.registry->param(id);
+              const std::vector<char> bytes = frozen_bytes(p, id);
+              out.resize(p.registry->numel(id) * es);
+              memory::host_kernels::convert(bytes.data(), spec.dtype, out.data(), dtype, p.registry->numel(id));
+              write_at(layout.data_start + layout.tensors[index.at(spec.name)].begin);
             }
           }
           if (::fsync(fd) != 0) ZERO_THROW(IoError, "'{}': fsync failed: {}", tmp, std::strerror(errno));
@@ -730,6 +787,7 @@ void export_safetensors(const CheckpointParts& p, const std::string& path, DType
 void import_safetensors(const CheckpointParts& p, const std::string& path,
                         const std::map<std::string, std::string>& name_map) {
   std::vector<float> master(p.ownership->numel());
+  std::vector<std::vector<char>> frozen;  // by frozen_ids order
   agree(p, "safetensors import", attempt([&] {
           const SafetensorsLayout layout = read_safetensors_header(path);
           std::map<std::string, const SafetensorsTensor*> by_name;
@@ -743,8 +801,8 @@ void import_safetensors(const CheckpointParts& p, const std::string& path,
           }
           const FileReader file(path);
           std::vector<char> raw;
-          for (const OwnedPiece& piece : p.ownership->pieces()) {
-            const ParamSpec& spec = p.registry->param((*p.tensor_param)[piece.tensor]);
+          // The file's tensor for a parameter, checked against it.
+          auto find_tensor = [&](const ParamSpec& spec) -> const SafetensorsTensor& {
             const auto mapped = name_map.find(spec.name);
             const std::string& name = mapped == name_map.end() ? spec.name : mapped->second;
             const auto it = by_name.find(name);
@@ -760,15 +818,32 @@ void import_safetensors(const CheckpointParts& p, const std::string& path,
               ZERO_THROW(InvalidArgument, "import '{}': tensor '{}' is {}, not a float type", path, name,
                          dtype_name(t.dtype));
             }
+            return t;
+          };
+          for (const OwnedPiece& piece : p.ownership->pieces()) {
+            const ParamSpec& spec = p.registry->param((*p.tensor_param)[piece.tensor]);
+            const SafetensorsTensor& t = find_tensor(spec);
             const size_t es = dtype_size(t.dtype), n = piece.tensor_end - piece.tensor_begin;
             raw.resize(n * es);
             file.read(raw.data(), raw.size(), layout.data_start + t.begin + piece.tensor_begin * es);
             memory::host_kernels::convert(raw.data(), t.dtype, master.data() + piece.opt_offset, DType::kFloat32, n);
           }
+          // Frozen parameters, whole on every rank, in their own dtype.
+          for (int id : frozen_ids(p)) {
+            const ParamSpec& spec = p.registry->param(id);
+            const SafetensorsTensor& t = find_tensor(spec);
+            const size_t n = p.registry->numel(id);
+            raw.resize(n * dtype_size(t.dtype));
+            file.read(raw.data(), raw.size(), layout.data_start + t.begin);
+            std::vector<char>& bytes = frozen.emplace_back(n * dtype_size(spec.dtype));
+            memory::host_kernels::convert(raw.data(), t.dtype, bytes.data(), spec.dtype, n);
+          }
         }));
   for (const OwnedPiece& piece : p.ownership->pieces()) {
     p.applier->write_master(piece.opt_offset, piece.tensor_end - piece.tensor_begin, master.data() + piece.opt_offset);
   }
+  const std::vector<int> frozen_list = frozen_ids(p);
+  for (size_t i = 0; i < frozen_list.size(); ++i) set_frozen(p, frozen_list[i], frozen[i]);
   p.applier->publish_master(*p.writeback);
 }
 
@@ -785,7 +860,7 @@ CheckpointInfo inspect_checkpoint(const std::string& dir) {
   info.states = field<std::vector<std::string>>(opt, "states", path);
   for (const json& j : field<json>(m.doc, "params", path)) {
     info.params.push_back({field<std::string>(j, "name", path), field<std::vector<int64_t>>(j, "shape", path),
-                           parse_dtype(field<std::string>(j, "dtype", path))});
+                           parse_dtype(field<std::string>(j, "dtype", path)), field<bool>(j, "trainable", path)});
   }
   for (size_t r = 0; r < m.files.size(); ++r) {
     info.files.push_back({m.files[r], field<uint64_t>(m.doc["files"][r], "bytes", path)});
@@ -829,6 +904,8 @@ void export_checkpoint(const std::string& dir, const std::string& out, DType dty
   }
   SafetensorsLayout layout;
   for (const CheckpointInfo::Param& p : info.params) layout.tensors.push_back({p.name, dtype, p.shape});
+  std::map<std::string, const CheckpointInfo::Param*> params;
+  for (const CheckpointInfo::Param& p : info.params) params[p.name] = &p;
   const std::string header = safetensors_header(layout);
   FileWriter f(out);
   f.write(header.data(), header.size());
@@ -838,7 +915,15 @@ void export_checkpoint(const std::string& dir, const std::string& out, DType dty
   for (const SafetensorsTensor& t : layout.tensors) {
     const size_t n = static_cast<size_t>((t.end - t.begin) / dtype_size(dtype));
     tensor.resize(t.end - t.begin);
-    gather_range(m, reader, t.name, from_params ? kParams : kMaster, 0, n, tensor.data(), dtype, path);
+    const CheckpointInfo::Param& param = *params.at(t.name);
+    if (param.trainable) {
+      gather_range(m, reader, t.name, from_params ? kParams : kMaster, 0, n, tensor.data(), dtype, path);
+    } else {
+      // Frozen: saved whole in its own dtype.
+      std::vector<char> saved(n * dtype_size(param.dtype));
+      gather_range(m, reader, t.name, kFrozen, 0, n, saved.data(), param.dtype, path);
+      memory::host_kernels::convert(saved.data(), param.dtype, tensor.data(), dtype, n);
+    }
     reader.clear();
     f.write(tensor.data(), tensor.size());
   }

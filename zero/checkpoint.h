@@ -2,8 +2,8 @@
 // Checkpointer: save and load of the rank's (parameter, element range) pieces, at any world size and
 // stage; export of the full weights as safetensors. The format ("Checkpoint format" in DESIGN.md,
 // docs/checkpoints.md): a directory with, per writing rank, a data file rank-NNNNN.bin (the pieces
-// back to back: fp32 master, each optimizer state in fp32, the parameters in the model dtype, and
-// the rank's user blob) and an index rank-NNNNN.json (each piece's tensor name, kind, element range,
+// back to back: fp32 master, each optimizer state in fp32, the parameters in the model dtype, the
+// rank's user blob, and on rank 0 the frozen parameters whole) and an index rank-NNNNN.json (each piece's tensor name, kind, element range,
 // offset, bytes and CRC-32C; the file's size and CRC-32C), and manifest.json, written last (format,
 // step, world size, stage, model dtype, optimizer, loss scaler, the parameters' names, shapes and
 // dtypes, the options fingerprint, every rank file with its size and checksum). No flat offsets and
@@ -103,6 +103,7 @@ struct CheckpointInfo {
     std::string name;
     std::vector<int64_t> shape;
     DType dtype = DType::kFloat32;
+    bool trainable = true;  // frozen parameters are saved whole, in their own dtype
   };
   struct File {
     std::string path;

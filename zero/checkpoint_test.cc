@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -12,9 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "base/dtype.h"
 #include "base/error.h"
 #include "testing/thread_ranks.h"
 #include "zero/engine.h"
+#include "zero/safetensors.h"
 
 namespace zero {
 namespace {
@@ -190,6 +193,54 @@ TEST_CASE("import from safetensors, with a name map, at another stage and world 
     CHECK_THROWS_WITH_AS(e.import_safetensors(file), doctest::Contains("no tensor 'renamed0'"), IoError);
     c.barrier()->wait();
   });
+}
+
+TEST_CASE("frozen parameters are saved, loaded, exported and imported whole") {
+  const std::string dir = tmp("threads_ckpt_frozen");
+  const std::string file = tmp("frozen.safetensors");
+  testing::run_thread_ranks(2, [&](comm::Communicator& c) {
+    auto make = [&](std::vector<float>& w, std::vector<uint16_t>& frozen) {
+      EngineOptions opt;
+      opt.stage = 2;
+      opt.layout = {.alignment = 4, .bucket_numel = 32, .block = 16};
+      auto e = std::make_unique<Engine>(c, opt);
+      e->add_param({.name = "w", .shape = {40}, .dtype = DType::kFloat32, .data = {w.data(), w.size()}});
+      e->add_param({.name = "embedding", .shape = {3, 5}, .dtype = DType::kBFloat16,
+                    .data = {frozen.data(), frozen.size()}, .unit = 1, .requires_grad = false});
+      e->finalize();
+      return e;
+    };
+    std::vector<float> w(40, 0.5f);
+    std::vector<uint16_t> frozen(15);
+    for (size_t i = 0; i < frozen.size(); ++i) frozen[i] = fp32_to_bf16_bits(0.25f * static_cast<float>(i));
+    {
+      auto e = make(w, frozen);
+      e->save(dir);
+      e->export_safetensors(file);
+    }
+    // A fresh engine whose frozen storage holds something else: load restores it on every rank.
+    std::vector<float> w2(40, 9.0f);
+    std::vector<uint16_t> other(15, fp32_to_bf16_bits(-1.0f));
+    auto f = make(w2, other);
+    f->load(dir);
+    CHECK(other == frozen);
+    std::fill(other.begin(), other.end(), fp32_to_bf16_bits(-1.0f));
+    f->import_safetensors(file);
+    CHECK(other == frozen);
+    c.barrier()->wait();
+  });
+  // The export holds both tensors, the frozen one widened to fp32.
+  const SafetensorsLayout layout = read_safetensors_header(file);
+  REQUIRE(layout.tensors.size() == 2);
+  CHECK(layout.tensors[1].name == "embedding");
+  CHECK(layout.tensors[1].end - layout.tensors[1].begin == 15 * 4);
+  const std::string bytes = slurp(file);
+  float v = 0;
+  std::memcpy(&v, bytes.data() + layout.data_start + layout.tensors[1].begin + 4 * 4, 4);
+  CHECK(v == 1.0f);
+  // The offline export has the same bits.
+  export_checkpoint(dir, file + ".offline", DType::kFloat32);
+  CHECK(slurp(file + ".offline") == bytes);
 }
 
 }  // namespace zero
