@@ -1,15 +1,10 @@
 #include "zero/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "base/check.h"
+#include "zero/file_io.h"
 
 namespace zero {
 namespace {
@@ -67,27 +62,11 @@ std::string safetensors_header(SafetensorsLayout& layout) {
 }
 
 SafetensorsLayout read_safetensors_header(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) ZERO_THROW(IoError, "safetensors '{}': cannot open: {}", path, std::strerror(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) ZERO_THROW(IoError, "safetensors '{}': cannot stat: {}", path, std::strerror(errno));
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  auto read_at = [&](void* buf, uint64_t bytes, uint64_t at) {
-    uint64_t done = 0;
-    while (done < bytes) {
-      const ssize_t r = ::pread(fd, static_cast<char*>(buf) + done, bytes - done, static_cast<off_t>(at + done));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) ZERO_THROW(IoError, "safetensors '{}': read failed at byte {}", path, at + done);
-      done += static_cast<uint64_t>(r);
-    }
-  };
+  const FileReader file(path);  // IoError naming the file when it cannot be opened
+  const uint64_t size = file.size();
   if (size < 8) ZERO_THROW(InvalidArgument, "safetensors '{}': {} bytes, too short for the header length", path, size);
   uint8_t len_bytes[8];
-  read_at(len_bytes, 8, 0);
+  file.read(len_bytes, 8, 0);
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
   if (n < 2 || n > kMaxHeaderBytes || n > size - 8) {
@@ -95,7 +74,7 @@ SafetensorsLayout read_safetensors_header(const std::string& path) {
                n, size, kMaxHeaderBytes);
   }
   std::string text(n, '\0');
-  read_at(text.data(), n, 8);
+  file.read(text.data(), n, 8);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
