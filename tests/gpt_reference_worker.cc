@@ -18,6 +18,7 @@
 #include "examples/flags.h"
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_model.h"
+#include "examples/gpt/gpt_reference.h"
 #include "zero/engine.h"
 
 namespace {
@@ -43,9 +44,7 @@ int run(int argc, char** argv) {
   if (ref_world % world != 0) ZERO_THROW(InvalidArgument, "reference world size {} is not a multiple of {}", ref_world, world);
   const int micro = ref_world / world;
 
-  const json& c = ref["config"];
-  examples::Gpt model({c["vocab_size"], c["block_size"], c["n_embd"], c["n_head"], c["n_layer"]}, 1);
-  for (auto& p : model.params()) p.values = ref["initial_params"][p.name].get<std::vector<float>>();
+  examples::Gpt model = examples::reference_model(ref);
   // The reference's groups: decayed tensors first.
   for (const json& g : train["param_groups"]) {
     const bool decay = g["weight_decay"].get<float>() > 0;
@@ -58,30 +57,12 @@ int run(int argc, char** argv) {
   // "check": the model alone, gradients into plain buffers.
   {
     examples::Gpt alone = model;
-    const auto rows = ref["check"]["tokens"].get<std::vector<std::vector<int>>>();
-    std::vector<int> tokens, targets;
-    for (const auto& row : rows) {
-      tokens.insert(tokens.end(), row.begin(), row.end() - 1);
-      targets.insert(targets.end(), row.begin() + 1, row.end());
-    }
-    std::vector<std::vector<float>> grads;
-    for (const auto& p : alone.params()) grads.emplace_back(p.values.size(), 0.0f);
-    examples::Gpt::Access plain;
-    plain.grad = [&](size_t i) { return grads[i].data(); };
-    const double loss = alone.forward(tokens, targets, static_cast<int>(rows.size()),
-                                      static_cast<int>(rows[0].size()) - 1, plain);
-    alone.backward(1.0f, plain);
-    const double want = ref["check"]["loss"].get<double>();
-    ZERO_CHECK(std::fabs(loss - want) <= 1e-6 * std::fabs(want), "check: loss {} but PyTorch {}", loss, want);
-    for (size_t i = 0; i < grads.size(); ++i) {
-      const std::string& name = alone.params()[i].name;
-      const auto g = ref["check"]["grads"][name].get<std::vector<float>>();
-      double largest = 0, diff = 0;
-      for (size_t e = 0; e < g.size(); ++e) {
-        largest = std::max(largest, std::fabs(static_cast<double>(g[e])));
-        diff = std::max(diff, std::fabs(static_cast<double>(g[e]) - grads[i][e]));
-      }
-      ZERO_CHECK(diff <= 1e-5 * largest, "check: gradient of {} differs by {} (largest {})", name, diff, largest);
+    const examples::CheckResult r = examples::run_check(ref, alone);
+    ZERO_CHECK(std::fabs(r.loss - r.want_loss) <= 1e-6 * std::fabs(r.want_loss), "check: loss {} but PyTorch {}",
+               r.loss, r.want_loss);
+    for (const examples::CheckResult::Grad& g : r.grads) {
+      ZERO_CHECK(g.worst <= 1e-5 * g.largest, "check: gradient of {} differs by {} (largest {})", g.name, g.worst,
+                 g.largest);
     }
   }
 
@@ -112,14 +93,8 @@ int run(int argc, char** argv) {
   for (int s = 0; s < steps; ++s) {
     for (int m = 0; m < micro; ++m) {
       const int r = rank * micro + m;
-      const auto rows = train["tokens_per_step_per_rank"][s][r].get<std::vector<std::vector<int>>>();
-      std::vector<int> tokens, targets;
-      for (const auto& row : rows) {
-        tokens.insert(tokens.end(), row.begin(), row.end() - 1);
-        targets.insert(targets.end(), row.begin() + 1, row.end());
-      }
-      const float loss = model.forward(tokens, targets, static_cast<int>(rows.size()),
-                                       static_cast<int>(rows[0].size()) - 1, access);
+      const examples::TokenBatch batch = examples::split_rows(train["tokens_per_step_per_rank"][s][r]);
+      const float loss = model.forward(batch.inputs, batch.targets, batch.B, batch.T, access);
       const double want = train["loss_per_step_per_rank"][s][r].get<double>();
       worst_loss = std::max(worst_loss, std::fabs(loss - want) / std::fabs(want));
       model.backward(1.0f, access);
