@@ -105,9 +105,9 @@ MemoryReport build_memory_report(const EngineMemory& em) {
   rep.numel = in.numel;
   rep.formula = pred.formula;
   auto row = [&](const memory::MemoryTracker& t, Category c, const std::string& name, uint64_t predicted,
-                 bool in_formula) {
+                 bool in_formula, bool host_tier = false) {
     const auto u = t.usage(c);
-    rep.rows.push_back({name, u.current, u.peak, predicted, in_formula});
+    rep.rows.push_back({name, u.current, u.peak, predicted, in_formula, host_tier});
   };
   const memory::MemoryTracker& t = *em.tracker;
   if (in.stage == 3) {
@@ -126,16 +126,10 @@ MemoryReport build_memory_report(const EngineMemory& em) {
   row(t, Category::kGatherWindow, "gather_window", 0, false);
   if (em.offload_tracker != nullptr) {
     const memory::MemoryTracker& h = *em.offload_tracker;
-    if (in.offload_params) {
-      row(h, Category::kParams, "offload params", pred.offload_params, true);
-      rep.rows.back().host_tier = true;
-    }
-    row(h, Category::kMasterParams, "offload master", pred.offload_master, true);
-    rep.rows.back().host_tier = true;
-    row(h, Category::kOptimizerState, "offload state", pred.offload_state, true);
-    rep.rows.back().host_tier = true;
-    row(h, Category::kOffloadHost, "offload staging", 0, false);
-    rep.rows.back().host_tier = true;
+    if (in.offload_params) row(h, Category::kParams, "offload params", pred.offload_params, true, true);
+    row(h, Category::kMasterParams, "offload master", pred.offload_master, true, true);
+    row(h, Category::kOptimizerState, "offload state", pred.offload_state, true, true);
+    row(h, Category::kOffloadHost, "offload staging", 0, false, true);
   }
   const memory::MemoryTracker& process = memory::MemoryTracker::global();
   if (&process != em.tracker) row(process, Category::kCommBuffer, "comm (process)", 0, false);
