@@ -246,8 +246,7 @@ void GradReducer::complete(size_t b) {
   const DType rd = config_.reduce_dtype;
   comm::Communicator& comm = shard_order_.comm();
   void* chunk = at(st.comm_buffer, rd, static_cast<size_t>(comm.rank()) * B.chunk);
-  double ignored = 0;
-  ScopedTimer waiting(config_.timings ? &config_.timings->reduce_wait_s : &ignored);
+  ScopedTimer waiting(config_.timings ? &config_.timings->reduce_wait_s : nullptr);
   if (config_.timings) config_.timings->reduced_bytes += B.padded * dtype_size(rd);
   shard_order_.after(*st.work, *stream_);
   if (config_.deterministic) {

@@ -8,15 +8,6 @@
 #include "zero/rank_agreement.h"
 
 namespace zero {
-namespace {
-
-std::string entry_name(const ShardLayout& layout, int64_t entry) {
-  return fmt::format("unit {} {}", layout.buckets()[static_cast<size_t>(entry / 2)].unit,
-                     entry % 2 ? "backward" : "forward");
-}
-
-}  // namespace
-
 ParamGatherer::ParamGatherer(const GathererConfig& config, const ShardLayout& layout,
                              const ShardOwnership& ownership, comm::Communicator& shard_comm,
                              memory::Device& device, const std::vector<const void*>& initial)
@@ -126,8 +117,7 @@ void ParamGatherer::issue(size_t b, bool backward, int s) {
 void ParamGatherer::finish(int s) {
   Slot& x = slots_[static_cast<size_t>(s)];
   if (!x.data_work) return;
-  double ignored = 0;
-  ScopedTimer waiting(config_.timings ? &config_.timings->gather_wait_s : &ignored);
+  ScopedTimer waiting(config_.timings ? &config_.timings->gather_wait_s : nullptr);
   try {
     order_.after(*x.data_work, device_.compute_stream());
   } catch (const Error& e) {
@@ -155,8 +145,8 @@ void* ParamGatherer::acquire(size_t b, bool backward) {
       on_demand_ = true;
       ZERO_LOG_INFO("stage 3: {} asked for at position {} of the step, where the recorded order has {}: the rest "
                     "of this step gathers on demand, and the new order is recorded",
-                    entry_name(layout_, entry), position_,
-                    position_ < recorded_.size() ? entry_name(layout_, recorded_[position_]) : "the end of the step");
+                    entry_label(entry), position_,
+                    position_ < recorded_.size() ? entry_label(recorded_[position_]) : "the end of the step");
     }
   }
   int s = find(b);
@@ -246,7 +236,7 @@ void ParamGatherer::after_step() {
   if (!same_order_everywhere()) {
     std::vector<AgreementEntry> entries;
     for (size_t i = 0; i < current_.size(); ++i) {
-      entries.push_back({fmt::format("position {}", i), entry_name(layout_, current_[i])});
+      entries.push_back({fmt::format("position {}", i), entry_label(current_[i])});
     }
     check_agreement(comm_, {.what = "stage 3 unit order", .verb = "has"}, entries, "", config_.timeout, &device_);
   }

@@ -92,6 +92,8 @@ class ParamGatherer {
   void issue(size_t b, bool backward, int slot);
   void finish(int slot);  // waits for the slot's gather; a failure names the unit
   std::string unit_label(size_t b, bool backward) const;  // "unit 3 forward"
+  // An entry of the recorded order (bucket * 2 + backward) as unit_label names it.
+  std::string entry_label(int64_t entry) const { return unit_label(static_cast<size_t>(entry / 2), entry % 2 != 0); }
   void prefetch_from(size_t position);
   bool same_order_everywhere();  // collective: every rank followed the same unit order this step
   size_t unit_bytes(size_t b) const;

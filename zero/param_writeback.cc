@@ -88,9 +88,8 @@ class GatherWriteback final : public ParamWriteback {
   };
   void drain(Slot& s) {
     if (!s.work) return;
-    double ignored = 0;
     {
-      ScopedTimer waiting(timings_ ? &timings_->writeback_wait_s : &ignored);
+      ScopedTimer waiting(timings_ ? &timings_->writeback_wait_s : nullptr);
       order_.after(*s.work, device_.compute_stream());
     }
     s.work.reset();

@@ -25,11 +25,14 @@ struct StepTimings {
   double exposed_comm_s() const { return gather_wait_s + reduce_wait_s; }
 };
 
-// Adds the time until it is destroyed to `*slot`.
+// Adds the time until it is destroyed to `*slot` (nullptr: to nothing, for parts whose timings
+// are optional).
 class ScopedTimer {
  public:
   explicit ScopedTimer(double* slot) : slot_(slot), t0_(std::chrono::steady_clock::now()) {}
-  ~ScopedTimer() { *slot_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
+  ~ScopedTimer() {
+    if (slot_ != nullptr) *slot_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
   ScopedTimer(const ScopedTimer&) = delete;
   ScopedTimer& operator=(const ScopedTimer&) = delete;
 
