@@ -114,15 +114,7 @@ std::string attempt(Fn&& fn) {
 
 std::vector<std::string> state_names(const CheckpointParts& p) { return p.applier->optimizer().state_names(); }
 
-optim::Optimizer& host_optimizer(const CheckpointParts& p) {
-  optim::Optimizer* o = p.applier->optimizer().host_optimizer();
-  if (o == nullptr) {
-    ZERO_THROW(InvalidArgument, "checkpoints of an optimizer on {} are not supported yet (the CPU optimizer, with or "
-                                "without offload, is)",
-               p.device ? p.device->name() : "this device");
-  }
-  return *o;
-}
+ShardOptimizer& shard_optimizer(const CheckpointParts& p) { return p.applier->optimizer(); }
 
 json scaler_json(const std::optional<optim::LossScalerState>& s) {
   if (!s) return nullptr;
@@ -165,8 +157,9 @@ template <typename Sink>
 void for_each_piece(const CheckpointParts& p, std::string_view blob, Sink&& sink) {
   const std::vector<std::string> states = state_names(p);
   const float* host_master = p.applier->host_master();
-  optim::Optimizer* opt = states.empty() ? nullptr : &host_optimizer(p);
-  const bool host_state = opt != nullptr && opt->state_dtype() == DType::kFloat32;
+  ShardOptimizer& opt = shard_optimizer(p);
+  std::vector<const float*> host_states;
+  for (const std::string& st : states) host_states.push_back(opt.host_state(st));
   std::vector<float> master, state;
   std::vector<char> params;
   for (const OwnedPiece& piece : p.ownership->pieces()) {
@@ -180,14 +173,14 @@ void for_each_piece(const CheckpointParts& p, std::string_view blob, Sink&& sink
       m = master.data();
     }
     sink(PieceView{name, kMaster, piece.tensor_begin, piece.tensor_end, DType::kFloat32, m, n * sizeof(float)});
-    for (const std::string& st : states) {
-      const float* v = host_state ? static_cast<const float*>(opt->state_data(st)) + piece.opt_offset : nullptr;
+    for (size_t s = 0; s < states.size(); ++s) {
+      const float* v = host_states[s] ? host_states[s] + piece.opt_offset : nullptr;
       if (v == nullptr) {
-        state.assign(n, 0.0f);
-        opt->read_state(st, name, piece.tensor_begin, piece.tensor_end, state.data());
+        state.resize(n);
+        opt.read_state(states[s], piece.opt_offset, n, state.data());
         v = state.data();
       }
-      const std::string kind = state_kind(st);
+      const std::string kind = state_kind(states[s]);
       sink(PieceView{name, kind.c_str(), piece.tensor_begin, piece.tensor_end, DType::kFloat32, v, n * sizeof(float)});
     }
     // The parameters are the master rounded to the model dtype (what every step writes).
@@ -642,10 +635,11 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::string& di
               bad(path, fmt::format("has no optimizer state '{}'", s));
             }
           }
-          if (!names.empty() && host_optimizer(p).state_dtype() != DType::kFloat32) direct_master = nullptr;
-          if (direct_master != nullptr) {
-            for (const std::string& s : names) direct_states.push_back(static_cast<float*>(host_optimizer(p).state_data(s)));
-          } else {
+          for (const std::string& s : names) {
+            direct_states.push_back(shard_optimizer(p).host_state(s));
+            if (direct_states.back() == nullptr) direct_master = nullptr;
+          }
+          if (direct_master == nullptr) {
             master.reset(new float[numel]);
             for (size_t i = 0; i < names.size(); ++i) states.emplace_back(new float[numel]);
           }
@@ -704,8 +698,7 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::string& di
       const size_t n = piece.tensor_end - piece.tensor_begin;
       p.applier->write_master(piece.opt_offset, n, master.get() + piece.opt_offset);
       for (size_t s = 0; s < names.size(); ++s) {
-        host_optimizer(p).write_state(names[s], tensor_name(p, piece.tensor), piece.tensor_begin, piece.tensor_end,
-                                      states[s].get() + piece.opt_offset);
+        shard_optimizer(p).write_state(names[s], piece.opt_offset, n, states[s].get() + piece.opt_offset);
       }
     }
   }

@@ -13,7 +13,7 @@ class CudaShardOptimizer final : public ShardOptimizer {
  public:
   CudaShardOptimizer(memory::Device& device, const optim::OptimizerOptions& options, size_t numel,
                      std::vector<optim::Segment> segments)
-      : device_(device),
+      : ShardOptimizer(device, numel),
         opt_(options, numel, std::move(segments),
              [this](size_t bytes, const std::string&) {
                state_.push_back(device_.allocate(bytes, memory::Category::kOptimizerState));
@@ -26,13 +26,14 @@ class CudaShardOptimizer final : public ShardOptimizer {
     opt_.step_range(in, begin, end, device_.native_handle(stream));
   }
   int64_t step_count() const override { return opt_.step_count(); }
+  void set_step_count(int64_t steps) override { opt_.set_step_count(steps); }
   optim::Hyper& group(int i) override { return opt_.group(i); }
   std::vector<std::string> state_names() const override { return opt_.state_names(); }
   DType state_dtype() const override { return opt_.state_dtype(); }
   optim::Optimizer* host_optimizer() override { return nullptr; }
 
  private:
-  memory::Device& device_;
+  void* state_data(const std::string& name) override { return opt_.state_data(name); }
   std::vector<memory::Buffer> state_;  // declared before opt_: the allocator fills it during construction
   optim::cuda::CudaOptimizer opt_;
 };

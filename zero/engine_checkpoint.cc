@@ -48,7 +48,7 @@ LoadedCheckpoint Engine::load(const std::string& dir) {
   LoadedCheckpoint c = load_checkpoint(checkpoint_parts(), dir);
   if (m.parts.gatherer) m.parts.gatherer->invalidate();
   m.steps_taken = c.state.step;
-  if (optim::Optimizer* o = m.parts.update->optimizer().host_optimizer()) o->set_step_count(c.state.step);
+  m.parts.update->optimizer().set_step_count(c.state.step);
   if (m.scaler && c.state.scaler) {
     m.scaler->set_state(*c.state.scaler);
   } else if (m.scaler || c.state.scaler) {

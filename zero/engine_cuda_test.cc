@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "base/error.h"
@@ -23,8 +25,18 @@ using Params = std::vector<std::vector<float>>;
 
 const std::vector<size_t> kSizes = {1000, 37, 5000, 3};
 
-// Trains on `device` with `comm`; parameters and gradients live in the device's memory.
-Params train(comm::Communicator& comm, memory::Device& device, int stage) {
+// What a run does besides training: a checkpoint loaded before its first step, one saved after a
+// given step.
+struct Checkpointing {
+  std::string load_from;
+  std::string save_to;
+  int save_after_step = -1;
+};
+
+// Trains steps [first_step, 4) on `device` with `comm`; parameters and gradients live in the
+// device's memory.
+Params train(comm::Communicator& comm, memory::Device& device, int stage, int first_step = 0,
+             const Checkpointing& ckpt = {}) {
   EngineOptions opt;
   opt.stage = stage;
   opt.optimizer.kind = optim::OptimizerKind::kAdamW;
@@ -47,8 +59,9 @@ Params train(comm::Communicator& comm, memory::Device& device, int stage) {
                                     .unit = static_cast<int>(i)}));
   }
   engine.finalize();
+  if (!ckpt.load_from.empty()) engine.load(ckpt.load_from);
   memory::Buffer staging = device.allocate(5000 * sizeof(float), memory::Category::kOther);
-  for (int step = 0; step < 4; ++step) {
+  for (int step = first_step; step < 4; ++step) {
     for (size_t i = kSizes.size(); i-- > 0;) {
       UnitScope scope = engine.gather_for_backward(static_cast<int>(i));
       std::vector<float> g(kSizes[i]);
@@ -58,6 +71,7 @@ Params train(comm::Communicator& comm, memory::Device& device, int stage) {
       device.synchronize(compute, 60s);  // `g` is pageable host memory that goes out of scope
     }
     engine.step();
+    if (step == ckpt.save_after_step) engine.save(ckpt.save_to);
   }
   Params out;
   for (size_t i = 0; i < kSizes.size(); ++i) {
@@ -87,6 +101,26 @@ TEST_CASE("the engine on CUDA + NCCL equals the engine on the host + Gloo, bit f
     CHECK(train(*nccl, *gpu, stage) == train(*gloo, *host, stage));
     // A host communicator with GPU memory is refused at construction.
     CHECK_THROWS_AS(Engine(EngineComms{gloo.get(), nullptr, gpu.get()}, EngineOptions{}), InvalidArgument);
+  }
+}
+
+TEST_CASE("a checkpoint of the GPU's state (master and the CUDA optimizer's) resumes bit for bit, on the GPU and the host") {
+  if (!memory::cuda_device_usable() || !comm::nccl_available()) {
+    std::printf("ZERO_TEST_SKIPPED: no GPU or no NCCL in this build\n");
+    return;
+  }
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/cuda_ckpt";
+  auto nccl = comm::make_nccl_communicator(std::make_shared<comm::MemoryStore>(), 0, 1, {.device = 0});
+  auto gloo = comm::make_gloo_communicator(std::make_shared<comm::MemoryStore>(), 0, 1);
+  for (int stage : {1, 2}) {
+    CAPTURE(stage);
+    memory::MemoryTracker gpu_tracker, host_tracker;
+    auto gpu = memory::make_cuda_device(0, gpu_tracker);
+    auto host = memory::make_host_device(host_tracker);
+    const Params whole = train(*nccl, *gpu, stage, 0, {.save_to = dir, .save_after_step = 1});
+    CHECK(train(*nccl, *gpu, stage, 2, {.load_from = dir}) == whole);
+    CHECK(train(*gloo, *host, stage, 2, {.load_from = dir}) == whole);
   }
 }
 

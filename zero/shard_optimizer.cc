@@ -1,8 +1,53 @@
 #include "zero/shard_optimizer.h"
 
+#include <chrono>
+
 #include "base/check.h"
+#include "memory/host_kernels.h"
 
 namespace zero {
+
+void* ShardOptimizer::checked_range(const std::string& name, size_t begin, size_t n, const char* what) {
+  if (begin > numel_ || n > numel_ - begin) {
+    ZERO_THROW(InvalidArgument, "{}('{}'): elements [{}, {}) are past the optimizer space's {}", what, name, begin,
+               begin + n, numel_);
+  }
+  return static_cast<char*>(state_data(name)) + begin * dtype_size(state_dtype());
+}
+
+void ShardOptimizer::read_state(const std::string& name, size_t begin, size_t n, float* out) {
+  const void* src = checked_range(name, begin, n, "read_state");
+  memory::Stream& compute = device_.compute_stream();
+  if (state_dtype() == DType::kFloat32) {
+    device_.copy(out, src, n * sizeof(float), compute);
+    device_.synchronize(compute, std::chrono::minutes(5));
+    return;
+  }
+  std::vector<char> narrow(n * dtype_size(state_dtype()));
+  device_.copy(narrow.data(), src, narrow.size(), compute);
+  device_.synchronize(compute, std::chrono::minutes(5));
+  memory::host_kernels::convert(narrow.data(), state_dtype(), out, DType::kFloat32, n);
+}
+
+void ShardOptimizer::write_state(const std::string& name, size_t begin, size_t n, const float* in) {
+  void* dst = checked_range(name, begin, n, "write_state");
+  memory::Stream& compute = device_.compute_stream();
+  if (state_dtype() == DType::kFloat32) {
+    device_.copy(dst, in, n * sizeof(float), compute);
+    device_.synchronize(compute, std::chrono::minutes(5));
+    return;
+  }
+  std::vector<char> narrow(n * dtype_size(state_dtype()));
+  memory::host_kernels::convert(in, DType::kFloat32, narrow.data(), state_dtype(), n);
+  device_.copy(dst, narrow.data(), narrow.size(), compute);
+  device_.synchronize(compute, std::chrono::minutes(5));  // `narrow` is read until here
+}
+
+float* ShardOptimizer::host_state(const std::string& name) {
+  if (device_.kind() == memory::DeviceKind::kCuda || state_dtype() != DType::kFloat32) return nullptr;
+  return static_cast<float*>(state_data(name));
+}
+
 namespace {
 
 // The options with the state's bytes accounted in the device's tracker.
@@ -17,7 +62,7 @@ class HostShardOptimizer final : public ShardOptimizer {
  public:
   HostShardOptimizer(memory::Device& device, optim::OptimizerOptions options, size_t numel,
                      std::vector<optim::Segment> segments)
-      : device_(device), opt_(accounted_in(device, std::move(options)), numel, std::move(segments)) {}
+      : ShardOptimizer(device, numel), opt_(accounted_in(device, std::move(options)), numel, std::move(segments)) {}
 
   void begin_step() override { opt_.begin_step(); }
   void step_range(const optim::StepInput& in, size_t begin, size_t end, memory::Stream& stream) override {
@@ -25,13 +70,14 @@ class HostShardOptimizer final : public ShardOptimizer {
     opt_.step_range(in, begin, end);
   }
   int64_t step_count() const override { return opt_.step_count(); }
+  void set_step_count(int64_t steps) override { opt_.set_step_count(steps); }
   optim::Hyper& group(int i) override { return opt_.group(i); }
   std::vector<std::string> state_names() const override { return opt_.state_names(); }
   DType state_dtype() const override { return opt_.state_dtype(); }
   optim::Optimizer* host_optimizer() override { return &opt_; }
 
  private:
-  memory::Device& device_;
+  void* state_data(const std::string& name) override { return opt_.state_data(name); }
   optim::Optimizer opt_;
 };
 

@@ -1,7 +1,10 @@
 #pragma once
 // The optimizer over the rank's optimizer space, on whichever device holds it: the CPU optimizer
 // (optim::Optimizer) for host memory, the CUDA multi-tensor optimizer for GPU memory. ShardedUpdate
-// drives it bucket by bucket and never asks which one it has.
+// drives it bucket by bucket and checkpoints read and write its state, and neither asks which one
+// it has.
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,11 +22,32 @@ class ShardOptimizer {
   // device's memory. Runs on `stream`.
   virtual void step_range(const optim::StepInput& in, size_t begin, size_t end, memory::Stream& stream) = 0;
   virtual int64_t step_count() const = 0;
+  virtual void set_step_count(int64_t steps) = 0;  // checkpoint load
   virtual optim::Hyper& group(int i) = 0;
   virtual std::vector<std::string> state_names() const = 0;
   virtual DType state_dtype() const = 0;
-  // The CPU optimizer, when that is what runs (state inspection, checkpoints); else nullptr.
+  // The CPU optimizer, when that is what runs (state inspection); else nullptr.
   virtual optim::Optimizer* host_optimizer() = 0;
+
+  // Checkpoint access to the state, by optimizer-space element: [begin, begin + n) of state `name`,
+  // in fp32 whatever state_dtype() is (bf16 state is widened on read and rounded to nearest even on
+  // write). Synchronous: the data has moved when the call returns, after the compute stream's work
+  // so far. Throws InvalidArgument for an unknown name or a range past the end.
+  void read_state(const std::string& name, size_t begin, size_t n, float* out);
+  void write_state(const std::string& name, size_t begin, size_t n, const float* in);
+  // The state array itself when it is fp32 in host memory (checkpoints then read and write it in
+  // place); else nullptr.
+  float* host_state(const std::string& name);
+
+ protected:
+  ShardOptimizer(memory::Device& device, size_t numel) : device_(device), numel_(numel) {}
+  // The array (numel elements of state_dtype()) in the device's memory; throws for an unknown name.
+  virtual void* state_data(const std::string& name) = 0;
+  memory::Device& device_;
+
+ private:
+  void* checked_range(const std::string& name, size_t begin, size_t n, const char* what);
+  size_t numel_;
 };
 
 // Optimizer state is allocated through `device` (category optimizer_state, in its tracker).
