@@ -137,19 +137,13 @@ struct PieceView {
   size_t n;
 };
 
-// A piece of a rank's snapshot, with its bytes.
-struct SnapshotPiece {
+// A piece of an async save's staging: its bytes are staging[offset, offset + n).
+struct StagedPiece {
   std::string name, kind;
   size_t begin = 0, end = 0;
   DType dtype = DType::kFloat32;
-  std::vector<char> bytes;
-  PieceView view() const { return {name, kind.c_str(), begin, end, dtype, bytes.data(), bytes.size()}; }
+  uint64_t offset = 0, n = 0;
 };
-
-SnapshotPiece own(const PieceView& v) {
-  const auto* c = static_cast<const char*>(v.bytes);
-  return {v.name, v.kind, v.begin, v.end, v.dtype, std::vector<char>(c, c + v.n)};
-}
 
 // Hands each of this rank's pieces to `sink`, straight from the engine's memory where the master and
 // the state are host memory in fp32, else through a copy.
@@ -204,21 +198,32 @@ void for_each_piece(const CheckpointParts& p, std::string_view blob, Sink&& sink
   sink(PieceView{none, kBlob, 0, blob.size(), DType::kUInt8, blob.data(), blob.size()});
 }
 
-// Rank `rank`'s data file and index in `dir`, piece by piece.
+// Rank `rank`'s data file and index in `dir`, piece by piece. Each piece's bytes are checksummed
+// once; the file's checksum is combined from the pieces'.
 class RankFiles {
  public:
-  RankFiles(int rank, std::string dir) : rank_(rank), dir_(std::move(dir)), data_(dir_ + "/" + rank_name(rank, "bin")) {}
+  RankFiles(int rank, std::string dir)
+      : rank_(rank), dir_(std::move(dir)), data_(dir_ + "/" + rank_name(rank, "bin"), FileWriter::Mode::kDirect) {}
+  // A piece from the engine's memory.
   void add(const PieceView& v) {
-    const uint64_t offset = data_.bytes();
+    index(v.name, v.kind, v.begin, v.end, v.dtype, data_.bytes(), v.n, crc32c(v.bytes, v.n));
     data_.write(v.bytes, v.n);
-    pieces_.push_back({{"name", v.name}, {"kind", v.kind}, {"begin", v.begin}, {"end", v.end},
-                       {"dtype", dtype_name(v.dtype)}, {"offset", offset}, {"bytes", v.n},
-                       {"crc32c", crc32c(v.bytes, v.n)}});
+  }
+  // Staged pieces, which are the staging's bytes in file order: then the staging is written whole.
+  void add_staged(const std::vector<StagedPiece>& pieces, const SaveStaging& staging) {
+    ZERO_CHECK(data_.bytes() == 0, "staged pieces start the file");
+    for (const StagedPiece& sp : pieces) {
+      uint32_t crc = 0;
+      staging.for_each_span(sp.offset, sp.n, [&](const char* bytes, size_t n) { crc = crc32c(bytes, n, crc); });
+      index(sp.name, sp.kind.c_str(), sp.begin, sp.end, sp.dtype, sp.offset, sp.n, crc);
+    }
+    staging.for_each_span(0, staging.size(), [&](const char* bytes, size_t n) { data_.write(bytes, n); });
   }
   void commit() {
+    ZERO_CHECK(indexed_ == data_.bytes(), "the index covers the data file");
     data_.commit();
     const json index = {{"rank", rank_}, {"file", rank_name(rank_, "bin")}, {"bytes", data_.bytes()},
-                        {"crc32c", data_.crc32c()}, {"pieces", pieces_}};
+                        {"crc32c", file_crc_}, {"pieces", pieces_}};
     const std::string text = index.dump(1);
     FileWriter idx(dir_ + "/" + rank_name(rank_, "json"));
     idx.write(text.data(), text.size());
@@ -226,10 +231,20 @@ class RankFiles {
   }
 
  private:
+  void index(const std::string& name, const char* kind, size_t begin, size_t end, DType dtype, uint64_t offset,
+             uint64_t n, uint32_t crc) {
+    ZERO_CHECK(offset == indexed_, "pieces are back to back");
+    pieces_.push_back({{"name", name}, {"kind", kind}, {"begin", begin}, {"end", end}, {"dtype", dtype_name(dtype)},
+                       {"offset", offset}, {"bytes", n}, {"crc32c", crc}});
+    file_crc_ = crc32c_combine(file_crc_, crc, n);
+    indexed_ += n;
+  }
   int rank_;
   std::string dir_;
   FileWriter data_;
   json pieces_ = json::array();
+  uint32_t file_crc_ = 0;
+  uint64_t indexed_ = 0;
 };
 
 // Every registered parameter, in registration order (the export's order).
@@ -524,16 +539,19 @@ struct PendingSave::Job {
   std::string dir;
   int rank = 0, world = 1;
   std::chrono::milliseconds timeout{};
-  std::vector<SnapshotPiece> pieces;
+  SaveStaging* staging = nullptr;  // background saves
+  std::vector<StagedPiece> staged;
   json manifest;
   std::string error;
   std::thread thread;
 };
 
 PendingSave::PendingSave(const CheckpointParts& p, const CheckpointState& state, const std::string& dir,
-                         std::string_view user_blob, bool background)
+                         std::string_view user_blob, SaveStaging* staging)
     : job_(std::make_unique<Job>()) {
   Job& j = *job_;
+  j.staging = staging;
+  const bool background = staging != nullptr;
   j.dir = dir;
   j.rank = global_rank(p);
   j.world = world_size(p);
@@ -548,7 +566,10 @@ PendingSave::PendingSave(const CheckpointParts& p, const CheckpointState& state,
             j.manifest = manifest_head(p, state);
           }
           if (background) {
-            for_each_piece(p, user_blob, [&](const PieceView& v) { j.pieces.push_back(own(v)); });
+            staging->clear();
+            for_each_piece(p, user_blob, [&](const PieceView& v) {
+              j.staged.push_back({v.name, v.kind, v.begin, v.end, v.dtype, staging->append(v.bytes, v.n), v.n});
+            });
           }
         }));
   // In the background the snapshot is written; inline, each piece goes to the file as it is copied
@@ -567,7 +588,7 @@ PendingSave::PendingSave(const CheckpointParts& p, const CheckpointState& state,
         f.commit();
         throw;
       }
-      j.pieces.clear();
+      j.staged.clear();
       if (j.rank != 0) return;
       wait_for_ranks(j.world, partial, j.timeout);
       write_manifest(std::move(j.manifest), j.world, partial);
@@ -582,9 +603,7 @@ PendingSave::PendingSave(const CheckpointParts& p, const CheckpointState& state,
   };
   if (background) {
     j.thread = std::thread([&j, work] {
-      work([&j](RankFiles& files) {
-        for (const SnapshotPiece& sp : j.pieces) files.add(sp.view());
-      });
+      work([&j](RankFiles& files) { files.add_staged(j.staged, *j.staging); });
     });
   } else {
     work([&](RankFiles& files) { for_each_piece(p, user_blob, [&](const PieceView& v) { files.add(v); }); });
@@ -607,7 +626,7 @@ void PendingSave::wait(const CheckpointParts& p) {
 
 void save_checkpoint(const CheckpointParts& p, const CheckpointState& state, const std::string& dir,
                      std::string_view user_blob) {
-  PendingSave(p, state, dir, user_blob, false).wait(p);
+  PendingSave(p, state, dir, user_blob, nullptr).wait(p);
 }
 
 LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::string& dir) {
@@ -905,7 +924,7 @@ void export_checkpoint(const std::string& dir, const std::string& out, DType dty
   SafetensorsLayout layout;
   for (const CheckpointInfo::Param& p : info.params) layout.tensors.push_back({p.name, dtype, p.shape});
   const std::string header = safetensors_header(layout);
-  FileWriter f(out);
+  FileWriter f(out, FileWriter::Mode::kDirect);
   f.write(header.data(), header.size());
   PieceReader reader(m);
   std::vector<char> tensor;

@@ -34,6 +34,7 @@
 #include "zero/engine_options.h"
 #include "zero/param_registry.h"
 #include "zero/param_writeback.h"
+#include "zero/save_staging.h"
 #include "zero/shard_layout.h"
 #include "zero/shard_ownership.h"
 #include "zero/update_applier.h"
@@ -55,16 +56,18 @@ struct CheckpointParts {
   memory::Device* device = nullptr;  // for the ranks' agreement on communicators that take no host memory
 };
 
-// A save in progress. The constructor is collective: rank 0 prepares DIR.partial and every rank
-// copies its pieces (master, state, parameters, blob) into a host snapshot; the files are then
-// written on a thread of this object (`background`) or before the constructor returns. Rank 0
+// A save in progress. The constructor is collective: rank 0 prepares DIR.partial and, given a
+// staging, every rank copies its pieces (master, state, parameters, blob) into it; the files are
+// then written from the staging on a thread of this object, which uses the staging until wait() or
+// destruction. Without a staging the files are written from the engine's memory before the
+// constructor returns. Rank 0
 // writes the manifest and swaps the directory in once every rank's index is there (a rank that fails
 // leaves a note, so rank 0 never waits for it past the note). wait() is collective: it returns when
 // the checkpoint is complete on disk, and every rank raises the same error if any rank's part failed.
 class PendingSave {
  public:
   PendingSave(const CheckpointParts& parts, const CheckpointState& state, const std::string& dir,
-              std::string_view user_blob, bool background);
+              std::string_view user_blob, SaveStaging* staging);
   ~PendingSave();  // joins the writer (an unreported failure is logged)
   PendingSave(const PendingSave&) = delete;
   PendingSave& operator=(const PendingSave&) = delete;

@@ -187,6 +187,10 @@ TEST_CASE("an async save holds the state of when it was called while training go
     c.barrier()->wait();
     CHECK(slurp(dir + "_loaded.safetensors") == slurp(dir + "_at_save.safetensors"));
     c.barrier()->wait();
+    // The snapshot's memory is kept for the next save until released.
+    CHECK(e->save_staging_bytes() > 0);
+    e->release_save_staging();
+    CHECK(e->save_staging_bytes() == 0);
     // A second async save waits for nothing: the first is done; destroying the engine joins it.
     e->save_async(dir, "again");
   });

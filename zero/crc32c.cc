@@ -26,10 +26,71 @@ const Tables& tables() {
   return t;
 }
 
+constexpr uint32_t kPoly = 0x82F63B78u;  // reflected
+
+// Polynomials mod P in the reflected representation (bit 31 is x^0), as zlib's crc32_combine:
+// a * b mod P.
+uint32_t multmodp(uint32_t a, uint32_t b) {
+  uint32_t m = 1u << 31, p = 0;
+  for (;;) {
+    if (a & m) {
+      p ^= b;
+      if ((a & (m - 1)) == 0) break;
+    }
+    m >>= 1;
+    b = (b & 1) ? (b >> 1) ^ kPoly : b >> 1;
+  }
+  return p;
+}
+
+// x^(2^k) mod P for k = 0..31.
+struct PowersOfX {
+  std::array<uint32_t, 32> x2n{};
+  PowersOfX() {
+    uint32_t p = 1u << 30;  // x^1
+    x2n[0] = p;
+    for (size_t k = 1; k < 32; ++k) x2n[k] = p = multmodp(p, p);
+  }
+};
+
+// x^(8 * bytes) mod P: appending `bytes` zero bytes multiplies the CRC register by it.
+uint32_t x8nmodp(uint64_t bytes) {
+  static const PowersOfX powers;
+  uint32_t p = 1u << 31;  // x^0
+  for (unsigned k = 3; bytes != 0; bytes >>= 1, ++k) {
+    if (bytes & 1) p = multmodp(powers.x2n[k & 31], p);
+  }
+  return p;
+}
+
 #if defined(__x86_64__)
-// SSE4.2's crc32 instruction computes exactly this polynomial, 8 bytes per instruction.
+// SSE4.2's crc32 instruction computes exactly this polynomial, 8 bytes per instruction, with a
+// latency of three cycles and a throughput of one: three independent streams over thirds of each
+// block keep it busy, and their registers are joined by shifting (a multiplication by x^(8 * lane)).
+constexpr size_t kLane = size_t{32} << 10;
+
 __attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const uint8_t* p, size_t bytes, uint32_t crc) {
   uint64_t c = ~crc;
+  if (bytes >= 3 * kLane) {
+    static const uint32_t shift = x8nmodp(kLane);
+    while (bytes >= 3 * kLane) {
+      uint64_t c1 = 0, c2 = 0;
+      for (size_t i = 0; i < kLane; i += 8) {
+        uint64_t w0, w1, w2;
+        std::memcpy(&w0, p + i, 8);
+        std::memcpy(&w1, p + kLane + i, 8);
+        std::memcpy(&w2, p + 2 * kLane + i, 8);
+        c = __builtin_ia32_crc32di(c, w0);
+        c1 = __builtin_ia32_crc32di(c1, w1);
+        c2 = __builtin_ia32_crc32di(c2, w2);
+      }
+      const uint32_t joined = multmodp(shift, multmodp(shift, static_cast<uint32_t>(c)) ^ static_cast<uint32_t>(c1)) ^
+                              static_cast<uint32_t>(c2);
+      c = joined;
+      p += 3 * kLane;
+      bytes -= 3 * kLane;
+    }
+  }
   while (bytes >= 8) {
     uint64_t word;
     std::memcpy(&word, p, 8);
@@ -76,5 +137,9 @@ uint32_t crc32c(const void* data, size_t bytes, uint32_t crc) {
 }
 
 uint32_t crc32c_portable(const void* data, size_t bytes, uint32_t crc) { return crc32c_table(data, bytes, crc); }
+
+uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t bytes_b) {
+  return multmodp(x8nmodp(bytes_b), crc_a) ^ crc_b;
+}
 
 }  // namespace zero

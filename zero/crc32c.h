@@ -11,5 +11,8 @@ namespace zero {
 uint32_t crc32c(const void* data, size_t bytes, uint32_t crc = 0);
 // Always the tables (the tests compare the two).
 uint32_t crc32c_portable(const void* data, size_t bytes, uint32_t crc = 0);
+// crc32c(ab) from crc32c(a), crc32c(b) and b's length, without the bytes (zlib's crc32_combine):
+// a file's checksum from its pieces'.
+uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t bytes_b);
 
 }  // namespace zero

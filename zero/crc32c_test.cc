@@ -27,6 +27,28 @@ TEST_CASE("the instruction path and the tables agree") {
   CHECK(crc32c_portable("123456789", 9) == 0xE3069283u);
 }
 
+TEST_CASE("the three-stream instruction path agrees with the tables across block boundaries") {
+  const size_t lane = size_t{32} << 10;  // crc32c.cc's stream length
+  std::string s;
+  for (size_t i = 0; i < 7 * lane + 100; ++i) s.push_back(static_cast<char>((i * 2654435761u) >> 11));
+  for (size_t n : {3 * lane - 1, 3 * lane, 3 * lane + 1, 3 * lane + 8, 6 * lane, 7 * lane + 99}) {
+    CAPTURE(n);
+    CHECK(crc32c(s.data(), n) == crc32c_portable(s.data(), n));
+    CHECK(crc32c(s.data() + 1, n, 0xDEADBEEFu) == crc32c_portable(s.data() + 1, n, 0xDEADBEEFu));
+  }
+}
+
+TEST_CASE("combine gives the checksum of the concatenation") {
+  std::string s;
+  for (int i = 0; i < 300000; ++i) s.push_back(static_cast<char>(i * 13 + 5));
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{8}, size_t{4096}, size_t{123457}, s.size()}) {
+    CAPTURE(cut);
+    const uint32_t a = crc32c(s.data(), cut), b = crc32c(s.data() + cut, s.size() - cut);
+    CHECK(crc32c_combine(a, b, s.size() - cut) == crc32c(s.data(), s.size()));
+  }
+  CHECK(crc32c_combine(crc32c("1234", 4), crc32c("56789", 5), 5) == 0xE3069283u);
+}
+
 TEST_CASE("incremental over any split equals one pass") {
   std::string s;
   for (int i = 0; i < 1000; ++i) s.push_back(static_cast<char>(i * 7 + 3));

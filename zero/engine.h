@@ -197,9 +197,13 @@ class Engine {
   void save(const std::string& dir, std::string_view user_blob = {});
   // save_async(): copies what it must into a host snapshot and returns; the files are written in the
   // background while training goes on. A second save (or load) waits for the first; wait_for_save()
-  // (collective) returns once the checkpoint is complete and raises its error, if any.
+  // (collective) returns once the checkpoint is complete and raises its error, if any. The snapshot's
+  // host memory (this rank's checkpoint size) is kept for the next save_async, since mapping it
+  // anew costs more than the copy; release_save_staging() waits for the save and frees it.
   void save_async(const std::string& dir, std::string_view user_blob = {});
   void wait_for_save();
+  void release_save_staging();
+  size_t save_staging_bytes() const;
   // load(): at any world size and stage; restores the master, the optimizer state, the parameters,
   // the step count and the loss scaler, and drops accumulated gradients. Returns every saving rank's
   // user blob and the saved world size and stage. A missing, incomplete, corrupt or foreign

@@ -29,7 +29,7 @@ void Engine::save(const std::string& dir, std::string_view user_blob) {
 void Engine::save_async(const std::string& dir, std::string_view user_blob) {
   impl_->require_finalized("save_async");
   wait_for_save();
-  impl_->pending_save = std::make_unique<PendingSave>(checkpoint_parts(), checkpoint_state(), dir, user_blob, true);
+  impl_->pending_save = std::make_unique<PendingSave>(checkpoint_parts(), checkpoint_state(), dir, user_blob, &impl_->save_staging);
 }
 
 void Engine::wait_for_save() {
@@ -39,6 +39,13 @@ void Engine::wait_for_save() {
   std::unique_ptr<PendingSave> pending = std::move(m.pending_save);
   pending->wait(checkpoint_parts());
 }
+
+void Engine::release_save_staging() {
+  wait_for_save();
+  impl_->save_staging.release();
+}
+
+size_t Engine::save_staging_bytes() const { return impl_->save_staging.reserved_bytes(); }
 
 LoadedCheckpoint Engine::load(const std::string& dir) {
   Impl& m = *impl_;

@@ -35,7 +35,8 @@ struct Engine::Impl {
   std::exception_ptr scope_error;  // raised by the next call after a scope's destructor failed
   std::map<int, size_t> unit_bucket;  // stage 3: unit id -> its bucket
   StepTimings timings, last_timings;  // the step in progress, the last one completed
-  std::unique_ptr<PendingSave> pending_save;  // save_async in progress
+  SaveStaging save_staging;                   // save_async's copy; kept between saves
+  std::unique_ptr<PendingSave> pending_save;  // save_async in progress (uses save_staging)
 
   int world() const { return comms.shard->size() * (comms.replica ? comms.replica->size() : 1); }
   // The current micro-step reduces unless no_sync is open or it is a deferred one.

@@ -1,32 +1,51 @@
 #pragma once
-// Files for checkpoints: written under a temporary name, checksummed as they go, fsynced and
-// renamed into place; read with pread at an offset. Every failure is an IoError naming the file and
+// Files for checkpoints: written under a temporary name, fsynced and renamed into place; read with pread at an offset. Every failure is an IoError naming the file and
 // the operation.
+//
+// Large files are written with O_DIRECT: through the page cache, a write costs the kernel about as
+// much CPU time as the disk takes (docs/checkpoints.md has the figures), and that time is taken from
+// training while an async save runs. Direct writes DMA from an aligned buffer of the writer's own, or
+// straight from the caller's memory where it is page-aligned (SaveStaging's blocks); the kernel
+// only queues them. Where the file system refuses O_DIRECT (tmpfs) the writer falls back
+// to ordinary writes.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace zero {
 
 class FileWriter {
  public:
+  enum class Mode {
+    kBuffered,  // through the page cache: small files (indexes, manifests)
+    kDirect,    // O_DIRECT from an aligned buffer (falls back to kBuffered where refused)
+  };
   // Creates `path` + ".tmp" (truncating an old one).
-  explicit FileWriter(std::string path);
+  explicit FileWriter(std::string path, Mode mode = Mode::kBuffered);
   ~FileWriter();  // an uncommitted file is removed
   FileWriter(const FileWriter&) = delete;
   FileWriter& operator=(const FileWriter&) = delete;
 
   void write(const void* data, size_t bytes);
   uint64_t bytes() const { return bytes_; }
-  uint32_t crc32c() const { return crc_; }
+  bool direct() const { return buffer_ != nullptr; }  // O_DIRECT was granted
   // fsync, close, rename to the final name.
   void commit();
 
  private:
+  struct AlignedFree {
+    void operator()(char* p) const;
+  };
+  void write_out(const char* p, size_t bytes, uint64_t at);  // pwrite until done
+  void flush_buffer(bool last);
+
   std::string path_, tmp_;
   int fd_ = -1;
   uint64_t bytes_ = 0;
-  uint32_t crc_ = 0;
+  std::unique_ptr<char[], AlignedFree> buffer_;  // direct mode: bytes not yet written
+  size_t buffered_ = 0;
+  uint64_t written_ = 0;  // direct mode: bytes on disk (a multiple of the alignment until the end)
 };
 
 class FileReader {
