@@ -4,7 +4,7 @@
 // The engine never calls CUDA (or memcpy on a buffer it did not allocate) directly: it allocates,
 // copies and runs its few elementwise kernels through a Device, ordering them with streams and
 // events as FSDP2 does (copy-in / collective / copy-out on their own streams, events instead of
-// blocking waits). Two implementations:
+// blocking waits). Two implementations, and a third for planning (memory/meta_device.h):
 //
 //   host    (make_host_device)  memory is ordinary aligned host memory. By default every stream
 //           runs its work inline, on the calling thread, at the call. In the test mode
@@ -106,7 +106,7 @@ class Device {
   // Location::pinned_host() (host() when it could not be locked), in this device's tracker or in
   // `tracker` (a host tier that accounts its own memory, like the optimizer offload's).
   Buffer allocate_host_staging(size_t bytes, Category category);
-  Buffer allocate_host_staging(size_t bytes, Category category, MemoryTracker& tracker);
+  virtual Buffer allocate_host_staging(size_t bytes, Category category, MemoryTracker& tracker);
 
   // Streams and events.
   virtual Stream& compute_stream() = 0;

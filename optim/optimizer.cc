@@ -15,6 +15,8 @@
 
 namespace zero::optim {
 
+std::vector<std::string> optimizer_state_names(OptimizerKind kind) { return detail::state_names_of(kind); }
+
 const char* optimizer_name(OptimizerKind kind) {
   switch (kind) {
     case OptimizerKind::kAdamW: return "adamw";

@@ -31,6 +31,9 @@ namespace zero::optim {
 const char* optimizer_name(OptimizerKind kind);
 // Inverse of optimizer_name; throws InvalidArgument naming the accepted values.
 OptimizerKind parse_optimizer(std::string_view name);
+// The state arrays `kind` keeps per element, in Optimizer::state_names() order (each shard_numel
+// elements of OptimizerOptions::state_dtype).
+std::vector<std::string> optimizer_state_names(OptimizerKind kind);
 
 // Hyperparameters of one parameter group (PyTorch's names and defaults; Lion's defaults are the
 // user's to set, its paper suggests lr 3-10x smaller and weight decay 3-10x larger than AdamW's).

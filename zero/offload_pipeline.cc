@@ -6,13 +6,20 @@
 
 #include "base/check.h"
 #include "base/logging.h"
+#include "memory/meta_device.h"
 
 namespace zero {
 OffloadPipeline::OffloadPipeline(const ApplierInputs& in, const OffloadConfig& config)
     : model_dtype_(in.model_dtype), layout_(*in.layout), ownership_(*in.ownership), device_(*in.device),
       config_(config) {
   ZERO_CHECK(config_.host_tracker != nullptr, "the offload tier needs its memory tracker");
-  host_ = memory::make_host_device(*config_.host_tracker);
+  // Planning on a meta device plans the host tier too.
+  const bool planning = dynamic_cast<memory::MetaDevice*>(&device_) != nullptr;
+  if (planning) {
+    host_ = memory::make_meta_device(*config_.host_tracker);
+  } else {
+    host_ = memory::make_host_device(*config_.host_tracker);
+  }
   const size_t numel = ownership_.numel();
   const size_t es = dtype_size(model_dtype_);
   master_ = host_->allocate_elements(static_cast<int64_t>(numel), DType::kFloat32, memory::Category::kMasterParams);

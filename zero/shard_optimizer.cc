@@ -4,6 +4,7 @@
 
 #include "base/check.h"
 #include "memory/host_kernels.h"
+#include "memory/meta_device.h"
 
 namespace zero {
 
@@ -81,6 +82,40 @@ class HostShardOptimizer final : public ShardOptimizer {
   optim::Optimizer opt_;
 };
 
+// The planner's optimizer, on a meta device: its state allocated through the device as the real
+// optimizers allocate theirs (each state numel elements of state_dtype, category optimizer_state),
+// nothing computed.
+class PlanningShardOptimizer final : public ShardOptimizer {
+ public:
+  PlanningShardOptimizer(memory::Device& device, const optim::OptimizerOptions& options, size_t numel)
+      : ShardOptimizer(device, numel), options_(options), names_(optim::optimizer_state_names(options.kind)) {
+    for (size_t i = 0; i < names_.size(); ++i) {
+      state_.push_back(device.allocate_elements(static_cast<int64_t>(numel), options.state_dtype,
+                                                memory::Category::kOptimizerState));
+    }
+  }
+  void begin_step() override { ++steps_; }
+  void step_range(const optim::StepInput&, size_t, size_t, memory::Stream&) override {}
+  int64_t step_count() const override { return steps_; }
+  void set_step_count(int64_t steps) override { steps_ = steps; }
+  optim::Hyper& group(int i) override { return options_.groups.at(static_cast<size_t>(i)); }
+  std::vector<std::string> state_names() const override { return names_; }
+  DType state_dtype() const override { return options_.state_dtype; }
+  optim::Optimizer* host_optimizer() override { return nullptr; }
+
+ private:
+  void* state_data(const std::string& name) override {
+    for (size_t i = 0; i < names_.size(); ++i) {
+      if (names_[i] == name) return state_[i].data();
+    }
+    ZERO_THROW(InvalidArgument, "unknown optimizer state '{}'", name);
+  }
+  optim::OptimizerOptions options_;
+  std::vector<std::string> names_;
+  std::vector<memory::Buffer> state_;
+  int64_t steps_ = 0;
+};
+
 }  // namespace
 
 std::unique_ptr<ShardOptimizer> make_cuda_shard_optimizer(memory::Device& device, optim::OptimizerOptions options,
@@ -88,6 +123,9 @@ std::unique_ptr<ShardOptimizer> make_cuda_shard_optimizer(memory::Device& device
 
 std::unique_ptr<ShardOptimizer> make_shard_optimizer(memory::Device& device, optim::OptimizerOptions options,
                                                      size_t numel, std::vector<optim::Segment> segments) {
+  if (dynamic_cast<memory::MetaDevice*>(&device) != nullptr) {
+    return std::make_unique<PlanningShardOptimizer>(device, options, numel);
+  }
   if (device.kind() == memory::DeviceKind::kCuda) {
     return make_cuda_shard_optimizer(device, std::move(options), numel, std::move(segments));
   }

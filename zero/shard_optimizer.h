@@ -50,7 +50,8 @@ class ShardOptimizer {
   size_t numel_;
 };
 
-// Optimizer state is allocated through `device` (category optimizer_state, in its tracker).
+// Optimizer state is allocated through `device` (category optimizer_state, in its tracker). On a
+// meta device (planning) the optimizer only allocates its state.
 std::unique_ptr<ShardOptimizer> make_shard_optimizer(memory::Device& device, optim::OptimizerOptions options,
                                                      size_t numel, std::vector<optim::Segment> segments);
 

@@ -161,6 +161,14 @@ void abort_connections(gloo::Context& ctx) {
   }
 }
 
+ReduceScatterSegments reduce_scatter_segments(size_t my_count, size_t element_bytes, const DirectOptions& options) {
+  ReduceScatterSegments rs;
+  rs.seg = std::max<size_t>(1, options.segment_bytes / element_bytes);
+  rs.nseg = segments(my_count, rs.seg);
+  rs.live = std::min(static_cast<size_t>(std::max(1, options.depth)), std::max<size_t>(rs.nseg, 1));
+  return rs;
+}
+
 uint8_t* Scratch::get(size_t bytes) {
   if (buffer_.size_bytes() < bytes) {
     buffer_ = memory::HostBuffer();  // release first: the peak is the new size, not both
@@ -182,12 +190,12 @@ void reduce_scatter_impl(gloo::Context& ctx, const void* send, void* recv,
   const int n = ctx.size;
   const int me = ctx.rank;
   const size_t es = dtype_size(dtype);
-  const size_t seg = std::max<size_t>(1, options.segment_bytes / es);
-  const size_t depth = static_cast<size_t>(std::max(1, options.depth));
   const auto* send_bytes = static_cast<const uint8_t*>(send);
   auto* recv_bytes = static_cast<uint8_t*>(recv);
   const size_t my_count = layout.count[me];
   const size_t my_offset = layout.offset[me];
+  const ReduceScatterSegments rs = reduce_scatter_segments(my_count, es, options);
+  const size_t seg = rs.seg;
 
   // With options.after_sends the data moves before the schedule check's verdict, on slots that
   // encode each message's exact byte size (all_gather_eager explains why that is safe), and the
@@ -235,9 +243,9 @@ void reduce_scatter_impl(gloo::Context& ctx, const void* send, void* recv,
   }
 
   // Receives: `depth` segments per peer in flight, each into its own scratch buffer.
-  const size_t nseg = segments(my_count, seg);
-  const size_t live = std::min(depth, std::max<size_t>(nseg, 1));
-  uint8_t* area = scratch.get(static_cast<size_t>(n) * live * seg * es);
+  const size_t nseg = rs.nseg;
+  const size_t live = rs.live;
+  uint8_t* area = scratch.get(rs.scratch_bytes(n, es));
   std::vector<gloo::transport::UnboundBuffer*> bufs(static_cast<size_t>(n) * live, nullptr);
   auto slot_buf = [&](int peer, size_t d) -> gloo::transport::UnboundBuffer*& {
     return bufs[static_cast<size_t>(peer) * live + d];

@@ -126,6 +126,17 @@ struct DirectOptions {
   AbortSwitch* abort = nullptr;
 };
 
+// How a reduce-scatter of this rank's `my_count` elements is pipelined: messages of `seg` elements,
+// `nseg` of them, `live` in flight per peer, each received into a scratch segment of its own.
+struct ReduceScatterSegments {
+  size_t seg = 1, nseg = 0, live = 1;
+  size_t scratch_bytes(int ranks, size_t element_bytes) const {
+    return static_cast<size_t>(ranks) * live * seg * element_bytes;
+  }
+};
+ReduceScatterSegments reduce_scatter_segments(size_t my_count, size_t element_bytes, const DirectOptions& options);
+
+
 // recv (layout.count[rank] elements) = reduction over ranks of chunk `rank` of send. recv may be the
 // rank's own chunk inside send (in place); send is never written.
 void reduce_scatter_direct(gloo::Context& ctx, const void* send, void* recv,

@@ -169,6 +169,11 @@ void require_buffer(const char* op, const char* name, const void* p, size_t coun
   }
 }
 
+// A call of at most eager_bytes per message runs as one round of messages (header + payload).
+bool runs_as_messages(const GlooOptions& o, size_t payload_bytes) { return payload_bytes <= o.eager_bytes; }
+// One message's room in the message areas: the schedule check's record and the largest payload.
+size_t message_capacity(const GlooOptions& o) { return kCallRecordBytes + o.eager_bytes; }
+
 class GlooCommunicator final : public Communicator, private InlineRunner {
  public:
   GlooCommunicator(std::shared_ptr<Store> store, std::string prefix, int rank, int size,
@@ -406,8 +411,8 @@ class GlooCommunicator final : public Communicator, private InlineRunner {
   };
   static constexpr size_t kHeader = kCallRecordBytes;
 
-  bool small(size_t payload_bytes) const { return payload_bytes <= options_.eager_bytes; }
-  size_t capacity() const { return kHeader + options_.eager_bytes; }
+  bool small(size_t payload_bytes) const { return runs_as_messages(options_, payload_bytes); }
+  size_t capacity() const { return message_capacity(options_); }
 
   static void check_reduce_op(const char* name, ReduceOp op) {
     if (static_cast<int>(op) < 0 || static_cast<int>(op) > static_cast<int>(ReduceOp::kMin)) {
@@ -733,6 +738,28 @@ std::unique_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Store> stor
   const int64_t instance = store->add(fmt::format("{}/instances/{}", options.prefix, rank), 1);
   return std::make_unique<GlooCommunicator>(
       store, fmt::format("{}/{}", options.prefix, instance), rank, size, options, check);
+}
+
+GlooScratchPlan::GlooScratchPlan(const GlooOptions& options, int size, int rank)
+    : options_(options), size_(size), rank_(rank) {
+  options_.validate();
+  ZERO_CHECK(size >= 1 && rank >= 0 && rank < size, "GlooScratchPlan: rank {} of {}", rank, size);
+}
+
+void GlooScratchPlan::add_call(CollectiveKind kind, size_t count, DType dtype) {
+  const size_t es = dtype_size(dtype);
+  const uint64_t area = static_cast<uint64_t>(size_) * message_capacity(options_);
+  const bool small = kind == CollectiveKind::kBarrier || runs_as_messages(options_, count * es);
+  messages_ = std::max(messages_, area);  // every call's receive area (run_task)
+  if (size_ > 1 && (small || options_.check_schedule)) message_sends_ = std::max(message_sends_, area);
+  const bool reduces = kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduceScatter;
+  if (size_ > 1 && !small && reduces) {
+    const size_t mine = kind == CollectiveKind::kAllReduce ? ChunkLayout::balanced(count, size_).count[static_cast<size_t>(rank_)] : count;
+    DirectOptions d;
+    d.segment_bytes = options_.segment_bytes;
+    d.depth = options_.segment_depth;
+    scratch_ = std::max<uint64_t>(scratch_, reduce_scatter_segments(mine, es, d).scratch_bytes(size_, es));
+  }
 }
 
 }  // namespace zero::comm

@@ -21,6 +21,7 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "comm/schedule_check.h"
 #include "comm/store/store.h"
 
 namespace zero::comm {
@@ -53,5 +54,22 @@ struct GlooOptions {
 // connected (or `timeout`). All ranks must agree on the schedule check setting (verified here).
 std::unique_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Store> store, int rank,
                                                      int size, const GlooOptions& options = {});
+
+// What a Gloo communicator's scratch memory (accounted process-wide, category comm_buffer) grows to
+// over a sequence of calls: the message areas every call uses and the reduce-scatter's receive
+// segments, each buffer kept at its largest need. The planner's account of it (zero/plan/), from
+// the sizing functions the communicator itself uses.
+class GlooScratchPlan {
+ public:
+  GlooScratchPlan(const GlooOptions& options, int size, int rank);
+  // One call; `count` as the Communicator method takes it (all_gather: send_count, ...).
+  void add_call(CollectiveKind kind, size_t count, DType dtype);
+  uint64_t bytes() const { return messages_ + message_sends_ + scratch_; }
+
+ private:
+  GlooOptions options_;
+  int size_, rank_;
+  uint64_t messages_ = 0, message_sends_ = 0, scratch_ = 0;
+};
 
 }  // namespace zero::comm

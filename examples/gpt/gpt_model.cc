@@ -36,19 +36,11 @@ Matrix linear_backward(const Matrix& dy, const Matrix& x, const float* w, float*
 
 }  // namespace
 
-Gpt::Gpt(const GptConfig& c, uint64_t seed) : config_(c) {
+std::vector<Gpt::ParamLayout> Gpt::layout(const GptConfig& c) {
   ZERO_CHECK(c.n_embd % c.n_head == 0, "n_embd {} is not a multiple of n_head {}", c.n_embd, c.n_head);
-  std::mt19937_64 rng(seed);
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, int unit, bool decay, float std_dev,
-                 float fill) {
-    size_t n = 1;
-    for (int64_t d : shape) n *= static_cast<size_t>(d);
-    Param p{name, std::move(shape), std::vector<float>(n, fill), decay, unit};
-    if (std_dev > 0) {
-      std::normal_distribution<float> normal(0.0f, std_dev);
-      for (float& v : p.values) v = normal(rng);
-    }
-    params_.push_back(std::move(p));
+  std::vector<ParamLayout> out;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, int unit, bool decay, float std_dev, float fill) {
+    out.push_back({name, std::move(shape), unit, decay, std_dev, fill});
   };
   const int64_t C = c.n_embd;
   const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(c.n_layer));
@@ -72,6 +64,21 @@ Gpt::Gpt(const GptConfig& c, uint64_t seed) : config_(c) {
   }
   add("ln_f.weight", {C}, c.n_layer + 1, false, 0, 1);
   add("ln_f.bias", {C}, c.n_layer + 1, false, 0, 0);
+  return out;
+}
+
+Gpt::Gpt(const GptConfig& c, uint64_t seed) : config_(c) {
+  std::mt19937_64 rng(seed);
+  for (const ParamLayout& l : layout(c)) {
+    size_t n = 1;
+    for (int64_t d : l.shape) n *= static_cast<size_t>(d);
+    Param p{l.name, l.shape, std::vector<float>(n, l.fill), l.decay, l.unit};
+    if (l.std_dev > 0) {
+      std::normal_distribution<float> normal(0.0f, l.std_dev);
+      for (float& v : p.values) v = normal(rng);
+    }
+    params_.push_back(std::move(p));
+  }
 }
 
 size_t Gpt::num_params() const {

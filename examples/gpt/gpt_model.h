@@ -28,6 +28,17 @@ struct GptConfig {
 
 class Gpt {
  public:
+  // A parameter's name, shape, unit and initialization (normal with std_dev when > 0, else filled),
+  // in the order the model registers them: what a planner needs without the values.
+  struct ParamLayout {
+    std::string name;
+    std::vector<int64_t> shape;
+    int unit = 0;
+    bool decay = false;
+    float std_dev = 0, fill = 0;
+  };
+  static std::vector<ParamLayout> layout(const GptConfig& config);
+
   struct Param {
     std::string name;
     std::vector<int64_t> shape;

@@ -1,0 +1,78 @@
+#pragma once
+// A communicator for planning (zero/plan/): rank `rank` of `size` ranks that all do exactly what this
+// one does, in one process, with nothing sent. Every collective completes at once, counts its bytes,
+// and gives on the memory it can address (memory::MetaDevice::addressable) the result identical
+// ranks would get: an all-gather repeats this rank's chunk, a sum multiplies by `size`, so the
+// engine's agreements across ranks (registration hashes, options) pass. Memory it cannot address
+// (a meta device's unbacked buffers) is left alone.
+//
+// The tally per operation: calls, the payload (the bytes of the operation's largest buffer, as
+// nccl-tests report "size"), and the bytes each rank sends on a ring (nccl-tests' bus bytes):
+// all-reduce 2(N-1)/N of the payload, reduce-scatter, all-gather and all-to-all (N-1)/N of it, a
+// broadcast the payload.
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/schedule_check.h"
+
+namespace zero::comm {
+
+// One call as issued: `count` as the Communicator method takes it.
+struct PlannedCall {
+  CollectiveKind kind;
+  size_t count;
+  DType dtype;
+};
+
+struct CollectiveTally {
+  uint64_t calls = 0;
+  uint64_t payload_bytes = 0;
+  uint64_t wire_bytes = 0;  // sent per rank
+};
+
+class PlanningCommunicator final : public Communicator {
+ public:
+  using Addressable = std::function<bool(const void* p, size_t bytes)>;
+  // `accepts`: the memory kind the engine's device uses (host or CUDA), so that the engine takes it.
+  PlanningCommunicator(int rank, int size, Addressable addressable, memory::DeviceKind accepts);
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend_name() const override { return "planning"; }
+  std::chrono::milliseconds default_timeout() const override { return std::chrono::minutes(5); }
+  bool accepts(memory::DeviceKind kind) const override { return kind == accepts_ || kind == memory::DeviceKind::kPinnedHost; }
+
+  WorkHandle all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
+  WorkHandle reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) override;
+  WorkHandle all_gather(const void* send, void* recv, size_t send_count, DType dtype) override;
+  WorkHandle broadcast(void* buf, size_t count, DType dtype, int root) override;
+  WorkHandle all_to_all(const void* send, void* recv, size_t count, DType dtype) override;
+  WorkHandle barrier() override;
+  // Not supported: a plan is for one communicator over all ranks (throws InvalidArgument).
+  std::unique_ptr<Communicator> split(int color, int key) override;
+
+  // By operation name ("all_reduce", ...), since construction or the last reset.
+  const std::map<std::string, CollectiveTally>& tallies() const { return tallies_; }
+  const std::vector<PlannedCall>& calls() const { return calls_; }
+  void reset_tallies() {
+    tallies_.clear();
+    calls_.clear();
+  }
+
+ private:
+  void count(CollectiveKind kind, size_t count, DType dtype, uint64_t payload, uint64_t wire);
+  bool real(const void* p, size_t bytes) const { return bytes == 0 || addressable_(p, bytes); }
+
+  int rank_, size_;
+  Addressable addressable_;
+  memory::DeviceKind accepts_;
+  std::map<std::string, CollectiveTally> tallies_;
+  std::vector<PlannedCall> calls_;
+};
+
+}  // namespace zero::comm

@@ -1,0 +1,51 @@
+#pragma once
+// The planner: what the engine will allocate per rank, and move per step, for a model and options at
+// a world size, before any hardware is bought. It is the engine itself: a real Engine on a meta
+// device (memory/meta_device.h: every buffer accounted, large ones never backed) and a planning
+// communicator (comm/planning_communicator.h: identical ranks, nothing sent, bytes counted). The
+// plan registers the model, finalizes and takes two steps of empty unit scopes (each unit gathered
+// for forward in order, then for backward in reverse, every trainable gradient asked for), so every
+// buffer the stage policy wires, every lazy one and every transient peak is the engine's own, with
+// no second copy of the formulas. The memory is the engine's trackers after those steps; the
+// traffic is the second step's collectives. On the host backend the Gloo communicator's scratch
+// comes from its own sizing code (comm::GlooScratchPlan).
+//
+// What it leaves out: the model's activations and the loop's own buffers (not the engine's), and on
+// CUDA, NCCL's internal buffers.
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "comm/gloo/gloo_communicator.h"
+#include "comm/planning_communicator.h"
+#include "zero/engine_options.h"
+#include "zero/memory_report.h"
+#include "zero/plan/model_spec.h"
+
+namespace zero::plan {
+
+struct PlanInputs {
+  ModelSpec model;
+  EngineOptions options;
+  int world_size = 1;
+  int rank = 0;        // ranks differ by padding only; rank 0 holds none of the last shard's
+  bool cuda = false;   // plan a GPU's memory (NCCL; no communicator scratch is accounted)
+  comm::GlooOptions gloo;  // the host backend's settings (its scratch)
+};
+
+struct EnginePlan {
+  // The engine's memory report over the planned run: current and peak by category, with the ZeRO
+  // formula's prediction; the "comm (process)" row is the planned Gloo scratch.
+  MemoryReport memory;
+  uint64_t device_peak = 0;  // peak of the engine's device tracker, all categories together
+  uint64_t host_tier_peak = 0;  // the offload tier's tracker
+  uint64_t comm_scratch = 0;
+  // One optimizer step's collectives, by operation ("all_gather", ...), every micro-step included.
+  std::map<std::string, comm::CollectiveTally> traffic;
+  uint64_t wire_bytes() const;  // sent per rank per step
+  std::string table() const;
+};
+
+EnginePlan plan_engine(const PlanInputs& in);
+
+}  // namespace zero::plan

@@ -1,0 +1,43 @@
+#pragma once
+// A model as the planner sees it: named tensors with shapes, units and a dtype, no values. Built from
+// a parameter count, a list of named shapes, or a safetensors file's header.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/dtype.h"
+
+namespace zero::plan {
+
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  int unit = 0;
+  bool trainable = true;
+  int group = 0;  // optimizer parameter group
+};
+
+struct ModelSpec {
+  std::vector<TensorSpec> tensors;
+  DType dtype = DType::kBFloat16;  // of every tensor (the engine's model dtype)
+  uint64_t numel() const;          // trainable elements (Ψ)
+};
+
+// `numel` elements in `tensors` equal tensors (the last takes the remainder), one unit each.
+ModelSpec model_of_count(uint64_t numel, int tensors, DType dtype);
+
+// One tensor per line: "name d0xd1x... [unit]" (blank lines and lines starting with # skipped);
+// without a unit, tensors are units in the order of the first number in their name (see
+// unit_of_name). InvalidArgument naming the line.
+ModelSpec model_of_shapes(const std::string& text, DType dtype, const std::string& source);
+
+// The header of a safetensors file: names, shapes and the dtype (every tensor must share one of
+// F32, F16, BF16), units by unit_of_name. Only the header is read.
+ModelSpec model_of_safetensors(const std::string& path);
+
+// Units from names as checkpoints spell them ("h.3.attn.c_attn.weight", "layers.12.mlp.w1"): the
+// first all-digit dotted component k makes unit k + 1; tensors before any numbered one are unit 0,
+// those after the last are one unit past the highest.
+void assign_units_by_name(std::vector<TensorSpec>& tensors);
+
+}  // namespace zero::plan
