@@ -22,6 +22,7 @@
 
 #include "base/check.h"
 #include "comm/launch/process_group.h"
+#include "examples/bench_config.h"
 #include "examples/flags.h"
 #include "examples/mlp.h"
 #include "examples/mlp_engine.h"
@@ -38,39 +39,13 @@ struct Trainer {
   examples::Mlp::Access access;
 };
 
-struct Config {
-  std::string name;
-  int stage = 2;
-  bool offload = false;         // the optimizer in the host tier
-  bool offload_params = false;  // and (stage 3) the parameter shard
-};
-
-Config parse_config(const std::string& text) {
-  Config c{text};
-  std::string stage = text;
-  for (const std::string suffix : {"+offload-params", "+offload"}) {
-    if (text.size() > suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0) {
-      c.offload = true;
-      c.offload_params = suffix == "+offload-params";
-      stage = text.substr(0, text.size() - suffix.size());
-      break;
-    }
-  }
-  if (stage.size() != 1 || stage[0] < '0' || stage[0] > '3') {
-    ZERO_THROW(InvalidArgument, "--configs: '{}' is not a stage 0-3 optionally followed by +offload or +offload-params",
-               text);
-  }
-  c.stage = stage[0] - '0';
-  return c;
-}
+using Config = examples::BenchConfig;
 
 std::unique_ptr<Trainer> make_trainer(comm::Communicator& comm, const Config& config, const std::vector<int>& widths,
                                       size_t window_bytes, size_t prefetch_bytes) {
   auto t = std::make_unique<Trainer>(Trainer{examples::Mlp(widths, 1), nullptr, {}, {}});
   EngineOptions opt;
-  opt.stage = config.stage;
-  opt.offload.optimizer = config.offload;
-  opt.offload.params = config.offload_params;
+  config.apply(opt);
   opt.optimizer.groups = {optim::Hyper{.lr = 1e-3f}};
   opt.max_grad_norm = 1.0f;
   opt.max_live_gathered_bytes = window_bytes;
@@ -101,7 +76,7 @@ int run(int argc, char** argv) {
   const size_t window = static_cast<size_t>(flags.get_int("window-kib", 0)) * 1024;
   const size_t prefetch = static_cast<size_t>(flags.get_int("prefetch-kib", 0)) * 1024;
   std::vector<Config> configs;
-  for (const std::string& c : flags.get_list("configs", "2,3")) configs.push_back(parse_config(c));
+  for (const std::string& c : flags.get_list("configs", "2,3")) configs.push_back(examples::parse_bench_config(c));
   flags.check_all_used();
   const size_t nc = configs.size();
 

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <map>
+#include <optional>
 #include <vector>
 
 #include "base/check.h"
@@ -11,21 +13,28 @@
 namespace zero::plan {
 namespace {
 
-// Unit ids in first-registration order, and each unit's trainable parameter ids.
-struct Units {
-  std::vector<int> order;
-  std::map<int, std::vector<int>> params;
-};
-
-// One micro-step: every unit gathered for forward in order, then for backward in reverse, each
-// trainable gradient asked for (which is what allocates the reducer's buffers), nothing computed.
-void empty_micro_step(Engine& engine, const Units& units) {
-  for (int u : units.order) {
-    UnitScope s = engine.gather(u);
-  }
-  for (auto it = units.order.rbegin(); it != units.order.rend(); ++it) {
-    UnitScope s = engine.gather_for_backward(*it);
-    for (int id : units.params.at(*it)) (void)s.grad(id);
+// One micro-step of `schedule` on the engine: scopes opened and closed, gradients asked for,
+// nothing computed. `ids`: the engine's parameter id of each tensor.
+void run_micro_step(Engine& engine, const std::vector<ScopeEvent>& schedule, const std::vector<int>& ids) {
+  std::map<int, std::optional<UnitScope>> open;
+  for (const ScopeEvent& e : schedule) {
+    switch (e.kind) {
+      case ScopeEvent::kOpen:
+        if (open[e.unit]) ZERO_THROW(InvalidArgument, "plan schedule: unit {} opened twice", e.unit);
+        open[e.unit].emplace(e.backward ? engine.gather_for_backward(e.unit) : engine.gather(e.unit));
+        break;
+      case ScopeEvent::kGrad: {
+        auto it = open.find(e.unit);
+        if (it == open.end() || !it->second) {
+          ZERO_THROW(InvalidArgument, "plan schedule: gradient of tensor {} asked for outside unit {}'s scope", e.tensor, e.unit);
+        }
+        (void)it->second->grad(ids.at(e.tensor));
+        break;
+      }
+      case ScopeEvent::kClose:
+        open[e.unit].reset();
+        break;
+    }
   }
   engine.finish_backward();
 }
@@ -48,21 +57,20 @@ EnginePlan plan_engine(const PlanInputs& in) {
       in.rank, in.world_size, [&meta](const void* p, size_t n) { return meta->addressable(p, n); }, meta->kind());
   EngineOptions options = in.options;
   Engine engine(EngineComms{&comm, nullptr, meta.get()}, options);
-  Units units;
+  std::vector<int> ids;
   for (const TensorSpec& t : in.model.tensors) {
     const size_t numel = shape_numel(t.shape);
     void* data = meta->reserve_unbacked(numel * dtype_size(in.model.dtype));
-    const int id = engine.add_param({.name = t.name, .shape = t.shape, .dtype = in.model.dtype, .data = {data, numel},
-                                     .unit = t.unit, .group = t.group, .requires_grad = t.trainable});
-    if (!units.params.count(t.unit)) units.order.push_back(t.unit);
-    auto& list = units.params[t.unit];
-    if (t.trainable) list.push_back(id);
+    ids.push_back(engine.add_param({.name = t.name, .shape = t.shape, .dtype = in.model.dtype, .data = {data, numel},
+                                    .unit = t.unit, .group = t.group, .requires_grad = t.trainable}));
   }
+  const std::vector<ScopeEvent> schedule =
+      in.model.schedule.empty() ? default_schedule(in.model.tensors) : in.model.schedule;
   engine.finalize();
   const int micro = options.gradient_accumulation_steps;
   for (int step = 0; step < 2; ++step) {
     if (step == 1) comm.reset_tallies();  // the second step: prefetch order recorded, buffers warm
-    for (int m = 0; m < micro; ++m) empty_micro_step(engine, units);
+    for (int m = 0; m < micro; ++m) run_micro_step(engine, schedule, ids);
     engine.step();
   }
   EnginePlan plan;

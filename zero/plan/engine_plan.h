@@ -3,8 +3,9 @@
 // a world size, before any hardware is bought. It is the engine itself: a real Engine on a meta
 // device (memory/meta_device.h: every buffer accounted, large ones never backed) and a planning
 // communicator (comm/planning_communicator.h: identical ranks, nothing sent, bytes counted). The
-// plan registers the model, finalizes and takes two steps of empty unit scopes (each unit gathered
-// for forward in order, then for backward in reverse, every trainable gradient asked for), so every
+// plan registers the model, finalizes and takes two steps of the loop's unit scopes with nothing
+// computed (ModelSpec::schedule: by default each unit gathered for forward in order, then for
+// backward in reverse, every trainable gradient asked for), so every
 // buffer the stage policy wires, every lazy one and every transient peak is the engine's own, with
 // no second copy of the formulas. The memory is the engine's trackers after those steps; the
 // traffic is the second step's collectives. On the host backend the Gloo communicator's scratch

@@ -48,6 +48,26 @@ uint64_t ModelSpec::numel() const {
   return n;
 }
 
+std::vector<ScopeEvent> default_schedule(const std::vector<TensorSpec>& tensors) {
+  std::vector<int> order;
+  for (const TensorSpec& t : tensors) {
+    if (std::find(order.begin(), order.end(), t.unit) == order.end()) order.push_back(t.unit);
+  }
+  std::vector<ScopeEvent> events;
+  for (int u : order) {
+    events.push_back({ScopeEvent::kOpen, u, false, 0});
+    events.push_back({ScopeEvent::kClose, u, false, 0});
+  }
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    events.push_back({ScopeEvent::kOpen, *it, true, 0});
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (tensors[i].unit == *it && tensors[i].trainable) events.push_back({ScopeEvent::kGrad, *it, true, i});
+    }
+    events.push_back({ScopeEvent::kClose, *it, true, 0});
+  }
+  return events;
+}
+
 ModelSpec model_of_count(uint64_t numel, int tensors, DType dtype) {
   if (numel == 0 || tensors < 1 || static_cast<uint64_t>(tensors) > numel) {
     ZERO_THROW(InvalidArgument, "a model of {} parameters in {} tensors: both must be positive, tensors at most the parameters",

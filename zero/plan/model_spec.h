@@ -17,11 +17,28 @@ struct TensorSpec {
   int group = 0;  // optimizer parameter group
 };
 
+// One thing a training loop's micro-step does with the engine's unit scopes, in order: open a unit's
+// forward or backward scope, ask for a tensor's gradient (which is when the reducer takes a bucket
+// buffer for it), close the scope.
+struct ScopeEvent {
+  enum Kind { kOpen, kGrad, kClose };
+  Kind kind = kOpen;
+  int unit = 0;
+  bool backward = false;
+  size_t tensor = 0;  // kGrad: index into ModelSpec::tensors
+};
+
 struct ModelSpec {
   std::vector<TensorSpec> tensors;
   DType dtype = DType::kBFloat16;  // of every tensor (the engine's model dtype)
-  uint64_t numel() const;          // trainable elements (Ψ)
+  // The loop's micro-step, for a plan whose transient buffers follow it exactly. Empty: every unit's
+  // forward scope in registration order, then its backward scope in reverse, each trainable gradient
+  // asked for as its backward scope opens (default_schedule).
+  std::vector<ScopeEvent> schedule;
+  uint64_t numel() const;  // trainable elements (Ψ)
 };
+
+std::vector<ScopeEvent> default_schedule(const std::vector<TensorSpec>& tensors);
 
 // `numel` elements in `tensors` equal tensors (the last takes the remainder), one unit each.
 ModelSpec model_of_count(uint64_t numel, int tensors, DType dtype);

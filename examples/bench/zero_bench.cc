@@ -1,0 +1,243 @@
+// zero_bench: the GPT example at each configuration on the ranks zerorun starts, measured and
+// planned in the same run:
+//
+//   bazel-bin/comm/launch/zerorun --nproc-per-node 2 -- bazel-bin/examples/bench/zero_bench
+//       [--configs 0,1,2,3,0+offload,1+offload,2+offload,3+offload] [--n-layer 8 --n-embd 768
+//       --n-head 12 --block-size 64] [--batch 4] [--steps 3] [--dtype bf16] [--csv FILE] [--check 0.02]
+//
+// Per configuration, on a fresh communicator (so the communicator's scratch is this
+// configuration's): the GPT trained for --steps steps (the first is warm-up) by train_gpt's loop
+// (GptScopes), then per rank the peak bytes by category from the engine's trackers and the process's
+// communicator scratch, next to the ZeRO formula's prediction and the planner's (zero/plan: the
+// engine on a meta device following the same loop's scopes); the median step time, tokens/s, the
+// exposed communication (waits for gathers and reductions) and the bytes each rank sends per step
+// (planned: the collectives the engine issues, at a ring's cost). Rank 0 prints the table and, with
+// --csv, appends its rows. --check TOL exits 1 when any rank's planned category or total differs
+// from the measured one by more than TOL (relative) and 64 KiB.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "base/check.h"
+#include "comm/launch/process_group.h"
+#include "examples/bench_config.h"
+#include "examples/flags.h"
+#include "examples/gpt/gpt_engine.h"
+#include "examples/gpt/gpt_plan.h"
+#include "zero/engine.h"
+#include "zero/plan/engine_plan.h"
+
+namespace zero {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The report's rows the table shows, by name, in this order.
+const std::vector<std::pair<std::string, std::vector<std::string>>> kColumns = {
+    {"params", {"params (user)", "params (shard)"}},
+    {"grads", {"grads"}},
+    {"master", {"master_params"}},
+    {"optim", {"optimizer_state"}},
+    {"buckets", {"comm_buffer"}},
+    {"window", {"gather_window"}},
+    {"host", {"offload params", "offload master", "offload state", "offload staging"}},
+    {"scratch", {"comm (process)"}},
+};
+
+std::vector<uint64_t> columns_of(const MemoryReport& r) {
+  std::vector<uint64_t> out;
+  for (const auto& [col, rows] : kColumns) {
+    uint64_t sum = 0;
+    for (const MemoryReport::Row& row : r.rows) {
+      if (std::find(rows.begin(), rows.end(), row.category) != rows.end()) sum += row.peak;
+    }
+    out.push_back(sum);
+  }
+  return out;
+}
+
+uint64_t total(const std::vector<uint64_t>& cols) {
+  uint64_t t = 0;
+  for (uint64_t c : cols) t += c;
+  return t;
+}
+
+double mib(uint64_t b) { return static_cast<double>(b) / (1 << 20); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// The worst relative difference of the plan from the measurement over the columns and the total,
+// ignoring differences of at most 64 KiB.
+double worst_difference(const std::vector<uint64_t>& measured, const std::vector<uint64_t>& planned) {
+  std::vector<uint64_t> m = measured, p = planned;
+  m.push_back(total(measured));
+  p.push_back(total(planned));
+  double worst = 0;
+  for (size_t i = 0; i < m.size(); ++i) {
+    const double diff = std::fabs(static_cast<double>(p[i]) - static_cast<double>(m[i]));
+    if (diff <= 65536.0) continue;
+    worst = std::max(worst, m[i] == 0 ? 1.0 : diff / static_cast<double>(m[i]));
+  }
+  return worst;
+}
+
+struct Row {
+  std::string config;
+  int world = 1;
+  std::vector<uint64_t> measured, planned;
+  uint64_t formula = 0;  // the ZeRO formula's device + host prediction (params, grads, master, state)
+  double step_ms = 0, tokens_per_s = 0, exposed_ms = 0;
+  uint64_t sent_per_step = 0;
+  double worst = 0;  // over ranks
+};
+
+int run(int argc, char** argv) {
+  examples::Flags flags(argc, argv);
+  std::vector<examples::BenchConfig> configs;
+  for (const std::string& c : flags.get_list("configs", "0,1,2,3,0+offload,1+offload,2+offload,3+offload")) {
+    configs.push_back(examples::parse_bench_config(c));
+  }
+  examples::GptConfig cfg;
+  cfg.vocab_size = 256;
+  cfg.n_layer = flags.get_int("n-layer", 8);
+  cfg.n_embd = flags.get_int("n-embd", 768);
+  cfg.n_head = flags.get_int("n-head", 12);
+  cfg.block_size = flags.get_int("block-size", 64);
+  const int batch = flags.get_int("batch", 4);
+  const int steps = flags.get_int("steps", 3);
+  const DType dtype = parse_dtype(flags.get("dtype", "bf16"));
+  const std::string csv = flags.get("csv", "");
+  const double check = flags.get_double("check", 0.0);
+  flags.check_all_used();
+  if (steps < 2) ZERO_THROW(InvalidArgument, "--steps {} must be at least 2 (the first is warm-up)", steps);
+
+  comm::ProcessGroup pg = comm::init_process_group();
+  const int rank = pg.host->rank(), world = pg.host->size();
+  if (batch % world != 0) ZERO_THROW(InvalidArgument, "--batch {} is not a multiple of {} ranks", batch, world);
+  const int local = batch / world, T = cfg.block_size;
+  const plan::ModelSpec spec = examples::gpt_model_spec(cfg, dtype);
+  std::vector<Row> rows;
+  for (const examples::BenchConfig& c : configs) {
+    // A fresh communicator: its scratch starts from nothing, as the plan's does.
+    std::unique_ptr<comm::Communicator> comm = pg.host->split(0, rank);
+    memory::MemoryTracker::global().reset_peaks();
+    EngineOptions opt;
+    c.apply(opt);
+    opt.optimizer.kind = optim::OptimizerKind::kAdamW;
+    const optim::Hyper decayed{.lr = 1e-4f, .weight_decay = 0.1f, .beta1 = 0.9f, .beta2 = 0.95f};
+    optim::Hyper plain = decayed;
+    plain.weight_decay = 0.0f;
+    opt.optimizer.groups = {decayed, plain};
+    opt.max_grad_norm = 1.0f;
+    opt.grad_accum_dtype = dtype;
+    Row row{c.name, world};
+    {
+      examples::Gpt model(cfg, 1);
+      Engine engine(*comm, opt);
+      examples::GptScopes scopes(engine, model, dtype);
+      engine.finalize();
+      const examples::Gpt::Access access = scopes.access();
+      std::mt19937 rng(static_cast<unsigned>(rank + 1));
+      std::vector<int> x(static_cast<size_t>(local * T)), y(x.size());
+      std::vector<double> times, exposed;
+      for (int s = 0; s < steps; ++s) {
+        for (size_t i = 0; i < x.size(); ++i) {
+          x[i] = static_cast<int>(rng() % 256);
+          y[i] = static_cast<int>(rng() % 256);
+        }
+        comm->barrier()->wait();
+        const auto t0 = Clock::now();
+        model.forward(x, y, local, T, access);
+        model.backward(engine.loss_scale(), access);
+        engine.finish_backward();
+        engine.step();
+        comm->barrier()->wait();
+        if (s == 0) continue;
+        times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        exposed.push_back(engine.step_timings().exposed_comm_s());
+      }
+      const MemoryReport report = engine.memory_report();
+      row.measured = columns_of(report);
+      row.formula = report.formula_predicted() + report.host_predicted();
+      row.step_ms = 1e3 * median(times);
+      row.tokens_per_s = batch * T / median(times);
+      row.exposed_ms = 1e3 * median(exposed);
+    }
+    const plan::EnginePlan planned = plan::plan_engine({.model = spec, .options = opt, .world_size = world, .rank = rank});
+    row.planned = columns_of(planned.memory);
+    row.sent_per_step = planned.wire_bytes();
+    row.worst = worst_difference(row.measured, row.planned);
+    comm->all_reduce(&row.worst, 1, DType::kFloat64, comm::ReduceOp::kMax)->wait();
+    rows.push_back(row);
+  }
+
+  if (rank == 0) {
+    std::printf("zero_bench: GPT %d layers, n_embd %d, context %d, %s, %llu parameters; %d rank(s), global batch %d x %d "
+                "tokens; rank 0's peak MiB by category (measured / planned), median of %d steps\n",
+                cfg.n_layer, cfg.n_embd, T, dtype_name(dtype), static_cast<unsigned long long>(spec.numel()), world, batch, T,
+                steps - 1);
+    std::string head = fmt::format("{:<16} {:>3}", "config", "N");
+    for (const auto& [col, names] : kColumns) head += fmt::format(" {:>8}", col);
+    head += fmt::format(" {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>8} {:>9} {:>10}", "total", "formula", "planned", "plan/m",
+                        "worst", "step ms", "tok/s", "exposed", "sent/step");
+    std::printf("%s\n", head.c_str());
+    for (const Row& r : rows) {
+      std::string line = fmt::format("{:<16} {:>3}", r.config, r.world);
+      for (uint64_t v : r.measured) line += fmt::format(" {:>8.1f}", mib(v));
+      line += fmt::format(" {:>9.1f} {:>9.1f} {:>9.1f} {:>8.4f} {:>8.4f} {:>9.1f} {:>8.0f} {:>9.1f} {:>10.1f}", mib(total(r.measured)),
+                          mib(r.formula), mib(total(r.planned)),
+                          static_cast<double>(total(r.planned)) / static_cast<double>(total(r.measured)), r.worst, r.step_ms,
+                          r.tokens_per_s, r.exposed_ms, mib(r.sent_per_step));
+      std::printf("%s\n", line.c_str());
+    }
+    std::fflush(stdout);
+    if (!csv.empty()) {
+      const bool fresh = !std::filesystem::exists(csv);
+      std::ofstream out(csv, std::ios::app);
+      if (!out) ZERO_THROW(IoError, "--csv '{}': cannot open for appending", csv);
+      if (fresh) {
+        out << "config,world,params,n_layer,n_embd";
+        for (const auto& [col, names] : kColumns) out << "," << col << "_bytes";
+        for (const auto& [col, names] : kColumns) out << ",planned_" << col << "_bytes";
+        out << ",formula_bytes,step_ms,tokens_per_s,exposed_comm_ms,sent_bytes_per_step,worst_plan_difference\n";
+      }
+      for (const Row& r : rows) {
+        out << r.config << "," << r.world << "," << spec.numel() << "," << cfg.n_layer << "," << cfg.n_embd;
+        for (uint64_t v : r.measured) out << "," << v;
+        for (uint64_t v : r.planned) out << "," << v;
+        out << "," << r.formula << "," << r.step_ms << "," << r.tokens_per_s << "," << r.exposed_ms << ","
+            << r.sent_per_step << "," << r.worst << "\n";
+      }
+    }
+  }
+  int failed = 0;
+  if (check > 0) {
+    for (const Row& r : rows) {
+      if (r.worst > check) {
+        if (rank == 0) {
+          std::fprintf(stderr, "zero_bench: %s at N = %d: the plan differs from the measurement by %.4f (more than %.4f)\n",
+                       r.config.c_str(), r.world, r.worst, check);
+        }
+        failed = 1;
+      }
+    }
+  }
+  pg.host->barrier()->wait();
+  return failed;
+}
+
+}  // namespace
+}  // namespace zero
+
+int main(int argc, char** argv) { return zero::examples::run_program("zero_bench", zero::run, argc, argv); }

@@ -1,0 +1,50 @@
+#include "examples/gpt/gpt_plan.h"
+
+#include <set>
+#include <vector>
+
+#include "base/check.h"
+
+namespace zero::examples {
+
+plan::ModelSpec gpt_model_spec(const GptConfig& config, DType dtype) {
+  ZERO_CHECK(dtype == DType::kFloat32 || dtype == DType::kBFloat16, "the GPT runs in fp32 or bf16");
+  plan::ModelSpec m;
+  m.dtype = dtype;
+  for (const Gpt::ParamLayout& p : Gpt::layout(config)) {
+    m.tensors.push_back({p.name, p.shape, p.unit, true, p.decay ? 0 : 1});
+  }
+  // The same units on a model too small to cost anything.
+  GptConfig tiny = config;
+  tiny.vocab_size = 2;
+  tiny.block_size = 2;
+  tiny.n_embd = tiny.n_head;
+  Gpt model(tiny, 1);
+  std::vector<std::vector<float>> grads;
+  for (const Gpt::Param& p : model.params()) grads.emplace_back(p.values.size(), 0.0f);
+  std::set<size_t> asked;  // gradients asked for in the open backward scopes
+  std::vector<plan::ScopeEvent>& events = m.schedule;
+  Gpt::Access a;
+  a.enter = [&](int unit, bool backward) { events.push_back({plan::ScopeEvent::kOpen, unit, backward, 0}); };
+  a.leave = [&](int unit, bool backward) {
+    if (backward && dtype == DType::kBFloat16) {
+      for (size_t i = 0; i < m.tensors.size(); ++i) {
+        if (m.tensors[i].unit == unit) events.push_back({plan::ScopeEvent::kGrad, unit, true, i});
+      }
+    }
+    events.push_back({plan::ScopeEvent::kClose, unit, backward, 0});
+  };
+  a.param = [&](size_t i) -> const float* { return model.params()[i].values.data(); };
+  a.grad = [&](size_t i) -> float* {
+    if (dtype == DType::kFloat32 && asked.insert(i).second) {
+      events.push_back({plan::ScopeEvent::kGrad, m.tensors[i].unit, true, i});
+    }
+    return grads[i].data();
+  };
+  const std::vector<int> tokens = {0, 1}, targets = {1, 0};
+  model.forward(tokens, targets, 1, 2, a);
+  model.backward(1.0f, a);
+  return m;
+}
+
+}  // namespace zero::examples

@@ -1,0 +1,15 @@
+#pragma once
+// The GPT as the planner sees it (zero/plan/): its parameters from Gpt::layout (no values) with
+// GptScopes' units and groups, and the scope schedule of one micro-step of train_gpt's loop, recorded
+// from the model's own forward and backward on a copy one element wide per head (the order of its
+// enter/leave calls does not depend on the widths). Where GptScopes touches the engine's gradients
+// is mirrored: in fp32 when the model asks for them, in bf16 when a backward scope closes.
+#include "base/dtype.h"
+#include "examples/gpt/gpt_model.h"
+#include "zero/plan/model_spec.h"
+
+namespace zero::examples {
+
+plan::ModelSpec gpt_model_spec(const GptConfig& config, DType dtype);
+
+}  // namespace zero::examples
