@@ -66,6 +66,8 @@ bool Flags::get_bool(const std::string& name, bool fallback) {
   ZERO_THROW(InvalidArgument, "--{}: '{}' is not true/false", name, v);
 }
 
+bool Flags::has(const std::string& name) const { return values_.count(name) != 0; }
+
 void Flags::check_all_used() const {
   for (const auto& [name, value] : values_) {
     if (!used_.count(name)) ZERO_THROW(InvalidArgument, "unknown flag --{}", name);

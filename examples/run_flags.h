@@ -1,26 +1,98 @@
 #pragma once
 // The flags every training example shares, and what they do to the engine and the loop:
+//   --config FILE                     EngineOptions, the model dtype and the loop's batch and log
+//                                     interval from a JSON file, ours or DeepSpeed's (docs/config.md)
 //   --offload / --offload-params      EngineOptions.offload (the optimizer; at stage 3 the parameters too)
 //   --save DIR [--save-every K]       an async checkpoint every K steps and at the end
 //   --resume DIR                      load DIR (any world size and stage) before the first step
 //   --export FILE.safetensors         the final weights
 #include <cstdio>
+#include <optional>
 #include <string>
 
+#include "base/check.h"
 #include "examples/flags.h"
 #include "zero/engine.h"
+#include "zero/engine_config.h"
 
 namespace zero::examples {
+
+// --config FILE. The file replaces the example's built-in defaults (a key it leaves out has
+// EngineOptions' default, not the example's), and a flag given on the command line overrides the
+// file, so a run can start from a shared config and change one thing.
+struct ConfigFlag {
+  std::optional<EngineConfig> config;
+
+  static ConfigFlag read(Flags& flags) {
+    ConfigFlag f;
+    const std::string path = flags.get("config", "");
+    if (!path.empty()) f.config = load_engine_config(path);
+    return f;
+  }
+
+  // The file's options, or the example's without --config; then the engine flags both examples
+  // have, each only when given. The examples put decayed weights in group 0 and the rest in group 1,
+  // so a file's single group (a DeepSpeed file has one) gets the second as a copy without decay.
+  EngineOptions engine_options(Flags& flags, const EngineOptions& example_defaults, const char* program) const {
+    EngineOptions o = config ? config->engine : example_defaults;
+    std::vector<optim::Hyper>& groups = o.optimizer.groups;
+    if (groups.size() == 1) {
+      groups.push_back(groups[0]);
+      groups[1].weight_decay = 0.0f;
+    }
+    if (groups.size() != 2) {
+      ZERO_THROW(InvalidArgument, "{} has {} optimizer groups; {} uses two (decayed weights, then the rest)",
+                 config ? config->source : "the example's options", groups.size(), program);
+    }
+    o.stage = flags.get_int("stage", o.stage);
+    o.gradient_accumulation_steps = flags.get_int("micro-steps", o.gradient_accumulation_steps);
+    o.deterministic = flags.get_bool("deterministic", o.deterministic);
+    // Floats only when given: the flag's fallback would go through text and lose digits.
+    if (flags.has("max-grad-norm")) o.max_grad_norm = static_cast<float>(flags.get_double("max-grad-norm", 0));
+    if (flags.has("lr")) {
+      const float lr = static_cast<float>(flags.get_double("lr", 0));
+      for (optim::Hyper& g : groups) g.lr = lr;
+    }
+    return o;
+  }
+
+  std::optional<DType> model_dtype() const { return config ? config->model_dtype : std::nullopt; }
+
+  // --log-every: steps between progress lines (the file's loop.log_every, else every step).
+  int log_every(Flags& flags) const {
+    const int every = flags.get_int("log-every", config && config->loop.log_every ? *config->loop.log_every : 1);
+    if (every < 1) ZERO_THROW(InvalidArgument, "--log-every must be >= 1, got {}", every);
+    return every;
+  }
+
+  // The file's global batch (samples per optimizer step) by DeepSpeed's rule, if it gives one.
+  std::optional<int> global_batch(int gradient_accumulation_steps, int world_size) const {
+    if (!config) return std::nullopt;
+    try {
+      return resolve_global_batch(config->loop, gradient_accumulation_steps, world_size);
+    } catch (const InvalidArgument& e) {
+      ZERO_THROW(InvalidArgument, "{}: {}", config->source, e.what());
+    }
+  }
+
+  // Rank 0: which file, and the keys it holds that change nothing here.
+  void print(int rank) const {
+    if (!config || rank != 0) return;
+    std::printf("config: %s\n", config->source.c_str());
+    for (const std::string& note : config->notes) std::printf("config: %s\n", note.c_str());
+  }
+};
 
 struct RunFlags {
   bool offload = false, offload_params = false;
   std::string save_dir, resume_dir, export_path;
   int save_every = 0;
 
-  static RunFlags read(Flags& flags) {
+  // `base`: the options the offload flags default to (a --config file's).
+  static RunFlags read(Flags& flags, const EngineOptions& base = {}) {
     RunFlags f;
-    f.offload = flags.get_bool("offload", false);
-    f.offload_params = flags.get_bool("offload-params", false);
+    f.offload = flags.get_bool("offload", base.offload.optimizer);
+    f.offload_params = flags.get_bool("offload-params", base.offload.params);
     f.save_dir = flags.get("save", "");
     f.save_every = flags.get_int("save-every", 0);
     f.resume_dir = flags.get("resume", "");

@@ -5,6 +5,8 @@
 // Prints the global loss per step (rank 0) and every rank's memory report at the end. Each rank
 // trains on its own slice of every global batch; the engine averages the gradients. Checkpoints:
 // --save DIR [--save-every K], --resume DIR (any world size and stage), --export FILE.safetensors.
+// --config FILE: the engine options, batch and log interval from a JSON file, ours or a DeepSpeed
+// config (docs/config.md); flags given explicitly override it.
 #include <cstdio>
 #include <exception>
 #include <optional>
@@ -20,27 +22,50 @@
 
 namespace {
 
+// The example's options without --config (each flag still overrides them).
+zero::EngineOptions mlp_defaults() {
+  using namespace zero;
+  EngineOptions o;
+  o.stage = 2;
+  o.optimizer.kind = optim::OptimizerKind::kAdamW;
+  o.optimizer.groups = {optim::Hyper{.lr = 1e-2f, .weight_decay = 0.01f}, optim::Hyper{.lr = 1e-2f, .weight_decay = 0.0f}};
+  o.max_grad_norm = 1.0f;
+  o.layout.bucket_numel = 256 * 1024 / sizeof(float);
+  return o;
+}
+
 int run(int argc, char** argv) {
   using namespace zero;
   examples::Flags flags(argc, argv);
-  const int stage = flags.get_int("stage", 2);
+  const examples::ConfigFlag config = examples::ConfigFlag::read(flags);
   const int steps = flags.get_int("steps", 30);
-  const int global_batch = flags.get_int("batch", 64);
-  const int micro = flags.get_int("micro-steps", 1);
+  // Samples of one micro-step over all ranks (a config's global batch divided by the micro-steps).
+  const bool batch_given = flags.has("batch");
+  const int batch_flag = flags.get_int("batch", 64);
   const int hidden = flags.get_int("hidden", 256);
   const int inputs = flags.get_int("inputs", 64);
   const int classes = flags.get_int("classes", 10);
-  const double lr = flags.get_double("lr", 1e-2);
-  const bool deterministic = flags.get_bool("deterministic", false);
-  const double clip = flags.get_double("max-grad-norm", 1.0);
-  const int bucket_kib = flags.get_int("bucket-kib", 256);
+  EngineOptions opt = config.engine_options(flags, mlp_defaults(), "train_mlp");
+  if (flags.has("bucket-kib")) {
+    opt.layout.bucket_numel = static_cast<size_t>(flags.get_int("bucket-kib", 256)) * 1024 / sizeof(float);
+  }
+  const int log_every = config.log_every(flags);
   const int seed = flags.get_int("seed", 1);
-  const examples::RunFlags run_flags = examples::RunFlags::read(flags);
+  const examples::RunFlags run_flags = examples::RunFlags::read(flags, opt);
   flags.check_all_used();
+  run_flags.apply(opt);
+  if (config.model_dtype() && *config.model_dtype() != DType::kFloat32) {
+    ZERO_THROW(InvalidArgument, "the MLP trains in fp32; {} sets model_dtype {}", config.config->source,
+               dtype_name(*config.model_dtype()));
+  }
+  const int micro = opt.gradient_accumulation_steps;
 
   comm::ProcessGroup pg = comm::init_process_group();
   comm::Communicator& comm = *pg.host;
   const int rank = comm.rank(), world = comm.size();
+  config.print(rank);
+  const std::optional<int> config_batch = config.global_batch(micro, world);
+  const int global_batch = batch_given || !config_batch ? batch_flag : *config_batch / micro;
   if (global_batch % world != 0) {
     ZERO_THROW(InvalidArgument, "--batch {} is not divisible by the world size {}", global_batch, world);
   }
@@ -50,16 +75,6 @@ int run(int argc, char** argv) {
   examples::Mlp model({inputs, hidden, hidden, classes}, static_cast<uint64_t>(seed + 17 * rank));
   examples::SyntheticData data(inputs, classes, static_cast<uint64_t>(seed));
 
-  EngineOptions opt;
-  opt.stage = stage;
-  opt.optimizer.kind = optim::OptimizerKind::kAdamW;
-  opt.optimizer.groups = {optim::Hyper{.lr = static_cast<float>(lr), .weight_decay = 0.01f},
-                          optim::Hyper{.lr = static_cast<float>(lr), .weight_decay = 0.0f}};
-  opt.max_grad_norm = static_cast<float>(clip);
-  opt.gradient_accumulation_steps = micro;
-  opt.deterministic = deterministic;
-  run_flags.apply(opt);
-  opt.layout.bucket_numel = static_cast<size_t>(bucket_kib) * 1024 / sizeof(float);
   Engine engine(comm, opt);
 
   // Each layer (its weight and bias) is a unit: at stage 3 its parameters exist in full only while
@@ -75,8 +90,8 @@ int run(int argc, char** argv) {
   engine.finalize();
   if (rank == 0) {
     std::printf("training MLP %d-%d-%d-%d (%zu parameters) on %d rank(s), stage %d%s\n", inputs,
-                hidden, hidden, classes, model.num_params(), world, stage,
-                deterministic ? ", deterministic" : "");
+                hidden, hidden, classes, model.num_params(), world, opt.stage,
+                opt.deterministic ? ", deterministic" : "");
   }
 
   const int first_step = run_flags.resume(engine);
@@ -96,7 +111,7 @@ int run(int argc, char** argv) {
     const StepResult r = engine.step();
     double loss = loss_sum / micro;
     comm.all_reduce(&loss, 1, DType::kFloat64, comm::ReduceOp::kAvg)->wait();
-    if (rank == 0) {
+    if (rank == 0 && ((step + 1) % log_every == 0 || step + 1 == steps)) {
       std::printf("step %3d  loss %.6f  grad_norm %.4f%s\n", step + 1, loss, r.grad_norm,
                   r.skipped ? "  (skipped)" : "");
     }

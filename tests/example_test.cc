@@ -1,7 +1,10 @@
 // The README's main job: the example trains, its loss decreases, and in deterministic mode the loss
 // curve is identical at stages 0, 1, 2 and 3, and with the optimizer (and parameters) offloaded. Also the memory benchmark's formula check at N = 2 and 4.
+// A --config file (DeepSpeed's or ours) trains as the same flags do.
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -58,6 +61,42 @@ TEST_CASE("example: loss decreases and is identical across stages and offload in
       CHECK(lines == first);
     }
   }
+}
+
+TEST_CASE("example: --config (a DeepSpeed file, our format) trains as the same flags do; flags override the file") {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "example_test_config";
+  std::filesystem::create_directories(dir);
+  const std::string deepspeed = (dir / "ds_config.json").string(), ours = (dir / "ours.json").string();
+  // 32 samples per rank and micro-step on 2 ranks: the example's default --batch 64.
+  std::ofstream(deepspeed) << R"({
+    "train_micro_batch_size_per_gpu": 32, "gradient_accumulation_steps": 2, "gradient_clipping": 0.5,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.02, "weight_decay": 0.01}},
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": 4096, "sub_group_size": 1e9}})";
+  // Its lr is overridden by --lr below; global batch 128 over 2 micro-steps: 64 per micro-step.
+  std::ofstream(ours) << R"({"stage": 3, "optimizer": {"groups": [{"lr": 0.5, "weight_decay": 0.01}, {"lr": 0.5}]},
+    "max_grad_norm": 0.5, "gradient_accumulation_steps": 2, "deterministic": true,
+    "layout": {"bucket_numel": 4096}, "loop": {"global_batch_size": 128}})";
+  const std::vector<std::string> common{"--steps", "20", "--hidden", "64"};
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), common.begin(), common.end());
+    const auto r = testing::launch(2, "examples/train_mlp", args);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    return r;
+  };
+  const auto flags = run({"--deterministic", "--stage", "3", "--micro-steps", "2", "--max-grad-norm", "0.5",
+                          "--lr", "0.02", "--bucket-kib", "16"});
+  const auto from_deepspeed = run({"--config", deepspeed, "--deterministic"});
+  const auto from_ours = run({"--config", ours, "--lr", "0.02"});
+  const auto lines = loss_lines(flags.output);
+  REQUIRE(lines.size() == 20);
+  CHECK(loss_of(lines.back()) < 0.8 * loss_of(lines.front()));
+  CHECK(loss_lines(from_deepspeed.output) == lines);
+  CHECK(loss_lines(from_ours.output) == lines);
+  CHECK(from_deepspeed.output.find("config: " + deepspeed + " (deepspeed)") != std::string::npos);
+  CHECK(from_deepspeed.output.find("zero_optimization.sub_group_size: no effect") != std::string::npos);
+  CHECK(from_ours.output.find("config: " + ours + " (ours)") != std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("memory per rank within 5% of the ZeRO formulas, N = 2 and 4, with and without optimizer and parameter offload") {

@@ -7,7 +7,8 @@
 // rate (warm-up then cosine), tokens/s, the step time with the engine's split (gather and reduce
 // waits, the update) and the memory of the largest rank; the validation loss every --val-every
 // steps; every rank's memory report; and a sample generated from the model (top-k with --top-k and
-// --seed; --top-k 0: greedy). Checkpoints and offload: examples/run_flags.h.
+// --seed; --top-k 0: greedy). Checkpoints, offload and --config FILE (the engine options, batch and
+// log interval from a JSON file, ours or a DeepSpeed config; docs/config.md): examples/run_flags.h.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -38,36 +39,61 @@ std::string printable(const std::vector<int>& tokens) {
   return s;
 }
 
+// The example's options without --config (each flag still overrides them).
+EngineOptions gpt_defaults() {
+  EngineOptions o;
+  o.stage = 3;
+  o.optimizer.kind = optim::OptimizerKind::kAdamW;
+  const optim::Hyper decayed{.lr = 3e-3f, .weight_decay = 0.1f, .beta1 = 0.9f, .beta2 = 0.95f};
+  optim::Hyper plain = decayed;
+  plain.weight_decay = 0.0f;
+  o.optimizer.groups = {decayed, plain};
+  o.max_grad_norm = 1.0f;
+  return o;
+}
+
 int run(int argc, char** argv) {
   examples::Flags flags(argc, argv);
-  const int stage = flags.get_int("stage", 3);
+  const examples::ConfigFlag config = examples::ConfigFlag::read(flags);
   const int steps = flags.get_int("steps", 400);
-  const int batch = flags.get_int("batch", 16);  // sequences per global step
-  const int micro = flags.get_int("micro-steps", 1);
+  // Sequences per global step (DeepSpeed's train_batch_size).
+  const bool batch_given = flags.has("batch");
+  const int batch_flag = flags.get_int("batch", 16);
   examples::GptConfig cfg;
   cfg.vocab_size = 256;
   cfg.block_size = flags.get_int("block-size", 64);
   cfg.n_embd = flags.get_int("n-embd", 64);
   cfg.n_head = flags.get_int("n-head", 4);
   cfg.n_layer = flags.get_int("n-layer", 2);
-  const double lr = flags.get_double("lr", 3e-3);
+  EngineOptions opt = config.engine_options(flags, gpt_defaults(), "train_gpt");
   const int warmup = flags.get_int("warmup", std::min(20, steps / 10));  // the default fits short runs
   const double min_lr_ratio = flags.get_double("min-lr-ratio", 0.1);
-  const double clip = flags.get_double("max-grad-norm", 1.0);
   const int val_every = flags.get_int("val-every", 50);
   const int val_batches = flags.get_int("val-batches", 4);
   const std::string corpus = flags.get("data", examples::default_corpus());
   const int seed = flags.get_int("seed", 1);
   const int sample_tokens = flags.get_int("sample-tokens", 160);
   const int top_k = flags.get_int("top-k", 5);  // 0: greedy
-  const bool deterministic = flags.get_bool("deterministic", false);
-  const examples::RunFlags run_flags = examples::RunFlags::read(flags);
-  const DType dtype = parse_dtype(flags.get("dtype", "fp32"));  // the parameters: fp32 or bf16
+  const int log_every = config.log_every(flags);
+  const examples::RunFlags run_flags = examples::RunFlags::read(flags, opt);
+  // The parameters: fp32 or bf16.
+  const DType dtype = parse_dtype(flags.get("dtype", config.model_dtype() ? dtype_name(*config.model_dtype()) : "fp32"));
   flags.check_all_used();
+  if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
+    ZERO_THROW(InvalidArgument, "the GPT runs in fp32 or bf16, got {}{}", dtype_name(dtype),
+               flags.has("dtype") ? "" : " (model_dtype of " + config.config->source + ")");
+  }
+  // A bf16 model keeps a bf16 gradient shard (2Ψ/N), and its reduced gradients are then the same
+  // bits at every stage. A config file says for itself.
+  if (!config.config) opt.grad_accum_dtype = dtype;
+  run_flags.apply(opt);
+  const int micro = opt.gradient_accumulation_steps;
 
   comm::ProcessGroup pg = comm::init_process_group();
   comm::Communicator& comm = *pg.host;
   const int rank = comm.rank(), world = comm.size();
+  config.print(rank);
+  const int batch = batch_given ? batch_flag : config.global_batch(micro, world).value_or(batch_flag);
   if (batch % (world * micro) != 0) {
     ZERO_THROW(InvalidArgument, "--batch {} is not a multiple of {} ranks x {} micro-steps", batch, world, micro);
   }
@@ -76,31 +102,21 @@ int run(int argc, char** argv) {
   const examples::TextData data(corpus, T, 0.1, static_cast<uint64_t>(seed));
   examples::Gpt model(cfg, static_cast<uint64_t>(seed));
 
-  EngineOptions opt;
-  opt.stage = stage;
-  opt.optimizer.kind = optim::OptimizerKind::kAdamW;
-  const optim::Hyper decayed{.lr = static_cast<float>(lr), .weight_decay = 0.1f, .beta1 = 0.9f, .beta2 = 0.95f};
-  optim::Hyper plain = decayed;
-  plain.weight_decay = 0.0f;
-  opt.optimizer.groups = {decayed, plain};
-  opt.max_grad_norm = static_cast<float>(clip);
-  opt.gradient_accumulation_steps = micro;
-  opt.deterministic = deterministic;
-  // A bf16 model keeps a bf16 gradient shard (2Ψ/N), and its reduced gradients are then the same
-  // bits at every stage.
-  opt.grad_accum_dtype = dtype;
-  run_flags.apply(opt);
   Engine engine(comm, opt);
   examples::GptScopes scopes(engine, model, dtype);
   engine.finalize();
   const examples::Gpt::Access access = scopes.access();
-  const optim::LrScheduleOptions schedule{"warmup_cosine", static_cast<float>(lr), warmup, steps,
+  // The schedule peaks at group 0's lr; other groups keep their ratio to it.
+  std::vector<float> base_lr;
+  for (const optim::Hyper& g : opt.optimizer.groups) base_lr.push_back(g.lr);
+  const float lr = base_lr[0];
+  const optim::LrScheduleOptions schedule{"warmup_cosine", lr, warmup, steps,
                                           static_cast<float>(lr * min_lr_ratio)};
   if (rank == 0) {
     std::printf("GPT %d layers, %d heads, n_embd %d, context %d (%zu %s parameters) on %d rank(s), stage %d%s%s\n"
                 "data: %s, %zu bytes for training, %zu held out (unigram entropy %.4f nats/byte); global batch %d x "
                 "%d tokens\n",
-                cfg.n_layer, cfg.n_head, cfg.n_embd, T, model.num_params(), dtype_name(dtype), world, stage,
+                cfg.n_layer, cfg.n_head, cfg.n_embd, T, model.num_params(), dtype_name(dtype), world, opt.stage,
                 opt.offload.optimizer ? ", optimizer offloaded" : "", opt.offload.params ? " (and parameters)" : "",
                 data.source().c_str(), data.train_bytes(), data.val_bytes(), data.unigram_entropy(), batch, T);
   }
@@ -119,7 +135,10 @@ int run(int argc, char** argv) {
   };
   for (int step = first_step; step < steps; ++step) {
     const float step_lr = optim::lr_at(schedule, step);
-    for (int g = 0; g < 2; ++g) engine.param_group(g).lr = step_lr;
+    for (int g = 0; g < 2; ++g) {
+      const float b = base_lr[static_cast<size_t>(g)];
+      engine.param_group(g).lr = b == lr ? step_lr : step_lr * (b / lr);
+    }
     const auto t0 = Clock::now();
     double loss_sum = 0;
     for (int m = 0; m < micro; ++m) {
@@ -136,7 +155,7 @@ int run(int argc, char** argv) {
     double mem = static_cast<double>(engine.device().tracker().current_total());
     comm.all_reduce(&mem, 1, DType::kFloat64, comm::ReduceOp::kMax)->wait();
     const StepTimings& tm = engine.step_timings();
-    if (rank == 0) {
+    if (rank == 0 && ((step + 1) % log_every == 0 || step + 1 == steps)) {
       std::printf("step %4d | loss %.4f | norm %.2f | lr %.2e | %7.0f tok/s | %6.1f ms (gather %.1f, reduce %.1f, "
                   "update %.1f) | mem/rank %s\n",
                   step + 1, loss, r.grad_norm, step_lr, batch * T / dt, 1e3 * dt, 1e3 * tm.gather_wait_s, 1e3 * tm.reduce_wait_s,

@@ -1,0 +1,70 @@
+#pragma once
+// EngineOptions from a JSON file: our own format (the struct's field names, nested as in the struct)
+// or a DeepSpeed config (ds_config.json), told apart by their keys. docs/config.md is the reference:
+// every key, its type and default, and how each DeepSpeed key maps.
+//
+// Nothing is silently ignored: an unknown key, at any level, is an error naming its full path and
+// the nearest known key at that level; a value of the wrong type names the key and the type
+// expected; a DeepSpeed setting the engine cannot honour is refused with the reason. DeepSpeed keys
+// that are accepted but change nothing here (e.g. sub_group_size) are listed in EngineConfig::notes
+// for the program to print. Every result is validated (zero::validate and the optimizer's and loss
+// scaler's own checks), so out-of-range values fail naming the field. All errors are
+// InvalidArgument, except IoError for a file that cannot be read.
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/dtype.h"
+#include "zero/engine_options.h"
+
+namespace zero {
+
+// Settings of the training loop rather than the engine, which the examples read: DeepSpeed's
+// train_micro_batch_size_per_gpu, train_batch_size and steps_per_print. Unset when not given.
+struct LoopConfig {
+  std::optional<int> micro_batch_size;   // samples per rank in one micro-step
+  std::optional<int> global_batch_size;  // samples per optimizer step, over all ranks and micro-steps
+  std::optional<int> log_every;          // steps between progress lines
+};
+
+enum class ConfigFormat { kNative, kDeepSpeed };
+
+struct EngineConfig {
+  EngineOptions engine;
+  // The dtype the model's parameters are registered in (DeepSpeed: fp16 / bf16 enabled). The engine
+  // takes it from each parameter, so this is for the program that registers them.
+  std::optional<DType> model_dtype;
+  LoopConfig loop;
+  ConfigFormat format = ConfigFormat::kNative;
+  std::string source;  // "<name> (ours)" or "<name> (deepspeed)"
+  // Keys accepted without effect, each with the reason ("zero_optimization.sub_group_size: ...").
+  std::vector<std::string> notes;
+};
+
+// Reads either format: DeepSpeed's when the top level has zero_optimization, fp16, bf16,
+// gradient_clipping, train_batch_size, train_micro_batch_size_per_gpu or steps_per_print, or an
+// "optimizer" object with a "type"; ours otherwise. `source_name` (a file name) starts every error.
+EngineConfig parse_engine_config(std::string_view json_text, const std::string& source_name);
+EngineConfig parse_native_config(std::string_view json_text, const std::string& source_name);
+EngineConfig parse_deepspeed_config(std::string_view json_text, const std::string& source_name);
+
+// parse_engine_config of a file's contents; IoError naming the file when it cannot be read.
+EngineConfig load_engine_config(const std::string& path);
+
+// Our format with every key (a loop or model dtype that is unset is left out): what
+// parse_native_config reads back to the same config. Pretty-printed with two-space indents.
+std::string to_native_json(const EngineConfig& config);
+
+// Every key path our format accepts, in document order: "stage", "optimizer.kind",
+// "optimizer.groups[].lr", ..., "loop.log_every".
+std::vector<std::string> native_config_keys();
+
+// DeepSpeed's batch rule, global = micro * gradient_accumulation_steps * world_size: the global batch
+// from whichever of loop.global_batch_size and loop.micro_batch_size is given, checked against the
+// other when both are; nullopt when neither is. InvalidArgument names the keys that disagree, or a
+// global batch that does not divide by gradient_accumulation_steps * world_size.
+std::optional<int> resolve_global_batch(const LoopConfig& loop, int gradient_accumulation_steps,
+                                        int world_size);
+
+}  // namespace zero
