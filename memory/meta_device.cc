@@ -23,9 +23,10 @@ constexpr const char* kDeviceName = "meta";
 // The unbacked ranges of one device, shared with its allocations (which may outlive a lookup).
 class AddressSpace {
  public:
-  // `bytes` of address space that faults when touched.
+  // `bytes` of address space that reads as zeros (the kernel's shared zero page: no memory) and
+  // faults when written.
   void* reserve(size_t bytes) {
-    void* p = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
       ZERO_THROW(AllocationError, "meta device: cannot reserve {} bytes of address space: {}", bytes,
                  std::strerror(errno));

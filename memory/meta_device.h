@@ -1,16 +1,17 @@
 #pragma once
 // The planning device (make_meta_device): a memory::Device whose buffers are accounted exactly as a
 // real device's, under the same categories and locations, but where large buffers are only address
-// space (PROT_NONE, never backed) and no work is done on them. The planner (zero/plan/) builds a
+// space (read-only, never backed: they read as zeros) and no work is done on them. The planner (zero/plan/) builds a
 // real engine on it and takes a step, so the memory and traffic it reports come from the engine's
 // own code, with every lazy buffer and transient peak, for a model that need not fit in this
 // machine's memory (PyTorch's meta tensors serve the same purpose).
 //
 // Small buffers (at most kAddressableBytes) are real, zeroed host memory and the kernels run on
-// them, because the engine reads a few back on the host (hashes of the registration, norms). An
-// operation that touches any unbacked byte is skipped; `addressable()` tells which memory is real,
-// for a planning communicator. Dereferencing unbacked memory faults at once, so a part that
-// computes on the host in the planner shows up as a crash in its test, not as a wrong figure.
+// them, because the engine reads a few back on the host (hashes of the registration). An operation
+// that touches any unbacked byte is skipped; `addressable()` tells which memory is real, for a
+// planning communicator. The engine's host-side reads of large staging (the norm's block sums) see
+// zeros; a write to unbacked memory faults at once, so a part that computes on the host in the
+// planner shows up as a crash in its test, not as a wrong figure.
 //
 // Streams are inline and events trivially complete; host_task runs at the call.
 #include <cstddef>

@@ -28,6 +28,7 @@
 
 #include "base/check.h"
 #include "comm/launch/process_group.h"
+#include "examples/bench/report_columns.h"
 #include "examples/bench_config.h"
 #include "examples/flags.h"
 #include "examples/gpt/gpt_engine.h"
@@ -40,35 +41,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The report's rows the table shows, by name, in this order.
-const std::vector<std::pair<std::string, std::vector<std::string>>> kColumns = {
-    {"params", {"params (user)", "params (shard)"}},
-    {"grads", {"grads"}},
-    {"master", {"master_params"}},
-    {"optim", {"optimizer_state"}},
-    {"buckets", {"comm_buffer"}},
-    {"window", {"gather_window"}},
-    {"host", {"offload params", "offload master", "offload state", "offload staging"}},
-    {"scratch", {"comm (process)"}},
-};
-
-std::vector<uint64_t> columns_of(const MemoryReport& r) {
-  std::vector<uint64_t> out;
-  for (const auto& [col, rows] : kColumns) {
-    uint64_t sum = 0;
-    for (const MemoryReport::Row& row : r.rows) {
-      if (std::find(rows.begin(), rows.end(), row.category) != rows.end()) sum += row.peak;
-    }
-    out.push_back(sum);
-  }
-  return out;
-}
-
-uint64_t total(const std::vector<uint64_t>& cols) {
-  uint64_t t = 0;
-  for (uint64_t c : cols) t += c;
-  return t;
-}
+using examples::report_column_peaks;
+using examples::report_columns;
+using examples::sum_of;
 
 double mib(uint64_t b) { return static_cast<double>(b) / (1 << 20); }
 
@@ -81,8 +56,8 @@ double median(std::vector<double> v) {
 // ignoring differences of at most 64 KiB.
 double worst_difference(const std::vector<uint64_t>& measured, const std::vector<uint64_t>& planned) {
   std::vector<uint64_t> m = measured, p = planned;
-  m.push_back(total(measured));
-  p.push_back(total(planned));
+  m.push_back(sum_of(measured));
+  p.push_back(sum_of(planned));
   double worst = 0;
   for (size_t i = 0; i < m.size(); ++i) {
     const double diff = std::fabs(static_cast<double>(p[i]) - static_cast<double>(m[i]));
@@ -168,14 +143,14 @@ int run(int argc, char** argv) {
         exposed.push_back(engine.step_timings().exposed_comm_s());
       }
       const MemoryReport report = engine.memory_report();
-      row.measured = columns_of(report);
+      row.measured = report_column_peaks(report);
       row.formula = report.formula_predicted() + report.host_predicted();
       row.step_ms = 1e3 * median(times);
       row.tokens_per_s = batch * T / median(times);
       row.exposed_ms = 1e3 * median(exposed);
     }
     const plan::EnginePlan planned = plan::plan_engine({.model = spec, .options = opt, .world_size = world, .rank = rank});
-    row.planned = columns_of(planned.memory);
+    row.planned = report_column_peaks(planned.memory);
     row.sent_per_step = planned.wire_bytes();
     row.worst = worst_difference(row.measured, row.planned);
     comm->all_reduce(&row.worst, 1, DType::kFloat64, comm::ReduceOp::kMax)->wait();
@@ -188,16 +163,16 @@ int run(int argc, char** argv) {
                 cfg.n_layer, cfg.n_embd, T, dtype_name(dtype), static_cast<unsigned long long>(spec.numel()), world, batch, T,
                 steps - 1);
     std::string head = fmt::format("{:<16} {:>3}", "config", "N");
-    for (const auto& [col, names] : kColumns) head += fmt::format(" {:>8}", col);
+    for (const auto& [col, names] : report_columns()) head += fmt::format(" {:>8}", col);
     head += fmt::format(" {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>8} {:>9} {:>10}", "total", "formula", "planned", "plan/m",
                         "worst", "step ms", "tok/s", "exposed", "sent/step");
     std::printf("%s\n", head.c_str());
     for (const Row& r : rows) {
       std::string line = fmt::format("{:<16} {:>3}", r.config, r.world);
       for (uint64_t v : r.measured) line += fmt::format(" {:>8.1f}", mib(v));
-      line += fmt::format(" {:>9.1f} {:>9.1f} {:>9.1f} {:>8.4f} {:>8.4f} {:>9.1f} {:>8.0f} {:>9.1f} {:>10.1f}", mib(total(r.measured)),
-                          mib(r.formula), mib(total(r.planned)),
-                          static_cast<double>(total(r.planned)) / static_cast<double>(total(r.measured)), r.worst, r.step_ms,
+      line += fmt::format(" {:>9.1f} {:>9.1f} {:>9.1f} {:>8.4f} {:>8.4f} {:>9.1f} {:>8.0f} {:>9.1f} {:>10.1f}", mib(sum_of(r.measured)),
+                          mib(r.formula), mib(sum_of(r.planned)),
+                          static_cast<double>(sum_of(r.planned)) / static_cast<double>(sum_of(r.measured)), r.worst, r.step_ms,
                           r.tokens_per_s, r.exposed_ms, mib(r.sent_per_step));
       std::printf("%s\n", line.c_str());
     }
@@ -208,8 +183,8 @@ int run(int argc, char** argv) {
       if (!out) ZERO_THROW(IoError, "--csv '{}': cannot open for appending", csv);
       if (fresh) {
         out << "config,world,params,n_layer,n_embd";
-        for (const auto& [col, names] : kColumns) out << "," << col << "_bytes";
-        for (const auto& [col, names] : kColumns) out << ",planned_" << col << "_bytes";
+        for (const auto& [col, names] : report_columns()) out << "," << col << "_bytes";
+        for (const auto& [col, names] : report_columns()) out << ",planned_" << col << "_bytes";
         out << ",formula_bytes,step_ms,tokens_per_s,exposed_comm_ms,sent_bytes_per_step,worst_plan_difference\n";
       }
       for (const Row& r : rows) {

@@ -1,0 +1,128 @@
+// zero_plan: the per-rank memory the engine will allocate, and the bytes each rank sends per step,
+// for a model, before running it. It is the engine itself on a meta device (zero/plan/engine_plan.h),
+// so it needs no memory for the model and no other ranks:
+//
+//   bazel-bin/examples/bench/zero_plan --gpt 48,1600,25,50257,1024 --stage 3 --world 64 --offload
+//   bazel-bin/examples/bench/zero_plan --params-m 7000 --tensors 32 --stages 0,1,2,3 --world 1,8,64
+//   bazel-bin/examples/bench/zero_plan --safetensors model.safetensors --stage 2 --world 8
+//   bazel-bin/examples/bench/zero_plan --shapes shapes.txt ...      (lines "name 768x3072 [unit]")
+//
+// One stage and world size: the full memory report and the traffic by collective. Lists (--stages,
+// --world): one row each. Options: --dtype bf16|fp16|fp32 (the model's; a safetensors file gives its
+// own), --optimizer adamw, --offload, --offload-params, --bucket-m (elements), --micro-steps,
+// --prefetch-mb, --max-live-mb, --persist-kb, --rank (ranks differ by padding only), --cuda (a GPU's
+// memory: no communicator scratch accounted).
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "base/check.h"
+#include "examples/bench/report_columns.h"
+#include "examples/flags.h"
+#include "examples/gpt/gpt_plan.h"
+#include "zero/file_io.h"
+#include "zero/plan/engine_plan.h"
+
+namespace zero {
+namespace {
+
+std::vector<int> int_list(examples::Flags& flags, const std::string& name, const std::string& fallback) {
+  std::vector<int> out;
+  for (const std::string& s : flags.get_list(name, fallback)) {
+    char* end = nullptr;
+    const long v = std::strtol(s.c_str(), &end, 10);
+    if (*end != '\0' || v < 0) ZERO_THROW(InvalidArgument, "--{}: '{}' is not a non-negative integer", name, s);
+    out.push_back(static_cast<int>(v));
+  }
+  return out;
+}
+
+plan::ModelSpec read_model(examples::Flags& flags) {
+  const std::string gpt = flags.get("gpt", ""), shapes = flags.get("shapes", ""), st = flags.get("safetensors", "");
+  const double millions = flags.get_double("params-m", 0);
+  const int tensors = flags.get_int("tensors", 16);
+  const DType dtype = parse_dtype(flags.get("dtype", "bf16"));
+  const int given = !gpt.empty() + !shapes.empty() + !st.empty() + (millions > 0);
+  if (given != 1) ZERO_THROW(InvalidArgument, "give the model one way: --params-m, --shapes, --safetensors or --gpt");
+  if (!st.empty()) return plan::model_of_safetensors(st);
+  if (!shapes.empty()) return plan::model_of_shapes(read_whole_file(shapes), dtype, shapes);
+  if (millions > 0) return plan::model_of_count(static_cast<uint64_t>(millions * 1e6), tensors, dtype);
+  std::vector<int> v;
+  std::stringstream parts(gpt);
+  for (std::string p; std::getline(parts, p, ',');) v.push_back(std::stoi(p));
+  if (v.size() != 3 && v.size() != 5) {
+    ZERO_THROW(InvalidArgument, "--gpt '{}': expected n_layer,n_embd,n_head[,vocab_size,block_size]", gpt);
+  }
+  examples::GptConfig c;
+  c.n_layer = v[0];
+  c.n_embd = v[1];
+  c.n_head = v[2];
+  if (v.size() == 5) {
+    c.vocab_size = v[3];
+    c.block_size = v[4];
+  }
+  return examples::gpt_model_spec(c, dtype);
+}
+
+double mib(uint64_t b) { return static_cast<double>(b) / (1 << 20); }
+
+int run(int argc, char** argv) {
+  examples::Flags flags(argc, argv);
+  const plan::ModelSpec model = read_model(flags);
+  const std::vector<int> stages = int_list(flags, "stages", std::to_string(flags.get_int("stage", 2)));
+  const std::vector<int> worlds = int_list(flags, "world", "1");
+  plan::PlanInputs in;
+  in.model = model;
+  in.rank = flags.get_int("rank", 0);
+  in.cuda = flags.get_bool("cuda", false);
+  EngineOptions& o = in.options;
+  o.optimizer.kind = optim::parse_optimizer(flags.get("optimizer", "adamw"));
+  int groups = 1;
+  for (const plan::TensorSpec& t : model.tensors) groups = std::max(groups, t.group + 1);
+  o.optimizer.groups.assign(static_cast<size_t>(groups), optim::Hyper{});
+  o.grad_accum_dtype = model.dtype;
+  o.offload.optimizer = flags.get_bool("offload", false) || flags.get_bool("offload-params", false);
+  o.offload.params = flags.get_bool("offload-params", false);
+  o.layout.bucket_numel = static_cast<size_t>(flags.get_double("bucket-m", 8.0) * (1 << 20));
+  o.gradient_accumulation_steps = flags.get_int("micro-steps", 1);
+  o.prefetch_bytes = static_cast<size_t>(flags.get_double("prefetch-mb", 0) * (1 << 20));
+  o.max_live_gathered_bytes = static_cast<size_t>(flags.get_double("max-live-mb", 0) * (1 << 20));
+  o.param_persistence_bytes = static_cast<size_t>(flags.get_double("persist-kb", 0) * 1024);
+  flags.check_all_used();
+
+  std::printf("model: %zu tensors, %llu trainable parameters, %s; optimizer %s%s\n", model.tensors.size(),
+              static_cast<unsigned long long>(model.numel()), dtype_name(model.dtype), optim::optimizer_name(o.optimizer.kind),
+              o.offload.params ? ", optimizer and parameters offloaded" : o.offload.optimizer ? ", optimizer offloaded" : "");
+  if (stages.size() == 1 && worlds.size() == 1) {
+    o.stage = stages[0];
+    in.world_size = worlds[0];
+    std::printf("%s", plan::plan_engine(in).table().c_str());
+    return 0;
+  }
+  std::string head = fmt::format("{:>5} {:>5}", "stage", "N");
+  for (const auto& [column, rows] : examples::report_columns()) head += fmt::format(" {:>10}", column);
+  head += fmt::format(" {:>11} {:>10} {:>12}", "total MiB", "formula", "sent/step");
+  std::printf("rank %d's peak MiB by category\n%s\n", in.rank, head.c_str());
+  for (int stage : stages) {
+    for (int world : worlds) {
+      o.stage = stage;
+      in.world_size = world;
+      const plan::EnginePlan p = plan::plan_engine(in);
+      const std::vector<uint64_t> cols = examples::report_column_peaks(p.memory);
+      std::string line = fmt::format("{:>5} {:>5}", stage, world);
+      for (uint64_t c : cols) line += fmt::format(" {:>10.1f}", mib(c));
+      line += fmt::format(" {:>11.1f} {:>10.1f} {:>12.1f}", mib(examples::sum_of(cols)),
+                          mib(p.memory.formula_predicted() + p.memory.host_predicted()), mib(p.wire_bytes()));
+      std::printf("%s\n", line.c_str());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace zero
+
+int main(int argc, char** argv) { return zero::examples::run_program("zero_plan", zero::run, argc, argv); }
