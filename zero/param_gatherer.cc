@@ -71,13 +71,14 @@ int ParamGatherer::find(size_t b) const {
 }
 
 // An empty or stale slot first, else the least recently used one that no scope holds, that is not
-// being gathered and not kept for later; -1 when there is none.
-int ParamGatherer::free_slot() {
+// being gathered, not kept for later and not holding a unit of `sooner`; -1 when there is none.
+int ParamGatherer::free_slot(const std::vector<int>& sooner) {
   int best = -1;
   for (size_t s = 0; s < slots_.size(); ++s) {
     const Slot& x = slots_[s];
     if (x.bucket < 0 || (!x.valid && !x.data_work)) return static_cast<int>(s);
     if (x.users > 0 || x.data_work || x.persistent) continue;
+    if (std::find(sooner.begin(), sooner.end(), x.bucket) != sooner.end()) continue;
     if (best < 0 || x.last_use < slots_[static_cast<size_t>(best)].last_use) best = static_cast<int>(s);
   }
   return best;
@@ -188,12 +189,18 @@ void ParamGatherer::prefetch_from(size_t position) {
   // Default budget: the largest unit, i.e. one unit ahead.
   const size_t budget = config_.prefetch_bytes ? config_.prefetch_bytes : slot_elems_ * dtype_size(config_.model_dtype);
   size_t ahead = 0;
+  // The units asked for before the one prefetched stay: evicting one (the least recently used may
+  // well be the next unit, still resident from its forward) would trade a gather needed now for
+  // one needed later, and with every other slot held leave the next acquire no slot at all.
+  std::vector<int> sooner;
   for (size_t p = position; p < recorded_.size(); ++p) {
     const size_t b = static_cast<size_t>(recorded_[p] / 2);
     ahead += unit_bytes(b);
     if (ahead > budget) break;
-    if (find(b) >= 0) continue;
-    const int s = free_slot();
+    const bool resident = find(b) >= 0;
+    sooner.push_back(static_cast<int>(b));
+    if (resident) continue;
+    const int s = free_slot(sooner);
     if (s < 0) break;
     issue(b, recorded_[p] % 2 != 0, s);
   }

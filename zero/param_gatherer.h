@@ -88,7 +88,8 @@ class ParamGatherer {
     comm::WorkHandle data_work;
   };
   int find(size_t b) const;
-  int free_slot();
+  // `sooner`: units (buckets) needed before the one a slot is wanted for, which must not be evicted.
+  int free_slot(const std::vector<int>& sooner = {});
   void issue(size_t b, bool backward, int slot);
   void finish(int slot);  // waits for the slot's gather; a failure names the unit
   std::string unit_label(size_t b, bool backward) const;  // "unit 3 forward"

@@ -188,3 +188,34 @@ TEST_CASE("the plan's traffic: stage 2 moves each gradient once and each paramet
 }
 
 }  // namespace zero::plan
+
+namespace zero::plan {
+
+TEST_CASE("stage 3's default window runs a largest first unit whose backward spans the others (a tied head)") {
+  // As a GPT with a large vocabulary: unit 0 (the embedding) is the largest, forward enters it again
+  // at the end (the tied head), and its backward scope is open for the whole backward. Prefetch must
+  // not evict the last unit, still resident from forward, to make room for the one after it: both
+  // slots would then be busy when the last unit's backward asks for it.
+  ModelSpec m;
+  m.tensors = {{"wte", {5000, 64}, 0, true}, {"h.0", {64, 192}, 1, true}, {"h.1", {64, 192}, 2, true},
+               {"h.2", {64, 192}, 3, true}, {"ln_f", {64}, 4, true}};
+  using E = ScopeEvent;
+  for (int u = 0; u <= 4; ++u) {
+    m.schedule.push_back({E::kOpen, u, false, 0});
+    m.schedule.push_back({E::kClose, u, false, 0});
+  }
+  m.schedule.push_back({E::kOpen, 0, false, 0});  // the head
+  m.schedule.push_back({E::kClose, 0, false, 0});
+  m.schedule.push_back({E::kOpen, 0, true, 0});
+  for (int u = 4; u >= 1; --u) {
+    m.schedule.push_back({E::kOpen, u, true, 0});
+    m.schedule.push_back({E::kGrad, u, true, static_cast<size_t>(u)});
+    m.schedule.push_back({E::kClose, u, true, 0});
+  }
+  m.schedule.push_back({E::kGrad, 0, true, 0});
+  m.schedule.push_back({E::kClose, 0, true, 0});
+  const EnginePlan p = plan_engine({.model = m, .options = base_options(3), .world_size = 2});
+  CHECK(p.traffic.at("all_gather").calls > 0);
+}
+
+}  // namespace zero::plan
