@@ -20,6 +20,7 @@
 #include "base/check.h"
 #include "base/logging.h"
 #include "memory/host_kernels.h"
+#include "zero/checkpoint_manifest.h"
 #include "zero/crc32c.h"
 #include "zero/file_io.h"
 #include "zero/rank_agreement.h"
@@ -31,11 +32,11 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-constexpr const char* kFormat = "zero-checkpoint";
-constexpr int kVersion = 1;
+constexpr const char* kFormat = kCheckpointFormat;
+constexpr int kVersion = kCheckpointVersion;
 constexpr const char* kMaster = "master";
 constexpr const char* kParams = "params";
-constexpr const char* kBlob = "user_blob";
+constexpr const char* kBlob = kCheckpointBlobKind;
 constexpr const char* kFrozen = "frozen";  // a frozen parameter, whole, in its own dtype
 
 std::string state_kind(const std::string& name) { return "state:" + name; }
@@ -308,34 +309,13 @@ void wait_for_ranks(int world, const std::string& dir, std::chrono::milliseconds
 
 // --- load ----------------------------------------------------------------------------------------
 
-struct SavedPiece {
-  std::string kind;
-  size_t begin = 0, end = 0;
-  DType dtype = DType::kFloat32;
-  int file = 0;  // rank
-  uint64_t offset = 0, bytes = 0;
-  uint32_t crc = 0;
-};
-
-struct Manifest {
-  json doc;
-  std::map<std::string, std::vector<SavedPiece>> pieces;  // by tensor name
-  std::vector<SavedPiece> blobs;
-  std::vector<std::string> files;  // data file paths by rank
-};
-
-[[noreturn]] void bad(const std::string& where, const std::string& what) {
-  ZERO_THROW(InvalidArgument, "checkpoint '{}': {}", where, what);
-}
+// The text of the manifest and the indexes is parsed in zero/checkpoint_manifest; these keep the
+// short names this file has always used.
+[[noreturn]] void bad(const std::string& where, const std::string& what) { checkpoint_error(where, what); }
 
 template <typename T>
 T field(const json& j, const char* key, const std::string& where) {
-  if (!j.is_object() || !j.contains(key)) bad(where, fmt::format("field '{}' is missing", key));
-  try {
-    return j.at(key).get<T>();
-  } catch (const std::exception&) {
-    bad(where, fmt::format("field '{}' has the wrong type: {}", key, j.at(key).dump()));
-  }
+  return checkpoint_field<T>(j, key, where);
 }
 
 Manifest read_manifest(const std::string& dir) {
@@ -346,20 +326,8 @@ Manifest read_manifest(const std::string& dir) {
     if (path_exists(dir + ".old")) hint += fmt::format("; '{}.old' holds the previous complete checkpoint", dir);
     bad(dir, (path_exists(dir) ? "no manifest.json: not a complete checkpoint" : "no such directory") + hint);
   }
-  Manifest m;
-  try {
-    m.doc = json::parse(read_whole_file(path));
-  } catch (const json::exception& e) {
-    bad(path, fmt::format("not JSON: {}", e.what()));
-  }
-  if (field<std::string>(m.doc, "format", path) != kFormat) bad(path, "not a zero checkpoint manifest");
-  if (field<int>(m.doc, "version", path) != kVersion) {
-    bad(path, fmt::format("format version {} (this build reads {})", field<int>(m.doc, "version", path), kVersion));
-  }
+  Manifest m = parse_manifest(read_whole_file(path), path);
   const json files = field<json>(m.doc, "files", path);
-  if (!files.is_array() || files.size() != field<size_t>(m.doc, "world_size", path)) {
-    bad(path, "the file list does not have one entry per saved rank");
-  }
   for (size_t r = 0; r < files.size(); ++r) {
     const json& f = files[r];
     const std::string index_path = dir + "/" + field<std::string>(f, "index", path);
@@ -368,12 +336,7 @@ Manifest read_manifest(const std::string& dir) {
     if (crc32c(text.data(), text.size()) != field<uint32_t>(f, "index_crc32c", path)) {
       bad(index_path, "checksum mismatch: the index was changed or damaged after the save");
     }
-    json index;
-    try {
-      index = json::parse(text);
-    } catch (const json::exception& e) {
-      bad(index_path, fmt::format("not JSON: {}", e.what()));
-    }
+    const json index = parse_checkpoint_json(text, index_path);
     const std::string data_path = dir + "/" + field<std::string>(f, "file", path);
     if (!path_exists(data_path)) bad(data_path, fmt::format("missing (the data of rank {})", r));
     struct stat st {};
@@ -383,27 +346,7 @@ Manifest read_manifest(const std::string& dir) {
                                  static_cast<uint64_t>(st.st_size), field<uint64_t>(f, "bytes", path)));
     }
     m.files.push_back(data_path);
-    for (const json& pj : field<json>(index, "pieces", index_path)) {
-      SavedPiece sp;
-      sp.kind = field<std::string>(pj, "kind", index_path);
-      sp.begin = field<size_t>(pj, "begin", index_path);
-      sp.end = field<size_t>(pj, "end", index_path);
-      sp.dtype = parse_dtype(field<std::string>(pj, "dtype", index_path));
-      sp.file = static_cast<int>(r);
-      sp.offset = field<uint64_t>(pj, "offset", index_path);
-      sp.bytes = field<uint64_t>(pj, "bytes", index_path);
-      sp.crc = field<uint32_t>(pj, "crc32c", index_path);
-      if (sp.end < sp.begin || sp.bytes != (sp.end - sp.begin) * dtype_size(sp.dtype) ||
-          sp.offset + sp.bytes > static_cast<uint64_t>(st.st_size)) {
-        bad(index_path, fmt::format("piece {} [{}, {}) of '{}' is inconsistent", sp.kind, sp.begin, sp.end,
-                                    field<std::string>(pj, "name", index_path)));
-      }
-      if (sp.kind == kBlob) {
-        m.blobs.push_back(sp);
-      } else {
-        m.pieces[field<std::string>(pj, "name", index_path)].push_back(sp);
-      }
-    }
+    add_index_pieces(index, index_path, static_cast<int>(r), static_cast<uint64_t>(st.st_size), m);
   }
   return m;
 }

@@ -1,6 +1,7 @@
 #include "zero/safetensors.h"
 
 #include <algorithm>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "base/check.h"
@@ -8,8 +9,6 @@
 
 namespace zero {
 namespace {
-
-constexpr uint64_t kMaxHeaderBytes = 100u << 20;
 
 struct DTypeName {
   DType dtype;
@@ -29,6 +28,13 @@ bool elements(const std::vector<int64_t>& shape, uint64_t* n) {
   }
   *n = p;
   return true;
+}
+
+// The file must hold the 8-byte length field before anything else is looked at.
+void require_length_field(uint64_t file_size, const std::string& source) {
+  if (file_size < 8) {
+    ZERO_THROW(InvalidArgument, "safetensors '{}': {} bytes, too short for the header length", source, file_size);
+  }
 }
 
 }  // namespace
@@ -61,44 +67,69 @@ std::string safetensors_header(SafetensorsLayout& layout) {
   return out + text;
 }
 
+uint64_t safetensors_header_length(const uint8_t prefix8[8], uint64_t file_size, const std::string& source) {
+  require_length_field(file_size, source);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | prefix8[i];
+  if (n < 2 || n > kMaxSafetensorsHeaderBytes || n > file_size - 8) {
+    ZERO_THROW(InvalidArgument, "safetensors '{}': header length {} is impossible (file of {} bytes, limit {})", source,
+               n, file_size, kMaxSafetensorsHeaderBytes);
+  }
+  return n;
+}
+
 SafetensorsLayout read_safetensors_header(const std::string& path) {
   const FileReader file(path);  // IoError naming the file when it cannot be opened
   const uint64_t size = file.size();
-  if (size < 8) ZERO_THROW(InvalidArgument, "safetensors '{}': {} bytes, too short for the header length", path, size);
+  require_length_field(size, path);
   uint8_t len_bytes[8];
   file.read(len_bytes, 8, 0);
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
-  if (n < 2 || n > kMaxHeaderBytes || n > size - 8) {
-    ZERO_THROW(InvalidArgument, "safetensors '{}': header length {} is impossible (file of {} bytes, limit {})", path,
-               n, size, kMaxHeaderBytes);
+  // Validated before the allocation: a damaged length field cannot ask for more than the limit.
+  const uint64_t n = safetensors_header_length(len_bytes, size, path);
+  std::string bytes(8 + n, '\0');
+  std::memcpy(bytes.data(), len_bytes, 8);
+  file.read(bytes.data() + 8, n, 8);
+  return parse_safetensors_header(bytes, size, path);
+}
+
+SafetensorsLayout parse_safetensors_header(std::string_view bytes, uint64_t file_size, const std::string& source) {
+  require_length_field(file_size, source);
+  if (bytes.size() < 8) {
+    ZERO_THROW(InvalidArgument, "safetensors '{}': {} bytes given, too short for the header length", source,
+               bytes.size());
   }
-  std::string text(n, '\0');
-  file.read(text.data(), n, 8);
+  uint8_t len_bytes[8];
+  std::memcpy(len_bytes, bytes.data(), 8);
+  const uint64_t n = safetensors_header_length(len_bytes, file_size, source);
+  if (bytes.size() - 8 < n) {
+    ZERO_THROW(InvalidArgument, "safetensors '{}': {} header bytes given of the {} the length field announces", source,
+               bytes.size() - 8, n);
+  }
+  const std::string_view text = bytes.substr(8, n);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
-    ZERO_THROW(InvalidArgument, "safetensors '{}': the header is not JSON: {}", path, e.what());
+    ZERO_THROW(InvalidArgument, "safetensors '{}': the header is not JSON: {}", source, e.what());
   }
-  if (!j.is_object()) ZERO_THROW(InvalidArgument, "safetensors '{}': the header is not a JSON object", path);
+  if (!j.is_object()) ZERO_THROW(InvalidArgument, "safetensors '{}': the header is not a JSON object", source);
   SafetensorsLayout layout;
   layout.data_start = 8 + n;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& name = it.key();
     const nlohmann::json& e = it.value();
     if (name == "__metadata__") {
-      if (!e.is_object()) ZERO_THROW(InvalidArgument, "safetensors '{}': __metadata__ is not an object", path);
+      if (!e.is_object()) ZERO_THROW(InvalidArgument, "safetensors '{}': __metadata__ is not an object", source);
       for (auto m = e.begin(); m != e.end(); ++m) {
         if (!m.value().is_string()) {
-          ZERO_THROW(InvalidArgument, "safetensors '{}': __metadata__ '{}' is not a string", path, m.key());
+          ZERO_THROW(InvalidArgument, "safetensors '{}': __metadata__ '{}' is not a string", source, m.key());
         }
         layout.metadata[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
     auto bad = [&](const std::string& what) {
-      ZERO_THROW(InvalidArgument, "safetensors '{}': tensor '{}': {}", path, name, what);
+      ZERO_THROW(InvalidArgument, "safetensors '{}': tensor '{}': {}", source, name, what);
     };
     if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets")) {
       bad("needs dtype, shape and data_offsets");
@@ -128,8 +159,9 @@ SafetensorsLayout read_safetensors_header(const std::string& path) {
       bad(fmt::format("data_offsets [{}, {}] do not hold {} elements of {}", t.begin, t.end, elems,
                       found->name));
     }
-    if (t.end > size - layout.data_start) {
-      bad(fmt::format("data_offsets end {} is past the end of the data ({} bytes)", t.end, size - layout.data_start));
+    if (t.end > file_size - layout.data_start) {
+      bad(fmt::format("data_offsets end {} is past the end of the data ({} bytes)", t.end,
+                      file_size - layout.data_start));
     }
     layout.tensors.push_back(std::move(t));
   }
@@ -139,13 +171,13 @@ SafetensorsLayout read_safetensors_header(const std::string& path) {
   for (const SafetensorsTensor& t : layout.tensors) {
     if (t.begin != expect) {
       ZERO_THROW(InvalidArgument, "safetensors '{}': tensor '{}' starts at {} but the data before it ends at {} ({})",
-                 path, t.name, t.begin, expect, t.begin > expect ? "a hole" : "an overlap");
+                 source, t.name, t.begin, expect, t.begin > expect ? "a hole" : "an overlap");
     }
     expect = t.end;
   }
-  if (layout.data_start + expect != size) {
-    ZERO_THROW(InvalidArgument, "safetensors '{}': the tensors end at byte {} but the file has {}", path,
-               layout.data_start + expect, size);
+  if (layout.data_start + expect != file_size) {
+    ZERO_THROW(InvalidArgument, "safetensors '{}': the tensors end at byte {} but the file has {}", source,
+               layout.data_start + expect, file_size);
   }
   return layout;
 }

@@ -1,0 +1,64 @@
+#include "zero/checkpoint_manifest.h"
+
+namespace zero {
+
+using json = nlohmann::json;
+
+void checkpoint_error(const std::string& where, const std::string& what) {
+  ZERO_THROW(InvalidArgument, "checkpoint '{}': {}", where, what);
+}
+
+json parse_checkpoint_json(std::string_view text, const std::string& path) {
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    checkpoint_error(path, fmt::format("not JSON: {}", e.what()));
+  }
+}
+
+Manifest parse_manifest(std::string_view text, const std::string& path) {
+  Manifest m;
+  m.doc = parse_checkpoint_json(text, path);
+  if (checkpoint_field<std::string>(m.doc, "format", path) != kCheckpointFormat) {
+    checkpoint_error(path, "not a zero checkpoint manifest");
+  }
+  if (checkpoint_field<int>(m.doc, "version", path) != kCheckpointVersion) {
+    checkpoint_error(path, fmt::format("format version {} (this build reads {})",
+                                       checkpoint_field<int>(m.doc, "version", path), kCheckpointVersion));
+  }
+  const json files = checkpoint_field<json>(m.doc, "files", path);
+  if (!files.is_array() || files.size() != checkpoint_field<size_t>(m.doc, "world_size", path)) {
+    checkpoint_error(path, "the file list does not have one entry per saved rank");
+  }
+  return m;
+}
+
+void add_index_pieces(const json& index, const std::string& index_path, int rank, uint64_t data_bytes, Manifest& m) {
+  for (const json& pj : checkpoint_field<json>(index, "pieces", index_path)) {
+    SavedPiece sp;
+    sp.kind = checkpoint_field<std::string>(pj, "kind", index_path);
+    sp.begin = checkpoint_field<size_t>(pj, "begin", index_path);
+    sp.end = checkpoint_field<size_t>(pj, "end", index_path);
+    sp.dtype = parse_dtype(checkpoint_field<std::string>(pj, "dtype", index_path));
+    sp.file = rank;
+    sp.offset = checkpoint_field<uint64_t>(pj, "offset", index_path);
+    sp.bytes = checkpoint_field<uint64_t>(pj, "bytes", index_path);
+    sp.crc = checkpoint_field<uint32_t>(pj, "crc32c", index_path);
+    if (sp.end < sp.begin || sp.bytes != (sp.end - sp.begin) * dtype_size(sp.dtype) ||
+        sp.offset + sp.bytes > data_bytes) {
+      checkpoint_error(index_path, fmt::format("piece {} [{}, {}) of '{}' is inconsistent", sp.kind, sp.begin, sp.end,
+                                               checkpoint_field<std::string>(pj, "name", index_path)));
+    }
+    if (sp.kind == kCheckpointBlobKind) {
+      m.blobs.push_back(sp);
+    } else {
+      m.pieces[checkpoint_field<std::string>(pj, "name", index_path)].push_back(sp);
+    }
+  }
+}
+
+void parse_index(std::string_view text, const std::string& index_path, int rank, uint64_t data_bytes, Manifest& m) {
+  add_index_pieces(parse_checkpoint_json(text, index_path), index_path, rank, data_bytes, m);
+}
+
+}  // namespace zero
