@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "base/fault_injection.h"
 #include "base/check.h"
 #include "base/logging.h"
 
@@ -194,6 +195,7 @@ void GradReducer::launch_ready() {
 }
 
 void GradReducer::launch(size_t b) {
+  fault::point("reduce_scatter");
   const auto& B = layout_.buckets()[b];
   BucketState& st = buckets_[b];
   const DType rd = config_.reduce_dtype;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "base/fault_injection.h"
 #include "base/check.h"
 #include "base/logging.h"
 #include "zero/rank_agreement.h"
@@ -201,6 +202,7 @@ void ParamGatherer::prefetch_from(size_t position) {
     sooner.push_back(static_cast<int>(b));
     if (resident) continue;
     const int s = free_slot(sooner);
+    if (s >= 0) fault::point("prefetch");
     if (s < 0) break;
     issue(b, recorded_[p] % 2 != 0, s);
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "base/fault_injection.h"
 #include "base/check.h"
 #include "base/logging.h"
 
@@ -64,6 +65,7 @@ double ShardedUpdate::global_sum_of_squares(const GradReducer& grads) {
 
 StepResult ShardedUpdate::step(const GradReducer& grads, float loss_scale, double divisor,
                                optim::DynamicLossScaler* scaler, int64_t steps_taken) {
+  fault::point("optimizer_step");
   StepResult r;
   r.loss_scale = loss_scale;
   r.step = steps_taken;

@@ -2,13 +2,17 @@
 // move-only handles whose end calls back into the engine.
 #include <utility>
 
+#include "base/fault_injection.h"
 #include "base/check.h"
 #include "zero/engine.h"
 #include "zero/engine_impl.h"
 
 namespace zero {
 
-UnitScope Engine::gather(int unit) { return open_scope(unit, false); }
+UnitScope Engine::gather(int unit) {
+  fault::point("forward");
+  return open_scope(unit, false);
+}
 
 UnitScope Engine::gather_for_backward(int unit) { return open_scope(unit, true); }
 

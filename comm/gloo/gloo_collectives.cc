@@ -12,6 +12,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include "base/fault_injection.h"
 #include "base/check.h"
 #include "comm/gloo/gloo_store_adapter.h"
 #include "comm/gloo/reduce_kernels.h"
@@ -264,6 +265,7 @@ void reduce_scatter_impl(gloo::Context& ctx, const void* send, void* recv,
   };
   for (size_t j = 0; j < std::min(live, nseg); ++j) post(j);
   if (check_first) check_first();
+  fault::point("collective_sends");
 
   // Sends: every segment of chunk p to rank p, all posted up front, after our own receives so that
   // the peers' sends find them posted and write at once (Gloo moves each send as soon as the

@@ -78,6 +78,23 @@ struct InlineLink {
   InlineRunner* runner = nullptr;
 };
 
+// Fails the communicator for a caller whose wait gave up (GlooWork::wait). Implemented by the
+// communicator; returns a note on which ranks never reached the collective.
+class Abandoner {
+ public:
+  virtual std::string abandon(const WorkState* state, std::chrono::milliseconds waited) = 0;
+
+ protected:
+  ~Abandoner() = default;
+};
+
+// As InlineLink, but its lock is only held for the call: an inline run does not hold it, so a
+// caller that gives up on a collective running on another thread is not stuck behind it.
+struct AbandonLink {
+  std::mutex mu;
+  Abandoner* target = nullptr;
+};
+
 // Completion state shared by the worker and every copy of the handle. Failures are kept as a kind
 // and a message and thrown afresh by each wait, so no exception object is shared across threads.
 struct WorkState {
@@ -87,8 +104,10 @@ struct WorkState {
   Outcome outcome = Outcome::kOk;
   std::string message;
   std::string what;  // "gloo rank 1: all_reduce(fp32, 1024, sum) #7"
+  uint64_t seq = 0;
   std::chrono::milliseconds default_timeout;
   std::shared_ptr<InlineLink> link;
+  std::shared_ptr<AbandonLink> abandon;
 
   void finish(Outcome o, std::string m) {
     {
@@ -117,13 +136,26 @@ class GlooWork final : public Work {
   // third of a 1 MB all-gather there. Issue order is kept (only the queue's front runs, and never
   // beside another task), and the worker still starts anything nobody waits for. A shorter wait
   // only blocks, so that it can give up at its deadline while the collective goes on.
+  //
+  // A wait that gives up fails the collective and the communicator (as NCCL's abort does): the
+  // caller's deadline bounds the collective itself, so a silent peer cannot keep it running into
+  // Gloo's own timeout, and every later call fails at once instead of queueing behind it.
   void wait(std::chrono::milliseconds timeout) override {
     if (timeout >= state_->default_timeout) try_inline();
-    std::unique_lock<std::mutex> lock(state_->mu);
-    if (!state_->cv.wait_for(lock, timeout, [&] { return state_->done; })) {
-      ZERO_THROW(TimeoutError, "{} did not complete within {} ms", state_->what, timeout.count());
+    {
+      std::unique_lock<std::mutex> lock(state_->mu);
+      if (state_->cv.wait_for(lock, timeout, [&] { return state_->done; })) {
+        state_->throw_if_failed();
+        return;
+      }
     }
-    state_->throw_if_failed();
+    std::string note;
+    {
+      std::lock_guard<std::mutex> lock(state_->abandon->mu);
+      if (state_->abandon->target != nullptr) note = state_->abandon->target->abandon(state_.get(), timeout);
+    }
+    ZERO_THROW(TimeoutError, "{} did not complete within {} ms{}; the communicator is aborted", state_->what,
+               timeout.count(), note);
   }
   void wait() override { wait(state_->default_timeout); }
   bool is_completed() override {
@@ -174,7 +206,7 @@ bool runs_as_messages(const GlooOptions& o, size_t payload_bytes) { return paylo
 // One message's room in the message areas: the schedule check's record and the largest payload.
 size_t message_capacity(const GlooOptions& o) { return kCallRecordBytes + o.eager_bytes; }
 
-class GlooCommunicator final : public Communicator, private InlineRunner {
+class GlooCommunicator final : public Communicator, private InlineRunner, private Abandoner {
  public:
   GlooCommunicator(std::shared_ptr<Store> store, std::string prefix, int rank, int size,
                    GlooOptions options, bool check)
@@ -195,6 +227,7 @@ class GlooCommunicator final : public Communicator, private InlineRunner {
     }
     handshake();
     link_->runner = this;
+    abandon_link_->target = this;
     worker_ = std::thread([this] { worker_loop(); });
   }
 
@@ -209,10 +242,11 @@ class GlooCommunicator final : public Communicator, private InlineRunner {
       busy = running_;
     }
     queue_cv_.notify_all();
-    if (busy) {
-      abort_.trip();
-      abort_connections(*context_);
+    {
+      std::lock_guard<std::mutex> lock(abandon_link_->mu);
+      abandon_link_->target = nullptr;
     }
+    if (busy) trip("the communicator was destroyed while it ran");
     if (worker_.joinable()) worker_.join();
     {
       std::lock_guard<std::mutex> lock(link_->mu);  // waits out an inline run
@@ -436,6 +470,8 @@ class GlooCommunicator final : public Communicator, private InlineRunner {
       call.root = root;
       call.label = call_label_;
       state->what = label(call);
+      state->seq = call.seq;
+      state->abandon = abandon_link_;
       if (!failure_.empty()) {
         ZERO_THROW(CommError, "{} rejected: communicator failed earlier: {}", state->what,
                    failure_);
@@ -499,6 +535,7 @@ class GlooCommunicator final : public Communicator, private InlineRunner {
       // error, so every connection is closed before the work completes; after that Gloo touches
       // none of our buffers, and the peers fail at once instead of at their timeout.
       close_and_bury();
+      message += absent_ranks(task.call.seq);
       ZERO_LOG_ERROR("{}", message);
     }
     {
@@ -574,10 +611,7 @@ class GlooCommunicator final : public Communicator, private InlineRunner {
       }
       return {Outcome::kCommError, fmt::format("{}: {}", what, mismatch)};
     } catch (...) {
-      if (abort_.tripped()) {
-        return {Outcome::kCommError,
-                fmt::format("{} aborted: the communicator was destroyed while it ran", what)};
-      }
+      if (abort_.tripped()) return {Outcome::kCommError, fmt::format("{} aborted: {}", what, abort_reason())};
       return classify_failure(what);
     }
   }
@@ -598,6 +632,64 @@ class GlooCommunicator final : public Communicator, private InlineRunner {
       return {Outcome::kCommError, fmt::format("{} failed: {}", what, e.what())};
     } catch (...) {
       return {Outcome::kCommError, fmt::format("{} failed: unknown exception", what)};
+    }
+  }
+
+  // Abandoner: a caller gave up waiting for `state`. Unless it completed meanwhile, the
+  // communicator fails with that reason, and a collective running now (this one, or the one it
+  // queues behind) is cut short: its waits woken, its connections closed, so the peers fail too.
+  std::string abandon(const WorkState* state, std::chrono::milliseconds waited) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      {
+        std::lock_guard<std::mutex> done_lock(const_cast<WorkState*>(state)->mu);
+        if (state->done) return {};
+      }
+      const std::string reason =
+          fmt::format("{} was given up on after {} ms (the caller's deadline)", state->what, waited.count());
+      if (failure_.empty()) failure_ = reason;
+      if (running_) trip(reason);
+    }
+    return absent_ranks(state->seq);
+  }
+
+  void trip(const std::string& reason) {
+    {
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      if (abort_reason_.empty()) abort_reason_ = reason;
+    }
+    abort_.trip();
+    abort_connections(*context_);
+  }
+  std::string abort_reason() const {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    return abort_reason_;
+  }
+
+  // Which ranks never reached collective `seq`, for the failure's message: every rank that fails
+  // in it (or gives up on it) says so in the store, then waits a moment for the others; a rank that
+  // stays silent exited, stalled, or is stuck before the call. Failures only, so it costs nothing
+  // on the way that works; bounded by failure_report_grace; never throws.
+  std::string absent_ranks(uint64_t seq) {
+    if (size_ == 1 || options_.failure_report_grace.count() <= 0) return {};
+    const std::string base = fmt::format("{}/failed/{}/", prefix_, seq);
+    try {
+      store_->set_string(base + std::to_string(rank_), "1");
+      std::vector<int> missing;
+      const auto deadline = SteadyClock::now() + options_.failure_report_grace;
+      for (;;) {
+        missing.clear();
+        for (int r = 0; r < size_; ++r) {
+          if (!store_->check({base + std::to_string(r)})) missing.push_back(r);
+        }
+        if (missing.empty() || SteadyClock::now() >= deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      if (missing.empty()) return " (every rank reached it)";
+      return fmt::format(" (rank{} {} did not reach it: exited, stalled, or stuck before it)",
+                         missing.size() > 1 ? "s" : "", fmt::join(missing, ", "));
+    } catch (const std::exception& e) {
+      return fmt::format(" (the store could not tell which ranks reached it: {})", e.what());
     }
   }
 
@@ -673,7 +765,10 @@ class GlooCommunicator final : public Communicator, private InlineRunner {
   // Unbound buffers of failed collectives (touched only by the thread running a collective, or
   // after the worker is joined; see BufferSet in gloo_collectives.cc).
   Graveyard graveyard_;
-  AbortSwitch abort_;  // tripped by the destructor while a collective runs
+  AbortSwitch abort_;  // tripped by the destructor, or by a caller's deadline, while a collective runs
+  mutable std::mutex abort_mu_;
+  std::string abort_reason_;
+  std::shared_ptr<AbandonLink> abandon_link_ = std::make_shared<AbandonLink>();
   std::shared_ptr<InlineLink> link_ = std::make_shared<InlineLink>();
   // Touched only by the thread running a collective (running_):
   Scratch scratch_;        // reduce-scatter receive segments

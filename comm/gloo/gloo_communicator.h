@@ -45,6 +45,10 @@ struct GlooOptions {
   // carries the schedule check and the data together (0: never). Must match on every rank, as must
   // the two segment sizes (checked at creation).
   size_t eager_bytes = size_t{256} << 10;
+  // After a collective fails (or a caller gives up on it), how long to wait for the other ranks to
+  // report the same failure in the store, so that the error can name the ranks that never reached
+  // the call (0: do not ask).
+  std::chrono::milliseconds failure_report_grace{std::chrono::seconds(2)};
 
   // Throws InvalidArgument naming the first bad field.
   void validate() const;

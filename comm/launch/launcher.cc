@@ -316,7 +316,7 @@ void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NON
 
 const char* launch_usage() {
   return "usage: zerorun [--nproc-per-node N] [--nnodes M] [--node-rank K] [--master-addr A]\n"
-         "               [--master-port P] [--timeout-s S] [--grace-s S] -- program [args...]\n"
+         "               [--master-port P] [--timeout-s S] [--grace-s S] [--report-s S] -- program [args...]\n"
          "  --nproc-per-node N  ranks on this node (default 1)\n"
          "  --nnodes M          nodes in the job (default 1); more than one needs --master-addr,\n"
          "                      --master-port and the same ZERO_JOB_TOKEN exported on every node\n"
@@ -325,6 +325,8 @@ const char* launch_usage() {
          "  --master-port P     its port; 0 (default, single node) picks a free one\n"
          "  --timeout-s S       stop the job after S seconds and exit 124 (default 0: no limit)\n"
          "  --grace-s S         SIGTERM-to-SIGKILL delay when tearing down (default 3)\n"
+         "  --report-s S        after a rank fails, time the others have to exit on their own (and\n"
+         "                      report what they saw) before SIGTERM (default 5)\n"
          "Every rank's output lines are prefixed with \"[rank R] \". See docs/launcher.md.\n";
 }
 
@@ -351,7 +353,7 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
     }
     static const std::set<std::string> kKnown = {"--nproc-per-node", "--nnodes", "--node-rank",
                                                  "--master-addr", "--master-port", "--timeout-s",
-                                                 "--grace-s"};
+                                                 "--grace-s", "--report-s"};
     if (kKnown.count(name) == 0) ZERO_THROW(InvalidArgument, "unknown flag '{}'", a);
     std::string value;
     if (a.find('=') != std::string::npos) {
@@ -366,6 +368,7 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
     if (name == "--master-port") o.master_port = parse_int_flag(name, value, 0, 65535);
     if (name == "--timeout-s") o.timeout_s = parse_seconds_flag(name, value);
     if (name == "--grace-s") o.grace_s = parse_seconds_flag(name, value);
+    if (name == "--report-s") o.report_s = parse_seconds_flag(name, value);
     if (name == "--master-addr") {
       if (value.empty()) ZERO_THROW(InvalidArgument, "--master-addr is empty");
       o.master_addr = value;
@@ -493,6 +496,7 @@ int run_launch(const LaunchOptions& o) {
   const auto start = Clock::now();
   const auto grace = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.grace_s));
   Clock::time_point kill_at = Clock::time_point::max();
+  Clock::time_point term_at = Clock::time_point::max();  // a rank failed: SIGTERM the rest then
   bool killed = false;
   int signals_seen = 0;
 
@@ -525,6 +529,7 @@ int run_launch(const LaunchOptions& o) {
     }
     auto wake_at = Clock::now() + std::chrono::milliseconds(200);
     if (!killed && kill_at < wake_at) wake_at = kill_at;
+    if (term_at < wake_at) wake_at = term_at;
     const int rc = ::poll(fds.data(), fds.size(), net::poll_timeout_ms(wake_at));
     if (rc > 0) {
       if (fds[0].revents != 0) {
@@ -565,12 +570,17 @@ int run_launch(const LaunchOptions& o) {
       if (failed && reason == Reason::kNone) {
         reason = Reason::kRankFailed;
         exit_code = exit_code_of(status);
-        say(fmt::format("rank {} (pid {}) {}; stopping the other ranks", r.rank, r.pid,
-                        describe_status(status)));
-        teardown(SIGTERM);
+        say(fmt::format("rank {} (pid {}) {}; stopping the other ranks{}", r.rank, r.pid, describe_status(status),
+                        o.report_s > 0 ? fmt::format(" (after up to {} s for them to report)", o.report_s) : ""));
+        term_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.report_s));
       } else if (failed && reason == Reason::kRankFailed) {
         say(fmt::format("rank {} (pid {}) {}", r.rank, r.pid, describe_status(status)));
       }
+    }
+
+    if (term_at != Clock::time_point::max() && Clock::now() >= term_at) {
+      term_at = Clock::time_point::max();
+      teardown(SIGTERM);
     }
 
     // Job time limit.

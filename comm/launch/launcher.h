@@ -20,6 +20,10 @@ struct LaunchOptions {
   double timeout_s = 0;
   // Between SIGTERM and SIGKILL when tearing the job down.
   double grace_s = 3;
+  // After a rank fails, how long the others may take to exit on their own before SIGTERM: a
+  // surviving rank's collective fails at once when its peer dies, and this lets it say so (which
+  // operation, which ranks never reached it) instead of being killed mid-sentence.
+  double report_s = 5;
   bool help = false;
   std::vector<std::string> command;  // program and its arguments
 };

@@ -1,0 +1,42 @@
+#pragma once
+// Fault injection for the reliability tests (tests/fault_test.cc): named points in the engine and
+// communication code where this process can be made to fail in a chosen way, so that a test can
+// show what every other rank and the launcher do when a rank dies, stalls or runs late at exactly
+// that point. Off unless a program arms it (the example programs' --fault flag); the library reads
+// no environment for it, and an unarmed point costs one relaxed atomic load.
+//
+//   POINT:ACTION[:N]        e.g. "reduce_scatter:kill", "prefetch:stall:3", "optimizer_step:delay=8"
+//
+// ACTION: kill (SIGKILL: the process vanishes mid-step, as an OOM kill or a node loss), stall (the
+// thread sleeps and never returns: the process stays alive and silent, its sockets open), delay=S
+// (sleeps S seconds, then goes on: a rank late past its peers' timeout). N: fire the N-th time the
+// point is reached (default 1); it fires once.
+//
+// The points: "forward" (a unit's forward scope opens), "reduce_scatter" (a gradient bucket's
+// reduction is about to be issued), "prefetch" (stage 3 issues a prefetch all-gather),
+// "optimizer_step" (the sharded update begins), "checkpoint_write" (a checkpoint data file is being
+// written), "collective_sends" (inside a Gloo reduce-scatter, after its receives are posted and
+// before any data is sent: a rank that stalls mid-collective).
+#include <string>
+#include <string_view>
+
+namespace zero::fault {
+
+struct Plan {
+  enum class Action { kKill, kStall, kDelay };
+  std::string point;
+  Action action = Action::kKill;
+  double delay_s = 0;
+  int nth = 1;
+};
+
+// InvalidArgument naming the text and what is wrong (an unknown point or action included).
+Plan parse_plan(std::string_view text);
+// Arms `plan` for this process (replacing an armed one); thread-safe.
+void arm(const Plan& plan);
+void disarm();
+
+// A named point: does nothing unless the armed plan names it and this is its N-th arrival.
+void point(const char* name);
+
+}  // namespace zero::fault
