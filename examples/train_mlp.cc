@@ -28,7 +28,8 @@ zero::EngineOptions mlp_defaults() {
   EngineOptions o;
   o.stage = 2;
   o.optimizer.kind = optim::OptimizerKind::kAdamW;
-  o.optimizer.groups = {optim::Hyper{.lr = 1e-2f, .weight_decay = 0.01f}, optim::Hyper{.lr = 1e-2f, .weight_decay = 0.0f}};
+  o.optimizer.groups = {optim::Hyper{.lr = 1e-2f, .weight_decay = 0.01f},
+                        optim::Hyper{.lr = 1e-2f, .weight_decay = 0.0f}};
   o.max_grad_norm = 1.0f;
   o.layout.bucket_numel = 256 * 1024 / sizeof(float);
   return o;

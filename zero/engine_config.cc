@@ -13,9 +13,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
-#include <nlohmann/json.hpp>
 
 #include "base/check.h"
 #include "base/cpu.h"
@@ -43,15 +43,18 @@ std::string join_path(std::string_view parent, std::string_view key) {
   return parent.empty() ? std::string(key) : fmt::format("{}.{}", parent, key);
 }
 
-// A value as the user wrote it, for error messages ("\"12\" (a string)").
+// A value as the user wrote it, for error messages ("\"12\" (a string)"). Arrays and objects are
+// only named: printing them would be as deep and as long as the input.
 std::string describe(const json& j) {
-  std::string text = j.dump();
-  if (text.size() > 40) text = text.substr(0, 37) + "...";
   switch (j.type()) {
-    case json::value_t::string: return text + " (a string)";
-    case json::value_t::array: return text + " (an array)";
-    case json::value_t::object: return text + " (an object)";
-    default: return text;
+    case json::value_t::array: return "an array";
+    case json::value_t::object: return "an object";
+    case json::value_t::string: {
+      std::string text = j.dump();
+      if (text.size() > 40) text = text.substr(0, 36) + "...\"";
+      return text + " (a string)";
+    }
+    default: return j.dump();
   }
 }
 
@@ -489,9 +492,9 @@ void validate_config(const EngineConfig& c, const Context& ctx, const Origins& o
     if (c.model_dtype && *c.model_dtype != DType::kFloat32 && !is_float16_family(*c.model_dtype)) {
       ZERO_THROW(InvalidArgument, "model_dtype must be fp32, fp16 or bf16, got {}", dtype_name(*c.model_dtype));
     }
-    for (const auto& [name, value] : {std::pair{"micro_batch_size", c.loop.micro_batch_size},
-                                      std::pair{"global_batch_size", c.loop.global_batch_size},
-                                      std::pair{"log_every", c.loop.log_every}}) {
+    for (const auto& [name, value] :
+         {std::pair{"micro_batch_size", c.loop.micro_batch_size},
+          std::pair{"global_batch_size", c.loop.global_batch_size}, std::pair{"log_every", c.loop.log_every}}) {
       if (value && *value < 1) ZERO_THROW(InvalidArgument, "loop.{} must be >= 1, got {}", name, *value);
     }
   });
@@ -596,9 +599,10 @@ class DeepSpeedReader {
     if (micro) c_.loop.micro_batch_size = static_cast<int>(*micro);
     if (steps) c_.engine.gradient_accumulation_steps = static_cast<int>(*steps);
     if (global && micro && !steps) {
-      fail(ctx_, "train_batch_size and train_micro_batch_size_per_gpu without gradient_accumulation_steps: "
-                 "DeepSpeed infers it from the world size, which a config file is read without; give "
-                 "gradient_accumulation_steps too");
+      fail(ctx_,
+           "train_batch_size and train_micro_batch_size_per_gpu without gradient_accumulation_steps: "
+           "DeepSpeed infers it from the world size, which a config file is read without; give "
+           "gradient_accumulation_steps too");
     }
     if (global && micro && *global % (*micro * *steps) != 0) {
       fail(ctx_, fmt::format("train_batch_size ({}) is not a multiple of train_micro_batch_size_per_gpu ({}) x "
@@ -631,10 +635,11 @@ class DeepSpeedReader {
     const auto consecutive = boolean(r, "consecutive_hysteresis");
     const auto min_scale = number(r, "min_loss_scale");
     if (loss_scale && *loss_scale < 0) fail(ctx_, fmt::format("fp16.loss_scale must be >= 0, got {}", *loss_scale));
-    const std::vector<std::pair<const char*, bool>> dynamic_keys{
-        {"initial_scale_power", power.has_value()}, {"loss_scale_window", window.has_value()},
-        {"hysteresis", hysteresis.has_value()},     {"consecutive_hysteresis", consecutive.has_value()},
-        {"min_loss_scale", min_scale.has_value()}};
+    const std::vector<std::pair<const char*, bool>> dynamic_keys{{"initial_scale_power", power.has_value()},
+                                                                 {"loss_scale_window", window.has_value()},
+                                                                 {"hysteresis", hysteresis.has_value()},
+                                                                 {"consecutive_hysteresis", consecutive.has_value()},
+                                                                 {"min_loss_scale", min_scale.has_value()}};
     if (!enabled) {
       if (loss_scale) c_.notes.push_back("fp16.loss_scale: no effect: fp16.enabled is false");
       for (const auto& [key, given] : dynamic_keys) {
@@ -681,8 +686,8 @@ class DeepSpeedReader {
   // optimizer.params takes the names of the torch optimizer's constructor: a key the type does not
   // take is an error, as it is in torch.
   static const std::set<std::string>& params_of(const std::string& type) {
-    static const std::set<std::string> adam{"lr",       "betas",      "eps",        "weight_decay",
-                                            "amsgrad",  "bias_correction", "torch_adam", "adam_w_mode"};
+    static const std::set<std::string> adam{"lr",      "betas",           "eps",        "weight_decay",
+                                            "amsgrad", "bias_correction", "torch_adam", "adam_w_mode"};
     static const std::set<std::string> sgd{"lr", "momentum", "dampening", "weight_decay", "nesterov"};
     static const std::set<std::string> adagrad{"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps"};
     static const std::set<std::string> lion{"lr", "betas", "weight_decay"};
@@ -699,8 +704,8 @@ class DeepSpeedReader {
       const std::string name = read_string(*type, r.path("type"), ctx_, "an optimizer name");
       const std::string t = lower(name);
       if (t != "adam" && t != "adamw" && t != "sgd" && t != "adagrad" && t != "lion") {
-        fail(ctx_, fmt::format("optimizer.type \"{}\" is not supported (expected Adam, AdamW, SGD, Adagrad or Lion)",
-                               name));
+        fail(ctx_,
+             fmt::format("optimizer.type \"{}\" is not supported (expected Adam, AdamW, SGD, Adagrad or Lion)", name));
       }
       std::optional<bool> w_mode = boolean(r, "adam_w_mode");
       optim::Hyper h;
@@ -709,7 +714,8 @@ class DeepSpeedReader {
         for (const std::set<std::string>* all : {&params_of("adam"), &params_of("sgd"), &params_of("adagrad")}) {
           for (const std::string& key : *all) {
             if (!takes.count(key) && p.find(key) != nullptr) {
-              fail(ctx_, fmt::format("{} does not apply to {} (it takes {})", p.path(key), name, fmt::join(takes, ", ")));
+              fail(ctx_,
+                   fmt::format("{} does not apply to {} (it takes {})", p.path(key), name, fmt::join(takes, ", ")));
             }
           }
         }
@@ -779,14 +785,16 @@ class DeepSpeedReader {
     require(z, "overlap_comm", true,
             "the engine always overlaps the gradient reduction with backward (up to max_inflight_buckets)");
     require(z, "contiguous_gradients", true, "the engine always copies gradients into contiguous flat buckets");
-    require(z, "reduce_scatter", true, "the engine always reduce-scatters gradients at stages 2 and 3");
+    require(z, "reduce_scatter", true,
+            "the engine always reduce-scatters gradients when the optimizer is sharded (stages 1 to 3)");
     require(z, "allgather_partitions", true, "the engine always all-gathers updated parameters");
     require(z, "cpu_offload", false, "deprecated in DeepSpeed; use zero_optimization.offload_optimizer.device = cpu");
     require(z, "zero_quantized_weights", false, "quantized collectives (ZeRO++) are not implemented");
     require(z, "zero_quantized_gradients", false, "quantized collectives (ZeRO++) are not implemented");
     if (const auto hpz = integer(z, "zero_hpz_partition_size", 1, INT_MAX); hpz && *hpz != 1) {
-      fail(ctx_, "zero_optimization.zero_hpz_partition_size is not supported: hybrid sharding is chosen by giving "
-                 "the Engine a replica communicator, not by an option");
+      fail(ctx_,
+           "zero_optimization.zero_hpz_partition_size is not supported: hybrid sharding is chosen by giving "
+           "the Engine a replica communicator, not by an option");
     }
     read_buckets(z);
     with(z, "offload_optimizer", [&](ObjectReader& r) { read_offload(r, false); });
@@ -815,8 +823,8 @@ class DeepSpeedReader {
     }
     if (reduce || gather) {
       c_.engine.layout.bucket_numel = static_cast<size_t>(reduce ? *reduce : *gather);
-      set_by("layout.bucket_numel", reduce ? "zero_optimization.reduce_bucket_size"
-                                           : "zero_optimization.allgather_bucket_size");
+      set_by("layout.bucket_numel",
+             reduce ? "zero_optimization.reduce_bucket_size" : "zero_optimization.allgather_bucket_size");
     }
   }
 
@@ -859,7 +867,10 @@ class DeepSpeedReader {
       const auto count = integer(z, key, 0, INT64_MAX);
       if (!count) return;
       const std::string path = z.path(key);
-      if (static_cast<uint64_t>(*count) > SIZE_MAX / element) fail(ctx_, fmt::format("{} is too large", path));
+      // Our format reads sizes up to INT64_MAX: keep the bytes within it, so the result can be written out.
+      if (*count > INT64_MAX / static_cast<int64_t>(element)) {
+        fail(ctx_, fmt::format("{} = {} elements is too large", path, *count));
+      }
       field = static_cast<size_t>(*count) * element;
       set_by(our_name, path);
       if (*count == 0 && zero_note != nullptr) c_.notes.push_back(fmt::format("{}: 0 means {}", path, zero_note));
@@ -889,14 +900,17 @@ class DeepSpeedReader {
     require_number(top, "gradient_predivide_factor", 1.0, "the engine averages in the reduction itself");
     if (const json* op = top.find("gradient_allreduce_op")) {
       const std::string v = read_string(*op, top.path("gradient_allreduce_op"), ctx_, "\"mean\"");
-      if (v != "mean") fail(ctx_, fmt::format("gradient_allreduce_op = \"{}\" is not supported: the engine averages "
-                                              "gradients over ranks (\"mean\")", v));
+      if (v != "mean")
+        fail(ctx_, fmt::format("gradient_allreduce_op = \"{}\" is not supported: the engine averages "
+                               "gradients over ranks (\"mean\")",
+                               v));
     }
   }
 
   void read_misc(ObjectReader& top) {
-    refuse(top, "scheduler", "learning-rate schedules belong to the training loop (optim/lr_schedule.h sets each "
-                             "group's lr through Engine::param_group)");
+    refuse(top, "scheduler",
+           "learning-rate schedules belong to the training loop (optim/lr_schedule.h sets each "
+           "group's lr through Engine::param_group)");
     refuse(top, "amp", "NVIDIA Apex AMP is not supported; use fp16 or bf16");
     refuse(top, "activation_checkpointing", "activation checkpointing is the model's, outside the engine");
     note(top, "wall_clock_breakdown", Kind::kBool, "Engine::step_timings() always measures the step's parts");
@@ -1021,7 +1035,8 @@ std::vector<std::string> native_config_keys() {
 
 std::optional<int> resolve_global_batch(const LoopConfig& loop, int gradient_accumulation_steps, int world_size) {
   if (gradient_accumulation_steps < 1 || world_size < 1) {
-    ZERO_THROW(InvalidArgument, "resolve_global_batch: gradient_accumulation_steps ({}) and world_size ({}) must be >= 1",
+    ZERO_THROW(InvalidArgument,
+               "resolve_global_batch: gradient_accumulation_steps ({}) and world_size ({}) must be >= 1",
                gradient_accumulation_steps, world_size);
   }
   const int64_t per_sample = static_cast<int64_t>(gradient_accumulation_steps) * world_size;

@@ -64,7 +64,6 @@ std::vector<std::string> native_config_keys();
 // from whichever of loop.global_batch_size and loop.micro_batch_size is given, checked against the
 // other when both are; nullopt when neither is. InvalidArgument names the keys that disagree, or a
 // global batch that does not divide by gradient_accumulation_steps * world_size.
-std::optional<int> resolve_global_batch(const LoopConfig& loop, int gradient_accumulation_steps,
-                                        int world_size);
+std::optional<int> resolve_global_batch(const LoopConfig& loop, int gradient_accumulation_steps, int world_size);
 
 }  // namespace zero

@@ -90,8 +90,8 @@ std::string read_text(const std::string& path) {
 
 struct MappingCase {
   const char* name;
-  std::string base;   // DeepSpeed config the case is compared against
-  std::string json;   // the same with the key set
+  std::string base;                           // DeepSpeed config the case is compared against
+  std::string json;                           // the same with the key set
   std::map<std::string, std::string> expect;  // every option that changes, with its new value
 };
 
@@ -101,98 +101,158 @@ TEST_CASE("each DeepSpeed key changes exactly the option it maps to") {
   const std::string adam = R"({"optimizer": {"type": "AdamW"}})";
   const std::vector<MappingCase> cases{
       {"zero_optimization.stage", zero, R"({"zero_optimization": {"stage": 3}})", {{"stage", "3"}}},
-      {"offload_optimizer.device cpu", zero, R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}})",
+      {"offload_optimizer.device cpu",
+       zero,
+       R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}})",
        {{"offload.optimizer", "true"}}},
-      {"offload_optimizer.device none", zero, R"({"zero_optimization": {"offload_optimizer": {"device": "none"}}})",
+      {"offload_optimizer.device none",
+       zero,
+       R"({"zero_optimization": {"offload_optimizer": {"device": "none"}}})",
        {}},
-      {"offload_optimizer.pin_memory", zero,
+      {"offload_optimizer.pin_memory",
+       zero,
        R"({"zero_optimization": {"offload_optimizer": {"device": "none", "pin_memory": false}}})",
        {{"offload.pinned_staging", "false"}}},
-      {"offload_param.device cpu", R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})",
-       R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}})",
+      {"offload_param.device cpu",
+       R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})",
+       R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+           "offload_param": {"device": "cpu"}}})",
        {{"offload.params", "true"}}},
-      {"offload_param.pin_memory", R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})",
+      {"offload_param.pin_memory",
+       R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})",
        R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
            "offload_param": {"device": "none", "pin_memory": false}}})",
        {{"offload.pinned_staging", "false"}}},
-      {"reduce_bucket_size", zero, R"({"zero_optimization": {"reduce_bucket_size": 1000}})",
+      {"reduce_bucket_size",
+       zero,
+       R"({"zero_optimization": {"reduce_bucket_size": 1000}})",
        {{"layout.bucket_numel", "1000"}}},
-      {"allgather_bucket_size", zero, R"({"zero_optimization": {"allgather_bucket_size": 2e3}})",
+      {"allgather_bucket_size",
+       zero,
+       R"({"zero_optimization": {"allgather_bucket_size": 2e3}})",
        {{"layout.bucket_numel", "2000"}}},
-      {"both bucket sizes, equal", zero,
+      {"both bucket sizes, equal",
+       zero,
        R"({"zero_optimization": {"allgather_bucket_size": 3000, "reduce_bucket_size": 3000}})",
        {{"layout.bucket_numel", "3000"}}},
-      {"stage3_prefetch_bucket_size (fp32: 4 bytes per element)", zero,
-       R"({"zero_optimization": {"stage3_prefetch_bucket_size": 1e6}})", {{"prefetch_bytes", "4000000"}}},
-      {"stage3_prefetch_bucket_size (bf16: 2 bytes per element)", R"({"bf16": {"enabled": true}})",
+      {"stage3_prefetch_bucket_size (fp32: 4 bytes per element)",
+       zero,
+       R"({"zero_optimization": {"stage3_prefetch_bucket_size": 1e6}})",
+       {{"prefetch_bytes", "4000000"}}},
+      {"stage3_prefetch_bucket_size (bf16: 2 bytes per element)",
+       R"({"bf16": {"enabled": true}})",
        R"({"bf16": {"enabled": true}, "zero_optimization": {"stage3_prefetch_bucket_size": 1e6}})",
        {{"prefetch_bytes", "2000000"}}},
-      {"stage3_param_persistence_threshold (fp16)", fp16,
+      {"stage3_param_persistence_threshold (fp16)",
+       fp16,
        R"({"fp16": {"enabled": true}, "zero_optimization": {"stage3_param_persistence_threshold": 1e4}})",
        {{"param_persistence_bytes", "20000"}}},
-      {"stage3_max_live_parameters", zero, R"({"zero_optimization": {"stage3_max_live_parameters": 1e8}})",
+      {"stage3_max_live_parameters",
+       zero,
+       R"({"zero_optimization": {"stage3_max_live_parameters": 1e8}})",
        {{"max_live_gathered_bytes", "400000000"}}},
-      {"overlap_comm, contiguous_gradients, reduce_scatter, allgather_partitions: true", zero,
+      {"overlap_comm, contiguous_gradients, reduce_scatter, allgather_partitions: true",
+       zero,
        R"({"zero_optimization": {"overlap_comm": true, "contiguous_gradients": true, "reduce_scatter": true,
            "allgather_partitions": true}})",
        {}},
-      {"gradient_accumulation_steps", zero, R"({"zero_optimization": {}, "gradient_accumulation_steps": 4})",
+      {"gradient_accumulation_steps",
+       zero,
+       R"({"zero_optimization": {}, "gradient_accumulation_steps": 4})",
        {{"gradient_accumulation_steps", "4"}}},
       {"gradient_clipping", zero, R"({"gradient_clipping": 0.5})", {{"max_grad_norm", "0.5"}}},
-      {"fp16.enabled (dynamic scaling with DeepSpeed's window)", zero, fp16,
+      {"fp16.enabled (dynamic scaling with DeepSpeed's window)",
+       zero,
+       fp16,
        {{"model_dtype", "\"fp16\""}, {"loss_scaling", "\"dynamic\""}, {"dynamic_loss_scaler.growth_interval", "1000"}}},
       {"fp16.enabled = false", zero, R"({"fp16": {"enabled": false}})", {}},
       {"fp16.loss_scale 0 (dynamic)", fp16, R"({"fp16": {"enabled": true, "loss_scale": 0}})", {}},
-      {"fp16.loss_scale > 0 (static)", zero, R"({"fp16": {"enabled": true, "loss_scale": 128}})",
+      {"fp16.loss_scale > 0 (static)",
+       zero,
+       R"({"fp16": {"enabled": true, "loss_scale": 128}})",
        {{"model_dtype", "\"fp16\""}, {"loss_scaling", "\"static\""}, {"static_loss_scale", "128.0"}}},
-      {"fp16.initial_scale_power", fp16, R"({"fp16": {"enabled": true, "initial_scale_power": 10}})",
+      {"fp16.initial_scale_power",
+       fp16,
+       R"({"fp16": {"enabled": true, "initial_scale_power": 10}})",
        {{"dynamic_loss_scaler.initial_scale", "1024.0"}}},
-      {"fp16.loss_scale_window", fp16, R"({"fp16": {"enabled": true, "loss_scale_window": 500}})",
+      {"fp16.loss_scale_window",
+       fp16,
+       R"({"fp16": {"enabled": true, "loss_scale_window": 500}})",
        {{"dynamic_loss_scaler.growth_interval", "500"}}},
-      {"fp16.hysteresis", fp16, R"({"fp16": {"enabled": true, "hysteresis": 4}})",
+      {"fp16.hysteresis",
+       fp16,
+       R"({"fp16": {"enabled": true, "hysteresis": 4}})",
        {{"dynamic_loss_scaler.hysteresis", "4"}}},
-      {"fp16.consecutive_hysteresis", fp16, R"({"fp16": {"enabled": true, "consecutive_hysteresis": true}})",
+      {"fp16.consecutive_hysteresis",
+       fp16,
+       R"({"fp16": {"enabled": true, "consecutive_hysteresis": true}})",
        {{"dynamic_loss_scaler.consecutive_hysteresis", "true"}}},
-      {"fp16.min_loss_scale", fp16, R"({"fp16": {"enabled": true, "min_loss_scale": 0.25}})",
+      {"fp16.min_loss_scale",
+       fp16,
+       R"({"fp16": {"enabled": true, "min_loss_scale": 0.25}})",
        {{"dynamic_loss_scaler.min_scale", "0.25"}}},
       {"fp16.auto_cast false", fp16, R"({"fp16": {"enabled": true, "auto_cast": false}})", {}},
       {"bf16.enabled", zero, R"({"bf16": {"enabled": true}})", {{"model_dtype", "\"bf16\""}}},
       {"optimizer Adam (adam_w_mode defaults to true: AdamW)", adam, R"({"optimizer": {"type": "Adam"}})", {}},
-      {"optimizer adam_w_mode false", adam, R"({"optimizer": {"type": "adam", "adam_w_mode": false}})",
+      {"optimizer adam_w_mode false",
+       adam,
+       R"({"optimizer": {"type": "adam", "adam_w_mode": false}})",
        {{"optimizer.kind", "\"adam\""}}},
-      {"optimizer params.adam_w_mode false", adam,
-       R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})", {{"optimizer.kind", "\"adam\""}}},
+      {"optimizer params.adam_w_mode false",
+       adam,
+       R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})",
+       {{"optimizer.kind", "\"adam\""}}},
       {"optimizer SGD", adam, R"({"optimizer": {"type": "SGD"}})", {{"optimizer.kind", "\"sgd\""}}},
       {"optimizer Adagrad", adam, R"({"optimizer": {"type": "Adagrad"}})", {{"optimizer.kind", "\"adagrad\""}}},
       {"optimizer Lion", adam, R"({"optimizer": {"type": "LION"}})", {{"optimizer.kind", "\"lion\""}}},
-      {"params.lr", adam, R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})",
+      {"params.lr",
+       adam,
+       R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})",
        {{"optimizer.groups[0].lr", "0.01"}}},
-      {"params.betas", adam, R"({"optimizer": {"type": "AdamW", "params": {"betas": [0.8, 0.95]}}})",
+      {"params.betas",
+       adam,
+       R"({"optimizer": {"type": "AdamW", "params": {"betas": [0.8, 0.95]}}})",
        {{"optimizer.groups[0].beta1", "0.8"}, {"optimizer.groups[0].beta2", "0.95"}}},
-      {"params.eps", adam, R"({"optimizer": {"type": "AdamW", "params": {"eps": 1e-6}}})",
+      {"params.eps",
+       adam,
+       R"({"optimizer": {"type": "AdamW", "params": {"eps": 1e-6}}})",
        {{"optimizer.groups[0].eps", "1e-06"}}},
-      {"params.weight_decay", adam, R"({"optimizer": {"type": "AdamW", "params": {"weight_decay": 0.1}}})",
+      {"params.weight_decay",
+       adam,
+       R"({"optimizer": {"type": "AdamW", "params": {"weight_decay": 0.1}}})",
        {{"optimizer.groups[0].weight_decay", "0.1"}}},
-      {"params.bias_correction true, torch_adam", adam,
-       R"({"optimizer": {"type": "AdamW", "params": {"bias_correction": true, "torch_adam": true}}})", {}},
-      {"SGD params.momentum, dampening, nesterov", R"({"optimizer": {"type": "SGD"}})",
+      {"params.bias_correction true, torch_adam",
+       adam,
+       R"({"optimizer": {"type": "AdamW", "params": {"bias_correction": true, "torch_adam": true}}})",
+       {}},
+      {"SGD params.momentum, dampening, nesterov",
+       R"({"optimizer": {"type": "SGD"}})",
        R"({"optimizer": {"type": "SGD", "params": {"momentum": 0.9, "dampening": 0.0, "nesterov": true}}})",
        {{"optimizer.groups[0].momentum", "0.9"}, {"optimizer.groups[0].nesterov", "true"}}},
-      {"SGD params.dampening", R"({"optimizer": {"type": "SGD"}})",
+      {"SGD params.dampening",
+       R"({"optimizer": {"type": "SGD"}})",
        R"({"optimizer": {"type": "SGD", "params": {"momentum": 0.9, "dampening": 0.5}}})",
        {{"optimizer.groups[0].momentum", "0.9"}, {"optimizer.groups[0].dampening", "0.5"}}},
-      {"Adagrad params.lr_decay, initial_accumulator_value", R"({"optimizer": {"type": "Adagrad"}})",
+      {"Adagrad params.lr_decay, initial_accumulator_value",
+       R"({"optimizer": {"type": "Adagrad"}})",
        R"({"optimizer": {"type": "Adagrad", "params": {"lr_decay": 0.01, "initial_accumulator_value": 0.1}}})",
        {{"optimizer.groups[0].lr_decay", "0.01"}, {"optimizer.groups[0].initial_accumulator_value", "0.1"}}},
       {"train_batch_size", zero, R"({"train_batch_size": 64})", {{"loop.global_batch_size", "64"}}},
-      {"train_micro_batch_size_per_gpu", zero, R"({"train_micro_batch_size_per_gpu": 8})",
+      {"train_micro_batch_size_per_gpu",
+       zero,
+       R"({"train_micro_batch_size_per_gpu": 8})",
        {{"loop.micro_batch_size", "8"}}},
       {"steps_per_print", zero, R"({"steps_per_print": 10})", {{"loop.log_every", "10"}}},
-      {"communication_data_type", zero, R"({"zero_optimization": {}, "communication_data_type": "bf16"})",
+      {"communication_data_type",
+       zero,
+       R"({"zero_optimization": {}, "communication_data_type": "bf16"})",
        {{"reduce_dtype", "\"bf16\""}}},
-      {"data_types.grad_accum_dtype", zero, R"({"zero_optimization": {}, "data_types": {"grad_accum_dtype": "fp16"}})",
+      {"data_types.grad_accum_dtype",
+       zero,
+       R"({"zero_optimization": {}, "data_types": {"grad_accum_dtype": "fp16"}})",
        {{"grad_accum_dtype", "\"fp16\""}}},
-      {"prescale_gradients false, gradient_predivide_factor 1, gradient_allreduce_op mean", zero,
+      {"prescale_gradients false, gradient_predivide_factor 1, gradient_allreduce_op mean",
+       zero,
        R"({"zero_optimization": {}, "prescale_gradients": false, "gradient_predivide_factor": 1.0,
            "gradient_allreduce_op": "mean"})",
        {}},
@@ -291,8 +351,8 @@ TEST_CASE("NVMe offload is refused") {
   CHECK(contains(ds_error(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
                              "offload_param": {"device": "nvme", "nvme_path": "/local_nvme"}}})"),
                  "zero_optimization.offload_param.device = nvme is not supported"));
-  CHECK(contains(ds_error(R"({"zero_optimization": {"offload_optimizer": {"device": "gpu"}}})"),
-                 "must be cpu or none"));
+  CHECK(
+      contains(ds_error(R"({"zero_optimization": {"offload_optimizer": {"device": "gpu"}}})"), "must be cpu or none"));
   CHECK(contains(ds_error(R"({"zero_optimization": {"offload_optimizer": {"pin_memory": true}}})"),
                  "zero_optimization.offload_optimizer.device is required"));
 }
@@ -304,13 +364,13 @@ TEST_CASE("\"auto\" values are refused naming the key") {
   CHECK(contains(ds_error(R"({"fp16": {"enabled": "auto"}})"), "fp16.enabled is \"auto\""));
   CHECK(contains(ds_error(R"({"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"}})"),
                  "zero_optimization.reduce_bucket_size is \"auto\""));
-  CHECK(contains(ds_error(R"({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": "auto"}})"),
-                 "stage3_gather_16bit_weights_on_model_save is \"auto\""));
+  CHECK(
+      contains(ds_error(R"({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": "auto"}})"),
+               "stage3_gather_16bit_weights_on_model_save is \"auto\""));
 }
 
 TEST_CASE("different allgather and reduce bucket sizes are refused naming both") {
-  const std::string e =
-      ds_error(R"({"zero_optimization": {"allgather_bucket_size": 5e8, "reduce_bucket_size": 2e8}})");
+  const std::string e = ds_error(R"({"zero_optimization": {"allgather_bucket_size": 5e8, "reduce_bucket_size": 2e8}})");
   CHECK(contains(e, "zero_optimization.reduce_bucket_size (200000000)"));
   CHECK(contains(e, "zero_optimization.allgather_bucket_size (500000000)"));
   CHECK(contains(e, "one bucket size"));
@@ -341,8 +401,7 @@ TEST_CASE("optimizer types and parameters: unsupported ones are refused") {
   CHECK(contains(ds_error(R"({"optimizer": {"type": "SGD", "params": {"betas": [0.9, 0.99]}}})"),
                  "optimizer.params.betas does not apply to SGD"));
   CHECK(contains(ds_error(R"({"optimizer": {"type": "SGD", "adam_w_mode": true}})"), "adam_w_mode does not apply"));
-  CHECK(contains(ds_error(R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})"),
-                 "contradiction"));
+  CHECK(contains(ds_error(R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})"), "contradiction"));
   CHECK(contains(ds_error(R"({"optimizer": {"type": "Adam", "params": {"betas": [0.9]}}})"),
                  "optimizer.params.betas must be an array of two numbers"));
 }
@@ -359,6 +418,9 @@ TEST_CASE("wrong JSON types name the key and the type expected") {
   CHECK(contains(ds_error(R"({"zero_optimization": []})"), "zero_optimization must be an object"));
   CHECK(contains(ds_error(R"({"gradient_clipping": "1.0"})"), "gradient_clipping must be a number"));
   CHECK(contains(ds_error(R"({"gradient_clipping": 1e300})"), "outside the range of a 32-bit float"));
+  // Bytes beyond what our format reads back (sizes up to 2^63 - 1) are refused.
+  CHECK(contains(ds_error(R"({"zero_optimization": {"stage": 3, "stage3_max_live_parameters": 4e18}})"),
+                 "zero_optimization.stage3_max_live_parameters = 4000000000000000000 elements is too large"));
   CHECK(contains(our_error(R"({"layout": {"bucket_numel": -5}})"),
                  "layout.bucket_numel must be a non-negative integer, got -5"));
   CHECK(contains(our_error(R"({"stage": 2.5})"), "stage must be an integer, got 2.5"));
@@ -375,7 +437,8 @@ TEST_CASE("values out of range fail naming the option, and for DeepSpeed the key
   CHECK(contains(our_error(R"({"optimizer": {"state_dtype": "fp16"}})"), "optimizer.state_dtype must be fp32 or bf16"));
   CHECK(contains(our_error(R"({"dynamic_loss_scaler": {"growth_factor": 0.5}})"),
                  "dynamic_loss_scaler.growth_factor must be finite and >= 1"));
-  CHECK(contains(our_error(R"({"layout": {"alignment": 16, "block": 24}})"), "layout.block (24) must be a positive multiple"));
+  CHECK(contains(our_error(R"({"layout": {"alignment": 16, "block": 24}})"),
+                 "layout.block (24) must be a positive multiple"));
   CHECK(contains(our_error(R"({"loop": {"log_every": 0}})"), "loop.log_every must be >= 1"));
   CHECK(contains(our_error(R"({"model_dtype": "int32"})"), "model_dtype must be fp32, fp16 or bf16"));
   CHECK(contains(our_error(R"({"max_grad_norm": -1})"), "EngineOptions.max_grad_norm must be >= 0"));
@@ -390,8 +453,9 @@ TEST_CASE("values out of range fail naming the option, and for DeepSpeed the key
   CHECK(contains(ds_error(R"({"gradient_clipping": -1})"), "(set by gradient_clipping)"));
   CHECK(contains(ds_error(R"({"fp16": {"enabled": true, "initial_scale_power": 0, "min_loss_scale": 4}})"),
                  "(set by fp16.min_loss_scale)"));
-  CHECK(contains(ds_error(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})"),
-                 "train_batch_size (30) is not a multiple"));
+  CHECK(contains(
+      ds_error(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})"),
+      "train_batch_size (30) is not a multiple"));
   CHECK(contains(ds_error(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4})"),
                  "give gradient_accumulation_steps too"));
 }
@@ -406,6 +470,9 @@ TEST_CASE("malformed JSON names the file and the position; a repeated key is ref
   CHECK(contains(error_of([] { parse_engine_config(R"({"a": {"x": 1}, "b": {"x": 2}})", "ok.json"); }),
                  "unknown key a"));  // equal keys in different objects are fine
   CHECK(contains(error_of([] { parse_engine_config("[1, 2]", "list.json"); }), "the top level must be an object"));
+  // Deep nesting is named, not printed.
+  const std::string deep = std::string(10000, '[') + std::string(10000, ']');
+  CHECK(contains(error_of([&] { parse_engine_config(deep, "deep.json"); }), "must be an object, got an array"));
 }
 
 TEST_CASE("load_engine_config reads a file and names it when it cannot") {
@@ -435,10 +502,10 @@ TEST_CASE("format detection") {
   CHECK(parse_engine_config("{}", "a.json").source == "a.json (ours)");
   CHECK(parse_engine_config(R"({"optimizer": {"kind": "sgd"}})", "a.json").format == ConfigFormat::kNative);
   CHECK(parse_engine_config(R"({"gradient_accumulation_steps": 2})", "a.json").format == ConfigFormat::kNative);
-  for (const char* text : {R"({"zero_optimization": {}})", R"({"fp16": {}})", R"({"bf16": {}})",
-                           R"({"gradient_clipping": 1})", R"({"train_batch_size": 8})",
-                           R"({"train_micro_batch_size_per_gpu": 8})", R"({"steps_per_print": 8})",
-                           R"({"optimizer": {"type": "SGD"}})"}) {
+  for (const char* text :
+       {R"({"zero_optimization": {}})", R"({"fp16": {}})", R"({"bf16": {}})", R"({"gradient_clipping": 1})",
+        R"({"train_batch_size": 8})", R"({"train_micro_batch_size_per_gpu": 8})", R"({"steps_per_print": 8})",
+        R"({"optimizer": {"type": "SGD"}})"}) {
     CAPTURE(text);
     const EngineConfig c = parse_engine_config(text, "b.json");
     CHECK(c.format == ConfigFormat::kDeepSpeed);
@@ -469,8 +536,15 @@ EngineConfig every_field_changed() {
   o.stage = 3;
   // Adagrad: the SGD-only fields can take any value (SGD's rules would forbid nesterov with dampening).
   o.optimizer.kind = optim::OptimizerKind::kAdagrad;
-  o.optimizer.groups = {optim::Hyper{.lr = 0.125f, .weight_decay = 0.01f, .beta1 = 0.8f, .beta2 = 0.95f, .eps = 1e-6f,
-                                     .momentum = 0.9f, .dampening = 0.2f, .nesterov = true, .lr_decay = 0.5f,
+  o.optimizer.groups = {optim::Hyper{.lr = 0.125f,
+                                     .weight_decay = 0.01f,
+                                     .beta1 = 0.8f,
+                                     .beta2 = 0.95f,
+                                     .eps = 1e-6f,
+                                     .momentum = 0.9f,
+                                     .dampening = 0.2f,
+                                     .nesterov = true,
+                                     .lr_decay = 0.5f,
                                      .initial_accumulator_value = 0.25f},
                         optim::Hyper{.lr = 0.1f, .dampening = 0.1f}};
   o.optimizer.state_dtype = DType::kBFloat16;
@@ -484,8 +558,13 @@ EngineConfig every_field_changed() {
   o.deterministic = true;
   o.loss_scaling = LossScaling::kStatic;
   o.static_loss_scale = 256.0f;
-  o.dynamic_loss_scaler = {.initial_scale = 1024.0f, .growth_factor = 4.0f, .backoff_factor = 0.25f,
-                           .growth_interval = 100, .hysteresis = 3, .min_scale = 2.0f, .consecutive_hysteresis = true};
+  o.dynamic_loss_scaler = {.initial_scale = 1024.0f,
+                           .growth_factor = 4.0f,
+                           .backoff_factor = 0.25f,
+                           .growth_interval = 100,
+                           .hysteresis = 3,
+                           .min_scale = 2.0f,
+                           .consecutive_hysteresis = true};
   o.layout = {.alignment = 32, .bucket_numel = 4096, .block = 2048};
   o.max_inflight_buckets = 5;
   o.reshard_after_forward = false;
@@ -666,9 +745,10 @@ TEST_CASE("resolve_global_batch: DeepSpeed's batch rule") {
   CHECK(resolve_global_batch(LoopConfig{.micro_batch_size = 4}, 2, 4) == 32);
   CHECK(resolve_global_batch(LoopConfig{.global_batch_size = 32}, 2, 4) == 32);
   CHECK(resolve_global_batch(LoopConfig{.micro_batch_size = 4, .global_batch_size = 32}, 2, 4) == 32);
-  CHECK(contains(error_of([] { resolve_global_batch(LoopConfig{.micro_batch_size = 4, .global_batch_size = 32}, 2, 2); }),
-                 "the micro batch (loop.micro_batch_size, train_micro_batch_size_per_gpu) 4 x "
-                 "gradient_accumulation_steps 2 x 2 rank(s) is 16"));
+  CHECK(
+      contains(error_of([] { resolve_global_batch(LoopConfig{.micro_batch_size = 4, .global_batch_size = 32}, 2, 2); }),
+               "the micro batch (loop.micro_batch_size, train_micro_batch_size_per_gpu) 4 x "
+               "gradient_accumulation_steps 2 x 2 rank(s) is 16"));
   CHECK(contains(error_of([] { resolve_global_batch(LoopConfig{.global_batch_size = 30}, 2, 4); }),
                  "30 is not a multiple of gradient_accumulation_steps 2 x 4 rank(s)"));
 }

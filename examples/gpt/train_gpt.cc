@@ -77,7 +77,8 @@ int run(int argc, char** argv) {
   const int log_every = config.log_every(flags);
   const examples::RunFlags run_flags = examples::RunFlags::read(flags, opt);
   // The parameters: fp32 or bf16.
-  const DType dtype = parse_dtype(flags.get("dtype", config.model_dtype() ? dtype_name(*config.model_dtype()) : "fp32"));
+  const DType dtype =
+      parse_dtype(flags.get("dtype", config.model_dtype() ? dtype_name(*config.model_dtype()) : "fp32"));
   flags.check_all_used();
   if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
     ZERO_THROW(InvalidArgument, "the GPT runs in fp32 or bf16, got {}{}", dtype_name(dtype),
