@@ -14,8 +14,8 @@
 //
 // The points: "forward" (a unit's forward scope opens), "reduce_scatter" (a gradient bucket's
 // reduction is about to be issued), "prefetch" (stage 3 issues a prefetch all-gather),
-// "optimizer_step" (the sharded update begins), "checkpoint_write" (a checkpoint data file is being
-// written), "collective_sends" (inside a Gloo reduce-scatter, after its receives are posted and
+// "optimizer_step" (the sharded update begins), "checkpoint_write" (a rank's checkpoint data file is
+// written but not yet synced, renamed or indexed: once per save), "collective_sends" (inside a Gloo reduce-scatter, after its receives are posted and
 // before any data is sent: a rank that stalls mid-collective).
 #include <string>
 #include <string_view>

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/check.h"
+#include "base/fault_injection.h"
 #include "base/logging.h"
 #include "memory/host_kernels.h"
 #include "zero/checkpoint_manifest.h"
@@ -222,6 +223,7 @@ class RankFiles {
   }
   void commit() {
     ZERO_CHECK(indexed_ == data_.bytes(), "the index covers the data file");
+    fault::point("checkpoint_write");  // the data is written, not yet synced, renamed or indexed
     data_.commit();
     const json index = {{"rank", rank_}, {"file", rank_name(rank_, "bin")}, {"bytes", data_.bytes()},
                         {"crc32c", file_crc_}, {"pieces", pieces_}};

@@ -12,7 +12,6 @@
 #include <string>
 #include <utility>
 
-#include "base/fault_injection.h"
 #include "base/check.h"
 
 namespace zero {
@@ -62,7 +61,6 @@ void FileWriter::write_out(const char* p, size_t bytes, uint64_t at) {
 }
 
 void FileWriter::write(const void* data, size_t bytes) {
-  fault::point("checkpoint_write");
   const auto* p = static_cast<const char*>(data);
   bytes_ += bytes;
   if (!direct()) {

@@ -61,13 +61,19 @@ GradReducer::GradReducer(const ReducerConfig& config, const ShardLayout& layout,
 }
 
 GradReducer::~GradReducer() {
-  // Collectives still in flight write into our buffers: let them finish (or fail) first.
+  // Collectives still in flight write into our buffers: let them finish (or fail) first. After one
+  // failure the rest fail for the same reason: one warning says so.
+  size_t failed = 0;
+  std::string first;
   for (size_t b : inflight_) {
     try {
       buckets_[b].work->wait(config_.timeout);
     } catch (const std::exception& e) {
-      ZERO_LOG_WARN("engine destroyed with a failed gradient reduction in flight: {}", e.what());
+      if (failed++ == 0) first = e.what();
     }
+  }
+  if (failed > 0) {
+    ZERO_LOG_WARN("engine destroyed with {} failed gradient reduction(s) in flight; the first: {}", failed, first);
   }
   try {
     device_.synchronize(*stream_, config_.timeout);

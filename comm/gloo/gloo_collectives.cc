@@ -291,7 +291,9 @@ void reduce_scatter_impl(gloo::Context& ctx, const void* send, void* recv,
       if (p == me) {
         srcs[p] = send_bytes + (my_offset + j * seg) * es;
       } else {
+        if (options.awaiting) options.awaiting->store(p, std::memory_order_relaxed);
         wait_recv(*slot_buf(p, j % live), options.deadline);
+        if (options.awaiting) options.awaiting->store(-1, std::memory_order_relaxed);
         srcs[p] = slot_buf(p, j % live)->ptr;
       }
     }

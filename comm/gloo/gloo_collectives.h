@@ -18,6 +18,7 @@
 // number) keeps the slots of consecutive collectives apart. Each takes the schedule check as
 // callbacks (DirectOptions) so that it runs where it costs least, and registers its buffers with
 // an AbortSwitch so that another thread can cut it short.
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -96,6 +97,9 @@ void abort_connections(gloo::Context& ctx);
 
 struct DirectOptions {
   uint32_t tag = 0;
+  // Where the reduce-scatter notes the peer whose data it is waiting for (-1 between waits), so
+  // that a caller who gives up can say which rank went silent mid-collective.
+  std::atomic<int>* awaiting = nullptr;
   SteadyClock::time_point deadline = SteadyClock::now() + std::chrono::minutes(5);
   // Reduce-scatter pipelining: bytes per message and messages in flight per peer.
   size_t segment_bytes = size_t{512} << 10;

@@ -1,6 +1,7 @@
 #include "comm/gloo/gloo_communicator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -558,6 +559,8 @@ class GlooCommunicator final : public Communicator, private InlineRunner, privat
     d.gather_segment_bytes = options_.gather_segment_bytes;
     d.graveyard = &graveyard_;
     d.abort = &abort_;
+    d.awaiting = &awaiting_;
+    awaiting_.store(-1, std::memory_order_relaxed);
     const std::string& what = task.state->what;
     std::string mismatch;
     // Compares the headers in the message area (one per rank, `capacity()` apart).
@@ -653,6 +656,12 @@ class GlooCommunicator final : public Communicator, private InlineRunner, privat
     return absent_ranks(state->seq);
   }
 
+  // " this rank was waiting for rank P's data" while a reduce-scatter waits on a peer, else "".
+  std::string awaited_peer() const {
+    const int p = awaiting_.load(std::memory_order_relaxed);
+    return p < 0 ? std::string() : fmt::format("; this rank was waiting for rank {}'s data", p);
+  }
+
   void trip(const std::string& reason) {
     {
       std::lock_guard<std::mutex> lock(abort_mu_);
@@ -673,24 +682,29 @@ class GlooCommunicator final : public Communicator, private InlineRunner, privat
   std::string absent_ranks(uint64_t seq) {
     if (size_ == 1 || options_.failure_report_grace.count() <= 0) return {};
     const std::string base = fmt::format("{}/failed/{}/", prefix_, seq);
+    std::vector<int> missing;
+    bool polled = false;
     try {
       store_->set_string(base + std::to_string(rank_), "1");
-      std::vector<int> missing;
       const auto deadline = SteadyClock::now() + options_.failure_report_grace;
       for (;;) {
-        missing.clear();
+        std::vector<int> now;
         for (int r = 0; r < size_; ++r) {
-          if (!store_->check({base + std::to_string(r)})) missing.push_back(r);
+          if (!store_->check({base + std::to_string(r)})) now.push_back(r);
         }
+        missing = std::move(now);
+        polled = true;
         if (missing.empty() || SteadyClock::now() >= deadline) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
-      if (missing.empty()) return " (every rank reached it)";
-      return fmt::format(" (rank{} {} did not reach it: exited, stalled, or stuck before it)",
-                         missing.size() > 1 ? "s" : "", fmt::join(missing, ", "));
     } catch (const std::exception& e) {
-      return fmt::format(" (the store could not tell which ranks reached it: {})", e.what());
+      // The store lives in one of the ranks, which may exit once it has made its own report: what
+      // the last complete poll saw is still the answer.
+      if (!polled) return fmt::format(" (the store could not tell which ranks reached it: {})", e.what());
     }
+    if (missing.empty()) return fmt::format(" (every rank reached it{})", awaited_peer());
+    return fmt::format(" (rank{} {} did not reach it: exited, stalled, or stuck before it{})", missing.size() > 1 ? "s" : "",
+                       fmt::join(missing, ", "), awaited_peer());
   }
 
   // Releases the buffers of failed collectives once Gloo's loop thread can no longer touch them:
@@ -768,6 +782,7 @@ class GlooCommunicator final : public Communicator, private InlineRunner, privat
   AbortSwitch abort_;  // tripped by the destructor, or by a caller's deadline, while a collective runs
   mutable std::mutex abort_mu_;
   std::string abort_reason_;
+  std::atomic<int> awaiting_{-1};  // the running reduce-scatter's awaited peer (DirectOptions::awaiting)
   std::shared_ptr<AbandonLink> abandon_link_ = std::make_shared<AbandonLink>();
   std::shared_ptr<InlineLink> link_ = std::make_shared<InlineLink>();
   // Touched only by the thread running a collective (running_):
