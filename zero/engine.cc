@@ -5,11 +5,25 @@
 #include <utility>
 
 #include "base/check.h"
+#include "base/env.h"
 #include "zero/collective_order.h"
 #include "zero/engine_impl.h"
 #include "zero/rank_agreement.h"
 
 namespace zero {
+
+namespace {
+
+// The engine's own host device. ZERO_HOST_THREADED_STREAMS=1 is a test knob, read once, as
+// ZERO_COMM_CHECK is: it runs the device's copy and reduce streams on worker threads
+// (HostDeviceOptions::threaded_streams), so that under ThreadSanitizer a missing event wait is a
+// reported race in every test of the suite, not only in the tests that ask for that mode.
+memory::HostDeviceOptions own_device_options() {
+  static const bool threaded = env_bool("ZERO_HOST_THREADED_STREAMS", false);
+  return {.threaded_streams = threaded};
+}
+
+}  // namespace
 
 Engine::Engine(comm::Communicator& comm, EngineOptions options) : Engine(EngineComms{&comm}, std::move(options)) {}
 
@@ -23,7 +37,7 @@ Engine::Engine(const EngineComms& comms, EngineOptions options) : impl_(std::mak
   m.device = comms.device;
   if (m.device == nullptr) {
     m.own_tracker = std::make_unique<memory::MemoryTracker>();
-    m.own_device = memory::make_host_device(*m.own_tracker);
+    m.own_device = memory::make_host_device(*m.own_tracker, own_device_options());
     m.device = m.own_device.get();
   }
   // The pairing is checked now, not at the first collective.
