@@ -20,6 +20,7 @@
 #include "base/check.h"
 #include "comm/launch/process_group.h"
 #include "examples/flags.h"
+#include "examples/process_memory.h"
 #include "examples/run_flags.h"
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_model.h"
@@ -167,6 +168,20 @@ int run(int argc, char** argv) {
       const double val = validation_loss();
       if (rank == 0) {
         std::printf("step %4d | validation loss %.4f (unigram entropy %.4f)\n", step + 1, val, data.unigram_entropy());
+      }
+      // The largest rank's engine memory (tracker) and process memory (RSS), current and peak: the
+      // soak run reads these lines to show memory steady after warm-up.
+      const memory::MemoryTracker& t = engine.device().tracker();
+      const examples::ProcessMemory pm = examples::process_memory();
+      double mem4[4] = {static_cast<double>(t.current_total()), static_cast<double>(t.peak_total()),
+                        static_cast<double>(pm.rss), static_cast<double>(pm.peak_rss)};
+      comm.all_reduce(mem4, 4, DType::kFloat64, comm::ReduceOp::kMax)->wait();
+      if (rank == 0) {
+        std::printf("memory at step %d | engine %s (peak %s) | rss %s (peak %s) | largest rank\n", step + 1,
+                    memory::format_bytes(static_cast<uint64_t>(mem4[0])).c_str(),
+                    memory::format_bytes(static_cast<uint64_t>(mem4[1])).c_str(),
+                    memory::format_bytes(static_cast<uint64_t>(mem4[2])).c_str(),
+                    memory::format_bytes(static_cast<uint64_t>(mem4[3])).c_str());
       }
     }
     run_flags.after_step(engine, step + 1, steps);  // the data is a function of the step, which it keeps
