@@ -1,7 +1,7 @@
 // Fault injection under the launcher (tests/fault_worker.cc, base/fault_injection.h): one of three
 // ranks is killed, stalls, or runs late at a chosen point of a training step. Every case must end
-// well within the deadline (the communicator's and engine's timeout, 6 s here, plus zerorun's report
-// window) with an error on every surviving rank that names the operation and the failed rank, and a
+// well within the deadline (the communicator's and engine's timeout, 6 s here, plus the failure
+// report) with an error on every surviving rank that names the operation and the failed rank, and a
 // non-zero exit from zerorun naming the first failure; a checkpoint completed before a kill during
 // the next save still loads.
 #include <doctest/doctest.h>
@@ -20,6 +20,15 @@ namespace zero {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// zerorun with 3 ranks and a report window longer than the deadline plus the failure report, so
+// that a survivor stuck on the deadline still reports before it is stopped.
+testing::LaunchResult launch3(const std::vector<std::string>& args, int ranks = 3) {
+  std::vector<std::string> all{"--nproc-per-node", std::to_string(ranks), "--report-s", "20", "--",
+                               "tests/fault_worker"};
+  all.insert(all.end(), args.begin(), args.end());
+  return testing::run("comm/launch/zerorun", all, 90);
+}
 
 std::string tmp(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");
@@ -64,11 +73,11 @@ TEST_CASE("a rank that dies or stalls at any point of a step fails every rank in
     std::vector<std::string> args = {"--stage", std::to_string(f.stage), "--fault", f.plan, "--fault-rank", "1",
                                       "--timeout-s", "6", "--steps", "12"};
     args.insert(args.end(), f.extra.begin(), f.extra.end());
-    const auto r = testing::launch(3, "tests/fault_worker", args, 90);
+    const auto r = launch3(args);
     const double took = std::chrono::duration<double>(Clock::now() - t0).count();
     INFO(r.output);
     CHECK(r.exit_code != 0);
-    CHECK(took < 45);  // 6 s deadline, 5 s report window, 2 s failure report, start-up; not Gloo's 300 s
+    CHECK(took < 45);  // 6 s deadline, 2 s failure report, start-up; not Gloo's 300 s
     CHECK(r.output.find("fault injection:") != std::string::npos);
     if (f.killed) {
       // zerorun names the first failure: rank 1, killed.
@@ -81,6 +90,7 @@ TEST_CASE("a rank that dies or stalls at any point of a step fails every rank in
       CHECK(mine.find("fault_worker:") != std::string::npos);  // ended with its own error
       // The failed rank is named: it never reached the call, or its data never came.
       const bool named = mine.find("rank 1 did not reach it") != std::string::npos ||
+                         mine.find("rank 1 failed first") != std::string::npos ||
                          mine.find("ranks 1, ") != std::string::npos ||
                          mine.find("waiting for rank 1's data") != std::string::npos;
       CHECK_MESSAGE(named, mine);
@@ -89,19 +99,34 @@ TEST_CASE("a rank that dies or stalls at any point of a step fails every rank in
   }
 }
 
+TEST_CASE("the store's host (rank 0) killed: the others fail at once, naming the operation and the lost store") {
+  const auto t0 = Clock::now();
+  const auto r = launch3({"--stage", "2", "--fault", "reduce_scatter:kill:4", "--fault-rank", "0", "--timeout-s", "6",
+                          "--steps", "12"});
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK(std::chrono::duration<double>(Clock::now() - t0).count() < 30);
+  CHECK(r.output.find("zerorun: rank 0 (pid") != std::string::npos);
+  for (int survivor : {1, 2}) {
+    CAPTURE(survivor);
+    const std::string mine = lines_of(r.output, survivor);
+    CHECK(mine.find("fault_worker:") != std::string::npos);
+    CHECK(mine.find("reduce_scatter") != std::string::npos);
+    CHECK(mine.find("connection to the server") != std::string::npos);  // the store, which rank 0 hosted
+  }
+}
+
 TEST_CASE("a rank killed while writing a checkpoint leaves the last complete one loadable") {
   const std::string dir = tmp("fault_ckpt");
   std::filesystem::remove_all(dir);
   // Saves after steps 2 and 4; rank 1 dies in the middle of the second save.
-  const auto r = testing::launch(3, "tests/fault_worker",
-                                 {"--stage", "2", "--fault", "checkpoint_write:kill:2", "--fault-rank", "1",
-                                  "--timeout-s", "6", "--steps", "6", "--save", dir, "--save-every", "2"},
-                                 90);
+  const auto r = launch3({"--stage", "2", "--fault", "checkpoint_write:kill:2", "--fault-rank", "1", "--timeout-s", "6",
+                          "--steps", "6", "--save", dir, "--save-every", "2"});
   INFO(r.output);
   CHECK(r.exit_code != 0);
   CHECK(r.output.find("zerorun: rank 1 (pid") != std::string::npos);
   // The next job (at another world size) resumes from the save that completed.
-  const auto resumed = testing::launch(2, "tests/fault_worker", {"--stage", "3", "--resume", dir, "--steps", "4"}, 60);
+  const auto resumed = launch3({"--stage", "3", "--resume", dir, "--steps", "4"}, 2);
   INFO(resumed.output);
   CHECK(resumed.exit_code == 0);
   CHECK(resumed.output.find("resumed at step 2") != std::string::npos);

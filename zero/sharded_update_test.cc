@@ -7,8 +7,10 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
+#include "base/error.h"
 #include "memory/device.h"
 #include "testing/thread_ranks.h"
 
@@ -28,7 +30,7 @@ struct Result {
 enum class Offload { kNone, kPinned, kPageable };
 
 Result one_step(comm::Communicator& comm, bool sharded, float g, float max_norm, bool inf,
-                Offload offload = Offload::kNone) {
+                Offload offload = Offload::kNone, bool scaling = true, float bad = INFINITY) {
   memory::MemoryTracker tracker, host_tracker;
   // Offloaded: threaded streams, so the pipeline's copies run on their own threads (TSan checks the
   // events that order them).
@@ -65,12 +67,12 @@ Result one_step(comm::Communicator& comm, bool sharded, float g, float max_norm,
   for (size_t t = 0; t < kNumels.size(); ++t) {
     float* gp = static_cast<float*>(red.grad(t));
     for (size_t e = 0; e < kNumels[t]; ++e) gp[e] = g;
-    if (inf && comm.rank() == 1 && t == 1) gp[3] = INFINITY;
+    if (inf && comm.rank() == 1 && t == 1) gp[3] = bad;
     red.tensor_ready(t);
   }
   red.end_micro_step();
   optim::DynamicLossScaler scaler(optim::LossScalerOptions{.initial_scale = 8.0f, .hysteresis = 1});
-  res.step = update.step(red, 1.0f, comm.size(), inf ? &scaler : nullptr, 0);
+  res.step = update.step(red, 1.0f, comm.size(), inf && scaling ? &scaler : nullptr, 0);
   return res;
 }
 
@@ -111,6 +113,20 @@ TEST_CASE("an inf on one rank skips the step on every rank and leaves the parame
       CHECK(r.step.step == 0);
       for (const auto& p : r.params) {
         for (float v : p) REQUIRE(v == 1.0f);
+      }
+    });
+  }
+}
+
+TEST_CASE("a NaN on one rank without loss scaling fails the step on every rank, naming it") {
+  for (float bad : {NAN, INFINITY}) {
+    testing::run_thread_ranks(2, [&](comm::Communicator& comm) {
+      try {
+        one_step(comm, true, 0.25f, 1.0f, true, Offload::kNone, false, bad);
+        FAIL("no error");
+      } catch (const Error& e) {
+        const std::string m = e.what();
+        CHECK_MESSAGE(m.find("gradients contain inf or NaN at step 1 (no dynamic loss scaling") != std::string::npos, m);
       }
     });
   }

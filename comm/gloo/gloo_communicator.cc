@@ -675,26 +675,38 @@ class GlooCommunicator final : public Communicator, private InlineRunner, privat
     return abort_reason_;
   }
 
-  // Which ranks never reached collective `seq`, for the failure's message: every rank that fails
-  // in it (or gives up on it) says so in the store, then waits a moment for the others; a rank that
-  // stays silent exited, stalled, or is stuck before the call. Failures only, so it costs nothing
-  // on the way that works; bounded by failure_report_grace; never throws.
+  // Which ranks never reached collective `seq`, for the failure's message. Every rank that fails
+  // (or gives up on) a collective writes the sequence number of its first failure to the store,
+  // then waits a moment for the others: a rank that stays silent exited, stalled, or is stuck
+  // before the call; a rank that reports an earlier number failed first (a dying peer can cut the
+  // ranks off at different collectives). Failures only, so it costs nothing on the way that works;
+  // bounded by failure_report_grace; never throws.
   std::string absent_ranks(uint64_t seq) {
     if (size_ == 1 || options_.failure_report_grace.count() <= 0) return {};
-    const std::string base = fmt::format("{}/failed/{}/", prefix_, seq);
-    std::vector<int> missing;
+    auto key = [&](int r) { return fmt::format("{}/failed/{}", prefix_, r); };
+    std::vector<int> silent;
+    std::vector<std::pair<int, uint64_t>> earlier;
     bool polled = false;
     try {
-      store_->set_string(base + std::to_string(rank_), "1");
+      const std::string mine = std::to_string(seq);
+      store_->compare_set(key(rank_), {}, Bytes(mine.begin(), mine.end()));  // the first failure stays
       const auto deadline = SteadyClock::now() + options_.failure_report_grace;
       for (;;) {
-        std::vector<int> now;
+        std::vector<int> now_silent;
+        std::vector<std::pair<int, uint64_t>> now_earlier;
         for (int r = 0; r < size_; ++r) {
-          if (!store_->check({base + std::to_string(r)})) now.push_back(r);
+          if (r == rank_) continue;
+          if (!store_->check({key(r)})) {
+            now_silent.push_back(r);
+            continue;
+          }
+          const uint64_t theirs = std::stoull(store_->get_string(key(r), std::chrono::seconds(1)));
+          if (theirs < seq) now_earlier.emplace_back(r, theirs);
         }
-        missing = std::move(now);
+        silent = std::move(now_silent);
+        earlier = std::move(now_earlier);
         polled = true;
-        if (missing.empty() || SteadyClock::now() >= deadline) break;
+        if (silent.empty() || SteadyClock::now() >= deadline) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
     } catch (const std::exception& e) {
@@ -702,9 +714,14 @@ class GlooCommunicator final : public Communicator, private InlineRunner, privat
       // the last complete poll saw is still the answer.
       if (!polled) return fmt::format(" (the store could not tell which ranks reached it: {})", e.what());
     }
-    if (missing.empty()) return fmt::format(" (every rank reached it{})", awaited_peer());
-    return fmt::format(" (rank{} {} did not reach it: exited, stalled, or stuck before it{})", missing.size() > 1 ? "s" : "",
-                       fmt::join(missing, ", "), awaited_peer());
+    std::vector<std::string> parts;
+    if (!silent.empty()) {
+      parts.push_back(fmt::format("rank{} {} did not reach it: exited, stalled, or stuck before it",
+                                  silent.size() > 1 ? "s" : "", fmt::join(silent, ", ")));
+    }
+    for (const auto& [r, theirs] : earlier) parts.push_back(fmt::format("rank {} failed first, in #{}", r, theirs));
+    if (parts.empty()) parts.push_back("every rank reached it");
+    return fmt::format(" ({}{})", fmt::join(parts, "; "), awaited_peer());
   }
 
   // Releases the buffers of failed collectives once Gloo's loop thread can no longer touch them:
