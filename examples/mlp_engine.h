@@ -11,6 +11,20 @@
 
 namespace zero::examples {
 
+// Registers the model's parameters (fp32, its own storage): layer l's weight and bias are unit l;
+// with `decay_groups` the weights are optimizer group 0 and the biases group 1, else all group 0.
+// Returns the engine's id of each parameter, in the model's order.
+inline std::vector<int> register_mlp(Engine& engine, Mlp& model, bool decay_groups = false) {
+  std::vector<int> ids;
+  for (size_t i = 0; i < model.params().size(); ++i) {
+    auto& p = model.params()[i];
+    ids.push_back(engine.add_param({.name = p.name, .shape = p.shape, .dtype = DType::kFloat32,
+                                    .data = {p.values.data(), p.values.size()}, .unit = static_cast<int>(i / 2),
+                                    .group = decay_groups && !p.decay ? 1 : 0}));
+  }
+  return ids;
+}
+
 // `ids[i]` is the engine's id of the model's parameter i. The returned Access keeps the engine and
 // the ids by reference: both must outlive it.
 inline Mlp::Access unit_scope_access(Engine& engine, const std::vector<int>& ids) {

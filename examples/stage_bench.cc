@@ -51,11 +51,7 @@ std::unique_ptr<Trainer> make_trainer(comm::Communicator& comm, const Config& co
   opt.max_live_gathered_bytes = window_bytes;
   opt.prefetch_bytes = prefetch_bytes;
   t->engine = std::make_unique<Engine>(comm, opt);
-  for (size_t i = 0; i < t->model.params().size(); ++i) {
-    auto& p = t->model.params()[i];
-    t->ids.push_back(t->engine->add_param({.name = p.name, .shape = p.shape, .dtype = DType::kFloat32,
-                                           .data = {p.values.data(), p.values.size()}, .unit = static_cast<int>(i / 2)}));
-  }
+  t->ids = examples::register_mlp(*t->engine, t->model);
   t->engine->finalize();
   t->access = examples::unit_scope_access(*t->engine, t->ids);
   return t;

@@ -80,13 +80,7 @@ int run(int argc, char** argv) {
 
   // Each layer (its weight and bias) is a unit: at stage 3 its parameters exist in full only while
   // the layer's gather scope is open.
-  std::vector<int> ids;
-  for (size_t i = 0; i < model.params().size(); ++i) {
-    auto& p = model.params()[i];
-    ids.push_back(engine.add_param({.name = p.name, .shape = p.shape, .dtype = DType::kFloat32,
-                                    .data = {p.values.data(), p.values.size()},
-                                    .unit = static_cast<int>(i / 2), .group = p.decay ? 0 : 1}));
-  }
+  const std::vector<int> ids = examples::register_mlp(engine, model, /*decay_groups=*/true);
   const examples::Mlp::Access access = examples::unit_scope_access(engine, ids);
   engine.finalize();
   if (rank == 0) {

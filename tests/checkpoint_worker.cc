@@ -56,12 +56,7 @@ int run(int argc, char** argv) {
   opt.offload.optimizer = offload;
   opt.layout = {.alignment = 4, .bucket_numel = 96, .block = 16};
   Engine engine(comm, opt);
-  std::vector<int> ids;
-  for (size_t i = 0; i < model.params().size(); ++i) {
-    auto& p = model.params()[i];
-    ids.push_back(engine.add_param({.name = p.name, .shape = p.shape, .dtype = DType::kFloat32,
-                                    .data = {p.values.data(), p.values.size()}, .unit = static_cast<int>(i / 2)}));
-  }
+  const std::vector<int> ids = examples::register_mlp(engine, model);
   engine.finalize();
   const examples::Mlp::Access access = examples::unit_scope_access(engine, ids);
 

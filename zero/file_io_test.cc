@@ -61,7 +61,10 @@ TEST_CASE("what is read back is what was written, in both modes, at any sizes") 
 
 TEST_CASE("page-aligned memory is written straight from the caller, and what follows it is buffered") {
   const size_t chunk = size_t{8} << 20, n = 2 * chunk + 3 * 4096 + 77;
-  std::unique_ptr<char, decltype(&std::free)> aligned(static_cast<char*>(std::aligned_alloc(4096, n + 4096)), &std::free);
+  // aligned_alloc wants a size that is a multiple of the alignment.
+  const size_t room = (n + 4095) / 4096 * 4096;
+  std::unique_ptr<char, decltype(&std::free)> aligned(static_cast<char*>(std::aligned_alloc(4096, room)), &std::free);
+  REQUIRE(aligned != nullptr);
   const std::vector<char> data = pattern(n, 9);
   std::memcpy(aligned.get(), data.data(), n);
   const std::string path = tmp("file_io_aligned");
