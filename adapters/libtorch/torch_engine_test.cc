@@ -130,9 +130,10 @@ Trace reference() {
   return t;
 }
 
-EngineOptions options_for(int stage) {
+EngineOptions options_for(int stage, int micro_steps = 1) {
   EngineOptions o;
   o.stage = stage;
+  o.gradient_accumulation_steps = micro_steps;
   o.optimizer.kind = optim::OptimizerKind::kAdamW;
   o.optimizer.groups = {optim::Hyper{.lr = kLr, .weight_decay = kWd}};
   // Small buckets: several per step below stage 3.
@@ -141,11 +142,12 @@ EngineOptions options_for(int stage) {
   return o;
 }
 
-// One rank's loop on its share of every batch; returns the global losses and final parameters.
-Trace engine_rank(comm::Communicator& comm, int stage) {
+// One rank's loop on its share of every batch, in `micro` micro-steps; returns the global losses and
+// final parameters.
+Trace engine_rank(comm::Communicator& comm, int stage, int micro = 1) {
   const int rank = comm.rank(), world = comm.size();
   Tiny m = make_model(1 + 17 * static_cast<uint64_t>(rank));  // finalize() broadcasts rank 0's
-  Engine engine(comm, options_for(stage));
+  Engine engine(comm, options_for(stage, micro));
   TorchEngine zt(engine, *m, {.units = {"", "in", "blocks.0", "blocks.1", "ln_f"}});
   zt.finalize();
   if (stage == 3) {
@@ -157,15 +159,19 @@ Trace engine_rank(comm::Communicator& comm, int stage) {
     return zt.forward_unit(zt.unit(unit), v, fn);
   };
   Trace t;
-  const int64_t local = kBatch / world;
+  const int64_t local = kBatch / world / micro;
   for (int s = 0; s < kSteps; ++s) {
     const Batch b = batch_of(s);
-    torch::Tensor x = b.x.narrow(0, rank * local, local), y = b.labels.narrow(0, rank * local, local);
-    torch::Tensor loss = tiny_loss(m, x, y, through);
-    zt.backward(loss);
-    for (const auto& p : m->parameters()) CHECK_FALSE(p.grad().defined());  // the engine holds the gradients
+    double l = 0;
+    for (int k = 0; k < micro; ++k) {
+      const int64_t first = (rank * micro + k) * local;
+      torch::Tensor x = b.x.narrow(0, first, local), y = b.labels.narrow(0, first, local);
+      torch::Tensor loss = tiny_loss(m, x, y, through);
+      zt.backward(loss);
+      for (const auto& p : m->parameters()) CHECK_FALSE(p.grad().defined());  // the engine holds the gradients
+      l += loss.item<double>() / micro;
+    }
     zt.step();
-    double l = loss.item<double>();
     comm.all_reduce(&l, 1, DType::kFloat64, comm::ReduceOp::kAvg)->wait();
     t.losses.push_back(l);
   }
@@ -189,7 +195,7 @@ void compare(const Trace& got, const Trace& want) {
   }
 }
 
-TEST_CASE("TorchEngine follows torch::optim::AdamW on the full batch, stages 0-3, 1 and 2 ranks") {
+TEST_CASE("TorchEngine follows torch::optim::AdamW on the full batch, stages 0-3, 1 and 2 ranks, and 2 micro-steps") {
   torch::set_num_threads(1);
   const Trace want = reference();
   CHECK(want.losses.back() < want.losses.front());
@@ -203,6 +209,15 @@ TEST_CASE("TorchEngine follows torch::optim::AdamW on the full batch, stages 0-3
       });
       compare(got[0], want);
     }
+  }
+  // Gradient accumulation: each micro-step's gradients go to where the engine says in that micro-step.
+  for (int stage : {1, 3}) {
+    CAPTURE(stage);
+    std::vector<Trace> got(2);
+    testing::run_thread_ranks(2, [&](comm::Communicator& comm) {
+      got[static_cast<size_t>(comm.rank())] = engine_rank(comm, stage, /*micro=*/2);
+    });
+    compare(got[0], want);
   }
 }
 

@@ -92,11 +92,12 @@ int run(int argc, char** argv) {
   const std::string dump_path = flags.get("dump", "");
   const bool quiet = flags.get_bool("quiet", false);
   const int stage = flags.get_int("stage", 2);
-  const int bucket_kib = flags.get_int("bucket-kib", 4096);
+  const int bucket_kib = flags.get_int("bucket-kib", 16384);
   const bool reshard = flags.get_bool("reshard-after-forward", true);
   // Stage 3's gather window (0: the engine's default, two of the largest unit). Without resharding
   // after forward every unit stays gathered until its backward, so the window must hold them all.
   const int window_kib = flags.get_int("window-kib", 0);
+  const int inflight = flags.get_int("inflight-buckets", 2);
   const bool report = flags.get_bool("memory-report", false);
   flags.check_all_used();
   if (mode != "engine" && mode != "reference") ZERO_THROW(InvalidArgument, "--mode: '{}' is not engine or reference", mode);
@@ -153,6 +154,7 @@ int run(int argc, char** argv) {
   opt.layout.bucket_numel = static_cast<size_t>(bucket_kib) * 1024 / sizeof(float);
   opt.reshard_after_forward = reshard;
   opt.max_live_gathered_bytes = static_cast<size_t>(window_kib) * 1024;
+  opt.max_inflight_buckets = inflight;
   Engine engine(comm, opt);
   libtorch::TorchEngine zt(engine, *model);  // one unit per child of the Sequential
   zt.finalize();
