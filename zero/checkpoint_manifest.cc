@@ -39,13 +39,24 @@ void add_index_pieces(const json& index, const std::string& index_path, int rank
     sp.kind = checkpoint_field<std::string>(pj, "kind", index_path);
     sp.begin = checkpoint_field<size_t>(pj, "begin", index_path);
     sp.end = checkpoint_field<size_t>(pj, "end", index_path);
-    sp.dtype = parse_dtype(checkpoint_field<std::string>(pj, "dtype", index_path));
+    const std::string dtype = checkpoint_field<std::string>(pj, "dtype", index_path);
+    try {
+      sp.dtype = parse_dtype(dtype);
+    } catch (const InvalidArgument& e) {
+      // parse_dtype's message says what is wrong but not where.
+      checkpoint_error(index_path, fmt::format("field 'dtype': {}", e.what()));
+    }
     sp.file = rank;
     sp.offset = checkpoint_field<uint64_t>(pj, "offset", index_path);
     sp.bytes = checkpoint_field<uint64_t>(pj, "bytes", index_path);
     sp.crc = checkpoint_field<uint32_t>(pj, "crc32c", index_path);
-    if (sp.end < sp.begin || sp.bytes != (sp.end - sp.begin) * dtype_size(sp.dtype) ||
-        sp.offset + sp.bytes > data_bytes) {
+    // Checked without overflow: the loader allocates `bytes` and copies (end - begin) elements out of
+    // them, so a count whose byte count wraps past 2^64 (end 2^62 of fp32 in 0 bytes) or an offset
+    // that wraps past the end of the file must not pass.
+    const uint64_t es = dtype_size(sp.dtype);
+    const bool consistent = sp.end >= sp.begin && sp.bytes % es == 0 && sp.bytes / es == sp.end - sp.begin &&
+                            sp.offset <= data_bytes && sp.bytes <= data_bytes - sp.offset;
+    if (!consistent) {
       checkpoint_error(index_path, fmt::format("piece {} [{}, {}) of '{}' is inconsistent", sp.kind, sp.begin, sp.end,
                                                checkpoint_field<std::string>(pj, "name", index_path)));
     }

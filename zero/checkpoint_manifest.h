@@ -5,12 +5,16 @@
 // calls these; keeping them apart lets the fuzzer (fuzz/manifest_fuzz.cc) feed them any text.
 //
 // Every error is InvalidArgument "checkpoint '<file>': <what>", naming the file and the field.
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "base/check.h"
@@ -44,15 +48,71 @@ struct Manifest {
 // InvalidArgument "checkpoint '<where>': <what>".
 [[noreturn]] void checkpoint_error(const std::string& where, const std::string& what);
 
-// Field `key` of the object `j` as a T; the error names `where` and the key (missing, wrong type).
+namespace detail {
+
+template <typename T>
+struct IsVector : std::false_type {};
+template <typename T>
+struct IsVector<std::vector<T>> : std::true_type {};
+
+template <typename T>
+constexpr bool kIsNumber = std::is_arithmetic_v<T> && !std::is_same_v<T, bool>;
+
+enum class Fit { kOk, kWrongType, kOutOfRange };
+
+// Whether the JSON value `v` converts to the number type T exactly. Checked before converting:
+// nlohmann converts a float to an integer with a plain cast, which is undefined behaviour when the
+// value does not fit (a fuzzed index had "begin": 2e113) and truncates when it does, and it wraps an
+// integer that is out of the type's range (a version 4294967297 would read as 1). So an integer
+// field takes an integer within its type's range, a float field a finite number within its range.
+template <typename T>
+Fit number_fit(const nlohmann::json& v) {
+  if constexpr (std::is_integral_v<T>) {
+    if (!v.is_number_integer()) return Fit::kWrongType;
+    const bool fits = v.is_number_unsigned() ? std::in_range<T>(v.get<uint64_t>()) : std::in_range<T>(v.get<int64_t>());
+    return fits ? Fit::kOk : Fit::kOutOfRange;
+  } else {
+    if (!v.is_number()) return Fit::kWrongType;
+    const double d = v.get<double>();
+    return std::isfinite(d) && std::fabs(d) <= static_cast<double>(std::numeric_limits<T>::max()) ? Fit::kOk
+                                                                                                  : Fit::kOutOfRange;
+  }
+}
+
+// `v`, the value of field `key`, as a T: numbers and lists of numbers checked with number_fit, other
+// types converted by nlohmann (which throws on a mismatch). The error shows the whole value.
+template <typename T>
+T checkpoint_value(const nlohmann::json& v, const char* key, const std::string& where) {
+  auto fail = [&](Fit f) {
+    checkpoint_error(where, fmt::format("field '{}' {}: {}", key,
+                                        f == Fit::kOutOfRange ? "is out of range" : "has the wrong type", v.dump()));
+  };
+  if constexpr (kIsNumber<T>) {
+    if (const Fit f = number_fit<T>(v); f != Fit::kOk) fail(f);
+  } else if constexpr (IsVector<T>::value) {
+    if constexpr (kIsNumber<typename T::value_type>) {
+      if (!v.is_array()) fail(Fit::kWrongType);
+      for (const nlohmann::json& e : v) {
+        if (const Fit f = number_fit<typename T::value_type>(e); f != Fit::kOk) fail(f);
+      }
+    }
+  }
+  try {
+    return v.get<T>();
+  } catch (const std::exception&) {
+    fail(Fit::kWrongType);
+  }
+  return T();  // not reached: fail throws
+}
+
+}  // namespace detail
+
+// Field `key` of the object `j` as a T; the error names `where` and the key (missing, wrong type,
+// out of the type's range).
 template <typename T>
 T checkpoint_field(const nlohmann::json& j, const char* key, const std::string& where) {
   if (!j.is_object() || !j.contains(key)) checkpoint_error(where, fmt::format("field '{}' is missing", key));
-  try {
-    return j.at(key).get<T>();
-  } catch (const std::exception&) {
-    checkpoint_error(where, fmt::format("field '{}' has the wrong type: {}", key, j.at(key).dump()));
-  }
+  return detail::checkpoint_value<T>(j.at(key), key, where);
 }
 
 // `text` as JSON; "not JSON: ..." naming `path` otherwise.
