@@ -958,6 +958,9 @@ json parse_json(std::string_view text, const std::string& source) {
     return json::parse(text.begin(), text.end(), callback);
   } catch (const json::parse_error& e) {
     fail(ctx, fmt::format("malformed JSON: {}", e.what()));
+  } catch (const json::exception& e) {
+    // E.g. a number beyond a double's range (1e999): the parser's out_of_range, not a parse_error.
+    fail(ctx, fmt::format("unreadable JSON: {}", e.what()));
   }
 }
 
