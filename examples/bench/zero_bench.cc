@@ -31,6 +31,7 @@
 #include "examples/bench/report_columns.h"
 #include "examples/bench_config.h"
 #include "examples/flags.h"
+#include "examples/gpt/gpt_flags.h"
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_plan.h"
 #include "zero/engine.h"
@@ -83,12 +84,8 @@ int run(int argc, char** argv) {
   for (const std::string& c : flags.get_list("configs", "0,1,2,3,0+offload,1+offload,2+offload,3+offload")) {
     configs.push_back(examples::parse_bench_config(c));
   }
-  examples::GptConfig cfg;
-  cfg.vocab_size = 256;
-  cfg.n_layer = flags.get_int("n-layer", 8);
-  cfg.n_embd = flags.get_int("n-embd", 768);
-  cfg.n_head = flags.get_int("n-head", 12);
-  cfg.block_size = flags.get_int("block-size", 64);
+  const examples::GptConfig cfg =
+      examples::gpt_config_from_flags(flags, {.block_size = 64, .n_embd = 768, .n_head = 12, .n_layer = 8});
   const int batch = flags.get_int("batch", 4);
   const int steps = flags.get_int("steps", 3);
   const DType dtype = parse_dtype(flags.get("dtype", "bf16"));

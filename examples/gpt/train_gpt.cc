@@ -20,6 +20,7 @@
 #include "base/check.h"
 #include "comm/launch/process_group.h"
 #include "examples/flags.h"
+#include "examples/gpt/gpt_flags.h"
 #include "examples/process_memory.h"
 #include "examples/run_flags.h"
 #include "examples/gpt/gpt_engine.h"
@@ -60,12 +61,8 @@ int run(int argc, char** argv) {
   // Sequences per global step (DeepSpeed's train_batch_size).
   const bool batch_given = flags.has("batch");
   const int batch_flag = flags.get_int("batch", 16);
-  examples::GptConfig cfg;
-  cfg.vocab_size = 256;
-  cfg.block_size = flags.get_int("block-size", 64);
-  cfg.n_embd = flags.get_int("n-embd", 64);
-  cfg.n_head = flags.get_int("n-head", 4);
-  cfg.n_layer = flags.get_int("n-layer", 2);
+  const examples::GptConfig cfg =
+      examples::gpt_config_from_flags(flags, {.block_size = 64, .n_embd = 64, .n_head = 4, .n_layer = 2});
   EngineOptions opt = config.engine_options(flags, gpt_defaults(), "train_gpt");
   const int warmup = flags.get_int("warmup", std::min(20, steps / 10));  // the default fits short runs
   const double min_lr_ratio = flags.get_double("min-lr-ratio", 0.1);
