@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the build and tests need. Idempotent: installs only what is missing,
-# and touches the network only when something is.
+# and touches the network only when something is. With --ci (what .ci/run passes) also what CI runs
+# beyond the test suite: clang and libFuzzer for scripts/fuzz.sh, and libtorch-dev for the LibTorch
+# adapter's tests (about 1 GB installed, so not for the README's two commands).
 set -euo pipefail
 
 packages=(
@@ -15,6 +17,9 @@ packages=(
   doctest-dev
   nlohmann-json3-dev
 )
+if [[ "${1:-}" == "--ci" ]]; then
+  packages+=(clang-14 libfuzzer-14-dev libclang-rt-14-dev libtorch-dev)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
