@@ -198,15 +198,6 @@ auto read_name(const json& j, const std::string& path, const Context& ctx, std::
   }
 }
 
-const char* loss_scaling_name(LossScaling s) {
-  switch (s) {
-    case LossScaling::kNone: return "none";
-    case LossScaling::kStatic: return "static";
-    case LossScaling::kDynamic: return "dynamic";
-  }
-  return "unknown";
-}
-
 LossScaling parse_loss_scaling(const std::string& name) {
   for (LossScaling s : {LossScaling::kNone, LossScaling::kStatic, LossScaling::kDynamic}) {
     if (name == loss_scaling_name(s)) return s;

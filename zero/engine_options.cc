@@ -44,8 +44,6 @@ void validate(const EngineOptions& o) {
   }
 }
 
-namespace {
-
 const char* loss_scaling_name(LossScaling s) {
   switch (s) {
     case LossScaling::kNone: return "none";
@@ -54,8 +52,6 @@ const char* loss_scaling_name(LossScaling s) {
   }
   return "unknown";
 }
-
-}  // namespace
 
 std::vector<std::pair<std::string, std::string>> fingerprint(const EngineOptions& o) {
   std::vector<std::pair<std::string, std::string>> f;

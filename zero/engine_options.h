@@ -15,6 +15,8 @@
 namespace zero {
 
 enum class LossScaling { kNone, kStatic, kDynamic };
+// "none", "static", "dynamic" (the fingerprint's and the config files' spelling).
+const char* loss_scaling_name(LossScaling s);
 
 // ZeRO-Offload: the fp32 master weights and the optimizer state live in host memory and the CPU
 // optimizer updates them there; the device keeps the model-dtype parameters and gradients. Each

@@ -104,14 +104,8 @@ int run(int argc, char** argv) {
     // A fresh communicator: its scratch starts from nothing, as the plan's does.
     std::unique_ptr<comm::Communicator> comm = pg.host->split(0, rank);
     memory::MemoryTracker::global().reset_peaks();
-    EngineOptions opt;
+    EngineOptions opt = examples::gpt_engine_options(1e-4f);
     c.apply(opt);
-    opt.optimizer.kind = optim::OptimizerKind::kAdamW;
-    const optim::Hyper decayed{.lr = 1e-4f, .weight_decay = 0.1f, .beta1 = 0.9f, .beta2 = 0.95f};
-    optim::Hyper plain = decayed;
-    plain.weight_decay = 0.0f;
-    opt.optimizer.groups = {decayed, plain};
-    opt.max_grad_norm = 1.0f;
     opt.grad_accum_dtype = dtype;
     Row row{c.name, world};
     {

@@ -18,6 +18,19 @@
 
 namespace zero::examples {
 
+// The GPT's optimizer as GptScopes groups its parameters: AdamW (GPT-2's betas), weight decay 0.1
+// on group 0 (matrices and embeddings), none on group 1, and clipping at 1.
+inline EngineOptions gpt_engine_options(float lr) {
+  EngineOptions o;
+  o.optimizer.kind = optim::OptimizerKind::kAdamW;
+  const optim::Hyper decayed{.lr = lr, .weight_decay = 0.1f, .beta1 = 0.9f, .beta2 = 0.95f};
+  optim::Hyper plain = decayed;
+  plain.weight_decay = 0.0f;
+  o.optimizer.groups = {decayed, plain};
+  o.max_grad_norm = 1.0f;
+  return o;
+}
+
 class GptScopes {
  public:
   // Registers `model`'s parameters (call before engine.finalize()). Keeps the engine and the model by

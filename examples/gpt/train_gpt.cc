@@ -43,14 +43,8 @@ std::string printable(const std::vector<int>& tokens) {
 
 // The example's options without --config (each flag still overrides them).
 EngineOptions gpt_defaults() {
-  EngineOptions o;
+  EngineOptions o = examples::gpt_engine_options(3e-3f);
   o.stage = 3;
-  o.optimizer.kind = optim::OptimizerKind::kAdamW;
-  const optim::Hyper decayed{.lr = 3e-3f, .weight_decay = 0.1f, .beta1 = 0.9f, .beta2 = 0.95f};
-  optim::Hyper plain = decayed;
-  plain.weight_decay = 0.0f;
-  o.optimizer.groups = {decayed, plain};
-  o.max_grad_norm = 1.0f;
   return o;
 }
 
