@@ -71,11 +71,13 @@ int run(int argc, char** argv) {
 
   for (int s = 0; s < steps; ++s) {
     for (int t = tensors; t-- > 0;) {
-      auto* g = engine.grad_as<uint16_t>(ids[static_cast<size_t>(t)]);
+      // Each unit's backward scope: at stage 3 its parameters are gathered there and its gradient
+      // exists only there; leaving the scope marks it complete.
+      UnitScope backward = engine.gather_for_backward(t);
+      auto* g = backward.grad_as<uint16_t>(ids[static_cast<size_t>(t)]);
       const float v = 1e-3f * static_cast<float>((t + rank + s) % 7 + 1);
       const uint16_t bits = dtype == DType::kBFloat16 ? fp32_to_bf16_bits(v) : fp32_to_fp16_bits(v);
       for (size_t i = 0; i < per; ++i) g[i] = bits;
-      engine.grad_ready(ids[static_cast<size_t>(t)]);
     }
     engine.step();
   }

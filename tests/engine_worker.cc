@@ -121,10 +121,15 @@ int run(int argc, char** argv) {
   };
   for (int s = 0; s < steps; ++s) {
     const bool inf = scenario == "overflow" && s == 1 && rank == 1;
-    fill_grad(engine.grad(bid), dtype, b.size(), rank, s, false);
-    engine.grad_ready(bid);
-    fill_grad(engine.grad(wid), dtype, w.size(), rank, s, inf);
-    engine.grad_ready(wid);
+    {
+      // Gradients are written inside the unit's backward scope (at stage 3 they exist only there);
+      // grad_ready() marks each complete before the scope ends.
+      UnitScope backward = engine.gather_for_backward(0);
+      fill_grad(engine.grad(bid), dtype, b.size(), rank, s, false);
+      engine.grad_ready(bid);
+      fill_grad(engine.grad(wid), dtype, w.size(), rank, s, inf);
+      engine.grad_ready(wid);
+    }
     const std::vector<uint16_t> before = current().first;
     const StepResult r = engine.step();
     std::printf("RESULT step %d skipped %d scale %g next_scale %g unchanged %d\n", s + 1, r.skipped ? 1 : 0,

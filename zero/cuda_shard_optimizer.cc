@@ -12,8 +12,8 @@ namespace {
 class CudaShardOptimizer final : public ShardOptimizer {
  public:
   CudaShardOptimizer(memory::Device& device, const optim::OptimizerOptions& options, size_t numel,
-                     std::vector<optim::Segment> segments)
-      : ShardOptimizer(device, numel),
+                     std::vector<optim::Segment> segments, std::chrono::milliseconds timeout)
+      : ShardOptimizer(device, numel, timeout),
         opt_(options, numel, std::move(segments),
              [this](size_t bytes, const std::string&) {
                state_.push_back(device_.allocate(bytes, memory::Category::kOptimizerState));
@@ -41,8 +41,9 @@ class CudaShardOptimizer final : public ShardOptimizer {
 }  // namespace
 
 std::unique_ptr<ShardOptimizer> make_cuda_shard_optimizer(memory::Device& device, optim::OptimizerOptions options,
-                                                          size_t numel, std::vector<optim::Segment> segments) {
-  return std::make_unique<CudaShardOptimizer>(device, options, numel, std::move(segments));
+                                                          size_t numel, std::vector<optim::Segment> segments,
+                                                          std::chrono::milliseconds timeout) {
+  return std::make_unique<CudaShardOptimizer>(device, options, numel, std::move(segments), timeout);
 }
 
 }  // namespace zero

@@ -100,6 +100,11 @@ void Engine::finalize() {
 
 bool Engine::finalized() const { return impl_->finalized; }
 
+bool Engine::params_resident() const {
+  if (!impl_->finalized) ZERO_THROW(InvalidArgument, "params_resident() called before finalize()");
+  return impl_->parts.gatherer == nullptr;
+}
+
 void* Engine::grad(int id) {
   Impl& m = *impl_;
   const size_t t = m.tensor_of(id, "grad");
@@ -126,6 +131,7 @@ void Engine::finish_backward() {
 StepResult Engine::step() {
   Impl& m = *impl_;
   m.require_finalized("step");
+  if (m.evaluating) ZERO_THROW(InvalidArgument, "step() inside an evaluation scope: close it first");
   if (m.parts.reducer->micro_step_open() || m.micro_steps == 0) finish_backward();
   if (m.parts.reducer->holds_unreduced()) {
     // Fewer micro-steps than configured, or the last one inside no_sync: reduce what accumulated.

@@ -1,5 +1,5 @@
 #pragma once
-// The sharded data-parallel engine (ZeRO stages 0, 1 and 2; DESIGN.md "Engine internals").
+// The sharded data-parallel engine (ZeRO stages 0 to 3; DESIGN.md "Engine internals").
 //
 // A training loop changes in three places, and the same loop runs at every stage:
 //
@@ -78,6 +78,7 @@ class [[nodiscard("a unit scope ends when it is destroyed: hold it for the unit'
 
   int unit() const { return unit_; }
   bool backward() const { return backward_; }
+  bool evaluation() const { return evaluation_; }
   // Parameter `id` of this unit, in full, in its dtype: the user's storage below stage 3, the
   // gathered copy at stage 3 (valid while the scope is open; read-only: the engine's update is the
   // only writer).
@@ -96,11 +97,13 @@ class [[nodiscard("a unit scope ends when it is destroyed: hold it for the unit'
 
  private:
   friend class Engine;
-  UnitScope(Engine* engine, int unit, bool backward) : engine_(engine), unit_(unit), backward_(backward) {}
+  UnitScope(Engine* engine, int unit, bool backward, bool evaluation)
+      : engine_(engine), unit_(unit), backward_(backward), evaluation_(evaluation) {}
   void end_quietly() noexcept;
   Engine* engine_ = nullptr;
   int unit_ = -1;
   bool backward_ = false;
+  bool evaluation_ = false;
   void* base_ = nullptr;  // stage 3: the unit's gathered parameters
 };
 
@@ -117,6 +120,28 @@ class [[nodiscard("no_sync() lasts as long as the scope it returns: hold it")]] 
  private:
   friend class Engine;
   explicit NoSyncScope(Engine* engine) : engine_(engine) {}
+  Engine* engine_ = nullptr;
+};
+
+// While alive, the engine evaluates: gather(unit) opens forward-only scopes (validation, sampling)
+// that train nothing. At stage 3 they are not recorded in the unit order: they prefetch along the
+// recorded forward order, and the next training step still prefetches along its own.
+// gather_for_backward(), grad() and grad_ready() inside it are errors; step() too. Open it between
+// steps (or between a step's micro-steps), with no unit scope open, and close it before training
+// goes on. Below stage 3 it costs nothing.
+class [[nodiscard("evaluation() lasts as long as the scope it returns: hold it")]] EvaluationScope {
+ public:
+  EvaluationScope(EvaluationScope&& other) noexcept;
+  EvaluationScope& operator=(EvaluationScope&& other) noexcept;
+  EvaluationScope(const EvaluationScope&) = delete;
+  EvaluationScope& operator=(const EvaluationScope&) = delete;
+  ~EvaluationScope();
+  void close();
+
+ private:
+  friend class Engine;
+  explicit EvaluationScope(Engine* engine) : engine_(engine) {}
+  void end_quietly() noexcept;
   Engine* engine_ = nullptr;
 };
 
@@ -154,8 +179,16 @@ class Engine {
   UnitScope gather(int unit);  // [[nodiscard]] by its type, with the reason
   UnitScope gather_for_backward(int unit);
   NoSyncScope no_sync();
+  EvaluationScope evaluation();
 
-  // Where backward accumulates the gradient of parameter `id` (see the header comment).
+  // Whether every trainable parameter's registered storage holds its current values (stages 0-2).
+  // False at stage 3: the parameters live in the shards and are read through an open scope
+  // (UnitScope::param); the registered storage holds NaN after finalize(), so a stale read shows
+  // at once. Adapters ask this instead of the stage.
+  bool params_resident() const;
+
+  // Where backward accumulates the gradient of parameter `id` (see the header comment). Where
+  // parameters are not resident (stage 3) only inside an open backward scope of the parameter's unit.
   void* grad(int id);
   template <typename T>
   T* grad_as(int id) {
@@ -220,10 +253,12 @@ class Engine {
  private:
   friend class UnitScope;
   friend class NoSyncScope;
+  friend class EvaluationScope;
   UnitScope open_scope(int unit, bool backward);
-  void end_scope(int unit, bool backward);
+  void end_scope(const UnitScope& scope);
   void* scope_param(void* base, int id);
   void end_no_sync();
+  void end_evaluation();
   void note_scope_error(std::exception_ptr error);
   CheckpointParts checkpoint_parts();
   CheckpointState checkpoint_state() const;

@@ -34,6 +34,8 @@ struct Engine::Impl {
   int64_t steps_taken = 0;
   std::exception_ptr scope_error;  // raised by the next call after a scope's destructor failed
   std::map<int, size_t> unit_bucket;  // stage 3: unit id -> its bucket
+  std::map<int, int> open_backward;   // unit id -> its open backward scopes
+  bool evaluating = false;            // an EvaluationScope is open
   StepTimings timings, last_timings;  // the step in progress, the last one completed
   SaveStaging save_staging;                   // save_async's copy; kept between saves
   std::unique_ptr<PendingSave> pending_save;  // save_async in progress (uses save_staging)
@@ -54,6 +56,14 @@ struct Engine::Impl {
     if (!p.requires_grad) {
       ZERO_THROW(InvalidArgument, "{}({}): parameter '{}' is frozen (requires_grad = false)", what, id, p.name);
     }
+    if (evaluating) ZERO_THROW(InvalidArgument, "{}({}): parameter '{}' inside an evaluation scope", what, id, p.name);
+    // Where parameters are sharded, a unit's gradient exists only while its backward runs.
+    if (parts.gatherer && open_backward[p.unit] == 0) {
+      ZERO_THROW(InvalidArgument,
+                 "{}({}): parameter '{}' outside a backward scope of its unit {}: parameters are sharded "
+                 "(params_resident() is false), so gradients are written inside gather_for_backward({})",
+                 what, id, p.name, p.unit, p.unit);
+    }
     const size_t t = static_cast<size_t>(param_tensor[static_cast<size_t>(id)]);
     parts.reducer->begin_micro_step(syncs());
     if (parts.reducer->is_ready(t)) {
@@ -61,6 +71,9 @@ struct Engine::Impl {
                  p.name);
     }
     return t;
+  }
+  GatherUse use(const UnitScope& scope) const {
+    return scope.evaluation() ? GatherUse::kEvaluation : scope.backward() ? GatherUse::kBackward : GatherUse::kForward;
   }
   void require_unit(int unit, const char* what) {
     require_finalized(what);

@@ -20,13 +20,12 @@ const void* at(const void* base, DType dtype, size_t i) {
 
 }  // namespace
 
-// Buffers of one in-flight bucket reduction, allocated on first use and reused. `released` marks the
-// reduce stream's last use, so the compute stream never refills a slot still being read.
+// Buffers of one in-flight bucket reduction, each exactly its size, from the cache (which orders
+// their reuse after the reduce stream's last work on them) and back to it when the bucket completes.
 struct GradReducer::Slot {
   Buffer staging;  // the bucket's gradients in the model dtype (when there is no full buffer)
-  Buffer send;     // the bucket in the reduce dtype, when that differs from the model dtype
-  Buffer recv;     // deterministic mode: every rank's copy of this rank's chunk
-  std::unique_ptr<memory::Event> released;
+  Buffer send;     // the bucket (or a piece) in the reduce dtype, when that differs or pieces are cut
+  Buffer recv;     // deterministic mode: every rank's copy of this rank's chunk (or piece)
 };
 
 struct GradReducer::BucketState {
@@ -34,7 +33,8 @@ struct GradReducer::BucketState {
   bool ready = false;
   int slot = -1;
   bool from_full = false;       // the bucket is reduced out of the full buffer
-  void* comm_buffer = nullptr;  // what the collective reduces (reduce dtype)
+  bool done = false;            // reduced in pieces at launch: nothing left to wait for
+  Piece piece;                  // the collective in flight (the whole bucket)
   comm::WorkHandle work;
 };
 
@@ -43,7 +43,8 @@ GradReducer::GradReducer(const ReducerConfig& config, const ShardLayout& layout,
                          std::vector<UserGrad> user_grads)
     : config_(config), layout_(layout), ownership_(ownership), comms_(comms), device_(device),
       stream_(device.create_stream("reduce")), event_(device.create_event()),
-      shard_order_(device, *comms.shard, config.timeout), user_grads_(std::move(user_grads)) {
+      shard_order_(device, *comms.shard, config.timeout), user_grads_(std::move(user_grads)),
+      buffers_(device, Category::kCommBuffer) {
   ZERO_CHECK(config_.full_grads || config_.accumulate, "reduced gradients need a home");
   ZERO_CHECK_EQ(user_grads_.size(), layout_.tensors().size());
   if (comms_.replica != nullptr) {
@@ -67,7 +68,7 @@ GradReducer::~GradReducer() {
   std::string first;
   for (size_t b : inflight_) {
     try {
-      buckets_[b].work->wait(config_.timeout);
+      if (buckets_[b].work) buckets_[b].work->wait(config_.timeout);
     } catch (const std::exception& e) {
       if (failed++ == 0) first = e.what();
     }
@@ -112,7 +113,6 @@ int GradReducer::acquire_slot() {
   }
   if (free_slots_.empty()) {
     slots_.push_back(std::make_unique<Slot>());
-    slots_.back()->released = device_.create_event();
     return static_cast<int>(slots_.size() - 1);
   }
   const int s = free_slots_.back();
@@ -127,16 +127,14 @@ void* GradReducer::bucket_buffer(size_t b) {
     st.from_full = true;
     return at(full_.data(), config_.model_dtype, B.offset);
   }
-  if (st.slot < 0) {
-    st.slot = acquire_slot();
-    Slot& s = slot(st.slot);
-    const size_t bytes = layout_.max_bucket_padded() * dtype_size(config_.model_dtype);
-    if (s.staging.size_bytes() < bytes) s.staging = device_.allocate(bytes, Category::kCommBuffer);
+  if (st.slot < 0) st.slot = acquire_slot();
+  Slot& s = slot(st.slot);
+  if (s.staging.empty()) {
     memory::Stream& compute = device_.compute_stream();
-    device_.wait(compute, *s.released);
-    device_.fill_zero(s.staging.data(), B.padded * dtype_size(config_.model_dtype), compute);
+    s.staging = buffers_.take(B.padded * dtype_size(config_.model_dtype), compute);
+    device_.fill_zero(s.staging.data(), s.staging.size_bytes(), compute);
   }
-  return slot(st.slot).staging.data();
+  return s.staging.data();
 }
 
 void* GradReducer::grad(size_t t) {
@@ -211,15 +209,51 @@ void GradReducer::launch(size_t b) {
   // The reduce stream picks the bucket up once backward's writes to it are done.
   device_.record(*event_, device_.compute_stream());
   device_.wait(*stream_, *event_);
-  const size_t bucket_bytes = layout_.max_bucket_padded() * dtype_size(rd);
+  inflight_.push_back(b);
+  const bool own_buffer = convert || config_.deterministic;
+  if (own_buffer && config_.piece_numel > 0 && !ownership_.is_replicated() && B.padded > config_.piece_numel) {
+    launch_in_pieces(b, grads);
+    return;
+  }
   void* cbuf = grads;
   if (convert) {
     Slot& s = slot(st.slot);
-    if (s.send.size_bytes() < bucket_bytes) s.send = device_.allocate(bucket_bytes, Category::kCommBuffer);
+    s.send = buffers_.take(B.padded * dtype_size(rd), *stream_);
     device_.convert(grads, config_.model_dtype, s.send.data(), rd, B.padded, *stream_);
     cbuf = s.send.data();
   }
-  st.comm_buffer = cbuf;
+  st.piece = Piece{cbuf, 0, B.chunk};
+  st.work = issue(b, st.piece);
+}
+
+// A bucket larger than piece_numel that needs a buffer of its own: piece by piece, each rank's
+// [begin, begin + len) of every chunk gathered (converted) into one bounded send buffer, reduced and
+// routed before the next piece reuses the buffer. Stream-ordered on CUDA; on the host the pieces
+// wait in turn here.
+void GradReducer::launch_in_pieces(size_t b, const void* grads) {
+  const auto& B = layout_.buckets()[b];
+  BucketState& st = buckets_[b];
+  const DType rd = config_.reduce_dtype, md = config_.model_dtype;
+  const size_t world = static_cast<size_t>(comms_.shard->size());
+  const size_t per_rank = (config_.piece_numel + world - 1) / world;
+  Slot& s = slot(st.slot);
+  s.send = buffers_.take(world * std::min(per_rank, B.chunk) * dtype_size(rd), *stream_);
+  for (size_t begin = 0; begin < B.chunk; begin += per_rank) {
+    const size_t len = std::min(per_rank, B.chunk - begin);
+    for (size_t r = 0; r < world; ++r) {
+      device_.convert(at(grads, md, r * B.chunk + begin), md, at(s.send.data(), rd, r * len), rd, len, *stream_);
+    }
+    const Piece piece{s.send.data(), begin, len};
+    comm::WorkHandle work = issue(b, piece);
+    finish(b, piece, *work);
+  }
+  st.done = true;
+}
+
+comm::WorkHandle GradReducer::issue(size_t b, const Piece& piece) {
+  const auto& B = layout_.buckets()[b];
+  BucketState& st = buckets_[b];
+  const DType rd = config_.reduce_dtype;
   comm::Communicator& comm = shard_order_.comm();
   shard_order_.before_issue(*stream_);
   // Named for the schedule check, so a rank whose reduction meets another rank's different call is
@@ -228,19 +262,76 @@ void GradReducer::launch(size_t b) {
   if (config_.deterministic) {
     Slot& s = slot(st.slot);
     const size_t replicas = comms_.replica ? static_cast<size_t>(comms_.replica->size()) : 1;
-    if (s.recv.size_bytes() < bucket_bytes * replicas) {
-      s.recv = device_.allocate(bucket_bytes * replicas, Category::kCommBuffer);
+    const size_t bytes = static_cast<size_t>(comm.size()) * piece.len * dtype_size(rd) * replicas;
+    if (s.recv.size_bytes() != bytes) {
+      buffers_.give(std::move(s.recv), *stream_);
+      s.recv = buffers_.take(bytes, *stream_);
     }
     // With replicas, this replica's copies go to its place in the replica all-gather (in place).
-    const size_t mine = comms_.replica ? static_cast<size_t>(comms_.replica->rank()) * comm.size() * B.chunk : 0;
-    st.work = comm.all_to_all(cbuf, at(s.recv.data(), rd, mine), B.chunk, rd);
-  } else if (ownership_.is_replicated()) {
-    st.work = comm.all_reduce(cbuf, B.padded, rd, comm::ReduceOp::kSum);
-  } else {
-    st.work = comm.reduce_scatter(cbuf, at(cbuf, rd, static_cast<size_t>(comm.rank()) * B.chunk), B.chunk, rd,
-                                  comm::ReduceOp::kSum);
+    const size_t mine = comms_.replica ? static_cast<size_t>(comms_.replica->rank()) * comm.size() * piece.len : 0;
+    return comm.all_to_all(piece.cbuf, at(s.recv.data(), rd, mine), piece.len, rd);
   }
-  inflight_.push_back(b);
+  if (ownership_.is_replicated()) return comm.all_reduce(piece.cbuf, B.padded, rd, comm::ReduceOp::kSum);
+  return comm.reduce_scatter(piece.cbuf, at(piece.cbuf, rd, static_cast<size_t>(comm.rank()) * piece.len), piece.len,
+                             rd, comm::ReduceOp::kSum);
+}
+
+void GradReducer::finish(size_t b, const Piece& piece, comm::Work& work) {
+  const auto& B = layout_.buckets()[b];
+  BucketState& st = buckets_[b];
+  const DType rd = config_.reduce_dtype;
+  comm::Communicator& comm = shard_order_.comm();
+  const bool replicated = ownership_.is_replicated();
+  // This rank's reduced share: its chunk's [begin, begin + len) (the whole bucket when replicated).
+  const size_t mine = replicated ? 0 : static_cast<size_t>(comm.rank()) * piece.len;
+  void* chunk = at(piece.cbuf, rd, static_cast<size_t>(comm.rank()) * piece.len);
+  {
+    ScopedTimer waiting(config_.timings ? &config_.timings->reduce_wait_s : nullptr);
+    shard_order_.after(work, *stream_);
+  }
+  if (config_.deterministic) {
+    // recv holds every rank's copy of this rank's share; with replicas, gathered replica by replica,
+    // which is global rank order. Sum them in that order.
+    Slot& s = slot(st.slot);
+    int k = comm.size();
+    if (comms_.replica != nullptr) {
+      const size_t count = static_cast<size_t>(comm.size()) * piece.len;
+      const void* own = at(s.recv.data(), rd, static_cast<size_t>(comms_.replica->rank()) * count);
+      replica_order_->before_issue(*stream_);
+      comm::WorkHandle w = comms_.replica->all_gather(own, s.recv.data(), count, rd);
+      replica_order_->after(*w, *stream_);
+      k *= comms_.replica->size();
+    }
+    device_.ordered_sum(s.recv.data(), rd, piece.len, k, chunk, rd, piece.len, *stream_);
+    if (replicated) {
+      shard_order_.before_issue(*stream_);
+      comm::WorkHandle w = comm.all_gather(chunk, piece.cbuf, piece.len, rd);
+      shard_order_.after(*w, *stream_);
+    }
+  } else if (comms_.replica != nullptr) {
+    replica_order_->before_issue(*stream_);
+    comm::WorkHandle w = comms_.replica->all_reduce(chunk, piece.len, rd, comm::ReduceOp::kSum);
+    replica_order_->after(*w, *stream_);
+  }
+  // Route the owned part of what was reduced: flat elements [lo, hi).
+  const OwnedRange own = ownership_.range(b);
+  const size_t piece_lo = replicated ? B.offset : B.offset + static_cast<size_t>(comm.rank()) * B.chunk + piece.begin;
+  const size_t piece_hi = replicated ? B.offset + B.padded : piece_lo + piece.len;
+  const size_t lo = std::max(own.flat_begin, piece_lo), hi = std::min(own.flat_begin + own.len, piece_hi);
+  if (lo >= hi) return;
+  const void* reduced = at(piece.cbuf, rd, mine + (lo - piece_lo));
+  if (config_.accumulate) {
+    void* acc = at(accum_.data(), config_.accum_dtype, own.opt_begin + (lo - own.flat_begin));
+    if (accum_has_data_) {
+      device_.accumulate(acc, config_.accum_dtype, reduced, rd, hi - lo, *stream_);
+    } else {
+      device_.convert(reduced, rd, acc, config_.accum_dtype, hi - lo, *stream_);
+    }
+  } else if (void* home = at(full_.data(), config_.model_dtype, lo); reduced != home) {
+    // Reduced in another dtype (or in a piece's buffer): store the result back in the full buffer,
+    // rounded once.
+    device_.convert(reduced, rd, home, config_.model_dtype, hi - lo, *stream_);
+  }
 }
 
 void GradReducer::complete(size_t b) {
@@ -251,58 +342,16 @@ void GradReducer::complete(size_t b) {
 
   const auto& B = layout_.buckets()[b];
   BucketState& st = buckets_[b];
-  const DType rd = config_.reduce_dtype;
-  comm::Communicator& comm = shard_order_.comm();
-  void* chunk = at(st.comm_buffer, rd, static_cast<size_t>(comm.rank()) * B.chunk);
-  ScopedTimer waiting(config_.timings ? &config_.timings->reduce_wait_s : nullptr);
-  if (config_.timings) config_.timings->reduced_bytes += B.padded * dtype_size(rd);
-  shard_order_.after(*st.work, *stream_);
-  if (config_.deterministic) {
-    // recv holds every rank's copy of this rank's chunk; with replicas, gathered replica by replica,
-    // which is global rank order. Sum them in that order.
-    Slot& s = slot(st.slot);
-    int k = comm.size();
-    if (comms_.replica != nullptr) {
-      const size_t count = static_cast<size_t>(comm.size()) * B.chunk;
-      const void* mine = at(s.recv.data(), rd, static_cast<size_t>(comms_.replica->rank()) * count);
-      replica_order_->before_issue(*stream_);
-      comm::WorkHandle w = comms_.replica->all_gather(mine, s.recv.data(), count, rd);
-      replica_order_->after(*w, *stream_);
-      k *= comms_.replica->size();
-    }
-    device_.ordered_sum(s.recv.data(), rd, B.chunk, k, chunk, rd, B.chunk, *stream_);
-    if (ownership_.is_replicated()) {
-      shard_order_.before_issue(*stream_);
-      comm::WorkHandle w = comm.all_gather(chunk, st.comm_buffer, B.chunk, rd);
-      shard_order_.after(*w, *stream_);
-    }
-  } else if (comms_.replica != nullptr) {
-    replica_order_->before_issue(*stream_);
-    comm::WorkHandle w = comms_.replica->all_reduce(chunk, B.chunk, rd, comm::ReduceOp::kSum);
-    replica_order_->after(*w, *stream_);
-  }
-  // Route the owned part of the reduced bucket.
-  const OwnedRange own = ownership_.range(b);
-  const void* reduced = at(st.comm_buffer, rd, own.flat_begin - B.offset);
-  if (config_.accumulate) {
-    void* acc = at(accum_.data(), config_.accum_dtype, own.opt_begin);
-    if (accum_has_data_) {
-      device_.accumulate(acc, config_.accum_dtype, reduced, rd, own.len, *stream_);
-    } else {
-      device_.convert(reduced, rd, acc, config_.accum_dtype, own.len, *stream_);
-    }
-    // The bucket's gradients are consumed: clear them for the next micro-step.
-    if (st.from_full) {
-      device_.fill_zero(at(full_.data(), config_.model_dtype, B.offset), B.padded * dtype_size(config_.model_dtype),
-                        *stream_);
-    }
-  } else if (rd != config_.model_dtype) {
-    // Reduced in another dtype: store the result back in the full buffer, rounded once.
-    device_.convert(reduced, rd, at(full_.data(), config_.model_dtype, own.flat_begin), config_.model_dtype,
-                    own.len, *stream_);
+  if (config_.timings) config_.timings->reduced_bytes += B.padded * dtype_size(config_.reduce_dtype);
+  if (!st.done) finish(b, st.piece, *st.work);
+  // The bucket's gradients are consumed: clear them for the next micro-step.
+  if (config_.accumulate && st.from_full) {
+    device_.fill_zero(at(full_.data(), config_.model_dtype, B.offset), B.padded * dtype_size(config_.model_dtype),
+                      *stream_);
   }
   if (st.slot >= 0) {
-    device_.record(*slot(st.slot).released, *stream_);
+    Slot& s = slot(st.slot);
+    for (Buffer* buf : {&s.staging, &s.send, &s.recv}) buffers_.give(std::move(*buf), *stream_);
     free_slots_.push_back(st.slot);
     st.slot = -1;
   }

@@ -15,6 +15,11 @@
 // copied in when it completes). Either way it is valid until tensor t is marked complete or the
 // micro-step ends, and not after.
 //
+// Buffers. Staging, conversion and deterministic receive buffers are each exactly their bucket's
+// (or piece's) size, taken from a BufferCache when a bucket starts and given back when its
+// reduction completes: what they hold is the gradients of the buckets in flight, not slots of the
+// largest bucket.
+//
 // Micro-steps. A micro-step either reduces ("sync") or, like DDP's no_sync, only accumulates locally
 // into the full flat buffer (allocated on first use when the configuration keeps none), which is
 // then reduced at the next sync micro-step. Reduced gradients either stay in the full buffer (one
@@ -25,6 +30,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "memory/buffer_cache.h"
 #include "memory/device.h"
 #include "zero/collective_order.h"
 #include "zero/shard_layout.h"
@@ -41,6 +47,11 @@ struct ReducerConfig {
   DType accum_dtype = DType::kFloat32;
   bool deterministic = false;
   int max_inflight = 2;                  // bucket reductions in flight at once
+  // A bucket that needs a buffer of its own for the collective (a reduce dtype other than the model
+  // dtype, or deterministic mode) and holds more than this many elements is reduced in pieces of at
+  // most this many (sharded ownership only: stage 3's units, which can be far larger than a bucket),
+  // so that buffer stays bounded. 0: never in pieces.
+  size_t piece_numel = 0;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   StepTimings* timings = nullptr;  // where waits and bytes are added (optional)
 };
@@ -92,6 +103,13 @@ class GradReducer {
  private:
   struct Slot;
   struct BucketState;
+  // One collective's share of bucket b: every rank's elements [begin, begin + len) of its chunk, in
+  // `cbuf` rank after rank (the whole bucket, in place, when it goes in one piece).
+  struct Piece {
+    void* cbuf = nullptr;
+    size_t begin = 0;
+    size_t len = 0;
+  };
 
   void* bucket_buffer(size_t b);  // model-dtype gradients of bucket b (full buffer or staging)
   bool uses_full() const { return !full_.empty() && (config_.full_grads || unreduced_ || !sync_); }
@@ -99,6 +117,11 @@ class GradReducer {
   void stage_tensor(size_t t);
   void launch_ready();
   void launch(size_t b);
+  void launch_in_pieces(size_t b, const void* grads);
+  comm::WorkHandle issue(size_t b, const Piece& piece);
+  // Waits for the piece's collective, finishes its sum (deterministic, replicas) and routes the
+  // owned part into the accumulator (or the full buffer).
+  void finish(size_t b, const Piece& piece, comm::Work& work);
   void complete(size_t b);
   void complete_all();
   int acquire_slot();
@@ -115,6 +138,7 @@ class GradReducer {
   CollectiveOrder shard_order_;
   std::unique_ptr<CollectiveOrder> replica_order_;
   std::vector<UserGrad> user_grads_;
+  memory::BufferCache buffers_;  // staging, conversion and receive buffers (kCommBuffer)
 
   memory::Buffer full_;   // full flat gradients, model dtype
   memory::Buffer accum_;  // shard accumulator, accum_dtype

@@ -39,7 +39,7 @@ OffloadPipeline::OffloadPipeline(const ApplierInputs& in, const OffloadConfig& c
     }
   }
   // optimizer.num_threads threads, the caller's included, as for the CPU optimizer without offload.
-  optimizer_ = make_shard_optimizer(*host_, in.optimizer, numel, optimizer_segments(ownership_, in.tensors));
+  optimizer_ = make_shard_optimizer(*host_, in.optimizer, numel, optimizer_segments(ownership_, in.tensors), config_.timeout);
 
   size_t most = 0;
   for (size_t b = 0; b < layout_.buckets().size(); ++b) most = std::max(most, ownership_.range(b).len);

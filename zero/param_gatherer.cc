@@ -3,16 +3,18 @@
 #include <algorithm>
 #include <string>
 
-#include "base/fault_injection.h"
 #include "base/check.h"
+#include "base/fault_injection.h"
 #include "base/logging.h"
 #include "zero/rank_agreement.h"
 
 namespace zero {
+
 ParamGatherer::ParamGatherer(const GathererConfig& config, const ShardLayout& layout,
                              const ShardOwnership& ownership, comm::Communicator& shard_comm,
                              memory::Device& device, const std::vector<const void*>& initial)
-    : config_(config), layout_(layout), comm_(shard_comm), device_(device), order_(device, shard_comm, config.timeout) {
+    : config_(config), layout_(layout), comm_(shard_comm), device_(device), order_(device, shard_comm, config.timeout),
+      window_(device, memory::Category::kGatherWindow) {
   const DType dt = config_.model_dtype;
   const size_t es = dtype_size(dt);
   memory::Stream& compute = device_.compute_stream();
@@ -29,16 +31,16 @@ ParamGatherer::ParamGatherer(const GathererConfig& config, const ShardLayout& la
                  static_cast<const char*>(initial[p.tensor]) + p.tensor_begin * es, (p.tensor_end - p.tensor_begin) * es,
                  compute);
   }
-  slot_elems_ = layout_.max_bucket_padded();
-  const size_t slot_bytes = slot_elems_ * es;
-  const size_t cap = config_.max_live_bytes ? config_.max_live_bytes : 2 * slot_bytes;
-  if (cap < slot_bytes) {
+  const size_t largest = layout_.max_bucket_padded() * es;
+  cap_ = config_.max_live_bytes ? config_.max_live_bytes : 2 * largest;
+  if (cap_ < largest) {
     ZERO_THROW(InvalidArgument,
-               "EngineOptions.max_live_gathered_bytes = {} cannot hold the largest unit ({} bytes gathered)", cap,
-               slot_bytes);
+               "EngineOptions.max_live_gathered_bytes = {} cannot hold the largest unit ({} bytes gathered)", cap_,
+               largest);
   }
-  slots_.resize(cap / slot_bytes);
-  window_ = device_.allocate(slots_.size() * slot_bytes, memory::Category::kGatherWindow);
+  units_.resize(layout_.buckets().size());
+  training_.order = &recorded_;
+  evaluation_.order = &recorded_forward_;
   const size_t world = static_cast<size_t>(comm_.size());
   hash_send_ = device_.allocate_elements(1, DType::kInt64, memory::Category::kCommBuffer);
   hash_recv_ = device_.allocate_elements(static_cast<int64_t>(world), DType::kInt64, memory::Category::kCommBuffer);
@@ -52,9 +54,9 @@ ParamGatherer::~ParamGatherer() {
   } catch (const std::exception& e) {
     ZERO_LOG_WARN("engine destroyed with a failed parameter copy in flight: {}", e.what());
   }
-  for (Slot& s : slots_) {
+  for (Unit& u : units_) {
     try {
-      if (s.data_work) s.data_work->wait(config_.timeout);
+      if (u.work) u.work->wait(config_.timeout);
     } catch (const std::exception& e) {
       ZERO_LOG_WARN("engine destroyed with a failed parameter all-gather in flight: {}", e.what());
     }
@@ -63,149 +65,228 @@ ParamGatherer::~ParamGatherer() {
 
 size_t ParamGatherer::unit_bytes(size_t b) const { return layout_.buckets()[b].padded * dtype_size(config_.model_dtype); }
 
-int ParamGatherer::find(size_t b) const {
-  for (size_t s = 0; s < slots_.size(); ++s) {
-    const Slot& x = slots_[s];
-    if (x.bucket == static_cast<int>(b) && (x.valid || x.data_work)) return static_cast<int>(s);
-  }
-  return -1;
+std::string ParamGatherer::unit_label(size_t b, GatherUse use) const {
+  const char* what = use == GatherUse::kBackward ? "backward" : use == GatherUse::kForward ? "forward" : "evaluation";
+  return fmt::format("unit {} {}", layout_.buckets()[b].unit, what);
 }
 
-// An empty or stale slot first, else the least recently used one that no scope holds, that is not
-// being gathered, not kept for later and not holding a unit of `sooner`; -1 when there is none.
-int ParamGatherer::free_slot(const std::vector<int>& sooner) {
-  int best = -1;
-  for (size_t s = 0; s < slots_.size(); ++s) {
-    const Slot& x = slots_[s];
-    if (x.bucket < 0 || (!x.valid && !x.data_work)) return static_cast<int>(s);
-    if (x.users > 0 || x.data_work || x.persistent) continue;
-    if (std::find(sooner.begin(), sooner.end(), x.bucket) != sooner.end()) continue;
-    if (best < 0 || x.last_use < slots_[static_cast<size_t>(best)].last_use) best = static_cast<int>(s);
-  }
-  return best;
+std::string ParamGatherer::entry_label(int64_t entry) const {
+  return unit_label(static_cast<size_t>(entry / 2), entry % 2 != 0 ? GatherUse::kBackward : GatherUse::kForward);
 }
 
-void ParamGatherer::issue(size_t b, bool backward, int s) {
-  Slot& x = slots_[static_cast<size_t>(s)];
+std::string ParamGatherer::held_units() const {
+  std::string out;
+  for (size_t b = 0; b < units_.size(); ++b) {
+    if (units_[b].users == 0) continue;
+    out += fmt::format("{}unit {} ({} bytes)", out.empty() ? "" : ", ", layout_.buckets()[b].unit, unit_bytes(b));
+  }
+  return out.empty() ? "none" : out;
+}
+
+void ParamGatherer::evict(size_t b) {
+  Unit& u = units_[b];
+  ZERO_CHECK_EQ(u.users, 0, "unit bucket {} evicted while a scope holds it", b);
+  if (u.work) finish(b);
+  // The compute stream was the last to read it; the next gather into the buffer is ordered after
+  // the compute stream's work (before_issue).
+  window_.give(std::move(u.data), device_.compute_stream());
+  u = Unit{};
+}
+
+bool ParamGatherer::make_room(size_t bytes, size_t for_bucket) {
+  while (window_.live_bytes() + bytes > cap_) {
+    // Kept units first (least recently used), then prefetches in flight (the latest issued first:
+    // the one needed last).
+    int best = -1;
+    auto better = [&](size_t b) {
+      if (best < 0) return true;
+      const Unit& x = units_[b];
+      const Unit& y = units_[static_cast<size_t>(best)];
+      if (static_cast<bool>(x.work) != static_cast<bool>(y.work)) return !x.work;
+      return x.work ? x.issued > y.issued : x.last_use < y.last_use;
+    };
+    for (size_t b = 0; b < units_.size(); ++b) {
+      if (b == for_bucket || !resident(b) || units_[b].users > 0) continue;
+      if (better(b)) best = static_cast<int>(b);
+    }
+    if (best < 0) return false;
+    evict(static_cast<size_t>(best));
+  }
+  return true;
+}
+
+bool ParamGatherer::make_prefetch_room(size_t bytes, const std::vector<size_t>& sooner) {
+  while (window_.live_bytes() + bytes > cap_) {
+    int best = -1;
+    for (size_t b = 0; b < units_.size(); ++b) {
+      const Unit& x = units_[b];
+      if (!resident(b) || x.users > 0 || x.work) continue;
+      if (std::find(sooner.begin(), sooner.end(), b) != sooner.end()) continue;
+      if (best < 0 || x.last_use < units_[static_cast<size_t>(best)].last_use) best = static_cast<int>(b);
+    }
+    if (best < 0) return false;
+    evict(static_cast<size_t>(best));
+  }
+  return true;
+}
+
+void ParamGatherer::issue(size_t b, GatherUse use, bool ahead) {
+  Unit& u = units_[b];
   const auto& B = layout_.buckets()[b];
   const size_t es = dtype_size(config_.model_dtype);
-  x = Slot{};
-  x.bucket = static_cast<int>(b);
-  x.backward = backward;
-  char* slot = static_cast<char*>(window_.data()) + static_cast<size_t>(s) * slot_elems_ * es;
+  memory::Stream& compute = device_.compute_stream();
+  u.data = window_.take(unit_bytes(b), compute);
+  u.use = use;
+  u.issued = ++clock_;
+  char* full = static_cast<char*>(u.data.data());
   const char* send = static_cast<const char*>(shard_.data()) + B.shard_offset * es;
   if (h2d_) {
-    // Parameter offload: the chunk comes over into its own place in the slot (in place all-gather)
-    // once the compute stream is done with the slot's previous unit and with the update that wrote
+    // Parameter offload: the chunk comes over into its own place in the buffer (in place all-gather)
+    // once the compute stream is done with the buffer's previous unit and with the update that wrote
     // the shard.
-    char* own = slot + static_cast<size_t>(comm_.rank()) * B.chunk * es;
-    device_.record(*slot_free_, device_.compute_stream());
+    char* own = full + static_cast<size_t>(comm_.rank()) * B.chunk * es;
+    device_.record(*slot_free_, compute);
     device_.wait(*h2d_, *slot_free_);
     device_.copy(own, send, B.chunk * es, *h2d_);
     order_.before_issue(*h2d_);
     send = own;
   } else {
     // The shard was last written by the update on the compute stream.
-    order_.before_issue(device_.compute_stream());
+    order_.before_issue(compute);
   }
   // The unit travels in the schedule check's record: ranks that gather different units here (even
   // units of the same size) fail with the communicator's mismatch error, which names each rank's
   // unit, before any data is used.
-  comm::CallLabel label(comm_, unit_label(b, backward));
-  x.data_work = comm_.all_gather(send, slot, B.chunk, config_.model_dtype);
-  if (config_.timings) config_.timings->gathered_bytes += B.padded * es;
+  comm::CallLabel label(comm_, unit_label(b, use));
+  u.work = comm_.all_gather(send, full, B.chunk, config_.model_dtype);
+  if (StepTimings* t = timings()) {
+    t->gathered_bytes += B.padded * es;
+    if (ahead) t->prefetched_bytes += B.padded * es;
+  }
 }
 
-void ParamGatherer::finish(int s) {
-  Slot& x = slots_[static_cast<size_t>(s)];
-  if (!x.data_work) return;
-  ScopedTimer waiting(config_.timings ? &config_.timings->gather_wait_s : nullptr);
+void ParamGatherer::finish(size_t b) {
+  Unit& u = units_[b];
+  if (!u.work) return;
+  ScopedTimer waiting(timings() ? &timings()->gather_wait_s : nullptr);
   try {
-    order_.after(*x.data_work, device_.compute_stream());
+    order_.after(*u.work, device_.compute_stream());
   } catch (const Error& e) {
-    const std::string what = fmt::format("stage 3: the all-gather of {} failed: {}", unit_label(static_cast<size_t>(x.bucket), x.backward), e.what());
-    x.data_work.reset();
-    x.bucket = -1;
+    const std::string what = fmt::format("stage 3: the all-gather of {} failed: {}", unit_label(b, u.use), e.what());
+    u.work.reset();
     if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(what);
     throw CommError(what);
   }
-  x.data_work.reset();
-  x.valid = true;
+  u.work.reset();
 }
 
-std::string ParamGatherer::unit_label(size_t b, bool backward) const {
-  return fmt::format("unit {} {}", layout_.buckets()[b].unit, backward ? "backward" : "forward");
+void ParamGatherer::follow(int64_t entry) {
+  Follow& f = evaluating_ ? evaluation_ : training_;
+  if (!order_agreed_ || f.on_demand) return;
+  const std::vector<int64_t>& order = *f.order;
+  if (f.position < order.size() && order[f.position] == entry) {
+    ++f.position;
+    return;
+  }
+  f.on_demand = true;
+  if (evaluating_) {
+    ZERO_LOG_DEBUG("stage 3: evaluation asked for {} where the recorded forward order has {}: it gathers on demand",
+                   entry_label(entry), f.position < order.size() ? entry_label(order[f.position]) : "its end");
+    return;
+  }
+  ZERO_LOG_INFO("stage 3: {} asked for at position {} of the step, where the recorded order has {}: the rest "
+                "of this step gathers on demand, and the new order is recorded",
+                entry_label(entry), f.position,
+                f.position < order.size() ? entry_label(order[f.position]) : "the end of the step");
 }
 
-void* ParamGatherer::acquire(size_t b, bool backward) {
-  const int64_t entry = static_cast<int64_t>(b) * 2 + (backward ? 1 : 0);
-  current_.push_back(entry);
-  if (order_agreed_ && !on_demand_) {
-    if (position_ < recorded_.size() && recorded_[position_] == entry) {
-      ++position_;
-    } else {
-      on_demand_ = true;
-      ZERO_LOG_INFO("stage 3: {} asked for at position {} of the step, where the recorded order has {}: the rest "
-                    "of this step gathers on demand, and the new order is recorded",
-                    entry_label(entry), position_,
-                    position_ < recorded_.size() ? entry_label(recorded_[position_]) : "the end of the step");
-    }
+bool ParamGatherer::next_entry_is(size_t b) const {
+  auto next_in = [&](const Follow& f) {
+    return order_agreed_ && !f.on_demand && f.position < f.order->size() &&
+           static_cast<size_t>((*f.order)[f.position] / 2) == b;
+  };
+  // An evaluation keeps what training needs next too (the next step's first unit, prefetched).
+  return next_in(evaluating_ ? evaluation_ : training_) || (evaluating_ && next_in(training_));
+}
+
+void* ParamGatherer::acquire(size_t b, GatherUse use) {
+  ZERO_CHECK(evaluating_ == (use == GatherUse::kEvaluation), "a {} scope {} an evaluation",
+             use == GatherUse::kEvaluation ? "evaluation" : "training", evaluating_ ? "inside" : "outside");
+  const int64_t entry = static_cast<int64_t>(b) * 2 + (use == GatherUse::kBackward ? 1 : 0);
+  if (!evaluating_) current_.push_back(entry);
+  follow(entry);
+  if (!resident(b) && !make_room(unit_bytes(b), b)) {
+    ZERO_THROW(InvalidArgument,
+               "stage 3: unit {} ({} bytes gathered) does not fit the gather window: "
+               "EngineOptions.max_live_gathered_bytes is {} and open scopes hold {}: close scopes earlier or raise "
+               "EngineOptions.max_live_gathered_bytes",
+               layout_.buckets()[b].unit, unit_bytes(b), cap_, held_units());
   }
-  int s = find(b);
-  if (s < 0) {
-    s = free_slot();
-    if (s < 0) {
-      ZERO_THROW(InvalidArgument,
-                 "stage 3: the gather window is full ({} slot(s) of {} bytes, all held by open scopes or kept for "
-                 "backward) when unit {} is asked for: close scopes earlier or raise "
-                 "EngineOptions.max_live_gathered_bytes",
-                 slots_.size(), slot_elems_ * dtype_size(config_.model_dtype), layout_.buckets()[b].unit);
-    }
-    issue(b, backward, s);
-  }
-  Slot& x = slots_[static_cast<size_t>(s)];
-  ++x.users;
-  x.last_use = ++clock_;
-  if (unit_bytes(b) <= config_.persistence_bytes) x.persistent = true;
+  if (!resident(b)) issue(b, use, false);
+  Unit& u = units_[b];
+  ++u.users;
+  u.last_use = ++clock_;
+  if (unit_bytes(b) <= config_.persistence_bytes) u.persistent = true;
   // The next units' gathers are issued before this one is waited for, so the communicator runs them
   // back to back instead of idling between this gather's completion and the next issue.
-  if (order_agreed_ && !on_demand_) prefetch_from(position_);
-  finish(s);
-  return static_cast<char*>(window_.data()) + static_cast<size_t>(s) * slot_elems_ * dtype_size(config_.model_dtype);
+  prefetch();
+  finish(b);
+  return u.data.data();
 }
 
-void ParamGatherer::release(size_t b, bool backward) {
-  const int s = find(b);
-  ZERO_CHECK(s >= 0, "release of unit bucket {} that is not gathered", b);
-  Slot& x = slots_[static_cast<size_t>(s)];
-  ZERO_CHECK_GT(x.users, 0);
-  --x.users;
+void ParamGatherer::release(size_t b, GatherUse use) {
+  Unit& u = units_[b];
+  ZERO_CHECK(resident(b) && u.users > 0, "release of unit bucket {} that no scope holds", b);
+  --u.users;
   // A forward scope may keep the unit for its backward (reshard_after_forward = false).
-  const bool keep = !backward && !config_.reshard_after_forward;
-  x.persistent = x.persistent || keep;
-  if (backward && unit_bytes(b) > config_.persistence_bytes) x.persistent = false;
+  if (use == GatherUse::kForward && !config_.reshard_after_forward) u.persistent = true;
+  if (use == GatherUse::kBackward && unit_bytes(b) > config_.persistence_bytes) u.persistent = false;
+  // A unit needed by the very next scope stays (the last block's forward, then its backward).
+  if (u.users == 0 && !u.persistent && !next_entry_is(b)) evict(b);
 }
 
-void ParamGatherer::prefetch_from(size_t position) {
-  // Default budget: the largest unit, i.e. one unit ahead.
-  const size_t budget = config_.prefetch_bytes ? config_.prefetch_bytes : slot_elems_ * dtype_size(config_.model_dtype);
-  size_t ahead = 0;
-  // The units asked for before the one prefetched stay: evicting one (the least recently used may
-  // well be the next unit, still resident from its forward) would trade a gather needed now for
-  // one needed later, and with every other slot held leave the next acquire no slot at all.
-  std::vector<int> sooner;
-  for (size_t p = position; p < recorded_.size(); ++p) {
-    const size_t b = static_cast<size_t>(recorded_[p] / 2);
-    ahead += unit_bytes(b);
-    if (ahead > budget) break;
-    const bool resident = find(b) >= 0;
-    sooner.push_back(static_cast<int>(b));
-    if (resident) continue;
-    const int s = free_slot(sooner);
-    if (s >= 0) fault::point("prefetch");
-    if (s < 0) break;
-    issue(b, recorded_[p] % 2 != 0, s);
+void ParamGatherer::prefetch() {
+  const Follow& f = evaluating_ ? evaluation_ : training_;
+  if (!order_agreed_ || f.on_demand) return;
+  const std::vector<int64_t>& order = *f.order;
+  size_t ahead = 0, ahead_bytes = 0;
+  // The units asked for before the one prefetched stay: evicting one (a kept unit may well be the
+  // next one) would trade a gather needed now for one needed later.
+  std::vector<size_t> sooner;
+  for (size_t p = f.position; p < order.size(); ++p) {
+    const size_t b = static_cast<size_t>(order[p] / 2);
+    if (std::find(sooner.begin(), sooner.end(), b) != sooner.end()) continue;
+    ++ahead;
+    ahead_bytes += unit_bytes(b);
+    if (config_.prefetch_bytes == 0 ? ahead > 1 : ahead_bytes > config_.prefetch_bytes) break;
+    sooner.push_back(b);
+    if (resident(b)) continue;
+    if (!make_prefetch_room(unit_bytes(b), sooner)) break;
+    fault::point("prefetch");
+    issue(b, evaluating_ ? GatherUse::kEvaluation : order[p] % 2 != 0 ? GatherUse::kBackward : GatherUse::kForward,
+          true);
   }
+}
+
+void ParamGatherer::begin_evaluation() {
+  ZERO_CHECK(!evaluating_, "evaluation inside an evaluation");
+  evaluating_ = true;
+  evaluation_.position = 0;
+  evaluation_.on_demand = false;
+  prefetch();
+}
+
+void ParamGatherer::end_evaluation() {
+  ZERO_CHECK(evaluating_, "end of an evaluation that did not begin");
+  for (size_t b = 0; b < units_.size(); ++b) {
+    ZERO_CHECK_EQ(units_[b].users, 0, "an evaluation ended with a gather scope of unit bucket {} open", b);
+  }
+  evaluating_ = false;
+  // What the evaluation left in the window goes, except what training needs next.
+  for (size_t b = 0; b < units_.size(); ++b) {
+    if (resident(b) && !units_[b].persistent && !next_entry_is(b)) evict(b);
+  }
+  prefetch();
 }
 
 bool ParamGatherer::same_order_everywhere() {
@@ -229,15 +310,15 @@ bool ParamGatherer::same_order_everywhere() {
 }
 
 void ParamGatherer::invalidate() {
-  for (size_t s = 0; s < slots_.size(); ++s) {
-    finish(static_cast<int>(s));
-    ZERO_CHECK_EQ(slots_[s].users, 0, "a gather scope is open while the shard is rewritten");
-    slots_[s].valid = false;
+  for (size_t b = 0; b < units_.size(); ++b) {
+    ZERO_CHECK_EQ(units_[b].users, 0, "a gather scope is open while the shard is rewritten");
+    if (resident(b)) evict(b);
   }
 }
 
 void ParamGatherer::after_step() {
-  for (size_t s = 0; s < slots_.size(); ++s) finish(static_cast<int>(s));
+  ZERO_CHECK(!evaluating_, "step() inside an evaluation");
+  for (size_t b = 0; b < units_.size(); ++b) finish(b);
   // Every rank checks the order it followed against the others' (a mismatch that no all-gather
   // revealed, e.g. a unit served from the window on one rank and gathered on another): one small
   // all-gather of a hash each step; only when the hashes differ (on every rank alike) are the
@@ -250,17 +331,21 @@ void ParamGatherer::after_step() {
     check_agreement(comm_, {.what = "stage 3 unit order", .verb = "has"}, entries, "", config_.timeout, &device_);
   }
   if (order_agreed_ && current_ != recorded_) ZERO_LOG_INFO("stage 3: the unit order changed; recorded the new one");
-  recorded_ = current_;
-  order_agreed_ = true;
+  recorded_ = std::move(current_);
   current_.clear();
-  position_ = 0;
-  on_demand_ = false;
-  for (Slot& x : slots_) {
-    ZERO_CHECK_EQ(x.users, 0, "a gather scope is still open at step()");
-    x.valid = false;  // the update changed every shard
-    x.persistent = false;
+  recorded_forward_.clear();
+  for (int64_t e : recorded_) {
+    if (e % 2 == 0) recorded_forward_.push_back(e);
   }
-  prefetch_from(0);  // the next step's first unit, while the loop prepares its data
+  order_agreed_ = true;
+  training_.position = 0;
+  training_.on_demand = false;
+  // The update changed every shard: every gathered copy is stale.
+  for (size_t b = 0; b < units_.size(); ++b) {
+    ZERO_CHECK_EQ(units_[b].users, 0, "a gather scope is still open at step()");
+    if (resident(b)) evict(b);
+  }
+  prefetch();  // the next step's first unit, while the loop prepares its data
 }
 
 }  // namespace zero

@@ -3,17 +3,33 @@
 // holds whole units while their scopes run.
 //
 // Each unit is one bucket of the layout (ShardLayout unit_buckets): one flat parameter in N equal
-// padded chunks, all-gathered in one collective into a slot of the window. The window is one pool
-// allocated at construction (slots of the largest unit; its size is the cap on gathered bytes), so
-// no step allocates. A slot keeps its unit after the scope ends until the slot is needed again or the
-// step's update makes it stale, so a unit gathered for forward serves its backward when the window
-// has room.
+// padded chunks, all-gathered in one collective into a buffer of its own size. The window is a
+// BufferCache (memory/buffer_cache.h): buffers of exactly each unit's size, reused from step to
+// step, and never more than the peak of what was live at once. What is live:
+//
+//   the units whose scopes are open
+//   + the units prefetched ahead of use (within EngineOptions.prefetch_bytes)
+//   + the units kept on purpose: a unit whose next use is the very next scope (the last block's
+//     forward then its backward), reshard_after_forward = false (forward kept for backward),
+//     param_persistence_bytes (small units for the rest of the step)
+//
+// and their total never exceeds EngineOptions.max_live_gathered_bytes. A unit leaves the window
+// when its scope ends, unless it is kept.
+//
+// Room is never refused while it could be freed. When the unit asked for does not fit, the window
+// evicts, in turn: kept units not held by a scope (least recently used first), then prefetches in
+// flight (waited for first: an order change can leave every other unit an unneeded prefetch). Only
+// the units of open scopes are never evicted; if they and the unit asked for exceed the limit, the
+// error names them and the option. Prefetch never evicts a unit that is needed before the one it
+// fetches, nor one held or in flight, so it cannot take the room of the unit asked for next.
 //
 // Prefetch. The first step records the order in which units are asked for (forward and backward);
 // at its end the ranks check they recorded the same order. Later steps issue the next units'
-// all-gathers as soon as the current one is asked for, up to the prefetch budget and the free slots.
-// A unit asked for out of that order switches the rest of the step to on-demand gathers, logs one
-// line, and the new order is recorded for the next step.
+// all-gathers as soon as the current one is asked for, up to the prefetch budget. A unit asked for
+// out of that order switches the rest of the step to on-demand gathers, logs one line, and the new
+// order is recorded for the next step. Evaluation (forward-only passes: validation, sampling) is not
+// recorded: it prefetches along the forward entries of the recorded order, and the next training
+// step still follows the recorded order.
 //
 // Agreement. Every all-gather is labelled with its unit ("unit 3 forward", comm::CallLabel), which
 // the communicator's schedule check compares across ranks with the call itself: ranks that ask for
@@ -28,6 +44,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "memory/buffer_cache.h"
 #include "memory/device.h"
 #include "zero/collective_order.h"
 #include "zero/shard_layout.h"
@@ -43,13 +60,17 @@ struct GathererConfig {
   size_t max_live_bytes = 0;           // 0: two of the largest unit
   size_t persistence_bytes = 0;        // units this small stay gathered for the rest of the step
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-  StepTimings* timings = nullptr;  // where waits and bytes are added (optional)
+  StepTimings* timings = nullptr;  // where a step's waits and bytes are added (optional)
   // Parameter offload: the shard lives in page-locked host memory accounted in this tracker (the
   // offload tier's). Each gather first copies the unit's chunk host-to-device into its place in the
-  // window slot, on a copy stream of its own, and all-gathers in place; a prefetch brings the chunk
-  // over as early as it issues the gather.
+  // unit's window buffer, on a copy stream of its own, and all-gathers in place; a prefetch brings
+  // the chunk over as early as it issues the gather.
   memory::MemoryTracker* offload_tracker = nullptr;
 };
+
+// What a scope is for: a training forward or backward (recorded in the unit order) or an
+// evaluation forward (not recorded).
+enum class GatherUse { kForward, kBackward, kEvaluation };
 
 class ParamGatherer {
  public:
@@ -64,8 +85,12 @@ class ParamGatherer {
 
   // Unit `b` (a bucket index) is gathered and stays until release(b): returns its full parameters
   // (model dtype, indexed from the bucket's flat start), valid until then.
-  void* acquire(size_t b, bool backward);
-  void release(size_t b, bool backward);
+  void* acquire(size_t b, GatherUse use);
+  void release(size_t b, GatherUse use);
+  // Evaluation passes between (or inside) training steps: scopes opened with GatherUse::kEvaluation
+  // follow the recorded forward order; ending restores the training step's place in its order.
+  void begin_evaluation();
+  void end_evaluation();
   // The rank's parameter shard (model dtype) in optimizer-space order: where the update writes.
   // Host memory with parameter offload.
   void* shard() { return shard_.data(); }
@@ -75,29 +100,49 @@ class ParamGatherer {
   // The shard was rewritten outside a step (a checkpoint load): every gathered copy is stale.
   void invalidate();
 
-  size_t window_bytes() const { return window_.size_bytes(); }
+  size_t max_live_bytes() const { return cap_; }
+  size_t live_bytes() const { return window_.live_bytes(); }
+  size_t peak_live_bytes() const { return window_.peak_live_bytes(); }
+  // The order the next step's prefetch follows (bucket * 2 + backward), empty before the first step.
+  const std::vector<int64_t>& recorded_order() const { return recorded_; }
 
  private:
-  struct Slot {
-    int bucket = -1;   // the unit it holds, or -1
-    bool valid = false;  // its data is current (gathered after the last update)
-    int users = 0;     // open scopes
-    bool persistent = false;
-    bool backward = false;  // the gather was issued for a backward scope (for its label)
+  struct Unit {
+    memory::Buffer data;    // the gathered copy (or the one being gathered); empty: not resident
+    bool valid = false;     // gathered after the last update
+    int users = 0;          // open scopes
+    bool persistent = false;  // kept to the step's end (persistence bytes, or forward kept for backward)
+    GatherUse use = GatherUse::kForward;  // what the gather was issued for (its label)
     uint64_t last_use = 0;
-    comm::WorkHandle data_work;
+    uint64_t issued = 0;    // when its gather was issued (eviction of prefetches: latest first)
+    comm::WorkHandle work;
   };
-  int find(size_t b) const;
-  // `sooner`: units (buckets) needed before the one a slot is wanted for, which must not be evicted.
-  int free_slot(const std::vector<int>& sooner = {});
-  void issue(size_t b, bool backward, int slot);
-  void finish(int slot);  // waits for the slot's gather; a failure names the unit
-  std::string unit_label(size_t b, bool backward) const;  // "unit 3 forward"
+  // The order being followed: the recorded one while training, its forward entries in evaluation.
+  struct Follow {
+    const std::vector<int64_t>* order = nullptr;
+    size_t position = 0;     // next expected entry
+    bool on_demand = false;  // this pass left the order
+  };
+  bool resident(size_t b) const { return !units_[b].data.empty(); }
+  // Frees room for `bytes` by evicting units not held by a scope (see the top comment); false when
+  // even that is not enough.
+  bool make_room(size_t bytes, size_t for_bucket);
+  // Prefetch's room: only idle kept units that are not in `sooner` may go.
+  bool make_prefetch_room(size_t bytes, const std::vector<size_t>& sooner);
+  void evict(size_t b);  // drops a resident unit not held by a scope (its gather finished first)
+  void issue(size_t b, GatherUse use, bool ahead);
+  // Where waits and bytes go: the step's timings, but not an evaluation's (it belongs to no step).
+  StepTimings* timings() const { return evaluating_ ? nullptr : config_.timings; }
+  void finish(size_t b);  // waits for the unit's gather; a failure names the unit
+  std::string unit_label(size_t b, GatherUse use) const;  // "unit 3 forward"
   // An entry of the recorded order (bucket * 2 + backward) as unit_label names it.
-  std::string entry_label(int64_t entry) const { return unit_label(static_cast<size_t>(entry / 2), entry % 2 != 0); }
-  void prefetch_from(size_t position);
+  std::string entry_label(int64_t entry) const;
+  void follow(int64_t entry);
+  void prefetch();
+  bool next_entry_is(size_t b) const;  // the order followed (or training's) needs unit b next
   bool same_order_everywhere();  // collective: every rank followed the same unit order this step
   size_t unit_bytes(size_t b) const;
+  std::string held_units() const;
 
   GathererConfig config_;
   const ShardLayout& layout_;
@@ -107,16 +152,17 @@ class ParamGatherer {
   memory::Buffer shard_;   // every unit's chunk of this rank, back to back (kParams)
   std::unique_ptr<memory::Stream> h2d_;  // parameter offload: the shard chunks' copies
   std::unique_ptr<memory::Event> slot_free_;
-  memory::Buffer window_;  // slots x the largest padded unit (kGatherWindow)
+  memory::BufferCache window_;  // the gathered units (kGatherWindow)
+  size_t cap_ = 0;
   memory::Buffer hash_send_, hash_recv_, hash_host_;  // the step's order check
-  std::vector<Slot> slots_;
-  size_t slot_elems_ = 0;
+  std::vector<Unit> units_;  // by bucket
   uint64_t clock_ = 0;
-  // Unit order: recorded_ (agreed, used for prefetch) and this step's actual sequence.
-  std::vector<int64_t> recorded_, current_;
+  // Unit order: recorded_ (agreed, used for prefetch), its forward entries (evaluation), and this
+  // step's actual sequence.
+  std::vector<int64_t> recorded_, recorded_forward_, current_;
   bool order_agreed_ = false;
-  bool on_demand_ = false;  // this step left the recorded order
-  size_t position_ = 0;     // next expected entry of recorded_
+  Follow training_, evaluation_;
+  bool evaluating_ = false;
 };
 
 }  // namespace zero

@@ -68,6 +68,10 @@ int ParamRegistry::add(const ParamSpec& spec) {
   }
   params_.push_back(spec);
   numels_.push_back(n);
+  by_name_.emplace(spec.name, id);
+  std::vector<int>& of_unit = unit_params_[spec.unit];
+  if (of_unit.empty()) units_.push_back(spec.unit);
+  of_unit.push_back(id);
   return id;
 }
 
@@ -87,10 +91,9 @@ std::vector<int> ParamRegistry::trainable() const {
 }
 
 std::optional<int> ParamRegistry::find(const std::string& name) const {
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (params_[i].name == name) return static_cast<int>(i);
-  }
-  return std::nullopt;
+  const auto it = by_name_.find(name);
+  if (it == by_name_.end()) return std::nullopt;
+  return it->second;
 }
 
 std::vector<std::string> ParamRegistry::signature_lines() const {
@@ -112,20 +115,10 @@ void ParamRegistry::verify_across_ranks(comm::Communicator& comm, std::chrono::m
                   timeout, device);
 }
 
-std::vector<int> ParamRegistry::units() const {
-  std::vector<int> u;
-  for (const ParamSpec& p : params_) {
-    if (std::find(u.begin(), u.end(), p.unit) == u.end()) u.push_back(p.unit);
-  }
-  return u;
-}
-
-std::vector<int> ParamRegistry::params_of_unit(int unit) const {
-  std::vector<int> ids;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (params_[i].unit == unit) ids.push_back(static_cast<int>(i));
-  }
-  return ids;
+const std::vector<int>& ParamRegistry::params_of_unit(int unit) const {
+  static const std::vector<int> none;
+  const auto it = unit_params_.find(unit);
+  return it == unit_params_.end() ? none : it->second;
 }
 
 }  // namespace zero

@@ -4,7 +4,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -46,8 +48,9 @@ class ParamRegistry {
   std::vector<int> trainable() const;
   std::optional<int> find(const std::string& name) const;
   // Unit ids in order of first registration, and the parameters of one unit (registration order).
-  std::vector<int> units() const;
-  std::vector<int> params_of_unit(int unit) const;
+  // Both are kept as parameters are added, not computed per call (scopes ask on every open and close).
+  const std::vector<int>& units() const { return units_; }
+  const std::vector<int>& params_of_unit(int unit) const;
   const std::string& local_error() const { return local_error_; }
   // Records a problem found outside add() (e.g. by the engine's option checks).
   void note_error(const std::string& message);
@@ -64,6 +67,9 @@ class ParamRegistry {
  private:
   std::vector<ParamSpec> params_;
   std::vector<size_t> numels_;
+  std::unordered_map<std::string, int> by_name_;
+  std::vector<int> units_;
+  std::map<int, std::vector<int>> unit_params_;
   std::string local_error_;
 };
 

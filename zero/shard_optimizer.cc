@@ -21,12 +21,12 @@ void ShardOptimizer::read_state(const std::string& name, size_t begin, size_t n,
   memory::Stream& compute = device_.compute_stream();
   if (state_dtype() == DType::kFloat32) {
     device_.copy(out, src, n * sizeof(float), compute);
-    device_.synchronize(compute, std::chrono::minutes(5));
+    device_.synchronize(compute, timeout_);
     return;
   }
   std::vector<char> narrow(n * dtype_size(state_dtype()));
   device_.copy(narrow.data(), src, narrow.size(), compute);
-  device_.synchronize(compute, std::chrono::minutes(5));
+  device_.synchronize(compute, timeout_);
   memory::host_kernels::convert(narrow.data(), state_dtype(), out, DType::kFloat32, n);
 }
 
@@ -35,13 +35,13 @@ void ShardOptimizer::write_state(const std::string& name, size_t begin, size_t n
   memory::Stream& compute = device_.compute_stream();
   if (state_dtype() == DType::kFloat32) {
     device_.copy(dst, in, n * sizeof(float), compute);
-    device_.synchronize(compute, std::chrono::minutes(5));
+    device_.synchronize(compute, timeout_);
     return;
   }
   std::vector<char> narrow(n * dtype_size(state_dtype()));
   memory::host_kernels::convert(in, DType::kFloat32, narrow.data(), state_dtype(), n);
   device_.copy(dst, narrow.data(), narrow.size(), compute);
-  device_.synchronize(compute, std::chrono::minutes(5));  // `narrow` is read until here
+  device_.synchronize(compute, timeout_);  // `narrow` is read until here
 }
 
 float* ShardOptimizer::host_state(const std::string& name) {
@@ -62,8 +62,8 @@ optim::OptimizerOptions accounted_in(memory::Device& device, optim::OptimizerOpt
 class HostShardOptimizer final : public ShardOptimizer {
  public:
   HostShardOptimizer(memory::Device& device, optim::OptimizerOptions options, size_t numel,
-                     std::vector<optim::Segment> segments)
-      : ShardOptimizer(device, numel), opt_(accounted_in(device, std::move(options)), numel, std::move(segments)) {}
+                     std::vector<optim::Segment> segments, std::chrono::milliseconds timeout)
+      : ShardOptimizer(device, numel, timeout), opt_(accounted_in(device, std::move(options)), numel, std::move(segments)) {}
 
   void begin_step() override { opt_.begin_step(); }
   void step_range(const optim::StepInput& in, size_t begin, size_t end, memory::Stream& stream) override {
@@ -87,8 +87,9 @@ class HostShardOptimizer final : public ShardOptimizer {
 // nothing computed.
 class PlanningShardOptimizer final : public ShardOptimizer {
  public:
-  PlanningShardOptimizer(memory::Device& device, const optim::OptimizerOptions& options, size_t numel)
-      : ShardOptimizer(device, numel), options_(options), names_(optim::optimizer_state_names(options.kind)) {
+  PlanningShardOptimizer(memory::Device& device, const optim::OptimizerOptions& options, size_t numel,
+                         std::chrono::milliseconds timeout)
+      : ShardOptimizer(device, numel, timeout), options_(options), names_(optim::optimizer_state_names(options.kind)) {
     for (size_t i = 0; i < names_.size(); ++i) {
       state_.push_back(device.allocate_elements(static_cast<int64_t>(numel), options.state_dtype,
                                                 memory::Category::kOptimizerState));
@@ -119,17 +120,19 @@ class PlanningShardOptimizer final : public ShardOptimizer {
 }  // namespace
 
 std::unique_ptr<ShardOptimizer> make_cuda_shard_optimizer(memory::Device& device, optim::OptimizerOptions options,
-                                                          size_t numel, std::vector<optim::Segment> segments);
+                                                          size_t numel, std::vector<optim::Segment> segments,
+                                                          std::chrono::milliseconds timeout);
 
 std::unique_ptr<ShardOptimizer> make_shard_optimizer(memory::Device& device, optim::OptimizerOptions options,
-                                                     size_t numel, std::vector<optim::Segment> segments) {
+                                                     size_t numel, std::vector<optim::Segment> segments,
+                                                     std::chrono::milliseconds timeout) {
   if (dynamic_cast<memory::MetaDevice*>(&device) != nullptr) {
-    return std::make_unique<PlanningShardOptimizer>(device, options, numel);
+    return std::make_unique<PlanningShardOptimizer>(device, options, numel, timeout);
   }
   if (device.kind() == memory::DeviceKind::kCuda) {
-    return make_cuda_shard_optimizer(device, std::move(options), numel, std::move(segments));
+    return make_cuda_shard_optimizer(device, std::move(options), numel, std::move(segments), timeout);
   }
-  return std::make_unique<HostShardOptimizer>(device, std::move(options), numel, std::move(segments));
+  return std::make_unique<HostShardOptimizer>(device, std::move(options), numel, std::move(segments), timeout);
 }
 
 }  // namespace zero

@@ -5,6 +5,7 @@
 // it has.
 #include <cstddef>
 #include <cstdint>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,10 +41,12 @@ class ShardOptimizer {
   float* host_state(const std::string& name);
 
  protected:
-  ShardOptimizer(memory::Device& device, size_t numel) : device_(device), numel_(numel) {}
+  ShardOptimizer(memory::Device& device, size_t numel, std::chrono::milliseconds timeout)
+      : device_(device), timeout_(timeout), numel_(numel) {}
   // The array (numel elements of state_dtype()) in the device's memory; throws for an unknown name.
   virtual void* state_data(const std::string& name) = 0;
   memory::Device& device_;
+  std::chrono::milliseconds timeout_;  // the engine's: bounds the state copies' waits
 
  private:
   void* checked_range(const std::string& name, size_t begin, size_t n, const char* what);
@@ -51,8 +54,10 @@ class ShardOptimizer {
 };
 
 // Optimizer state is allocated through `device` (category optimizer_state, in its tracker). On a
-// meta device (planning) the optimizer only allocates its state.
+// meta device (planning) the optimizer only allocates its state. `timeout` bounds every wait (the
+// engine's EngineOptions.timeout).
 std::unique_ptr<ShardOptimizer> make_shard_optimizer(memory::Device& device, optim::OptimizerOptions options,
-                                                     size_t numel, std::vector<optim::Segment> segments);
+                                                     size_t numel, std::vector<optim::Segment> segments,
+                                                     std::chrono::milliseconds timeout);
 
 }  // namespace zero

@@ -1,9 +1,36 @@
 #include "zero/stage_policy.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "base/check.h"
 #include "base/logging.h"
 
 namespace zero {
+
+namespace {
+
+// Stage 3: the registered storage stops being the parameter (the shard is), so it is filled with
+// NaN: a loop that reads it outside a scope (an evaluation written the obvious way) sees NaN at
+// once instead of training or evaluating against the initial values.
+void poison_registered_storage(memory::Device& device, const std::vector<const void*>& storage,
+                               const std::vector<size_t>& numels, DType dtype, std::chrono::milliseconds timeout) {
+  const size_t es = dtype_size(dtype);
+  const uint32_t nan_bits = dtype == DType::kFloat32 ? 0x7FC00000u : dtype == DType::kBFloat16 ? 0x7FC0u : 0x7E00u;
+  constexpr size_t kPattern = 1 << 14;  // elements copied at a time
+  memory::Buffer pattern = device.allocate_host_staging(kPattern * es, memory::Category::kOther);
+  for (size_t i = 0; i < kPattern; ++i) std::memcpy(pattern.as<char>() + i * es, &nan_bits, es);
+  memory::Stream& compute = device.compute_stream();
+  for (size_t t = 0; t < storage.size(); ++t) {
+    char* dst = static_cast<char*>(const_cast<void*>(storage[t]));
+    for (size_t done = 0; done < numels[t]; done += kPattern) {
+      device.copy(dst + done * es, pattern.data(), std::min(kPattern, numels[t] - done) * es, compute);
+    }
+  }
+  device.synchronize(compute, timeout);  // the pattern is read until here
+}
+
+}  // namespace
 
 std::optional<DType> check_registration(const EngineOptions& options, ParamRegistry& registry) {
   const int groups = static_cast<int>(options.optimizer.groups.size());
@@ -72,6 +99,8 @@ EngineParts wire_stage(const PolicyInputs& in) {
   rc.accum_dtype = o.stage >= 2 ? o.grad_accum_dtype : DType::kFloat32;
   rc.deterministic = o.deterministic;
   rc.max_inflight = o.max_inflight_buckets;
+  // Stage 3's buckets are whole units, as large as an embedding: bound their reduce buffers.
+  rc.piece_numel = o.stage == 3 ? o.layout.bucket_numel : 0;
   rc.timeout = o.timeout;
   rc.timings = in.timings;
   parts.formula.stage = o.stage;
@@ -111,7 +140,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
     parts.writeback = make_local_writeback(device, std::move(target));
   }
 
-  const ApplierInputs ai{in.model_dtype, o.optimizer, &layout, parts.ownership.get(), &device, std::move(tensors)};
+  const ApplierInputs ai{in.model_dtype, o.optimizer, &layout, parts.ownership.get(), &device, std::move(tensors), o.timeout};
   std::unique_ptr<UpdateApplier> applier;
   if (o.offload.optimizer) {
     applier = std::make_unique<OffloadPipeline>(ai, OffloadConfig{.pinned_staging = o.offload.pinned_staging,
@@ -130,6 +159,8 @@ EngineParts wire_stage(const PolicyInputs& in) {
                                                  *parts.writeback);
   const ShardOptimizer& opt = parts.update->optimizer();
   parts.formula.state_bytes = opt.state_names().size() * dtype_size(opt.state_dtype());
+  // Last: the shard and the master above were read from the registered storage.
+  if (parts.gatherer) poison_registered_storage(device, initial, numels, in.model_dtype, o.timeout);
   return parts;
 }
 

@@ -21,6 +21,7 @@ struct StepTimings {
   double offload_h2d_s = 0;
   double offload_wait_s = 0;
   uint64_t gathered_bytes = 0;  // parameter bytes all-gathered (whole units or buckets, every rank's part)
+  uint64_t prefetched_bytes = 0;  // stage 3: the part of gathered_bytes issued ahead of use
   uint64_t reduced_bytes = 0;   // gradient bytes reduced (whole buckets)
   double exposed_comm_s() const { return gather_wait_s + reduce_wait_s; }
 };

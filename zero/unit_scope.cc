@@ -1,5 +1,5 @@
-// The scopes: Engine's gather / gather_for_backward / no_sync, and UnitScope and NoSyncScope, the
-// move-only handles whose end calls back into the engine.
+// The scopes: Engine's gather / gather_for_backward / no_sync / evaluation, and UnitScope,
+// NoSyncScope and EvaluationScope, the move-only handles whose end calls back into the engine.
 #include <utility>
 
 #include "base/fault_injection.h"
@@ -19,24 +19,30 @@ UnitScope Engine::gather_for_backward(int unit) { return open_scope(unit, true);
 UnitScope Engine::open_scope(int unit, bool backward) {
   Impl& m = *impl_;
   m.require_unit(unit, backward ? "gather_for_backward" : "gather");
+  if (backward && m.evaluating) {
+    ZERO_THROW(InvalidArgument, "gather_for_backward({}) inside an evaluation scope: evaluation trains nothing", unit);
+  }
   if (backward) m.parts.reducer->begin_micro_step(m.syncs());
-  UnitScope scope(this, unit, backward);
+  UnitScope scope(this, unit, backward, m.evaluating);
   // Below stage 3 (no gatherer) parameters stay in the user's storage.
   const auto it = m.unit_bucket.find(unit);
-  if (m.parts.gatherer && it != m.unit_bucket.end()) scope.base_ = m.parts.gatherer->acquire(it->second, backward);
+  if (m.parts.gatherer && it != m.unit_bucket.end()) scope.base_ = m.parts.gatherer->acquire(it->second, m.use(scope));
+  if (backward) ++m.open_backward[unit];
   return scope;
 }
 
-void Engine::end_scope(int unit, bool backward) {
+void Engine::end_scope(const UnitScope& scope) {
   Impl& m = *impl_;
-  if (backward) {
+  const int unit = scope.unit();
+  if (scope.backward()) {
+    --m.open_backward[unit];
     for (int id : m.registry.params_of_unit(unit)) {
       const int64_t t = m.param_tensor[static_cast<size_t>(id)];
       if (t >= 0 && !m.parts.reducer->is_ready(static_cast<size_t>(t))) m.parts.reducer->tensor_ready(static_cast<size_t>(t));
     }
   }
   const auto it = m.unit_bucket.find(unit);
-  if (m.parts.gatherer && it != m.unit_bucket.end()) m.parts.gatherer->release(it->second, backward);
+  if (m.parts.gatherer && it != m.unit_bucket.end()) m.parts.gatherer->release(it->second, m.use(scope));
 }
 
 void* Engine::scope_param(void* base, int id) {
@@ -64,13 +70,31 @@ NoSyncScope Engine::no_sync() {
 
 void Engine::end_no_sync() { --impl_->no_sync_depth; }
 
+EvaluationScope Engine::evaluation() {
+  Impl& m = *impl_;
+  m.require_finalized("evaluation");
+  if (m.evaluating) ZERO_THROW(InvalidArgument, "evaluation() inside an evaluation scope");
+  for (const auto& [unit, open] : m.open_backward) {
+    if (open > 0) ZERO_THROW(InvalidArgument, "evaluation() while the backward scope of unit {} is open", unit);
+  }
+  if (m.parts.gatherer) m.parts.gatherer->begin_evaluation();
+  m.evaluating = true;
+  return EvaluationScope(this);
+}
+
+void Engine::end_evaluation() {
+  Impl& m = *impl_;
+  m.evaluating = false;
+  if (m.parts.gatherer) m.parts.gatherer->end_evaluation();
+}
+
 void Engine::note_scope_error(std::exception_ptr e) {
   if (!impl_->scope_error) impl_->scope_error = std::move(e);
 }
 
 
 UnitScope::UnitScope(UnitScope&& o) noexcept
-    : engine_(std::exchange(o.engine_, nullptr)), unit_(o.unit_), backward_(o.backward_),
+    : engine_(std::exchange(o.engine_, nullptr)), unit_(o.unit_), backward_(o.backward_), evaluation_(o.evaluation_),
       base_(std::exchange(o.base_, nullptr)) {}
 
 UnitScope& UnitScope::operator=(UnitScope&& o) noexcept {
@@ -79,6 +103,7 @@ UnitScope& UnitScope::operator=(UnitScope&& o) noexcept {
     engine_ = std::exchange(o.engine_, nullptr);
     unit_ = o.unit_;
     backward_ = o.backward_;
+    evaluation_ = o.evaluation_;
     base_ = std::exchange(o.base_, nullptr);
   }
   return *this;
@@ -98,7 +123,7 @@ void UnitScope::end_quietly() noexcept {
 
 void UnitScope::close() {
   Engine* e = std::exchange(engine_, nullptr);
-  if (e != nullptr) e->end_scope(unit_, backward_);
+  if (e != nullptr) e->end_scope(*this);
 }
 
 void* UnitScope::param(int id) {
@@ -133,6 +158,33 @@ NoSyncScope& NoSyncScope::operator=(NoSyncScope&& o) noexcept {
 
 NoSyncScope::~NoSyncScope() {
   if (engine_ != nullptr) engine_->end_no_sync();
+}
+
+EvaluationScope::EvaluationScope(EvaluationScope&& o) noexcept : engine_(std::exchange(o.engine_, nullptr)) {}
+
+EvaluationScope& EvaluationScope::operator=(EvaluationScope&& o) noexcept {
+  if (this != &o) {
+    end_quietly();
+    engine_ = std::exchange(o.engine_, nullptr);
+  }
+  return *this;
+}
+
+EvaluationScope::~EvaluationScope() { end_quietly(); }
+
+void EvaluationScope::close() {
+  Engine* e = std::exchange(engine_, nullptr);
+  if (e != nullptr) e->end_evaluation();
+}
+
+void EvaluationScope::end_quietly() noexcept {
+  Engine* e = engine_;
+  if (e == nullptr) return;
+  try {
+    close();
+  } catch (...) {
+    e->note_scope_error(std::current_exception());
+  }
 }
 
 }  // namespace zero

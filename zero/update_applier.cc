@@ -18,7 +18,7 @@ namespace {
 class DeviceApplier final : public UpdateApplier {
  public:
   explicit DeviceApplier(const ApplierInputs& in)
-      : model_dtype_(in.model_dtype), layout_(*in.layout), ownership_(*in.ownership), device_(*in.device) {
+      : model_dtype_(in.model_dtype), layout_(*in.layout), ownership_(*in.ownership), device_(*in.device), timeout_(in.timeout) {
     const size_t numel = ownership_.numel();
     master_ = device_.allocate_elements(static_cast<int64_t>(numel), DType::kFloat32, memory::Category::kMasterParams);
     const size_t es = dtype_size(model_dtype_);
@@ -27,7 +27,7 @@ class DeviceApplier final : public UpdateApplier {
                       master_.as<float>() + p.opt_offset, DType::kFloat32, p.tensor_end - p.tensor_begin,
                       device_.compute_stream());
     }
-    optimizer_ = make_shard_optimizer(device_, in.optimizer, numel, optimizer_segments(ownership_, in.tensors));
+    optimizer_ = make_shard_optimizer(device_, in.optimizer, numel, optimizer_segments(ownership_, in.tensors), in.timeout);
   }
 
   void apply(const GradReducer& grads, float grad_scale, ParamWriteback& writeback) override {
@@ -53,13 +53,13 @@ class DeviceApplier final : public UpdateApplier {
   void read_master(size_t begin, size_t n, float* out) override {
     memory::Stream& compute = device_.compute_stream();
     device_.copy(out, master_.as<float>() + begin, n * sizeof(float), compute);
-    device_.synchronize(compute, std::chrono::minutes(5));
+    device_.synchronize(compute, timeout_);
   }
   float* host_master() override { return device_.kind() == memory::DeviceKind::kCuda ? nullptr : master_.as<float>(); }
   void write_master(size_t begin, size_t n, const float* in) override {
     memory::Stream& compute = device_.compute_stream();
     device_.copy(master_.as<float>() + begin, in, n * sizeof(float), compute);
-    device_.synchronize(compute, std::chrono::minutes(5));
+    device_.synchronize(compute, timeout_);
   }
   void publish_master(ParamWriteback& writeback) override {
     for (size_t b = 0; b < layout_.buckets().size(); ++b) {
@@ -76,6 +76,7 @@ class DeviceApplier final : public UpdateApplier {
   const ShardLayout& layout_;
   const ShardOwnership& ownership_;
   memory::Device& device_;
+  std::chrono::milliseconds timeout_;
   memory::Buffer master_;
   std::unique_ptr<ShardOptimizer> optimizer_;
 };

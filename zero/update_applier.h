@@ -3,6 +3,7 @@
 // optimizer state live: beside the gradients on the engine's device (make_device_applier), or in
 // host memory, updated by the CPU optimizer (OffloadPipeline, zero/offload_pipeline.h). ShardedUpdate
 // decides whether to step and with which gradient scale (norm, overflow, clip); the applier steps.
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +32,7 @@ struct ApplierInputs {
   const ShardOwnership* ownership = nullptr;
   memory::Device* device = nullptr;  // the engine's: gradients and parameters live there
   std::vector<UpdateTensor> tensors;  // per layout tensor
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // bounds every wait (EngineOptions.timeout)
 };
 
 class UpdateApplier {
