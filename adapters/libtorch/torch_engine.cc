@@ -176,7 +176,7 @@ void TorchEngine::finalize() {
           return outputs;
         }));
   }
-  if (engine_.options().stage == 3) {
+  if (!engine_.params_resident()) {
     // The engine has read the initial values into its shards (the device may still be copying).
     engine_.device().synchronize(engine_.device().compute_stream(), engine_.options().timeout);
     sharded_params_ = true;

@@ -117,6 +117,8 @@ int run(int argc, char** argv) {
   const int first_step = run_flags.resume(engine);
   std::vector<int> x, y;
   auto validation_loss = [&] {
+    // Forward-only: not recorded in stage 3's unit order, so the next step still prefetches.
+    EvaluationScope evaluating = engine.evaluation();
     double sum = 0;
     for (int v = 0; v < val_batches; ++v) {
       data.batch(v, rank * (batch / world), batch / world, true, &x, &y);
@@ -188,6 +190,7 @@ int run(int argc, char** argv) {
   }
   // A sample: every rank runs the same forwards (at stage 3 they are collective), rank 0 prints.
   if (sample_tokens > 0) {
+    EvaluationScope evaluating = engine.evaluation();
     std::vector<int> text = data.prompt("This program is free software", static_cast<size_t>(std::min(16, T)));
     std::mt19937_64 rng(static_cast<uint64_t>(seed));
     for (int i = 0; i < sample_tokens; ++i) {
