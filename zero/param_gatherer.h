@@ -100,12 +100,6 @@ class ParamGatherer {
   // The shard was rewritten outside a step (a checkpoint load): every gathered copy is stale.
   void invalidate();
 
-  size_t max_live_bytes() const { return cap_; }
-  size_t live_bytes() const { return window_.live_bytes(); }
-  size_t peak_live_bytes() const { return window_.peak_live_bytes(); }
-  // The order the next step's prefetch follows (bucket * 2 + backward), empty before the first step.
-  const std::vector<int64_t>& recorded_order() const { return recorded_; }
-
  private:
   struct Unit {
     memory::Buffer data;    // the gathered copy (or the one being gathered); empty: not resident
