@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -50,11 +49,14 @@ std::string lines_of(const std::string& out, int r) {
 // reach it", "ranks 0, 1 did not reach it"): a survivor that fails at once (its connection to the
 // dead rank reset) can also list a live rank still blocked in an earlier collective on the dead one.
 bool listed_as_absent(const std::string& lines, int r) {
-  static const std::regex absent("ranks? ([0-9, ]+) did not reach it");
-  for (std::sregex_iterator it(lines.begin(), lines.end(), absent), end; it != end; ++it) {
-    std::istringstream list((*it)[1].str());
-    std::string rank;
-    while (std::getline(list, rank, ',')) {
+  const std::string tail = " did not reach it";
+  for (size_t end = lines.find(tail); end != std::string::npos; end = lines.find(tail, end + 1)) {
+    const size_t begin = lines.rfind("rank", end);
+    if (begin == std::string::npos) continue;
+    std::istringstream list(lines.substr(begin, end - begin));
+    std::string word;
+    list >> word;  // "rank" or "ranks"
+    for (std::string rank; std::getline(list, rank, ',');) {
       if (std::stoi(rank) == r) return true;
     }
   }
