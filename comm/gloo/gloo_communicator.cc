@@ -19,6 +19,7 @@
 
 #include "base/check.h"
 #include "base/logging.h"
+#include "comm/gloo/failure_report.h"
 #include "comm/gloo/gloo_collectives.h"
 #include "comm/gloo/reduce_kernels.h"
 #include "comm/schedule_check.h"
@@ -675,54 +676,8 @@ class GlooCommunicator final : public Communicator, private InlineRunner, privat
     return abort_reason_;
   }
 
-  // Which ranks never reached collective `seq`, for the failure's message. Every rank that fails
-  // (or gives up on) a collective writes the sequence number of its first failure to the store,
-  // then waits a moment for the others: a rank that stays silent exited, stalled, or is stuck
-  // before the call; a rank that reports an earlier number failed first (a dying peer can cut the
-  // ranks off at different collectives). Failures only, so it costs nothing on the way that works;
-  // bounded by failure_report_grace; never throws.
-  std::string absent_ranks(uint64_t seq) {
-    if (size_ == 1 || options_.failure_report_grace.count() <= 0) return {};
-    auto key = [&](int r) { return fmt::format("{}/failed/{}", prefix_, r); };
-    std::vector<int> silent;
-    std::vector<std::pair<int, uint64_t>> earlier;
-    bool polled = false;
-    try {
-      const std::string mine = std::to_string(seq);
-      store_->compare_set(key(rank_), {}, Bytes(mine.begin(), mine.end()));  // the first failure stays
-      const auto deadline = SteadyClock::now() + options_.failure_report_grace;
-      for (;;) {
-        std::vector<int> now_silent;
-        std::vector<std::pair<int, uint64_t>> now_earlier;
-        for (int r = 0; r < size_; ++r) {
-          if (r == rank_) continue;
-          if (!store_->check({key(r)})) {
-            now_silent.push_back(r);
-            continue;
-          }
-          const uint64_t theirs = std::stoull(store_->get_string(key(r), std::chrono::seconds(1)));
-          if (theirs < seq) now_earlier.emplace_back(r, theirs);
-        }
-        silent = std::move(now_silent);
-        earlier = std::move(now_earlier);
-        polled = true;
-        if (silent.empty() || SteadyClock::now() >= deadline) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-    } catch (const std::exception& e) {
-      // The store lives in one of the ranks, which may exit once it has made its own report: what
-      // the last complete poll saw is still the answer.
-      if (!polled) return fmt::format(" (the store could not tell which ranks reached it: {})", e.what());
-    }
-    std::vector<std::string> parts;
-    if (!silent.empty()) {
-      parts.push_back(fmt::format("rank{} {} did not reach it: exited, stalled, or stuck before it",
-                                  silent.size() > 1 ? "s" : "", fmt::join(silent, ", ")));
-    }
-    for (const auto& [r, theirs] : earlier) parts.push_back(fmt::format("rank {} failed first, in #{}", r, theirs));
-    if (parts.empty()) parts.push_back("every rank reached it");
-    return fmt::format(" ({}{})", fmt::join(parts, "; "), awaited_peer());
-  }
+  // Which ranks never reached collective `seq`, for the failure's message (failure_report.h).
+  std::string absent_ranks(uint64_t seq) { return failure_report_.absent_ranks(seq, awaited_peer()); }
 
   // Releases the buffers of failed collectives once Gloo's loop thread can no longer touch them:
   // closing a connection takes the lock the loop thread holds while it signals that connection's
@@ -781,6 +736,7 @@ class GlooCommunicator final : public Communicator, private InlineRunner, privat
   const int size_;
   const GlooOptions options_;
   const bool check_;
+  const FailureReport failure_report_{store_, prefix_, rank_, size_, options_.failure_report_grace};
   std::shared_ptr<gloo::Context> context_;
 
   std::mutex mu_;

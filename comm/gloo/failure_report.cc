@@ -1,0 +1,58 @@
+#include "comm/gloo/failure_report.h"
+
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace zero::comm {
+
+FailureReport::FailureReport(std::shared_ptr<Store> store, std::string prefix, int rank, int size,
+                             std::chrono::milliseconds grace)
+    : store_(std::move(store)), prefix_(std::move(prefix)), rank_(rank), size_(size), grace_(grace) {}
+
+std::string FailureReport::key(int rank) const { return fmt::format("{}/failed/{}", prefix_, rank); }
+
+std::string FailureReport::absent_ranks(uint64_t seq, const std::string& note) const {
+  if (size_ == 1 || grace_.count() <= 0) return {};
+  std::vector<int> silent;
+  std::vector<std::pair<int, uint64_t>> earlier;
+  bool polled = false;
+  try {
+    const std::string mine = std::to_string(seq);
+    store_->compare_set(key(rank_), {}, Bytes(mine.begin(), mine.end()));  // the first failure stays
+    const auto deadline = std::chrono::steady_clock::now() + grace_;
+    for (;;) {
+      std::vector<int> now_silent;
+      std::vector<std::pair<int, uint64_t>> now_earlier;
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_) continue;
+        if (!store_->check({key(r)})) {
+          now_silent.push_back(r);
+          continue;
+        }
+        const uint64_t theirs = std::stoull(store_->get_string(key(r), std::chrono::seconds(1)));
+        if (theirs < seq) now_earlier.emplace_back(r, theirs);
+      }
+      silent = std::move(now_silent);
+      earlier = std::move(now_earlier);
+      polled = true;
+      if (silent.empty() || std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } catch (const std::exception& e) {
+    if (!polled) return fmt::format(" (the store could not tell which ranks reached it: {})", e.what());
+  }
+  std::vector<std::string> parts;
+  if (!silent.empty()) {
+    parts.push_back(fmt::format("rank{} {} did not reach it: exited, stalled, or stuck before it",
+                                silent.size() > 1 ? "s" : "", fmt::join(silent, ", ")));
+  }
+  for (const auto& [r, theirs] : earlier) parts.push_back(fmt::format("rank {} failed first, in #{}", r, theirs));
+  if (parts.empty()) parts.push_back("every rank reached it");
+  return fmt::format(" ({}{})", fmt::join(parts, "; "), note);
+}
+
+}  // namespace zero::comm
