@@ -50,10 +50,11 @@ void scale_in_place(float* x, size_t n, float s) { scale_in_place(x, n, s, best_
 
 float clip_coefficient(double total_norm, double max_norm) {
   if (!(max_norm > 0.0)) return 1.0f;
-  // PyTorch does this in float32 tensor arithmetic: clamp(max_norm / (total_norm + 1e-6), max=1).
-  // An infinite norm gives 0 and a NaN norm gives NaN, as there.
-  const float coef = static_cast<float>(max_norm) / (static_cast<float>(total_norm) + 1e-6f);
-  return coef > 1.0f ? 1.0f : coef;
+  // max_norm / (total_norm + 1e-6), clamped to 1, in double and rounded once: the engine's
+  // coefficient, whose bits deterministic runs depend on (PyTorch forms it in the gradients'
+  // float32, which can differ in the last bit). An infinite norm gives 0 and a NaN norm gives NaN.
+  const double coef = max_norm / (total_norm + 1e-6);
+  return coef > 1.0 ? 1.0f : static_cast<float>(coef);
 }
 
 }  // namespace zero::optim

@@ -23,9 +23,10 @@ bool has_inf_or_nan(const void* grad, DType dtype, size_t n, SimdPath path);
 void scale_in_place(float* x, size_t n, float s);
 void scale_in_place(float* x, size_t n, float s, SimdPath path);
 
-// The clip coefficient of torch.nn.utils.clip_grad_norm_: min(1, max_norm / (total_norm + 1e-6)) in
-// float arithmetic as there (an infinite norm gives 0, NaN gives NaN), or 1 when max_norm <= 0
-// (clipping off). Multiply it into StepInput::grad_scale.
+// The clip coefficient of torch.nn.utils.clip_grad_norm_: min(1, max_norm / (total_norm + 1e-6)),
+// computed in double and rounded to float once (an infinite norm gives 0, NaN gives NaN), or 1 when
+// max_norm <= 0 (clipping off). The engine's (zero/sharded_update). Multiply it into
+// StepInput::grad_scale.
 float clip_coefficient(double total_norm, double max_norm);
 
 }  // namespace zero::optim

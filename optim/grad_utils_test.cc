@@ -144,7 +144,8 @@ TEST_CASE("scale_in_place multiplies every element in fp32 on every path") {
 
 TEST_CASE("clip_coefficient follows torch.nn.utils.clip_grad_norm_") {
   CHECK(clip_coefficient(0.5, 1.0) == 1.0f);
-  CHECK(clip_coefficient(4.0, 1.0) == 1.0f / (4.0f + 1e-6f));
+  CHECK(clip_coefficient(4.0, 1.0) == static_cast<float>(1.0 / (4.0 + 1e-6)));  // in double, rounded once
+  CHECK(clip_coefficient(3.0, 1.5) == static_cast<float>(1.5 / (3.0 + 1e-6)));
   CHECK(clip_coefficient(4.0, 0.0) == 1.0f);  // clipping off
   CHECK(clip_coefficient(INFINITY, 1.0) == 0.0f);
   CHECK(std::isnan(clip_coefficient(NAN, 1.0)));

@@ -189,11 +189,6 @@ optim::Hyper& Engine::param_group(int group) {
   return impl_->parts.update->optimizer().group(group);
 }
 
-const ShardLayout& Engine::layout() const {
-  if (!impl_->finalized) ZERO_THROW(InvalidArgument, "layout() called before finalize()");
-  return *impl_->parts.layout;
-}
-
 const ParamRegistry& Engine::registry() const { return impl_->registry; }
 const EngineOptions& Engine::options() const { return impl_->options; }
 memory::Device& Engine::device() { return *impl_->device; }

@@ -42,6 +42,7 @@
 #include <exception>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -52,9 +53,9 @@
 #include "zero/engine_options.h"
 #include "zero/memory_report.h"
 #include "zero/param_registry.h"
-#include "zero/shard_layout.h"
 #include "zero/step_result.h"
 #include "zero/step_timings.h"
+#include "zero/typed_view.h"
 
 namespace zero {
 
@@ -83,20 +84,33 @@ class [[nodiscard("a unit scope ends when it is destroyed: hold it for the unit'
   // gathered copy at stage 3 (valid while the scope is open; read-only: the engine's update is the
   // only writer).
   void* param(int id);
+  // Typed views (zero/typed_view.h): T must match the registered dtype, else InvalidArgument
+  // naming the parameter.
   template <typename T>
-  T* param_as(int id) {
-    return static_cast<T*>(param(id));
+  std::span<const T> param_span(int id) {
+    const void* p = param(id);
+    return {static_cast<const T*>(p), view_numel(id, view_type<T>())};
+  }
+  template <typename T>
+  const T* param_as(int id) {
+    return param_span<T>(id).data();
   }
   // The backward scope's gradient storage of parameter `id` of this unit (Engine::grad's rule).
   void* grad(int id);
   template <typename T>
+  std::span<T> grad_span(int id) {
+    void* g = grad(id);
+    return {static_cast<T*>(g), view_numel(id, view_type<T>())};
+  }
+  template <typename T>
   T* grad_as(int id) {
-    return static_cast<T*>(grad(id));
+    return grad_span<T>(id).data();
   }
   void close();
 
  private:
   friend class Engine;
+  size_t view_numel(int id, ViewType v) const;
   UnitScope(Engine* engine, int unit, bool backward, bool evaluation)
       : engine_(engine), unit_(unit), backward_(backward), evaluation_(evaluation) {}
   void end_quietly() noexcept;
@@ -151,7 +165,7 @@ struct EngineComms {
   // data-parallel group (which may itself be a split() of a larger mesh).
   comm::Communicator* shard = nullptr;
   // Hybrid sharding (HSDP): the ranks holding the same shard in other groups. Gradient shards are
-  // all-reduced across it after the reduce-scatter. Stages 1 and 2.
+  // all-reduced across it after the reduce-scatter. Stages 1 to 3 (stage 0 shards nothing).
   comm::Communicator* replica = nullptr;
   // Where the engine's buffers live and its kernels run; nullptr: a host device of the engine's own.
   // Must outlive the engine; its memory kind must be one the communicators accept.
@@ -190,9 +204,16 @@ class Engine {
   // Where backward accumulates the gradient of parameter `id` (see the header comment). Where
   // parameters are not resident (stage 3) only inside an open backward scope of the parameter's unit.
   void* grad(int id);
+  // Typed views of it (zero/typed_view.h): T must match the registered dtype, else InvalidArgument
+  // naming the parameter.
+  template <typename T>
+  std::span<T> grad_span(int id) {
+    void* g = grad(id);
+    return {static_cast<T*>(g), checked_view_numel(registry(), id, view_type<T>())};
+  }
   template <typename T>
   T* grad_as(int id) {
-    return static_cast<T*>(grad(id));
+    return grad_span<T>(id).data();
   }
   // The gradient of `id` is complete for this micro-step.
   void grad_ready(int id);
@@ -210,7 +231,6 @@ class Engine {
   optim::Optimizer& optimizer();
   // A parameter group's hyperparameters (e.g. the learning rate from a schedule), on any device.
   optim::Hyper& param_group(int group);
-  const ShardLayout& layout() const;
   const ParamRegistry& registry() const;
   const EngineOptions& options() const;
   memory::Device& device();

@@ -3,9 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
-#include "base/fault_injection.h"
 #include "base/check.h"
+#include "base/fault_injection.h"
 #include "base/logging.h"
+#include "optim/grad_utils.h"
 
 namespace zero {
 ShardedUpdate::ShardedUpdate(const UpdateConfig& config, const ShardLayout& layout, const ShardOwnership& ownership,
@@ -84,11 +85,7 @@ StepResult ShardedUpdate::step(const GradReducer& grads, float loss_scale, doubl
                steps_taken + 1);
   }
   r.grad_norm = std::sqrt(total) * unscale;
-  if (config_.max_grad_norm > 0.0f) {
-    // torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), clamped to 1.
-    const double coef = static_cast<double>(config_.max_grad_norm) / (r.grad_norm + 1e-6);
-    r.clip_coefficient = static_cast<float>(std::min(1.0, coef));
-  }
+  r.clip_coefficient = optim::clip_coefficient(r.grad_norm, config_.max_grad_norm);
   applier_->apply(grads, static_cast<float>(unscale * r.clip_coefficient), writeback_);
   r.step = steps_taken + 1;
   return r;

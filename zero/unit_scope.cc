@@ -136,6 +136,8 @@ void* UnitScope::param(int id) {
   return engine_->scope_param(base_, id);
 }
 
+size_t UnitScope::view_numel(int id, ViewType v) const { return checked_view_numel(engine_->registry(), id, v); }
+
 void* UnitScope::grad(int id) {
   ZERO_CHECK(engine_ != nullptr && backward_, "UnitScope::grad() outside an open backward scope");
   const ParamSpec& p = engine_->registry().param(id);
