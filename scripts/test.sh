@@ -3,7 +3,7 @@
 #   N passed, N failed, N skipped
 # derived from Bazel's per-test results. A test that needs a GPU and finds none prints the marker line
 # "ZERO_TEST_SKIPPED" and exits 0; it is counted as skipped. Extra arguments go to `bazel test`
-# (for example --config=asan).
+# (for example --config=asan); after `--`, target patterns to add or leave out (-//fuzz/...).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/testlog.sh
@@ -11,10 +11,20 @@ bash scripts/setup.sh || exit 1
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-bazel test //... --test_summary=short "$@" 2>&1 | tee "$log"
+opts=() patterns=()
+while (($#)); do
+  if [[ $1 == -- ]]; then
+    shift
+    patterns=("$@")
+    break
+  fi
+  opts+=("$1")
+  shift
+done
+bazel test --test_summary=short "${opts[@]}" -- //... "${patterns[@]}" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 
-testlogs=$(bazel info bazel-testlogs "$@" 2>/dev/null)
+testlogs=$(bazel info bazel-testlogs "${opts[@]}" 2>/dev/null)
 passed=0 failed=0 skipped=0
 while read -r target result; do
   case "$result" in

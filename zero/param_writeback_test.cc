@@ -6,12 +6,12 @@
 
 #include <doctest/doctest.h>
 
-#include <cstring>
 #include <vector>
 
 #include "base/dtype.h"
 #include "memory/device.h"
 #include "memory/tracker.h"
+#include "testing/element.h"
 #include "testing/thread_ranks.h"
 
 namespace zero {
@@ -25,26 +25,6 @@ const ShardLayoutOptions kLayout{.alignment = 4, .bucket_numel = 256, .block = 1
 // The new value of flat element f (exact in bf16: small integers).
 float new_value(size_t f) { return static_cast<float>(f % 200); }
 
-// Stores `v` as one element of `dtype` at `p`.
-void store(void* p, DType dtype, float v) {
-  if (dtype == DType::kFloat32) {
-    std::memcpy(p, &v, sizeof(v));
-  } else {
-    const uint16_t b = fp32_to_bf16_bits(v);
-    std::memcpy(p, &b, sizeof(b));
-  }
-}
-float load(const void* p, DType dtype) {
-  if (dtype == DType::kFloat32) {
-    float v;
-    std::memcpy(&v, p, sizeof(v));
-    return v;
-  }
-  uint16_t b;
-  std::memcpy(&b, p, sizeof(b));
-  return bf16_bits_to_fp32(b);
-}
-
 // Writes every bucket's owned range the way the optimizer does (owned_out, then publish), then
 // finish().
 void write_all(ParamWriteback& wb, const ShardLayout& layout, const ShardOwnership& own, DType dtype) {
@@ -52,7 +32,7 @@ void write_all(ParamWriteback& wb, const ShardLayout& layout, const ShardOwnersh
   for (size_t b = 0; b < layout.buckets().size(); ++b) {
     const OwnedRange r = own.range(b);
     char* out = static_cast<char*>(wb.owned_out(b, r));
-    for (size_t i = 0; i < r.len; ++i) store(out + i * es, dtype, new_value(r.flat_begin + i));
+    for (size_t i = 0; i < r.len; ++i) testing::store_element(out + i * es, dtype, new_value(r.flat_begin + i));
     wb.publish(b);
   }
   wb.finish();
@@ -63,7 +43,7 @@ void check_tensors(const ShardLayout& layout, const std::vector<std::vector<char
   const size_t es = dtype_size(dtype);
   for (size_t t = 0; t < tensors.size(); ++t) {
     for (size_t e = 0; e < kNumels[t]; ++e) {
-      const float got = load(tensors[t].data() + e * es, dtype);
+      const float got = testing::load_element(tensors[t].data() + e * es, dtype);
       if (got != new_value(layout.tensors()[t].offset + e)) {
         FAIL_CHECK("tensor " << t << " element " << e << " holds " << got);
         return;

@@ -9,7 +9,6 @@
 
 #include <doctest/doctest.h>
 
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,6 +17,7 @@
 #include "base/error.h"
 #include "memory/device.h"
 #include "memory/tracker.h"
+#include "testing/element.h"
 #include "testing/thread_ranks.h"
 #include "zero/grad_reducer.h"
 #include "zero/offload_pipeline.h"
@@ -39,15 +39,6 @@ float initial(size_t t, size_t e) { return 0.25f * static_cast<float>((t * 7 + e
 // Rank r's gradient: small integers, so sums are exact in every dtype.
 float grad_of(int r, int step, size_t t, size_t e) {
   return static_cast<float>((r + 1) * static_cast<int>((t + e + static_cast<size_t>(step)) % 4)) - 3.0f;
-}
-
-void store(void* p, DType dtype, float v) {
-  if (dtype == DType::kFloat32) {
-    std::memcpy(p, &v, sizeof(v));
-  } else {
-    const uint16_t b = fp32_to_bf16_bits(v);
-    std::memcpy(p, &b, sizeof(b));
-  }
 }
 
 optim::OptimizerOptions adamw() {
@@ -124,7 +115,7 @@ TEST_CASE("every applier updates the parameters and the master exactly as one op
                          .device = device.get(), .timeout = 10s};
         for (size_t t = 0; t < kNumels.size(); ++t) {
           params.emplace_back(kNumels[t] * es);
-          for (size_t e = 0; e < kNumels[t]; ++e) store(params[t].data() + e * es, dtype, initial(t, e));
+          for (size_t e = 0; e < kNumels[t]; ++e) testing::store_element(params[t].data() + e * es, dtype, initial(t, e));
           target.tensor_data.push_back(params[t].data());
         }
         for (size_t t = 0; t < kNumels.size(); ++t) {
@@ -147,7 +138,7 @@ TEST_CASE("every applier updates the parameters and the master exactly as one op
           grads.begin_micro_step(true);
           for (size_t t = 0; t < kNumels.size(); ++t) {
             char* g = static_cast<char*>(grads.grad(t));
-            for (size_t e = 0; e < kNumels[t]; ++e) store(g + e * es, dtype, grad_of(comm.rank(), s, t, e));
+            for (size_t e = 0; e < kNumels[t]; ++e) testing::store_element(g + e * es, dtype, grad_of(comm.rank(), s, t, e));
             grads.tensor_ready(t);
           }
           grads.end_micro_step();
