@@ -241,8 +241,20 @@ void ParamGatherer::release(size_t b, GatherUse use) {
   // A forward scope may keep the unit for its backward (reshard_after_forward = false).
   if (use == GatherUse::kForward && !config_.reshard_after_forward) u.persistent = true;
   if (use == GatherUse::kBackward && unit_bytes(b) > config_.persistence_bytes) u.persistent = false;
-  // A unit needed by the very next scope stays (the last block's forward, then its backward).
-  if (u.users == 0 && !u.persistent && !next_entry_is(b)) evict(b);
+  // A unit asked for again later in the step stays while the window has room for it (the last
+  // block's forward, then its backward; a forward kept for its backward): make_room and prefetch
+  // evict such units least recently used first when the room is needed. Any other unit goes now.
+  if (u.users == 0 && !u.persistent && !next_entry_is(b) && !needed_later(b)) evict(b);
+}
+
+bool ParamGatherer::needed_later(size_t b) const {
+  const Follow& f = evaluating_ ? evaluation_ : training_;
+  if (!order_agreed_ || f.on_demand) return false;
+  const std::vector<int64_t>& order = *f.order;
+  for (size_t p = f.position; p < order.size(); ++p) {
+    if (static_cast<size_t>(order[p] / 2) == b) return true;
+  }
+  return false;
 }
 
 void ParamGatherer::prefetch() {

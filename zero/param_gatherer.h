@@ -9,12 +9,14 @@
 //
 //   the units whose scopes are open
 //   + the units prefetched ahead of use (within EngineOptions.prefetch_bytes)
-//   + the units kept on purpose: a unit whose next use is the very next scope (the last block's
-//     forward then its backward), reshard_after_forward = false (forward kept for backward),
+//   + the units kept on purpose: reshard_after_forward = false (forward kept for backward),
 //     param_persistence_bytes (small units for the rest of the step)
+//   + the units kept while there is room: a unit the recorded order asks for again later in the
+//     step (each forward, for its backward) stays after its scope ends, as DeepSpeed's reuse
+//     distance keeps it, until room is needed
 //
-// and their total never exceeds EngineOptions.max_live_gathered_bytes. A unit leaves the window
-// when its scope ends, unless it is kept.
+// and their total never exceeds EngineOptions.max_live_gathered_bytes, the knob that trades
+// memory for gathers. Any other unit leaves the window when its scope ends.
 //
 // Room is never refused while it could be freed. When the unit asked for does not fit, the window
 // evicts, in turn: kept units not held by a scope (least recently used first), then prefetches in
@@ -134,6 +136,7 @@ class ParamGatherer {
   void follow(int64_t entry);
   void prefetch();
   bool next_entry_is(size_t b) const;  // the order followed (or training's) needs unit b next
+  bool needed_later(size_t b) const;   // the rest of the order followed asks for unit b again
   bool same_order_everywhere();  // collective: every rank followed the same unit order this step
   size_t unit_bytes(size_t b) const;
   std::string held_units() const;
