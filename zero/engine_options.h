@@ -74,14 +74,15 @@ struct EngineOptions {
   // Gradient buckets whose reduction may be in flight at once (each holds one bucket buffer).
   int max_inflight_buckets = 2;
 
-  // Stage 3. Leaving a forward scope frees the unit's gathered parameters (false: keep them for
-  // its backward, FSDP's ZeRO-2-like trade; they stay while the window has room).
+  // Stage 3. Leaving a forward scope frees the unit's gathered parameters once room is needed
+  // (false: keep them for its backward whatever else waits, FSDP's ZeRO-2-like trade). Until then a
+  // unit the recorded order asks for again later in the step stays in the window.
   bool reshard_after_forward = true;
   // Gathered bytes issued ahead of use, following the unit order recorded in the first step
   // (0: one unit ahead, as FSDP2).
   size_t prefetch_bytes = 0;
-  // The gather window: one pool, allocated once, that every gathered unit lives in
-  // (0: room for two of the largest unit). The peak of gathered bytes never exceeds it.
+  // The gather window's limit (0: two of the largest unit): the units in use, prefetched, kept, and
+  // kept for reuse later in the step never exceed it. The knob that trades memory for gathers.
   size_t max_live_gathered_bytes = 0;
   // Units of at most this many bytes stay gathered from their first use to the end of the step.
   size_t param_persistence_bytes = 0;
