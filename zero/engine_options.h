@@ -74,9 +74,10 @@ struct EngineOptions {
   // Gradient buckets whose reduction may be in flight at once (each holds one bucket buffer).
   int max_inflight_buckets = 2;
 
-  // Stage 3. Leaving a forward scope frees the unit's gathered parameters once room is needed
-  // (false: keep them for its backward whatever else waits, FSDP's ZeRO-2-like trade). Until then a
-  // unit the recorded order asks for again later in the step stays in the window.
+  // Stage 3. A unit the recorded order asks for again later in the step stays in the window after
+  // its forward scope until room is needed; other units leave at once. false: every forward is
+  // kept for its backward, also where no order is recorded (the first step, after an order change),
+  // FSDP's ZeRO-2-like trade. Either way a kept unit leaves when a unit in use needs the room.
   bool reshard_after_forward = true;
   // Gathered bytes issued ahead of use, following the unit order recorded in the first step
   // (0: one unit ahead, as FSDP2).
