@@ -359,4 +359,29 @@ TEST_CASE("an evaluation follows the recorded forward order without changing it 
   });
 }
 
+TEST_CASE("in a window too small for every unit, steps after evaluations gather exactly as steps without") {
+  // Backward must gather again what did not stay, ahead of use when it follows the recorded order:
+  // an evaluation that leaked into that order would turn those gathers on demand.
+  GathererConfig config;
+  config.max_live_bytes = (4096 + 2048) * sizeof(float);
+  const auto order = forward_backward(kSizes.size());
+  std::vector<size_t> reversed(kSizes.size());
+  std::iota(reversed.rbegin(), reversed.rend(), 0);
+  auto steps = [&](bool evaluate) {
+    std::vector<uint64_t> bytes;
+    on_ranks(1, config, [&](Rig& rig) {
+      rig.step(order);
+      rig.step(order);
+      if (evaluate) rig.evaluate(reversed);
+      for (int s = 0; s < 2; ++s) {
+        const StepTimings t = rig.step(order);
+        bytes.push_back(t.gathered_bytes);
+        bytes.push_back(t.prefetched_bytes);
+      }
+    });
+    return bytes;
+  };
+  CHECK(steps(true) == steps(false));
+}
+
 }  // namespace zero
