@@ -13,8 +13,8 @@
 
 #include "base/check.h"
 #include "examples/flags.h"
+#include "zero/config/engine_config.h"
 #include "zero/engine.h"
-#include "zero/engine_config.h"
 
 namespace zero::examples {
 

@@ -1,4 +1,4 @@
-// Fuzz target: the engine config reader (zero/engine_config.h), the input being a config file's
+// Fuzz target: the engine config reader (zero/config/engine_config.h), the input being a config file's
 // text, ours or DeepSpeed's.
 //
 // A bad config must end in a zero::Error naming the source and the key. An accepted one, written in
@@ -11,7 +11,7 @@
 
 #include "base/error.h"
 #include "fuzz/fuzz_check.h"
-#include "zero/engine_config.h"
+#include "zero/config/engine_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

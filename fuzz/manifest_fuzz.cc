@@ -1,4 +1,4 @@
-// Fuzz target: the checkpoint manifest and index reader (zero/checkpoint_manifest.h), the input
+// Fuzz target: the checkpoint manifest and index reader (zero/checkpoint/checkpoint_manifest.h), the input
 // being the text of a manifest.json or of a rank-NNNNN.json; each input is read as both.
 //
 // A bad text must end in a zero::Error naming the file. As a manifest, what parses is then read
@@ -14,7 +14,7 @@
 
 #include "base/error.h"
 #include "fuzz/fuzz_check.h"
-#include "zero/checkpoint_manifest.h"
+#include "zero/checkpoint/checkpoint_manifest.h"
 
 namespace {
 

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "base/error.h"
-#include "zero/checkpoint_manifest.h"
-#include "zero/safetensors.h"
+#include "zero/checkpoint/checkpoint_manifest.h"
+#include "zero/checkpoint/safetensors.h"
 
 namespace zero {
 namespace {

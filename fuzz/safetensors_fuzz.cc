@@ -1,4 +1,4 @@
-// Fuzz target: the safetensors header reader (zero/safetensors.h), the input being a whole file.
+// Fuzz target: the safetensors header reader (zero/checkpoint/safetensors.h), the input being a whole file.
 //
 // A bad header must end in a zero::Error (InvalidArgument naming the file). An accepted header must
 // describe what the readers after it rely on (import_safetensors, zero_plan): tensors in data order,
@@ -12,7 +12,7 @@
 
 #include "base/error.h"
 #include "fuzz/fuzz_check.h"
-#include "zero/safetensors.h"
+#include "zero/checkpoint/safetensors.h"
 
 namespace {
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "comm/store/store_wire.h"
-#include "zero/safetensors.h"
+#include "zero/checkpoint/safetensors.h"
 
 namespace {
 

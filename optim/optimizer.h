@@ -60,7 +60,7 @@ struct Segment {
 
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::kAdamW;
-  std::vector<Hyper> groups{Hyper{}};
+  std::vector<Hyper> groups = std::vector<Hyper>(1);  // one default group
   DType state_dtype = DType::kFloat32;  // kFloat32 or kBFloat16 (rounded to nearest even)
   int num_threads = 1;                  // threads of the step, the caller's included
   std::optional<SimdPath> simd_path = std::nullopt;  // default best_simd_path()

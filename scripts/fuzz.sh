@@ -33,15 +33,15 @@ targets=("${@:-${all_targets[@]}}")
 base_srcs=$(find base -maxdepth 1 -name '*.cc' ! -name '*_test.cc' | sort | tr '\n' ' ')
 declare -A srcs=(
   [store_wire]="comm/store/store_wire.cc"
-  [safetensors]="zero/safetensors.cc zero/file_io.cc"
-  [manifest]="zero/checkpoint_manifest.cc"
-  [config]="zero/engine_config.cc zero/engine_options.cc zero/shard_layout.cc optim/optimizer.cc optim/loss_scaler.cc
+  [safetensors]="zero/checkpoint/safetensors.cc zero/checkpoint/file_io.cc"
+  [manifest]="zero/checkpoint/checkpoint_manifest.cc"
+  [config]="zero/config/engine_config.cc zero/engine_options.cc zero/shard_layout.cc optim/optimizer.cc optim/loss_scaler.cc
             optim/step_schedule.cc optim/step_coeffs.cc optim/thread_pool.cc optim/kernels.cc optim/kernels_scalar.cc
             memory/tracker.cc memory/buffer.cc fuzz/simd_kernels_stub.cc"
 )
 # When a library gains a dependency the link fails naming the missing symbol; the sources a Bazel
 # target needs are listed by
-#   bazel query 'kind("source file", deps(//zero:engine_config))' | grep '\.cc$'
+#   bazel query 'kind("source file", deps(//zero/config:engine_config))' | grep '\.cc$'
 # (the AVX kernels are replaced by fuzz/simd_kernels_stub.cc, see there).
 for t in "${targets[@]}"; do
   [[ -n ${srcs[$t]+x} ]] || { echo "fuzz.sh: unknown target '$t' (targets: ${all_targets[*]})" >&2; exit 2; }

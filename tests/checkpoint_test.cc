@@ -221,16 +221,16 @@ TEST_CASE("zero_ckpt inspects, verifies and exports a checkpoint offline") {
   const std::string dir = tmp("ckpt_tool");
   const std::string online = tmp("tool_online.safetensors");
   run_ok(2, {"--stage", "3", "--steps", "2", "--save-at", "2", "--dir", dir, "--export", online});
-  testing::LaunchResult r = testing::run("zero/zero_ckpt", {"inspect", dir});
+  testing::LaunchResult r = testing::run("zero/checkpoint/zero_ckpt", {"inspect", dir});
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("step 2, saved by 2 ranks at stage 3") != std::string::npos);
   CHECK(r.output.find("layer0.weight") != std::string::npos);
-  r = testing::run("zero/zero_ckpt", {"verify", dir});
+  r = testing::run("zero/checkpoint/zero_ckpt", {"verify", dir});
   CHECK(r.exit_code == 0);
   // The offline export has the bits of the engine's own.
   const std::string offline = tmp("tool_offline.safetensors");
-  r = testing::run("zero/zero_ckpt", {"export", dir, offline});
+  r = testing::run("zero/checkpoint/zero_ckpt", {"export", dir, offline});
   CHECK(r.exit_code == 0);
   CHECK(slurp(offline) == slurp(online));
   // A flipped byte: verify names the file.
@@ -239,7 +239,7 @@ TEST_CASE("zero_ckpt inspects, verifies and exports a checkpoint offline") {
     f.seekp(5);
     f.put('\x55');
   }
-  r = testing::run("zero/zero_ckpt", {"verify", dir});
+  r = testing::run("zero/checkpoint/zero_ckpt", {"verify", dir});
   CHECK(r.exit_code == 1);
   CHECK(r.output.find("rank-00000.bin") != std::string::npos);
   CHECK(r.output.find("checksum mismatch") != std::string::npos);

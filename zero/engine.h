@@ -49,7 +49,7 @@
 #include "comm/communicator.h"
 #include "memory/device.h"
 #include "optim/optimizer.h"
-#include "zero/checkpoint_types.h"
+#include "zero/checkpoint/checkpoint_types.h"
 #include "zero/engine_options.h"
 #include "zero/memory_report.h"
 #include "zero/param_registry.h"
@@ -59,7 +59,7 @@
 
 namespace zero {
 
-struct CheckpointParts;  // zero/checkpoint.h
+struct CheckpointParts;  // zero/checkpoint/checkpoint.h
 
 class Engine;
 
@@ -243,7 +243,7 @@ class Engine {
   // This engine's memory (its own tracker) against the ZeRO formula.
   MemoryReport memory_report() const;
 
-  // Checkpoints (zero/checkpoint.h, docs/checkpoints.md). Collective: every rank calls them.
+  // Checkpoints (zero/checkpoint/checkpoint.h, docs/checkpoints.md). Collective: every rank calls them.
   // save(): every rank writes the pieces it owns into DIR (crash-safe: a DIR without manifest.json
   // is never loaded, and the previous checkpoint in DIR is kept until the new one is complete);
   // `user_blob` is this rank's opaque state (RNG, data position). Call between steps.

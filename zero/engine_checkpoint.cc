@@ -1,7 +1,7 @@
 // Engine::save / load / export_safetensors: the engine lends its parts to the Checkpointer.
 #include "base/check.h"
 #include "base/logging.h"
-#include "zero/checkpoint.h"
+#include "zero/checkpoint/checkpoint.h"
 #include "zero/engine.h"
 #include "zero/engine_impl.h"
 

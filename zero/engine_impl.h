@@ -10,7 +10,7 @@
 #include "base/check.h"
 #include "memory/device.h"
 #include "optim/loss_scaler.h"
-#include "zero/checkpoint.h"
+#include "zero/checkpoint/checkpoint.h"
 #include "zero/engine.h"
 #include "zero/stage_policy.h"
 

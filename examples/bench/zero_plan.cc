@@ -23,7 +23,7 @@
 #include "examples/bench/report_columns.h"
 #include "examples/flags.h"
 #include "examples/gpt/gpt_plan.h"
-#include "zero/file_io.h"
+#include "zero/checkpoint/file_io.h"
 #include "zero/plan/engine_plan.h"
 
 namespace zero {

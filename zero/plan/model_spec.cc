@@ -6,8 +6,8 @@
 #include <sstream>
 
 #include "base/check.h"
+#include "zero/checkpoint/safetensors.h"
 #include "zero/param_registry.h"
-#include "zero/safetensors.h"
 
 namespace zero::plan {
 namespace {

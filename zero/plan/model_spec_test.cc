@@ -8,7 +8,7 @@
 #include <string>
 
 #include "base/error.h"
-#include "zero/safetensors.h"
+#include "zero/checkpoint/safetensors.h"
 
 namespace zero::plan {
 

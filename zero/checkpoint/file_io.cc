@@ -1,4 +1,4 @@
-#include "zero/file_io.h"
+#include "zero/checkpoint/file_io.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-#include "zero/safetensors.h"
+#include "zero/checkpoint/safetensors.h"
 
 #include <doctest/doctest.h>
 

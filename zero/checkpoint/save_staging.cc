@@ -1,4 +1,4 @@
-#include "zero/save_staging.h"
+#include "zero/checkpoint/save_staging.h"
 
 #include <algorithm>
 #include <cstdlib>

@@ -1,4 +1,4 @@
-#include "zero/checkpoint.h"
+#include "zero/checkpoint/checkpoint.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -21,11 +21,11 @@
 #include "base/fault_injection.h"
 #include "base/logging.h"
 #include "memory/host_kernels.h"
-#include "zero/checkpoint_manifest.h"
-#include "zero/crc32c.h"
-#include "zero/file_io.h"
+#include "zero/checkpoint/checkpoint_manifest.h"
+#include "zero/checkpoint/crc32c.h"
+#include "zero/checkpoint/file_io.h"
+#include "zero/checkpoint/safetensors.h"
 #include "zero/rank_agreement.h"
-#include "zero/safetensors.h"
 
 namespace zero {
 namespace {

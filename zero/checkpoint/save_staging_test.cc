@@ -1,6 +1,6 @@
 // SaveStaging: appends across block boundaries come back in order through for_each_span, every block
 // is page-aligned (what O_DIRECT needs), and clear() keeps the blocks for the next save.
-#include "zero/save_staging.h"
+#include "zero/checkpoint/save_staging.h"
 
 #include <doctest/doctest.h>
 

@@ -1,11 +1,11 @@
-#include "zero/safetensors.h"
+#include "zero/checkpoint/safetensors.h"
 
 #include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "base/check.h"
-#include "zero/file_io.h"
+#include "zero/checkpoint/file_io.h"
 
 namespace zero {
 namespace {

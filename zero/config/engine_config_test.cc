@@ -1,4 +1,4 @@
-#include "zero/engine_config.h"
+#include "zero/config/engine_config.h"
 
 #include <doctest/doctest.h>
 

@@ -1,7 +1,7 @@
 #pragma once
-// The text side of a checkpoint's reader (the format in zero/checkpoint.h): manifest.json and the
+// The text side of a checkpoint's reader (the format in zero/checkpoint/checkpoint.h): manifest.json and the
 // per-rank indexes rank-NNNNN.json, parsed and validated from their text alone. The checkpointer
-// (zero/checkpoint.cc) does the file-system part (which files exist, their sizes and checksums) and
+// (zero/checkpoint/checkpoint.cc) does the file-system part (which files exist, their sizes and checksums) and
 // calls these; keeping them apart lets the fuzzer (fuzz/manifest_fuzz.cc) feed them any text.
 //
 // Every error is InvalidArgument "checkpoint '<file>': <what>", naming the file and the field.

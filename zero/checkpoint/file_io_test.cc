@@ -1,7 +1,7 @@
 // FileWriter in both modes: what is read back is what was written, whatever the sizes of the writes
 // and of the file (a direct write's last block is padded, then the file cut to length); the running
 // checksum is the file's; an uncommitted file is gone.
-#include "zero/file_io.h"
+#include "zero/checkpoint/file_io.h"
 
 #include <doctest/doctest.h>
 

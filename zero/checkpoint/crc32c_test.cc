@@ -1,4 +1,4 @@
-#include "zero/crc32c.h"
+#include "zero/checkpoint/crc32c.h"
 
 #include <doctest/doctest.h>
 

@@ -1,4 +1,4 @@
-#include "zero/checkpoint_manifest.h"
+#include "zero/checkpoint/checkpoint_manifest.h"
 
 namespace zero {
 

@@ -1,6 +1,6 @@
 // Checkpoints in one process (ranks as threads): a load that fails on one rank fails on every rank
 // and leaves every engine as it was; the user blobs and the step come back.
-#include "zero/checkpoint.h"
+#include "zero/checkpoint/checkpoint.h"
 
 #include <doctest/doctest.h>
 
@@ -16,8 +16,8 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "testing/thread_ranks.h"
+#include "zero/checkpoint/safetensors.h"
 #include "zero/engine.h"
-#include "zero/safetensors.h"
 
 namespace zero {
 namespace {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "base/error.h"
-#include "zero/checkpoint.h"
+#include "zero/checkpoint/checkpoint.h"
 
 namespace {
 
