@@ -59,7 +59,7 @@
 
 namespace zero {
 
-struct CheckpointParts;  // zero/checkpoint/checkpoint.h
+struct CheckpointParts;  // zero/checkpoint/checkpoint_parts.h
 
 class Engine;
 

@@ -19,42 +19,20 @@
 // checksum, in a first pass that writes nothing) before anything in the engine changes, and the
 // ranks agree on the outcome: a bad checkpoint fails on every rank with an error naming the file and
 // the problem, and leaves every engine as it was. A second pass then reads the pieces into place.
-#include <cstdint>
+//
+// The files by job: checkpoint_save.cc, checkpoint_load.cc, checkpoint_safetensors.cc (the engine's
+// weights to and from one safetensors file); checkpoint_reader.h reads a directory back and
+// checkpoint_offline.h looks into one without an engine.
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <string_view>
-#include <vector>
 
-#include "comm/communicator.h"
-#include "memory/device.h"
-#include "optim/loss_scaler.h"
+#include "zero/checkpoint/checkpoint_parts.h"
 #include "zero/checkpoint/checkpoint_types.h"
 #include "zero/checkpoint/save_staging.h"
-#include "zero/engine_options.h"
-#include "zero/param_registry.h"
-#include "zero/param_writeback.h"
-#include "zero/shard_layout.h"
-#include "zero/shard_ownership.h"
-#include "zero/update_applier.h"
 
 namespace zero {
-
-// What the engine lends the checkpointer.
-struct CheckpointParts {
-  const ParamRegistry* registry = nullptr;
-  const std::vector<int>* tensor_param = nullptr;  // layout tensor -> parameter id
-  const ShardLayout* layout = nullptr;
-  const ShardOwnership* ownership = nullptr;
-  UpdateApplier* applier = nullptr;
-  ParamWriteback* writeback = nullptr;
-  comm::Communicator* shard = nullptr;
-  comm::Communicator* replica = nullptr;  // hybrid sharding; nullptr otherwise
-  const EngineOptions* options = nullptr;
-  DType model_dtype = DType::kFloat32;
-  memory::Device* device = nullptr;  // for the ranks' agreement on communicators that take no host memory
-};
 
 // A save in progress. The constructor is collective: rank 0 prepares DIR.partial and, given a
 // staging, every rank copies its pieces (master, state, parameters, blob) into it; the files are
@@ -99,33 +77,5 @@ void export_safetensors(const CheckpointParts& parts, const std::string& path, D
 // the file and the tensor, on every rank, before anything changes.
 void import_safetensors(const CheckpointParts& parts, const std::string& path,
                         const std::map<std::string, std::string>& name_map);
-
-// Offline, without an engine (the zero_ckpt tool).
-struct CheckpointInfo {
-  struct Param {
-    std::string name;
-    std::vector<int64_t> shape;
-    DType dtype = DType::kFloat32;
-    bool trainable = true;  // frozen parameters are saved whole, in their own dtype
-  };
-  struct File {
-    std::string path;
-    uint64_t bytes = 0;
-  };
-  int64_t step = 0;
-  int world_size = 0, stage = 0;
-  DType model_dtype = DType::kFloat32;
-  std::string optimizer;
-  std::vector<std::string> states;
-  std::vector<Param> params;
-  std::vector<File> files;
-};
-// The manifest and the indexes, validated (sizes, index checksums); the data is not read.
-CheckpointInfo inspect_checkpoint(const std::string& dir);
-// Every data file's and every piece's checksum; throws naming the file and the piece.
-void verify_checkpoint(const std::string& dir);
-// The full weights as safetensors: fp32 (the master) or the model dtype (the saved parameters),
-// streamed tensor by tensor.
-void export_checkpoint(const std::string& dir, const std::string& out, DType dtype);
 
 }  // namespace zero

@@ -2,6 +2,10 @@
 
 namespace zero {
 
+std::string checkpoint_state_kind(const std::string& name) { return "state:" + name; }
+
+std::string checkpoint_rank_file(int rank, const char* ext) { return fmt::format("rank-{:05d}.{}", rank, ext); }
+
 using json = nlohmann::json;
 
 void checkpoint_error(const std::string& where, const std::string& what) {

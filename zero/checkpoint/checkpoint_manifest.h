@@ -1,8 +1,9 @@
 #pragma once
-// The text side of a checkpoint's reader (the format in zero/checkpoint/checkpoint.h): manifest.json and the
-// per-rank indexes rank-NNNNN.json, parsed and validated from their text alone. The checkpointer
-// (zero/checkpoint/checkpoint.cc) does the file-system part (which files exist, their sizes and checksums) and
-// calls these; keeping them apart lets the fuzzer (fuzz/manifest_fuzz.cc) feed them any text.
+// The text side of a checkpoint's reader (the format in zero/checkpoint/checkpoint.h): manifest.json
+// and the per-rank indexes rank-NNNNN.json, parsed and validated from their text alone. The reader
+// (zero/checkpoint/checkpoint_reader.cc) does the file-system part (which files exist, their sizes and
+// checksums) and calls these; keeping them apart lets the fuzzer (fuzz/manifest_fuzz.cc) feed them any
+// text.
 //
 // Every error is InvalidArgument "checkpoint '<file>': <what>", naming the file and the field.
 #include <cmath>
@@ -22,10 +23,20 @@
 
 namespace zero {
 
-// What the writer puts in the manifest's "format" and "version", and the kind of a user blob piece.
+// What the writer puts in the manifest's "format" and "version", and the kinds of piece an index
+// lists: the fp32 master, an optimizer state (checkpoint_state_kind), the parameters in the model
+// dtype, a frozen parameter whole in its own dtype, and a rank's user blob.
 inline constexpr const char* kCheckpointFormat = "zero-checkpoint";
 inline constexpr int kCheckpointVersion = 1;
+inline constexpr const char* kCheckpointMasterKind = "master";
+inline constexpr const char* kCheckpointParamsKind = "params";
+inline constexpr const char* kCheckpointFrozenKind = "frozen";
 inline constexpr const char* kCheckpointBlobKind = "user_blob";
+
+// "state:<name>": the kind of optimizer state `name` (e.g. "state:exp_avg").
+std::string checkpoint_state_kind(const std::string& name);
+// "rank-NNNNN.<ext>": rank `rank`'s data file (bin), index (json) or failure note (failed).
+std::string checkpoint_rank_file(int rank, const char* ext);
 
 // One piece as an index lists it: `bytes` bytes at `offset` of rank `file`'s data file, holding
 // elements [begin, end) of kind `kind` in `dtype`.

@@ -16,6 +16,7 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "testing/thread_ranks.h"
+#include "zero/checkpoint/checkpoint_offline.h"
 #include "zero/checkpoint/safetensors.h"
 #include "zero/engine.h"
 

@@ -12,7 +12,8 @@
 #include <vector>
 
 #include "base/error.h"
-#include "zero/checkpoint/checkpoint.h"
+#include "zero/checkpoint/checkpoint_offline.h"
+#include "zero/param_registry.h"  // shape_numel, shape_string
 
 namespace {
 

@@ -1,0 +1,107 @@
+#include "base/check.h"
+#include "base/error.h"
+#include "zero/checkpoint/checkpoint_offline.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "memory/host_kernels.h"
+#include "zero/checkpoint/checkpoint_manifest.h"
+#include "zero/checkpoint/checkpoint_reader.h"
+#include "zero/checkpoint/crc32c.h"
+#include "zero/checkpoint/file_io.h"
+#include "zero/checkpoint/safetensors.h"
+
+namespace zero {
+namespace {
+
+using json = nlohmann::json;
+
+CheckpointInfo info_of(const Manifest& m, const std::string& path) {
+  CheckpointInfo info;
+  info.step = checkpoint_field<int64_t>(m.doc, "step", path);
+  info.world_size = checkpoint_field<int>(m.doc, "world_size", path);
+  info.stage = checkpoint_field<int>(m.doc, "stage", path);
+  info.model_dtype = parse_dtype(checkpoint_field<std::string>(m.doc, "model_dtype", path));
+  const json opt = checkpoint_field<json>(m.doc, "optimizer", path);
+  info.optimizer = checkpoint_field<std::string>(opt, "kind", path);
+  info.states = checkpoint_field<std::vector<std::string>>(opt, "states", path);
+  for (const json& j : checkpoint_field<json>(m.doc, "params", path)) {
+    info.params.push_back({checkpoint_field<std::string>(j, "name", path), checkpoint_field<std::vector<int64_t>>(j, "shape", path),
+                           parse_dtype(checkpoint_field<std::string>(j, "dtype", path)), checkpoint_field<bool>(j, "trainable", path)});
+  }
+  for (size_t r = 0; r < m.files.size(); ++r) {
+    info.files.push_back({m.files[r], checkpoint_field<uint64_t>(m.doc["files"][r], "bytes", path)});
+  }
+  return info;
+}
+
+}  // namespace
+
+CheckpointInfo inspect_checkpoint(const std::string& dir) { return info_of(read_manifest(dir), dir + "/manifest.json"); }
+
+void verify_checkpoint(const std::string& dir) {
+  const Manifest m = read_manifest(dir);
+  const std::string path = dir + "/manifest.json";
+  std::vector<char> buf(size_t{4} << 20);
+  for (size_t r = 0; r < m.files.size(); ++r) {
+    const FileReader f(m.files[r]);
+    uint32_t crc = 0;
+    for (uint64_t at = 0; at < f.size(); at += buf.size()) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), f.size() - at));
+      f.read(buf.data(), n, at);
+      crc = crc32c(buf.data(), n, crc);
+    }
+    if (crc == checkpoint_field<uint32_t>(m.doc["files"][r], "crc32c", path)) continue;
+    // A damaged file: its pieces' own checksums name the piece (the index itself was verified).
+    PieceReader reader(m);
+    for (const auto& [name, pieces] : m.pieces) {
+      for (const SavedPiece& sp : pieces) {
+        if (sp.file == static_cast<int>(r)) reader.verify_only(sp);
+      }
+    }
+    for (const SavedPiece& sp : m.blobs) {
+      if (sp.file == static_cast<int>(r)) reader.verify_only(sp);
+    }
+    checkpoint_error(m.files[r], "checksum mismatch: the file is damaged");
+  }
+}
+
+void export_checkpoint(const std::string& dir, const std::string& out, DType dtype) {
+  const Manifest m = read_manifest(dir);
+  const std::string path = dir + "/manifest.json";
+  const CheckpointInfo info = info_of(m, path);
+  // fp32 comes from the master; the model dtype from the saved parameters.
+  const bool from_params = dtype != DType::kFloat32;
+  if (from_params && dtype != info.model_dtype) {
+    checkpoint_error(path, fmt::format("export as {}: the checkpoint holds fp32 masters and {} parameters", dtype_name(dtype),
+                          dtype_name(info.model_dtype)));
+  }
+  SafetensorsLayout layout;
+  for (const CheckpointInfo::Param& p : info.params) layout.tensors.push_back({p.name, dtype, p.shape});
+  const std::string header = safetensors_header(layout);
+  FileWriter f(out, FileWriter::Mode::kDirect);
+  f.write(header.data(), header.size());
+  PieceReader reader(m);
+  std::vector<char> tensor;
+  // One tensor in memory at a time; layout.tensors[i] is info.params[i].
+  for (size_t i = 0; i < layout.tensors.size(); ++i) {
+    const SafetensorsTensor& t = layout.tensors[i];
+    const CheckpointInfo::Param& param = info.params[i];
+    const size_t n = static_cast<size_t>((t.end - t.begin) / dtype_size(dtype));
+    tensor.resize(t.end - t.begin);
+    if (param.trainable) {
+      gather_range(m, reader, t.name, from_params ? kCheckpointParamsKind : kCheckpointMasterKind, 0, n, tensor.data(), dtype, path);
+    } else {
+      // Frozen: saved whole in its own dtype.
+      std::vector<char> saved(n * dtype_size(param.dtype));
+      gather_range(m, reader, t.name, kCheckpointFrozenKind, 0, n, saved.data(), param.dtype, path);
+      memory::host_kernels::convert(saved.data(), param.dtype, tensor.data(), dtype, n);
+    }
+    reader.clear();
+    f.write(tensor.data(), tensor.size());
+  }
+  f.commit();
+}
+
+}  // namespace zero

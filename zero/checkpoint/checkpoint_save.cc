@@ -1,0 +1,312 @@
+// The save: every rank's pieces into its data file and index, rank 0's manifest last, the directory
+// swapped in (crash safety in checkpoint.h).
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <thread>
+#include <nlohmann/json.hpp>
+
+#include "base/check.h"
+#include "base/check.h"
+#include "base/error.h"
+#include "base/fault_injection.h"
+#include "base/logging.h"
+#include "memory/host_kernels.h"
+#include "zero/checkpoint/checkpoint.h"
+#include "zero/checkpoint/checkpoint_manifest.h"
+#include "zero/checkpoint/crc32c.h"
+#include "zero/checkpoint/file_io.h"
+
+namespace zero {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using namespace checkpoint_internal;
+
+json scaler_json(const std::optional<optim::LossScalerState>& s) {
+  if (!s) return nullptr;
+  return {{"scale", s->scale},
+          {"good_steps_since_growth", s->good_steps_since_growth},
+          {"hysteresis_left", s->hysteresis_left},
+          {"skipped_steps", s->skipped_steps},
+          {"steps", s->steps}};
+}
+
+// One piece as the index describes it, and where its bytes are (valid during the sink's call).
+struct PieceView {
+  const std::string& name;
+  const char* kind;
+  size_t begin, end;
+  DType dtype;
+  const void* bytes;
+  size_t n;
+};
+
+// A piece of an async save's staging: its bytes are staging[offset, offset + n).
+struct StagedPiece {
+  std::string name, kind;
+  size_t begin = 0, end = 0;
+  DType dtype = DType::kFloat32;
+  uint64_t offset = 0, n = 0;
+};
+
+// Hands each of this rank's pieces to `sink`, straight from the engine's memory where the master and
+// the state are host memory in fp32, else through a copy.
+template <typename Sink>
+void for_each_piece(const CheckpointParts& p, std::string_view blob, Sink&& sink) {
+  const std::vector<std::string> states = state_names(p);
+  const float* host_master = p.applier->host_master();
+  ShardOptimizer& opt = shard_optimizer(p);
+  std::vector<const float*> host_states;
+  for (const std::string& st : states) host_states.push_back(opt.host_state(st));
+  std::vector<float> master, state;
+  std::vector<char> params;
+  for (const OwnedPiece& piece : p.ownership->pieces()) {
+    if (!writes(p, piece)) continue;
+    const size_t n = piece.tensor_end - piece.tensor_begin;
+    const std::string& name = tensor_name(p, piece.tensor);
+    const float* m = host_master ? host_master + piece.opt_offset : nullptr;
+    if (m == nullptr) {
+      master.resize(n);
+      p.applier->read_master(piece.opt_offset, n, master.data());
+      m = master.data();
+    }
+    sink(PieceView{name, kCheckpointMasterKind, piece.tensor_begin, piece.tensor_end, DType::kFloat32, m, n * sizeof(float)});
+    for (size_t s = 0; s < states.size(); ++s) {
+      const float* v = host_states[s] ? host_states[s] + piece.opt_offset : nullptr;
+      if (v == nullptr) {
+        state.resize(n);
+        opt.read_state(states[s], piece.opt_offset, n, state.data());
+        v = state.data();
+      }
+      const std::string kind = checkpoint_state_kind(states[s]);
+      sink(PieceView{name, kind.c_str(), piece.tensor_begin, piece.tensor_end, DType::kFloat32, v, n * sizeof(float)});
+    }
+    // The parameters are the master rounded to the model dtype (what every step writes).
+    const void* w = m;
+    if (p.model_dtype != DType::kFloat32) {
+      params.resize(n * dtype_size(p.model_dtype));
+      memory::host_kernels::convert(m, DType::kFloat32, params.data(), p.model_dtype, n);
+      w = params.data();
+    }
+    sink(PieceView{name, kCheckpointParamsKind, piece.tensor_begin, piece.tensor_end, p.model_dtype, w, n * dtype_size(p.model_dtype)});
+  }
+  // Frozen parameters are whole on every rank: rank 0 writes them.
+  if (global_rank(p) == 0) {
+    for (int id : frozen_ids(p)) {
+      const ParamSpec& spec = p.registry->param(id);
+      const std::vector<char> bytes = frozen_bytes(p, id);
+      sink(PieceView{spec.name, kCheckpointFrozenKind, 0, p.registry->numel(id), spec.dtype, bytes.data(), bytes.size()});
+    }
+  }
+  static const std::string none;
+  sink(PieceView{none, kCheckpointBlobKind, 0, blob.size(), DType::kUInt8, blob.data(), blob.size()});
+}
+
+// Rank `rank`'s data file and index in `dir`, piece by piece. Each piece's bytes are checksummed
+// once; the file's checksum is combined from the pieces'.
+class RankFiles {
+ public:
+  RankFiles(int rank, std::string dir)
+      : rank_(rank), dir_(std::move(dir)), data_(dir_ + "/" + checkpoint_rank_file(rank, "bin"), FileWriter::Mode::kDirect) {}
+  // A piece from the engine's memory.
+  void add(const PieceView& v) {
+    index(v.name, v.kind, v.begin, v.end, v.dtype, data_.bytes(), v.n, crc32c(v.bytes, v.n));
+    data_.write(v.bytes, v.n);
+  }
+  // Staged pieces, which are the staging's bytes in file order: then the staging is written whole.
+  void add_staged(const std::vector<StagedPiece>& pieces, const SaveStaging& staging) {
+    ZERO_CHECK(data_.bytes() == 0, "staged pieces start the file");
+    for (const StagedPiece& sp : pieces) {
+      uint32_t crc = 0;
+      staging.for_each_span(sp.offset, sp.n, [&](const char* bytes, size_t n) { crc = crc32c(bytes, n, crc); });
+      index(sp.name, sp.kind.c_str(), sp.begin, sp.end, sp.dtype, sp.offset, sp.n, crc);
+    }
+    staging.for_each_span(0, staging.size(), [&](const char* bytes, size_t n) { data_.write(bytes, n); });
+  }
+  void commit() {
+    ZERO_CHECK(indexed_ == data_.bytes(), "the index covers the data file");
+    fault::point("checkpoint_write");  // the data is written, not yet synced, renamed or indexed
+    data_.commit();
+    const json index = {{"rank", rank_}, {"file", checkpoint_rank_file(rank_, "bin")}, {"bytes", data_.bytes()},
+                        {"crc32c", file_crc_}, {"pieces", pieces_}};
+    const std::string text = index.dump(1);
+    FileWriter idx(dir_ + "/" + checkpoint_rank_file(rank_, "json"));
+    idx.write(text.data(), text.size());
+    idx.commit();
+  }
+
+ private:
+  void index(const std::string& name, const char* kind, size_t begin, size_t end, DType dtype, uint64_t offset,
+             uint64_t n, uint32_t crc) {
+    ZERO_CHECK(offset == indexed_, "pieces are back to back");
+    pieces_.push_back({{"name", name}, {"kind", kind}, {"begin", begin}, {"end", end}, {"dtype", dtype_name(dtype)},
+                       {"offset", offset}, {"bytes", n}, {"crc32c", crc}});
+    file_crc_ = crc32c_combine(file_crc_, crc, n);
+    indexed_ += n;
+  }
+  int rank_;
+  std::string dir_;
+  FileWriter data_;
+  json pieces_ = json::array();
+  uint32_t file_crc_ = 0;
+  uint64_t indexed_ = 0;
+};
+
+// Every registered parameter, in registration order (the export's order).
+json params_json(const CheckpointParts& p) {
+  json params = json::array();
+  for (const ParamSpec& spec : p.registry->params()) {
+    params.push_back({{"name", spec.name}, {"shape", spec.shape}, {"dtype", dtype_name(spec.dtype)},
+                      {"trainable", spec.requires_grad}});
+  }
+  return params;
+}
+
+// Everything of the manifest but the file list, taken when the save starts.
+json manifest_head(const CheckpointParts& p, const CheckpointState& state) {
+  json options = json::object();
+  for (const auto& [k, v] : fingerprint(*p.options)) options[k] = v;
+  return {{"format", kCheckpointFormat},
+          {"version", kCheckpointVersion},
+          {"step", state.step},
+          {"world_size", world_size(p)},
+          {"stage", p.options->stage},
+          {"model_dtype", dtype_name(p.model_dtype)},
+          {"optimizer", {{"kind", optim::optimizer_name(p.options->optimizer.kind)}, {"states", state_names(p)}}},
+          {"loss_scaler", scaler_json(state.scaler)},
+          {"params", params_json(p)},
+          {"options", options}};
+}
+
+// Rank 0, once every rank's index is in `dir`: the manifest, last.
+void write_manifest(json manifest, int world, const std::string& dir) {
+  json files = json::array();
+  for (int r = 0; r < world; ++r) {
+    const std::string text = read_whole_file(dir + "/" + checkpoint_rank_file(r, "json"));
+    const json index = json::parse(text);
+    files.push_back({{"rank", r}, {"file", index["file"]}, {"bytes", index["bytes"]}, {"crc32c", index["crc32c"]},
+                     {"index", checkpoint_rank_file(r, "json")}, {"index_crc32c", crc32c(text.data(), text.size())}});
+  }
+  manifest["files"] = files;
+  const std::string text = manifest.dump(1);
+  FileWriter m(dir + "/manifest.json");
+  m.write(text.data(), text.size());
+  m.commit();
+  sync_directory(dir);
+}
+
+// Rank 0: waits until every rank's index (or failure note) is in `dir`.
+void wait_for_ranks(int world, const std::string& dir, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int r = 0; r < world; ++r) {
+    for (;;) {
+      if (path_exists(dir + "/" + checkpoint_rank_file(r, "json"))) break;
+      const std::string failed = dir + "/" + checkpoint_rank_file(r, "failed");
+      if (path_exists(failed)) ZERO_THROW(IoError, "rank {} could not write its part: {}", r, read_whole_file(failed));
+      if (std::chrono::steady_clock::now() > deadline) {
+        ZERO_THROW(TimeoutError, "checkpoint '{}': rank {} did not write its part within {} ms", dir, r, timeout.count());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+}
+
+}  // namespace
+
+struct PendingSave::Job {
+  std::string dir;
+  int rank = 0, world = 1;
+  std::chrono::milliseconds timeout{};
+  SaveStaging* staging = nullptr;  // background saves
+  std::vector<StagedPiece> staged;
+  json manifest;
+  std::string error;
+  std::thread thread;
+};
+
+PendingSave::PendingSave(const CheckpointParts& p, const CheckpointState& state, const std::string& dir,
+                         std::string_view user_blob, SaveStaging* staging)
+    : job_(std::make_unique<Job>()) {
+  Job& j = *job_;
+  j.staging = staging;
+  const bool background = staging != nullptr;
+  j.dir = dir;
+  j.rank = global_rank(p);
+  j.world = world_size(p);
+  j.timeout = timeout_of(p);
+  const std::string partial = dir + ".partial";
+  // Rank 0 prepares an empty DIR.partial (a leftover of an interrupted save is discarded); every rank
+  // copies its pieces out of the engine. From here on nothing of the engine is touched.
+  agree(p, "checkpoint save", attempt([&] {
+          if (j.rank == 0) {
+            fs::remove_all(partial);
+            fs::create_directories(partial);
+            j.manifest = manifest_head(p, state);
+          }
+          if (background) {
+            staging->clear();
+            for_each_piece(p, user_blob, [&](const PieceView& v) {
+              j.staged.push_back({v.name, v.kind, v.begin, v.end, v.dtype, staging->append(v.bytes, v.n), v.n});
+            });
+          }
+        }));
+  // In the background the snapshot is written; inline, each piece goes to the file as it is copied
+  // out of the engine (only then may `fill` touch the engine).
+  auto work = [&j, partial](const std::function<void(RankFiles&)>& fill) {
+    j.error = attempt([&] {
+      try {
+        RankFiles files(j.rank, partial);
+        fill(files);
+        files.commit();
+      } catch (const std::exception& e) {
+        // Rank 0 stops waiting for this rank as soon as it sees the note.
+        const std::string note = e.what();
+        FileWriter f(partial + "/" + checkpoint_rank_file(j.rank, "failed"));
+        f.write(note.data(), note.size());
+        f.commit();
+        throw;
+      }
+      j.staged.clear();
+      if (j.rank != 0) return;
+      wait_for_ranks(j.world, partial, j.timeout);
+      write_manifest(std::move(j.manifest), j.world, partial);
+      // The swap: the previous checkpoint stays whole in DIR.old until DIR holds the new one.
+      const std::string old = j.dir + ".old";
+      fs::remove_all(old);
+      if (fs::exists(j.dir)) fs::rename(j.dir, old);
+      fs::rename(partial, j.dir);
+      sync_directory(fs::absolute(fs::path(j.dir)).parent_path().string());
+      fs::remove_all(old);
+    });
+  };
+  if (background) {
+    j.thread = std::thread([&j, work] {
+      work([&j](RankFiles& files) { files.add_staged(j.staged, *j.staging); });
+    });
+  } else {
+    work([&](RankFiles& files) { for_each_piece(p, user_blob, [&](const PieceView& v) { files.add(v); }); });
+  }
+}
+
+PendingSave::~PendingSave() {
+  if (job_ && job_->thread.joinable()) job_->thread.join();
+  if (job_ && !job_->error.empty()) ZERO_LOG_ERROR("checkpoint save to '{}' failed: {}", job_->dir, job_->error);
+}
+
+bool PendingSave::written() const { return !job_->thread.joinable(); }
+
+void PendingSave::wait(const CheckpointParts& p) {
+  if (job_->thread.joinable()) job_->thread.join();
+  std::string error = std::exchange(job_->error, {});
+  agree(p, "checkpoint save", error);
+  ZERO_LOG_INFO("checkpoint saved to '{}' ({} ranks)", job_->dir, job_->world);
+}
+
+void save_checkpoint(const CheckpointParts& p, const CheckpointState& state, const std::string& dir,
+                     std::string_view user_blob) {
+  PendingSave(p, state, dir, user_blob, nullptr).wait(p);
+}
+
+}  // namespace zero
