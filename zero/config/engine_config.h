@@ -15,32 +15,9 @@
 #include <string_view>
 #include <vector>
 
-#include "base/dtype.h"
-#include "zero/engine_options.h"
+#include "zero/config/engine_config_types.h"  // EngineConfig, LoopConfig, ConfigFormat
 
 namespace zero {
-
-// Settings of the training loop rather than the engine, which the examples read: DeepSpeed's
-// train_micro_batch_size_per_gpu, train_batch_size and steps_per_print. Unset when not given.
-struct LoopConfig {
-  std::optional<int> micro_batch_size;   // samples per rank in one micro-step
-  std::optional<int> global_batch_size;  // samples per optimizer step, over all ranks and micro-steps
-  std::optional<int> log_every;          // steps between progress lines
-};
-
-enum class ConfigFormat { kNative, kDeepSpeed };
-
-struct EngineConfig {
-  EngineOptions engine;
-  // The dtype the model's parameters are registered in (DeepSpeed: fp16 / bf16 enabled). The engine
-  // takes it from each parameter, so this is for the program that registers them.
-  std::optional<DType> model_dtype;
-  LoopConfig loop;
-  ConfigFormat format = ConfigFormat::kNative;
-  std::string source;  // "<name> (ours)" or "<name> (deepspeed)"
-  // Keys accepted without effect, each with the reason ("zero_optimization.sub_group_size: ...").
-  std::vector<std::string> notes;
-};
 
 // Reads either format: DeepSpeed's when the top level has zero_optimization, fp16, bf16,
 // gradient_clipping, train_batch_size, train_micro_batch_size_per_gpu or steps_per_print, or an

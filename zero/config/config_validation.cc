@@ -1,0 +1,66 @@
+#include "zero/config/config_validation.h"
+
+#include <fmt/format.h>
+
+#include "base/check.h"
+#include "optim/loss_scaler.h"
+#include "optim/optimizer.h"
+
+namespace zero::config_internal {
+namespace {
+
+template <typename Check>
+void checked(const Context& ctx, const Origins& origins, const std::string& prefix, Check check) {
+  try {
+    check();
+  } catch (const InvalidArgument& e) {
+    std::string message = prefix + e.what();
+    for (const auto& [field, key] : origins) {
+      if (message.find(field) != std::string::npos) {
+        message += fmt::format(" (set by {})", key);
+        break;
+      }
+    }
+    fail(ctx, message);
+  }
+}
+
+}  // namespace
+
+void validate_config(const EngineConfig& c, const Context& ctx, const Origins& origins) {
+  const EngineOptions& o = c.engine;
+  checked(ctx, origins, "", [&] { validate(o); });
+  checked(ctx, origins, "optimizer.", [&] {
+    if (o.optimizer.groups.empty()) ZERO_THROW(InvalidArgument, "groups must not be empty");
+    for (size_t g = 0; g < o.optimizer.groups.size(); ++g) {
+      optim::validate_hyper(o.optimizer.kind, o.optimizer.groups[g], static_cast<int>(g));
+    }
+    if (o.optimizer.state_dtype != DType::kFloat32 && o.optimizer.state_dtype != DType::kBFloat16) {
+      ZERO_THROW(InvalidArgument, "state_dtype must be fp32 or bf16, got {}", dtype_name(o.optimizer.state_dtype));
+    }
+    if (o.optimizer.num_threads < 1 || o.optimizer.num_threads > 1024) {
+      ZERO_THROW(InvalidArgument, "num_threads must be in [1, 1024], got {}", o.optimizer.num_threads);
+    }
+  });
+  checked(ctx, origins, "dynamic_loss_scaler.", [&] { optim::DynamicLossScaler check(o.dynamic_loss_scaler); });
+  checked(ctx, origins, "layout.", [&] {
+    if (o.layout.alignment == 0) ZERO_THROW(InvalidArgument, "alignment must be > 0");
+    if (o.layout.block == 0 || o.layout.block % o.layout.alignment != 0) {
+      ZERO_THROW(InvalidArgument, "block ({}) must be a positive multiple of layout.alignment ({})", o.layout.block,
+                 o.layout.alignment);
+    }
+    if (o.layout.bucket_numel == 0) ZERO_THROW(InvalidArgument, "bucket_numel must be > 0");
+  });
+  checked(ctx, origins, "", [&] {
+    if (c.model_dtype && *c.model_dtype != DType::kFloat32 && !is_float16_family(*c.model_dtype)) {
+      ZERO_THROW(InvalidArgument, "model_dtype must be fp32, fp16 or bf16, got {}", dtype_name(*c.model_dtype));
+    }
+    for (const auto& [name, value] :
+         {std::pair{"micro_batch_size", c.loop.micro_batch_size},
+          std::pair{"global_batch_size", c.loop.global_batch_size}, std::pair{"log_every", c.loop.log_every}}) {
+      if (value && *value < 1) ZERO_THROW(InvalidArgument, "loop.{} must be >= 1, got {}", name, *value);
+    }
+  });
+}
+
+}  // namespace zero::config_internal

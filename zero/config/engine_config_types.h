@@ -1,0 +1,37 @@
+#pragma once
+// The result of reading a config file (engine_config.h reads it): the engine's options and what the
+// program around the engine takes from the same file. A header of its own so that the reader's
+// internal parts (zero/config/*_format.h, config_validation.h) can fill it without depending on the
+// public front that depends on them.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/dtype.h"
+#include "zero/engine_options.h"
+
+namespace zero {
+
+// Settings of the training loop rather than the engine, which the examples read: DeepSpeed's
+// train_micro_batch_size_per_gpu, train_batch_size and steps_per_print. Unset when not given.
+struct LoopConfig {
+  std::optional<int> micro_batch_size;   // samples per rank in one micro-step
+  std::optional<int> global_batch_size;  // samples per optimizer step, over all ranks and micro-steps
+  std::optional<int> log_every;          // steps between progress lines
+};
+
+enum class ConfigFormat { kNative, kDeepSpeed };
+
+struct EngineConfig {
+  EngineOptions engine;
+  // The dtype the model's parameters are registered in (DeepSpeed: fp16 / bf16 enabled). The engine
+  // takes it from each parameter, so this is for the program that registers them.
+  std::optional<DType> model_dtype;
+  LoopConfig loop;
+  ConfigFormat format = ConfigFormat::kNative;
+  std::string source;  // "<name> (ours)" or "<name> (deepspeed)"
+  // Keys accepted without effect, each with the reason ("zero_optimization.sub_group_size: ...").
+  std::vector<std::string> notes;
+};
+
+}  // namespace zero
