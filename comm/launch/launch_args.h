@@ -1,0 +1,37 @@
+#pragma once
+// zerorun's command line: the options a launch runs with, how they are parsed, and the usage text.
+// Kept apart from the launch itself so that parsing is tested without starting processes
+// (launcher_args_test); callers include comm/launch/launcher.h, which includes this.
+#include <string>
+#include <vector>
+
+namespace zero::comm {
+
+struct LaunchOptions {
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  bool master_addr_given = false;
+  // 0: pick a free port (single node only). The launcher binds it and hands the listening socket
+  // to rank 0 (ZERO_STORE_LISTEN_FD), so no other process can take it in between.
+  int master_port = 0;
+  // Wall-clock limit of the whole job; 0 = none. Past it the ranks are stopped and zerorun exits 124.
+  double timeout_s = 0;
+  // Between SIGTERM and SIGKILL when tearing the job down.
+  double grace_s = 3;
+  // After a rank fails, how long the others may take to exit on their own before SIGTERM: a
+  // surviving rank's collective fails at once when its peer dies, and this lets it say so (which
+  // operation, which ranks never reached it) instead of being killed mid-sentence.
+  double report_s = 5;
+  bool help = false;
+  std::vector<std::string> command;  // program and its arguments
+};
+
+// Parses `zerorun [flags] [--] program args...` (argv without argv[0]); flags also take the
+// --flag=value form. Throws InvalidArgument naming the flag.
+LaunchOptions parse_launch_args(const std::vector<std::string>& args);
+
+const char* launch_usage();
+
+}  // namespace zero::comm

@@ -1,0 +1,57 @@
+#pragma once
+// zerorun's verdict on a job: its exit status and the lines it says about why the job ends,
+// decided from the job's events in the order they happen. The first cause of the end wins and
+// fixes the exit status; what follows it (ranks dying of the teardown) cannot change it. Kept apart
+// from processes and clocks so that a list of rank statuses can be checked without starting any
+// (launch_outcome_test).
+#include <sys/types.h>
+
+#include <string>
+
+namespace zero::comm {
+
+// Why the job is ending; kNone while it runs normally.
+enum class StopReason { kNone, kStartFailed, kRankFailed, kSignal, kTimeout };
+
+// What the supervisor does about an event: say `message` ("zerorun: " is added) when not empty,
+// then take `action`.
+struct StopResponse {
+  enum class Action {
+    kNone,
+    kTearDown,             // send `signal` to every running rank now; SIGKILL after --grace-s
+    kTearDownAfterReport,  // SIGTERM every running rank after --report-s (they may report first)
+    kKillNow,              // SIGKILL every running rank now
+  };
+  Action action = Action::kNone;
+  int signal = 0;  // for kTearDown
+  std::string message;
+};
+
+class JobOutcome {
+ public:
+  // report_s and timeout_s as given to zerorun (they appear in the messages).
+  JobOutcome(double report_s, double timeout_s) : report_s_(report_s), timeout_s_(timeout_s) {}
+
+  // Not every rank could be started (the spawn said why): exit 1, and stop the ones that did start.
+  StopResponse start_failed();
+  // zerorun got SIGINT, SIGTERM or SIGHUP. The first forwards it to the ranks and makes the exit
+  // status 128 + sig; one after the job is already ending for any reason kills the ranks at once.
+  StopResponse signal_received(int sig);
+  // A rank exited with waitpid status `status`. The first failure (not exit 0) ends the job with its
+  // status (128 + signal when killed by one); later ones during that teardown are only reported.
+  StopResponse rank_exited(int rank, pid_t pid, int status);
+  // The job ran past --timeout-s: exit 124, unless the job was already ending for another reason.
+  StopResponse deadline_passed();
+
+  StopReason reason() const { return reason_; }
+  bool ending() const { return reason_ != StopReason::kNone; }
+  // zerorun's exit status once every rank has exited: 0 unless something above ended the job.
+  int exit_code() const { return exit_code_; }
+
+ private:
+  double report_s_, timeout_s_;
+  StopReason reason_ = StopReason::kNone;
+  int exit_code_ = 0;
+};
+
+}  // namespace zero::comm

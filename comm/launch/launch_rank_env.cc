@@ -1,0 +1,38 @@
+#include "comm/launch/launch_rank_env.h"
+
+#include <set>
+#include <utility>
+
+namespace zero::comm {
+
+int global_rank(const LaunchOptions& o, int local_rank) { return o.node_rank * o.nproc_per_node + local_rank; }
+
+std::vector<std::string> rank_environment(const LaunchOptions& o, const RankRendezvous& rendezvous,
+                                          const std::vector<std::string>& parent, int local_rank) {
+  static const std::set<std::string> kOwned = {
+      "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+      "GROUP_RANK", "ZERO_JOB_TOKEN", "ZERO_STORE_LISTEN_FD"};
+  const int rank = global_rank(o, local_rank);
+  std::vector<std::pair<std::string, std::string>> vars = {
+      {"MASTER_ADDR", o.master_addr},
+      {"MASTER_PORT", std::to_string(rendezvous.port)},
+      {"RANK", std::to_string(rank)},
+      {"WORLD_SIZE", std::to_string(o.nnodes * o.nproc_per_node)},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
+      {"GROUP_RANK", std::to_string(o.node_rank)},
+      {"ZERO_JOB_TOKEN", rendezvous.token},
+  };
+  if (rendezvous.store_listen_fd >= 0 && rank == 0) {
+    vars.emplace_back("ZERO_STORE_LISTEN_FD", std::to_string(rendezvous.store_listen_fd));
+  }
+  std::vector<std::string> out;
+  for (const std::string& entry : parent) {
+    const std::string name = entry.substr(0, entry.find('='));
+    if (kOwned.count(name) == 0) out.push_back(entry);
+  }
+  for (const auto& [k, v] : vars) out.push_back(k + "=" + v);
+  return out;
+}
+
+}  // namespace zero::comm

@@ -1,0 +1,159 @@
+#include "comm/launch/launch_supervisor.h"
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
+
+#include <chrono>
+
+#include "comm/store/tcp_store_socket.h"
+
+namespace zero::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Clock::duration seconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+// One thread and one poll loop for everything (output, signals, child exits, deadlines): the signal
+// handlers and SIGCHLD only wake the loop, so the job's state changes in one place, in a fixed order
+// per iteration (output, signals, exits, deadlines), and the teardown deadlines need no timers.
+class Supervisor {
+ public:
+  Supervisor(std::vector<RankProcess>& ranks, LaunchSignals& signals, const LaunchOptions& options)
+      : ranks_(ranks),
+        signals_(signals),
+        options_(options),
+        outcome_(options.report_s, options.timeout_s),
+        start_(Clock::now()),
+        grace_(seconds(options.grace_s)) {}
+
+  JobOutcome run(bool all_started) {
+    if (!all_started) apply(outcome_.start_failed());
+    while (any_running()) {
+      wait_and_pump_output();
+      forward_signals();
+      reap_exited_ranks();
+      end_report_window();
+      enforce_job_deadline();
+      enforce_grace_period();
+    }
+    return outcome_;
+  }
+
+ private:
+  bool any_running() const {
+    for (const auto& r : ranks_) {
+      if (r.running) return true;
+    }
+    return false;
+  }
+
+  // Waits for output, a signal or a child exit (SIGCHLD pokes the self-pipe) and re-emits the
+  // output. The wait is bounded by the next teardown deadline and by 200 ms, so that the job
+  // deadline (checked after every wait) is noticed without a wake-up time of its own.
+  void wait_and_pump_output() {
+    std::vector<pollfd> fds;
+    std::vector<RankOutputStream*> streams;
+    fds.push_back({signals_.wake_fd(), POLLIN, 0});
+    for (auto& r : ranks_) {
+      for (RankOutputStream* s : {&r.out, &r.err}) {
+        if (s->fd >= 0) {
+          fds.push_back({s->fd, POLLIN, 0});
+          streams.push_back(s);
+        }
+      }
+    }
+    auto wake_at = Clock::now() + std::chrono::milliseconds(200);
+    if (!killed_ && kill_at_ < wake_at) wake_at = kill_at_;
+    if (term_at_ < wake_at) wake_at = term_at_;
+    const int rc = ::poll(fds.data(), fds.size(), net::poll_timeout_ms(wake_at));
+    if (rc <= 0) return;
+    if (fds[0].revents != 0) signals_.drain_wake();
+    for (size_t k = 1; k < fds.size(); ++k) {
+      if (fds[k].revents != 0) streams[k - 1]->read_available();
+    }
+  }
+
+  // SIGINT/SIGTERM/SIGHUP are forwarded; a second one escalates to SIGKILL at once.
+  void forward_signals() {
+    if (const int sig = signals_.take_new_signal(); sig != 0) apply(outcome_.signal_received(sig));
+  }
+
+  void reap_exited_ranks() {
+    for (auto& r : ranks_) {
+      if (!r.running) continue;
+      if (const auto status = reap_if_exited(r)) apply(outcome_.rank_exited(r.rank, r.pid, *status));
+    }
+  }
+
+  // After a rank failed, the others had --report-s to exit on their own; then they get SIGTERM.
+  void end_report_window() {
+    if (term_at_ != Clock::time_point::max() && Clock::now() >= term_at_) {
+      term_at_ = Clock::time_point::max();
+      tear_down(SIGTERM);
+    }
+  }
+
+  void enforce_job_deadline() {
+    if (options_.timeout_s > 0 && Clock::now() - start_ >= std::chrono::duration<double>(options_.timeout_s)) {
+      apply(outcome_.deadline_passed());
+    }
+  }
+
+  void enforce_grace_period() {
+    if (killed_ || !any_running() || Clock::now() < kill_at_) return;
+    say(fmt::format("ranks still running {} s after SIGTERM; sending SIGKILL", options_.grace_s));
+    for (const auto& r : ranks_) {
+      if (r.running) signal_rank(r, SIGKILL);
+    }
+    killed_ = true;
+  }
+
+  void apply(const StopResponse& response) {
+    if (!response.message.empty()) say(response.message);
+    switch (response.action) {
+      case StopResponse::Action::kNone:
+        break;
+      case StopResponse::Action::kTearDown:
+        tear_down(response.signal);
+        break;
+      case StopResponse::Action::kTearDownAfterReport:
+        term_at_ = Clock::now() + seconds(options_.report_s);
+        break;
+      case StopResponse::Action::kKillNow:
+        kill_at_ = Clock::now();
+        break;
+    }
+  }
+
+  // Signals every running rank; the first teardown starts the grace period before SIGKILL.
+  void tear_down(int sig) {
+    for (const auto& r : ranks_) {
+      if (r.running) signal_rank(r, sig);
+    }
+    if (kill_at_ == Clock::time_point::max()) kill_at_ = Clock::now() + grace_;
+  }
+
+  std::vector<RankProcess>& ranks_;
+  LaunchSignals& signals_;
+  const LaunchOptions& options_;
+  JobOutcome outcome_;
+  const Clock::time_point start_;
+  const Clock::duration grace_;
+  Clock::time_point kill_at_ = Clock::time_point::max();  // SIGKILL whatever still runs then
+  Clock::time_point term_at_ = Clock::time_point::max();  // a rank failed: SIGTERM the rest then
+  bool killed_ = false;
+};
+
+}  // namespace
+
+JobOutcome supervise_ranks(std::vector<RankProcess>& ranks, LaunchSignals& signals, const LaunchOptions& options,
+                           bool all_started) {
+  return Supervisor(ranks, signals, options).run(all_started);
+}
+
+}  // namespace zero::comm

@@ -1,0 +1,20 @@
+#pragma once
+// Supervising a started job until every rank has exited: re-emitting the ranks' output, forwarding
+// zerorun's signals, noticing the first failure and the deadline, and tearing the job down
+// (SIGTERM, SIGKILL after --grace-s) when it must end.
+#include <vector>
+
+#include "comm/launch/launch_args.h"
+#include "comm/launch/launch_outcome.h"
+#include "comm/launch/launch_rank_process.h"
+#include "comm/launch/launch_signals.h"
+
+namespace zero::comm {
+
+// Returns once no rank is running, with the job's outcome. all_started false (a rank could not be
+// started) ends the job at once: the ranks in `ranks` are stopped and zerorun exits 1. The ranks'
+// pipes may still be open afterwards (a rank's leftover child can hold them).
+JobOutcome supervise_ranks(std::vector<RankProcess>& ranks, LaunchSignals& signals, const LaunchOptions& options,
+                           bool all_started);
+
+}  // namespace zero::comm
