@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "base/dtype.h"
+#include "base/float16.h"  // the host's conversions, compiled for the device too
 #include "memory/cuda_kernels.h"
 
 namespace zero::memory::cuda_kernels {
@@ -12,67 +13,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr unsigned kMaxBlocks = 1u << 16;  // grid-stride beyond this
-
-// ---- conversions: base/dtype.h's scalar functions, line for line ----
-
-__device__ inline uint16_t fp32_to_bf16_bits(float f) {
-  const uint32_t x = __float_as_uint(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x0040u);
-  const uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<uint16_t>((x + rounding) >> 16);
-}
-
-__device__ inline float bf16_bits_to_fp32(uint16_t h) {
-  return __uint_as_float(static_cast<uint32_t>(h) << 16);
-}
-
-// Integer rounding rather than __float2half_rn, so that NaN payloads come out as on the host.
-__device__ inline uint16_t fp32_to_fp16_bits(float f) {
-  uint32_t x = __float_as_uint(f);
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
-  x &= 0x7fffffffu;
-  if (x >= 0x7f800000u) {
-    if (x == 0x7f800000u) return sign | 0x7c00u;
-    return static_cast<uint16_t>(sign | 0x7e00u | ((x >> 13) & 0x3ffu));
-  }
-  if (x >= 0x477ff000u) return sign | 0x7c00u;
-  if (x >= 0x38800000u) {
-    uint32_t h = (x - 0x38000000u) >> 13;
-    const uint32_t rem = x & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
-    return static_cast<uint16_t>(sign | h);
-  }
-  const int exp = static_cast<int>(x >> 23);
-  const int shift = 126 - exp;
-  if (shift > 24) return sign;
-  const uint32_t mant = (x & 0x7fffffu) | 0x800000u;
-  uint32_t r = mant >> shift;
-  const uint32_t rem = mant & ((1u << shift) - 1u);
-  const uint32_t half = 1u << (shift - 1);
-  if (rem > half || (rem == half && (r & 1u))) ++r;
-  return static_cast<uint16_t>(sign | r);
-}
-
-__device__ inline float fp16_bits_to_fp32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  if (exp == 0x1fu) {
-    if (mant != 0) mant |= 0x200u;
-    return __uint_as_float(sign | 0x7f800000u | (mant << 13));
-  }
-  if (exp == 0) {
-    if (mant == 0) return __uint_as_float(sign);
-    exp = 113;
-    while ((mant & 0x400u) == 0) {
-      mant <<= 1;
-      --exp;
-    }
-    mant &= 0x3ffu;
-    return __uint_as_float(sign | (exp << 23) | (mant << 13));
-  }
-  return __uint_as_float(sign | ((exp + 112u) << 23) | (mant << 13));
-}
 
 // Element access by dtype: load widens to fp32, store rounds once.
 struct F32 {

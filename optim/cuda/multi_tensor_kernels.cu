@@ -1,13 +1,13 @@
 // CUDA multi-tensor optimizer step kernels. See multi_tensor_step.h; the host side (validation,
 // batching, errors) is multi_tensor_step.cc.
 #include "optim/cuda/chunk_ranges.h"
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <type_traits>
 
 #include "base/dtype.h"
+#include "base/float16.h"
 #include "optim/cuda/launch.h"
 #include "optim/step_coeffs.h"
 
@@ -48,21 +48,12 @@ using detail::LaunchParams;
 struct NoOut {};
 
 __device__ inline float load(const float* p) { return *p; }
-__device__ inline float load(const Half* p) { return __half2float(__ushort_as_half(p->bits)); }
-__device__ inline float load(const BFloat16* p) {
-  return __uint_as_float(static_cast<uint32_t>(p->bits) << 16);
-}
+// 16-bit values through base/float16.h, the CPU optimizer's own conversions: the same bits.
+__device__ inline float load(const Half* p) { return fp16_bits_to_fp32(p->bits); }
+__device__ inline float load(const BFloat16* p) { return bf16_bits_to_fp32(p->bits); }
 __device__ inline void store(float* p, float v) { *p = v; }
-__device__ inline void store(Half* p, float v) { p->bits = __half_as_ushort(__float2half_rn(v)); }
-// Round to nearest even on the bits, NaN quieted: the CPU's fp32_to_bf16_bits.
-__device__ inline void store(BFloat16* p, float v) {
-  const uint32_t x = __float_as_uint(v);
-  if ((x & 0x7fffffffu) > 0x7f800000u) {
-    p->bits = static_cast<uint16_t>((x >> 16) | 0x0040u);
-  } else {
-    p->bits = static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-  }
-}
+__device__ inline void store(Half* p, float v) { p->bits = fp32_to_fp16_bits(v); }
+__device__ inline void store(BFloat16* p, float v) { p->bits = fp32_to_bf16_bits(v); }
 
 template <class U, class G, class S, class Out>
 __global__ void __launch_bounds__(kThreads) step_kernel(const __grid_constant__ LaunchParams p) {
