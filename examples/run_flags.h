@@ -6,12 +6,15 @@
 //   --save DIR [--save-every K]       an async checkpoint every K steps and at the end
 //   --resume DIR                      load DIR (any world size and stage) before the first step
 //   --export FILE.safetensors         the final weights
+//   --shard-group-size N              hybrid sharding: the engine on comm::HybridGroups of N ranks
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "base/check.h"
+#include "comm/hybrid_groups.h"
 #include "examples/flags.h"
 #include "zero/config/engine_config.h"
 #include "zero/engine.h"
@@ -83,6 +86,44 @@ struct ConfigFlag {
     for (const std::string& note : config->notes) std::printf("config: %s\n", note.c_str());
   }
 };
+
+// --shard-group-size N, or the file's hybrid.shard_group_size: hybrid sharding (docs/config.md). The
+// engine then runs on the shard and replica groups instead of the world.
+struct HybridFlag {
+  std::optional<int> shard_group_size;
+
+  // `opt`: the options the engine will get; a shard group size needs a sharded stage. The file's
+  // config was checked for that already, but --stage may have changed it since.
+  static HybridFlag read(Flags& flags, const ConfigFlag& config, const EngineOptions& opt) {
+    HybridFlag f;
+    if (config.config) f.shard_group_size = config.config->hybrid.shard_group_size;
+    if (flags.has("shard-group-size")) f.shard_group_size = flags.get_int("shard-group-size", 0);
+    if (!f.shard_group_size) return f;
+    const std::string from = flags.has("shard-group-size") ? "--shard-group-size"
+                                                           : "hybrid.shard_group_size of " + config.config->source;
+    if (*f.shard_group_size < 1) ZERO_THROW(InvalidArgument, "{} must be >= 1, got {}", from, *f.shard_group_size);
+    if (opt.stage == 0) {
+      ZERO_THROW(InvalidArgument, "{} = {} needs a sharded stage (1, 2 or 3); stage 0 shards nothing", from,
+                 *f.shard_group_size);
+    }
+    return f;
+  }
+
+  // Collective over `world`: the hybrid groups (rank 0 prints their layout), or nullptr without a
+  // shard group size. They must outlive the engine that runs on them.
+  std::unique_ptr<comm::HybridGroups> groups(comm::Communicator& world) const {
+    if (!shard_group_size) return nullptr;
+    auto g = std::make_unique<comm::HybridGroups>(world, *shard_group_size);
+    if (world.rank() == 0) std::printf("hybrid sharding: %s\n", g->layout().c_str());
+    return g;
+  }
+};
+
+// The engine's communicators: the hybrid groups' pair, or the whole world without them.
+inline EngineComms engine_comms(comm::Communicator& world, const comm::HybridGroups* groups) {
+  if (groups == nullptr) return EngineComms{.shard = &world};
+  return EngineComms{.shard = groups->shard(), .replica = groups->replica()};
+}
 
 struct RunFlags {
   bool offload = false, offload_params = false;

@@ -6,9 +6,11 @@
 // trains on its own slice of every global batch; the engine averages the gradients. Checkpoints:
 // --save DIR [--save-every K], --resume DIR (any world size and stage), --export FILE.safetensors.
 // --config FILE: the engine options, batch and log interval from a JSON file, ours or a DeepSpeed
-// config (docs/config.md); flags given explicitly override it.
+// config (docs/config.md); flags given explicitly override it. --shard-group-size N: hybrid sharding
+// (shard groups of N consecutive ranks, replicated across groups).
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <optional>
 
 #include "base/logging.h"
@@ -53,6 +55,7 @@ int run(int argc, char** argv) {
   const int log_every = config.log_every(flags);
   const int seed = flags.get_int("seed", 1);
   const examples::RunFlags run_flags = examples::RunFlags::read(flags, opt);
+  const examples::HybridFlag hybrid = examples::HybridFlag::read(flags, config, opt);
   flags.check_all_used();
   run_flags.apply(opt);
   if (config.model_dtype() && *config.model_dtype() != DType::kFloat32) {
@@ -76,7 +79,8 @@ int run(int argc, char** argv) {
   examples::Mlp model({inputs, hidden, hidden, classes}, static_cast<uint64_t>(seed + 17 * rank));
   examples::SyntheticData data(inputs, classes, static_cast<uint64_t>(seed));
 
-  Engine engine(comm, opt);
+  const std::unique_ptr<comm::HybridGroups> groups = hybrid.groups(comm);
+  Engine engine(examples::engine_comms(comm, groups.get()), opt);
 
   // Each layer (its weight and bias) is a unit: at stage 3 its parameters exist in full only while
   // the layer's gather scope is open.

@@ -8,11 +8,13 @@
 // waits, the update) and the memory of the largest rank; the validation loss every --val-every
 // steps; every rank's memory report; and a sample generated from the model (top-k with --top-k and
 // --seed; --top-k 0: greedy). Checkpoints, offload and --config FILE (the engine options, batch and
-// log interval from a JSON file, ours or a DeepSpeed config; docs/config.md): examples/run_flags.h.
+// log interval from a JSON file, ours or a DeepSpeed config; docs/config.md) and hybrid sharding
+// (--shard-group-size N): examples/run_flags.h.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -68,6 +70,7 @@ int run(int argc, char** argv) {
   const int top_k = flags.get_int("top-k", 5);  // 0: greedy
   const int log_every = config.log_every(flags);
   const examples::RunFlags run_flags = examples::RunFlags::read(flags, opt);
+  const examples::HybridFlag hybrid = examples::HybridFlag::read(flags, config, opt);
   // The parameters: fp32 or bf16.
   const DType dtype =
       parse_dtype(flags.get("dtype", config.model_dtype() ? dtype_name(*config.model_dtype()) : "fp32"));
@@ -95,7 +98,8 @@ int run(int argc, char** argv) {
   const examples::TextData data(corpus, T, 0.1, static_cast<uint64_t>(seed));
   examples::Gpt model(cfg, static_cast<uint64_t>(seed));
 
-  Engine engine(comm, opt);
+  const std::unique_ptr<comm::HybridGroups> groups = hybrid.groups(comm);
+  Engine engine(examples::engine_comms(comm, groups.get()), opt);
   examples::GptScopes scopes(engine, model, dtype);
   engine.finalize();
   const examples::Gpt::Access access = scopes.access();

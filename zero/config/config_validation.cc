@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <optional>
+
 #include "base/check.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
@@ -59,6 +61,16 @@ void validate_config(const EngineConfig& c, const Context& ctx, const Origins& o
          {std::pair{"micro_batch_size", c.loop.micro_batch_size},
           std::pair{"global_batch_size", c.loop.global_batch_size}, std::pair{"log_every", c.loop.log_every}}) {
       if (value && *value < 1) ZERO_THROW(InvalidArgument, "loop.{} must be >= 1, got {}", name, *value);
+    }
+    if (const std::optional<int> size = c.hybrid.shard_group_size) {
+      if (*size < 1) ZERO_THROW(InvalidArgument, "hybrid.shard_group_size must be >= 1, got {}", *size);
+      // The engine refuses a replica communicator at stage 0 too; said here, it names the key.
+      if (o.stage == 0) {
+        ZERO_THROW(InvalidArgument,
+                   "hybrid.shard_group_size ({}) with stage 0: hybrid sharding shards state within a group, so it "
+                   "needs a sharded stage (1, 2 or 3); stage 0 shards nothing",
+                   *size);
+      }
     }
   });
 }

@@ -311,9 +311,12 @@ class DeepSpeedReader {
     require(z, "zero_quantized_gradients", false, "quantized collectives (ZeRO++) are not implemented");
     if (const auto hpz = integer(z, "zero_hpz_partition_size", 1, INT_MAX); hpz && *hpz != 1) {
       fail(ctx_,
-           "zero_optimization.zero_hpz_partition_size is not supported: hybrid sharding is chosen by giving "
-           "the Engine a replica communicator, not by an option");
+           "zero_optimization.zero_hpz_partition_size is not supported: ZeRO++ hpZ keeps a secondary copy of the "
+           "parameters within a node, which the engine does not have; for hybrid sharding (shard within groups "
+           "of ranks, replicate across them) use zero_optimization.mics_shard_size (hybrid.shard_group_size in "
+           "our format), or give the Engine a replica communicator");
     }
+    read_mics(z);
     read_buckets(z);
     with(z, "offload_optimizer", [&](ObjectReader& r) { read_offload(r, false); });
     with(z, "offload_param", [&](ObjectReader& r) { read_offload(r, true); });
@@ -328,6 +331,21 @@ class DeepSpeedReader {
     note(z, "round_robin_gradients", Kind::kBool, "offloaded gradient shards are copied bucket by bucket");
     note(z, "load_from_fp32_weights", Kind::kBool, "checkpoints always hold and load the fp32 master weights");
     note(z, "elastic_checkpoint", Kind::kBool, "checkpoints load at any world size and stage");
+  }
+
+  // MiCS shards within groups of mics_shard_size ranks and replicates across them: hybrid sharding,
+  // which the program sets up from hybrid.shard_group_size (the engine takes communicators).
+  void read_mics(ObjectReader& z) {
+    if (const auto size = integer(z, "mics_shard_size", INT_MIN, INT_MAX); size && *size != -1) {
+      if (*size < 1) {
+        fail(ctx_, fmt::format("{} must be -1 (one group of the whole world) or a positive integer, got {}",
+                               z.path("mics_shard_size"), *size));
+      }
+      c_.hybrid.shard_group_size = static_cast<int>(*size);
+      set_by("hybrid.shard_group_size", z.path("mics_shard_size"));
+    }
+    note(z, "mics_hierarchical_params_gather", Kind::kBool,
+         "the shard group's all-gather is one collective on its communicator");
   }
 
   // DeepSpeed sizes reductions and all-gathers separately; the engine's buckets serve both.

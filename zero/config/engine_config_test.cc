@@ -251,6 +251,14 @@ TEST_CASE("each DeepSpeed key changes exactly the option it maps to") {
        zero,
        R"({"zero_optimization": {}, "data_types": {"grad_accum_dtype": "fp16"}})",
        {{"grad_accum_dtype", "\"fp16\""}}},
+      {"zero_optimization.mics_shard_size",
+       R"({"zero_optimization": {"stage": 3}})",
+       R"({"zero_optimization": {"stage": 3, "mics_shard_size": 8}})",
+       {{"hybrid.shard_group_size", "8"}}},
+      {"zero_optimization.mics_shard_size -1 (one group of the whole world)",
+       R"({"zero_optimization": {"stage": 3}})",
+       R"({"zero_optimization": {"stage": 3, "mics_shard_size": -1}})",
+       {}},
       {"prescale_gradients false, gradient_predivide_factor 1, gradient_allreduce_op mean",
        zero,
        R"({"zero_optimization": {}, "prescale_gradients": false, "gradient_predivide_factor": 1.0,
@@ -297,7 +305,8 @@ TEST_CASE("the DeepSpeed fp16 values land in the loss scaler with their meaning"
 
 TEST_CASE("DeepSpeed keys accepted without effect are listed in the notes") {
   const EngineConfig c = ds(R"({"zero_optimization": {"stage": 3, "sub_group_size": 1e9,
-      "stage3_max_reuse_distance": 1e9, "stage3_gather_16bit_weights_on_model_save": true},
+      "stage3_max_reuse_distance": 1e9, "stage3_gather_16bit_weights_on_model_save": true,
+      "mics_hierarchical_params_gather": true},
       "wall_clock_breakdown": false, "optimizer": {"type": "Adam", "params": {"torch_adam": true}},
       "fp16": {"enabled": false, "loss_scale_window": 100}})");
   std::string all;
@@ -305,7 +314,8 @@ TEST_CASE("DeepSpeed keys accepted without effect are listed in the notes") {
   INFO(all);
   for (const char* key : {"zero_optimization.sub_group_size", "zero_optimization.stage3_max_reuse_distance",
                           "zero_optimization.stage3_gather_16bit_weights_on_model_save", "wall_clock_breakdown",
-                          "optimizer.params.torch_adam", "fp16.loss_scale_window"}) {
+                          "optimizer.params.torch_adam", "fp16.loss_scale_window",
+                          "zero_optimization.mics_hierarchical_params_gather"}) {
     CHECK(contains(all, std::string(key) + ": no effect"));
   }
   // fp16 disabled: its scaler settings change nothing.
@@ -391,6 +401,48 @@ TEST_CASE("settings the engine always has cannot be turned off") {
   CHECK(contains(ds_error(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "ratio": 0.3}}})"),
                  "zero_optimization.offload_optimizer.ratio = 0.3 is not supported"));
   CHECK(contains(ds_error(R"({"zero_optimization": {}, "gradient_allreduce_op": "sum"})"), "\"mean\""));
+}
+
+TEST_CASE("ZeRO++ hpZ is refused, pointing to the hybrid sharding keys") {
+  const std::string e = ds_error(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}})");
+  CHECK(contains(e, "zero_optimization.zero_hpz_partition_size is not supported: ZeRO++ hpZ"));
+  CHECK(contains(e, "use zero_optimization.mics_shard_size (hybrid.shard_group_size in our format)"));
+  CHECK(changed(ds(R"({"zero_optimization": {"stage": 3}})"),
+                ds(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 1}})"))
+            .empty());
+}
+
+TEST_CASE("hybrid sharding: a shard group size < 1, or with stage 0, is refused naming the key") {
+  CHECK(contains(our_error(R"({"hybrid": {"shard_group_size": 0}})"),
+                 "ours.json (ours): hybrid.shard_group_size must be >= 1, got 0"));
+  CHECK(contains(our_error(R"({"hybrid": {"shard_group_size": -4}})"), "hybrid.shard_group_size must be >= 1, got -4"));
+  CHECK(contains(our_error(R"({"hybrid": {"shard_group_size": 2.5}})"),
+                 "hybrid.shard_group_size must be an integer, got 2.5"));
+  CHECK(contains(our_error(R"({"hybrid": {"shard_groups": 2}})"),
+                 "unknown key hybrid.shard_groups (did you mean hybrid.shard_group_size?)"));
+  CHECK(contains(our_error(R"({"stage": 0, "hybrid": {"shard_group_size": 2}})"),
+                 "ours.json (ours): hybrid.shard_group_size (2) with stage 0: hybrid sharding shards state within a "
+                 "group, so it needs a sharded stage (1, 2 or 3); stage 0 shards nothing"));
+  for (const char* size : {"0", "-2"}) {
+    CAPTURE(size);
+    CHECK(contains(ds_error(std::string(R"({"zero_optimization": {"stage": 3, "mics_shard_size": )") + size + "}}"),
+                   std::string("ds.json (deepspeed): zero_optimization.mics_shard_size must be -1 (one group of the "
+                               "whole world) or a positive integer, got ") +
+                       size));
+  }
+  CHECK(contains(ds_error(R"({"zero_optimization": {"stage": 3, "mics_shard_size": "4"}})"),
+                 "zero_optimization.mics_shard_size must be an integer, got \"4\" (a string)"));
+  // DeepSpeed's stage defaults to 0.
+  const std::string stage0 = ds_error(R"({"zero_optimization": {"mics_shard_size": 4}})");
+  CHECK(contains(stage0, "hybrid.shard_group_size (4) with stage 0"));
+  CHECK(contains(stage0, "(set by zero_optimization.mics_shard_size)"));
+  // Stages 1 to 3 shard, so each takes a shard group size.
+  for (int stage = 1; stage <= 3; ++stage) {
+    CAPTURE(stage);
+    CHECK(ours(R"({"stage": )" + std::to_string(stage) + R"(, "hybrid": {"shard_group_size": 2}})")
+              .hybrid.shard_group_size == 2);
+  }
+  CHECK(!ours(R"({"hybrid": {"shard_group_size": null}})").hybrid.shard_group_size);
 }
 
 TEST_CASE("optimizer types and parameters: unsupported ones are refused") {
@@ -575,6 +627,7 @@ EngineConfig every_field_changed() {
   o.timeout = std::chrono::milliseconds(1234);
   c.model_dtype = DType::kBFloat16;
   c.loop = {.micro_batch_size = 4, .global_batch_size = 64, .log_every = 10};
+  c.hybrid.shard_group_size = 2;
   return c;
 }
 
@@ -605,6 +658,7 @@ TEST_CASE("our format round-trips every field") {
   CHECK(back.loop.micro_batch_size == 4);
   CHECK(back.loop.global_batch_size == 64);
   CHECK(back.loop.log_every == 10);
+  CHECK(back.hybrid.shard_group_size == 2);
   CHECK(back.engine.optimizer.groups.size() == 2);
   CHECK(back.engine.optimizer.groups[1].dampening == 0.1f);
   // Every key of the format differs from the default config, so none is written without being read.
@@ -649,7 +703,8 @@ TEST_CASE("native_config_keys lists each key once") {
   CHECK(std::set<std::string>(keys.begin(), keys.end()).size() == keys.size());
   for (const char* key : {"stage", "optimizer.kind", "optimizer.groups[].lr", "optimizer.groups[].nesterov",
                           "optimizer.simd_path", "dynamic_loss_scaler.consecutive_hysteresis", "layout.block",
-                          "offload.pinned_staging", "timeout_ms", "model_dtype", "loop.micro_batch_size"}) {
+                          "offload.pinned_staging", "timeout_ms", "model_dtype", "loop.micro_batch_size",
+                          "hybrid.shard_group_size"}) {
     CAPTURE(key);
     CHECK(std::find(keys.begin(), keys.end(), key) != keys.end());
   }

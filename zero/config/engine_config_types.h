@@ -20,6 +20,16 @@ struct LoopConfig {
   std::optional<int> log_every;          // steps between progress lines
 };
 
+// Hybrid sharding (HSDP; DeepSpeed's MiCS): state is sharded within groups of consecutive ranks and
+// each group replicates the others. Not an engine option: the engine takes the shard and replica
+// communicators (EngineComms), which the program splits from the world by this size
+// (comm/hybrid_groups.h).
+struct HybridConfig {
+  // Ranks in one shard group; the world size must be a multiple of it. Unset: one group of the whole
+  // world (plain sharding).
+  std::optional<int> shard_group_size;
+};
+
 enum class ConfigFormat { kNative, kDeepSpeed };
 
 struct EngineConfig {
@@ -28,6 +38,7 @@ struct EngineConfig {
   // takes it from each parameter, so this is for the program that registers them.
   std::optional<DType> model_dtype;
   LoopConfig loop;
+  HybridConfig hybrid;
   ConfigFormat format = ConfigFormat::kNative;
   std::string source;  // "<name> (ours)" or "<name> (deepspeed)"
   // Keys accepted without effect, each with the reason ("zero_optimization.sub_group_size: ...").

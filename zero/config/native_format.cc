@@ -139,6 +139,7 @@ void visit_native(V& v, EngineConfig& c) {
     v.field("global_batch_size", c.loop.global_batch_size);
     v.field("log_every", c.loop.log_every);
   });
+  v.object("hybrid", [&] { v.field("shard_group_size", c.hybrid.shard_group_size); });
 }
 
 class NativeReader {
