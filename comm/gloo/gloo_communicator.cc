@@ -26,32 +26,6 @@
 
 namespace zero::comm {
 
-void GlooOptions::validate() const {
-  if (interface_or_host.empty()) {
-    ZERO_THROW(InvalidArgument, "GlooOptions.interface_or_host must not be empty");
-  }
-  if (timeout.count() <= 0) {
-    ZERO_THROW(InvalidArgument, "GlooOptions.timeout must be positive, got {} ms", timeout.count());
-  }
-  if (prefix.empty()) ZERO_THROW(InvalidArgument, "GlooOptions.prefix must not be empty");
-  if (segment_bytes < 64) {
-    ZERO_THROW(InvalidArgument, "GlooOptions.segment_bytes must be at least 64, got {}",
-               segment_bytes);
-  }
-  if (gather_segment_bytes < 64) {
-    ZERO_THROW(InvalidArgument, "GlooOptions.gather_segment_bytes must be at least 64, got {}",
-               gather_segment_bytes);
-  }
-  if (eager_bytes > (size_t{16} << 20)) {
-    ZERO_THROW(InvalidArgument, "GlooOptions.eager_bytes must be at most 16 MiB, got {}",
-               eager_bytes);
-  }
-  if (segment_depth < 1 || segment_depth > 64) {
-    ZERO_THROW(InvalidArgument, "GlooOptions.segment_depth must be in [1, 64], got {}",
-               segment_depth);
-  }
-}
-
 namespace {
 
 // Thrown out of a collective by the schedule check (the message is built by the caller).
@@ -202,11 +176,6 @@ void require_buffer(const char* op, const char* name, const void* p, size_t coun
     ZERO_THROW(InvalidArgument, "{}: {} is null with count {}", op, name, count);
   }
 }
-
-// A call of at most eager_bytes per message runs as one round of messages (header + payload).
-bool runs_as_messages(const GlooOptions& o, size_t payload_bytes) { return payload_bytes <= o.eager_bytes; }
-// One message's room in the message areas: the schedule check's record and the largest payload.
-size_t message_capacity(const GlooOptions& o) { return kCallRecordBytes + o.eager_bytes; }
 
 class GlooCommunicator final : public Communicator, private InlineRunner, private Abandoner {
  public:
@@ -821,28 +790,6 @@ std::unique_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Store> stor
   const int64_t instance = store->add(fmt::format("{}/instances/{}", options.prefix, rank), 1);
   return std::make_unique<GlooCommunicator>(
       store, fmt::format("{}/{}", options.prefix, instance), rank, size, options, check);
-}
-
-GlooScratchPlan::GlooScratchPlan(const GlooOptions& options, int size, int rank)
-    : options_(options), size_(size), rank_(rank) {
-  options_.validate();
-  ZERO_CHECK(size >= 1 && rank >= 0 && rank < size, "GlooScratchPlan: rank {} of {}", rank, size);
-}
-
-void GlooScratchPlan::add_call(CollectiveKind kind, size_t count, DType dtype) {
-  const size_t es = dtype_size(dtype);
-  const uint64_t area = static_cast<uint64_t>(size_) * message_capacity(options_);
-  const bool small = kind == CollectiveKind::kBarrier || runs_as_messages(options_, count * es);
-  messages_ = std::max(messages_, area);  // every call's receive area (run_task)
-  if (size_ > 1 && (small || options_.check_schedule)) message_sends_ = std::max(message_sends_, area);
-  const bool reduces = kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduceScatter;
-  if (size_ > 1 && !small && reduces) {
-    const size_t mine = kind == CollectiveKind::kAllReduce ? ChunkLayout::balanced(count, size_).count[static_cast<size_t>(rank_)] : count;
-    DirectOptions d;
-    d.segment_bytes = options_.segment_bytes;
-    d.depth = options_.segment_depth;
-    scratch_ = std::max<uint64_t>(scratch_, reduce_scatter_segments(mine, es, d).scratch_bytes(size_, es));
-  }
 }
 
 }  // namespace zero::comm
