@@ -16,6 +16,7 @@
 
 #include "base/check.h"
 #include "base/logging.h"
+#include "memory/tracked_allocation.h"
 
 #ifdef ZERO_WITH_CUDA
 #include <cuda_runtime.h>
@@ -65,20 +66,9 @@ MallocPtr aligned_zeroed(size_t bytes, size_t alignment, const char* what, Categ
   return p;
 }
 
-// Reports a successful allocation. The tracker may fail to grow its own table; that surfaces as an
-// AllocationError too, and the caller still owns (and frees) the memory.
-void track(MemoryTracker& tracker, Category category, Location location, size_t bytes,
-           const char* what) {
-  try {
-    tracker.on_alloc(category, location, bytes);
-  } catch (const std::bad_alloc&) {
-    throw_allocation(bytes, what, category, "the memory tracker could not record it");
-  }
-}
+// ---- page locking for pinned memory without CUDA ----
 
-// ---- page locking for PinnedBuffer without CUDA ----
-
-// Bytes this process has locked through PinnedBuffer. RLIMIT_MEMLOCK is applied to this count as a
+// Bytes this process has locked through allocate_pinned. RLIMIT_MEMLOCK is applied to this count as a
 // policy even where the kernel would let a privileged process (CAP_IPC_LOCK) lock more.
 std::atomic<uint64_t> g_locked_bytes{0};
 
@@ -119,8 +109,14 @@ void warn_pageable_once(size_t bytes, Category category, const std::string& why)
       format_bytes(bytes), category_name(category), why);
 }
 
-Location tracked_location(PinnedBuffer::Kind kind) {
-  return kind == PinnedBuffer::Kind::kPageable ? Location::host() : Location::pinned_host();
+size_t locked_span(size_t bytes) { return (bytes + page_size() - 1) & ~(page_size() - 1); }
+
+void free_host(void* data, size_t) { std::free(data); }
+
+// Same rounding as at allocation, which succeeded, so it cannot overflow.
+void free_locked(void* data, size_t bytes) {
+  unlock(data, locked_span(bytes));
+  std::free(data);
 }
 
 #ifdef ZERO_WITH_CUDA
@@ -128,9 +124,81 @@ std::string cuda_error_text(cudaError_t e) {
   (void)cudaGetLastError();  // clear it so later checks of the last error do not see it
   return fmt::format("{} ({})", cudaGetErrorString(e), cudaGetErrorName(e));
 }
+
+void free_cuda_host(void* data, size_t) {
+  cudaFreeHost(data);  // an error here (e.g. at process teardown) leaves nothing to undo
+}
 #endif
 
+// The Allocation of every buffer made here and in device_buffer.cc (tracked_allocation.h).
+class TrackedAllocation final : public Buffer::Allocation {
+ public:
+  TrackedAllocation(void* data, size_t bytes, FreeFn free, Category category, Location location,
+                    MemoryTracker& tracker)
+      : data_(data), bytes_(bytes), free_(free), category_(category), location_(location), tracker_(tracker) {
+    tracker_.on_alloc(category_, location_, bytes_);  // throws: nothing recorded, the caller frees
+  }
+  ~TrackedAllocation() override {
+    free_(data_, bytes_);
+    tracker_.on_free(category_, location_, bytes_);
+  }
+  TrackedAllocation(const TrackedAllocation&) = delete;
+  TrackedAllocation& operator=(const TrackedAllocation&) = delete;
+  void* data() override { return data_; }
+  size_t size_bytes() const override { return bytes_; }
+
+ private:
+  void* data_;
+  size_t bytes_;
+  FreeFn free_;
+  Category category_;
+  Location location_;
+  MemoryTracker& tracker_;
+};
+
 }  // namespace
+
+Buffer::Buffer(std::unique_ptr<Allocation> allocation, Location location, Category category)
+    : allocation_(std::move(allocation)), location_(location), category_(category) {
+  if (allocation_) {
+    data_ = allocation_->data();
+    bytes_ = allocation_->size_bytes();
+  }
+}
+
+Buffer::Buffer(Buffer&& other) noexcept
+    : allocation_(std::move(other.allocation_)),
+      data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      location_(other.location_),
+      category_(other.category_) {}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    allocation_ = std::move(other.allocation_);  // frees (and untracks) what this buffer held
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    location_ = other.location_;
+    category_ = other.category_;
+  }
+  return *this;
+}
+
+Buffer make_tracked_buffer(void* data, size_t bytes, FreeFn free, Category category, Location location,
+                           MemoryTracker& tracker, const char* what) {
+  std::unique_ptr<TrackedAllocation> allocation;
+  try {
+    allocation = std::make_unique<TrackedAllocation>(data, bytes, free, category, location, tracker);
+  } catch (const std::bad_alloc&) {
+    // The tracker may fail to grow its own table: an AllocationError like any other.
+    free(data, bytes);
+    throw_allocation(bytes, what, category, "the memory tracker could not record it");
+  } catch (...) {
+    free(data, bytes);
+    throw;
+  }
+  return Buffer(std::move(allocation), location, category);
+}
 
 size_t checked_bytes(int64_t count, DType dtype, Category category) {
   if (count < 0) {
@@ -146,56 +214,25 @@ size_t checked_bytes(int64_t count, DType dtype, Category category) {
   return bytes;
 }
 
-// ---- HostBuffer ----
+// ---- host ----
 
-HostBuffer::HostBuffer(size_t bytes, Category category, MemoryTracker& tracker)
-    : category_(category) {
-  if (bytes == 0) return;
-  MallocPtr p = aligned_zeroed(bytes, kAlignment, "host", category);
-  track(tracker, category, Location::host(), bytes, "host");
-  data_ = p.release();
-  bytes_ = bytes;
-  tracker_ = &tracker;
+Buffer allocate_host(size_t bytes, Category category, MemoryTracker& tracker) {
+  if (bytes == 0) return Buffer(nullptr, Location::host(), category);
+  MallocPtr p = aligned_zeroed(bytes, kHostAlignment, "host", category);
+  return make_tracked_buffer(p.release(), bytes, free_host, category, Location::host(), tracker, "host");
 }
 
-HostBuffer HostBuffer::for_elements(int64_t count, DType dtype, Category category,
-                                    MemoryTracker& tracker) {
-  return HostBuffer(checked_bytes(count, dtype, category), category, tracker);
+Buffer allocate_host_elements(int64_t count, DType dtype, Category category, MemoryTracker& tracker) {
+  return allocate_host(checked_bytes(count, dtype, category), category, tracker);
 }
 
-HostBuffer::~HostBuffer() { release(); }
+// ---- pinned host ----
 
-HostBuffer::HostBuffer(HostBuffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)),
-      bytes_(std::exchange(other.bytes_, 0)),
-      category_(other.category_),
-      tracker_(std::exchange(other.tracker_, nullptr)) {}
-
-HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
-  if (this != &other) {
-    release();
-    data_ = std::exchange(other.data_, nullptr);
-    bytes_ = std::exchange(other.bytes_, 0);
-    category_ = other.category_;
-    tracker_ = std::exchange(other.tracker_, nullptr);
-  }
-  return *this;
-}
-
-void HostBuffer::release() {
-  if (data_ == nullptr) return;
-  std::free(data_);
-  tracker_->on_free(category_, Location::host(), bytes_);
-  data_ = nullptr;
-  bytes_ = 0;
-  tracker_ = nullptr;
-}
-
-// ---- PinnedBuffer ----
-
-PinnedBuffer::PinnedBuffer(size_t bytes, Category category, MemoryTracker& tracker)
-    : category_(category) {
-  if (bytes == 0) return;
+Buffer allocate_pinned(size_t bytes, Category category, MemoryTracker& tracker, PinnedKind* how) {
+  PinnedKind unused;
+  PinnedKind& kind = how != nullptr ? *how : unused;
+  kind = PinnedKind::kPageable;
+  if (bytes == 0) return Buffer(nullptr, Location::pinned_host(), category);
 #ifdef ZERO_WITH_CUDA
   if (cuda_device_available()) {
     void* raw = nullptr;
@@ -203,93 +240,37 @@ PinnedBuffer::PinnedBuffer(size_t bytes, Category category, MemoryTracker& track
     const cudaError_t e = cudaHostAlloc(&raw, bytes, cudaHostAllocPortable);
     if (e != cudaSuccess) throw_allocation(bytes, "CUDA pinned host", category, cuda_error_text(e));
     std::memset(raw, 0, bytes);
-    try {
-      track(tracker, category, Location::pinned_host(), bytes, "CUDA pinned host");
-    } catch (...) {
-      cudaFreeHost(raw);
-      throw;
-    }
-    data_ = raw;
-    bytes_ = bytes;
-    kind_ = Kind::kCudaHost;
-    tracker_ = &tracker;
-    return;
+    Buffer buffer = make_tracked_buffer(raw, bytes, free_cuda_host, category, Location::pinned_host(), tracker,
+                                        "CUDA pinned host");
+    kind = PinnedKind::kCudaHost;
+    return buffer;
   }
 #endif
   // Whole pages, so that locking and unlocking never touch a page shared with other allocations.
-  const size_t page = page_size();
-  MallocPtr p = aligned_zeroed(bytes, page, "pinned host", category);
-  const size_t rounded = round_up(bytes, page, "pinned host", category);
+  MallocPtr p = aligned_zeroed(bytes, page_size(), "pinned host", category);
+  const size_t rounded = round_up(bytes, page_size(), "pinned host", category);
   std::string why;
-  const Kind kind = try_lock(p.get(), rounded, &why) ? Kind::kLocked : Kind::kPageable;
-  try {
-    track(tracker, category, tracked_location(kind), bytes, "pinned host");
-  } catch (...) {
-    if (kind == Kind::kLocked) unlock(p.get(), rounded);
-    throw;
+  if (try_lock(p.get(), rounded, &why)) {
+    Buffer buffer = make_tracked_buffer(p.release(), bytes, free_locked, category, Location::pinned_host(), tracker,
+                                        "pinned host");
+    kind = PinnedKind::kLocked;
+    return buffer;
   }
-  if (kind == Kind::kPageable) warn_pageable_once(bytes, category, why);
-  data_ = p.release();
-  bytes_ = bytes;
-  kind_ = kind;
-  tracker_ = &tracker;
+  Buffer buffer = make_tracked_buffer(p.release(), bytes, free_host, category, Location::host(), tracker, "pinned host");
+  warn_pageable_once(bytes, category, why);
+  return buffer;
 }
 
-PinnedBuffer PinnedBuffer::for_elements(int64_t count, DType dtype, Category category,
-                                        MemoryTracker& tracker) {
-  return PinnedBuffer(checked_bytes(count, dtype, category), category, tracker);
+Buffer allocate_pinned_elements(int64_t count, DType dtype, Category category, MemoryTracker& tracker,
+                                PinnedKind* how) {
+  return allocate_pinned(checked_bytes(count, dtype, category), category, tracker, how);
 }
 
-PinnedBuffer::~PinnedBuffer() { release(); }
-
-PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)),
-      bytes_(std::exchange(other.bytes_, 0)),
-      category_(other.category_),
-      kind_(std::exchange(other.kind_, Kind::kPageable)),
-      tracker_(std::exchange(other.tracker_, nullptr)) {}
-
-PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
-  if (this != &other) {
-    release();
-    data_ = std::exchange(other.data_, nullptr);
-    bytes_ = std::exchange(other.bytes_, 0);
-    category_ = other.category_;
-    kind_ = std::exchange(other.kind_, Kind::kPageable);
-    tracker_ = std::exchange(other.tracker_, nullptr);
-  }
-  return *this;
-}
-
-void PinnedBuffer::release() {
-  if (data_ == nullptr) return;
-  switch (kind_) {
-    case Kind::kCudaHost:
-#ifdef ZERO_WITH_CUDA
-      cudaFreeHost(data_);  // an error here (e.g. at process teardown) leaves nothing to undo
-#endif
-      break;
-    case Kind::kLocked:
-      // Same rounding as at allocation, which succeeded, so it cannot overflow.
-      unlock(data_, (bytes_ + page_size() - 1) & ~(page_size() - 1));
-      std::free(data_);
-      break;
-    case Kind::kPageable:
-      std::free(data_);
-      break;
-  }
-  tracker_->on_free(category_, tracked_location(kind_), bytes_);
-  data_ = nullptr;
-  bytes_ = 0;
-  kind_ = Kind::kPageable;
-  tracker_ = nullptr;
-}
-
-const char* pinned_kind_name(PinnedBuffer::Kind kind) {
+const char* pinned_kind_name(PinnedKind kind) {
   switch (kind) {
-    case PinnedBuffer::Kind::kCudaHost: return "cuda_host";
-    case PinnedBuffer::Kind::kLocked: return "locked";
-    case PinnedBuffer::Kind::kPageable: return "pageable";
+    case PinnedKind::kCudaHost: return "cuda_host";
+    case PinnedKind::kLocked: return "locked";
+    case PinnedKind::kPageable: return "pageable";
   }
   return "unknown";
 }

@@ -27,7 +27,6 @@
 #include "memory/device_buffer.h"
 #include "memory/device_guard.h"
 #include "memory/op_checks.h"
-#include "memory/owned_allocation.h"
 
 namespace zero::memory {
 namespace {
@@ -128,8 +127,8 @@ class CudaDevice final : public Device {
   MemoryTracker& tracker() override { return tracker_; }
 
   Buffer allocate(size_t bytes, Category category) override {
-    if (bytes == 0) return Buffer(nullptr, DeviceKind::kCuda, category);
-    DeviceBuffer memory(bytes, category, ordinal_, tracker_);  // AllocationError names cuda:N
+    if (bytes == 0) return Buffer(nullptr, location(), category);
+    Buffer memory = allocate_cuda(bytes, category, ordinal_, tracker_);  // AllocationError names cuda:N
     {
       // On a private stream, waited for here: the zeros are in place before any stream can use the
       // memory (the legacy default stream would not order against non-blocking streams).
@@ -137,8 +136,7 @@ class CudaDevice final : public Device {
       ZERO_CUDA_CHECK(cudaMemsetAsync(memory.data(), 0, bytes, zero_stream_.get()));
       zero_stream_.synchronize(kAllocationZeroTimeout);
     }
-    return Buffer(std::make_unique<OwnedAllocation<DeviceBuffer>>(std::move(memory)),
-                  DeviceKind::kCuda, category);
+    return memory;
   }
 
   Stream& compute_stream() override { return compute_; }

@@ -1,4 +1,4 @@
-// DeviceBuffer, CudaStream and CudaEvent on a real GPU: tracked allocation and moves, refused
+// allocate_cuda, CudaStream and CudaEvent on a real GPU: tracked allocation and moves, refused
 // allocations, a host -> device -> host round trip across two streams ordered by an event, bounded waits that time
 // out while a stream is busy, and event timing.
 //
@@ -36,10 +36,11 @@ TEST_CASE("CUDA layer") { std::printf("ZERO_TEST_SKIPPED: CPU build (no --config
 using namespace std::chrono_literals;
 using zero::memory::Category;
 using zero::memory::Location;
-using zero::memory::DeviceBuffer;
+using zero::memory::allocate_cuda;
+using zero::memory::allocate_cuda_elements;
+using zero::memory::Buffer;
 using zero::memory::CudaEvent;
 using zero::memory::MemoryTracker;
-using zero::memory::PinnedBuffer;
 using zero::memory::CudaStream;
 
 bool have_gpu(const char* what) {
@@ -61,8 +62,8 @@ TEST_CASE("without a device, allocation and stream creation fail cleanly") {
   if (zero::memory::cuda_device_available()) return;
   const uint64_t before = MemoryTracker::global().current_total();
   std::string m;
-  CHECK_THROWS_AS(DeviceBuffer(1024, Category::kParams, 0), zero::AllocationError);
-  m = message_of([] { DeviceBuffer b(1024, Category::kParams, 0); });
+  CHECK_THROWS_AS(allocate_cuda(1024, Category::kParams, 0), zero::AllocationError);
+  m = message_of([] { allocate_cuda(1024, Category::kParams, 0); });
   INFO(m);
   CHECK(m.find("1024") != std::string::npos);
   CHECK(m.find("params") != std::string::npos);
@@ -70,28 +71,28 @@ TEST_CASE("without a device, allocation and stream creation fail cleanly") {
   CHECK(MemoryTracker::global().current_total() == before);
   CHECK_THROWS_AS(CudaStream(0), zero::Error);
   CHECK_THROWS_AS(CudaEvent(0), zero::Error);
-  DeviceBuffer empty(0, Category::kParams, 0);  // zero bytes never touch the runtime
+  Buffer empty = allocate_cuda(0, Category::kParams, 0);  // zero bytes never touch the runtime
   CHECK(empty.data() == nullptr);
   std::printf("ZERO_TEST_SKIPPED: no CUDA device; only the failure paths were tested\n");
 }
 
-TEST_CASE("DeviceBuffer is tracked under cuda:N and moves count once") {
-  if (!have_gpu("DeviceBuffer")) return;
+TEST_CASE("allocate_cuda is tracked under cuda:N and moves count once") {
+  if (!have_gpu("allocate_cuda")) return;
   MemoryTracker& g = MemoryTracker::global();
   const Location dev = Location::cuda(0);
   const auto base = g.usage(Category::kGatherWindow, dev);
   {
-    DeviceBuffer a(1 << 20, Category::kGatherWindow, 0);
+    Buffer a = allocate_cuda(1 << 20, Category::kGatherWindow, 0);
     REQUIRE(a.data() != nullptr);
     CHECK(a.size_bytes() == size_t{1} << 20);
-    CHECK(a.device() == 0);
+    CHECK(a.location() == dev);
     CHECK(reinterpret_cast<uintptr_t>(a.data()) % 256 == 0);
     CHECK(g.usage(Category::kGatherWindow, dev).current == base.current + (1 << 20));
     void* p = a.data();
-    DeviceBuffer b(std::move(a));
+    Buffer b(std::move(a));
     CHECK(b.data() == p);
     CHECK(a.data() == nullptr);  // NOLINT(bugprone-use-after-move)
-    DeviceBuffer c = DeviceBuffer::for_elements(10, zero::DType::kFloat16, Category::kGatherWindow, 0);
+    Buffer c = allocate_cuda_elements(10, zero::DType::kFloat16, Category::kGatherWindow, 0);
     CHECK(c.size_bytes() == 20);
     CHECK(g.usage(Category::kGatherWindow, dev).allocations == base.allocations + 2);
     c = std::move(b);
@@ -104,37 +105,37 @@ TEST_CASE("DeviceBuffer is tracked under cuda:N and moves count once") {
 }
 
 TEST_CASE("refused device allocations name size, category, device and the CUDA error") {
-  if (!have_gpu("DeviceBuffer errors")) return;
+  if (!have_gpu("allocate_cuda errors")) return;
   const uint64_t before = MemoryTracker::global().current_total();
-  std::string m = message_of([] { DeviceBuffer b(size_t{1} << 62, Category::kParams, 0); });
+  std::string m = message_of([] { allocate_cuda(size_t{1} << 62, Category::kParams, 0); });
   INFO(m);
   CHECK(m.find("4611686018427387904") != std::string::npos);
   CHECK(m.find("params") != std::string::npos);
   CHECK(m.find("cuda:0") != std::string::npos);
   CHECK(m.find("cudaError") != std::string::npos);
-  CHECK_THROWS_AS(DeviceBuffer(size_t{1} << 62, Category::kParams, 0), zero::AllocationError);
+  CHECK_THROWS_AS(allocate_cuda(size_t{1} << 62, Category::kParams, 0), zero::AllocationError);
   int count = 0;
   REQUIRE(cudaGetDeviceCount(&count) == cudaSuccess);
-  m = message_of([count] { DeviceBuffer b(4096, Category::kGrads, count + 3); });
+  m = message_of([count] { allocate_cuda(4096, Category::kGrads, count + 3); });
   CHECK(m.find("cuda:" + std::to_string(count + 3)) != std::string::npos);
   CHECK(m.find("grads") != std::string::npos);
-  CHECK_THROWS_AS(DeviceBuffer::for_elements(-1, zero::DType::kFloat32, Category::kGrads, 0),
+  CHECK_THROWS_AS(allocate_cuda_elements(-1, zero::DType::kFloat32, Category::kGrads, 0),
                   zero::AllocationError);
   CHECK(MemoryTracker::global().current_total() == before);
   // The runtime is still usable: the errors were not sticky and were cleared.
   CHECK(cudaGetLastError() == cudaSuccess);
-  DeviceBuffer ok(64, Category::kGrads, 0);
+  Buffer ok = allocate_cuda(64, Category::kGrads, 0);
   CHECK(ok.data() != nullptr);
 }
 
 TEST_CASE("round trip across two streams ordered by an event") {
   if (!have_gpu("Stream/Event round trip")) return;
   constexpr size_t kBytes = 8 << 20;
-  PinnedBuffer src(kBytes, Category::kOther);
-  PinnedBuffer dst(kBytes, Category::kOther);
+  Buffer src = zero::memory::allocate_pinned(kBytes, Category::kOther);
+  Buffer dst = zero::memory::allocate_pinned(kBytes, Category::kOther);
   auto* s = src.as<uint32_t>();
   for (size_t i = 0; i < kBytes / 4; ++i) s[i] = static_cast<uint32_t>(i * 2654435761u);
-  DeviceBuffer dev(kBytes, Category::kOther, 0);
+  Buffer dev = allocate_cuda(kBytes, Category::kOther, 0);
 
   CudaStream upload(0);
   CudaStream download(0);

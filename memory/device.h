@@ -30,49 +30,10 @@
 #include <string>
 
 #include "base/dtype.h"
+#include "memory/buffer.h"
 #include "memory/tracker.h"
 
 namespace zero::memory {
-
-// An owning, move-only allocation from a Device. Knows its memory kind and category; returns its
-// bytes to the device's tracker when destroyed.
-class Buffer {
- public:
-  // What a Device hands over: the memory and how to release it.
-  class Allocation {
-   public:
-    virtual ~Allocation() = default;
-    virtual void* data() = 0;
-    virtual size_t size_bytes() const = 0;
-  };
-
-  Buffer() = default;
-  // A null `allocation` gives an empty buffer (zero bytes) of that kind and category.
-  Buffer(std::unique_ptr<Allocation> allocation, DeviceKind kind, Category category);
-  // Moves leave the source empty (not defaulted: data_ and bytes_ must not survive in it).
-  Buffer(Buffer&& other) noexcept;
-  Buffer& operator=(Buffer&& other) noexcept;
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-
-  void* data() { return data_; }
-  const void* data() const { return data_; }
-  size_t size_bytes() const { return bytes_; }
-  bool empty() const { return bytes_ == 0; }
-  DeviceKind kind() const { return kind_; }
-  Category category() const { return category_; }
-  template <typename T>
-  T* as() { return static_cast<T*>(data_); }
-  template <typename T>
-  const T* as() const { return static_cast<const T*>(data_); }
-
- private:
-  std::unique_ptr<Allocation> allocation_;
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-  DeviceKind kind_ = DeviceKind::kHost;
-  Category category_ = Category::kOther;
-};
 
 // An ordered queue of device work. Opaque: only the Device that created it can use it.
 class Stream {

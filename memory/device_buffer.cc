@@ -3,16 +3,22 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
-#include <utility>
-
 #include "base/check.h"
-#include "memory/buffer.h"
+#include "memory/tracked_allocation.h"
 
 namespace zero::memory {
+namespace {
 
-DeviceBuffer::DeviceBuffer(size_t bytes, Category category, int device, MemoryTracker& tracker)
-    : category_(category), device_(device) {
-  if (bytes == 0) return;
+// cudaFree finds the owning device through unified addressing; it synchronizes that device. An
+// error (e.g. the runtime already unloading at exit) leaves nothing to undo.
+void free_cuda(void* data, size_t) {
+  if (cudaFree(data) != cudaSuccess) (void)cudaGetLastError();
+}
+
+}  // namespace
+
+Buffer allocate_cuda(size_t bytes, Category category, int device, MemoryTracker& tracker) {
+  if (bytes == 0) return Buffer(nullptr, Location::cuda(device), category);
   // Not DeviceGuard: every failure here must become one AllocationError with the full context.
   int previous = -1;
   cudaError_t error = cudaGetDevice(&previous);
@@ -26,52 +32,11 @@ DeviceBuffer::DeviceBuffer(size_t bytes, Category category, int device, MemoryTr
                format_bytes(bytes), Location::cuda(device).name(), category_name(category),
                cudaGetErrorString(error), cudaGetErrorName(error));
   }
-  try {
-    tracker.on_alloc(category, Location::cuda(device), bytes);
-  } catch (...) {
-    (void)cudaFree(raw);
-    throw;
-  }
-  data_ = raw;
-  bytes_ = bytes;
-  tracker_ = &tracker;
+  return make_tracked_buffer(raw, bytes, free_cuda, category, Location::cuda(device), tracker, "CUDA device");
 }
 
-DeviceBuffer DeviceBuffer::for_elements(int64_t count, DType dtype, Category category, int device,
-                                        MemoryTracker& tracker) {
-  return DeviceBuffer(checked_bytes(count, dtype, category), category, device, tracker);
-}
-
-DeviceBuffer::~DeviceBuffer() { release(); }
-
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)),
-      bytes_(std::exchange(other.bytes_, 0)),
-      category_(other.category_),
-      device_(other.device_),
-      tracker_(std::exchange(other.tracker_, nullptr)) {}
-
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
-  if (this != &other) {
-    release();
-    data_ = std::exchange(other.data_, nullptr);
-    bytes_ = std::exchange(other.bytes_, 0);
-    category_ = other.category_;
-    device_ = other.device_;
-    tracker_ = std::exchange(other.tracker_, nullptr);
-  }
-  return *this;
-}
-
-void DeviceBuffer::release() {
-  if (data_ == nullptr) return;
-  // cudaFree finds the owning device through unified addressing; it synchronizes that device. An
-  // error (e.g. the runtime already unloading at exit) leaves nothing to undo.
-  if (cudaFree(data_) != cudaSuccess) (void)cudaGetLastError();
-  tracker_->on_free(category_, Location::cuda(device_), bytes_);
-  data_ = nullptr;
-  bytes_ = 0;
-  tracker_ = nullptr;
+Buffer allocate_cuda_elements(int64_t count, DType dtype, Category category, int device, MemoryTracker& tracker) {
+  return allocate_cuda(checked_bytes(count, dtype, category), category, device, tracker);
 }
 
 }  // namespace zero::memory

@@ -31,7 +31,6 @@
 #include "memory/device.h"
 #include "memory/host_kernels.h"
 #include "memory/op_checks.h"
-#include "memory/owned_allocation.h"
 
 namespace zero::memory {
 namespace {
@@ -190,9 +189,7 @@ class HostDevice final : public Device {
   MemoryTracker& tracker() override { return tracker_; }
 
   Buffer allocate(size_t bytes, Category category) override {
-    if (bytes == 0) return Buffer(nullptr, DeviceKind::kHost, category);
-    return Buffer(std::make_unique<OwnedAllocation<HostBuffer>>(HostBuffer(bytes, category, tracker_)),
-                  DeviceKind::kHost, category);
+    return allocate_host(bytes, category, tracker_);
   }
 
   Stream& compute_stream() override { return compute_; }

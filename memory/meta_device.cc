@@ -194,9 +194,8 @@ class MetaDeviceImpl final : public MetaDevice {
  private:
   bool real(const void* p, size_t bytes) const { return addressable(p, bytes); }
   Buffer make(size_t bytes, Category category, Location location, MemoryTracker& tracker) {
-    const DeviceKind kind = location.kind;
-    if (bytes == 0) return Buffer(nullptr, kind, category);
-    return Buffer(std::make_unique<MetaAllocation>(space_, bytes, category, location, tracker), kind, category);
+    if (bytes == 0) return Buffer(nullptr, location, category);
+    return Buffer(std::make_unique<MetaAllocation>(space_, bytes, category, location, tracker), location, category);
   }
 
   MemoryTracker& tracker_;

@@ -1,4 +1,4 @@
-// PinnedBuffer's fallback order without a CUDA device: pages are locked (mlock) while RLIMIT_MEMLOCK
+// allocate_pinned's fallback order without a CUDA device: pages are locked (mlock) while RLIMIT_MEMLOCK
 // leaves room, else the buffer is pageable and ONE warning is logged per process. The soft limit is
 // lowered for the test (always permitted) so the outcome does not depend on the machine's limit.
 //
@@ -89,8 +89,9 @@ TEST_CASE("pinned fallback: locked within RLIMIT_MEMLOCK, else pageable with one
   MemlockLimit limit(16 * page);
 
   if (cuda_device_available()) {
-    PinnedBuffer big(1 << 20, Category::kOffloadHost);
-    CHECK(big.kind() == PinnedBuffer::Kind::kCudaHost);
+    PinnedKind kind = PinnedKind::kPageable;
+    Buffer big = allocate_pinned(1 << 20, Category::kOffloadHost, g, &kind);
+    CHECK(kind == PinnedKind::kCudaHost);
     CHECK(count(log.text(), "pinned memory unavailable") == 0);
     return;
   }
@@ -101,9 +102,11 @@ TEST_CASE("pinned fallback: locked within RLIMIT_MEMLOCK, else pageable with one
 
   {
     // Fits under the lowered limit (if the hard limit allows even that much).
-    PinnedBuffer small(page + 1, Category::kOffloadHost);
+    PinnedKind small_kind = PinnedKind::kCudaHost;
+    Buffer small = allocate_pinned(page + 1, Category::kOffloadHost, g, &small_kind);
     if (limit.soft() >= 2 * page) {
-      REQUIRE(small.kind() == PinnedBuffer::Kind::kLocked);
+      REQUIRE(small_kind == PinnedKind::kLocked);
+      CHECK(small.location() == Location::pinned_host());
       CHECK(reinterpret_cast<uintptr_t>(small.data()) % page == 0);
       CHECK(g.usage(Category::kOffloadHost, Location::pinned_host()).current ==
             pinned_before.current + page + 1);
@@ -111,10 +114,12 @@ TEST_CASE("pinned fallback: locked within RLIMIT_MEMLOCK, else pageable with one
     }
 
     // Beyond the limit: pageable, reported as host memory, and one warning for both.
-    PinnedBuffer big1(1 << 20, Category::kOffloadHost);
-    PinnedBuffer big2(1 << 20, Category::kOffloadHost);
-    CHECK(big1.kind() == PinnedBuffer::Kind::kPageable);
-    CHECK(big2.kind() == PinnedBuffer::Kind::kPageable);
+    PinnedKind kind1 = PinnedKind::kCudaHost, kind2 = PinnedKind::kCudaHost;
+    Buffer big1 = allocate_pinned(1 << 20, Category::kOffloadHost, g, &kind1);
+    Buffer big2 = allocate_pinned(1 << 20, Category::kOffloadHost, g, &kind2);
+    CHECK(kind1 == PinnedKind::kPageable);
+    CHECK(kind2 == PinnedKind::kPageable);
+    CHECK(big1.location() == Location::host());
     CHECK(reinterpret_cast<uintptr_t>(big1.data()) % 64 == 0);
     CHECK(g.usage(Category::kOffloadHost, Location::host()).current ==
           host_before.current + (2u << 20));
@@ -129,10 +134,11 @@ TEST_CASE("pinned fallback: locked within RLIMIT_MEMLOCK, else pageable with one
 
   // Freed locked pages count against the limit no more: the full limit can be locked again.
   if (limit.soft() >= 2 * page) {
-    PinnedBuffer again(limit.soft(), Category::kOffloadHost);
-    CHECK(again.kind() == PinnedBuffer::Kind::kLocked);
-    PinnedBuffer one_more(1, Category::kOffloadHost);
-    CHECK(one_more.kind() == PinnedBuffer::Kind::kPageable);
+    PinnedKind again_kind = PinnedKind::kCudaHost, one_more_kind = PinnedKind::kCudaHost;
+    Buffer again = allocate_pinned(limit.soft(), Category::kOffloadHost, g, &again_kind);
+    CHECK(again_kind == PinnedKind::kLocked);
+    Buffer one_more = allocate_pinned(1, Category::kOffloadHost, g, &one_more_kind);
+    CHECK(one_more_kind == PinnedKind::kPageable);
   }
   CHECK(count(log.text(), "pinned memory unavailable") == 1);
 }
@@ -143,18 +149,25 @@ TEST_CASE("locked pinned buffers under concurrent allocation stay within the lim
   MemlockLimit limit(32 * page);
   if (limit.soft() < 32 * page) return;  // the hard limit is too low to say anything here
   // 8 threads each hold 8 one-page buffers at once: 64 pages wanted, 32 allowed.
-  std::vector<std::vector<PinnedBuffer>> held(8);
+  std::vector<std::vector<Buffer>> held(8);
+  std::vector<std::vector<PinnedKind>> kinds(8, std::vector<PinnedKind>(8, PinnedKind::kCudaHost));
   std::vector<std::thread> threads;
   for (int t = 0; t < 8; ++t) {
-    threads.emplace_back([&held, t, page] {
-      for (int i = 0; i < 8; ++i) held[t].emplace_back(page, Category::kOther);
+    threads.emplace_back([&held, &kinds, t, page] {
+      for (size_t i = 0; i < 8; ++i) {
+        held[t].push_back(allocate_pinned(page, Category::kOther, MemoryTracker::global(), &kinds[t][i]));
+      }
     });
   }
   for (auto& th : threads) th.join();
-  size_t locked = 0;
-  for (const auto& v : held) {
-    for (const PinnedBuffer& b : v) locked += b.kind() == PinnedBuffer::Kind::kLocked;
+  size_t locked = 0, pinned_location = 0;
+  for (int t = 0; t < 8; ++t) {
+    for (size_t i = 0; i < 8; ++i) {
+      locked += kinds[t][i] == PinnedKind::kLocked;
+      pinned_location += held[t][i].location() == Location::pinned_host();
+    }
   }
+  CHECK(pinned_location == 32);
   CHECK(locked == 32);
 }
 

@@ -1,5 +1,5 @@
 // MemoryTracker: exact figures per (category, device), peaks, reset, the table, and exact totals
-// under concurrent allocation and free from 8 threads (also through real HostBuffers).
+// under concurrent allocation and free from 8 threads (also through real host Buffers).
 #include "memory/tracker.h"
 
 #include <doctest/doctest.h>
@@ -238,7 +238,7 @@ TEST_CASE("exact figures under concurrent on_alloc/on_free from 8 threads") {
   CHECK(t.peak_total() == total);
 }
 
-TEST_CASE("global tracker equals the bytes of live HostBuffers under 8 threads") {
+TEST_CASE("global tracker equals the bytes of live host Buffers under 8 threads") {
   MemoryTracker& g = MemoryTracker::global();
   g.reset_peaks();
   std::array<uint64_t, kNumCategories> base{};
@@ -251,7 +251,7 @@ TEST_CASE("global tracker equals the bytes of live HostBuffers under 8 threads")
 
   constexpr int kThreads = 8;
   constexpr int kIters = 1500;
-  std::vector<std::vector<HostBuffer>> kept(kThreads);
+  std::vector<std::vector<Buffer>> kept(kThreads);
   // Largest bytes each thread held at once per category: a lower bound for that category's peak.
   std::vector<std::array<uint64_t, kNumCategories>> own_peak(kThreads);
   std::vector<std::thread> threads;
@@ -269,7 +269,7 @@ TEST_CASE("global tracker equals the bytes of live HostBuffers under 8 threads")
           mine.pop_back();
         } else {
           const Category c = kAll[rng() % kNumCategories];
-          mine.emplace_back(1 + rng() % 20000, c);
+          mine.push_back(allocate_host(1 + rng() % 20000, c));
           const auto ci = static_cast<size_t>(c);
           held[ci] += mine.back().size_bytes();
           own_peak[th][ci] = std::max(own_peak[th][ci], held[ci]);
@@ -283,7 +283,7 @@ TEST_CASE("global tracker equals the bytes of live HostBuffers under 8 threads")
   for (size_t ci = 0; ci < kNumCategories; ++ci) {
     uint64_t bytes = 0, count = 0, peak_low = 0;
     for (int th = 0; th < kThreads; ++th) {
-      for (const HostBuffer& b : kept[th]) {
+      for (const Buffer& b : kept[th]) {
         if (static_cast<size_t>(b.category()) == ci) {
           bytes += b.size_bytes();
           ++count;
@@ -312,10 +312,10 @@ TEST_CASE("buffers given a tracker report to it, release to it, and leave the gl
   const uint64_t global_before = g.current_total();
   MemoryTracker a, b;  // e.g. two engines in one process
   {
-    HostBuffer x(1000, Category::kParams, a);
-    HostBuffer y = HostBuffer::for_elements(10, DType::kFloat32, Category::kGrads, b);
-    PinnedBuffer z(4096, Category::kOffloadHost, b);
-    PinnedBuffer w = PinnedBuffer::for_elements(8, DType::kFloat64, Category::kOther, a);
+    Buffer x = allocate_host(1000, Category::kParams, a);
+    Buffer y = allocate_host_elements(10, DType::kFloat32, Category::kGrads, b);
+    Buffer z = allocate_pinned(4096, Category::kOffloadHost, b);
+    Buffer w = allocate_pinned_elements(8, DType::kFloat64, Category::kOther, a);
     CHECK(a.current_total() == 1000 + 64);
     CHECK(b.current_total() == 40 + 4096);
     CHECK(a.usage(Category::kParams, Location::host()).current == 1000);
@@ -324,12 +324,12 @@ TEST_CASE("buffers given a tracker report to it, release to it, and leave the gl
     CHECK(g.current_total() == global_before);
 
     // A move carries the tracker along: freeing through the new owner releases to `a`.
-    HostBuffer moved = std::move(x);
-    HostBuffer other(10, Category::kParams, b);
+    Buffer moved = std::move(x);
+    Buffer other = allocate_host(10, Category::kParams, b);
     other = std::move(moved);  // frees b's 10 bytes, takes over a's 1000
     CHECK(b.usage(Category::kParams).current == 0);
     CHECK(a.usage(Category::kParams).current == 1000);
-    PinnedBuffer pz = std::move(z);
+    Buffer pz = std::move(z);
     CHECK(b.current_total() == 40 + 4096);
   }
   CHECK(a.current_total() == 0);

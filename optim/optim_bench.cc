@@ -139,7 +139,8 @@ void triad(float* a, const float* b, const float* c, size_t n, float s) {
 // bytes per element.
 double triad_gbs(ThreadPool& pool, size_t n, int reps) {
   using memory::Category;
-  memory::HostBuffer a(n * 4, Category::kOther), b(n * 4, Category::kOther), c(n * 4, Category::kOther);
+  memory::Buffer a = memory::allocate_host(n * 4, Category::kOther), b = memory::allocate_host(n * 4, Category::kOther),
+                 c = memory::allocate_host(n * 4, Category::kOther);
   float* pa = static_cast<float*>(a.data());
   float* pb = static_cast<float*>(b.data());
   float* pc = static_cast<float*>(c.data());
@@ -171,8 +172,8 @@ double triad_gbs(ThreadPool& pool, size_t n, int reps) {
 // Best-of-reps GB/s of the 4-read/3-write in-place pattern over n elements per array.
 double inplace_gbs(ThreadPool& pool, size_t n, int reps) {
   using memory::Category;
-  memory::HostBuffer p(n * 4, Category::kOther), g(n * 4, Category::kOther),
-      m(n * 4, Category::kOther), v(n * 4, Category::kOther);
+  memory::Buffer p = memory::allocate_host(n * 4, Category::kOther), g = memory::allocate_host(n * 4, Category::kOther),
+                 m = memory::allocate_host(n * 4, Category::kOther), v = memory::allocate_host(n * 4, Category::kOther);
   float* pp = static_cast<float*>(p.data());
   float* pg = static_cast<float*>(g.data());
   float* pm = static_cast<float*>(m.data());
@@ -269,8 +270,10 @@ int run(int argc, char** argv) {
   for (size_t m : sizes_m) {
     const size_t n = m << 20;
     using memory::Category;
-    memory::HostBuffer master_buf(n * 4, Category::kMasterParams), grad32_buf(n * 4, Category::kGrads),
-        grad16_buf(n * 2, Category::kGrads), out_buf(n * 2, Category::kParams);
+    memory::Buffer master_buf = memory::allocate_host(n * 4, Category::kMasterParams),
+                   grad32_buf = memory::allocate_host(n * 4, Category::kGrads),
+                   grad16_buf = memory::allocate_host(n * 2, Category::kGrads),
+                   out_buf = memory::allocate_host(n * 2, Category::kParams);
     float* master = static_cast<float*>(master_buf.data());
     float* grad32 = static_cast<float*>(grad32_buf.data());
     uint16_t* grad16 = static_cast<uint16_t*>(grad16_buf.data());

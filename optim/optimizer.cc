@@ -150,7 +150,7 @@ struct Optimizer::Impl {
   const detail::KernelTable* table;
   detail::StepSchedule schedule;
   std::vector<std::string> state_names;
-  std::vector<memory::HostBuffer> states;  // 64-byte aligned, zero-filled, tracked
+  std::vector<memory::Buffer> states;  // 64-byte aligned, zero-filled, tracked host memory
   std::vector<std::vector<Piece>> thread_pieces;
   detail::SegmentsByParam segments_by_param;
   std::vector<Piece> sorted_pieces;  // covered elements in shard order
@@ -295,8 +295,8 @@ Optimizer::Optimizer(const OptimizerOptions& options, size_t shard_numel,
   m.state_names = detail::state_names_of(options.kind);
   const size_t bytes = shard_numel * dtype_size(options.state_dtype);
   for (size_t i = 0; i < m.state_names.size(); ++i) {
-    m.states.emplace_back(bytes, memory::Category::kOptimizerState,
-                          options.tracker ? *options.tracker : memory::MemoryTracker::global());
+    m.states.push_back(memory::allocate_host(bytes, memory::Category::kOptimizerState,
+                                            options.tracker ? *options.tracker : memory::MemoryTracker::global()));
   }
   if (options.kind == OptimizerKind::kAdagrad) {
     // torch.full_like(p, initial_accumulator_value), per group.

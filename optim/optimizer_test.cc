@@ -377,8 +377,8 @@ TEST_CASE("large ranges (streaming copy-out stores) give the same bits as small 
         o.simd_path = path;
         o.num_threads = 1;
         Optimizer opt(o, n, {Segment{0, n, 0, "w", 0}});
-        memory::HostBuffer master_buf(n * 4, Category::kOther);
-        memory::HostBuffer out_buf((n + 1) * 4, Category::kOther);
+        memory::Buffer master_buf = memory::allocate_host(n * 4, Category::kOther);
+        memory::Buffer out_buf = memory::allocate_host((n + 1) * 4, Category::kOther);
         float* master = master_buf.as<float>();
         std::copy(init.begin(), init.end(), master);
         char* out = static_cast<char*>(out_buf.data()) + out_offset * dtype_size(od);

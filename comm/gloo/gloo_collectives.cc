@@ -172,8 +172,8 @@ ReduceScatterSegments reduce_scatter_segments(size_t my_count, size_t element_by
 
 uint8_t* Scratch::get(size_t bytes) {
   if (buffer_.size_bytes() < bytes) {
-    buffer_ = memory::HostBuffer();  // release first: the peak is the new size, not both
-    buffer_ = memory::HostBuffer(bytes, memory::Category::kCommBuffer);
+    buffer_ = memory::Buffer();  // release first: the peak is the new size, not both
+    buffer_ = memory::allocate_host(bytes, memory::Category::kCommBuffer);
   }
   return static_cast<uint8_t*>(buffer_.data());
 }

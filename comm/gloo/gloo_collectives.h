@@ -65,7 +65,7 @@ class Scratch {
   uint8_t* get(size_t bytes);
 
  private:
-  memory::HostBuffer buffer_;
+  memory::Buffer buffer_;
 };
 
 // Unbound buffers of failed collectives, kept alive until the owner has closed the context's
