@@ -113,7 +113,6 @@ class [[nodiscard("a unit scope ends when it is destroyed: hold it for the unit'
   size_t view_numel(int id, ViewType v) const;
   UnitScope(Engine* engine, int unit, bool backward, bool evaluation)
       : engine_(engine), unit_(unit), backward_(backward), evaluation_(evaluation) {}
-  void end_quietly() noexcept;
   Engine* engine_ = nullptr;
   int unit_ = -1;
   bool backward_ = false;
@@ -155,7 +154,6 @@ class [[nodiscard("evaluation() lasts as long as the scope it returns: hold it")
  private:
   friend class Engine;
   explicit EvaluationScope(Engine* engine) : engine_(engine) {}
-  void end_quietly() noexcept;
   Engine* engine_ = nullptr;
 };
 
@@ -280,6 +278,10 @@ class Engine {
   void end_no_sync();
   void end_evaluation();
   void note_scope_error(std::exception_ptr error);
+  // Closes `scope` from its destructor or a move: an error is kept for the engine's next call
+  // (note_scope_error), since neither may throw.
+  template <typename Scope>
+  static void close_quietly(Scope& scope) noexcept;
   CheckpointParts checkpoint_parts();
   CheckpointState checkpoint_state() const;
   struct Impl;

@@ -9,6 +9,17 @@
 
 namespace zero {
 
+template <typename Scope>
+void Engine::close_quietly(Scope& scope) noexcept {
+  Engine* e = scope.engine_;
+  if (e == nullptr) return;
+  try {
+    scope.close();
+  } catch (...) {
+    e->note_scope_error(std::current_exception());
+  }
+}
+
 UnitScope Engine::gather(int unit) {
   fault::point("forward");
   return open_scope(unit, false);
@@ -99,7 +110,7 @@ UnitScope::UnitScope(UnitScope&& o) noexcept
 
 UnitScope& UnitScope::operator=(UnitScope&& o) noexcept {
   if (this != &o) {
-    end_quietly();
+    Engine::close_quietly(*this);
     engine_ = std::exchange(o.engine_, nullptr);
     unit_ = o.unit_;
     backward_ = o.backward_;
@@ -109,17 +120,7 @@ UnitScope& UnitScope::operator=(UnitScope&& o) noexcept {
   return *this;
 }
 
-UnitScope::~UnitScope() { end_quietly(); }
-
-void UnitScope::end_quietly() noexcept {
-  Engine* e = engine_;
-  if (e == nullptr) return;
-  try {
-    close();
-  } catch (...) {
-    e->note_scope_error(std::current_exception());
-  }
-}
+UnitScope::~UnitScope() { Engine::close_quietly(*this); }
 
 void UnitScope::close() {
   Engine* e = std::exchange(engine_, nullptr);
@@ -166,27 +167,18 @@ EvaluationScope::EvaluationScope(EvaluationScope&& o) noexcept : engine_(std::ex
 
 EvaluationScope& EvaluationScope::operator=(EvaluationScope&& o) noexcept {
   if (this != &o) {
-    end_quietly();
+    Engine::close_quietly(*this);
     engine_ = std::exchange(o.engine_, nullptr);
   }
   return *this;
 }
 
-EvaluationScope::~EvaluationScope() { end_quietly(); }
+EvaluationScope::~EvaluationScope() { Engine::close_quietly(*this); }
 
 void EvaluationScope::close() {
   Engine* e = std::exchange(engine_, nullptr);
   if (e != nullptr) e->end_evaluation();
 }
 
-void EvaluationScope::end_quietly() noexcept {
-  Engine* e = engine_;
-  if (e == nullptr) return;
-  try {
-    close();
-  } catch (...) {
-    e->note_scope_error(std::current_exception());
-  }
-}
 
 }  // namespace zero
