@@ -1,6 +1,6 @@
 // The README's main job: the example trains, its loss decreases, and in deterministic mode the loss
 // curve is identical at stages 0, 1, 2 and 3, and with the optimizer (and parameters) offloaded. Also the memory benchmark's formula check at N = 2 and 4.
-// A --config file (DeepSpeed's or ours) trains as the same flags do.
+// A --config file (DeepSpeed's or ours) trains as the same flags do, and hybrid sharding from a shard group size as plain sharding.
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -124,6 +124,40 @@ TEST_CASE("memory per rank within 5% of the ZeRO formulas, N = 2 and 4, with and
     CHECK(r.exit_code == 0);
     CHECK(r.output.find("2Ψ/N; host 2Ψ/N + 12Ψ/N") != std::string::npos);
   }
+}
+
+TEST_CASE("example: hybrid sharding (2 shard groups of 2 ranks) trains as plain stage 3 at 4 ranks, from the flag and from mics_shard_size") {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "example_test_hybrid";
+  std::filesystem::create_directories(dir);
+  // A DeepSpeed file brings DeepSpeed's defaults, so the file with mics_shard_size is compared with
+  // the same file without it.
+  const std::string ds_plain = (dir / "ds_plain.json").string(), ds_mics = (dir / "ds_mics.json").string();
+  std::ofstream(ds_plain) << R"({"zero_optimization": {"stage": 3}})";
+  std::ofstream(ds_mics) << R"({"zero_optimization": {"stage": 3, "mics_shard_size": 2}})";
+  const std::vector<std::string> common{"--steps", "10", "--deterministic", "--lr", "0.01", "--hidden", "64",
+                                        "--bucket-kib", "16", "--stage", "3"};
+  auto run = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = common;
+    args.insert(args.end(), extra.begin(), extra.end());
+    const auto r = testing::launch(4, "examples/train_mlp", args);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    return r;
+  };
+  const auto plain = run({});
+  const auto flag = run({"--shard-group-size", "2"});
+  const auto file_plain = run({"--config", ds_plain});
+  const auto file_mics = run({"--config", ds_mics});
+  const auto lines = loss_lines(plain.output), file_lines = loss_lines(file_plain.output);
+  REQUIRE(lines.size() == 10);
+  REQUIRE(file_lines.size() == 10);
+  CHECK(loss_lines(flag.output) == lines);
+  CHECK(loss_lines(file_mics.output) == file_lines);
+  CHECK(plain.output.find("hybrid sharding") == std::string::npos);
+  CHECK(file_plain.output.find("hybrid sharding") == std::string::npos);
+  CHECK(flag.output.find("hybrid sharding: 2 shard groups of 2 ranks") != std::string::npos);
+  CHECK(file_mics.output.find("hybrid sharding: 2 shard groups of 2 ranks") != std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace zero
