@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Deterministic runs of the working tree against an earlier commit (default: the parent of HEAD),
+# built in a worktree beside it: train_mlp and train_gpt at every ZeRO stage (and with offload), each
+# on 2 ranks with --deterministic, must print the same loss lines and export byte-identical
+# safetensors. For refactors that must not change a bit.
+#
+#   bash scripts/bitwise_compare.sh [BASE_COMMIT]
+#
+# Settings (environment): STEPS=20, BASE_WORKTREE=/tmp/zero_speed_base (shared with
+# engine_speed_compare.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+base=${1:-HEAD~1}
+steps=${STEPS:-20}
+wt=${BASE_WORKTREE:-/tmp/zero_speed_base}
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+if [[ ! -d "$wt" ]]; then git worktree add -q "$wt" "$base"; else git -C "$wt" checkout -q "$base"; fi
+targets=(//comm/launch:zerorun //examples:train_mlp //examples/gpt:train_gpt)
+bazel build -c opt "${targets[@]}" >/dev/null 2>&1
+(cd "$wt" && bazel build -c opt "${targets[@]}" >/dev/null 2>&1)
+
+run() {  # tree, name, program, args... -> loss lines in $out/name.log, export in $out/name.safetensors
+  local tree=$1 name=$2 program=$3
+  shift 3
+  "$tree/bazel-bin/comm/launch/zerorun" --nproc-per-node 2 -- "$tree/bazel-bin/$program" --deterministic \
+    --steps "$steps" --export "$out/$name.safetensors" "$@" 2>&1 | grep -E '\] step ' | sed -E 's/^.*\] step/step/; s/ *\|[^|]*tok\/s.*$//' \
+    >"$out/$name.log"  # train_gpt's lines end with timings: cut from its tokens per second on
+}
+
+cases=(
+  "mlp0 examples/train_mlp --stage 0"
+  "mlp1 examples/train_mlp --stage 1"
+  "mlp2 examples/train_mlp --stage 2"
+  "mlp3 examples/train_mlp --stage 3"
+  "mlp1o examples/train_mlp --stage 1 --offload"
+  "mlp3p examples/train_mlp --stage 3 --offload-params"
+  "gpt2 examples/gpt/train_gpt --stage 2"
+  "gpt3 examples/gpt/train_gpt --stage 3"
+)
+printf '%-8s %-40s %s\n' case "loss lines" export
+failed=0
+for c in "${cases[@]}"; do
+  read -r name program args <<<"$c"
+  # shellcheck disable=SC2086  # args is a list of flags
+  run "$PWD" "new-$name" "$program" $args
+  # shellcheck disable=SC2086
+  run "$wt" "base-$name" "$program" $args
+  lines=$(wc -l <"$out/new-$name.log")
+  if [[ $lines -eq 0 ]]; then losses="no loss lines"; failed=1
+  elif cmp -s "$out/new-$name.log" "$out/base-$name.log"; then losses="same ($lines lines)"
+  else losses="DIFFER"; failed=1; fi
+  if cmp -s "$out/new-$name.safetensors" "$out/base-$name.safetensors"; then export="identical"
+  else export="DIFFER"; failed=1; fi
+  printf '%-8s %-40s %s\n' "$name" "$losses" "$export"
+done
+exit $failed
