@@ -7,6 +7,12 @@
 // timeout, and a failure (TimeoutError, CommError) names the operation, its sequence number and the
 // rank.
 //
+// Point-to-point (send/recv): the k-th send from rank a to rank b matches the k-th recv on b from a
+// (MPI's non-overtaking rule, per pair and direction); the count and dtype must agree. They have a
+// sequence of their own per (peer, direction), so ranks not involved are not affected, and they do
+// not wait behind queued collectives. Errors follow the collectives' rules and name the peer
+// (docs/comm.md, "Point-to-point").
+//
 // Layout rules (NCCL's, so that sharded engines can work in place):
 //   reduce_scatter: send holds size() * recv_count elements; rank r receives the reduction of chunk r.
 //                   In place when recv == send + rank() * recv_count.
@@ -83,10 +89,24 @@ class Communicator {
   virtual WorkHandle all_to_all(const void* send, void* recv, size_t count, DType dtype) = 0;
   virtual WorkHandle barrier() = 0;
 
+  // Point-to-point: sends `count` elements of buf to rank `peer` / receives them from `peer` into
+  // buf. Asynchronous: the buffer must stay untouched (send) or unread (recv) until the Work
+  // completes. Arguments are checked on the caller's thread (InvalidArgument naming the argument:
+  // peer out of range or this rank, buf null with count > 0, a size that overflows). Backends that
+  // cannot move data between two ranks alone keep this default, which throws InvalidArgument "send
+  // is not supported by the <backend> communicator".
+  virtual WorkHandle send(const void* buf, size_t count, DType dtype, int peer);
+  virtual WorkHandle recv(void* buf, size_t count, DType dtype, int peer);
+
   // A communicator over the ranks that pass the same color, ordered by (key, rank). Collective:
   // every rank must call it. Ranks passing a negative color get nullptr.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
 };
+
+// The checks every backend's send/recv make on the caller's thread (Communicator::send): throws
+// InvalidArgument naming `op` and the argument; returns the transfer's size in bytes.
+size_t check_p2p_args(const char* op, const void* buf, size_t count, DType dtype, int peer,
+                      int rank, int size);
 
 // Labels the calls issued on `comm` while it lives (Communicator::set_call_label), then clears the
 // label.

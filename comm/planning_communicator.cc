@@ -107,6 +107,22 @@ WorkHandle PlanningCommunicator::barrier() {
   return done();
 }
 
+WorkHandle PlanningCommunicator::send(const void* buf, size_t count, DType dtype, int peer) {
+  const size_t bytes = check_p2p_args("send", buf, count, dtype, peer, rank_, size_);
+  P2PTally& t = p2p_tallies_[peer];
+  ++t.sends;
+  t.bytes_sent += bytes;
+  return done();
+}
+
+WorkHandle PlanningCommunicator::recv(void* buf, size_t count, DType dtype, int peer) {
+  const size_t bytes = check_p2p_args("recv", buf, count, dtype, peer, rank_, size_);
+  P2PTally& t = p2p_tallies_[peer];
+  ++t.recvs;
+  t.bytes_received += bytes;
+  return done();  // the buffer keeps what it held: no peer exists to fill it
+}
+
 std::unique_ptr<Communicator> PlanningCommunicator::split(int, int) {
   ZERO_THROW(InvalidArgument, "a plan covers one communicator over all ranks: split() is not supported");
 }

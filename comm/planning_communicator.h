@@ -10,6 +10,10 @@
 // nccl-tests report "size"), and the bytes each rank sends on a ring (nccl-tests' bus bytes):
 // all-reduce 2(N-1)/N of the payload, reduce-scatter, all-gather and all-to-all (N-1)/N of it, a
 // broadcast the payload.
+//
+// Point-to-point calls move nothing (a plan runs one rank: its peers' buffers do not exist here) and
+// complete at once; they are tallied per peer (p2p_tallies), apart from the collectives (a pipeline
+// stage's traffic is its sends and receives, not a ring's).
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -35,6 +39,14 @@ struct CollectiveTally {
   uint64_t wire_bytes = 0;  // sent per rank
 };
 
+// A rank's point-to-point traffic with one peer.
+struct P2PTally {
+  uint64_t sends = 0;
+  uint64_t recvs = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+};
+
 class PlanningCommunicator final : public Communicator {
  public:
   using Addressable = std::function<bool(const void* p, size_t bytes)>;
@@ -53,15 +65,21 @@ class PlanningCommunicator final : public Communicator {
   WorkHandle broadcast(void* buf, size_t count, DType dtype, int root) override;
   WorkHandle all_to_all(const void* send, void* recv, size_t count, DType dtype) override;
   WorkHandle barrier() override;
+  // Argument errors as every backend reports them (check_p2p_args); then counted, nothing moved.
+  WorkHandle send(const void* buf, size_t count, DType dtype, int peer) override;
+  WorkHandle recv(void* buf, size_t count, DType dtype, int peer) override;
   // Not supported: a plan is for one communicator over all ranks (throws InvalidArgument).
   std::unique_ptr<Communicator> split(int color, int key) override;
 
   // By operation name ("all_reduce", ...), since construction or the last reset.
   const std::map<std::string, CollectiveTally>& tallies() const { return tallies_; }
   const std::vector<PlannedCall>& calls() const { return calls_; }
+  // By peer rank, since construction or the last reset.
+  const std::map<int, P2PTally>& p2p_tallies() const { return p2p_tallies_; }
   void reset_tallies() {
     tallies_.clear();
     calls_.clear();
+    p2p_tallies_.clear();
   }
 
  private:
@@ -73,6 +91,7 @@ class PlanningCommunicator final : public Communicator {
   memory::DeviceKind accepts_;
   std::map<std::string, CollectiveTally> tallies_;
   std::vector<PlannedCall> calls_;
+  std::map<int, P2PTally> p2p_tallies_;
 };
 
 }  // namespace zero::comm

@@ -17,6 +17,8 @@ const char* collective_name(CollectiveKind kind) {
     case CollectiveKind::kBroadcast: return "broadcast";
     case CollectiveKind::kAllToAll: return "all_to_all";
     case CollectiveKind::kBarrier: return "barrier";
+    case CollectiveKind::kSend: return "send";
+    case CollectiveKind::kRecv: return "recv";
   }
   return "unknown";
 }
@@ -49,6 +51,14 @@ CallInfo make_reduce_call(uint64_t seq, CollectiveKind kind, DType dtype, uint64
 CallInfo make_broadcast_call(uint64_t seq, DType dtype, uint64_t count, int root) {
   CallInfo c = make_call(seq, CollectiveKind::kBroadcast, dtype, count);
   c.root = root;
+  return c;
+}
+
+CallInfo make_p2p_call(uint64_t seq, CollectiveKind kind, DType dtype, uint64_t count, int peer) {
+  ZERO_CHECK(kind == CollectiveKind::kSend || kind == CollectiveKind::kRecv,
+             "make_p2p_call: {} is not a point-to-point call", collective_name(kind));
+  CallInfo c = make_call(seq, kind, dtype, count);
+  c.root = peer;
   return c;
 }
 
@@ -96,6 +106,11 @@ std::string describe_call(const CallInfo& call) {
     case CollectiveKind::kBroadcast:
       args = fmt::format("{}, {}, root {}", dtype_name(call.dtype), call.count, call.root);
       break;
+    case CollectiveKind::kSend:
+    case CollectiveKind::kRecv:
+      args = fmt::format("{}, {}, {} rank {}", dtype_name(call.dtype), call.count,
+                         call.kind == CollectiveKind::kSend ? "to" : "from", call.root);
+      break;
     default:
       args = fmt::format("{}, {}", dtype_name(call.dtype), call.count);
       if (call.has_reduce_op) args += fmt::format(", {}", reduce_op_name(call.reduce_op));
@@ -126,7 +141,7 @@ CallInfo decode_call(const CallRecord& record) {
   c.seq = take<uint64_t>(record, 0);
   c.count = take<uint64_t>(record, 8);
   const auto hash = take<uint64_t>(record, 16);
-  if (record[24] > static_cast<uint8_t>(CollectiveKind::kBarrier) ||
+  if (record[24] > static_cast<uint8_t>(CollectiveKind::kRecv) ||
       record[25] > static_cast<uint8_t>(DType::kUInt8) || record[26] > 1 ||
       record[27] > static_cast<uint8_t>(ReduceOp::kMin)) {
     ZERO_THROW(CommError, "schedule check: corrupt call record (field out of range)");
@@ -161,6 +176,18 @@ std::string find_schedule_mismatch(const std::vector<CallRecord>& records) {
     }
   }
   return {};
+}
+
+std::string find_p2p_mismatch(const CallRecord& send, int sender, const CallRecord& recv,
+                              int receiver) {
+  const CallInfo s = decode_call(send);
+  const CallInfo r = decode_call(recv);
+  const bool same = s.kind == CollectiveKind::kSend && r.kind == CollectiveKind::kRecv &&
+                    s.seq == r.seq && s.dtype == r.dtype && s.count == r.count &&
+                    s.root == receiver && r.root == sender && s.label == r.label;
+  if (same) return {};
+  return fmt::format("p2p mismatch: rank {} called {} but rank {} called {}", sender,
+                     describe_call(s), receiver, describe_call(r));
 }
 
 bool schedule_check_from_env(bool fallback) { return env_bool("ZERO_COMM_CHECK", fallback); }

@@ -13,6 +13,11 @@
 // names each rank's purpose:
 //   schedule mismatch: rank 0 called all_gather(fp32, 512) #7 [unit 3 forward] but rank 1 called
 //   all_gather(fp32, 512) #7 [unit 4 forward]
+// Point-to-point calls carry the same records, exchanged between the two ranks of a transfer only
+// (find_p2p_mismatch): each send and its receive are numbered per (pair, direction), and a pair
+// whose records differ fails on both ranks with one message naming both calls, e.g.
+//   p2p mismatch: rank 0 called send(fp32, 100, to rank 1) #3 [stage 0 act] but rank 1 called
+//   recv(fp32, 99, from rank 0) #3 [stage 0 act]
 // Backend-neutral: the backends only move the records.
 #include <array>
 #include <cstdint>
@@ -32,6 +37,9 @@ enum class CollectiveKind : uint8_t {
   kBroadcast,
   kAllToAll,
   kBarrier,
+  // Point-to-point (not collectives, but checked with the same records): `root` is the peer.
+  kSend,
+  kRecv,
 };
 const char* collective_name(CollectiveKind kind);
 
@@ -41,7 +49,7 @@ struct CallInfo {
   CollectiveKind kind = CollectiveKind::kBarrier;
   DType dtype = DType::kUInt8;
   uint64_t count = 0;  // the count argument of the call (recv_count, send_count, ...)
-  int32_t root = -1;   // broadcast only
+  int32_t root = -1;   // broadcast: the root; send: the destination; recv: the source
   bool has_reduce_op = false;
   ReduceOp reduce_op = ReduceOp::kSum;  // all_reduce and reduce_scatter only
   std::string label;  // the caller's label, at most kCallLabelBytes bytes ("" when none)
@@ -56,11 +64,14 @@ CallInfo make_call(uint64_t seq, CollectiveKind kind, DType dtype, uint64_t coun
 CallInfo make_reduce_call(uint64_t seq, CollectiveKind kind, DType dtype, uint64_t count,
                           ReduceOp op);
 CallInfo make_broadcast_call(uint64_t seq, DType dtype, uint64_t count, int root);
+// kind kSend or kRecv; `seq` the transfer's number in its (pair, direction).
+CallInfo make_p2p_call(uint64_t seq, CollectiveKind kind, DType dtype, uint64_t count, int peer);
 
 // Hash (FNV-1a, 64 bit) of everything but the sequence number.
 uint64_t call_hash(const CallInfo& call);
 // "all_reduce(fp32, 1024, sum) #7", "broadcast(int64, 3, root 1) #2", "barrier() #0",
-// "all_gather(fp32, 512) #7 [unit 3 forward]".
+// "all_gather(fp32, 512) #7 [unit 3 forward]", "send(fp32, 100, to rank 1) #3",
+// "recv(fp32, 100, from rank 0) #3".
 std::string describe_call(const CallInfo& call);
 
 constexpr size_t kCallRecordBytes = 32 + kCallLabelBytes;
@@ -75,6 +86,13 @@ CallInfo decode_call(const CallRecord& record);
 // Compares every rank's record (indexed by rank) with rank 0's. Returns "" when they all agree, else
 // the mismatch message (the same text on every rank).
 std::string find_schedule_mismatch(const std::vector<CallRecord>& records);
+
+// Compares the record of a send (made by rank `sender`) with the record of the receive that is to
+// match it (made by rank `receiver`). Returns "" when they agree (send and recv, same sequence
+// number, dtype, count and label, each naming the other rank), else the mismatch message, the same
+// on both ranks. Throws CommError when a record is corrupt.
+std::string find_p2p_mismatch(const CallRecord& send, int sender, const CallRecord& recv,
+                              int receiver);
 
 // The ZERO_COMM_CHECK environment knob (1/0, true/false, ...), `fallback` when unset.
 bool schedule_check_from_env(bool fallback);

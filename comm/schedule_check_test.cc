@@ -100,6 +100,37 @@ TEST_CASE("labels travel in the record, take part in the hash and the comparison
   CHECK_THROWS_AS(decode_call(r), CommError);
 }
 
+TEST_CASE("point-to-point records name the peer and pair a send with its receive") {
+  CallInfo send = make_p2p_call(3, CollectiveKind::kSend, DType::kFloat32, 100, 1);
+  send.label = "stage 0 act";
+  CallInfo recv = make_p2p_call(3, CollectiveKind::kRecv, DType::kFloat32, 100, 0);
+  recv.label = "stage 0 act";
+  CHECK(describe_call(send) == "send(fp32, 100, to rank 1) #3 [stage 0 act]");
+  CHECK(describe_call(recv) == "recv(fp32, 100, from rank 0) #3 [stage 0 act]");
+  CHECK(describe_call(decode_call(encode_call(recv))) == describe_call(recv));
+  CHECK(find_p2p_mismatch(encode_call(send), 0, encode_call(recv), 1).empty());
+  const std::string both =
+      "p2p mismatch: rank 0 called send(fp32, 100, to rank 1) #3 [stage 0 act] but rank 1 called ";
+  CallInfo other = recv;
+  other.count = 99;
+  CHECK(find_p2p_mismatch(encode_call(send), 0, encode_call(other), 1) ==
+        both + "recv(fp32, 99, from rank 0) #3 [stage 0 act]");
+  other = recv;
+  other.dtype = DType::kInt32;
+  CHECK(find_p2p_mismatch(encode_call(send), 0, encode_call(other), 1) ==
+        both + "recv(int32, 100, from rank 0) #3 [stage 0 act]");
+  other = recv;
+  other.label = "stage 0 grad";
+  CHECK_FALSE(find_p2p_mismatch(encode_call(send), 0, encode_call(other), 1).empty());
+  other = recv;
+  other.seq = 4;
+  CHECK_FALSE(find_p2p_mismatch(encode_call(send), 0, encode_call(other), 1).empty());
+  // Two sends never pair, nor does a record that names another rank.
+  CHECK_FALSE(find_p2p_mismatch(encode_call(send), 0, encode_call(send), 1).empty());
+  CHECK_FALSE(find_p2p_mismatch(encode_call(send), 0, encode_call(recv), 2).empty());
+  CHECK_THROWS_AS(make_p2p_call(0, CollectiveKind::kBarrier, DType::kFloat32, 1, 1), CheckError);
+}
+
 TEST_CASE("ZERO_COMM_CHECK switches the check") {
   unsetenv("ZERO_COMM_CHECK");
   CHECK(schedule_check_from_env(true));

@@ -15,6 +15,32 @@ FailureReport::FailureReport(std::shared_ptr<Store> store, std::string prefix, i
 
 std::string FailureReport::key(int rank) const { return fmt::format("{}/failed/{}", prefix_, rank); }
 
+std::string FailureReport::p2p_key(int rank) const { return fmt::format("{}/p2p_failed/{}", prefix_, rank); }
+
+void FailureReport::note_p2p_failure(const std::string& message) const {
+  try {
+    store_->compare_set(p2p_key(rank_), {}, Bytes(message.begin(), message.end()));
+  } catch (const std::exception&) {
+    // The peer's error then only says that the connection broke.
+  }
+}
+
+std::string FailureReport::p2p_note(int peer) const {
+  try {
+    const auto deadline = std::chrono::steady_clock::now() + grace_;
+    for (;;) {
+      if (store_->check({p2p_key(peer)})) {
+        return fmt::format(" (rank {} reported: {})", peer,
+                           store_->get_string(p2p_key(peer), std::chrono::seconds(1)));
+      }
+      if (std::chrono::steady_clock::now() >= deadline) return {};
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } catch (const std::exception&) {
+    return {};
+  }
+}
+
 std::string FailureReport::absent_ranks(uint64_t seq, const std::string& note) const {
   if (size_ == 1 || grace_.count() <= 0) return {};
   std::vector<int> silent;

@@ -33,8 +33,18 @@ class FailureReport {
   // poll is the answer, or the message says the store could not tell.
   std::string absent_ranks(uint64_t seq, const std::string& note = {}) const;
 
+  // Point-to-point transfers involve one peer, so the forensics are a note instead: a rank whose
+  // transfer fails leaves its message in the store (the first one stays) before it closes its
+  // connections, and a rank whose connection to `peer` then breaks reads it, so that its error says
+  // why the peer went (" (rank 1 reported: ... timed out waiting for rank 0 ...)") instead of
+  // guessing that it died. Neither throws; p2p_note looks once, then polls for up to the grace,
+  // and returns "" when no note came.
+  void note_p2p_failure(const std::string& message) const;
+  std::string p2p_note(int peer) const;
+
  private:
   std::string key(int rank) const;
+  std::string p2p_key(int rank) const;
 
   std::shared_ptr<Store> store_;
   std::string prefix_;

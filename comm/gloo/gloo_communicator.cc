@@ -19,6 +19,7 @@
 #include "comm/gloo/gloo_call_runner.h"
 #include "comm/gloo/gloo_collectives.h"
 #include "comm/gloo/gloo_handshake.h"
+#include "comm/gloo/gloo_p2p.h"
 #include "comm/gloo/ordered_executor.h"
 #include "comm/gloo/reduce_kernels.h"
 #include "comm/schedule_check.h"
@@ -64,15 +65,26 @@ class GlooCommunicator final : public Communicator, private OrderedExecutor::Own
         size_(size),
         options_(std::move(options)),
         check_(check),
-        runner_(connect_and_handshake(store_, prefix_, rank_, size_, options_, check_), options_,
-                check_),
-        executor_(options_.timeout, *this) {}
+        context_(connect_and_handshake(store_, prefix_, rank_, size_, options_, check_)),
+        runner_(context_, options_, check_),
+        p2p_(context_, options_.timeout, check_),
+        executor_(options_.timeout, *this) {
+    // A failed transfer fails the collectives too (and a failed collective the transfers:
+    // failed()); the store carries why a rank closed its connections to the peer left behind.
+    GlooP2P::Hooks hooks;
+    hooks.failed = [this](const std::string& reason) { executor_.fail(reason); };
+    hooks.note = [this](const std::string& reason) { failure_report_.note_p2p_failure(reason); };
+    hooks.peer_note = [this](int peer) { return failure_report_.p2p_note(peer); };
+    p2p_.set_hooks(std::move(hooks));
+  }
 
   // Queued work fails with "communicator destroyed". A collective still running is cut short
   // rather than left to run into its timeout (its peers may never come): its waits are woken and
-  // the connections closed, so it fails at once and so do the peers' matching collectives.
+  // the connections closed, so it fails at once and so do the peers' matching collectives. Pending
+  // transfers are cut short the same way.
   ~GlooCommunicator() override {
     executor_.shutdown();
+    p2p_.shutdown();
     runner_.bury();
   }
 
@@ -243,9 +255,32 @@ class GlooCommunicator final : public Communicator, private OrderedExecutor::Own
     return enqueue(CollectiveKind::kBarrier, DType::kUInt8, 0, std::nullopt, -1, std::move(plan));
   }
 
+  WorkHandle send(const void* buf, size_t count, DType dtype, int peer) override {
+    check_transfer("send", buf, count, dtype, peer);
+    return p2p_.send(buf, count, dtype, peer, label());
+  }
+
+  WorkHandle recv(void* buf, size_t count, DType dtype, int peer) override {
+    check_transfer("recv", buf, count, dtype, peer);
+    return p2p_.recv(buf, count, dtype, peer, label());
+  }
+
   std::unique_ptr<Communicator> split(int color, int key) override;
 
  private:
+  void check_transfer(const char* name, const void* buf, size_t count, DType dtype, int peer) const {
+    const size_t bytes = check_p2p_args(name, buf, count, dtype, peer, rank_, size_);
+    if (bytes > kMaxTransferBytes) {
+      ZERO_THROW(InvalidArgument, "{}: buf of {} bytes exceeds the {} bytes one Gloo transfer can carry",
+                 name, bytes, kMaxTransferBytes);
+    }
+  }
+
+  std::string label() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return call_label_;
+  }
+
   bool small(size_t payload_bytes) const { return runs_as_messages(options_, payload_bytes); }
 
   static void check_reduce_op(const char* name, ReduceOp op) {
@@ -256,11 +291,7 @@ class GlooCommunicator final : public Communicator, private OrderedExecutor::Own
 
   WorkHandle enqueue(CollectiveKind kind, DType dtype, size_t count, std::optional<ReduceOp> op,
                      int root, CallPlan plan) {
-    std::string label;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      label = call_label_;
-    }
+    std::string label = this->label();
     return executor_.submit([&](uint64_t seq) {
       CallInfo call = op ? make_reduce_call(seq, kind, dtype, count, *op)
                          : make_call(seq, kind, dtype, count);
@@ -289,6 +320,8 @@ class GlooCommunicator final : public Communicator, private OrderedExecutor::Own
   // OrderedExecutor::Owner: a caller gave up on a call, or the communicator is destroyed while one
   // runs.
   void cut_short(const std::string& reason) override { runner_.cut_short(reason); }
+  // The executor failed (a collective failed or was given up on): so do the transfers.
+  void failed(const std::string& reason) override { p2p_.fail(reason); }
   std::string abandoned_note(uint64_t seq) override { return absent_ranks(seq); }
 
   // Which ranks never reached collective `seq`, for the failure's message (failure_report.h).
@@ -301,7 +334,9 @@ class GlooCommunicator final : public Communicator, private OrderedExecutor::Own
   const GlooOptions options_;
   const bool check_;
   const FailureReport failure_report_{store_, prefix_, rank_, size_, options_.failure_report_grace};
+  const std::shared_ptr<gloo::Context> context_;  // shared by the collectives and the transfers
   GlooCallRunner runner_;
+  GlooP2P p2p_;
 
   std::mutex mu_;
   std::string call_label_;  // set_call_label; guarded by mu_

@@ -16,6 +16,9 @@
 // past its deadline throws TimeoutError, cuts the collective short and fails the communicator (as
 // NCCL's abort does).
 // Every Gloo wait is bounded by `timeout`, so the destructor (which drains the queue) is bounded too.
+//
+// send/recv run beside the queue, not in it, on the same context (comm/gloo/gloo_p2p.h): a transfer
+// never waits behind collectives, and a failure of either fails both.
 #include <memory>
 
 #include "comm/communicator.h"

@@ -167,6 +167,13 @@ class OrderedExecutor::Core final : private InlineRunner, private Abandoner {
     return std::make_shared<OrderedWork>(std::move(state));
   }
 
+  void fail(const std::string& reason) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    set_failure(reason);
+    if (running_) owner_.cut_short(reason);
+  }
+
   void shutdown() {
     bool busy;
     {
@@ -243,7 +250,7 @@ class OrderedExecutor::Core final : private InlineRunner, private Abandoner {
     {
       std::lock_guard<std::mutex> lock(mu_);
       running_ = false;
-      if (result.outcome != Outcome::kOk && failure_.empty()) failure_ = result.message;
+      if (result.outcome != Outcome::kOk) set_failure(result.message);
     }
     queue_cv_.notify_one();  // the worker waits for running_ to clear when a caller ran this
     task.state->finish(result.outcome, std::move(result.message));
@@ -261,10 +268,17 @@ class OrderedExecutor::Core final : private InlineRunner, private Abandoner {
       }
       const std::string reason =
           fmt::format("{} was given up on after {} ms (the caller's deadline)", state->what, waited.count());
-      if (failure_.empty()) failure_ = reason;
+      set_failure(reason);
       if (running_) owner_.cut_short(reason);
     }
     return owner_.abandoned_note(state->seq);
+  }
+
+  // Lock held. The first failure stays, and the owner hears of it.
+  void set_failure(const std::string& reason) {
+    if (!failure_.empty()) return;
+    failure_ = reason;
+    owner_.failed(reason);
   }
 
   const std::chrono::milliseconds default_timeout_;
@@ -291,6 +305,8 @@ OrderedExecutor::~OrderedExecutor() { core_->shutdown(); }
 WorkHandle OrderedExecutor::submit(const std::function<Operation(uint64_t seq)>& prepare) {
   return core_->submit(prepare);
 }
+
+void OrderedExecutor::fail(const std::string& reason) { core_->fail(reason); }
 
 void OrderedExecutor::shutdown() { core_->shutdown(); }
 

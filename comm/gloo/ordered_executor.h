@@ -42,6 +42,10 @@ class OrderedExecutor {
     // Appended to the TimeoutError of a caller who gave up on operation `seq` (the communicator: which
     // ranks never reached it). Shutdown waits for it to return.
     virtual std::string abandoned_note(uint64_t seq) = 0;
+    // The executor failed (first failure only; not at shutdown), for whatever else the owner runs
+    // beside it (the communicator's point-to-point transfers) to fail too. Called with the
+    // executor's lock held: must not call back into the executor.
+    virtual void failed(const std::string& reason) { (void)reason; }
 
    protected:
     ~Owner() = default;
@@ -68,6 +72,11 @@ class OrderedExecutor {
   // "<what> rejected: communicator failed earlier: <first failure>" once the executor has failed,
   // and "<what> rejected: communicator destroyed" after shutdown.
   WorkHandle submit(const std::function<Operation(uint64_t seq)>& prepare);
+
+  // Fails the executor from outside (the first failure wins): queued and later operations fail
+  // fast with CommError carrying `reason`, and the operation running now is cut short. No effect
+  // after shutdown.
+  void fail(const std::string& reason);
 
   // Queued operations fail with "communicator destroyed"; one running is cut short ("the communicator
   // was destroyed while it ran") and waited for, as is a caller's abandoned_note in progress. No Owner

@@ -59,9 +59,17 @@ class RecordingOwner final : public OrderedExecutor::Owner {
     gate.open();
   }
   std::string abandoned_note(uint64_t seq) override { return " (note on #" + std::to_string(seq) + ")"; }
+  void failed(const std::string& reason) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    failures_.push_back(reason);
+  }
   std::vector<std::string> reasons() {
     std::lock_guard<std::mutex> lock(mu_);
     return reasons_;
+  }
+  std::vector<std::string> failures() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failures_;
   }
 
   Gate gate;
@@ -69,6 +77,7 @@ class RecordingOwner final : public OrderedExecutor::Owner {
  private:
   std::mutex mu_;
   std::vector<std::string> reasons_;
+  std::vector<std::string> failures_;
 };
 
 // Submits an operation named "op #<seq>" that runs body(seq).
@@ -255,6 +264,31 @@ TEST_CASE("an error reaches its handle on every wait, and fails queued and later
   CHECK_THROWS_WITH_AS(submit(executor, [](uint64_t) { return OpResult{}; }),
                        "op #3 rejected: communicator failed earlier: op #1 broke", CommError);
   CHECK(owner.reasons().empty());  // nothing was cut short
+  CHECK(owner.failures() == std::vector<std::string>{"op #1 broke"});  // heard once
+}
+
+TEST_CASE("failing from outside cuts short the running operation and rejects the rest") {
+  RecordingOwner owner;
+  OrderedExecutor executor(kDefaultTimeout, owner);
+  Gate started;
+  auto running = submit(executor, [&](uint64_t) {
+    started.open();
+    // Runs until cut short (the owner's cut_short opens its gate).
+    return owner.gate.wait() ? OpResult{Outcome::kCommError, "op #0 cut short"} : OpResult{};
+  });
+  auto queued = submit(executor, [](uint64_t) { return OpResult{}; });
+  REQUIRE(started.wait());
+  executor.fail("a transfer failed");
+  CHECK_THROWS_WITH_AS(running->wait(), "op #0 cut short", CommError);
+  CHECK_THROWS_WITH_AS(queued->wait(), "op #1 not run: communicator failed earlier: a transfer failed",
+                       CommError);
+  CHECK_THROWS_WITH_AS(submit(executor, [](uint64_t) { return OpResult{}; }),
+                       "op #2 rejected: communicator failed earlier: a transfer failed", CommError);
+  CHECK(owner.reasons() == std::vector<std::string>{"a transfer failed"});
+  CHECK(owner.failures() == std::vector<std::string>{"a transfer failed"});  // the first failure only
+  executor.shutdown();
+  executor.fail("after shutdown");  // no effect, no owner call
+  CHECK(owner.failures().size() == 1);
 }
 
 TEST_CASE("a timeout outcome is thrown as TimeoutError") {
