@@ -22,6 +22,7 @@ void NcclOptions::validate() const {
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -232,6 +233,78 @@ class NcclWork final : public Work {
   bool completed_ = false;
 };
 
+// One group of point-to-point transfers, launched together (ncclGroupStart/End) so that a rank
+// that sends and receives at once cannot deadlock on its own stream; shared by their Works.
+struct NcclP2PGroup {
+  std::mutex mu;
+  bool launched = false;
+  cudaEvent_t done = nullptr;  // recorded on the NCCL stream after the group
+  std::string failure;         // why the group was not launched
+  ~NcclP2PGroup() {
+    if (done) cudaEventDestroy(done);
+  }
+};
+
+// Lets a transfer's Work launch the pending group; cleared (under mu) by the communicator's
+// destructor, since Works may outlive it.
+struct NcclFlushLink {
+  std::mutex mu;
+  std::function<void()> flush;
+};
+
+class NcclP2PWork final : public Work {
+ public:
+  NcclP2PWork(std::shared_ptr<NcclShared> shared, std::shared_ptr<NcclP2PGroup> group,
+              std::shared_ptr<NcclFlushLink> link, std::string what)
+      : shared_(std::move(shared)), group_(std::move(group)), link_(std::move(link)),
+        what_(std::move(what)) {}
+
+  void wait(std::chrono::milliseconds timeout) override {
+    if (completed_) return;
+    shared_->wait_event(launched(), timeout, what_);
+    completed_ = true;
+  }
+  void wait() override { wait(shared_->timeout); }
+  bool is_completed() override {
+    if (completed_) return true;
+    const cudaError_t q = cudaEventQuery(launched());
+    if (q == cudaSuccess) return completed_ = true;
+    const std::string err = q == cudaErrorNotReady ? shared_->async_error()
+                                                   : std::string(cudaGetErrorString(q));
+    if (!err.empty()) {
+      const std::string msg = fmt::format("{} failed: {}", what_, err);
+      shared_->fail_and_abort(msg);
+      throw CommError(msg);
+    }
+    return false;
+  }
+  void wait_stream(void* stream) override {
+    const cudaEvent_t done = launched();
+    const std::string failure = shared_->failed_reason();
+    if (!failure.empty()) ZERO_THROW(CommError, "{}: communicator failed: {}", what_, failure);
+    cuda_ok(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), done, 0), what_);
+  }
+
+ private:
+  // Launches the group if it is still pending; its completion event, or CommError.
+  cudaEvent_t launched() {
+    {
+      std::lock_guard<std::mutex> lock(link_->mu);
+      if (link_->flush) link_->flush();
+    }
+    std::lock_guard<std::mutex> lock(group_->mu);
+    if (!group_->failure.empty()) ZERO_THROW(CommError, "{}: {}", what_, group_->failure);
+    if (!group_->launched) ZERO_THROW(CommError, "{}: never launched", what_);
+    return group_->done;
+  }
+
+  std::shared_ptr<NcclShared> shared_;
+  std::shared_ptr<NcclP2PGroup> group_;
+  std::shared_ptr<NcclFlushLink> link_;
+  std::string what_;
+  bool completed_ = false;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
   // Takes ownership of an initialized (or initializing) communicator.
@@ -257,9 +330,20 @@ class NcclCommunicator final : public Communicator {
     cuda_ok(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), what);
     cuda_ok(cudaMalloc(&device_scratch_, kCallRecordBytes * size_ + 16), what);
     cuda_ok(cudaMallocHost(&host_records_, kCallRecordBytes * size_), what);
+    send_seq_.assign(static_cast<size_t>(size_), 0);
+    recv_seq_.assign(static_cast<size_t>(size_), 0);
+    flush_link_->flush = [this] { flush_p2p(); };
   }
 
   ~NcclCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(flush_link_->mu);  // waits out a launch in progress
+      flush_link_->flush = nullptr;
+    }
+    {
+      std::lock_guard<std::mutex> issue_lock(issue_mu_);
+      drop_pending_p2p("the communicator was destroyed before the transfer was launched");
+    }
     DeviceScope device(shared_->device);
     // Let issued work finish (bounded), then release the communicator.
     cudaEvent_t drained = nullptr;
@@ -402,9 +486,22 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  // Queued, not launched: the group goes out at the first wait on any of its transfers (or the next
+  // collective or split), as one ncclGroupStart/End.
+  WorkHandle send(const void* buf, size_t count, DType dtype, int peer) override {
+    check_p2p_args("send", buf, count, dtype, peer, rank(), size_);
+    return add_p2p(true, const_cast<void*>(buf), count, dtype, peer);
+  }
+
+  WorkHandle recv(void* buf, size_t count, DType dtype, int peer) override {
+    check_p2p_args("recv", buf, count, dtype, peer, rank(), size_);
+    return add_p2p(false, buf, count, dtype, peer);
+  }
+
   std::unique_ptr<Communicator> split(int color, int key) override {
     std::lock_guard<std::mutex> issue_lock(issue_mu_);
     DeviceScope device(shared_->device);
+    flush_p2p_locked();
     throw_if_failed("split");
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
@@ -435,6 +532,7 @@ class NcclCommunicator final : public Communicator {
   WorkHandle issue(CallInfo call, Launch&& launch) {
     std::lock_guard<std::mutex> issue_lock(issue_mu_);
     DeviceScope device(shared_->device);
+    flush_p2p_locked();  // transfers issued before the collective run before it
     call.seq = next_seq_;
     call.label = call_label_;
     const std::string what = fmt::format("nccl rank {}: {}", rank(), describe_call(call));
@@ -486,6 +584,100 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
+  struct PendingP2P {
+    bool sending;
+    void* buf;
+    size_t count;
+    ncclDataType_t type;
+    int peer;
+    cudaEvent_t ready;  // the caller's stream at issue
+    std::string what;
+  };
+
+  WorkHandle add_p2p(bool sending, void* buf, size_t count, DType dtype, int peer) {
+    std::lock_guard<std::mutex> issue_lock(issue_mu_);
+    DeviceScope device(shared_->device);
+    const ncclDataType_t type = nccl_type(dtype);
+    uint64_t& next = (sending ? send_seq_ : recv_seq_)[static_cast<size_t>(peer)];
+    CallInfo call = make_p2p_call(next, sending ? CollectiveKind::kSend : CollectiveKind::kRecv,
+                                  dtype, count, peer);
+    call.label = call_label_;
+    const std::string what = fmt::format("nccl rank {}: {}", rank(), describe_call(call));
+    throw_if_failed(describe_call(call));
+    ++next;
+    cudaEvent_t ready = nullptr;
+    cuda_ok(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), what);
+    const cudaError_t recorded = cudaEventRecord(ready, g_caller_stream);
+    if (recorded != cudaSuccess) {
+      cudaEventDestroy(ready);
+      cuda_ok(recorded, what);
+    }
+    if (!group_) group_ = std::make_shared<NcclP2PGroup>();
+    pending_.push_back({sending, buf, count, type, peer, ready, what});
+    return std::make_shared<NcclP2PWork>(shared_, group_, flush_link_, what);
+  }
+
+  void flush_p2p() {
+    std::lock_guard<std::mutex> issue_lock(issue_mu_);
+    DeviceScope device(shared_->device);
+    flush_p2p_locked();
+  }
+
+  // Launches the pending transfers as one group after the caller streams they were issued on. A
+  // failure is kept in the group (its Works throw it) and fails the communicator. issue_mu_ held.
+  void flush_p2p_locked() {
+    if (pending_.empty()) return;
+    std::vector<PendingP2P> ops;
+    ops.swap(pending_);
+    std::shared_ptr<NcclP2PGroup> group = std::move(group_);
+    group_.reset();
+    const std::string what =
+        ops.size() == 1 ? ops[0].what
+                        : fmt::format("{} (one group with {} more)", ops[0].what, ops.size() - 1);
+    std::string failure;
+    try {
+      throw_if_failed(what);
+      for (const PendingP2P& op : ops) cuda_ok(cudaStreamWaitEvent(stream_, op.ready, 0), op.what);
+      ncclResult_t r = ncclGroupStart();
+      for (size_t i = 0; i < ops.size() && (r == ncclSuccess || r == ncclInProgress); ++i) {
+        const PendingP2P& op = ops[i];
+        r = op.sending ? ncclSend(op.buf, op.count, op.type, op.peer, shared_->comm, stream_)
+                       : ncclRecv(op.buf, op.count, op.type, op.peer, shared_->comm, stream_);
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      shared_->settle((r != ncclSuccess && r != ncclInProgress) ? r : end, what);
+      cudaEvent_t done = nullptr;
+      cuda_ok(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), what);
+      const cudaError_t recorded = cudaEventRecord(done, stream_);
+      if (recorded != cudaSuccess) {
+        cudaEventDestroy(done);
+        cuda_ok(recorded, what);
+      }
+      std::lock_guard<std::mutex> lock(group->mu);
+      group->done = done;
+      group->launched = true;
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    for (const PendingP2P& op : ops) cudaEventDestroy(op.ready);
+    if (!failure.empty()) {
+      shared_->fail_and_abort(failure);
+      std::lock_guard<std::mutex> lock(group->mu);
+      group->failure = failure;
+    }
+  }
+
+  // issue_mu_ held.
+  void drop_pending_p2p(const std::string& why) {
+    if (pending_.empty()) return;
+    for (const PendingP2P& op : pending_) cudaEventDestroy(op.ready);
+    pending_.clear();
+    const std::shared_ptr<NcclP2PGroup> group = std::move(group_);
+    group_.reset();
+    std::lock_guard<std::mutex> lock(group->mu);
+    group->failure = why;
+  }
+
   std::shared_ptr<NcclShared> shared_;
   int size_;
   const NcclOptions options_;
@@ -497,6 +689,12 @@ class NcclCommunicator final : public Communicator {
   std::mutex issue_mu_;
   uint64_t next_seq_ = 0;
   std::string call_label_;  // set_call_label; guarded by issue_mu_
+  // Point-to-point (guarded by issue_mu_): the next transfer number per peer and direction, and
+  // the transfers issued but not launched yet, with the group their Works wait for.
+  std::vector<uint64_t> send_seq_, recv_seq_;
+  std::vector<PendingP2P> pending_;
+  std::shared_ptr<NcclP2PGroup> group_;
+  std::shared_ptr<NcclFlushLink> flush_link_ = std::make_shared<NcclFlushLink>();
 };
 
 }  // namespace

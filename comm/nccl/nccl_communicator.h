@@ -13,6 +13,12 @@
 // (ncclCommAbort) and throws TimeoutError; an NCCL error throws CommError. Both name the op, its
 // sequence number and the rank, and leave the communicator failed (later calls throw CommError).
 //
+// Point-to-point: send/recv queue their transfer (ordered after the caller's stream at issue, like a
+// collective) and launch every queued transfer as one ncclGroupStart/End group at the first wait
+// on any of them, the next collective, or split, so that a rank sending to and receiving from a
+// peer at once cannot block its own stream. They are numbered per peer and direction for their
+// messages; the schedule check does not pair them on NCCL yet (docs/comm.md, "Point-to-point").
+//
 // With the schedule check on, each call first all-gathers its 64-byte record on the NCCL stream and
 // compares on the host before enqueueing the collective (one tiny collective and one host
 // synchronization per call; turn it off with ZERO_COMM_CHECK=0 for overlap-critical runs).

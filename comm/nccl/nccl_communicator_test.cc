@@ -199,6 +199,25 @@ TEST_CASE("NCCL on two GPUs: collectives and a reported schedule mismatch") {
 #endif
 }
 
+TEST_CASE("NCCL on two GPUs: a send and a receive at once, both ways, in one group") {
+  if (skip_without(2, "NCCL point-to-point")) return;
+#ifdef ZERO_WITH_CUDA
+  run_ranks(2, [](int rank, Communicator& comm) {
+    constexpr size_t kCount = size_t{8} << 20;  // larger than NCCL's buffers: ungrouped, it would block
+    std::vector<float> h(kCount, static_cast<float>(rank + 1));
+    DeviceCopy out(h.data(), kCount * sizeof(float)), in(nullptr, kCount * sizeof(float));
+    WorkHandle s = comm.send(out.ptr, kCount, DType::kFloat32, 1 - rank);
+    WorkHandle r = comm.recv(in.ptr, kCount, DType::kFloat32, 1 - rank);
+    r->wait();
+    s->wait();
+    in.to_host(h.data());
+    CHECK(h[0] == static_cast<float>(2 - rank));
+    CHECK(h[kCount - 1] == static_cast<float>(2 - rank));
+    CHECK_THROWS_AS(comm.send(out.ptr, 1, DType::kFloat32, rank), InvalidArgument);
+  });
+#endif
+}
+
 TEST_CASE("the NCCL API answers in every build") {
   NcclOptions o;
   o.timeout = std::chrono::milliseconds(0);
