@@ -3,7 +3,7 @@
 # over a copy of its seed corpus and its past findings (docs/fuzzing.md).
 #
 #   bash scripts/fuzz.sh [TARGET...]          # all four targets, or the ones named
-#   FUZZ_SECONDS=30 bash scripts/fuzz.sh      # what CI runs
+#   FUZZ_SECONDS=15 bash scripts/fuzz.sh      # what CI runs
 #
 # FUZZ_SECONDS  run time per target (default 60)
 # FUZZ_JOBS     targets fuzzed at once (default: the cores, at most 4)
@@ -50,18 +50,28 @@ for t in "${targets[@]}"; do
 done
 command -v "$cxx" >/dev/null || { echo "fuzz.sh: $cxx not found (Debian: clang-14 libfuzzer-14-dev)" >&2; exit 2; }
 
-sanitize=(-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
+# Objects get the sanitizers and the fuzzer's coverage (fuzzer-no-link); the link adds libFuzzer's
+# main. Each source is compiled once and shared by the targets that link it (base/ by all four).
+instrument=(-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
+link=(-fsanitize=fuzzer,address,undefined)
 # nlohmann json is in /usr/include; Debian's spdlog is built against the external fmt.
 cxxflags=(-std=c++20 -O1 -g -Wall -Wextra -Wno-missing-field-initializers -I. -DSPDLOG_FMT_EXTERNAL)
 
-mkdir -p "$out"
-build() {  # target -> $out/<target>/<target>_fuzz
-  local t=$1 dir=$out/$1
-  mkdir -p "$dir"
+mkdir -p "$out/obj"
+object_of() { local src=$1; echo "$out/obj/${src//\//__}.o"; }
+compile() {  # source -> its object, log beside it
+  local src=$1 obj
+  obj=$(object_of "$src")
+  "$cxx" "${cxxflags[@]}" "${instrument[@]}" -c "$src" -o "$obj" >"$obj.log" 2>&1 ||
+    { cat "$obj.log" >&2; echo "fuzz.sh: compiling $src failed" >&2; return 1; }
+}
+link_target() {  # target -> $out/<target>/<target>_fuzz
+  local t=$1 objs=()
+  mkdir -p "$out/$t"
   # shellcheck disable=SC2086  # the source lists are word lists
-  "$cxx" "${cxxflags[@]}" "${sanitize[@]}" -o "$dir/${t}_fuzz" "fuzz/${t}_fuzz.cc" ${srcs[$t]} $base_srcs \
-    -lspdlog -lfmt -lpthread \
-    >"$dir/build.log" 2>&1 || { cat "$dir/build.log" >&2; echo "fuzz.sh: building $t failed" >&2; return 1; }
+  for src in "fuzz/${t}_fuzz.cc" ${srcs[$t]} $base_srcs; do objs+=("$(object_of "$src")"); done
+  "$cxx" "${link[@]}" -o "$out/$t/${t}_fuzz" "${objs[@]}" -lspdlog -lfmt -lpthread >"$out/$t/build.log" 2>&1 ||
+    { cat "$out/$t/build.log" >&2; echo "fuzz.sh: linking $t failed" >&2; return 1; }
 }
 
 run() {  # target -> exit status of libFuzzer; log in $out/<target>/fuzz.log
@@ -83,14 +93,21 @@ run() {  # target -> exit status of libFuzzer; log in $out/<target>/fuzz.log
     "${seeds[@]}" >"$dir/fuzz.log" 2>&1
 }
 
-echo "building ${targets[*]} with $cxx into $out" >&2
-pids=()
+# Every source the targets need, once.
+declare -A wanted=()
 for t in "${targets[@]}"; do
-  build "$t" &
+  # shellcheck disable=SC2086
+  for src in "fuzz/${t}_fuzz.cc" ${srcs[$t]} $base_srcs; do wanted[$src]=1; done
+done
+echo "building ${targets[*]} with $cxx into $out (${#wanted[@]} sources, $jobs at a time)" >&2
+pids=()
+for src in "${!wanted[@]}"; do
+  compile "$src" &
   pids+=($!)
   if ((${#pids[@]} >= jobs)); then wait "${pids[0]}" || exit 1; pids=("${pids[@]:1}"); fi
 done
 for p in "${pids[@]}"; do wait "$p" || exit 1; done
+for t in "${targets[@]}"; do link_target "$t" || exit 1; done
 
 echo "fuzzing each target for ${seconds} s, $jobs at a time" >&2
 declare -A status

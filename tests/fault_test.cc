@@ -64,7 +64,6 @@ bool listed_as_absent(const std::string& lines, int r) {
 }
 
 struct Fault {
-  std::string name;
   int stage;
   std::string plan;
   std::string operation;  // what the survivors' errors must name
@@ -74,45 +73,52 @@ struct Fault {
 
 }  // namespace
 
-TEST_CASE("a rank that dies or stalls at any point of a step fails every rank in time, naming it") {
-  const std::vector<Fault> faults = {
-      {"killed in forward (stage 3)", 3, "forward:kill:5", "all_gather"},
-      {"killed before a reduce-scatter (stage 2)", 2, "reduce_scatter:kill:4", "reduce_scatter"},
-      {"killed while stage 3 prefetches", 3, "prefetch:kill:6", "all_gather"},
-      {"killed in the optimizer step (stage 1)", 1, "optimizer_step:kill:2", ""},
-      {"stalled silently mid-collective, alive (stage 2)", 2, "collective_sends:stall:3", "reduce_scatter", false,
-       {"--eager-bytes", "0"}},
-      {"late past the timeout (stage 2)", 2, "optimizer_step:delay=30:2", "", false},
-  };
-  for (const Fault& f : faults) {
-    CAPTURE(f.name);
-    const auto t0 = Clock::now();
-    std::vector<std::string> args = {"--stage", std::to_string(f.stage), "--fault", f.plan, "--fault-rank", "1",
-                                      "--timeout-s", "6", "--steps", "12"};
-    args.insert(args.end(), f.extra.begin(), f.extra.end());
-    const auto r = launch3(args);
-    const double took = std::chrono::duration<double>(Clock::now() - t0).count();
-    INFO(r.output);
-    CHECK(r.exit_code != 0);
-    CHECK(took < 45);  // 6 s deadline, 2 s failure report, start-up; not Gloo's 300 s
-    CHECK(r.output.find("fault injection:") != std::string::npos);
-    if (f.killed) {
-      // zerorun names the first failure: rank 1, killed.
-      CHECK(r.output.find("zerorun: rank 1 (pid") != std::string::npos);
-      CHECK(r.output.find("signal 9") != std::string::npos);
-    }
-    for (int survivor : {0, 2}) {
-      CAPTURE(survivor);
-      const std::string mine = lines_of(r.output, survivor);
-      CHECK(mine.find("fault_worker:") != std::string::npos);  // ended with its own error
-      // The failed rank is named: it never reached the call, or its data never came.
-      const bool named = listed_as_absent(mine, 1) || mine.find("rank 1 failed first") != std::string::npos ||
-                         mine.find("waiting for rank 1's data") != std::string::npos;
-      CHECK_MESSAGE(named, mine);
-      if (!f.operation.empty()) CHECK_MESSAGE(mine.find(f.operation) != std::string::npos, mine);
-    }
+namespace {
+
+// Rank 1 of three fails as `f` says: every rank must end in time, the survivors naming rank 1 and the
+// operation.
+void check_fault(const Fault& f) {
+  const auto t0 = Clock::now();
+  std::vector<std::string> args = {"--stage", std::to_string(f.stage), "--fault", f.plan, "--fault-rank", "1",
+                                    "--timeout-s", "6", "--steps", "12"};
+  args.insert(args.end(), f.extra.begin(), f.extra.end());
+  const auto r = launch3(args);
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK(took < 45);  // 6 s deadline, 2 s failure report, start-up; not Gloo's 300 s
+  CHECK(r.output.find("fault injection:") != std::string::npos);
+  if (f.killed) {
+    // zerorun names the first failure: rank 1, killed.
+    CHECK(r.output.find("zerorun: rank 1 (pid") != std::string::npos);
+    CHECK(r.output.find("signal 9") != std::string::npos);
+  }
+  for (int survivor : {0, 2}) {
+    CAPTURE(survivor);
+    const std::string mine = lines_of(r.output, survivor);
+    CHECK(mine.find("fault_worker:") != std::string::npos);  // ended with its own error
+    // The failed rank is named: it never reached the call, or its data never came.
+    const bool named = listed_as_absent(mine, 1) || mine.find("rank 1 failed first") != std::string::npos ||
+                       mine.find("waiting for rank 1's data") != std::string::npos;
+    CHECK_MESSAGE(named, mine);
+    if (!f.operation.empty()) CHECK_MESSAGE(mine.find(f.operation) != std::string::npos, mine);
   }
 }
+
+}  // namespace
+
+// One case per point of a step (tests/BUILD runs them as three targets, side by side: most of each
+// case is waiting for a deadline).
+TEST_CASE("killed in forward (stage 3)") { check_fault({3, "forward:kill:5", "all_gather"}); }
+TEST_CASE("killed before a reduce-scatter (stage 2)") {
+  check_fault({2, "reduce_scatter:kill:4", "reduce_scatter"});
+}
+TEST_CASE("killed while stage 3 prefetches") { check_fault({3, "prefetch:kill:6", "all_gather"}); }
+TEST_CASE("killed in the optimizer step (stage 1)") { check_fault({1, "optimizer_step:kill:2", ""}); }
+TEST_CASE("stalled silently mid-collective, alive (stage 2)") {
+  check_fault({2, "collective_sends:stall:3", "reduce_scatter", false, {"--eager-bytes", "0"}});
+}
+TEST_CASE("late past the timeout (stage 2)") { check_fault({2, "optimizer_step:delay=30:2", "", false}); }
 
 TEST_CASE("the store's host (rank 0) killed: the others fail at once, naming the operation and the lost store") {
   const auto t0 = Clock::now();
