@@ -329,6 +329,32 @@ TEST_CASE("without the check a receive of another size times out instead of corr
   });
 }
 
+TEST_CASE("without the check a later transfer never overtakes an earlier one of another size") {
+  // Rank 1 receives in the wrong order. Were transfers matched by size alone, its first receive
+  // would take rank 0's second message and both would "succeed" with the data swapped; the transfer
+  // number in the slot keeps each receive to its own send, so both ranks time out instead.
+  constexpr auto kTimeout = 1500ms;
+  run_ranks(2, options(kTimeout, /*check=*/false), [&](int rank, Communicator& comm) {
+    std::vector<float> small(4, 1.0f), large(8, 2.0f);
+    WorkHandle first, second;
+    if (rank == 0) {
+      first = comm.send(small.data(), 4, DType::kFloat32, 1);
+      second = comm.send(large.data(), 8, DType::kFloat32, 1);
+    } else {
+      first = comm.recv(large.data(), 8, DType::kFloat32, 0);
+      second = comm.recv(small.data(), 4, DType::kFloat32, 0);
+    }
+    for (const WorkHandle& w : {first, second}) {
+      try {
+        w->wait();
+        FAIL_CHECK("a transfer completed against a receive of another transfer");
+      } catch (const Error& e) {
+        CHECK(contains(e.what(), rank == 0 ? "to rank 1" : "from rank 0"));
+      }
+    }
+  });
+}
+
 TEST_CASE("a peer destroyed mid-transfer ends the waiting rank at once, naming it") {
   constexpr auto kTimeout = 20s;
   auto store = std::make_shared<MemoryStore>();
