@@ -4,7 +4,7 @@
 //   bazel-bin/comm/launch/zerorun --nproc-per-node 2 -- bazel-bin/comm/benchmarks/comm_bench
 //       [--max-bytes 256M] [--min-bytes 1K] [--check 0|1] [--segment-bytes 256K] [--depth 4]
 //       [--gather-segment-bytes 1M] [--eager-bytes 256K] [--rounds 5]
-//       [--ops all_reduce,reduce_scatter,all_gather]
+//       [--ops all_reduce,reduce_scatter,all_gather,p2p]
 //
 // Columns: size (bytes of the whole buffer as nccl-tests counts it), count (elements), type, redop,
 // then for ours and for Gloo's: time per call (us: our calls and Gloo's alternate one by one, every
@@ -15,6 +15,8 @@
 // (elements that differ from the exact expected value after one more call); ratio = our busbw /
 // Gloo's. Gloo's own: all_reduce = gloo::allreduce (ring), reduce_scatter =
 // gloo::ReduceScatterHalvingDoubling (its only reduce-scatter), all_gather = gloo::allgather (ring).
+// p2p (comm/benchmarks/p2p_bench.h): ranks 0 and 1, ours (send/recv) against Gloo's unbound buffers:
+// ping-pong latency (half a round trip) and one-way stream bandwidth, up to 64 MiB.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -36,6 +38,7 @@
 
 #include "base/check.h"
 #include "base/logging.h"
+#include "comm/benchmarks/p2p_bench.h"
 #include "comm/gloo/gloo_collectives.h"
 #include "comm/gloo/gloo_communicator.h"
 #include "comm/launch/dist_env.h"
@@ -62,7 +65,7 @@ struct Flags {
   size_t eager_bytes = GlooOptions{}.eager_bytes;
   // Each size is timed over rounds x iterations(size) calls of each side, interleaved call by call.
   int rounds = 5;
-  std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather"};
+  std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather", "p2p"};
 };
 
 size_t parse_size(const std::string& flag, const std::string& v) {
@@ -373,8 +376,22 @@ int bench_main(int argc, char** argv) {
     std::printf("# ratio = gloo time / ours time (= our busbw / Gloo's busbw)\n");
   }
   for (const std::string& op : flags.ops) {
-    if (op != "all_reduce" && op != "reduce_scatter" && op != "all_gather") {
+    if (op != "all_reduce" && op != "reduce_scatter" && op != "all_gather" && op != "p2p") {
       ZERO_THROW(InvalidArgument, "--ops: unknown op '{}'", op);
+    }
+    if (op == "p2p") {
+      if (n < 2) continue;
+      if (env.rank == 0) {
+        std::printf("\n# p2p: ranks 0 and 1; latency = half a ping-pong round trip, bandwidth = a one-way stream "
+                    "of %d messages in flight; ratio = gloo time / ours (latency), ours / gloo (GB/s)\n",
+                    kStreamDepth);
+        print_p2p_header();
+      }
+      for (size_t bytes = flags.min_bytes; bytes <= std::min(flags.max_bytes, size_t{64} << 20); bytes *= 2) {
+        const P2pRow row = bench_p2p(*ours, gctx, bytes, flags.rounds);
+        if (env.rank == 0) print_p2p_row(row);
+      }
+      continue;
     }
     if (env.rank == 0) {
       std::printf("\n# %s\n", op.c_str());
@@ -394,6 +411,7 @@ int bench_main(int argc, char** argv) {
     no.check_schedule = flags.check;
     auto nccl = make_nccl_communicator(store, env.rank, env.world_size, no);
     for (const std::string& op : flags.ops) {
+      if (op == "p2p") continue;  // NCCL's send/recv rows: not yet
       if (env.rank == 0) {
         std::printf("\n# %s: NCCL (device buffers) vs the Gloo communicator (host)\n", op.c_str());
         print_header("gloo");
