@@ -74,13 +74,9 @@ struct GlooTransfer {
   CallRecord mine{};
   CallRecord theirs{};
   uint8_t verdict_out = 1, verdict_in = 0;  // confirm_verdict's bytes
-  // Touched by the driving thread (drive_mu held), or by the core once it is retired.
+  // Touched by the driving thread (GlooTransfer::take_turn), or by the core once it is retired.
   std::unique_ptr<UnboundBuffer> data, record_out, record_in;
   std::shared_ptr<GlooP2PCore> core;
-
-  // Held by the thread running the transfer's Gloo waits (one at a time: a Gloo buffer takes one
-  // waiter).
-  std::timed_mutex drive_mu;
 
   std::mutex mu;
   std::condition_variable cv;
@@ -88,6 +84,28 @@ struct GlooTransfer {
   Outcome outcome = Outcome::kOk;
   std::string message;
   bool helper = false;  // a helper thread was started for it
+  // A thread runs the transfer's Gloo waits (one at a time: a Gloo buffer takes one waiter). A flag
+  // under `mu`, not a timed mutex: ThreadSanitizer does not see pthread_mutex_clocklock, which
+  // std::timed_mutex uses, and reports its unlock as an unlock of an unlocked mutex.
+  bool driving = false;
+
+  enum class Turn { kDrive, kDone, kTimedOut };
+  // Makes the caller the transfer's driver unless it finished, waiting (until `deadline`) for the
+  // thread driving it now.
+  Turn take_turn(SteadyClock::time_point deadline) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_until(lock, deadline, [&] { return done || !driving; })) return Turn::kTimedOut;
+    if (done) return Turn::kDone;
+    driving = true;
+    return Turn::kDrive;
+  }
+  void end_turn() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      driving = false;
+    }
+    cv.notify_all();
+  }
 
   bool finished() {
     std::lock_guard<std::mutex> lock(mu);
@@ -161,7 +179,8 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
     return t;
   }
 
-  // Runs the transfer's Gloo waits until it completes or fails, by `deadline`. drive_mu held.
+  // Runs the transfer's Gloo waits until it completes or fails, by `deadline`. The caller has the
+  // transfer's turn (GlooTransfer::take_turn).
   void drive(GlooTransfer& t, SteadyClock::time_point deadline) {
     std::string mismatch;
     const char* waiting_for = "";
@@ -231,8 +250,10 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
     std::lock_guard<std::mutex> lock(helpers_mu_);
     if (stopping_) return;  // shutdown fails it
     helpers_.emplace_back([t = std::move(t), timeout = timeout_] {
-      std::unique_lock<std::timed_mutex> drive(t->drive_mu);
-      if (!t->finished()) t->core->drive(*t, SteadyClock::now() + timeout);
+      const auto deadline = SteadyClock::now() + timeout;
+      if (t->take_turn(deadline) != GlooTransfer::Turn::kDrive) return;
+      t->core->drive(*t, deadline);
+      t->end_turn();
     });
   }
 
@@ -454,9 +475,9 @@ class P2PWork final : public Work {
   // it the communicator fails, as for a collective given up on.
   void wait(std::chrono::milliseconds timeout) override {
     const auto deadline = SteadyClock::now() + timeout;
-    if (!t_->finished()) {
-      std::unique_lock<std::timed_mutex> drive(t_->drive_mu, std::defer_lock);
-      if (drive.try_lock_until(deadline) && !t_->finished()) t_->core->drive(*t_, deadline);
+    if (t_->take_turn(deadline) == GlooTransfer::Turn::kDrive) {
+      t_->core->drive(*t_, deadline);
+      t_->end_turn();
     }
     {
       std::unique_lock<std::mutex> lock(t_->mu);
