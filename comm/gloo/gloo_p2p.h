@@ -15,7 +15,8 @@
 // other as it posts: the sender's travels ahead of its data; the receiver's goes back at once and is
 // the sender's acknowledgement. The receiver compares as soon as the sender's record arrives, before
 // it waits for data; the sender's send completes when its data left and the receiver's record came
-// back and agreed. Both ranks therefore see the same two records and fail with the same message
+// back and agreed (each send posts the receive of the next send's acknowledgement ahead, so that
+// the receiver's record goes out as soon as it posts). Both ranks therefore see the same two records and fail with the same message
 // (find_p2p_mismatch); a send nobody receives, or a receive nobody sends to, times out naming the
 // peer. Costs: two 64-byte messages per transfer, neither on the receiver's critical path.
 //
