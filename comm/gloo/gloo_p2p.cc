@@ -317,6 +317,17 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
       helpers.swap(helpers_);
     }
     for (auto& h : helpers) h.join();
+    {
+      // The receive posted ahead for each peer's next acknowledgement is still pending on its pair,
+      // and Gloo's loop thread signals it when the peer closes its side: destroying it then would
+      // race with that signal. Closed connections signal nothing more (closing takes the lock the
+      // loop holds while it signals), so they close before the buffers go; the communicator is
+      // going away.
+      std::lock_guard<std::mutex> post(post_mu_);
+      const bool ahead =
+          std::any_of(ack_ahead_.begin(), ack_ahead_.end(), [](const AckAhead& a) { return a.buf != nullptr; });
+      if (ahead) context_->closeConnections();
+    }
     // Connections closed (or nothing was pending): their buffers can go.
     std::unordered_map<const GlooTransfer*, std::shared_ptr<GlooTransfer>> live;
     {
