@@ -166,6 +166,19 @@ struct NcclShared {
       throw CommError(msg);
     }
   }
+  // Whether `event` completed, without blocking. An error found on the way (the event's, or the
+  // communicator's asynchronous one) fails the communicator and throws CommError naming `what`.
+  bool event_done(cudaEvent_t event, const std::string& what) {
+    const cudaError_t q = cudaEventQuery(event);
+    if (q == cudaSuccess) return true;
+    const std::string err = q == cudaErrorNotReady ? async_error() : std::string(cudaGetErrorString(q));
+    if (!err.empty()) {
+      const std::string msg = fmt::format("{} failed: {}", what, err);
+      fail_and_abort(msg);
+      throw CommError(msg);
+    }
+    return false;
+  }
   // Waits for `event` (polling the communicator's async error) until `timeout`; aborts on timeout.
   void wait_event(cudaEvent_t event, std::chrono::milliseconds wait_timeout,
                   const std::string& what) {
@@ -208,17 +221,8 @@ class NcclWork final : public Work {
   }
   void wait() override { wait(shared_->timeout); }
   bool is_completed() override {
-    if (completed_) return true;
-    const cudaError_t q = cudaEventQuery(done_);
-    if (q == cudaSuccess) return completed_ = true;
-    const std::string err = q == cudaErrorNotReady ? shared_->async_error()
-                                                   : std::string(cudaGetErrorString(q));
-    if (!err.empty()) {
-      const std::string msg = fmt::format("{} failed: {}", what_, err);
-      shared_->fail_and_abort(msg);
-      throw CommError(msg);
-    }
-    return false;
+    if (!completed_) completed_ = shared_->event_done(done_, what_);
+    return completed_;
   }
   void wait_stream(void* stream) override {
     const std::string failure = shared_->failed_reason();
@@ -266,17 +270,8 @@ class NcclP2PWork final : public Work {
   }
   void wait() override { wait(shared_->timeout); }
   bool is_completed() override {
-    if (completed_) return true;
-    const cudaError_t q = cudaEventQuery(launched());
-    if (q == cudaSuccess) return completed_ = true;
-    const std::string err = q == cudaErrorNotReady ? shared_->async_error()
-                                                   : std::string(cudaGetErrorString(q));
-    if (!err.empty()) {
-      const std::string msg = fmt::format("{} failed: {}", what_, err);
-      shared_->fail_and_abort(msg);
-      throw CommError(msg);
-    }
-    return false;
+    if (!completed_) completed_ = shared_->event_done(launched(), what_);
+    return completed_;
   }
   void wait_stream(void* stream) override {
     const cudaEvent_t done = launched();
