@@ -43,6 +43,18 @@ cat "$out"/run_*.txt | awk '
     theirs[key, n[key]] = $15 + 0
     wrong[key] += $11 + $16
   }
+  # p2p rows: "[rank 0] size | ours_us gloo_us ratio | ours_GB/s gloo_GB/s ratio | wrong"
+  $1 == "[rank" && $2 == "0]" && $4 == "|" && $8 == "|" && NF == 13 {
+    add("p2p-latency " $3, $7, $5, $6, $13)
+    add("p2p-stream " $3, $11, $9, $10, 0)
+  }
+  function add(key, ratio, a, b, w) {
+    if (!(key in n)) order[++keys] = key
+    r[key, ++n[key]] = ratio + 0
+    ours[key, n[key]] = a + 0
+    theirs[key, n[key]] = b + 0
+    wrong[key] += w
+  }
   function median(a, k, m,    i, j, t, v) {
     for (i = 1; i <= m; i++) v[i] = a[k, i]
     for (i = 2; i <= m; i++) for (j = i; j > 1 && v[j - 1] > v[j]; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
@@ -50,7 +62,7 @@ cat "$out"/run_*.txt | awk '
   }
   END {
     printf "%-15s %12s %5s | %12s %12s | %7s %7s %7s | %6s\n", "op", "size(B)", "runs",
-           "ours busbw", "gloo busbw", "median", "min", "max", "#wrong"
+           "ours", "gloo", "median", "min", "max", "#wrong"
     for (i = 1; i <= keys; i++) {
       key = order[i]; m = n[key]; split(key, f, " ")
       lo = hi = r[key, 1]
@@ -58,5 +70,6 @@ cat "$out"/run_*.txt | awk '
       printf "%-15s %12s %5d | %12.3f %12.3f | %7.3f %7.3f %7.3f | %6d\n", f[1], f[2], m,
              median(ours, key, m), median(theirs, key, m), median(r, key, m), lo, hi, wrong[key]
     }
-    print "# ratio = Gloo time / ours per run (> 1: ours faster); busbw in GB/s, median over runs"
+    print "# ratio = Gloo time / ours per run (> 1: ours faster); ours and gloo: median over runs of"
+    print "# busbw (GB/s) for the collectives, of latency (us) for p2p-latency, of GB/s for p2p-stream"
   }'

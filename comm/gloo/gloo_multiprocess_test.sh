@@ -48,6 +48,14 @@ if [[ "$n" -ge 2 ]]; then
   expect_lines mismatch "\] rank [0-9]+: gloo rank [0-9]+: .*schedule mismatch: rank 0 called all_reduce\(fp32, 1024, sum\) #1 but rank 1 called all_gather\(fp32, 512\) #1" "$n"
 fi
 
+run p2p p2p --large "${LARGE:-1000003}"
+expect_lines p2p "\] rank [0-9]+: p2p on $n ranks: [0-9]+ checks, 0 failures" "$n"
+
+if [[ "$n" -ge 2 ]]; then
+  run p2p-mismatch p2p-mismatch
+  expect_lines p2p-mismatch "\] rank [01]: after [0-9.]+ s: .*p2p mismatch: rank 0 called send\(fp32, 100, to rank 1\) #0 \[act\] but rank 1 called recv\(fp32, 99, from rank 0\) #0 \[act\]" 2
+fi
+
 if [[ "$n" -ge 3 ]]; then
   run split split
   expect_lines split "\] rank [0-9]+: split group .*, 0 failures" "$n"

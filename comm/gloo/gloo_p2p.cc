@@ -1,6 +1,7 @@
 #include "comm/gloo/gloo_p2p.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -23,33 +24,35 @@ namespace {
 
 using gloo::transport::UnboundBuffer;
 
-// Slot prefixes (top byte), apart from our collectives' 0xA1..0xA8 and Gloo's own 0x01..0x08.
-constexpr uint8_t kDataSlot = 0xB1;
-constexpr uint8_t kRecordSlot = 0xB2;  // the sender's record, ahead of its data
-constexpr uint8_t kAckSlot = 0xB3;     // the receiver's record, back to the sender
-// After a mismatch, one byte each way (sender's, receiver's) before the connections close.
-constexpr uint8_t kVerdictSlot = 0xB4;
-constexpr uint8_t kVerdictBackSlot = 0xB5;
-// Data slots: prefix (8) | direction (1) | transfer number mod 2^15 | byte size (40 bits).
-constexpr uint64_t kSizeBits = 40;
-constexpr uint64_t kDataSeqBits = 15;
+// Data slots: 0xB (4 bits) | direction (1) | transfer number mod 2^11 | call fingerprint (12) |
+// byte size (36). The top nibble keeps them apart from our collectives' 0xA1..0xA8 and Gloo's own
+// 0x01..0x08 (top bytes). Bit 59 says which way the data flows on the pair (1: from the lower rank
+// to the higher), so that the transfers a->b and b->a, each numbered from 0, never share a slot.
+constexpr uint64_t kSizeBits = 36;
+constexpr uint64_t kPrintBits = 12;
+constexpr uint64_t kSeqBits = 11;
 static_assert(kMaxTransferBytes == (size_t{1} << kSizeBits) - 1);
+static_assert(4 + 1 + kSeqBits + kPrintBits + kSizeBits == 64);
 
-// Bit 55: which way the data flows on the pair (1: from the lower rank to the higher), so that the
-// transfers a->b and b->a, each numbered from 0, never share a slot.
-uint64_t direction_bit(int from, int to) { return uint64_t{from < to ? 1u : 0u} << 55; }
-
-// The number is cut to 15 bits to make room for the size. Transfers of one direction whose
-// numbers differ by a multiple of 2^15 and whose sizes agree share a slot, and still meet in
-// order: they are posted in number order on both sides, and Gloo matches a slot's messages first
-// in, first out (one TCP connection, one queue per slot).
-uint64_t data_slot(int from, int to, uint64_t seq, size_t bytes) {
-  return (uint64_t{kDataSlot} << 56) | direction_bit(from, to) |
-         ((seq & ((uint64_t{1} << kDataSeqBits) - 1)) << kSizeBits) | bytes;
+// What a transfer and its partner must agree on beyond the byte size: dtype, count and label (with
+// the check; 0 without). Both sides compute it from the send's description.
+uint64_t fingerprint(const CallInfo& call, int to) {
+  CallInfo send = call;
+  send.kind = CollectiveKind::kSend;
+  send.seq = 0;
+  send.root = to;
+  return call_hash(send) & ((uint64_t{1} << kPrintBits) - 1);
 }
 
-uint64_t record_slot(uint8_t prefix, int from, int to, uint64_t seq) {
-  return (uint64_t{prefix} << 56) | direction_bit(from, to) | (seq & ((uint64_t{1} << 55) - 1));
+// Transfers of one direction whose numbers differ by a multiple of 2^11 and whose sizes and
+// fingerprints agree share a slot, and still meet in order: they are posted in number order on both
+// sides, and Gloo matches a slot's messages first in, first out (one TCP connection, one queue per
+// slot).
+uint64_t data_slot(int from, int to, uint64_t seq, uint64_t print, size_t bytes) {
+  const uint64_t direction = from < to ? 1 : 0;
+  return (uint64_t{0xB} << 60) | (direction << 59) |
+         ((seq & ((uint64_t{1} << kSeqBits) - 1)) << (kPrintBits + kSizeBits)) | (print << kSizeBits) |
+         bytes;
 }
 
 std::chrono::milliseconds remaining(SteadyClock::time_point deadline) {
@@ -58,26 +61,28 @@ std::chrono::milliseconds remaining(SteadyClock::time_point deadline) {
   return std::max(left, std::chrono::milliseconds(1));
 }
 
-// Thrown by drive() when the records disagree (the message is built there).
-struct Mismatch {};
+// With the check, a transfer pending this long is published in the store with its peer's (stall
+// check); the wait between looks at the peer's grows with the stall, from the first to the last.
+constexpr std::chrono::milliseconds kStallDelay(250);
+constexpr std::chrono::milliseconds kFirstLook(100);
+constexpr std::chrono::milliseconds kLastLook(2000);
 
 }  // namespace
 
-// One send or receive: its Gloo buffers and its completion, shared by its Work handles, the core
+// One send or receive: its Gloo buffer and its completion, shared by its Work handles, the core
 // (while it is pending) and a helper thread (is_completed).
 struct GlooTransfer {
   bool sending = true;
   int rank = 0;
   int peer = 0;
   CallInfo call;
-  std::string what;  // "gloo rank 0: send(fp32, 100, to rank 1) #3 [stage 0]"
-  CallRecord mine{};
-  // The peer's record. A send takes it, with its receive already posted, from the core's
-  // acknowledgements posted ahead (GlooP2PCore::take_ack).
-  std::unique_ptr<CallRecord> theirs = std::make_unique<CallRecord>();
-  uint8_t verdict_out = 1, verdict_in = 0;  // confirm_verdict's bytes
+  // "gloo rank 0: send(fp32, 100, to rank 1) #3 [stage 0]", for errors only (formatting it for
+  // every transfer would cost a visible share of a small transfer's time).
+  std::string what() const { return fmt::format("gloo rank {}: {}", rank, describe_call(call)); }
+  SteadyClock::time_point posted;
+  uint8_t placeholder = 0;  // what a zero-byte transfer carries
   // Touched by the driving thread (GlooTransfer::take_turn), or by the core once it is retired.
-  std::unique_ptr<UnboundBuffer> data, record_out, record_in;
+  std::unique_ptr<UnboundBuffer> data;
   std::shared_ptr<GlooP2PCore> core;
 
   std::mutex mu;
@@ -85,6 +90,9 @@ struct GlooTransfer {
   bool done = false;
   Outcome outcome = Outcome::kOk;
   std::string message;
+  // The stall check found the partner's call disagreeing: the transfer's error, once the abort that
+  // follows wakes its driver.
+  std::string mismatch;
   bool helper = false;  // a helper thread was started for it
   // A thread runs the transfer's Gloo waits (one at a time: a Gloo buffer takes one waiter). A flag
   // under `mu`, not a timed mutex: ThreadSanitizer does not see pthread_mutex_clocklock, which
@@ -113,6 +121,10 @@ struct GlooTransfer {
     std::lock_guard<std::mutex> lock(mu);
     return done;
   }
+  std::string found_mismatch() {
+    std::lock_guard<std::mutex> lock(mu);
+    return mismatch;
+  }
   // Lock held.
   void throw_if_failed() const {
     if (outcome == Outcome::kTimeout) throw TimeoutError(message);
@@ -121,6 +133,7 @@ struct GlooTransfer {
   void finish(Outcome o, std::string m) {
     {
       std::lock_guard<std::mutex> lock(mu);
+      if (done) return;  // the first outcome stays
       done = true;
       outcome = o;
       message = std::move(m);
@@ -133,15 +146,11 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
  public:
   GlooP2PCore(std::shared_ptr<gloo::Context> context, std::chrono::milliseconds timeout, bool check)
       : context_(std::move(context)), timeout_(timeout), check_(check),
+        stall_delay_(std::min<std::chrono::milliseconds>(kStallDelay, timeout / 4)),
         send_seq_(static_cast<size_t>(context_->size), 0),
         recv_seq_(static_cast<size_t>(context_->size), 0),
-        ack_ahead_(static_cast<size_t>(context_->size)) {}
+        published_(static_cast<size_t>(context_->size)) {}
 
-  ~GlooP2PCore() {
-    for (auto& ahead : ack_ahead_) {
-      if (ahead.buf) abort_.discharge(ahead.buf.get());
-    }
-  }
   GlooP2PCore(const GlooP2PCore&) = delete;
   GlooP2PCore& operator=(const GlooP2PCore&) = delete;
 
@@ -159,6 +168,7 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
     t->rank = context_->rank;
     t->peer = peer;
     t->core = shared_from_this();
+    t->posted = SteadyClock::now();
     const size_t bytes = count * dtype_size(dtype);
     std::string error;
     {
@@ -167,12 +177,11 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
       t->call = make_p2p_call(next, sending ? CollectiveKind::kSend : CollectiveKind::kRecv, dtype,
                               count, peer);
       t->call.label = label;
-      t->what = fmt::format("gloo rank {}: {}", t->rank, describe_call(t->call));
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (destroyed_) ZERO_THROW(CommError, "{} rejected: communicator destroyed", t->what);
+        if (destroyed_) ZERO_THROW(CommError, "{} rejected: communicator destroyed", t->what());
         if (!failure_.empty()) {
-          ZERO_THROW(CommError, "{} rejected: communicator failed earlier: {}", t->what, failure_);
+          ZERO_THROW(CommError, "{} rejected: communicator failed earlier: {}", t->what(), failure_);
         }
         live_.emplace(t.get(), t);
       }
@@ -182,43 +191,34 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
       } catch (const std::exception& e) {
         const std::string failure = failure_reason();
         error = abort_.tripped() && !failure.empty()
-                    ? fmt::format("{} aborted: {}", t->what, failure)
-                    : fmt::format("{} could not be posted: {}", t->what, e.what());
+                    ? fmt::format("{} aborted: {}", t->what(), failure)
+                    : fmt::format("{} could not be posted: {}", t->what(), e.what());
       }
     }
-    if (!error.empty()) fail_transfer(*t, Outcome::kCommError, error);
+    if (!error.empty()) {
+      fail_transfer(*t, Outcome::kCommError, error);
+    } else if (check_) {
+      start_stall_check();
+    }
     return t;
   }
 
-  // Runs the transfer's Gloo waits until it completes or fails, by `deadline`. The caller has the
+  // Runs the transfer's Gloo wait until it completes or fails, by `deadline`. The caller has the
   // transfer's turn (GlooTransfer::take_turn).
   void drive(GlooTransfer& t, SteadyClock::time_point deadline) {
-    std::string mismatch;
-    const char* waiting_for = "";
     try {
-      if (t.record_in) {
-        waiting_for = t.sending ? "its matching recv" : "its matching send";
-        if (!t.record_in->waitRecv(remaining(deadline))) throw gloo::IoException("record receive aborted");
-        mismatch = t.sending ? find_p2p_mismatch(t.mine, t.rank, *t.theirs, t.peer)
-                             : find_p2p_mismatch(*t.theirs, t.peer, t.mine, t.rank);
-        if (!mismatch.empty()) throw Mismatch{};
-      }
-      waiting_for = t.sending ? "a matching recv of this size" : "a matching send of this size";
-      if (t.sending) {
-        if (t.record_out && !t.record_out->waitSend(remaining(deadline))) throw gloo::IoException("record send aborted");
-        if (t.data && !t.data->waitSend(remaining(deadline))) throw gloo::IoException("send aborted");
-      } else {
-        if (t.data && !t.data->waitRecv(remaining(deadline))) throw gloo::IoException("receive aborted");
-        if (t.record_out && !t.record_out->waitSend(remaining(deadline))) throw gloo::IoException("record send aborted");
-      }
-    } catch (const Mismatch&) {
-      confirm_verdict(t, deadline);
-      fail_transfer(t, Outcome::kCommError, fmt::format("{}: {}", t.what, mismatch));
-      return;
+      const bool ok = t.sending ? t.data->waitSend(remaining(deadline)) : t.data->waitRecv(remaining(deadline));
+      if (!ok) throw gloo::IoException("transfer aborted");
     } catch (const std::exception& e) {
+      // The stall check found the partner disagreeing and aborted this rank's transfers.
+      std::string mismatch = t.found_mismatch();
+      if (!mismatch.empty()) {
+        fail_transfer(t, Outcome::kCommError, std::move(mismatch));
+        return;
+      }
       std::string failure = failure_reason();
       if (abort_.tripped() && !failure.empty()) {
-        fail_transfer(t, Outcome::kCommError, fmt::format("{} aborted: {}", t.what, failure));
+        fail_transfer(t, Outcome::kCommError, fmt::format("{} aborted: {}", t.what(), failure));
         return;
       }
       const std::string msg = e.what();
@@ -227,21 +227,26 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
         fail_transfer(t, Outcome::kCommError,
                       fmt::format("{} aborted: another operation of this rank timed out in Gloo, "
                                   "which closes every connection: Gloo: {}",
-                                  t.what, msg));
+                                  t.what(), msg));
       } else if (msg.find("Timed out") != std::string::npos) {
         fail_transfer(t, Outcome::kTimeout,
-                      fmt::format("{} timed out waiting for rank {} ({}; did rank {} post it?): "
-                                  "Gloo: {}",
-                                  t.what, t.peer, waiting_for, t.peer, msg));
+                      fmt::format("{} timed out waiting for rank {} (its matching {}; did rank {} "
+                                  "post it?): Gloo: {}",
+                                  t.what(), t.peer, t.sending ? "recv" : "send", t.peer, msg));
+      } else if (std::string mismatch = check_ ? compare_with_partner(t, peer_calls(t.peer)) : "";
+                 !mismatch.empty()) {
+        // The peer's stall check found this transfer's partner disagreeing and closed its
+        // connections: the same message on both ranks.
+        fail_transfer(t, Outcome::kCommError, fmt::format("{}: {}", t.what(), mismatch));
       } else {
         fail_transfer(t, Outcome::kCommError,
                       fmt::format("{} failed: the connection to rank {} broke (rank {} failed, "
                                   "died or closed its communicator): Gloo: {}{}",
-                                  t.what, t.peer, t.peer, msg, peer_note(t.peer)));
+                                  t.what(), t.peer, t.peer, msg, peer_note(t.peer)));
       }
       return;
     } catch (...) {
-      fail_transfer(t, Outcome::kCommError, fmt::format("{} failed: unknown exception", t.what));
+      fail_transfer(t, Outcome::kCommError, fmt::format("{} failed: unknown exception", t.what()));
       return;
     }
     complete(t);
@@ -252,8 +257,8 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
   bool give_up(GlooTransfer& t, std::chrono::milliseconds waited) {
     if (t.finished()) return false;
     const std::string reason = fmt::format("{} was given up on after {} ms (the caller's deadline)",
-                                           t.what, waited.count());
-    if (fail(reason, true)) call_failed(reason);
+                                           t.what(), waited.count());
+    fail(reason, true);
     return true;
   }
 
@@ -269,18 +274,23 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
   }
 
   // Returns whether this call failed the transfers (the first reason), or they had failed already.
-  // Either way the connections are closed when it returns. `leave_note`: the failure started here,
-  // so the peers are told why this rank closes its connections (Hooks::note).
-  bool fail(const std::string& reason, bool leave_note) {
+  // Either way the connections are closed when it returns. `started_here`: the failure started
+  // among the transfers, so the peers are told why this rank closes its connections (Hooks::note)
+  // and the collectives fail with it (Hooks::failed) before any caller of fail() returns; otherwise
+  // the collectives failed first and called it.
+  bool fail(const std::string& reason, bool started_here) {
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (!failure_.empty()) {
-        cv_.wait(lock, [&] { return closed_; });
+        // A transfer's error must not reach its caller before the collectives heard of the failure
+        // (the caller's next collective would run on closed connections). The collectives' own
+        // call, from inside Hooks::failed, waits for the connections only.
+        cv_.wait(lock, [&] { return started_here ? reported_ : closed_; });
         return false;
       }
       failure_ = reason;
     }
-    if (leave_note) {
+    if (started_here) {
       std::lock_guard<std::mutex> lock(hook_mu_);
       if (hooks_.note) hooks_.note(reason);
     }
@@ -295,6 +305,20 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
       closed_ = true;
     }
     cv_.notify_all();
+    if (started_here) {
+      std::lock_guard<std::mutex> lock(hook_mu_);
+      if (hooks_.failed) hooks_.failed(reason);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reported_ = true;
+    }
+    cv_.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(stall_mu_);
+      stall_stop_ = true;
+    }
+    stall_cv_.notify_all();
     return true;
   }
 
@@ -306,6 +330,14 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
       destroyed_ = true;
     }
     if (pending) fail("the communicator was destroyed while it ran", true);
+    std::thread stall_check;
+    {
+      std::lock_guard<std::mutex> lock(stall_mu_);
+      stall_stop_ = true;
+      stall_check.swap(stall_check_);
+    }
+    stall_cv_.notify_all();
+    if (stall_check.joinable()) stall_check.join();  // before the hooks go: it calls them
     {
       std::lock_guard<std::mutex> lock(hook_mu_);  // waits out a hook call in progress
       hooks_ = {};
@@ -317,18 +349,7 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
       helpers.swap(helpers_);
     }
     for (auto& h : helpers) h.join();
-    {
-      // The receive posted ahead for each peer's next acknowledgement is still pending on its pair,
-      // and Gloo's loop thread signals it when the peer closes its side: destroying it then would
-      // race with that signal. Closed connections signal nothing more (closing takes the lock the
-      // loop holds while it signals), so they close before the buffers go; the communicator is
-      // going away.
-      std::lock_guard<std::mutex> post(post_mu_);
-      const bool ahead =
-          std::any_of(ack_ahead_.begin(), ack_ahead_.end(), [](const AckAhead& a) { return a.buf != nullptr; });
-      if (ahead) context_->closeConnections();
-    }
-    // Connections closed (or nothing was pending): their buffers can go.
+    // Connections closed (or nothing was pending): the buffers can go.
     std::unordered_map<const GlooTransfer*, std::shared_ptr<GlooTransfer>> live;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -342,85 +363,119 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
     ZERO_CHECK_LE(bytes, kMaxTransferBytes, "transfer too large for its slot (checked by the caller)");
     const int from = t.sending ? t.rank : t.peer;
     const int to = t.sending ? t.peer : t.rank;
-    const uint64_t seq = t.call.seq;
-    auto create = [&](void* p, size_t n) {
-      std::unique_ptr<UnboundBuffer> b = context_->createUnboundBuffer(p, n);
-      abort_.enlist(b.get());
-      return b;
-    };
-    if (check_) t.mine = encode_call(t.call);
+    const uint64_t print = check_ ? fingerprint(t.call, to) : 0;
+    // A zero-byte transfer travels as one byte, so that it meets its partner like any other.
+    void* p = bytes > 0 ? buf : &t.placeholder;
+    const size_t n = std::max<size_t>(bytes, 1);
+    t.data = context_->createUnboundBuffer(p, n);
+    abort_.enlist(t.data.get());
+    const uint64_t slot = data_slot(from, to, t.call.seq, print, bytes);
     if (t.sending) {
-      // The acknowledgement's receive first, so that it is posted before the receiver can answer.
-      if (check_) {
-        take_ack(t, create);
-        t.record_out = create(t.mine.data(), t.mine.size());
-        t.record_out->send(t.peer, record_slot(kRecordSlot, from, to, seq));
-      }
-      if (bytes > 0) {
-        t.data = create(buf, bytes);
-        t.data->send(t.peer, data_slot(from, to, seq, bytes));
-      }
+      t.data->send(t.peer, slot);
     } else {
-      if (check_) {
-        t.record_in = create(t.theirs->data(), t.theirs->size());
-        t.record_in->recv(t.peer, record_slot(kRecordSlot, from, to, seq));
-      }
-      if (bytes > 0) {
-        t.data = create(buf, bytes);
-        t.data->recv(t.peer, data_slot(from, to, seq, bytes));
-      }
-      if (check_) {
-        t.record_out = create(t.mine.data(), t.mine.size());
-        t.record_out->send(t.peer, record_slot(kAckSlot, from, to, seq));
-      }
+      t.data->recv(t.peer, slot);
     }
   }
 
-  // The receive of the acknowledgement of send `t` (post_mu_ held), posted ahead: each send to a
-  // peer also posts the receive for the next one's, so that the receiver's record, which it sends
-  // when it posts its receive, can be written at once instead of waiting for the sender to ask. A
-  // sender that finds the receive posted is done as soon as its data left (one round trip less).
-  template <typename Create>
-  void take_ack(GlooTransfer& t, Create& create) {
-    AckAhead& ahead = ack_ahead_[static_cast<size_t>(t.peer)];
-    auto post = [&](uint64_t seq) {
-      ahead.seq = seq;
-      ahead.record = std::make_unique<CallRecord>();
-      ahead.buf = create(ahead.record->data(), ahead.record->size());
-      ahead.buf->recv(t.peer, record_slot(kAckSlot, t.rank, t.peer, seq));
-    };
-    if (!ahead.buf) post(t.call.seq);  // the first send to this peer
-    ZERO_CHECK_EQ(ahead.seq, t.call.seq, "acknowledgement posted ahead for another send");
-    t.theirs = std::move(ahead.record);
-    t.record_in = std::move(ahead.buf);
-    post(t.call.seq + 1);
+  // The stall check (with the check on). A transfer whose partner disagrees never meets it (their
+  // slots differ), so both ranks would wait out the timeout and only say "did rank 1 post it?". The
+  // thread below publishes, once a transfer with a peer has been pending for kStallDelay, this
+  // rank's pending calls with that peer in the store, and looks at the peer's (more and more
+  // rarely as the stall lasts): when the peer's call of the same number disagrees, both ranks fail
+  // with the two calls named (find_p2p_mismatch), well before the timeout. Costs nothing while
+  // transfers meet in time: the store is touched only for stalled ones.
+  void start_stall_check() {
+    std::lock_guard<std::mutex> lock(stall_mu_);
+    if (stall_check_.joinable() || stall_stop_) return;
+    stall_check_ = std::thread([this] { run_stall_check(); });
   }
 
-  // After a mismatch, which both ranks of the transfer find from the same two records: one byte
-  // each way, so that neither closes its connections (a reset, which may drop what is still in
-  // flight) before the other has its verdict. Best effort and bounded; the caller reports the
-  // mismatch whatever becomes of it.
-  void confirm_verdict(GlooTransfer& t, SteadyClock::time_point deadline) {
-    const int from = t.sending ? t.rank : t.peer;
-    const int to = t.sending ? t.peer : t.rank;
-    const auto until = std::min(deadline, SteadyClock::now() + std::chrono::seconds(10));
-    std::unique_ptr<UnboundBuffer> send_buf, recv_buf;
-    try {
-      send_buf = context_->createUnboundBuffer(&t.verdict_out, 1);
-      recv_buf = context_->createUnboundBuffer(&t.verdict_in, 1);
-      abort_.enlist(send_buf.get());
-      abort_.enlist(recv_buf.get());
-      recv_buf->recv(t.peer, record_slot(t.sending ? kVerdictBackSlot : kVerdictSlot, from, to, t.call.seq));
-      send_buf->send(t.peer, record_slot(t.sending ? kVerdictSlot : kVerdictBackSlot, from, to, t.call.seq));
-      if (recv_buf->waitRecv(remaining(until))) send_buf->waitSend(remaining(until));
-    } catch (...) {
+  void run_stall_check() {
+    std::unique_lock<std::mutex> lock(stall_mu_);
+    auto period = kFirstLook;
+    while (!stall_stop_) {
+      stall_cv_.wait_for(lock, period, [&] { return stall_stop_; });
+      if (stall_stop_) break;
+      lock.unlock();
+      const std::chrono::milliseconds stalled_for = look_at_stalls();
+      period = std::clamp<std::chrono::milliseconds>(stalled_for / 4, kFirstLook, kLastLook);
+      lock.lock();
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto* b : {&send_buf, &recv_buf}) {
-      if (!*b) continue;
-      abort_.discharge(b->get());
-      graveyard_.push_back(std::move(*b));  // released once the connections are closed
+  }
+
+  // One look: publishes what changed and compares with the peers' calls. Returns how long the
+  // oldest stalled transfer has been pending (0 without one).
+  std::chrono::milliseconds look_at_stalls() {
+    const auto now = SteadyClock::now();
+    // Per peer with a stalled transfer: every pending call with it, and the stalled transfers.
+    std::unordered_map<int, std::vector<std::shared_ptr<GlooTransfer>>> pending, stalled;
+    std::chrono::milliseconds oldest{0};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!failure_.empty()) return oldest;
+      for (const auto& [key, t] : live_) {
+        pending[t->peer].push_back(t);
+        const auto age = std::chrono::duration_cast<std::chrono::milliseconds>(now - t->posted);
+        if (age >= stall_delay_) {
+          stalled[t->peer].push_back(t);
+          oldest = std::max(oldest, age);
+        }
+      }
     }
+    for (auto& [peer, mine] : stalled) {
+      auto& all = pending[peer];
+      std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
+        return std::pair(a->sending, a->call.seq) < std::pair(b->sending, b->call.seq);
+      });
+      Bytes records;
+      for (const auto& t : all) {
+        const CallRecord r = encode_call(t->call);
+        records.insert(records.end(), r.begin(), r.end());
+      }
+      auto& published = published_[static_cast<size_t>(peer)];
+      if (records != published) {
+        std::lock_guard<std::mutex> lock(hook_mu_);
+        if (hooks_.publish_pending) hooks_.publish_pending(peer, records);
+        published = std::move(records);
+      }
+      const Bytes theirs = peer_calls(peer);
+      for (const auto& t : mine) {
+        std::string mismatch = compare_with_partner(*t, theirs);
+        if (mismatch.empty()) continue;
+        mismatch = fmt::format("{}: {}", t->what(), mismatch);
+        {
+          std::lock_guard<std::mutex> lock(t->mu);
+          t->mismatch = mismatch;
+        }
+        // Wakes the transfer's driver, which reports the mismatch; a transfer nobody waits for yet
+        // reports it at its first wait.
+        fail(mismatch, true);
+        return oldest;
+      }
+    }
+    return oldest;
+  }
+
+  // The mismatch message when the peer's published calls hold this transfer's partner (the other
+  // direction's call of the same number) and it disagrees; "" otherwise.
+  static std::string compare_with_partner(const GlooTransfer& t, const Bytes& theirs) {
+    const CallRecord mine = encode_call(t.call);
+    for (size_t off = 0; off + kCallRecordBytes <= theirs.size(); off += kCallRecordBytes) {
+      CallRecord r;
+      std::copy_n(theirs.begin() + static_cast<std::ptrdiff_t>(off), kCallRecordBytes, r.begin());
+      CallInfo c;
+      try {
+        c = decode_call(r);
+      } catch (const std::exception&) {
+        return {};
+      }
+      const bool partner = c.seq == t.call.seq &&
+                           c.kind == (t.sending ? CollectiveKind::kRecv : CollectiveKind::kSend);
+      if (!partner) continue;
+      return t.sending ? find_p2p_mismatch(mine, t.rank, r, t.peer)
+                       : find_p2p_mismatch(r, t.peer, mine, t.rank);
+    }
+    return {};
   }
 
   std::string failure_reason() {
@@ -428,9 +483,10 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
     return failure_;
   }
 
-  void call_failed(const std::string& reason) {
+  // What `peer` published of its pending calls with this rank (the stall check's).
+  Bytes peer_calls(int peer) {
     std::lock_guard<std::mutex> lock(hook_mu_);
-    if (hooks_.failed) hooks_.failed(reason);
+    return hooks_.peer_pending ? hooks_.peer_pending(peer) : Bytes();
   }
 
   std::string peer_note(int peer) {
@@ -438,12 +494,10 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
     return hooks_.peer_note ? hooks_.peer_note(peer) : std::string();
   }
 
-  // Every Gloo operation of the transfer completed: its buffers can go at once.
+  // The transfer's Gloo operation completed: its buffer can go at once.
   void complete(GlooTransfer& t) {
-    for (auto* b : {&t.data, &t.record_out, &t.record_in}) {
-      if (*b) abort_.discharge(b->get());
-      b->reset();
-    }
+    abort_.discharge(t.data.get());
+    t.data.reset();
     std::shared_ptr<GlooTransfer> self;  // released after the lock: it may be the last reference
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -457,19 +511,18 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
   }
 
   // The transfer failed: the communicator fails with it (connections closed before the Work
-  // reports, so that Gloo touches none of the caller's buffers after), its buffers wait in the
-  // graveyard for the core's end (Gloo's loop thread may still hold them; see BufferSet in
+  // reports, so that Gloo touches none of the caller's buffers after), its buffer waits in the
+  // graveyard for the core's end (Gloo's loop thread may still hold it; see BufferSet in
   // gloo_collectives.cc).
   void fail_transfer(GlooTransfer& t, Outcome outcome, const std::string& message) {
     ZERO_LOG_ERROR("{}", message);
-    if (fail(message, true)) call_failed(message);
+    fail(message, true);
     std::shared_ptr<GlooTransfer> self;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (auto* b : {&t.data, &t.record_out, &t.record_in}) {
-        if (!*b) continue;
-        abort_.discharge(b->get());
-        graveyard_.push_back(std::move(*b));
+      if (t.data) {
+        abort_.discharge(t.data.get());
+        graveyard_.push_back(std::move(t.data));
       }
       const auto it = live_.find(&t);
       if (it != live_.end()) {
@@ -483,22 +536,16 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
   const std::shared_ptr<gloo::Context> context_;
   const std::chrono::milliseconds timeout_;
   const bool check_;
+  const std::chrono::milliseconds stall_delay_;
 
   std::mutex post_mu_;  // numbering and posting; held by fail() while it closes the connections
   std::vector<uint64_t> send_seq_, recv_seq_;  // next transfer number per peer (post_mu_)
-  // Per peer, the acknowledgement receive posted ahead for the next send (take_ack; post_mu_).
-  // Released with the core, after its connections closed or with nothing pending.
-  struct AckAhead {
-    uint64_t seq = 0;
-    std::unique_ptr<CallRecord> record;
-    std::unique_ptr<UnboundBuffer> buf;
-  };
-  std::vector<AckAhead> ack_ahead_;
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::string failure_;  // first failure; non-empty once failed
-  bool closed_ = false;  // the connections are closed after the failure
+  bool closed_ = false;    // the connections are closed after the failure
+  bool reported_ = false;  // ... and the collectives heard of it
   bool destroyed_ = false;
   // Pending transfers, kept here so that their buffers outlive the Gloo operations on them even
   // when every Work handle is dropped.
@@ -508,6 +555,12 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
 
   std::mutex hook_mu_;  // held while a hook runs, so that shutdown waits it out
   GlooP2P::Hooks hooks_;
+
+  std::mutex stall_mu_;
+  std::condition_variable stall_cv_;
+  bool stall_stop_ = false;
+  std::thread stall_check_;       // started by the first post with the check on
+  std::vector<Bytes> published_;  // per peer, what this rank last published (the stall check's)
 
   std::mutex helpers_mu_;
   bool stopping_ = false;
@@ -541,7 +594,7 @@ class P2PWork final : public Work {
       return;
     }
     ZERO_THROW(TimeoutError, "{} did not complete within {} ms; the communicator is aborted",
-               t_->what, timeout.count());
+               t_->what(), timeout.count());
   }
   void wait() override { wait(t_->core->timeout()); }
 

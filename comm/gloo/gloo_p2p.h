@@ -5,20 +5,20 @@
 // reduces).
 //
 // Matching. Every transfer gets the next number of its (peer, direction); the k-th send from a to b
-// meets the k-th recv on b from a because their slots carry that number (0xB1..0xB3 in the top
-// byte, apart from the collectives' 0xA1..0xA8 and Gloo's own 0x01..0x08). The data slot also
-// carries the transfer's byte size, so a receive of another size is never matched: Gloo aborts the
-// process when a message is larger than the receive it lands in, and a smaller one would complete
-// silently short.
+// meets the k-th recv on b from a because their slot carries that number, with the byte size and,
+// with the communicator's schedule check on, a fingerprint of the call (dtype, count, label). A
+// receive that disagrees is never matched: Gloo aborts the process when a message is larger than
+// the receive it lands in, and a smaller one, or one of the same size read as another dtype, would
+// complete silently wrong. Each transfer is one Gloo message, as Gloo's own pair transfers are.
 //
-// The check (with the communicator's schedule check on). Each side sends its call record to the
-// other as it posts: the sender's travels ahead of its data; the receiver's goes back at once and is
-// the sender's acknowledgement. The receiver compares as soon as the sender's record arrives, before
-// it waits for data; the sender's send completes when its data left and the receiver's record came
-// back and agreed (each send posts the receive of the next send's acknowledgement ahead, so that
-// the receiver's record goes out as soon as it posts). Both ranks therefore see the same two records and fail with the same message
-// (find_p2p_mismatch); a send nobody receives, or a receive nobody sends to, times out naming the
-// peer. Costs: two 64-byte messages per transfer, neither on the receiver's critical path.
+// The check (with the communicator's schedule check on). Since a disagreeing pair never meets, it
+// would only time out; a stall check says why, well before: once a transfer has been pending for a
+// moment, this rank's pending calls with that peer go into the store, and it looks at the peer's;
+// when the peer's call of the same number disagrees, both ranks fail with the same message naming
+// both calls (find_p2p_mismatch). A send nobody receives, or a receive nobody sends to, times out
+// naming the peer. Nothing is exchanged for transfers that meet in time. The fingerprint is 12
+// bits: a dtype or label disagreement between transfers of the same byte size escapes it once in
+// 4096 (sizes and numbers never do).
 //
 // Waiting. Gloo's waits are only safe on the thread that drives them (a timed-out Gloo wait fails
 // the whole context), so a transfer is driven by whoever waits for it: Work::wait runs its Gloo
@@ -35,6 +35,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <gloo/context.h>
 
@@ -45,8 +46,8 @@ namespace zero::comm {
 
 class GlooP2PCore;
 
-// The largest transfer: its byte size is part of its data slot (40 bits).
-constexpr size_t kMaxTransferBytes = (size_t{1} << 40) - 1;
+// The largest transfer: its byte size is part of its data slot (36 bits).
+constexpr size_t kMaxTransferBytes = (size_t{1} << 36) - 1;
 
 class GlooP2P {
  public:
@@ -68,6 +69,11 @@ class GlooP2P {
     std::function<void(const std::string& reason)> note;
     // Why `peer` closed its connection, if it left a note (FailureReport::p2p_note), else "".
     std::function<std::string(int peer)> peer_note;
+    // The stall check: this rank's pending calls with `peer` (encoded CallRecords, replacing what
+    // it published before), and what `peer` published for this rank ("" when nothing). Neither may
+    // block for long or throw.
+    std::function<void(int peer, const std::vector<uint8_t>& records)> publish_pending;
+    std::function<std::vector<uint8_t>(int peer)> peer_pending;
   };
   void set_hooks(Hooks hooks);
 

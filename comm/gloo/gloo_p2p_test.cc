@@ -310,6 +310,53 @@ TEST_CASE("a receive with another label fails on both ranks") {
                  "called recv(fp32, 100, from rank 0) #0 [grad]");
 }
 
+TEST_CASE("zero-byte transfers meet their partners and are checked like the others") {
+  run_ranks(2, options(), [&](int rank, Communicator& comm) {
+    std::vector<float> buf(4, 7.0f);
+    // Zero elements from a null buffer, then a real transfer: it must be the next one, not this.
+    if (rank == 0) {
+      comm.send(nullptr, 0, DType::kFloat32, 1)->wait();
+      comm.send(buf.data(), 4, DType::kFloat32, 1)->wait();
+    } else {
+      comm.recv(nullptr, 0, DType::kFloat32, 0)->wait();
+      std::vector<float> in(4, 0.0f);
+      comm.recv(in.data(), 4, DType::kFloat32, 0)->wait();
+      CHECK(in == buf);
+    }
+  });
+  check_mismatch(0, DType::kFloat32, "act",
+                 "p2p mismatch: rank 0 called send(fp32, 100, to rank 1) #0 [act] but rank 1 "
+                 "called recv(fp32, 0, from rank 0) #0 [act]");
+}
+
+TEST_CASE("a partner posted long after its transfer stalled is not a mismatch") {
+  // Rank 1 posts its receives well past the stall check's delay: rank 0 publishes its pending sends
+  // and looks at rank 1's calls, finds none (then agreeing ones), and the transfers complete.
+  run_ranks(2, options(), [&](int rank, Communicator& comm) {
+    std::vector<int32_t> a(5), b(300);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<int32_t>(i + 1);
+    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<int32_t>(1000 + i);
+    comm.set_call_label("late");
+    if (rank == 0) {
+      WorkHandle first = comm.send(a.data(), a.size(), DType::kInt32, 1);
+      WorkHandle second = comm.send(b.data(), b.size(), DType::kInt32, 1);
+      first->wait();
+      second->wait();
+    } else {
+      std::this_thread::sleep_for(800ms);
+      std::vector<int32_t> ra(5, 0), rb(300, 0);
+      WorkHandle first = comm.recv(ra.data(), ra.size(), DType::kInt32, 0);
+      std::this_thread::sleep_for(600ms);  // the second stalls on this side too
+      WorkHandle second = comm.recv(rb.data(), rb.size(), DType::kInt32, 0);
+      first->wait();
+      second->wait();
+      CHECK(ra == a);
+      CHECK(rb == b);
+    }
+    comm.barrier()->wait();  // the communicator did not fail
+  });
+}
+
 TEST_CASE("without the check a receive of another size times out instead of corrupting") {
   constexpr auto kTimeout = 1500ms;
   run_ranks(2, options(kTimeout, /*check=*/false), [&](int rank, Communicator& comm) {

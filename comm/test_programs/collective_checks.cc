@@ -37,6 +37,8 @@ double value(DType t, int rank, size_t i, uint64_t salt) {
   return t == DType::kUInt8 ? v : v - 5.0;
 }
 
+}  // namespace
+
 void store_value(DType t, void* base, size_t i, double x) {
   switch (t) {
     case DType::kFloat32: static_cast<float*>(base)[i] = static_cast<float>(x); break;
@@ -65,6 +67,8 @@ double load_value(DType t, const void* base, size_t i) {
   }
   return NAN;
 }
+
+namespace {
 
 // Expected reduction of the n sources' values (exact integers) as the backend must produce it.
 double reduce_expected(DType t, ReduceOp op, const std::vector<double>& v) {

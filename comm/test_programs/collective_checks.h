@@ -30,6 +30,11 @@ struct SuiteOptions {
   bool batched = true;
 };
 
+// Element i of a buffer of dtype `t`, written from and read as a double (exact for the small
+// integers the checks use).
+void store_value(DType t, void* base, size_t i, double x);
+double load_value(DType t, const void* base, size_t i);
+
 // all_reduce (sum/avg/max/min), reduce_scatter (same, in and out of place), all_gather (in and out of
 // place), broadcast (every root), all_to_all, barrier; over fp32, fp16, bf16, fp64, int32, int64
 // (and uint8 for the data-movement ops).
