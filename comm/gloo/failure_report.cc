@@ -17,27 +17,6 @@ std::string FailureReport::key(int rank) const { return fmt::format("{}/failed/{
 
 std::string FailureReport::p2p_key(int rank) const { return fmt::format("{}/p2p_failed/{}", prefix_, rank); }
 
-std::string FailureReport::pending_key(int from, int to) const {
-  return fmt::format("{}/p2p_pending/{}/{}", prefix_, from, to);
-}
-
-void FailureReport::publish_p2p_pending(int peer, const Bytes& records) const {
-  try {
-    store_->set(pending_key(rank_, peer), records);
-  } catch (const std::exception&) {
-    // The stall then ends at the timeout, naming the peer without the two calls.
-  }
-}
-
-Bytes FailureReport::p2p_pending(int peer) const {
-  try {
-    if (!store_->check({pending_key(peer, rank_)})) return {};
-    return store_->get(pending_key(peer, rank_), std::chrono::seconds(1));
-  } catch (const std::exception&) {
-    return {};
-  }
-}
-
 void FailureReport::note_p2p_failure(const std::string& message) const {
   try {
     store_->compare_set(p2p_key(rank_), {}, Bytes(message.begin(), message.end()));

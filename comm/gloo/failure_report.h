@@ -42,16 +42,9 @@ class FailureReport {
   void note_p2p_failure(const std::string& message) const;
   std::string p2p_note(int peer) const;
 
-  // The p2p stall check's exchange (GlooP2P::Hooks): this rank's pending calls with `peer` (the
-  // last publication replaces the one before), and what `peer` published for this rank, looked at
-  // once ({} when nothing, or when the store fails). Neither throws.
-  void publish_p2p_pending(int peer, const Bytes& records) const;
-  Bytes p2p_pending(int peer) const;
-
  private:
   std::string key(int rank) const;
   std::string p2p_key(int rank) const;
-  std::string pending_key(int from, int to) const;
 
   std::shared_ptr<Store> store_;
   std::string prefix_;

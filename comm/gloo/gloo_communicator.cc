@@ -75,10 +75,7 @@ class GlooCommunicator final : public Communicator, private OrderedExecutor::Own
     hooks.failed = [this](const std::string& reason) { executor_.fail(reason); };
     hooks.note = [this](const std::string& reason) { failure_report_.note_p2p_failure(reason); };
     hooks.peer_note = [this](int peer) { return failure_report_.p2p_note(peer); };
-    hooks.publish_pending = [this](int peer, const Bytes& records) {
-      failure_report_.publish_p2p_pending(peer, records);
-    };
-    hooks.peer_pending = [this](int peer) { return failure_report_.p2p_pending(peer); };
+    hooks.pending = store_exchange(store_, prefix_, rank_);
     p2p_.set_hooks(std::move(hooks));
   }
 

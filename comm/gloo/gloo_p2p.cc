@@ -17,6 +17,7 @@
 #include "base/logging.h"
 #include "comm/gloo/gloo_collectives.h"
 #include "comm/gloo/ordered_executor.h"
+#include "comm/p2p_stall_check.h"
 #include "comm/schedule_check.h"
 
 namespace zero::comm {
@@ -61,11 +62,8 @@ std::chrono::milliseconds remaining(SteadyClock::time_point deadline) {
   return std::max(left, std::chrono::milliseconds(1));
 }
 
-// With the check, a transfer pending this long is published in the store with its peer's (stall
-// check); the wait between looks at the peer's grows with the stall, from the first to the last.
+// With the check, how long a transfer waits before the stall check publishes it.
 constexpr std::chrono::milliseconds kStallDelay(250);
-constexpr std::chrono::milliseconds kFirstLook(100);
-constexpr std::chrono::milliseconds kLastLook(2000);
 
 }  // namespace
 
@@ -146,10 +144,18 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
  public:
   GlooP2PCore(std::shared_ptr<gloo::Context> context, std::chrono::milliseconds timeout, bool check)
       : context_(std::move(context)), timeout_(timeout), check_(check),
-        stall_delay_(std::min<std::chrono::milliseconds>(kStallDelay, timeout / 4)),
         send_seq_(static_cast<size_t>(context_->size), 0),
         recv_seq_(static_cast<size_t>(context_->size), 0),
-        published_(static_cast<size_t>(context_->size)) {}
+        stall_check_(context_->rank, context_->size,
+                     std::min<std::chrono::milliseconds>(kStallDelay, timeout / 4),
+                     {[this](int peer, const Bytes& records) {
+                        std::lock_guard<std::mutex> lock(hook_mu_);
+                        if (hooks_.pending.publish) hooks_.pending.publish(peer, records);
+                      },
+                      [this](int peer) {
+                        std::lock_guard<std::mutex> lock(hook_mu_);
+                        return hooks_.pending.peer_calls ? hooks_.pending.peer_calls(peer) : Bytes();
+                      }}) {}
 
   GlooP2PCore(const GlooP2PCore&) = delete;
   GlooP2PCore& operator=(const GlooP2PCore&) = delete;
@@ -233,7 +239,7 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
                       fmt::format("{} timed out waiting for rank {} (its matching {}; did rank {} "
                                   "post it?): Gloo: {}",
                                   t.what(), t.peer, t.sending ? "recv" : "send", t.peer, msg));
-      } else if (std::string mismatch = check_ ? compare_with_partner(t, peer_calls(t.peer)) : "";
+      } else if (std::string mismatch = check_ ? stall_check_.compare_with_peer(t.call) : "";
                  !mismatch.empty()) {
         // The peer's stall check found this transfer's partner disagreeing and closed its
         // connections: the same message on both ranks.
@@ -334,7 +340,7 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
     {
       std::lock_guard<std::mutex> lock(stall_mu_);
       stall_stop_ = true;
-      stall_check.swap(stall_check_);
+      stall_check.swap(stall_thread_);
     }
     stall_cv_.notify_all();
     if (stall_check.joinable()) stall_check.join();  // before the hooks go: it calls them
@@ -377,116 +383,56 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
     }
   }
 
-  // The stall check (with the check on). A transfer whose partner disagrees never meets it (their
-  // slots differ), so both ranks would wait out the timeout and only say "did rank 1 post it?". The
-  // thread below publishes, once a transfer with a peer has been pending for kStallDelay, this
-  // rank's pending calls with that peer in the store, and looks at the peer's (more and more
-  // rarely as the stall lasts): when the peer's call of the same number disagrees, both ranks fail
-  // with the two calls named (find_p2p_mismatch), well before the timeout. Costs nothing while
-  // transfers meet in time: the store is touched only for stalled ones.
+  // The stall check (with the check on; comm/p2p_stall_check.h): a transfer whose partner
+  // disagrees never meets it (their slots differ), so both ranks would only time out. A thread,
+  // started with the first transfer, looks at the pending ones now and then; the store is touched
+  // only for transfers pending past the delay.
   void start_stall_check() {
     std::lock_guard<std::mutex> lock(stall_mu_);
-    if (stall_check_.joinable() || stall_stop_) return;
-    stall_check_ = std::thread([this] { run_stall_check(); });
+    if (stall_thread_.joinable() || stall_stop_) return;
+    stall_thread_ = std::thread([this] { run_stall_check(); });
   }
 
   void run_stall_check() {
     std::unique_lock<std::mutex> lock(stall_mu_);
-    auto period = kFirstLook;
     while (!stall_stop_) {
-      stall_cv_.wait_for(lock, period, [&] { return stall_stop_; });
+      stall_cv_.wait_for(lock, stall_check_.next_look(), [&] { return stall_stop_; });
       if (stall_stop_) break;
       lock.unlock();
-      const std::chrono::milliseconds stalled_for = look_at_stalls();
-      period = std::clamp<std::chrono::milliseconds>(stalled_for / 4, kFirstLook, kLastLook);
+      look_at_stalls();
       lock.lock();
     }
   }
 
-  // One look: publishes what changed and compares with the peers' calls. Returns how long the
-  // oldest stalled transfer has been pending (0 without one).
-  std::chrono::milliseconds look_at_stalls() {
-    const auto now = SteadyClock::now();
-    // Per peer with a stalled transfer: every pending call with it, and the stalled transfers.
-    std::unordered_map<int, std::vector<std::shared_ptr<GlooTransfer>>> pending, stalled;
-    std::chrono::milliseconds oldest{0};
+  // One look of the stall check over the pending transfers; a disagreement fails the
+  // communicator, its transfer reporting the mismatch.
+  void look_at_stalls() {
+    std::vector<std::shared_ptr<GlooTransfer>> live;
+    std::vector<P2PStallCheck::Pending> pending;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!failure_.empty()) return oldest;
+      if (!failure_.empty()) return;
       for (const auto& [key, t] : live_) {
-        pending[t->peer].push_back(t);
-        const auto age = std::chrono::duration_cast<std::chrono::milliseconds>(now - t->posted);
-        if (age >= stall_delay_) {
-          stalled[t->peer].push_back(t);
-          oldest = std::max(oldest, age);
-        }
+        live.push_back(t);
+        pending.push_back({t->call, t->posted});
       }
     }
-    for (auto& [peer, mine] : stalled) {
-      auto& all = pending[peer];
-      std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
-        return std::pair(a->sending, a->call.seq) < std::pair(b->sending, b->call.seq);
-      });
-      Bytes records;
-      for (const auto& t : all) {
-        const CallRecord r = encode_call(t->call);
-        records.insert(records.end(), r.begin(), r.end());
-      }
-      auto& published = published_[static_cast<size_t>(peer)];
-      if (records != published) {
-        std::lock_guard<std::mutex> lock(hook_mu_);
-        if (hooks_.publish_pending) hooks_.publish_pending(peer, records);
-        published = std::move(records);
-      }
-      const Bytes theirs = peer_calls(peer);
-      for (const auto& t : mine) {
-        std::string mismatch = compare_with_partner(*t, theirs);
-        if (mismatch.empty()) continue;
-        mismatch = fmt::format("{}: {}", t->what(), mismatch);
-        {
-          std::lock_guard<std::mutex> lock(t->mu);
-          t->mismatch = mismatch;
-        }
-        // Wakes the transfer's driver, which reports the mismatch; a transfer nobody waits for yet
-        // reports it at its first wait.
-        fail(mismatch, true);
-        return oldest;
-      }
+    const auto verdict = stall_check_.look(pending, SteadyClock::now());
+    if (!verdict) return;
+    GlooTransfer& t = *live[verdict->index];
+    const std::string mismatch = fmt::format("{}: {}", t.what(), verdict->mismatch);
+    {
+      std::lock_guard<std::mutex> lock(t.mu);
+      t.mismatch = mismatch;
     }
-    return oldest;
-  }
-
-  // The mismatch message when the peer's published calls hold this transfer's partner (the other
-  // direction's call of the same number) and it disagrees; "" otherwise.
-  static std::string compare_with_partner(const GlooTransfer& t, const Bytes& theirs) {
-    const CallRecord mine = encode_call(t.call);
-    for (size_t off = 0; off + kCallRecordBytes <= theirs.size(); off += kCallRecordBytes) {
-      CallRecord r;
-      std::copy_n(theirs.begin() + static_cast<std::ptrdiff_t>(off), kCallRecordBytes, r.begin());
-      CallInfo c;
-      try {
-        c = decode_call(r);
-      } catch (const std::exception&) {
-        return {};
-      }
-      const bool partner = c.seq == t.call.seq &&
-                           c.kind == (t.sending ? CollectiveKind::kRecv : CollectiveKind::kSend);
-      if (!partner) continue;
-      return t.sending ? find_p2p_mismatch(mine, t.rank, r, t.peer)
-                       : find_p2p_mismatch(r, t.peer, mine, t.rank);
-    }
-    return {};
+    // Wakes the transfer's driver, which reports the mismatch; a transfer nobody waits for yet
+    // reports it at its first wait.
+    fail(mismatch, true);
   }
 
   std::string failure_reason() {
     std::lock_guard<std::mutex> lock(mu_);
     return failure_;
-  }
-
-  // What `peer` published of its pending calls with this rank (the stall check's).
-  Bytes peer_calls(int peer) {
-    std::lock_guard<std::mutex> lock(hook_mu_);
-    return hooks_.peer_pending ? hooks_.peer_pending(peer) : Bytes();
   }
 
   std::string peer_note(int peer) {
@@ -536,7 +482,6 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
   const std::shared_ptr<gloo::Context> context_;
   const std::chrono::milliseconds timeout_;
   const bool check_;
-  const std::chrono::milliseconds stall_delay_;
 
   std::mutex post_mu_;  // numbering and posting; held by fail() while it closes the connections
   std::vector<uint64_t> send_seq_, recv_seq_;  // next transfer number per peer (post_mu_)
@@ -559,8 +504,8 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
   std::mutex stall_mu_;
   std::condition_variable stall_cv_;
   bool stall_stop_ = false;
-  std::thread stall_check_;       // started by the first post with the check on
-  std::vector<Bytes> published_;  // per peer, what this rank last published (the stall check's)
+  std::thread stall_thread_;  // started by the first post with the check on
+  P2PStallCheck stall_check_;  // the stall thread's (compare_with_peer: any thread's)
 
   std::mutex helpers_mu_;
   bool stopping_ = false;

@@ -41,6 +41,7 @@
 
 #include "base/dtype.h"
 #include "comm/communicator.h"
+#include "comm/p2p_stall_check.h"
 
 namespace zero::comm {
 
@@ -69,11 +70,9 @@ class GlooP2P {
     std::function<void(const std::string& reason)> note;
     // Why `peer` closed its connection, if it left a note (FailureReport::p2p_note), else "".
     std::function<std::string(int peer)> peer_note;
-    // The stall check: this rank's pending calls with `peer` (encoded CallRecords, replacing what
-    // it published before), and what `peer` published for this rank ("" when nothing). Neither may
-    // block for long or throw.
-    std::function<void(int peer, const std::vector<uint8_t>& records)> publish_pending;
-    std::function<std::vector<uint8_t>(int peer)> peer_pending;
+    // Where the stall check publishes this rank's pending calls and reads its peers' (with the
+    // check on; store_exchange in practice).
+    P2PStallCheck::Exchange pending;
   };
   void set_hooks(Hooks hooks);
 
