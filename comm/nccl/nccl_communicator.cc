@@ -28,6 +28,7 @@ void NcclOptions::validate() const {
 #include <vector>
 
 #include "base/logging.h"
+#include "comm/p2p_stall_check.h"
 #include "comm/schedule_check.h"
 
 namespace zero::comm {
@@ -50,6 +51,8 @@ namespace {
 thread_local cudaStream_t g_caller_stream = nullptr;
 
 using Clock = std::chrono::steady_clock;
+// How long a transfer waits before the p2p stall check publishes it.
+constexpr std::chrono::milliseconds kStallDelay(250);
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
@@ -111,6 +114,18 @@ void require_buffer(const char* op, const char* name, const void* p, size_t coun
   }
 }
 
+// One group of point-to-point transfers, launched together (ncclGroupStart/End) so that a rank
+// that sends and receives at once cannot deadlock on its own stream; shared by their Works.
+struct NcclP2PGroup {
+  std::mutex mu;
+  bool launched = false;
+  cudaEvent_t done = nullptr;  // recorded on the NCCL stream after the group
+  std::string failure;         // why the group was not launched
+  ~NcclP2PGroup() {
+    if (done) cudaEventDestroy(done);
+  }
+};
+
 // The NCCL communicator and its failure state, shared with the work handles (which may outlive
 // the communicator object).
 struct NcclShared {
@@ -121,6 +136,39 @@ struct NcclShared {
   std::mutex mu;
   std::string failure;  // non-empty once failed
   bool aborted = false;
+
+  // The p2p stall check (comm/p2p_stall_check.h; null without the check): the transfers launched
+  // and not known complete, looked at by whichever thread waits for one of them.
+  struct LaunchedP2P {
+    CallInfo call;
+    Clock::time_point posted;
+    std::shared_ptr<NcclP2PGroup> group;
+  };
+  std::mutex stall_mu;
+  std::vector<LaunchedP2P> launched;
+  std::unique_ptr<P2PStallCheck> stall_check;
+  Clock::time_point next_look{};
+
+  // One look when one is due: a transfer whose partner disagrees fails (and aborts) the
+  // communicator; its message, else "".
+  std::string look_at_stalls() {
+    std::lock_guard<std::mutex> lock(stall_mu);
+    const auto now = Clock::now();
+    if (!stall_check || now < next_look) return {};
+    std::erase_if(launched, [](const LaunchedP2P& t) {
+      std::lock_guard<std::mutex> group_lock(t.group->mu);
+      return t.group->done != nullptr && cudaEventQuery(t.group->done) == cudaSuccess;
+    });
+    std::vector<P2PStallCheck::Pending> pending;
+    for (const LaunchedP2P& t : launched) pending.push_back({t.call, t.posted});
+    const auto verdict = stall_check->look(pending, now);
+    next_look = now + stall_check->next_look();
+    if (!verdict) return {};
+    const std::string msg = fmt::format("nccl rank {}: {}: {}", rank,
+                                        describe_call(launched[verdict->index].call), verdict->mismatch);
+    fail_and_abort(msg);
+    return msg;
+  }
 
   std::string failed_reason() {
     std::lock_guard<std::mutex> lock(mu);
@@ -180,10 +228,19 @@ struct NcclShared {
     return false;
   }
   // Waits for `event` (polling the communicator's async error) until `timeout`; aborts on timeout.
+  // `p2p`: the event ends transfers, so the wait runs the stall check meanwhile.
   void wait_event(cudaEvent_t event, std::chrono::milliseconds wait_timeout,
-                  const std::string& what) {
+                  const std::string& what, bool p2p = false) {
     const auto deadline = Clock::now() + wait_timeout;
     for (;;) {
+      if (p2p) {
+        const std::string mismatch = look_at_stalls();
+        if (!mismatch.empty()) {
+          // The same message on both ranks when it is this transfer's partner that disagrees.
+          throw CommError(mismatch.rfind(what, 0) == 0 ? mismatch
+                                                       : fmt::format("{} failed: {}", what, mismatch));
+        }
+      }
       const cudaError_t q = cudaEventQuery(event);
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) {
@@ -237,18 +294,6 @@ class NcclWork final : public Work {
   bool completed_ = false;
 };
 
-// One group of point-to-point transfers, launched together (ncclGroupStart/End) so that a rank
-// that sends and receives at once cannot deadlock on its own stream; shared by their Works.
-struct NcclP2PGroup {
-  std::mutex mu;
-  bool launched = false;
-  cudaEvent_t done = nullptr;  // recorded on the NCCL stream after the group
-  std::string failure;         // why the group was not launched
-  ~NcclP2PGroup() {
-    if (done) cudaEventDestroy(done);
-  }
-};
-
 // Lets a transfer's Work launch the pending group; cleared (under mu) by the communicator's
 // destructor, since Works may outlive it.
 struct NcclFlushLink {
@@ -265,7 +310,7 @@ class NcclP2PWork final : public Work {
 
   void wait(std::chrono::milliseconds timeout) override {
     if (completed_) return;
-    shared_->wait_event(launched(), timeout, what_);
+    shared_->wait_event(launched(), timeout, what_, /*p2p=*/true);
     completed_ = true;
   }
   void wait() override { wait(shared_->timeout); }
@@ -303,10 +348,12 @@ class NcclP2PWork final : public Work {
 class NcclCommunicator final : public Communicator {
  public:
   // Takes ownership of an initialized (or initializing) communicator.
+  // `store` and `p2p_prefix` (unique to the communicator): where the p2p stall check publishes.
   NcclCommunicator(ncclComm_t comm, ncclResult_t init_result, int rank, int size,
-                   NcclOptions options, bool check)
+                   NcclOptions options, bool check, std::shared_ptr<Store> store,
+                   std::string p2p_prefix)
       : shared_(std::make_shared<NcclShared>()), size_(size), options_(std::move(options)),
-        check_(check) {
+        check_(check), store_(std::move(store)), p2p_prefix_(std::move(p2p_prefix)) {
     shared_->comm = comm;
     shared_->rank = rank;
     shared_->device = options_.device;
@@ -328,6 +375,11 @@ class NcclCommunicator final : public Communicator {
     send_seq_.assign(static_cast<size_t>(size_), 0);
     recv_seq_.assign(static_cast<size_t>(size_), 0);
     flush_link_->flush = [this] { flush_p2p(); };
+    if (check_ && store_) {
+      shared_->stall_check = std::make_unique<P2PStallCheck>(
+          shared_->rank, size_, std::min<std::chrono::milliseconds>(kStallDelay, options_.timeout / 4),
+          store_exchange(store_, p2p_prefix_, shared_->rank));
+    }
   }
 
   ~NcclCommunicator() override {
@@ -504,12 +556,14 @@ class NcclCommunicator final : public Communicator {
     const ncclResult_t r = ncclCommSplit(shared_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color,
                                          key, &child, &config);
     const std::string what = fmt::format("nccl rank {}: split({}, {})", rank(), color, key);
+    // Every rank counts the split, those left out too, so that the children's prefixes agree.
+    const std::string child_prefix = fmt::format("{}/split{}/color{}", p2p_prefix_, splits_++, color);
     if (color < 0 || child == nullptr || (r != ncclSuccess && r != ncclInProgress)) {
       shared_->settle(r, what);  // throws on an error
       return nullptr;
     }
     // The child settles (non-blocking init) in its constructor and reports its own rank and size.
-    return std::make_unique<NcclCommunicator>(child, r, -1, -1, options_, check_);
+    return std::make_unique<NcclCommunicator>(child, r, -1, -1, options_, check_, store_, child_prefix);
   }
 
  private:
@@ -587,6 +641,8 @@ class NcclCommunicator final : public Communicator {
     int peer;
     cudaEvent_t ready;  // the caller's stream at issue
     std::string what;
+    CallInfo call;
+    Clock::time_point posted;
   };
 
   WorkHandle add_p2p(bool sending, void* buf, size_t count, DType dtype, int peer) {
@@ -608,7 +664,7 @@ class NcclCommunicator final : public Communicator {
       cuda_ok(recorded, what);
     }
     if (!group_) group_ = std::make_shared<NcclP2PGroup>();
-    pending_.push_back({sending, buf, count, type, peer, ready, what});
+    pending_.push_back({sending, buf, count, type, peer, ready, what, call, Clock::now()});
     return std::make_shared<NcclP2PWork>(shared_, group_, flush_link_, what);
   }
 
@@ -648,9 +704,15 @@ class NcclCommunicator final : public Communicator {
         cudaEventDestroy(done);
         cuda_ok(recorded, what);
       }
-      std::lock_guard<std::mutex> lock(group->mu);
-      group->done = done;
-      group->launched = true;
+      {
+        std::lock_guard<std::mutex> lock(group->mu);
+        group->done = done;
+        group->launched = true;
+      }
+      if (shared_->stall_check) {
+        std::lock_guard<std::mutex> lock(shared_->stall_mu);
+        for (const PendingP2P& op : ops) shared_->launched.push_back({op.call, op.posted, group});
+      }
     } catch (const std::exception& e) {
       failure = e.what();
     }
@@ -677,6 +739,9 @@ class NcclCommunicator final : public Communicator {
   int size_;
   const NcclOptions options_;
   const bool check_;
+  const std::shared_ptr<Store> store_;  // the p2p stall check's exchange
+  const std::string p2p_prefix_;
+  int splits_ = 0;  // guarded by issue_mu_
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;
   void* device_scratch_ = nullptr;  // size * kCallRecordBytes of records + the barrier word
@@ -745,7 +810,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Store> stor
     ZERO_THROW(CommError, "nccl rank {}: ncclCommInitRankConfig failed: {}", rank,
                ncclGetErrorString(r));
   }
-  return std::make_unique<NcclCommunicator>(comm, r, rank, size, o, check);
+  return std::make_unique<NcclCommunicator>(comm, r, rank, size, o, check, store,
+                                            fmt::format("{}/{}", o.prefix, instance));
 }
 
 }  // namespace zero::comm

@@ -218,6 +218,36 @@ TEST_CASE("NCCL on two GPUs: a send and a receive at once, both ways, in one gro
 #endif
 }
 
+TEST_CASE("NCCL on two GPUs: a receive of another count ends both ranks within the timeout") {
+  if (skip_without(2, "NCCL point-to-point pairing")) return;
+#ifdef ZERO_WITH_CUDA
+  // Rank 1 receives one element more than rank 0 sends. NCCL itself does not pair the calls; the
+  // stall check names them once a transfer has waited, when both ranks' transfers stall. Where
+  // only the receive stalls, it ends at the timeout instead. Either way nobody hangs.
+  constexpr auto kTimeout = std::chrono::seconds(60);
+  run_ranks(2, [&](int rank, Communicator& comm) {
+    constexpr size_t kCount = size_t{8} << 20;
+    DeviceCopy buf(nullptr, (kCount + 1) * sizeof(float));
+    comm.set_call_label("act");
+    const auto start = std::chrono::steady_clock::now();
+    std::string error;
+    try {
+      (rank == 0 ? comm.send(buf.ptr, kCount, DType::kFloat32, 1)
+                 : comm.recv(buf.ptr, kCount + 1, DType::kFloat32, 0))
+          ->wait();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    CHECK(std::chrono::steady_clock::now() - start < kTimeout + std::chrono::seconds(10));
+    if (error.find("p2p mismatch") != std::string::npos) {
+      CHECK(error.find("p2p mismatch: rank 0 called send(fp32, 8388608, to rank 1) #0 [act] but rank 1 "
+                       "called recv(fp32, 8388609, from rank 0) #0 [act]") != std::string::npos);
+    }
+    if (rank == 1) CHECK_FALSE(error.empty());  // the receive cannot complete
+  });
+#endif
+}
+
 TEST_CASE("the NCCL API answers in every build") {
   NcclOptions o;
   o.timeout = std::chrono::milliseconds(0);
