@@ -1,0 +1,52 @@
+#pragma once
+// How a parameter lies on the tensor-parallel group, and the helpers that cut a full tensor into a
+// rank's part and put the parts back together.
+//
+//   replicated          every rank holds the whole tensor (LayerNorm, a row-parallel bias)
+//   split(dim)          rank r holds the r-th of tp equal slices along dim: a column-parallel
+//                       weight [out, in] is split(0) (its bias too), a row-parallel one split(1)
+//   split(dim, blocks)  dim holds `blocks` equal blocks laid end to end, each split into tp slices;
+//                       rank r holds its slice of every block, in block order. GPT-2's fused
+//                       c_attn weight [3C, C] is q|k|v along dim 0: split(0, 3) gives a rank its
+//                       heads' rows of q, of k and of v (and its bias the same entries)
+//
+//   dim 0 of [3C, C] with tp = 2, split(0, 3):   | q0 q1 | k0 k1 | v0 v1 |
+//   rank 0 holds q0 k0 v0 ([3C/2, C]), rank 1 holds q1 k1 v1.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zero::parallel {
+
+struct TpPlacement {
+  enum class Kind { kReplicated, kSplit };
+  Kind kind = Kind::kReplicated;
+  int dim = 0;     // kSplit: the dimension cut
+  int blocks = 1;  // kSplit: equal blocks along dim, each cut into tp slices
+
+  static TpPlacement replicated() { return {}; }
+  static TpPlacement split(int dim, int blocks = 1) { return {Kind::kSplit, dim, blocks}; }
+  bool is_split() const { return kind == Kind::kSplit; }
+  bool operator==(const TpPlacement&) const = default;
+};
+
+// "replicated", "split(0)", "split(0, 3 blocks)".
+std::string describe(const TpPlacement& placement);
+
+// The shape of one rank's part of a tensor of `shape`. Throws InvalidArgument naming `name`, the
+// dimension, its size, the blocks and tp when the split does not divide evenly, or when dim is out
+// of range or blocks is not positive.
+std::vector<int64_t> local_shape(const std::string& name, const std::vector<int64_t>& shape,
+                                 const TpPlacement& placement, int tp);
+
+// Copies rank `tp_rank`'s part of `full` (of `shape`) into `local` (local_shape's size). A
+// replicated tensor's part is the whole tensor.
+void shard(const float* full, const std::vector<int64_t>& shape, const TpPlacement& placement, int tp_rank,
+           int tp, float* local);
+
+// The converse: writes rank `tp_rank`'s part into its place in `full`. Calling it for every rank
+// assembles the full tensor.
+void unshard(const float* local, const std::vector<int64_t>& shape, const TpPlacement& placement,
+             int tp_rank, int tp, float* full);
+
+}  // namespace zero::parallel
