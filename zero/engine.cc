@@ -43,6 +43,8 @@ Engine::Engine(const EngineComms& comms, EngineOptions options) : impl_(std::mak
   // The pairing is checked now, not at the first collective.
   CollectiveOrder check_shard(*m.device, *comms.shard, m.options.timeout);
   if (comms.replica) CollectiveOrder check_replica(*m.device, *comms.replica, m.options.timeout);
+  if (comms.tp) CollectiveOrder check_tp(*m.device, *comms.tp, m.options.timeout);
+  if (comms.model_parallel) CollectiveOrder check_mp(*m.device, *comms.model_parallel, m.options.timeout);
   if (m.options.loss_scaling == LossScaling::kDynamic) m.scaler.emplace(m.options.dynamic_loss_scaler);
 }
 
@@ -63,7 +65,11 @@ void Engine::finalize() {
   const std::optional<DType> model_dtype = check_registration(m.options, m.registry);
   std::vector<AgreementEntry> fp;
   for (auto& [field, value] : fingerprint(m.options)) fp.push_back({field, value});
-  for (comm::Communicator* c : {m.comms.shard, m.comms.replica}) {
+  // The mesh: every rank of every group must see the same group sizes.
+  auto size_of = [](const comm::Communicator* c) { return std::to_string(c ? c->size() : 1); };
+  fp.push_back({"tensor-parallel group size", size_of(m.comms.tp)});
+  fp.push_back({"model-parallel group size", size_of(m.comms.model_parallel ? m.comms.model_parallel : m.comms.tp)});
+  for (comm::Communicator* c : {m.comms.shard, m.comms.replica, m.comms.tp}) {
     if (c == nullptr) continue;
     m.registry.verify_across_ranks(*c, m.options.timeout, m.device);
     check_agreement(*c, {.what = "engine options", .verb = "has"}, fp, "", m.options.timeout, m.device);
@@ -81,16 +87,17 @@ void Engine::finalize() {
   // Rank 0's initial values everywhere: within the shard group, then from replica 0 to the others.
   // The parameters were written on the compute stream.
   memory::Stream& compute = m.device->compute_stream();
-  for (comm::Communicator* c : {m.comms.shard, m.comms.replica}) {
+  for (comm::Communicator* c : {m.comms.shard, m.comms.replica, m.comms.tp}) {
     if (c == nullptr) continue;
     CollectiveOrder order(*m.device, *c, m.options.timeout);
     for (const ParamSpec& p : m.registry.params()) {
+      if (c == m.comms.tp && p.tp.is_split()) continue;  // each tp rank holds its own part
       order.before_issue(compute);
       order.after(*c->broadcast(p.data.ptr, p.data.numel, p.dtype, 0), compute);
     }
   }
   m.parts = wire_stage({&m.options, &m.registry, m.tensor_param, m.model_dtype, m.comms.shard, m.comms.replica,
-                        m.device, &m.timings});
+                        m.device, &m.timings, m.comms.tp, m.comms.model_parallel});
   for (size_t b = 0; b < m.parts.layout->buckets().size(); ++b) {
     const int unit = m.parts.layout->buckets()[b].unit;
     if (unit >= 0) m.unit_bucket[unit] = b;

@@ -168,6 +168,13 @@ struct EngineComms {
   // Where the engine's buffers live and its kernels run; nullptr: a host device of the engine's own.
   // Must outlive the engine; its memory kind must be one the communicators accept.
   memory::Device* device = nullptr;
+  // Tensor parallelism (comm::Mesh::tp()): the parameters' placements (ParamSpec::tp) say how they
+  // lie on it. Replicated parameters get rank 0's values at finalize(); partial gradients are
+  // summed over it. Every rank of it must register the same names, placements and parts' shapes.
+  comm::Communicator* tp = nullptr;
+  // The global gradient norm and the overflow check are added over it (comm::Mesh::model_parallel(),
+  // tp x pp), each element counted once; nullptr: tp.
+  comm::Communicator* model_parallel = nullptr;
 };
 
 class Engine {

@@ -63,6 +63,7 @@ int ParamRegistry::add(const ParamSpec& spec) {
     }
     if (spec.group < 0) ZERO_THROW(InvalidArgument, "parameter '{}': group {} < 0", spec.name, spec.group);
     if (spec.unit < 0) ZERO_THROW(InvalidArgument, "parameter '{}': unit {} < 0", spec.name, spec.unit);
+    check_local(spec.name, spec.shape, spec.tp);
   } catch (const InvalidArgument& e) {
     note_error(e.what());
   }
@@ -99,9 +100,9 @@ std::optional<int> ParamRegistry::find(const std::string& name) const {
 std::vector<std::string> ParamRegistry::signature_lines() const {
   std::vector<std::string> lines;
   for (const ParamSpec& p : params_) {
-    lines.push_back(fmt::format("'{}' shape {} {}{} group {} unit {}", p.name, shape_string(p.shape),
-                                dtype_name(p.dtype), p.requires_grad ? "" : " frozen", p.group,
-                                p.unit));
+    lines.push_back(fmt::format("'{}' shape {} {}{} group {} unit {}{}", p.name, shape_string(p.shape),
+                                dtype_name(p.dtype), p.requires_grad ? "" : " frozen", p.group, p.unit,
+                                p.tp == TpPlacement{} ? "" : " tp " + describe(p.tp)));
   }
   return lines;
 }

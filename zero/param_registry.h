@@ -13,6 +13,7 @@
 #include "base/dtype.h"
 #include "comm/communicator.h"
 #include "memory/device.h"
+#include "zero/tp_placement.h"
 
 namespace zero {
 
@@ -31,6 +32,10 @@ struct ParamSpec {
   int unit = 0;                   // the unit (a layer or block) it belongs to; see Engine::gather
   int group = 0;                  // optimizer parameter group
   bool requires_grad = true;      // frozen parameters get no reduction and no optimizer state
+  // How it lies on the tensor-parallel group (EngineComms::tp): `shape` and the storage are this
+  // rank's part. Replicated parameters count once in the global norm; partial_grad ones have their
+  // gradient summed over tp.
+  TpPlacement tp;
 };
 
 size_t shape_numel(const std::vector<int64_t>& shape);  // throws InvalidArgument on overflow/<=0

@@ -13,7 +13,8 @@ size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 }  // namespace
 
 ShardLayout::ShardLayout(const std::vector<size_t>& tensor_numels, int world_size,
-                         const ShardLayoutOptions& options, const std::vector<int>& tensor_units)
+                         const ShardLayoutOptions& options, const std::vector<int>& tensor_units,
+                         const std::vector<bool>& starts_block)
     : world_size_(world_size), options_(options) {
   if (world_size < 1) ZERO_THROW(InvalidArgument, "ShardLayout: world_size must be >= 1, got {}", world_size);
   if (options.alignment == 0) ZERO_THROW(InvalidArgument, "ShardLayoutOptions.alignment must be > 0");
@@ -31,7 +32,12 @@ ShardLayout::ShardLayout(const std::vector<size_t>& tensor_numels, int world_siz
     ZERO_THROW(InvalidArgument, "ShardLayoutOptions.unit_buckets needs each tensor's unit");
   }
   const size_t quantum = static_cast<size_t>(world_size) * options.block;
+  if (!starts_block.empty() && starts_block.size() != tensor_numels.size()) {
+    ZERO_THROW(InvalidArgument, "ShardLayout: {} block starts for {} tensors", starts_block.size(),
+               tensor_numels.size());
+  }
   auto unit_of = [&](size_t t) { return tensor_units.empty() ? 0 : tensor_units[t]; };
+  auto own_block = [&](size_t t) { return !starts_block.empty() && starts_block[t]; };
   std::set<int> finished_units;
   for (size_t t = 0; t < tensor_numels.size(); ++t) {
     if (tensor_numels[t] == 0) ZERO_THROW(InvalidArgument, "ShardLayout: tensor {} has zero elements", t);
@@ -54,7 +60,7 @@ ShardLayout::ShardLayout(const std::vector<size_t>& tensor_numels, int world_siz
       b.unit = unit_of(t);
       size_t end = offset;
       for (; t < tensor_numels.size() && unit_of(t) == b.unit; ++t) {
-        end = round_up(end, options.alignment);
+        end = round_up(end, own_block(t) ? options.block : options.alignment);
         tensors_.push_back({tensor_numels[t], end});
         end += tensor_numels[t];
       }
@@ -76,7 +82,7 @@ ShardLayout::ShardLayout(const std::vector<size_t>& tensor_numels, int world_siz
   tensors_.reserve(tensor_numels.size());
   for (size_t i = 0; i < tensor_numels.size(); ++i) {
     const bool new_unit = i > 0 && unit_of(i) != unit_of(i - 1);
-    offset = round_up(offset, new_unit ? options.block : options.alignment);
+    offset = round_up(offset, new_unit || own_block(i) ? options.block : options.alignment);
     tensors_.push_back({tensor_numels[i], offset});
     offset += tensor_numels[i];
   }

@@ -62,8 +62,11 @@ class ShardLayout {
   // Throws InvalidArgument naming the field for a world size < 1, zero alignment/bucket/block, a
   // block that is not a multiple of the alignment, or a zero-sized tensor.
   // `tensor_units`, when given, holds each tensor's unit; a unit's tensors must be consecutive.
+  // `starts_block`, when given, marks tensors that start on a block even inside a unit (tensor
+  // parallelism: no block mixes tensors counted once in the norm with tensors every rank counts).
   ShardLayout(const std::vector<size_t>& tensor_numels, int world_size,
-              const ShardLayoutOptions& options = {}, const std::vector<int>& tensor_units = {});
+              const ShardLayoutOptions& options = {}, const std::vector<int>& tensor_units = {},
+              const std::vector<bool>& starts_block = {});
 
   int world_size() const { return world_size_; }
   const ShardLayoutOptions& options() const { return options_; }

@@ -24,6 +24,42 @@ ShardedUpdate::ShardedUpdate(const UpdateConfig& config, const ShardLayout& layo
     gathered_sums_ = device_.allocate_elements(static_cast<int64_t>(owned_blocks_ * world), DType::kFloat64, cat);
   }
   host_sums_ = device_.allocate_host_staging(owned_blocks_ * world * sizeof(double), cat);
+  if (config_.tp != nullptr && !config_.partial_pieces.empty()) {
+    tp_order_ = std::make_unique<CollectiveOrder>(device, *config_.tp, config.timeout);
+  }
+  if (config_.model_parallel != nullptr && config_.model_parallel->size() > 1) {
+    mp_order_ = std::make_unique<CollectiveOrder>(device, *config_.model_parallel, config.timeout);
+    mp_total_ = device_.allocate_elements(1, DType::kFloat64, cat);
+    mp_host_ = device_.allocate_host_staging(sizeof(double), cat);
+  }
+}
+
+void ShardedUpdate::sum_partial_gradients(const GradReducer& grads) {
+  if (!tp_order_) return;
+  memory::Stream& compute = device_.compute_stream();
+  for (const OwnedPiece& p : config_.partial_pieces) {
+    const GradReducer::Reduced g = grads.reduced(p.bucket);
+    const size_t offset = p.opt_offset - ownership_.range(p.bucket).opt_begin;
+    // The reduced gradient is the update's to finish: the partial parts are summed in place.
+    void* at = static_cast<uint8_t*>(const_cast<void*>(g.ptr)) + offset * dtype_size(g.dtype);
+    tp_order_->before_issue(compute);
+    tp_order_->after(*config_.tp->all_reduce(at, p.tensor_end - p.tensor_begin, g.dtype, comm::ReduceOp::kSum),
+                     compute);
+  }
+}
+
+double ShardedUpdate::add_over_model_parallel(double total) {
+  if (!mp_order_) return total;
+  memory::Stream& compute = device_.compute_stream();
+  *mp_host_.as<double>() = total;
+  device_.copy(mp_total_.data(), mp_host_.data(), sizeof(double), compute);
+  mp_order_->before_issue(compute);
+  mp_order_->after(*config_.model_parallel->all_reduce(mp_total_.data(), 1, DType::kFloat64, comm::ReduceOp::kSum),
+                   compute);
+  device_.copy(mp_host_.data(), mp_total_.data(), sizeof(double), compute);
+  device_.record(*sums_ready_, compute);
+  device_.synchronize(*sums_ready_, config_.timeout);
+  return *mp_host_.as<double>();
 }
 
 double ShardedUpdate::global_sum_of_squares(const GradReducer& grads) {
@@ -48,20 +84,25 @@ double ShardedUpdate::global_sum_of_squares(const GradReducer& grads) {
   device_.record(*sums_ready_, compute);
   device_.synchronize(*sums_ready_, config_.timeout);
 
-  // Add in global order: bucket-major, then rank (chunk order), then block.
+  // Add in global order: bucket-major, then rank (chunk order), then block; under tensor
+  // parallelism only the blocks this rank counts.
   const double* sums = host_sums_.as<double>();
   const size_t world = gather ? static_cast<size_t>(comm_.size()) : 1;
+  const std::vector<bool>& counted = config_.counted;
   double total = 0.0;
   size_t base = 0;
   for (size_t b = 0; b < layout_.buckets().size(); ++b) {
     const size_t blocks = ownership_.range(b).len / block;
     for (size_t q = 0; q < world; ++q) {
       const double* x = sums + q * owned_blocks_ + base;
-      for (size_t j = 0; j < blocks; ++j) total += x[j];
+      const size_t flat = gather ? layout_.chunk_begin(b, static_cast<int>(q)) : ownership_.range(b).flat_begin;
+      for (size_t j = 0; j < blocks; ++j) {
+        if (counted.empty() || counted[flat / block + j]) total += x[j];
+      }
     }
     base += blocks;
   }
-  return total;
+  return add_over_model_parallel(total);
 }
 
 StepResult ShardedUpdate::step(const GradReducer& grads, float loss_scale, double divisor,
@@ -70,6 +111,7 @@ StepResult ShardedUpdate::step(const GradReducer& grads, float loss_scale, doubl
   StepResult r;
   r.loss_scale = loss_scale;
   r.step = steps_taken;
+  sum_partial_gradients(grads);
   const double total = global_sum_of_squares(grads);
   const bool found_inf = !std::isfinite(total);
   const double unscale = 1.0 / (static_cast<double>(loss_scale) * divisor);

@@ -32,6 +32,14 @@ namespace zero {
 struct UpdateConfig {
   float max_grad_norm = 0.0f;  // 0: no clipping
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // Tensor parallelism (none without it). The gradients of `partial_pieces` (this rank's pieces of
+  // parameters whose gradient is a partial sum over tp) are summed over `tp` before anything reads
+  // them; the sum of squares counts the blocks `counted` marks (per block of the flat space; empty:
+  // all) and is then added over `model_parallel`, so that every element of the model counts once.
+  comm::Communicator* tp = nullptr;
+  comm::Communicator* model_parallel = nullptr;
+  std::vector<OwnedPiece> partial_pieces;
+  std::vector<bool> counted;
 };
 
 class ShardedUpdate {
@@ -51,6 +59,8 @@ class ShardedUpdate {
 
  private:
   double global_sum_of_squares(const GradReducer& grads);
+  void sum_partial_gradients(const GradReducer& grads);
+  double add_over_model_parallel(double total);
 
   UpdateConfig config_;
   const ShardLayout& layout_;
@@ -65,6 +75,8 @@ class ShardedUpdate {
   memory::Buffer host_sums_;      // host staging of the above
   std::unique_ptr<memory::Event> sums_ready_;
   size_t owned_blocks_ = 0;
+  std::unique_ptr<CollectiveOrder> tp_order_, mp_order_;  // with tensor parallelism
+  memory::Buffer mp_total_, mp_host_;                     // the sum of squares, added over mp
 };
 
 }  // namespace zero

@@ -77,13 +77,21 @@ EngineParts wire_stage(const PolicyInputs& in) {
 
   std::vector<size_t> numels;
   std::vector<int> units;
+  // Tensor parallelism: a tensor counted once in the norm (replicated over tp) never shares a block
+  // with one every tp rank counts (split), so that the norm can skip whole blocks.
+  const bool tensor_parallel = in.tp != nullptr && in.tp->size() > 1;
+  std::vector<bool> starts_block;
   for (int id : in.tensor_param) {
     numels.push_back(reg.numel(id));
     units.push_back(reg.param(id).unit);
+    if (tensor_parallel) {
+      const bool split = reg.param(id).tp.is_split();
+      starts_block.push_back(numels.size() > 1 && split != reg.param(in.tensor_param[numels.size() - 2]).tp.is_split());
+    }
   }
   ShardLayoutOptions lo = o.layout;
   lo.unit_buckets = o.stage == 3;
-  parts.layout = std::make_unique<ShardLayout>(numels, in.shard->size(), lo, units);
+  parts.layout = std::make_unique<ShardLayout>(numels, in.shard->size(), lo, units, starts_block);
   ZERO_LOG_DEBUG("{}", parts.layout->describe());
   const ShardLayout& layout = *parts.layout;
 
@@ -155,6 +163,24 @@ EngineParts wire_stage(const PolicyInputs& in) {
   UpdateConfig uc;
   uc.max_grad_norm = o.max_grad_norm;
   uc.timeout = o.timeout;
+  if (tensor_parallel) {
+    uc.tp = in.tp;
+    uc.model_parallel = in.model_parallel != nullptr ? in.model_parallel : in.tp;
+    // Replicated tensors are counted by tp rank 0 only; the others skip their blocks.
+    uc.counted.assign(layout.num_blocks(), true);
+    const size_t block = layout.options().block;
+    for (size_t t = 0; t < in.tensor_param.size(); ++t) {
+      const TpPlacement& p = reg.param(in.tensor_param[t]).tp;
+      if (p.is_split() || in.tp->rank() == 0) continue;
+      const ShardLayout::Tensor& lt = layout.tensors()[t];
+      for (size_t k = lt.offset / block; k * block < lt.offset + lt.numel; ++k) uc.counted[k] = false;
+    }
+    for (const OwnedPiece& piece : parts.ownership->pieces()) {
+      if (reg.param(in.tensor_param[piece.tensor]).tp.partial_grad) uc.partial_pieces.push_back(piece);
+    }
+  } else if (in.model_parallel != nullptr) {
+    uc.model_parallel = in.model_parallel;  // pipeline stages without tp: every element counted
+  }
   parts.update = std::make_unique<ShardedUpdate>(uc, layout, *parts.ownership, *in.shard, device, std::move(applier),
                                                  *parts.writeback);
   const ShardOptimizer& opt = parts.update->optimizer();

@@ -53,6 +53,8 @@ struct PolicyInputs {
   comm::Communicator* replica = nullptr;
   memory::Device* device = nullptr;
   StepTimings* timings = nullptr;
+  comm::Communicator* tp = nullptr;              // EngineComms::tp (size 1 or null: none)
+  comm::Communicator* model_parallel = nullptr;  // EngineComms::model_parallel
 };
 
 // Problems of the registration that only the options reveal (a group index past the optimizer's

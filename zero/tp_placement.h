@@ -1,8 +1,11 @@
 #pragma once
-// How a parameter lies on the tensor-parallel group, and the helpers that cut a full tensor into a
-// rank's part and put the parts back together.
+// How a parameter lies on the tensor-parallel group (ParamSpec::tp), and the helpers that cut a full
+// tensor into a rank's part and put the parts back together. Here rather than in parallel/tensor:
+// the engine counts replicated parameters once in the global norm and sums partial gradients.
 //
-//   replicated          every rank holds the whole tensor (LayerNorm, a row-parallel bias)
+//   replicated          every rank holds the whole tensor (LayerNorm, a row-parallel bias); with
+//                       partial_grad (sequence parallelism: each rank saw part of the sequence)
+//                       its gradient is the sum over tp of the ranks' gradients
 //   split(dim)          rank r holds the r-th of tp equal slices along dim: a column-parallel
 //                       weight [out, in] is split(0) (its bias too), a row-parallel one split(1)
 //   split(dim, blocks)  dim holds `blocks` equal blocks laid end to end, each split into tp slices;
@@ -16,21 +19,24 @@
 #include <string>
 #include <vector>
 
-namespace zero::parallel {
+namespace zero {
 
 struct TpPlacement {
   enum class Kind { kReplicated, kSplit };
   Kind kind = Kind::kReplicated;
   int dim = 0;     // kSplit: the dimension cut
   int blocks = 1;  // kSplit: equal blocks along dim, each cut into tp slices
+  bool partial_grad = false;  // kReplicated: the engine sums the gradient over tp
 
   static TpPlacement replicated() { return {}; }
-  static TpPlacement split(int dim, int blocks = 1) { return {Kind::kSplit, dim, blocks}; }
+  // Replicated, with each rank's gradient a partial sum (sequence parallelism).
+  static TpPlacement replicated_partial() { return {Kind::kReplicated, 0, 1, true}; }
+  static TpPlacement split(int dim, int blocks = 1) { return {Kind::kSplit, dim, blocks, false}; }
   bool is_split() const { return kind == Kind::kSplit; }
   bool operator==(const TpPlacement&) const = default;
 };
 
-// "replicated", "split(0)", "split(0, 3 blocks)".
+// "replicated", "replicated (partial gradients)", "split(0)", "split(0, 3 blocks)".
 std::string describe(const TpPlacement& placement);
 
 // The shape of one rank's part of a tensor of `shape`. Throws InvalidArgument naming `name`, the
@@ -38,6 +44,13 @@ std::string describe(const TpPlacement& placement);
 // of range or blocks is not positive.
 std::vector<int64_t> local_shape(const std::string& name, const std::vector<int64_t>& shape,
                                  const TpPlacement& placement, int tp);
+
+// The placement of a parameter whose part has `local` shape is possible: dim in range, blocks
+// positive, the local dimension a multiple of blocks. Throws InvalidArgument naming `name`.
+void check_local(const std::string& name, const std::vector<int64_t>& local, const TpPlacement& placement);
+
+// The whole tensor's shape from one rank's part (the split dimension times tp).
+std::vector<int64_t> full_shape(const std::vector<int64_t>& local, const TpPlacement& placement, int tp);
 
 // Copies rank `tp_rank`'s part of `full` (of `shape`) into `local` (local_shape's size). A
 // replicated tensor's part is the whole tensor.
@@ -49,4 +62,4 @@ void shard(const float* full, const std::vector<int64_t>& shape, const TpPlaceme
 void unshard(const float* local, const std::vector<int64_t>& shape, const TpPlacement& placement,
              int tp_rank, int tp, float* full);
 
-}  // namespace zero::parallel
+}  // namespace zero

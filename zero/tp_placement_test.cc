@@ -1,4 +1,4 @@
-#include "parallel/tensor/tp_placement.h"
+#include "zero/tp_placement.h"
 
 #include <doctest/doctest.h>
 
@@ -8,7 +8,7 @@
 
 #include "base/error.h"
 
-namespace zero::parallel {
+namespace zero {
 namespace {
 
 std::vector<float> iota(size_t n) {
@@ -88,4 +88,4 @@ TEST_CASE("a split that does not divide is an error naming the parameter and the
 }
 
 }  // namespace
-}  // namespace zero::parallel
+}  // namespace zero

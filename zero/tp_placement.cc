@@ -1,4 +1,4 @@
-#include "parallel/tensor/tp_placement.h"
+#include "zero/tp_placement.h"
 
 #include <algorithm>
 #include <functional>
@@ -8,7 +8,7 @@
 
 #include "base/check.h"
 
-namespace zero::parallel {
+namespace zero {
 namespace {
 
 // A split tensor seen as [outer, blocks, tp, piece, inner]: rank r's part is [outer, blocks, piece,
@@ -55,9 +55,35 @@ void for_each_run(const std::vector<int64_t>& shape, const TpPlacement& p, int r
 }  // namespace
 
 std::string describe(const TpPlacement& p) {
-  if (!p.is_split()) return "replicated";
+  if (!p.is_split()) return p.partial_grad ? "replicated (partial gradients)" : "replicated";
   if (p.blocks == 1) return fmt::format("split({})", p.dim);
   return fmt::format("split({}, {} blocks)", p.dim, p.blocks);
+}
+
+void check_local(const std::string& name, const std::vector<int64_t>& local, const TpPlacement& p) {
+  if (!p.is_split()) return;
+  if (p.partial_grad) {
+    ZERO_THROW(InvalidArgument, "parameter '{}': partial gradients are for replicated parameters, not {}", name,
+               describe(p));
+  }
+  if (p.dim < 0 || static_cast<size_t>(p.dim) >= local.size()) {
+    ZERO_THROW(InvalidArgument, "parameter '{}': placement {} but the tensor has {} dimension(s)", name,
+               describe(p), local.size());
+  }
+  if (p.blocks < 1) {
+    ZERO_THROW(InvalidArgument, "parameter '{}': placement {} needs a positive number of blocks", name,
+               describe(p));
+  }
+  if (local[static_cast<size_t>(p.dim)] % p.blocks != 0) {
+    ZERO_THROW(InvalidArgument, "parameter '{}': placement {} but its part's dimension {} has size {}", name,
+               describe(p), p.dim, local[static_cast<size_t>(p.dim)]);
+  }
+}
+
+std::vector<int64_t> full_shape(const std::vector<int64_t>& local, const TpPlacement& p, int tp) {
+  std::vector<int64_t> full = local;
+  if (p.is_split()) full[static_cast<size_t>(p.dim)] *= tp;
+  return full;
 }
 
 std::vector<int64_t> local_shape(const std::string& name, const std::vector<int64_t>& shape,
@@ -99,4 +125,4 @@ void unshard(const float* local, const std::vector<int64_t>& shape, const TpPlac
   for_each_run(shape, p, r, tp, [&](size_t f, size_t l, size_t n) { std::copy_n(local + l, n, full + f); });
 }
 
-}  // namespace zero::parallel
+}  // namespace zero

@@ -1,0 +1,214 @@
+// The engine under tensor parallelism, every rank a thread (Gloo over one in-memory store), on a
+// comm::Mesh of dp x tp: parameters registered as their tp parts (split rows, split columns, q|k|v
+// blocks, replicated, replicated with partial gradients) train exactly as the whole tensors do on
+// one rank: the same global gradient norm (each element counted once), the same clipped AdamW
+// steps, at every stage. Also: replicated parameters take tp rank 0's values, and ranks that
+// disagree on a placement fail at finalize() naming the parameter.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "comm/mesh.h"
+#include "memory/device.h"
+#include "testing/thread_ranks.h"
+#include "zero/engine.h"
+#include "zero/tp_placement.h"
+
+namespace zero {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct TensorDef {
+  std::string name;
+  std::vector<int64_t> shape;  // the whole tensor's
+  TpPlacement tp;
+  int unit = 0;
+};
+
+const std::vector<TensorDef>& model() {
+  static const std::vector<TensorDef> m = {
+      {"fc.w", {8, 6}, TpPlacement::split(0), 0},
+      {"fc.b", {8}, TpPlacement::split(0), 0},
+      {"attn.qkv", {12, 6}, TpPlacement::split(0, 3), 0},
+      {"proj.w", {6, 8}, TpPlacement::split(1), 1},
+      {"proj.b", {6}, TpPlacement::replicated(), 1},
+      {"ln.w", {6}, TpPlacement::replicated_partial(), 1},
+  };
+  return m;
+}
+
+size_t numel(const std::vector<int64_t>& s) {
+  return std::accumulate(s.begin(), s.end(), size_t{1}, [](size_t a, int64_t d) { return a * static_cast<size_t>(d); });
+}
+
+// Whole initial values and whole gradients (of a step), the same at any layout.
+std::vector<float> initial(size_t t) {
+  std::vector<float> v(numel(model()[t].shape));
+  for (size_t e = 0; e < v.size(); ++e) v[e] = std::cos(0.3f * static_cast<float>(e) + static_cast<float>(t));
+  return v;
+}
+std::vector<float> gradient(size_t t, int step) {
+  std::vector<float> g(numel(model()[t].shape));
+  for (size_t e = 0; e < g.size(); ++e) {
+    g[e] = 0.05f * std::sin(0.37f * static_cast<float>(e) + 0.7f * static_cast<float>(step) + static_cast<float>(t));
+  }
+  return g;
+}
+
+constexpr int kSteps = 3;
+
+EngineOptions options(int stage) {
+  EngineOptions o;
+  o.stage = stage;
+  o.optimizer.kind = optim::OptimizerKind::kAdamW;
+  o.optimizer.groups = {optim::Hyper{.lr = 1e-2f, .weight_decay = 0.01f}};
+  o.max_grad_norm = 0.1f;  // clips: the norm's value matters
+  o.timeout = 30s;
+  o.layout = {.alignment = 4, .bucket_numel = 32, .block = 8};
+  return o;
+}
+
+struct Run {
+  std::vector<double> norms;
+  std::vector<std::vector<float>> params;  // this rank's parts, after the last step
+};
+
+// Trains on `comms` with this rank's parts (tp rank `r` of `tp`); partial gradients are split as
+// g / tp on each tp rank (exact for tp a power of two).
+Run train(const EngineComms& comms, int stage, int r, int tp, bool skew_replicated = false) {
+  memory::MemoryTracker tracker;
+  std::unique_ptr<memory::Device> device = memory::make_host_device(tracker, {});
+  EngineComms c = comms;
+  c.device = device.get();
+  Engine engine(c, options(stage));
+  Run run;
+  std::vector<int> ids;
+  for (size_t t = 0; t < model().size(); ++t) {
+    const TensorDef& d = model()[t];
+    const std::vector<int64_t> ls = local_shape(d.name, d.shape, d.tp, tp);
+    std::vector<float> part(numel(ls));
+    const std::vector<float> full = initial(t);
+    shard(full.data(), d.shape, d.tp, r, tp, part.data());
+    if (skew_replicated && !d.tp.is_split() && r > 0) part.assign(part.size(), 99.0f);  // must be overwritten
+    run.params.push_back(std::move(part));
+    ids.push_back(engine.add_param({.name = d.name, .shape = ls, .dtype = DType::kFloat32,
+                                    .data = {run.params.back().data(), run.params.back().size()}, .unit = d.unit,
+                                    .tp = d.tp}));
+  }
+  engine.finalize();
+  for (int step = 0; step < kSteps; ++step) {
+    for (int unit = 1; unit >= 0; --unit) {
+      UnitScope scope = engine.gather_for_backward(unit);
+      for (size_t t = 0; t < model().size(); ++t) {
+        const TensorDef& d = model()[t];
+        if (d.unit != unit) continue;
+        const std::vector<float> full = gradient(t, step);
+        std::vector<float> part(run.params[t].size());
+        shard(full.data(), d.shape, d.tp, r, tp, part.data());
+        if (d.tp.partial_grad) {
+          for (float& x : part) x /= static_cast<float>(tp);
+        }
+        float* g = scope.grad_as<float>(ids[t]);
+        for (size_t e = 0; e < part.size(); ++e) g[e] += part[e];
+      }
+    }
+    engine.finish_backward();
+    run.norms.push_back(engine.step().grad_norm);
+  }
+  for (int unit = 0; unit < 2; ++unit) {
+    UnitScope scope = engine.gather(unit);
+    for (size_t t = 0; t < model().size(); ++t) {
+      if (model()[t].unit != unit) continue;
+      const float* p = scope.param_as<float>(ids[t]);
+      run.params[t].assign(p, p + run.params[t].size());
+    }
+  }
+  return run;
+}
+
+// The whole tensors on one rank.
+Run reference(int stage) {
+  Run ref;
+  testing::run_thread_ranks(1, [&](comm::Communicator& world) {
+    EngineComms c{&world};
+    // Without tp every placement is the whole tensor: train() with tp = 1.
+    ref = train(c, stage, 0, 1);
+  });
+  return ref;
+}
+
+TEST_CASE("dp x tp trains like one rank with the whole tensors, stages 0-3") {
+  for (int stage = 0; stage <= 3; ++stage) {
+    const Run ref = reference(stage);
+    for (auto [dp, tp] : {std::pair{1, 2}, std::pair{2, 2}, std::pair{1, 4}}) {
+      CAPTURE(stage);
+      CAPTURE(dp);
+      CAPTURE(tp);
+      testing::run_thread_ranks(dp * tp, [&](comm::Communicator& world) {
+        comm::Mesh mesh(world, {.pp = 1, .dp = dp, .tp = tp});
+        const int r = mesh.coord().tp;
+        const Run run = train(EngineComms{.shard = &mesh.dp(), .tp = &mesh.tp(), .model_parallel = &mesh.model_parallel()},
+                              stage, r, tp, /*skew_replicated=*/true);
+        for (int s = 0; s < kSteps; ++s) {
+          CHECK(std::abs(run.norms[static_cast<size_t>(s)] - ref.norms[static_cast<size_t>(s)]) <=
+                1e-6 * ref.norms[static_cast<size_t>(s)]);
+        }
+        double worst = 0.0;
+        for (size_t t = 0; t < model().size(); ++t) {
+          const TensorDef& d = model()[t];
+          std::vector<float> want(run.params[t].size());
+          shard(ref.params[t].data(), d.shape, d.tp, r, tp, want.data());
+          for (size_t e = 0; e < want.size(); ++e) {
+            worst = std::max(worst, static_cast<double>(std::abs(run.params[t][e] - want[e])));
+          }
+        }
+        CHECK(worst <= 1e-6);
+      });
+    }
+  }
+}
+
+TEST_CASE("ranks that disagree on a placement fail at finalize, naming the parameter") {
+  testing::run_thread_ranks(2, [&](comm::Communicator& world) {
+    comm::Mesh mesh(world, {.pp = 1, .dp = 1, .tp = 2});
+    memory::MemoryTracker tracker;
+    std::unique_ptr<memory::Device> device = memory::make_host_device(tracker, {});
+    Engine engine(EngineComms{.shard = &mesh.dp(), .device = device.get(), .tp = &mesh.tp()}, options(2));
+    std::vector<float> w(4, 1.0f);
+    // tp rank 1 says replicated where rank 0 says split(0): the same part shape, another meaning.
+    const TpPlacement p = mesh.coord().tp == 0 ? TpPlacement::split(0) : TpPlacement::replicated();
+    engine.add_param({.name = "fc.b", .shape = {4}, .dtype = DType::kFloat32, .data = {w.data(), w.size()}, .tp = p});
+    try {
+      engine.finalize();
+      FAIL("finalize accepted the disagreement");
+    } catch (const InvalidArgument& e) {
+      const std::string m = e.what();
+      CAPTURE(m);
+      CHECK(m.find("'fc.b'") != std::string::npos);
+      CHECK(m.find("split(0)") != std::string::npos);
+    }
+  });
+}
+
+TEST_CASE("a placement the part cannot have is refused naming the parameter") {
+  testing::run_thread_ranks(1, [&](comm::Communicator& world) {
+    Engine engine(world, options(1));
+    std::vector<float> w(10, 1.0f);
+    engine.add_param({.name = "attn.qkv", .shape = {10}, .dtype = DType::kFloat32, .data = {w.data(), w.size()},
+                      .tp = TpPlacement::split(0, 3)});
+    CHECK_THROWS_WITH_AS(engine.finalize(),
+                         doctest::Contains("parameter 'attn.qkv': placement split(0, 3 blocks) but its part's "
+                                           "dimension 0 has size 10"),
+                         InvalidArgument);
+  });
+}
+
+}  // namespace
+}  // namespace zero
