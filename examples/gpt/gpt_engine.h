@@ -50,7 +50,7 @@ class GptScopes {
         data = {bf16_[i].data(), bf16_[i].size()};
       }
       ids_.push_back(engine.add_param({.name = p.name, .shape = p.shape, .dtype = dtype, .data = data, .unit = p.unit,
-                                       .group = p.decay ? 0 : 1}));
+                                       .group = p.decay ? 0 : 1, .tp = p.tp}));
     }
   }
   GptScopes(const GptScopes&) = delete;

@@ -1,9 +1,13 @@
 #include "examples/gpt/gpt_model.h"
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
+#include <numeric>
 #include <random>
 
 #include "base/check.h"
+#include "parallel/tensor/tp_regions.h"
 
 namespace zero::examples {
 namespace {
@@ -67,7 +71,7 @@ std::vector<Gpt::ParamLayout> Gpt::layout(const GptConfig& c) {
   return out;
 }
 
-Gpt::Gpt(const GptConfig& c, uint64_t seed) : config_(c) {
+Gpt::Gpt(const GptConfig& c, uint64_t seed) : config_(c), vocab_(parallel::vocab_range(c.vocab_size, 0, 1)) {
   std::mt19937_64 rng(seed);
   for (const ParamLayout& l : layout(c)) {
     size_t n = 1;
@@ -78,6 +82,48 @@ Gpt::Gpt(const GptConfig& c, uint64_t seed) : config_(c) {
       for (float& v : p.values) v = normal(rng);
     }
     params_.push_back(std::move(p));
+  }
+}
+
+TpPlacement Gpt::placement(const std::string& name, bool sequence_parallel) {
+  auto ends_with = [&](const char* suffix) {
+    const std::string x(suffix);
+    return name.size() >= x.size() && name.compare(name.size() - x.size(), x.size(), x) == 0;
+  };
+  if (name == "wte.weight") return TpPlacement::split(0);  // the vocabulary
+  if (ends_with("attn.c_attn.weight") || ends_with("attn.c_attn.bias")) return TpPlacement::split(0, 3);
+  if (ends_with("mlp.c_fc.weight") || ends_with("mlp.c_fc.bias")) return TpPlacement::split(0);
+  if (ends_with("c_proj.weight")) return TpPlacement::split(1);
+  // LayerNorms, wpe, the row-parallel biases: whole on every rank; under sequence parallelism each
+  // rank's gradient covers its part of the sequence only.
+  return sequence_parallel ? TpPlacement::replicated_partial() : TpPlacement::replicated();
+}
+
+Gpt::Gpt(const Gpt& full, const GptParallel& parallel) : config_(full.config_), parallel_(parallel) {
+  ZERO_CHECK(full.tp_size() == 1, "Gpt(full, parallel): the model given is already split");
+  const int tp = tp_size(), r = tp_rank();
+  if (config_.n_head % tp != 0) {
+    ZERO_THROW(InvalidArgument, "tensor parallelism: n_head {} does not divide by tp {} (each rank holds whole heads)",
+               config_.n_head, tp);
+  }
+  if (parallel.sequence_parallel && tp == 1) {
+    ZERO_THROW(InvalidArgument, "sequence parallelism needs tensor parallelism (tp > 1; tp is {})", tp);
+  }
+  vocab_ = parallel::vocab_range(config_.vocab_size, r, tp);
+  for (const Param& p : full.params_) {
+    Param part = p;
+    part.tp = placement(p.name, parallel.sequence_parallel);
+    std::vector<int64_t> shape = p.shape;
+    std::vector<float> whole = p.values;
+    if (p.name == "wte.weight") {  // the padding rows: zero, and they stay so (no gradient)
+      shape[0] = vocab_.padded;
+      whole.resize(static_cast<size_t>(vocab_.padded * config_.n_embd), 0.0f);
+    }
+    part.shape = local_shape(p.name, shape, part.tp, tp);
+    part.values.resize(static_cast<size_t>(std::accumulate(part.shape.begin(), part.shape.end(), int64_t{1},
+                                                            std::multiplies<>())));
+    shard(whole.data(), shape, part.tp, r, tp, part.values.data());
+    params_.push_back(std::move(part));
   }
 }
 
@@ -124,30 +170,164 @@ float gelu_grad(float x) {
 
 }  // namespace
 
+namespace {
+
+// q, k and v of `heads` heads of hd columns each in qkv [rows, 3 * width]: q at column 0, k at
+// width, v at 2 * width (width = heads * hd: this rank's part under tensor parallelism).
+struct QkvLayout {
+  int heads, hd, width;
+};
+
+}  // namespace
+
+int Gpt::rows_held() const {
+  const int BT = B_ * T_;
+  return parallel_.sequence_parallel ? BT / tp_size() : BT;
+}
+
+Matrix Gpt::enter_region(const Matrix& x) const {
+  if (!parallel_.sequence_parallel) return x;  // f: the identity
+  Matrix full(B_ * T_, x.cols());
+  parallel::GatherFromSequence::forward(*parallel_.tp, x.data(), full.data(),
+                                        {static_cast<size_t>(B_), static_cast<size_t>(T_), static_cast<size_t>(x.cols())});
+  return full;
+}
+
+Matrix Gpt::enter_region_backward(Matrix&& dx_full) const {
+  if (parallel_.tp == nullptr) return std::move(dx_full);
+  if (!parallel_.sequence_parallel) {
+    parallel::CopyToTp::backward(*parallel_.tp, dx_full.data(), static_cast<size_t>(dx_full.size()));
+    return std::move(dx_full);
+  }
+  Matrix dx(rows_held(), dx_full.cols());
+  parallel::GatherFromSequence::backward(*parallel_.tp, dx_full.data(), dx.data(),
+                                         {static_cast<size_t>(B_), static_cast<size_t>(T_), static_cast<size_t>(dx.cols())});
+  return dx;
+}
+
+Matrix Gpt::leave_region(Matrix&& partial) const {
+  if (parallel_.tp == nullptr) return std::move(partial);
+  if (!parallel_.sequence_parallel) {
+    parallel::ReduceFromTp::forward(*parallel_.tp, partial.data(), static_cast<size_t>(partial.size()));
+    return std::move(partial);
+  }
+  Matrix y(rows_held(), partial.cols());
+  parallel::ReduceScatterToSequence::forward(*parallel_.tp, partial.data(), y.data(),
+                                             {static_cast<size_t>(B_), static_cast<size_t>(T_), static_cast<size_t>(y.cols())});
+  return y;
+}
+
+Matrix Gpt::leave_region_backward(const Matrix& dy) const {
+  if (!parallel_.sequence_parallel) return dy;  // g backward: the identity
+  Matrix full(B_ * T_, dy.cols());
+  parallel::ReduceScatterToSequence::backward(*parallel_.tp, dy.data(), full.data(),
+                                              {static_cast<size_t>(B_), static_cast<size_t>(T_), static_cast<size_t>(dy.cols())});
+  return full;
+}
+
+void Gpt::embed(const std::vector<int>& tokens, const Access& access, Matrix& x) const {
+  const int C = config_.n_embd, T = T_, BT = B_ * T_;
+  const float* wte = value(access, p_wte());
+  const float* wpe = value(access, p_wpe());
+  if (parallel_.tp == nullptr) {
+    x.resize(BT, C);
+    for (int i = 0; i < BT; ++i) {
+      const int tok = tokens[static_cast<size_t>(i)];
+      ZERO_CHECK(tok >= 0 && tok < config_.vocab_size, "token {} outside the vocabulary", tok);
+      x.row(i) = ConstRowMap(wte + static_cast<size_t>(tok) * C, C) + ConstRowMap(wpe + static_cast<size_t>(i % T) * C, C);
+    }
+    return;
+  }
+  // This rank's rows of the table, summed over tp (reduce-scattered along the sequence under sp).
+  Matrix partial(BT, C);
+  parallel::vocab_embedding_forward(vocab_, wte, C, tokens.data(), tokens.size(), partial.data());
+  x = leave_region(std::move(partial));
+  const int Tl = parallel_.sequence_parallel ? T / tp_size() : T;
+  const int t0 = parallel_.sequence_parallel ? tp_rank() * Tl : 0;
+  for (int i = 0; i < x.rows(); ++i) x.row(i) += ConstRowMap(wpe + static_cast<size_t>(t0 + i % Tl) * C, C);
+}
+
+void Gpt::embed_backward(const Matrix& dx, const Access& access) {
+  const int C = config_.n_embd, T = T_, BT = B_ * T_;
+  float* dwte = access.grad(p_wte());
+  float* dwpe = access.grad(p_wpe());
+  if (parallel_.tp == nullptr) {
+    for (int i = 0; i < BT; ++i) {
+      RowMap(dwte + static_cast<size_t>(tokens_[static_cast<size_t>(i)]) * C, C) += dx.row(i);
+      RowMap(dwpe + static_cast<size_t>(i % T) * C, C) += dx.row(i);
+    }
+    return;
+  }
+  const int Tl = parallel_.sequence_parallel ? T / tp_size() : T;
+  const int t0 = parallel_.sequence_parallel ? tp_rank() * Tl : 0;
+  for (int i = 0; i < dx.rows(); ++i) RowMap(dwpe + static_cast<size_t>(t0 + i % Tl) * C, C) += dx.row(i);
+  const Matrix dpartial = leave_region_backward(dx);
+  parallel::vocab_embedding_backward(vocab_, tokens_.data(), tokens_.size(), C, dpartial.data(), dwte);
+}
+
+float Gpt::head(const Access& access) {
+  const GptConfig& c = config_;
+  const int C = c.n_embd, BT = B_ * T_;
+  if (parallel_.tp == nullptr) {
+    const ConstMap wte(value(access, p_wte()), c.vocab_size, C);
+    probs_out_ = hf_ * wte.transpose();
+    double loss = 0;
+    for (int i = 0; i < BT; ++i) {
+      auto row = probs_out_.row(i);
+      const float mx = row.maxCoeff();
+      row = (row.array() - mx).exp();
+      const float sum = row.sum();
+      row /= sum;
+      const int y = targets_[static_cast<size_t>(i)];
+      ZERO_CHECK(y >= 0 && y < c.vocab_size, "target {} outside the vocabulary", y);
+      loss -= std::log(static_cast<double>(row(y)));
+    }
+    return static_cast<float>(loss / BT);
+  }
+  // This rank's columns of the logits only; the loss from three sums over tp.
+  const ConstMap wte(value(access, p_wte()), vocab_.rows(), C);
+  const Matrix logits = hf_ * wte.transpose();
+  return loss_.forward(*parallel_.tp, vocab_, logits.data(), targets_.data(), static_cast<size_t>(BT));
+}
+
+Matrix Gpt::head_backward(float loss_scale, const Access& access) {
+  const GptConfig& c = config_;
+  const int C = c.n_embd, BT = B_ * T_;
+  if (parallel_.tp == nullptr) {
+    Matrix dlogits = probs_out_;
+    for (int i = 0; i < BT; ++i) dlogits(i, targets_[static_cast<size_t>(i)]) -= 1.0f;
+    dlogits *= loss_scale / static_cast<float>(BT);
+    Map(access.grad(p_wte()), c.vocab_size, C).noalias() += dlogits.transpose() * hf_;
+    return dlogits * ConstMap(value(access, p_wte()), c.vocab_size, C);
+  }
+  Matrix dlogits(BT, vocab_.rows());
+  loss_.backward(loss_scale, dlogits.data());
+  Map(access.grad(p_wte()), vocab_.rows(), C).noalias() += dlogits.transpose() * hf_;
+  return enter_region_backward(dlogits * ConstMap(value(access, p_wte()), vocab_.rows(), C));
+}
+
 float Gpt::forward(const std::vector<int>& tokens, const std::vector<int>& targets, int B, int T,
                    const Access& access) {
   const GptConfig& c = config_;
   ZERO_CHECK(T >= 1 && T <= c.block_size, "sequence length {} outside [1, {}]", T, c.block_size);
   ZERO_CHECK_EQ(tokens.size(), static_cast<size_t>(B) * T);
   ZERO_CHECK_EQ(targets.size(), static_cast<size_t>(B) * T);
+  if (parallel_.sequence_parallel) {
+    (void)parallel::SequenceShape{static_cast<size_t>(B), static_cast<size_t>(T), 1}.local_count(tp_size());
+  }
   B_ = B;
   T_ = T;
   tokens_ = tokens;
   targets_ = targets;
-  const int C = c.n_embd, H = c.n_head, hd = C / H, BT = B * T;
+  const int tp = tp_size();
+  const int C = c.n_embd, hd = C / c.n_head, BT = B * T;
+  const QkvLayout qkv{c.n_head / tp, hd, C / tp};
+  const int hidden = 4 * C / tp;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
   access.enter(0, false);
-  Matrix x(BT, C);
-  {
-    const float* wte = value(access, p_wte());
-    const float* wpe = value(access, p_wpe());
-    for (int i = 0; i < BT; ++i) {
-      const int tok = tokens[static_cast<size_t>(i)];
-      ZERO_CHECK(tok >= 0 && tok < c.vocab_size, "token {} outside the vocabulary", tok);
-      x.row(i) = ConstRowMap(wte + static_cast<size_t>(tok) * C, C) + ConstRowMap(wpe + static_cast<size_t>(i % T) * C, C);
-    }
-  }
+  Matrix x;
+  embed(tokens, access, x);
   access.leave(0, false);
 
   blocks_.assign(static_cast<size_t>(c.n_layer), BlockCache{});
@@ -155,16 +335,15 @@ float Gpt::forward(const std::vector<int>& tokens, const std::vector<int>& targe
     access.enter(1 + l, false);
     BlockCache& k = blocks_[static_cast<size_t>(l)];
     auto P = [&](int j) { return value(access, p_block(l, j)); };
-    k.x_in = x;
-    k.h1 = layer_norm(x, P(0), P(1), &k.ln1.xhat, &k.ln1.rstd);
-    k.qkv = linear(k.h1, P(2), P(3), 3 * C);
-    k.att_y.resize(BT, C);
-    k.probs.assign(static_cast<size_t>(B * H), Matrix());
+    k.h1 = enter_region(layer_norm(x, P(0), P(1), &k.ln1.xhat, &k.ln1.rstd));
+    k.qkv = linear(k.h1, P(2), P(3), 3 * qkv.width);
+    k.att_y.resize(BT, qkv.width);
+    k.probs.assign(static_cast<size_t>(B * qkv.heads), Matrix());
     for (int b = 0; b < B; ++b) {
-      for (int h = 0; h < H; ++h) {
+      for (int h = 0; h < qkv.heads; ++h) {
         const auto q = k.qkv.block(b * T, h * hd, T, hd);
-        const auto kk = k.qkv.block(b * T, C + h * hd, T, hd);
-        const auto v = k.qkv.block(b * T, 2 * C + h * hd, T, hd);
+        const auto kk = k.qkv.block(b * T, qkv.width + h * hd, T, hd);
+        const auto v = k.qkv.block(b * T, 2 * qkv.width + h * hd, T, hd);
         Matrix s = (q * kk.transpose()) * scale;
         for (int i = 0; i < T; ++i) {
           for (int j = i + 1; j < T; ++j) s(i, j) = -INFINITY;
@@ -173,56 +352,46 @@ float Gpt::forward(const std::vector<int>& tokens, const std::vector<int>& targe
           s.row(i) /= s.row(i).sum();
         }
         k.att_y.block(b * T, h * hd, T, hd) = s * v;
-        k.probs[static_cast<size_t>(b * H + h)] = std::move(s);
+        k.probs[static_cast<size_t>(b * qkv.heads + h)] = std::move(s);
       }
     }
-    x += linear(k.att_y, P(4), P(5), C);
-    k.x_mid = x;
-    k.h2 = layer_norm(x, P(6), P(7), &k.ln2.xhat, &k.ln2.rstd);
-    k.fc = linear(k.h2, P(8), P(9), 4 * C);
+    // Row-parallel: the partial products summed over tp, then the bias once.
+    Matrix y = leave_region(k.att_y * ConstMap(P(4), C, qkv.width).transpose());
+    y.rowwise() += ConstRowMap(P(5), C);
+    x += y;
+    k.h2 = enter_region(layer_norm(x, P(6), P(7), &k.ln2.xhat, &k.ln2.rstd));
+    k.fc = linear(k.h2, P(8), P(9), hidden);
     k.gelu = k.fc.unaryExpr([](float v) { return gelu(v); });
-    x += linear(k.gelu, P(10), P(11), C);
+    Matrix m = leave_region(k.gelu * ConstMap(P(10), C, hidden).transpose());
+    m.rowwise() += ConstRowMap(P(11), C);
+    x += m;
     access.leave(1 + l, false);
   }
 
   access.enter(c.n_layer + 1, false);
-  x_final = x;
-  hf_ = layer_norm(x, value(access, p_lnf(0)), value(access, p_lnf(1)), &lnf_.xhat, &lnf_.rstd);
+  hf_ = enter_region(layer_norm(x, value(access, p_lnf(0)), value(access, p_lnf(1)), &lnf_.xhat, &lnf_.rstd));
   access.leave(c.n_layer + 1, false);
 
   // The head, tied to wte: unit 0 again.
   access.enter(0, false);
-  const ConstMap wte(value(access, p_wte()), c.vocab_size, C);
-  probs_out_ = hf_ * wte.transpose();
+  const float loss = head(access);
   access.leave(0, false);
-  double loss = 0;
-  for (int i = 0; i < BT; ++i) {
-    auto row = probs_out_.row(i);
-    const float mx = row.maxCoeff();
-    row = (row.array() - mx).exp();
-    const float sum = row.sum();
-    row /= sum;
-    const int y = targets[static_cast<size_t>(i)];
-    ZERO_CHECK(y >= 0 && y < c.vocab_size, "target {} outside the vocabulary", y);
-    loss -= std::log(static_cast<double>(row(y)));
-  }
-  return static_cast<float>(loss / BT);
+  return loss;
 }
 
 void Gpt::backward(float loss_scale, const Access& access) {
   const GptConfig& c = config_;
-  const int B = B_, T = T_, C = c.n_embd, H = c.n_head, hd = C / H, BT = B * T;
+  const int B = B_, T = T_, C = c.n_embd, hd = C / c.n_head, BT = B * T;
+  const int tp = tp_size();
+  const QkvLayout qkv{c.n_head / tp, hd, C / tp};
+  const int hidden = 4 * C / tp;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   auto grad = [&](size_t i) { return access.grad(i); };
 
   // Unit 0's backward scope spans the whole backward: the head's part of dwte first, the
   // embeddings' last.
   access.enter(0, true);
-  Matrix dlogits = probs_out_;
-  for (int i = 0; i < BT; ++i) dlogits(i, targets_[static_cast<size_t>(i)]) -= 1.0f;
-  dlogits *= loss_scale / static_cast<float>(BT);
-  Map(grad(p_wte()), c.vocab_size, C).noalias() += dlogits.transpose() * hf_;
-  Matrix dx = dlogits * ConstMap(value(access, p_wte()), c.vocab_size, C);
+  Matrix dx = head_backward(loss_scale, access);
 
   access.enter(c.n_layer + 1, true);
   dx = layer_norm_backward(dx, lnf_.xhat, lnf_.rstd, value(access, p_lnf(0)), grad(p_lnf(0)), grad(p_lnf(1)));
@@ -233,42 +402,43 @@ void Gpt::backward(float loss_scale, const Access& access) {
     BlockCache& k = blocks_[static_cast<size_t>(l)];
     auto P = [&](int j) { return value(access, p_block(l, j)); };
     auto G = [&](int j) { return grad(p_block(l, j)); };
-    // x_out = x_mid + mlp(ln_2(x_mid))
-    Matrix dg = linear_backward(dx, k.gelu, P(10), G(10), G(11));
+    // x_out = x_mid + mlp(ln_2(x_mid)); the row-parallel bias saw dx, the weight the whole dm.
+    RowMap(G(11), C) += dx.colwise().sum();
+    const Matrix dm = leave_region_backward(dx);
+    Map(G(10), C, hidden).noalias() += dm.transpose() * k.gelu;
+    const Matrix dg = dm * ConstMap(P(10), C, hidden);
     Matrix dfc = dg.array() * k.fc.unaryExpr([](float v) { return gelu_grad(v); }).array();
-    Matrix dh2 = linear_backward(dfc, k.h2, P(8), G(8), G(9));
+    Matrix dh2 = enter_region_backward(linear_backward(dfc, k.h2, P(8), G(8), G(9)));
     dx += layer_norm_backward(dh2, k.ln2.xhat, k.ln2.rstd, P(6), G(6), G(7));
     // x_mid = x_in + attn(ln_1(x_in))
-    Matrix dy = linear_backward(dx, k.att_y, P(4), G(4), G(5));
-    Matrix dqkv = Matrix::Zero(BT, 3 * C);
+    RowMap(G(5), C) += dx.colwise().sum();
+    const Matrix dyf = leave_region_backward(dx);
+    Map(G(4), C, qkv.width).noalias() += dyf.transpose() * k.att_y;
+    const Matrix dy = dyf * ConstMap(P(4), C, qkv.width);
+    Matrix dqkv = Matrix::Zero(BT, 3 * qkv.width);
     for (int b = 0; b < B; ++b) {
-      for (int h = 0; h < H; ++h) {
-        const Matrix& p = k.probs[static_cast<size_t>(b * H + h)];
+      for (int h = 0; h < qkv.heads; ++h) {
+        const Matrix& p = k.probs[static_cast<size_t>(b * qkv.heads + h)];
         const auto q = k.qkv.block(b * T, h * hd, T, hd);
-        const auto kk = k.qkv.block(b * T, C + h * hd, T, hd);
-        const auto v = k.qkv.block(b * T, 2 * C + h * hd, T, hd);
+        const auto kk = k.qkv.block(b * T, qkv.width + h * hd, T, hd);
+        const auto v = k.qkv.block(b * T, 2 * qkv.width + h * hd, T, hd);
         const auto dyh = dy.block(b * T, h * hd, T, hd);
         const Matrix dp = dyh * v.transpose();
-        dqkv.block(b * T, 2 * C + h * hd, T, hd) = p.transpose() * dyh;
+        dqkv.block(b * T, 2 * qkv.width + h * hd, T, hd) = p.transpose() * dyh;
         // softmax backward: ds = p * (dp - rowsum(dp * p)); masked entries have p = 0.
         const Eigen::VectorXf inner = (dp.array() * p.array()).rowwise().sum();
         Matrix ds = p.array() * (dp.colwise() - inner).array();
         ds *= scale;
         dqkv.block(b * T, h * hd, T, hd) = ds * kk;
-        dqkv.block(b * T, C + h * hd, T, hd) = ds.transpose() * q;
+        dqkv.block(b * T, qkv.width + h * hd, T, hd) = ds.transpose() * q;
       }
     }
-    Matrix dh1 = linear_backward(dqkv, k.h1, P(2), G(2), G(3));
+    Matrix dh1 = enter_region_backward(linear_backward(dqkv, k.h1, P(2), G(2), G(3)));
     dx += layer_norm_backward(dh1, k.ln1.xhat, k.ln1.rstd, P(0), G(0), G(1));
     access.leave(1 + l, true);
   }
 
-  float* dwte = grad(p_wte());
-  float* dwpe = grad(p_wpe());
-  for (int i = 0; i < BT; ++i) {
-    RowMap(dwte + static_cast<size_t>(tokens_[static_cast<size_t>(i)]) * C, C) += dx.row(i);
-    RowMap(dwpe + static_cast<size_t>(i % T) * C, C) += dx.row(i);
-  }
+  embed_backward(dx, access);
   access.leave(0, true);
 }
 
@@ -279,7 +449,22 @@ std::vector<float> Gpt::next_logits(const std::vector<int>& context, const Acces
   // A forward with dummy targets; the last position's probabilities, as logits (log).
   forward(window, std::vector<int>(T, 0), 1, static_cast<int>(T), access);
   std::vector<float> out(static_cast<size_t>(config_.vocab_size));
-  for (int v = 0; v < config_.vocab_size; ++v) out[static_cast<size_t>(v)] = std::log(probs_out_(static_cast<Eigen::Index>(T) - 1, v));
+  if (parallel_.tp == nullptr) {
+    for (int v = 0; v < config_.vocab_size; ++v) out[static_cast<size_t>(v)] = std::log(probs_out_(static_cast<Eigen::Index>(T) - 1, v));
+    return out;
+  }
+  // Each rank's columns of the last position's logits, gathered; then a log-softmax.
+  access.enter(0, false);
+  const ConstMap wte(value(access, p_wte()), vocab_.rows(), config_.n_embd);
+  const RowVector local = hf_.row(static_cast<Eigen::Index>(T) - 1) * wte.transpose();
+  access.leave(0, false);
+  std::vector<float> all(static_cast<size_t>(vocab_.padded));
+  parallel_.tp->all_gather(local.data(), all.data(), static_cast<size_t>(vocab_.rows()), DType::kFloat32)->wait();
+  const float mx = *std::max_element(all.begin(), all.begin() + config_.vocab_size);
+  double sum = 0;
+  for (int v = 0; v < config_.vocab_size; ++v) sum += std::exp(static_cast<double>(all[static_cast<size_t>(v)] - mx));
+  const auto log_sum = static_cast<float>(std::log(sum));
+  for (int v = 0; v < config_.vocab_size; ++v) out[static_cast<size_t>(v)] = all[static_cast<size_t>(v)] - mx - log_sum;
   return out;
 }
 

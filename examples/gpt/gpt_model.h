@@ -5,6 +5,14 @@
 // head tied to the token embedding, mean cross-entropy. Parameter names, shapes and layout are
 // GPT-2's (PyTorch's [out, in] linear weights, row-major): see tests/data/pytorch/README.md.
 //
+// Tensor parallelism (Megatron-LM's split; parallel/tensor): a model made with `Gpt(full, parallel)`
+// holds one tp rank's parts: the attention heads and the MLP split (c_attn and c_fc column-parallel,
+// the two c_proj row-parallel with their biases added once after the sum), the tied embedding and
+// the loss vocabulary-parallel (the vocabulary padded to a multiple of tp, the padding rows zero
+// and never given a gradient), LayerNorms and wpe replicated. With sequence parallelism the residual
+// stream between the regions holds this rank's part of every sequence (T must divide by tp), and
+// the replicated parameters' gradients are partial sums the engine adds over tp.
+//
 // Units, for the engine's scopes: 0 = the embeddings (wte, wpe), 1 + i = block i, n_layer + 1 = the
 // final LayerNorm. The tied head reads wte after the final LayerNorm, so unit 0 is entered again for
 // it in forward, and its backward scope stays open from the head's backward to the embeddings' (the
@@ -16,7 +24,17 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
+#include "parallel/tensor/vocab_parallel.h"
+#include "zero/tp_placement.h"
+
 namespace zero::examples {
+
+// How a model is split over a tensor-parallel group; tp null: not split.
+struct GptParallel {
+  comm::Communicator* tp = nullptr;
+  bool sequence_parallel = false;
+};
 
 struct GptConfig {
   int vocab_size = 256;
@@ -41,10 +59,11 @@ class Gpt {
 
   struct Param {
     std::string name;
-    std::vector<int64_t> shape;
+    std::vector<int64_t> shape;  // of the values this model holds (its tp part)
     std::vector<float> values;
     bool decay = false;  // matrices and embeddings decay; LayerNorm parameters and biases do not
     int unit = 0;
+    TpPlacement tp;      // how the part lies on tp (replicated without tensor parallelism)
   };
   // Where parameters and gradients are while a unit runs (as examples::Mlp::Access): by default the
   // model's own storage and gradient buffers; an engine's loop opens unit scopes in enter/leave.
@@ -58,12 +77,22 @@ class Gpt {
   // GPT-2's initialisation from `seed`: weights N(0, 0.02), the residual projections N(0, 0.02 /
   // sqrt(2 n_layer)), biases 0, LayerNorm 1 and 0.
   Gpt(const GptConfig& config, uint64_t seed);
+  // `full`'s tensor-parallel part for this rank of parallel.tp (which must outlive the model). Throws
+  // InvalidArgument naming n_head and tp when tp does not divide the heads.
+  Gpt(const Gpt& full, const GptParallel& parallel);
+  // Each parameter's placement on tp (`sequence_parallel`: replicated ones have partial gradients).
+  static TpPlacement placement(const std::string& name, bool sequence_parallel);
 
   const GptConfig& config() const { return config_; }
   std::vector<Param>& params() { return params_; }
   const std::vector<Param>& params() const { return params_; }
   size_t num_params() const;
   int num_units() const { return config_.n_layer + 2; }
+  const GptParallel& parallel() const { return parallel_; }
+  int tp_size() const { return parallel_.tp ? parallel_.tp->size() : 1; }
+  int tp_rank() const { return parallel_.tp ? parallel_.tp->rank() : 0; }
+  // This rank's rows of the (padded) vocabulary: [0, vocab_size) without tensor parallelism.
+  const parallel::VocabRange& vocab_range() const { return vocab_; }
 
   // Mean cross-entropy of predicting targets[b][t] from tokens[b][0..t]; `tokens` and `targets` are
   // B x T row-major, T <= block_size. Keeps the activations for backward.
@@ -82,7 +111,7 @@ class Gpt {
     Eigen::VectorXf rstd;
   };
   struct BlockCache {
-    Matrix x_in, h1, qkv, att_y, x_mid, h2, fc, gelu;
+    Matrix h1, qkv, att_y, h2, fc, gelu;  // h1, h2: the layers' whole inputs (gathered under sp)
     LayerNormCache ln1, ln2;
     std::vector<Matrix> probs;  // per (b, head): T x T
   };
@@ -91,14 +120,28 @@ class Gpt {
   size_t p_block(int layer, int k) const { return 2 + static_cast<size_t>(layer) * 12 + static_cast<size_t>(k); }
   size_t p_lnf(int k) const { return 2 + static_cast<size_t>(config_.n_layer) * 12 + static_cast<size_t>(k); }
   const float* value(const Access& a, size_t i) const { return a.param ? a.param(i) : params_[i].values.data(); }
-
+  // The tensor-parallel regions (identities without tp): a replicated (or sequence-split)
+  // activation of `rows` rows entering a column-parallel layer, and a row-parallel layer's partial
+  // output leaving one, with their backward forms.
+  Matrix enter_region(const Matrix& x) const;
+  Matrix enter_region_backward(Matrix&& dx_full) const;
+  Matrix leave_region(Matrix&& partial) const;
+  Matrix leave_region_backward(const Matrix& dy) const;
+  int rows_held() const;  // rows of the residual stream this rank holds: B*T, or B*T/tp under sp
+  void embed(const std::vector<int>& tokens, const Access& access, Matrix& x) const;
+  void embed_backward(const Matrix& dx, const Access& access);
+  float head(const Access& access);
+  Matrix head_backward(float loss_scale, const Access& access);
   GptConfig config_;
+  GptParallel parallel_;
+  parallel::VocabRange vocab_;
+  parallel::VocabParallelCrossEntropy loss_;  // the head under tensor parallelism
   std::vector<Param> params_;
   // Activations of the last forward.
   int B_ = 0, T_ = 0;
   std::vector<int> tokens_, targets_;
   std::vector<BlockCache> blocks_;
-  Matrix x_final, hf_, probs_out_;  // the last block's output, after ln_f, softmax(logits)
+  Matrix hf_, probs_out_;  // after ln_f (gathered under sp); softmax(logits) without tp
   LayerNormCache lnf_;
 };
 
