@@ -11,7 +11,8 @@
 // --world): one row each. Options: --dtype bf16|fp16|fp32 (the model's; a safetensors file gives its
 // own), --optimizer adamw, --offload, --offload-params, --bucket-m (elements), --micro-steps,
 // --prefetch-mb, --max-live-mb, --persist-kb, --rank (ranks differ by padding only), --cuda (a GPU's
-// memory: no communicator scratch accounted).
+// memory: no communicator scratch accounted). With --gpt, --tp T (--world then counts the
+// data-parallel ranks; each holds one tp rank's parts) and --sequence-parallel.
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -40,8 +41,11 @@ std::vector<int> int_list(examples::Flags& flags, const std::string& name, const
   return out;
 }
 
-plan::ModelSpec read_model(examples::Flags& flags) {
+plan::ModelSpec read_model(examples::Flags& flags, int tp, bool sequence_parallel) {
   const std::string gpt = flags.get("gpt", ""), shapes = flags.get("shapes", ""), st = flags.get("safetensors", "");
+  if ((tp > 1 || sequence_parallel) && gpt.empty()) {
+    ZERO_THROW(InvalidArgument, "--tp and --sequence-parallel split a --gpt model (its placements are the GPT's)");
+  }
   const double millions = flags.get_double("params-m", 0);
   const int tensors = flags.get_int("tensors", 16);
   const DType dtype = parse_dtype(flags.get("dtype", "bf16"));
@@ -64,18 +68,22 @@ plan::ModelSpec read_model(examples::Flags& flags) {
     c.vocab_size = v[3];
     c.block_size = v[4];
   }
-  return examples::gpt_model_spec(c, dtype);
+  return examples::gpt_model_spec(c, dtype, tp, sequence_parallel);
 }
 
 double mib(uint64_t b) { return static_cast<double>(b) / (1 << 20); }
 
 int run(int argc, char** argv) {
   examples::Flags flags(argc, argv);
-  const plan::ModelSpec model = read_model(flags);
+  const int tp = flags.get_int("tp", 1);
+  const bool sequence_parallel = flags.get_bool("sequence-parallel", false);
+  if (tp < 1) ZERO_THROW(InvalidArgument, "--tp {} is not positive", tp);
+  const plan::ModelSpec model = read_model(flags, tp, sequence_parallel);
   const std::vector<int> stages = int_list(flags, "stages", std::to_string(flags.get_int("stage", 2)));
   const std::vector<int> worlds = int_list(flags, "world", "1");
   plan::PlanInputs in;
   in.model = model;
+  in.tp = tp;
   in.rank = flags.get_int("rank", 0);
   in.cuda = flags.get_bool("cuda", false);
   EngineOptions& o = in.options;
@@ -93,8 +101,10 @@ int run(int argc, char** argv) {
   o.param_persistence_bytes = static_cast<size_t>(flags.get_double("persist-kb", 0) * 1024);
   flags.check_all_used();
 
-  std::printf("model: %zu tensors, %llu trainable parameters, %s; optimizer %s%s\n", model.tensors.size(),
-              static_cast<unsigned long long>(model.numel()), dtype_name(model.dtype), optim::optimizer_name(o.optimizer.kind),
+  std::printf("model: %zu tensors, %llu trainable parameters%s, %s; optimizer %s%s\n", model.tensors.size(),
+              static_cast<unsigned long long>(model.numel()),
+              tp > 1 ? fmt::format(" per tp rank (tp {}{})", tp, sequence_parallel ? ", sequence parallel" : "").c_str() : "",
+              dtype_name(model.dtype), optim::optimizer_name(o.optimizer.kind),
               o.offload.params ? ", optimizer and parameters offloaded" : o.offload.optimizer ? ", optimizer offloaded" : "");
   if (stages.size() == 1 && worlds.size() == 1) {
     o.stage = stages[0];

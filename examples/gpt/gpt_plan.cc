@@ -7,12 +7,24 @@
 
 namespace zero::examples {
 
-plan::ModelSpec gpt_model_spec(const GptConfig& config, DType dtype) {
+plan::ModelSpec gpt_model_spec(const GptConfig& config, DType dtype, int tp, bool sequence_parallel) {
   ZERO_CHECK(dtype == DType::kFloat32 || dtype == DType::kBFloat16, "the GPT runs in fp32 or bf16");
+  if (tp < 1 || config.n_head % tp != 0) {
+    ZERO_THROW(InvalidArgument, "tensor parallelism: n_head {} does not divide by tp {} (each rank holds whole heads)",
+               config.n_head, tp);
+  }
+  if (sequence_parallel && tp == 1) ZERO_THROW(InvalidArgument, "sequence parallelism needs tp above 1");
   plan::ModelSpec m;
   m.dtype = dtype;
   for (const Gpt::ParamLayout& p : Gpt::layout(config)) {
-    m.tensors.push_back({p.name, p.shape, p.unit, true, p.decay ? 0 : 1});
+    std::vector<int64_t> shape = p.shape;
+    TpPlacement placement;
+    if (tp > 1) {
+      placement = Gpt::placement(p.name, sequence_parallel);
+      if (p.name == "wte.weight") shape[0] = parallel::padded_vocab(config.vocab_size, tp);
+      shape = local_shape(p.name, shape, placement, tp);
+    }
+    m.tensors.push_back({p.name, shape, p.unit, true, p.decay ? 0 : 1, placement});
   }
   // The same units on a model too small to cost anything.
   GptConfig tiny = config;

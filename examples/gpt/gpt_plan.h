@@ -10,6 +10,8 @@
 
 namespace zero::examples {
 
-plan::ModelSpec gpt_model_spec(const GptConfig& config, DType dtype);
+// `tp` > 1: one tensor-parallel rank's parts (Gpt(full, parallel)'s shapes and placements; the
+// vocabulary padded to a multiple of tp); `sequence_parallel`: replicated ones with partial gradients.
+plan::ModelSpec gpt_model_spec(const GptConfig& config, DType dtype, int tp = 1, bool sequence_parallel = false);
 
 }  // namespace zero::examples

@@ -9,7 +9,9 @@
 // steps; every rank's memory report; and a sample generated from the model (top-k with --top-k and
 // --seed; --top-k 0: greedy). Checkpoints, offload and --config FILE (the engine options, batch and
 // log interval from a JSON file, ours or a DeepSpeed config; docs/config.md) and hybrid sharding
-// (--shard-group-size N): examples/run_flags.h.
+// (--shard-group-size N): examples/run_flags.h. Tensor parallelism: --tp T splits the model over
+// groups of T consecutive ranks (the engine's data parallelism runs across the groups), with
+// --sequence-parallel the residual stream too (docs/parallel.md).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -21,6 +23,7 @@
 
 #include "base/check.h"
 #include "comm/launch/process_group.h"
+#include "comm/mesh.h"
 #include "examples/flags.h"
 #include "examples/gpt/gpt_flags.h"
 #include "examples/process_memory.h"
@@ -71,6 +74,8 @@ int run(int argc, char** argv) {
   const int log_every = config.log_every(flags);
   const examples::RunFlags run_flags = examples::RunFlags::read(flags, opt);
   const examples::HybridFlag hybrid = examples::HybridFlag::read(flags, config, opt);
+  const int tp = flags.get_int("tp", 1);
+  const bool sequence_parallel = flags.get_bool("sequence-parallel", false);
   // The parameters: fp32 or bf16.
   const DType dtype =
       parse_dtype(flags.get("dtype", config.model_dtype() ? dtype_name(*config.model_dtype()) : "fp32"));
@@ -82,12 +87,20 @@ int run(int argc, char** argv) {
   // A bf16 model keeps a bf16 gradient shard (2Ψ/N), and its reduced gradients are then the same
   // bits at every stage. A config file says for itself.
   if (!config.config) opt.grad_accum_dtype = dtype;
+  if (tp < 1) ZERO_THROW(InvalidArgument, "--tp {} is not positive", tp);
+  if (sequence_parallel && tp == 1) {
+    ZERO_THROW(InvalidArgument, "--sequence-parallel needs --tp above 1 (it splits the sequence over the tp ranks)");
+  }
   run_flags.apply(opt);
   const int micro = opt.gradient_accumulation_steps;
 
   comm::ProcessGroup pg = comm::init_process_group();
   comm::Communicator& comm = *pg.host;
-  const int rank = comm.rank(), world = comm.size();
+  if (comm.size() % tp != 0) ZERO_THROW(InvalidArgument, "--tp {} does not divide the {} ranks", tp, comm.size());
+  // Groups of tp consecutive ranks hold one model between them; data parallelism runs across them.
+  comm::Mesh mesh(comm, {.pp = 1, .dp = comm.size() / tp, .tp = tp});
+  const int rank = comm.rank();
+  const int dp_rank = mesh.dp().rank(), world = mesh.dp().size();  // the data-parallel ranks
   config.print(rank);
   const int batch = batch_given ? batch_flag : config.global_batch(micro, world).value_or(batch_flag);
   if (batch % (world * micro) != 0) {
@@ -96,10 +109,16 @@ int run(int argc, char** argv) {
   const int local = batch / (world * micro);
   const int T = cfg.block_size;
   const examples::TextData data(corpus, T, 0.1, static_cast<uint64_t>(seed));
-  examples::Gpt model(cfg, static_cast<uint64_t>(seed));
+  const examples::Gpt whole(cfg, static_cast<uint64_t>(seed));
+  examples::Gpt model = tp > 1 ? examples::Gpt(whole, {&mesh.tp(), sequence_parallel}) : whole;
 
-  const std::unique_ptr<comm::HybridGroups> groups = hybrid.groups(comm);
-  Engine engine(examples::engine_comms(comm, groups.get()), opt);
+  const std::unique_ptr<comm::HybridGroups> groups = hybrid.groups(mesh.dp());
+  EngineComms comms = examples::engine_comms(mesh.dp(), groups.get());
+  if (tp > 1) {
+    comms.tp = &mesh.tp();
+    comms.model_parallel = &mesh.model_parallel();
+  }
+  Engine engine(comms, opt);
   examples::GptScopes scopes(engine, model, dtype);
   engine.finalize();
   const examples::Gpt::Access access = scopes.access();
@@ -110,10 +129,13 @@ int run(int argc, char** argv) {
   const optim::LrScheduleOptions schedule{"warmup_cosine", lr, warmup, steps,
                                           static_cast<float>(lr * min_lr_ratio)};
   if (rank == 0) {
-    std::printf("GPT %d layers, %d heads, n_embd %d, context %d (%zu %s parameters) on %d rank(s), stage %d%s%s\n"
+    std::printf("GPT %d layers, %d heads, n_embd %d, context %d (%zu %s parameters) on %d rank(s)%s, stage %d%s%s\n"
                 "data: %s, %zu bytes for training, %zu held out (unigram entropy %.4f nats/byte); global batch %d x "
                 "%d tokens\n",
-                cfg.n_layer, cfg.n_head, cfg.n_embd, T, model.num_params(), dtype_name(dtype), world, opt.stage,
+                cfg.n_layer, cfg.n_head, cfg.n_embd, T, whole.num_params(), dtype_name(dtype), comm.size(),
+                tp > 1 ? fmt::format(" (dp {} x tp {}{})", world, tp, sequence_parallel ? ", sequence parallel" : "").c_str()
+                       : "",
+                opt.stage,
                 opt.offload.optimizer ? ", optimizer offloaded" : "", opt.offload.params ? " (and parameters)" : "",
                 data.source().c_str(), data.train_bytes(), data.val_bytes(), data.unigram_entropy(), batch, T);
   }
@@ -125,7 +147,7 @@ int run(int argc, char** argv) {
     EvaluationScope evaluating = engine.evaluation();
     double sum = 0;
     for (int v = 0; v < val_batches; ++v) {
-      data.batch(v, rank * (batch / world), batch / world, true, &x, &y);
+      data.batch(v, dp_rank * (batch / world), batch / world, true, &x, &y);
       sum += model.forward(x, y, batch / world, T, access);
     }
     double mean = sum / val_batches;
@@ -141,7 +163,7 @@ int run(int argc, char** argv) {
     const auto t0 = Clock::now();
     double loss_sum = 0;
     for (int m = 0; m < micro; ++m) {
-      data.batch(step, (rank * micro + m) * local, local, false, &x, &y);
+      data.batch(step, (dp_rank * micro + m) * local, local, false, &x, &y);
       loss_sum += model.forward(x, y, local, T, access);
       model.backward(engine.loss_scale(), access);
       engine.finish_backward();
@@ -185,7 +207,7 @@ int run(int argc, char** argv) {
   }
   run_flags.finish(engine);
   comm.barrier()->wait();
-  for (int r = 0; r < world; ++r) {
+  for (int r = 0; r < comm.size(); ++r) {
     if (r == rank) {
       std::printf("%s", engine.memory_report().table().c_str());
       std::fflush(stdout);

@@ -55,26 +55,35 @@ EnginePlan plan_engine(const PlanInputs& in) {
   auto meta = memory::make_meta_device(tracker, in.cuda ? memory::Location::cuda(0) : memory::Location::host());
   comm::PlanningCommunicator comm(
       in.rank, in.world_size, [&meta](const void* p, size_t n) { return meta->addressable(p, n); }, meta->kind());
+  if (in.tp < 1) ZERO_THROW(InvalidArgument, "plan: tp {} is not positive", in.tp);
+  comm::PlanningCommunicator tp_comm(
+      0, in.tp, [&meta](const void* p, size_t n) { return meta->addressable(p, n); }, meta->kind());
   EngineOptions options = in.options;
-  Engine engine(EngineComms{&comm, nullptr, meta.get()}, options);
+  EngineComms comms{&comm, nullptr, meta.get()};
+  if (in.tp > 1) comms.tp = comms.model_parallel = &tp_comm;
+  Engine engine(comms, options);
   std::vector<int> ids;
   for (const TensorSpec& t : in.model.tensors) {
     const size_t numel = shape_numel(t.shape);
     void* data = meta->reserve_unbacked(numel * dtype_size(in.model.dtype));
     ids.push_back(engine.add_param({.name = t.name, .shape = t.shape, .dtype = in.model.dtype, .data = {data, numel},
-                                    .unit = t.unit, .group = t.group, .requires_grad = t.trainable}));
+                                    .unit = t.unit, .group = t.group, .requires_grad = t.trainable, .tp = t.tp}));
   }
   const std::vector<ScopeEvent> schedule =
       in.model.schedule.empty() ? default_schedule(in.model.tensors) : in.model.schedule;
   engine.finalize();
   const int micro = options.gradient_accumulation_steps;
   for (int step = 0; step < 2; ++step) {
-    if (step == 1) comm.reset_tallies();  // the second step: prefetch order recorded, buffers warm
+    if (step == 1) {  // the second step: prefetch order recorded, buffers warm
+      comm.reset_tallies();
+      tp_comm.reset_tallies();
+    }
     for (int m = 0; m < micro; ++m) run_micro_step(engine, schedule, ids);
     engine.step();
   }
   EnginePlan plan;
   plan.traffic = comm.tallies();
+  plan.tp_traffic = tp_comm.tallies();
   plan.memory = engine.memory_report();
   plan.device_peak = tracker.peak_total();
   for (const MemoryReport::Row& r : plan.memory.rows) {
@@ -96,11 +105,16 @@ std::string EnginePlan::table() const {
   std::string s = memory.table();
   s += fmt::format("  {:<18} {:>12}\n", "device peak", memory::format_bytes(device_peak));
   if (host_tier_peak > 0) s += fmt::format("  {:<18} {:>12}\n", "host tier", memory::format_bytes(host_tier_peak));
+  auto rows = [&](const std::map<std::string, comm::CollectiveTally>& tallies) {
+    for (const auto& [op, t] : tallies) {
+      s += fmt::format("  {:<16} {:>6} calls {:>12} payload {:>12} sent\n", op, t.calls,
+                       memory::format_bytes(t.payload_bytes), memory::format_bytes(t.wire_bytes));
+    }
+  };
   s += fmt::format("traffic per step (rank {}): {} sent\n", memory.rank, memory::format_bytes(wire_bytes()));
-  for (const auto& [op, t] : traffic) {
-    s += fmt::format("  {:<16} {:>6} calls {:>12} payload {:>12} sent\n", op, t.calls,
-                     memory::format_bytes(t.payload_bytes), memory::format_bytes(t.wire_bytes));
-  }
+  rows(traffic);
+  if (!tp_traffic.empty()) s += "the engine's traffic over the tensor-parallel group per step:\n";
+  rows(tp_traffic);
   return s;
 }
 

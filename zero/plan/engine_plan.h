@@ -28,8 +28,12 @@ namespace zero::plan {
 struct PlanInputs {
   ModelSpec model;
   EngineOptions options;
-  int world_size = 1;
+  int world_size = 1;  // the data-parallel ranks
   int rank = 0;        // ranks differ by padding only; rank 0 holds none of the last shard's
+  // Tensor parallelism: the model's tensors are one tp rank's parts (TensorSpec::tp), and the
+  // engine's tp collectives (the norm's sum, partial gradients) are planned on a tp group of this
+  // size (rank 0 of it: the replicated parameters' norm is counted there).
+  int tp = 1;
   bool cuda = false;   // plan a GPU's memory (NCCL; no communicator scratch is accounted)
   comm::GlooOptions gloo;  // the host backend's settings (its scratch)
 };
@@ -43,6 +47,9 @@ struct EnginePlan {
   uint64_t comm_scratch = 0;
   // One optimizer step's collectives, by operation ("all_gather", ...), every micro-step included.
   std::map<std::string, comm::CollectiveTally> traffic;
+  // The engine's collectives over the tensor-parallel group in that step (the model's own f and g
+  // are the model's, not the engine's).
+  std::map<std::string, comm::CollectiveTally> tp_traffic;
   uint64_t wire_bytes() const;  // sent per rank per step
   std::string table() const;
 };

@@ -187,6 +187,30 @@ TEST_CASE("the plan's traffic: stage 2 moves each gradient once and each paramet
   CHECK(sent(0, "all_reduce") == doctest::Approx(2.0 * 2 * 3 / 4).epsilon(0.01));
 }
 
+TEST_CASE("under tensor parallelism the plan holds one tp rank's parts and counts the engine's tp collectives") {
+  // Two units: a split weight [512, 256] (rank's part [256, 256]), a replicated and a partial bias.
+  ModelSpec whole, part;
+  whole.dtype = part.dtype = DType::kBFloat16;
+  whole.tensors = {{"w", {512, 256}, 0}, {"b", {256}, 1}, {"ln", {256}, 1}};
+  part.tensors = {{"w", {256, 256}, 0, true, 0, TpPlacement::split(0)},
+                  {"b", {256}, 1, true, 0, TpPlacement::replicated()},
+                  {"ln", {256}, 1, true, 0, TpPlacement::replicated_partial()}};
+  for (int stage : {0, 2, 3}) {
+    CAPTURE(stage);
+    const EnginePlan p = plan_engine({.model = part, .options = base_options(stage), .world_size = 2, .tp = 2});
+    const EnginePlan w = plan_engine({.model = whole, .options = base_options(stage), .world_size = 2});
+    CHECK(p.memory.formula_predicted() < w.memory.formula_predicted() * 0.6);
+    // One sum of squares per step, and the partial bias's owned piece summed over tp.
+    REQUIRE(p.tp_traffic.count("all_reduce"));
+    const comm::CollectiveTally& t = p.tp_traffic.at("all_reduce");
+    CHECK(t.calls == 2);
+    // The norm's double, and "ln"'s reduced gradient (one rank owns it whole): bf16 at stage 0 (the
+    // gradient's dtype), the fp32 accumulator at stages 2 and 3.
+    CHECK(t.payload_bytes == 8 + 256 * (stage == 0 ? 2 : 4));
+    CHECK(w.tp_traffic.empty());
+  }
+}
+
 }  // namespace zero::plan
 
 namespace zero::plan {

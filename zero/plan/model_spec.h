@@ -6,15 +6,17 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "zero/tp_placement.h"
 
 namespace zero::plan {
 
 struct TensorSpec {
   std::string name;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;  // under tensor parallelism: one rank's part
   int unit = 0;
   bool trainable = true;
   int group = 0;  // optimizer parameter group
+  TpPlacement tp;
 };
 
 // One thing a training loop's micro-step does with the engine's unit scopes, in order: open a unit's
