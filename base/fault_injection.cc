@@ -16,8 +16,9 @@
 namespace zero::fault {
 namespace {
 
-constexpr std::array<const char*, 6> kPoints = {"forward",        "reduce_scatter",   "prefetch",
-                                                "optimizer_step", "checkpoint_write", "collective_sends"};
+constexpr std::array<const char*, 7> kPoints = {"forward",        "reduce_scatter",   "prefetch",
+                                                "optimizer_step", "checkpoint_write", "collective_sends",
+                                                "tp_collective"};
 
 std::atomic<bool> g_armed{false};
 std::mutex g_mu;

@@ -16,7 +16,8 @@
 // reduction is about to be issued), "prefetch" (stage 3 issues a prefetch all-gather),
 // "optimizer_step" (the sharded update begins), "checkpoint_write" (a rank's checkpoint data file is
 // written but not yet synced, renamed or indexed: once per save), "collective_sends" (inside a Gloo reduce-scatter, after its receives are posted and
-// before any data is sent: a rank that stalls mid-collective).
+// before any data is sent: a rank that stalls mid-collective), "tp_collective" (a tensor-parallel
+// region's collective, f or g or their sequence-parallel forms, is about to be issued).
 #include <string>
 #include <string_view>
 

@@ -120,6 +120,28 @@ TEST_CASE("stalled silently mid-collective, alive (stage 2)") {
 }
 TEST_CASE("late past the timeout (stage 2)") { check_fault({2, "optimizer_step:delay=30:2", "", false}); }
 
+TEST_CASE("killed in a tensor-parallel all-reduce (dp 2 x tp 2): every rank ends in time, naming it") {
+  // World ranks 0-1 and 2-3 each hold the GPT between them; 0-2 and 1-3 are the data-parallel
+  // groups. Rank 1 dies in step 2's forward, in a g all-reduce with rank 0.
+  const auto t0 = Clock::now();
+  const auto r = launch3({"--tp", "2", "--stage", "2", "--fault", "tp_collective:kill:15", "--fault-rank", "1",
+                          "--timeout-s", "6", "--steps", "12"},
+                         4);
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK(took < 45);
+  CHECK(r.output.find("zerorun: rank 1 (pid") != std::string::npos);
+  CHECK(r.output.find("signal 9") != std::string::npos);
+  for (int survivor : {0, 2, 3}) {
+    CAPTURE(survivor);
+    const std::string mine = lines_of(r.output, survivor);
+    CHECK(mine.find("fault_worker:") != std::string::npos);  // ended with its own error
+    // Its tensor-parallel peer (0) and its data-parallel peer (3) name it by its world rank.
+    if (survivor != 2) CHECK_MESSAGE(mine.find("world rank 1)") != std::string::npos, mine);
+  }
+}
+
 TEST_CASE("the store's host (rank 0) killed: the others fail at once, naming the operation and the lost store") {
   const auto t0 = Clock::now();
   const auto r = launch3({"--stage", "2", "--fault", "reduce_scatter:kill:4", "--fault-rank", "0", "--timeout-s", "6",

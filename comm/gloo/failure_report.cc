@@ -10,8 +10,14 @@
 namespace zero::comm {
 
 FailureReport::FailureReport(std::shared_ptr<Store> store, std::string prefix, int rank, int size,
-                             std::chrono::milliseconds grace)
-    : store_(std::move(store)), prefix_(std::move(prefix)), rank_(rank), size_(size), grace_(grace) {}
+                             std::chrono::milliseconds grace, std::vector<int> world_ranks)
+    : store_(std::move(store)), prefix_(std::move(prefix)), rank_(rank), size_(size), grace_(grace),
+      world_ranks_(std::move(world_ranks)) {}
+
+std::string FailureReport::member(int rank) const {
+  if (world_ranks_.empty() || rank < 0 || static_cast<size_t>(rank) >= world_ranks_.size()) return std::to_string(rank);
+  return fmt::format("{} (world rank {})", rank, world_ranks_[static_cast<size_t>(rank)]);
+}
 
 std::string FailureReport::key(int rank) const { return fmt::format("{}/failed/{}", prefix_, rank); }
 
@@ -30,7 +36,7 @@ std::string FailureReport::p2p_note(int peer) const {
     const auto deadline = std::chrono::steady_clock::now() + grace_;
     for (;;) {
       if (store_->check({p2p_key(peer)})) {
-        return fmt::format(" (rank {} reported: {})", peer,
+        return fmt::format(" (rank {} reported: {})", member(peer),
                            store_->get_string(p2p_key(peer), std::chrono::seconds(1)));
       }
       if (std::chrono::steady_clock::now() >= deadline) return {};
@@ -43,7 +49,7 @@ std::string FailureReport::p2p_note(int peer) const {
 
 std::string FailureReport::absent_ranks(uint64_t seq, const std::string& note) const {
   if (size_ == 1 || grace_.count() <= 0) return {};
-  std::vector<int> silent;
+  std::vector<std::string> silent;
   std::vector<std::pair<int, uint64_t>> earlier;
   bool polled = false;
   try {
@@ -51,12 +57,12 @@ std::string FailureReport::absent_ranks(uint64_t seq, const std::string& note) c
     store_->compare_set(key(rank_), {}, Bytes(mine.begin(), mine.end()));  // the first failure stays
     const auto deadline = std::chrono::steady_clock::now() + grace_;
     for (;;) {
-      std::vector<int> now_silent;
+      std::vector<std::string> now_silent;
       std::vector<std::pair<int, uint64_t>> now_earlier;
       for (int r = 0; r < size_; ++r) {
         if (r == rank_) continue;
         if (!store_->check({key(r)})) {
-          now_silent.push_back(r);
+          now_silent.push_back(member(r));
           continue;
         }
         const uint64_t theirs = std::stoull(store_->get_string(key(r), std::chrono::seconds(1)));
@@ -76,7 +82,9 @@ std::string FailureReport::absent_ranks(uint64_t seq, const std::string& note) c
     parts.push_back(fmt::format("rank{} {} did not reach it: exited, stalled, or stuck before it",
                                 silent.size() > 1 ? "s" : "", fmt::join(silent, ", ")));
   }
-  for (const auto& [r, theirs] : earlier) parts.push_back(fmt::format("rank {} failed first, in #{}", r, theirs));
+  for (const auto& [r, theirs] : earlier) {
+    parts.push_back(fmt::format("rank {} failed first, in #{}", member(r), theirs));
+  }
   if (parts.empty()) parts.push_back("every rank reached it");
   return fmt::format(" ({}{})", fmt::join(parts, "; "), note);
 }

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/store/store.h"
 
@@ -23,8 +24,10 @@ namespace zero::comm {
 class FailureReport {
  public:
   // `prefix`: the communicator's own (unique per instance), under which the reports are kept.
+  // `world_ranks`: for a communicator split from another, each member's rank in the world, so that
+  // the reports name "rank 1 (world rank 3)"; empty for the world itself.
   FailureReport(std::shared_ptr<Store> store, std::string prefix, int rank, int size,
-                std::chrono::milliseconds grace);
+                std::chrono::milliseconds grace, std::vector<int> world_ranks = {});
 
   // Records that this rank failed collective `seq` (only its first failure stays), polls the
   // others' reports for up to the grace, and returns " (rank 1 did not reach it: ...; rank 2 failed
@@ -44,12 +47,14 @@ class FailureReport {
 
  private:
   std::string key(int rank) const;
+  std::string member(int rank) const;  // "1", or "1 (world rank 3)" in a split communicator
   std::string p2p_key(int rank) const;
 
   std::shared_ptr<Store> store_;
   std::string prefix_;
   int rank_, size_;
   std::chrono::milliseconds grace_;
+  std::vector<int> world_ranks_;
 };
 
 }  // namespace zero::comm

@@ -57,10 +57,12 @@ void require_buffer(const char* op, const char* name, const void* p, size_t coun
 // runs; the executor runs the plans in issue order, the runner runs each on the Gloo context.
 class GlooCommunicator final : public Communicator, private OrderedExecutor::Owner {
  public:
+  // `world_ranks`: a split communicator's members' ranks in the world (for its failure reports).
   GlooCommunicator(std::shared_ptr<Store> store, std::string prefix, int rank, int size,
-                   GlooOptions options, bool check)
+                   GlooOptions options, bool check, std::vector<int> world_ranks = {})
       : store_(std::move(store)),
         prefix_(std::move(prefix)),
+        world_ranks_(std::move(world_ranks)),
         rank_(rank),
         size_(size),
         options_(std::move(options)),
@@ -330,11 +332,12 @@ class GlooCommunicator final : public Communicator, private OrderedExecutor::Own
 
   std::shared_ptr<Store> store_;
   const std::string prefix_;  // unique to this communicator instance
+  const std::vector<int> world_ranks_;  // a split one's members' ranks in the world; empty: the world
   const int rank_;
   const int size_;
   const GlooOptions options_;
   const bool check_;
-  const FailureReport failure_report_{store_, prefix_, rank_, size_, options_.failure_report_grace};
+  const FailureReport failure_report_{store_, prefix_, rank_, size_, options_.failure_report_grace, world_ranks_};
   const std::shared_ptr<gloo::Context> context_;  // shared by the collectives and the transfers
   GlooCallRunner runner_;
   GlooP2P p2p_;
@@ -381,9 +384,11 @@ std::unique_ptr<Communicator> GlooCommunicator::split(int color, int key) {
     if (std::get<1>(members[i]) == rank_) new_rank = static_cast<int>(i);
   }
   ZERO_CHECK_GE(new_rank, 0, "own rank missing from its split group");
+  std::vector<int> world;  // the members' ranks in the world, for their failure reports
+  for (const auto& [k, r] : members) world.push_back(world_ranks_.empty() ? r : world_ranks_[static_cast<size_t>(r)]);
   return std::make_unique<GlooCommunicator>(store_, fmt::format("{}/color{}", base, color),
                                             new_rank, static_cast<int>(members.size()), options_,
-                                            check_);
+                                            check_, std::move(world));
 }
 
 }  // namespace

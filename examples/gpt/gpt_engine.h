@@ -12,6 +12,7 @@
 #include <optional>
 #include <vector>
 
+#include "base/check.h"
 #include "base/dtype.h"
 #include "examples/gpt/gpt_model.h"
 #include "zero/engine.h"

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "base/fault_injection.h"
 
 namespace zero::parallel {
 namespace {
@@ -35,6 +36,7 @@ void from_rank_major(const float* blocks, float* full, const SequenceShape& s, i
 
 void all_gather_rows(comm::Communicator& tp, const float* local, float* full, const SequenceShape& s) {
   const size_t n = s.local_count(tp.size());
+  fault::point("tp_collective");
   std::vector<float> blocks(s.full_count());
   tp.all_gather(local, blocks.data(), n, DType::kFloat32)->wait();
   from_rank_major(blocks.data(), full, s, tp.size());
@@ -44,6 +46,7 @@ void reduce_scatter_rows(comm::Communicator& tp, const float* full, float* local
   const size_t n = s.local_count(tp.size());
   std::vector<float> blocks(s.full_count());
   to_rank_major(full, blocks.data(), s, tp.size());
+  fault::point("tp_collective");
   tp.reduce_scatter(blocks.data(), local, n, DType::kFloat32, ReduceOp::kSum)->wait();
 }
 
@@ -61,10 +64,12 @@ size_t SequenceShape::local_count(int tp) const {
 }
 
 void CopyToTp::backward(comm::Communicator& tp, float* grad, size_t count) {
+  fault::point("tp_collective");
   if (tp.size() > 1) tp.all_reduce(grad, count, DType::kFloat32, ReduceOp::kSum)->wait();
 }
 
 void ReduceFromTp::forward(comm::Communicator& tp, float* x, size_t count) {
+  fault::point("tp_collective");
   if (tp.size() > 1) tp.all_reduce(x, count, DType::kFloat32, ReduceOp::kSum)->wait();
 }
 
