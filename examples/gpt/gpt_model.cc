@@ -185,11 +185,14 @@ int Gpt::rows_held() const {
   return parallel_.sequence_parallel ? BT / tp_size() : BT;
 }
 
+parallel::SequenceShape Gpt::sequence_shape(Eigen::Index cols) const {
+  return {static_cast<size_t>(B_), static_cast<size_t>(T_), static_cast<size_t>(cols)};
+}
+
 Matrix Gpt::enter_region(const Matrix& x) const {
   if (!parallel_.sequence_parallel) return x;  // f: the identity
   Matrix full(B_ * T_, x.cols());
-  parallel::GatherFromSequence::forward(*parallel_.tp, x.data(), full.data(),
-                                        {static_cast<size_t>(B_), static_cast<size_t>(T_), static_cast<size_t>(x.cols())});
+  parallel::GatherFromSequence::forward(*parallel_.tp, x.data(), full.data(), sequence_shape(x.cols()));
   return full;
 }
 
@@ -200,8 +203,7 @@ Matrix Gpt::enter_region_backward(Matrix&& dx_full) const {
     return std::move(dx_full);
   }
   Matrix dx(rows_held(), dx_full.cols());
-  parallel::GatherFromSequence::backward(*parallel_.tp, dx_full.data(), dx.data(),
-                                         {static_cast<size_t>(B_), static_cast<size_t>(T_), static_cast<size_t>(dx.cols())});
+  parallel::GatherFromSequence::backward(*parallel_.tp, dx_full.data(), dx.data(), sequence_shape(dx.cols()));
   return dx;
 }
 
@@ -212,16 +214,14 @@ Matrix Gpt::leave_region(Matrix&& partial) const {
     return std::move(partial);
   }
   Matrix y(rows_held(), partial.cols());
-  parallel::ReduceScatterToSequence::forward(*parallel_.tp, partial.data(), y.data(),
-                                             {static_cast<size_t>(B_), static_cast<size_t>(T_), static_cast<size_t>(y.cols())});
+  parallel::ReduceScatterToSequence::forward(*parallel_.tp, partial.data(), y.data(), sequence_shape(y.cols()));
   return y;
 }
 
 Matrix Gpt::leave_region_backward(const Matrix& dy) const {
   if (!parallel_.sequence_parallel) return dy;  // g backward: the identity
   Matrix full(B_ * T_, dy.cols());
-  parallel::ReduceScatterToSequence::backward(*parallel_.tp, dy.data(), full.data(),
-                                              {static_cast<size_t>(B_), static_cast<size_t>(T_), static_cast<size_t>(dy.cols())});
+  parallel::ReduceScatterToSequence::backward(*parallel_.tp, dy.data(), full.data(), sequence_shape(dy.cols()));
   return full;
 }
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "parallel/tensor/tp_regions.h"
 #include "parallel/tensor/vocab_parallel.h"
 #include "zero/tp_placement.h"
 
@@ -123,6 +124,7 @@ class Gpt {
   // The tensor-parallel regions (identities without tp): a replicated (or sequence-split)
   // activation of `rows` rows entering a column-parallel layer, and a row-parallel layer's partial
   // output leaving one, with their backward forms.
+  parallel::SequenceShape sequence_shape(Eigen::Index cols) const;  // [B, T, cols]
   Matrix enter_region(const Matrix& x) const;
   Matrix enter_region_backward(Matrix&& dx_full) const;
   Matrix leave_region(Matrix&& partial) const;
