@@ -49,6 +49,15 @@ TEST_CASE("GPT training split over tensor-parallel ranks follows PyTorch") {
       }
     }
   }
+  // The 2-head file where its sizes allow: tp 2.
+  for (const char* stage : {"1", "3"}) {
+    const auto r = testing::launch(2, "tests/gpt_reference_worker",
+                                   {"--file", "tests/data/pytorch/gpt/gpt_tiny_dp2.json", "--stage", stage, "--tp", "2",
+                                    "--sequence-parallel"});
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(r.output.find("check and 3 steps match PyTorch") != std::string::npos);
+  }
   for (bool sp : {false, true}) {
     std::vector<std::string> args = {"--file", file, "--stage", "3", "--offload", "--tp", "2"};
     if (sp) args.push_back("--sequence-parallel");

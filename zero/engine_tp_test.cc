@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "comm/hybrid_groups.h"
 #include "comm/mesh.h"
 #include "memory/device.h"
 #include "testing/thread_ranks.h"
@@ -172,6 +173,35 @@ TEST_CASE("dp x tp trains like one rank with the whole tensors, stages 0-3") {
         CHECK(worst <= 1e-6);
       });
     }
+  }
+}
+
+TEST_CASE("hybrid sharding across the tp groups: dp 4 = 2 shards x 2 replicas, tp 2") {
+  for (int stage : {1, 2, 3}) {
+    CAPTURE(stage);
+    const Run ref = reference(stage);
+    testing::run_thread_ranks(8, [&](comm::Communicator& world) {
+      comm::Mesh mesh(world, {.pp = 1, .dp = 4, .tp = 2});
+      comm::HybridGroups hybrid(mesh.dp(), 2);
+      const int r = mesh.coord().tp;
+      const Run run = train(EngineComms{.shard = hybrid.shard(), .replica = hybrid.replica(), .tp = &mesh.tp(),
+                                        .model_parallel = &mesh.model_parallel()},
+                            stage, r, 2);
+      for (int s = 0; s < kSteps; ++s) {
+        CHECK(std::abs(run.norms[static_cast<size_t>(s)] - ref.norms[static_cast<size_t>(s)]) <=
+              1e-6 * ref.norms[static_cast<size_t>(s)]);
+      }
+      double worst = 0.0;
+      for (size_t t = 0; t < model().size(); ++t) {
+        const TensorDef& d = model()[t];
+        std::vector<float> want(run.params[t].size());
+        shard(ref.params[t].data(), d.shape, d.tp, r, 2, want.data());
+        for (size_t e = 0; e < want.size(); ++e) {
+          worst = std::max(worst, static_cast<double>(std::abs(run.params[t][e] - want[e])));
+        }
+      }
+      CHECK(worst <= 1e-6);
+    });
   }
 }
 

@@ -1,0 +1,82 @@
+// pipeline_schedules: the named pipeline schedules (parallel/pipeline/schedules.h) generated, checked
+// and simulated for p ranks and m micro-batches: a table of step time, bubble fraction (with the
+// closed form for uniform stages beside it) and peak micro-batches in flight per rank, and the
+// timelines drawn into one SVG.
+//
+//   bazel-bin/examples/bench/pipeline_schedules --p 4 --m 8 [--v 2] [--schedules gpipe,1f1b,interleaved,zb-h1]
+//       [--forward 1 --backward 1 --weight 1 --transfer 0] [--svg FILE]
+//
+// Costs are per virtual stage when given as lists ("1,1,2,1": an uneven pipeline), else one value
+// for all; a full backward (BW) costs backward + weight.
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "base/check.h"
+#include "examples/flags.h"
+#include "parallel/pipeline/schedule_sim.h"
+#include "parallel/pipeline/schedules.h"
+#include "parallel/pipeline/timeline_svg.h"
+
+namespace zero {
+namespace {
+
+std::vector<double> costs(examples::Flags& flags, const char* name) {
+  std::vector<double> v;
+  for (const std::string& s : flags.get_list(name, "1")) v.push_back(std::stod(s));
+  return v;
+}
+
+// The bubble fraction of the step for uniform stages and the given costs.
+double closed_form(const std::string& name, int p, int m, int v, double f, double b, double w) {
+  const double full = f + b + w;
+  if (name == "interleaved") return (p - 1.0) / (v * m + p - 1.0);
+  if (name == "zb-h1") return (p - 1) * (f + b - w) / (m * full + (p - 1) * (f + b - w));
+  return (p - 1.0) / (m + p - 1.0);
+}
+
+int run(int argc, char** argv) {
+  examples::Flags flags(argc, argv);
+  const int p = flags.get_int("p", 4), m = flags.get_int("m", 8), v = flags.get_int("v", 2);
+  const std::vector<std::string> names = flags.get_list("schedules", "gpipe,1f1b,interleaved,zb-h1");
+  parallel::ActionCosts c;
+  c.forward = costs(flags, "forward");
+  c.backward = costs(flags, "backward");
+  c.weight = costs(flags, "weight");
+  c.transfer = flags.get_double("transfer", 0.0);
+  const std::string svg = flags.get("svg", "");
+  flags.check_all_used();
+
+  std::printf("p = %d ranks, m = %d micro-batches; costs F %s, B %s, W %s, transfer %g\n\n", p, m,
+              fmt::format("{}", fmt::join(c.forward, ",")).c_str(), fmt::format("{}", fmt::join(c.backward, ",")).c_str(),
+              fmt::format("{}", fmt::join(c.weight, ",")).c_str(), c.transfer);
+  std::printf("%-12s %3s %9s %9s %13s  %s\n", "schedule", "v", "step", "bubble", "closed form", "peak in flight by rank");
+  std::vector<parallel::TimelinePanel> panels;
+  for (const std::string& name : names) {
+    const int chunks = name == "interleaved" ? v : 1;
+    const parallel::Schedule s = parallel::make_schedule(name, p, m, chunks);
+    const parallel::SimResult r = parallel::simulate(s, c);  // checks it first
+    const double closed = closed_form(name, p, m, chunks, c.forward[0], c.backward[0], c.weight[0]);
+    std::printf("%-12s %3d %9.2f %8.1f%% %12.1f%%  %s\n", name.c_str(), chunks, r.step_time, 100 * r.bubble_fraction,
+                100 * closed, fmt::format("{}", fmt::join(r.peak_in_flight, " ")).c_str());
+    panels.push_back({fmt::format("{} (p {}, m {}{}): step {:.4g}, bubble {:.1f}%", name, p, m,
+                                  chunks > 1 ? fmt::format(", v {}", chunks) : "", r.step_time, 100 * r.bubble_fraction),
+                      chunks, r.timeline});
+  }
+  if (!svg.empty()) {
+    std::ofstream out(svg);
+    if (!out) ZERO_THROW(IoError, "cannot write '{}'", svg);
+    out << parallel::timeline_svg(panels);
+    std::printf("\ntimelines: %s\n", svg.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace zero
+
+int main(int argc, char** argv) { return zero::examples::run_program("pipeline_schedules", zero::run, argc, argv); }

@@ -1,0 +1,126 @@
+// The generated schedules pass the checker at every size, and their simulation with unit costs
+// gives the known closed forms: bubble (p-1)/(m+p-1) of the step for GPipe and 1F1B, divided by v
+// (as (p-1)/(vm+p-1)) for interleaved 1F1B, a third of 1F1B's for ZB-H1 when F = B = W; peak
+// micro-batches in flight p-s at stage s for 1F1B (and ZB-H1), m for GPipe.
+#include "parallel/pipeline/schedules.h"
+
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "base/error.h"
+#include "parallel/pipeline/pipeline_check.h"
+#include "parallel/pipeline/schedule_sim.h"
+
+namespace zero::parallel {
+namespace {
+
+TEST_CASE("every generated schedule passes the checker, p 1-8, m 1-32") {
+  int checked = 0;
+  for (int p = 1; p <= 8; ++p) {
+    for (int m = 1; m <= 32; ++m) {
+      CAPTURE(p);
+      CAPTURE(m);
+      for (const char* name : {"gpipe", "1f1b", "zb-h1"}) {
+        CAPTURE(name);
+        CHECK_NOTHROW(check_schedule(make_schedule(name, p, m)));
+        ++checked;
+      }
+      if (m % p != 0) continue;
+      for (int v : {1, 2, 3, 4}) {
+        CAPTURE(v);
+        CHECK_NOTHROW(check_schedule(interleaved_1f1b(p, m, v)));
+        ++checked;
+      }
+    }
+  }
+  CHECK(checked > 800);
+}
+
+ActionCosts unit() { return {}; }  // F = B = W = 1, transfers free
+
+TEST_CASE("GPipe and 1F1B: bubble (p-1)/(m+p-1); peak in flight m and p-s") {
+  for (int p : {1, 2, 4, 8}) {
+    for (int m : {1, 4, 8, 16, 32}) {
+      CAPTURE(p);
+      CAPTURE(m);
+      const double closed = (p - 1.0) / (m + p - 1.0);
+      const SimResult g = simulate(gpipe(p, m), unit());
+      const SimResult o = simulate(one_f_one_b(p, m), unit());
+      CHECK(g.bubble_fraction == doctest::Approx(closed).epsilon(1e-12));
+      CHECK(o.bubble_fraction == doctest::Approx(closed).epsilon(1e-12));
+      CHECK(o.step_time == doctest::Approx(3.0 * (m + p - 1)));
+      for (int s = 0; s < p; ++s) {
+        CHECK(g.peak_in_flight[static_cast<size_t>(s)] == m);
+        CHECK(o.peak_in_flight[static_cast<size_t>(s)] == std::min(p - s, m));
+      }
+    }
+  }
+}
+
+TEST_CASE("interleaved 1F1B: the bubble divided by v") {
+  for (int p : {2, 4, 8}) {
+    for (int v : {1, 2, 4}) {
+      for (int m : {p, 2 * p, 4 * p}) {
+        CAPTURE(p);
+        CAPTURE(v);
+        CAPTURE(m);
+        // Each chunk's costs 1/v of the rank's layers: a bubble of (p-1)/v micro-batch times.
+        ActionCosts c;
+        c.forward = {1.0 / v};
+        c.backward = {1.0 / v};
+        c.weight = {1.0 / v};
+        const SimResult r = simulate(interleaved_1f1b(p, m, v), c);
+        CHECK(r.bubble_fraction == doctest::Approx((p - 1.0) / (v * m + p - 1.0)).epsilon(1e-9));
+      }
+    }
+  }
+}
+
+TEST_CASE("ZB-H1: about a third of 1F1B's bubble when F = B = W, at 1F1B's activations in flight") {
+  for (int p : {2, 4, 8}) {
+    for (int m : {p, 2 * p, 4 * p, 32}) {
+      CAPTURE(p);
+      CAPTURE(m);
+      const SimResult z = simulate(zb_h1(p, m), unit());
+      const SimResult o = simulate(one_f_one_b(p, m), unit());
+      const double idle_z = z.step_time - 3.0 * m, idle_o = o.step_time - 3.0 * m;  // per rank
+      CHECK(idle_o == doctest::Approx(3.0 * (p - 1)));
+      CHECK(idle_z == doctest::Approx(1.0 * (p - 1)));  // (p-1)(F + B - W)
+      for (int s = 0; s < p; ++s) CHECK(z.peak_in_flight[static_cast<size_t>(s)] <= p - s);
+    }
+  }
+}
+
+TEST_CASE("uneven stages and transfer costs move the step as they should") {
+  // A slow last stage: 1F1B's step is bounded below by that stage's work.
+  ActionCosts c;
+  c.forward = {1, 1, 1, 3};
+  c.backward = {1, 1, 1, 3};
+  c.weight = {1, 1, 1, 3};
+  const SimResult r = simulate(one_f_one_b(4, 8), c);
+  CHECK(r.step_time >= 8 * 9.0);
+  CHECK(r.idle[3] < r.idle[0]);
+  // Transfers add to the critical path: at least 2(p-1) of them at the start and the end.
+  ActionCosts t;
+  t.transfer = 0.5;
+  CHECK(simulate(one_f_one_b(4, 8), t).step_time >= simulate(one_f_one_b(4, 8), unit()).step_time + 2 * 3 * 0.5);
+}
+
+TEST_CASE("bad parameters are refused naming them") {
+  CHECK_THROWS_WITH_AS(interleaved_1f1b(4, 6, 2),
+                       doctest::Contains("6 micro-batches are not a multiple of the 4 pipeline ranks"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(interleaved_1f1b(4, 8, 2, 12), doctest::Contains("12 layers do not split into 4 ranks x 2 chunks"),
+                       InvalidArgument);
+  CHECK_NOTHROW(interleaved_1f1b(4, 8, 2, 16));
+  CHECK_THROWS_WITH_AS(one_f_one_b(0, 8), doctest::Contains("0 pipeline ranks"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(gpipe(2, 0), doctest::Contains("0 micro-batches"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(make_schedule("zb-v", 2, 4), doctest::Contains("unknown pipeline schedule 'zb-v'"),
+                       InvalidArgument);
+  ActionCosts c;
+  c.forward = {1, 2, 3};
+  CHECK_THROWS_WITH_AS(simulate(gpipe(2, 2), c), doctest::Contains("3 costs given for 2 virtual stages"), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace zero::parallel
