@@ -296,6 +296,9 @@ std::shared_ptr<Store> connect_store(const DistEnv& env, std::chrono::millisecon
   o.token = env.token;
   o.timeout = timeout;
   o.is_server = env.rank == 0;
+  // A failing rank 0 keeps the store up while the others may still be failing and reporting: past
+  // their deadline and the failure report's grace.
+  o.linger_on_failure = timeout + std::chrono::seconds(5);
   if (o.is_server && env.store_listen_fd >= 0 && !g_listen_fd_used.load()) {
     // The other ranks connect to MASTER_PORT: the inherited socket must be listening there.
     if (env.master_port != 0 && local_port(env.store_listen_fd) != env.master_port) {

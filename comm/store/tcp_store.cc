@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <thread>
 
 #include "base/check.h"
@@ -128,6 +129,13 @@ TcpStore::TcpStore(const TcpStoreOptions& options) : options_(options) {
 }
 
 TcpStore::~TcpStore() {
+  if (server_ && std::uncaught_exceptions() > 0 && options_.linger_on_failure.count() > 0) {
+    // This connection is one; the others are the ranks still running or failing.
+    const auto until = std::chrono::steady_clock::now() + options_.linger_on_failure;
+    while (server_->num_connections() > 1 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
   connection_.reset();  // before the server, so it sees a clean hang-up
   server_.reset();
 }

@@ -41,6 +41,12 @@ struct TcpStoreOptions {
   // The server takes ownership (closes it). zerorun hands one to rank 0 (ZERO_STORE_LISTEN_FD) so
   // that a free port can be chosen without a race.
   int listen_fd = -1;
+  // Server only: when the store is destroyed while an exception unwinds (its rank is failing), it
+  // waits up to this long for the other clients to hang up first. The failure reports the other
+  // ranks read after their own deadline live here (comm/gloo/failure_report.h); a failing host
+  // that left at once would take them along ("the store could not tell which ranks reached it").
+  // A normal exit does not wait.
+  std::chrono::milliseconds linger_on_failure{0};
 };
 
 class ServerConnection;  // defined in tcp_store_server.cc
