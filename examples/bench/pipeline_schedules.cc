@@ -7,7 +7,8 @@
 //       [--forward 1 --backward 1 --weight 1 --transfer 0] [--svg FILE]
 //
 // Costs are per virtual stage when given as lists ("1,1,2,1": an uneven pipeline), else one value
-// for all; a full backward (BW) costs backward + weight.
+// for a rank's whole stage: interleaved schedules cut it into v chunks of 1/v each, so that every
+// row compares the same model. A full backward (BW) costs backward + weight.
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -59,7 +60,11 @@ int run(int argc, char** argv) {
   for (const std::string& name : names) {
     const int chunks = name == "interleaved" ? v : 1;
     const parallel::Schedule s = parallel::make_schedule(name, p, m, chunks);
-    const parallel::SimResult r = parallel::simulate(s, c);  // checks it first
+    parallel::ActionCosts chunk_costs = c;
+    for (auto* v : {&chunk_costs.forward, &chunk_costs.backward, &chunk_costs.weight}) {
+      if (v->size() == 1) (*v)[0] /= chunks;
+    }
+    const parallel::SimResult r = parallel::simulate(s, chunk_costs);  // checks it first
     const double closed = closed_form(name, p, m, chunks, c.forward[0], c.backward[0], c.weight[0]);
     std::printf("%-12s %3d %9.2f %8.1f%% %12.1f%%  %s\n", name.c_str(), chunks, r.step_time, 100 * r.bubble_fraction,
                 100 * closed, fmt::format("{}", fmt::join(r.peak_in_flight, " ")).c_str());
