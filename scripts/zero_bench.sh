@@ -19,17 +19,4 @@ for n in ${WORLDS:-1 2 4}; do
     --csv "$out/zero_bench.csv" --check 0.02 "$@" | tee -a "$out/zero_bench.txt"
 done
 "$bin/examples/bench/bench_chart" --csv "$out/zero_bench.csv" --svg "$out/zero_bench.svg"
-browser=$(command -v chromium || command -v chromium-browser || true)
-if [[ -z "$browser" ]]; then
-  echo "no Chromium here (apt-get install chromium): the chart is $out/zero_bench.svg, not screenshotted"
-  exit 0
-fi
-"$browser" --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1100,900 \
-  --screenshot="$out/zero_bench.png" "file://$out/zero_bench.svg" >/dev/null 2>&1
-# A rendered chart is a PNG of several KB; a blank or failed page is a few hundred bytes or none.
-size=$(stat -c %s "$out/zero_bench.png" 2>/dev/null || echo 0)
-if ((size < 10000)); then
-  echo "screenshot check FAILED: $out/zero_bench.png is $size bytes"
-  exit 1
-fi
-echo "screenshot check OK: $out/zero_bench.png ($size bytes) from $browser"
+bash scripts/screenshot_check.sh "$out/zero_bench.svg" "$out/zero_bench.png" 1100,900

@@ -145,6 +145,25 @@ Run reference(int stage) {
   return ref;
 }
 
+// Every step's norm within 1e-6 relative and every parameter part within 1e-6 of the whole
+// tensors' run.
+void check_matches(const Run& run, const Run& ref, int r, int tp) {
+  for (int s = 0; s < kSteps; ++s) {
+    CHECK(std::abs(run.norms[static_cast<size_t>(s)] - ref.norms[static_cast<size_t>(s)]) <=
+          1e-6 * ref.norms[static_cast<size_t>(s)]);
+  }
+  double worst = 0.0;
+  for (size_t t = 0; t < model().size(); ++t) {
+    const TensorDef& d = model()[t];
+    std::vector<float> want(run.params[t].size());
+    shard(ref.params[t].data(), d.shape, d.tp, r, tp, want.data());
+    for (size_t e = 0; e < want.size(); ++e) {
+      worst = std::max(worst, static_cast<double>(std::abs(run.params[t][e] - want[e])));
+    }
+  }
+  CHECK(worst <= 1e-6);
+}
+
 TEST_CASE("dp x tp trains like one rank with the whole tensors, stages 0-3") {
   for (int stage = 0; stage <= 3; ++stage) {
     const Run ref = reference(stage);
@@ -157,20 +176,7 @@ TEST_CASE("dp x tp trains like one rank with the whole tensors, stages 0-3") {
         const int r = mesh.coord().tp;
         const Run run = train(EngineComms{.shard = &mesh.dp(), .tp = &mesh.tp(), .model_parallel = &mesh.model_parallel()},
                               stage, r, tp, /*skew_replicated=*/true);
-        for (int s = 0; s < kSteps; ++s) {
-          CHECK(std::abs(run.norms[static_cast<size_t>(s)] - ref.norms[static_cast<size_t>(s)]) <=
-                1e-6 * ref.norms[static_cast<size_t>(s)]);
-        }
-        double worst = 0.0;
-        for (size_t t = 0; t < model().size(); ++t) {
-          const TensorDef& d = model()[t];
-          std::vector<float> want(run.params[t].size());
-          shard(ref.params[t].data(), d.shape, d.tp, r, tp, want.data());
-          for (size_t e = 0; e < want.size(); ++e) {
-            worst = std::max(worst, static_cast<double>(std::abs(run.params[t][e] - want[e])));
-          }
-        }
-        CHECK(worst <= 1e-6);
+        check_matches(run, ref, r, tp);
       });
     }
   }
@@ -187,20 +193,7 @@ TEST_CASE("hybrid sharding across the tp groups: dp 4 = 2 shards x 2 replicas, t
       const Run run = train(EngineComms{.shard = hybrid.shard(), .replica = hybrid.replica(), .tp = &mesh.tp(),
                                         .model_parallel = &mesh.model_parallel()},
                             stage, r, 2);
-      for (int s = 0; s < kSteps; ++s) {
-        CHECK(std::abs(run.norms[static_cast<size_t>(s)] - ref.norms[static_cast<size_t>(s)]) <=
-              1e-6 * ref.norms[static_cast<size_t>(s)]);
-      }
-      double worst = 0.0;
-      for (size_t t = 0; t < model().size(); ++t) {
-        const TensorDef& d = model()[t];
-        std::vector<float> want(run.params[t].size());
-        shard(ref.params[t].data(), d.shape, d.tp, r, 2, want.data());
-        for (size_t e = 0; e < want.size(); ++e) {
-          worst = std::max(worst, static_cast<double>(std::abs(run.params[t][e] - want[e])));
-        }
-      }
-      CHECK(worst <= 1e-6);
+      check_matches(run, ref, r, 2);
     });
   }
 }
