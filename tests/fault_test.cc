@@ -22,9 +22,9 @@ using Clock = std::chrono::steady_clock;
 
 // zerorun with 3 ranks and a report window longer than the deadline plus the failure report, so
 // that a survivor stuck on the deadline still reports before it is stopped.
-testing::LaunchResult launch3(const std::vector<std::string>& args, int ranks = 3) {
-  std::vector<std::string> all{"--nproc-per-node", std::to_string(ranks), "--report-s", "20", "--",
-                               "tests/fault_worker"};
+testing::LaunchResult launch3(const std::vector<std::string>& args, int ranks = 3,
+                              const std::string& worker = "tests/fault_worker") {
+  std::vector<std::string> all{"--nproc-per-node", std::to_string(ranks), "--report-s", "20", "--", worker};
   all.insert(all.end(), args.begin(), args.end());
   return testing::run("comm/launch/zerorun", all, 90);
 }
@@ -126,7 +126,7 @@ TEST_CASE("killed in a tensor-parallel all-reduce (dp 2 x tp 2): every rank ends
   const auto t0 = Clock::now();
   const auto r = launch3({"--tp", "2", "--stage", "2", "--fault", "tp_collective:kill:15", "--fault-rank", "1",
                           "--timeout-s", "6", "--steps", "12"},
-                         4);
+                         4, "tests/tp_fault_worker");
   const double took = std::chrono::duration<double>(Clock::now() - t0).count();
   INFO(r.output);
   CHECK(r.exit_code != 0);

@@ -6,8 +6,6 @@
 //   --save DIR --save-every K                 a (synchronous) checkpoint every K steps
 //   --resume DIR                              load DIR first and print the step it holds
 //   --eager-bytes B                           the Gloo communicator's one-round limit
-//   --tp T                                    the GPT example's model split over tp ranks instead
-//                                             (the world is dp x tp; faults at "tp_collective")
 //
 // Every rank prints "step N done"; an error ends the rank with its message (run_program), which is
 // what the test reads.
@@ -16,12 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "base/check.h"
 #include "base/fault_injection.h"
 #include "comm/launch/process_group.h"
-#include "comm/mesh.h"
-#include "examples/gpt/gpt_engine.h"
-#include "examples/gpt/gpt_model.h"
 #include "examples/flags.h"
 #include "examples/mlp.h"
 #include "examples/mlp_engine.h"
@@ -30,39 +24,6 @@
 namespace {
 
 using namespace zero;
-
-// The GPT (2 layers, 4 heads) split over tp ranks, data parallel across the tp groups.
-int run_gpt(comm::Communicator& world, int tp, int stage, int steps, std::chrono::milliseconds timeout,
-            const std::string& fault, int fault_rank) {
-  if (world.size() % tp != 0) ZERO_THROW(InvalidArgument, "--tp {} does not divide {} ranks", tp, world.size());
-  comm::Mesh mesh(world, {.pp = 1, .dp = world.size() / tp, .tp = tp});
-  const examples::GptConfig cfg{.vocab_size = 64, .block_size = 16, .n_embd = 32, .n_head = 4, .n_layer = 2};
-  const examples::Gpt whole(cfg, 1);
-  examples::Gpt model(whole, {&mesh.tp(), false});
-  EngineOptions opt = examples::gpt_engine_options(1e-3f);
-  opt.stage = stage;
-  opt.layout = {.alignment = 4, .bucket_numel = 1024, .block = 16};
-  opt.timeout = timeout;
-  Engine engine(EngineComms{.shard = &mesh.dp(), .tp = &mesh.tp(), .model_parallel = &mesh.model_parallel()}, opt);
-  examples::GptScopes scopes(engine, model);
-  engine.finalize();
-  const examples::Gpt::Access access = scopes.access();
-  if (!fault.empty() && world.rank() == fault_rank) fault::arm(fault::parse_plan(fault));
-  std::vector<int> tokens(2 * 16), targets(2 * 16);
-  for (int s = 0; s < steps; ++s) {
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      tokens[i] = static_cast<int>((i * 7 + static_cast<size_t>(s) + static_cast<size_t>(mesh.dp().rank())) % 64);
-      targets[i] = static_cast<int>((i * 5 + 3) % 64);
-    }
-    model.forward(tokens, targets, 2, 16, access);
-    model.backward(1.0f, access);
-    engine.finish_backward();
-    engine.step();
-    std::printf("step %d done\n", s + 1);
-    std::fflush(stdout);
-  }
-  return 0;
-}
 
 int run(int argc, char** argv) {
   examples::Flags flags(argc, argv);
@@ -77,9 +38,7 @@ int run(int argc, char** argv) {
   // 0: every collective takes the pipelined path (none runs as one round of messages), so that a
   // fault inside a collective's sends is reachable with this small model.
   const int eager_bytes = flags.get_int("eager-bytes", -1);
-  const int tp = flags.get_int("tp", 1);
   flags.check_all_used();
-  if (tp < 1) ZERO_THROW(InvalidArgument, "--tp {} is not positive", tp);
 
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   comm::ProcessGroupOptions po;
@@ -88,7 +47,6 @@ int run(int argc, char** argv) {
   comm::ProcessGroup pg = comm::init_process_group(po);
   comm::Communicator& comm = *pg.host;
   const int rank = comm.rank(), world = comm.size();
-  if (tp > 1) return run_gpt(comm, tp, stage, steps, timeout, fault, fault_rank);
 
   examples::Mlp model({8, 64, 64, 4}, 1);
   EngineOptions opt;

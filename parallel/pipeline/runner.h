@@ -1,0 +1,62 @@
+#pragma once
+// The pipeline runner: one rank's part of a checked schedule (schedule.h) executed with the user's
+// stage functions over the pipeline group (comm::Mesh::pp(): pipeline rank r is its rank r).
+//
+// Activations and their gradients are float buffers the stage functions fill; the runner moves them:
+// to the next rank with a send, or in place to the rank's own next chunk. Activations travel on the
+// pipeline group, gradients on a communicator split from it (one per kind: send/recv match in order
+// per pair of ranks, and the checker pairs them per direction and kind). Receives are posted ahead
+// (two per channel, the next one as soon as one is taken), so a transfer overlaps the compute before
+// the action that needs it; sends are posted and waited for at the end of the step (their buffers
+// live until then). Every compute action's start and end are recorded (seconds since the step
+// began), for timeline_svg.h and the simulator's comparison.
+//
+// A stage function that throws, or a transfer that fails, ends the step with an error naming the
+// rank, the action and the micro-batch ("pipeline rank 1: F of micro-batch 3 (chunk 0) failed: ...").
+// Transfers carry a label naming what they hold ("act mb 3 from vs 1"), so that the communicator's
+// schedule check names a disagreement in those terms.
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/schedule_sim.h"
+
+namespace zero::parallel {
+
+struct StageFunctions {
+  // Forward of (mb, chunk): `input` is the previous virtual stage's activation (empty on the first
+  // virtual stage); fills `output` (the next virtual stage's input; free-form on the last).
+  std::function<void(int mb, int chunk, const std::vector<float>& input, std::vector<float>& output)> forward;
+  // Input gradient of (mb, chunk), and with `with_weight` its weight gradient too (a BW): from
+  // `grad_output` (empty on the last virtual stage, which starts from its loss); fills `grad_input`
+  // (ignored on the first virtual stage).
+  std::function<void(int mb, int chunk, bool with_weight, const std::vector<float>& grad_output,
+                     std::vector<float>& grad_input)>
+      backward;
+  // The weight gradient of (mb, chunk) after its B (split schedules only).
+  std::function<void(int mb, int chunk)> weight;
+};
+
+class PipelineRunner {
+ public:
+  // `schedule` must pass check_schedule (checked here). `activation_numel(mb, k)`: the elements of
+  // the activation leaving virtual stage k (and of its gradient), which a receive must know ahead.
+  // Collective over `pp` (it splits the gradients' communicator from it).
+  PipelineRunner(Schedule schedule, int rank, comm::Communicator& pp,
+                 std::function<size_t(int mb, int virtual_stage)> activation_numel);
+
+  // One step: every action of this rank, in order. Returns the compute actions' spans.
+  std::vector<Span> run(const StageFunctions& fns);
+
+ private:
+  const Schedule schedule_;
+  const int rank_;
+  comm::Communicator& pp_;                    // activations
+  std::unique_ptr<comm::Communicator> grads_;  // their gradients
+  const std::function<size_t(int, int)> numel_;
+};
+
+}  // namespace zero::parallel
