@@ -225,6 +225,13 @@ Matrix Gpt::leave_region_backward(const Matrix& dy) const {
   return full;
 }
 
+int Gpt::position_of_row(int row) const {
+  // Under sequence parallelism this rank holds positions [r T/tp, (r+1) T/tp) of every sequence.
+  const int held = parallel_.sequence_parallel ? T_ / tp_size() : T_;
+  const int first = parallel_.sequence_parallel ? tp_rank() * held : 0;
+  return first + row % held;
+}
+
 void Gpt::embed(const std::vector<int>& tokens, const Access& access, Matrix& x) const {
   const int C = config_.n_embd, T = T_, BT = B_ * T_;
   const float* wte = value(access, p_wte());
@@ -242,9 +249,7 @@ void Gpt::embed(const std::vector<int>& tokens, const Access& access, Matrix& x)
   Matrix partial(BT, C);
   parallel::vocab_embedding_forward(vocab_, wte, C, tokens.data(), tokens.size(), partial.data());
   x = leave_region(std::move(partial));
-  const int Tl = parallel_.sequence_parallel ? T / tp_size() : T;
-  const int t0 = parallel_.sequence_parallel ? tp_rank() * Tl : 0;
-  for (int i = 0; i < x.rows(); ++i) x.row(i) += ConstRowMap(wpe + static_cast<size_t>(t0 + i % Tl) * C, C);
+  for (int i = 0; i < x.rows(); ++i) x.row(i) += ConstRowMap(wpe + static_cast<size_t>(position_of_row(i)) * C, C);
 }
 
 void Gpt::embed_backward(const Matrix& dx, const Access& access) {
@@ -258,9 +263,7 @@ void Gpt::embed_backward(const Matrix& dx, const Access& access) {
     }
     return;
   }
-  const int Tl = parallel_.sequence_parallel ? T / tp_size() : T;
-  const int t0 = parallel_.sequence_parallel ? tp_rank() * Tl : 0;
-  for (int i = 0; i < dx.rows(); ++i) RowMap(dwpe + static_cast<size_t>(t0 + i % Tl) * C, C) += dx.row(i);
+  for (int i = 0; i < dx.rows(); ++i) RowMap(dwpe + static_cast<size_t>(position_of_row(i)) * C, C) += dx.row(i);
   const Matrix dpartial = leave_region_backward(dx);
   parallel::vocab_embedding_backward(vocab_, tokens_.data(), tokens_.size(), C, dpartial.data(), dwte);
 }

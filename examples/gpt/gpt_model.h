@@ -130,6 +130,7 @@ class Gpt {
   Matrix leave_region(Matrix&& partial) const;
   Matrix leave_region_backward(const Matrix& dy) const;
   int rows_held() const;  // rows of the residual stream this rank holds: B*T, or B*T/tp under sp
+  int position_of_row(int row) const;  // the sequence position of a held row of the residual stream
   void embed(const std::vector<int>& tokens, const Access& access, Matrix& x) const;
   void embed_backward(const Matrix& dx, const Access& access);
   float head(const Access& access);
