@@ -4,6 +4,8 @@
 
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "base/check.h"
 #include "base/env.h"
 #include "zero/collective_order.h"
@@ -25,6 +27,45 @@ memory::HostDeviceOptions own_device_options() {
 
 }  // namespace
 
+// Tied parameters need their group, and the group's ranks must tie the same tensors (first and last
+// pipeline stage: different models otherwise). Errors go to the registry's cross-rank report, the
+// tied group's disagreement is raised on its ranks.
+void Engine::Impl::check_tied() {
+  Impl& m = *this;
+  std::vector<AgreementEntry> tied;
+  for (const ParamSpec& p : m.registry.params()) {
+    if (!p.tied) continue;
+    if (m.comms.tied == nullptr) {
+      m.registry.note_error(fmt::format("parameter '{}' is tied (ParamSpec.tied) but EngineComms.tied is null", p.name));
+    }
+    tied.push_back({"tied parameter '" + p.name + "'", fmt::format("{} {}", shape_string(p.shape), dtype_name(p.dtype))});
+  }
+  if (m.comms.tied == nullptr) return;
+  tied.push_back({"tied parameters", std::to_string(tied.size())});
+  check_agreement(*m.comms.tied, {.what = "tied parameters", .verb = "registers"}, tied, "", m.options.timeout,
+                  m.device);
+}
+
+// The end of a micro-step's backward: each tied copy's gradient summed over the tied group (in
+// place, where backward accumulated it), then marked complete. Only when the micro-step reduces: a
+// no_sync micro-step keeps accumulating the local part.
+void Engine::Impl::complete_tied() {
+  Impl& m = *this;
+  GradReducer& reducer = *m.parts.reducer;
+  for (size_t t : m.tied_tensors) {
+    if (reducer.is_ready(t)) continue;
+    if (reducer.micro_step_syncs()) {
+      const ParamSpec& p = m.registry.param(m.tensor_param[t]);
+      void* g = p.grad.ptr != nullptr ? p.grad.ptr : reducer.grad(t);
+      memory::Stream& compute = m.device->compute_stream();
+      m.tied_order->before_issue(compute);
+      comm::CallLabel label(*m.comms.tied, "tied " + p.name);
+      m.tied_order->after(*m.comms.tied->all_reduce(g, p.data.numel, p.dtype, comm::ReduceOp::kSum), compute);
+    }
+    reducer.tensor_ready(t);
+  }
+}
+
 Engine::Engine(comm::Communicator& comm, EngineOptions options) : Engine(EngineComms{&comm}, std::move(options)) {}
 
 Engine::Engine(const EngineComms& comms, EngineOptions options) : impl_(std::make_unique<Impl>()) {
@@ -45,6 +86,7 @@ Engine::Engine(const EngineComms& comms, EngineOptions options) : impl_(std::mak
   if (comms.replica) CollectiveOrder check_replica(*m.device, *comms.replica, m.options.timeout);
   if (comms.tp) CollectiveOrder check_tp(*m.device, *comms.tp, m.options.timeout);
   if (comms.model_parallel) CollectiveOrder check_mp(*m.device, *comms.model_parallel, m.options.timeout);
+  if (comms.tied) m.tied_order = std::make_unique<CollectiveOrder>(*m.device, *comms.tied, m.options.timeout);
   if (m.options.loss_scaling == LossScaling::kDynamic) m.scaler.emplace(m.options.dynamic_loss_scaler);
 }
 
@@ -63,6 +105,7 @@ void Engine::finalize() {
   // Problems that need the options are recorded as local errors, so verification reports them on
   // every rank instead of leaving the others waiting in a collective.
   const std::optional<DType> model_dtype = check_registration(m.options, m.registry);
+  m.check_tied();
   std::vector<AgreementEntry> fp;
   for (auto& [field, value] : fingerprint(m.options)) fp.push_back({field, value});
   // The mesh: every rank of every group must see the same group sizes.
@@ -96,8 +139,17 @@ void Engine::finalize() {
       order.after(*c->broadcast(p.data.ptr, p.data.numel, p.dtype, 0), compute);
     }
   }
+  // Tied copies start as the tied group's rank 0's.
+  for (const ParamSpec& p : m.registry.params()) {
+    if (!p.tied) continue;
+    m.tied_order->before_issue(compute);
+    m.tied_order->after(*m.comms.tied->broadcast(p.data.ptr, p.data.numel, p.dtype, 0), compute);
+  }
   m.parts = wire_stage({&m.options, &m.registry, m.tensor_param, m.model_dtype, m.comms.shard, m.comms.replica,
-                        m.device, &m.timings, m.comms.tp, m.comms.model_parallel});
+                        m.device, &m.timings, m.comms.tp, m.comms.model_parallel, m.comms.tied});
+  for (size_t t = 0; t < m.tensor_param.size(); ++t) {
+    if (m.registry.param(m.tensor_param[t]).tied) m.tied_tensors.push_back(t);
+  }
   for (size_t b = 0; b < m.parts.layout->buckets().size(); ++b) {
     const int unit = m.parts.layout->buckets()[b].unit;
     if (unit >= 0) m.unit_bucket[unit] = b;
@@ -119,7 +171,11 @@ void* Engine::grad(int id) {
   return p.grad.ptr != nullptr ? p.grad.ptr : m.parts.reducer->grad(t);
 }
 
-void Engine::grad_ready(int id) { impl_->parts.reducer->tensor_ready(impl_->tensor_of(id, "grad_ready")); }
+void Engine::grad_ready(int id) {
+  const size_t t = impl_->tensor_of(id, "grad_ready");
+  if (impl_->registry.param(id).tied) return;  // completed by finish_backward(), after the tied sum
+  impl_->parts.reducer->tensor_ready(t);
+}
 
 void Engine::finish_backward() {
   Impl& m = *impl_;
@@ -130,8 +186,20 @@ void Engine::finish_backward() {
                "EngineOptions.gradient_accumulation_steps is {}; call step()",
                m.micro_steps + 1, m.options.gradient_accumulation_steps);
   }
+  if (m.options.micro_batches > 1) {
+    for (const auto& [unit, passes] : m.backward_passes) {
+      if (passes > 0 && passes < m.options.micro_batches) {
+        ZERO_THROW(InvalidArgument,
+                   "finish_backward(): unit {}'s backward ran {} times in this micro-step but "
+                   "EngineOptions.micro_batches is {}",
+                   unit, passes, m.options.micro_batches);
+      }
+    }
+  }
   m.parts.reducer->begin_micro_step(m.syncs());
+  m.complete_tied();
   m.parts.reducer->end_micro_step();
+  m.backward_passes.clear();
   ++m.micro_steps;
 }
 
@@ -145,13 +213,15 @@ StepResult Engine::step() {
     m.parts.reducer->begin_micro_step(true);
     m.parts.reducer->end_micro_step();
   }
-  const double divisor = static_cast<double>(m.world()) * m.micro_steps;
+  // The mean over ranks, micro-steps and micro-batches.
+  const double divisor = static_cast<double>(m.world()) * m.micro_steps * m.options.micro_batches;
   StepResult r;
   try {
     ScopedTimer updating(&m.timings.optimizer_s);
     r = m.parts.update->step(*m.parts.reducer, loss_scale(), divisor, m.scaler ? &*m.scaler : nullptr, m.steps_taken);
   } catch (...) {
     m.parts.reducer->clear();
+    m.backward_passes.clear();
     m.micro_steps = 0;
     throw;
   }
@@ -172,6 +242,7 @@ void Engine::zero_grad() {
     m.parts.reducer->end_micro_step();
   }
   m.parts.reducer->clear();
+  m.backward_passes.clear();
   m.micro_steps = 0;
 }
 

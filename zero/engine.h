@@ -18,6 +18,10 @@
 //     engine.step();                                                               // 3. (collective)
 //   }
 //
+// Pipelines (parallel/pipeline) run several micro-batches within one micro-step, interleaved: with
+// EngineOptions::micro_batches = M each unit's backward scope closes M times before its gradients
+// are complete (BackwardPart splits a backward into its input and weight parts).
+//
 // Where gradients go (one rule at every stage). engine.grad(id) is where backward accumulates (+=)
 // the gradient of parameter `id` in the parameter's dtype, for the current micro-step. The pointer
 // is valid until the gradient is marked complete — grad_ready(id), the end of the backward scope of
@@ -63,6 +67,13 @@ struct CheckpointParts;  // zero/checkpoint/checkpoint_parts.h
 
 class Engine;
 
+// What a backward scope is for. A schedule that splits the backward (zero bubble: parallel/pipeline)
+// runs a unit's input gradient (kInput: the parameters readable, no parameter gradient written) and
+// later its weight gradient (kWeight: gradients written, the parameters not readable, not gathered
+// at stage 3) as two scopes; kAll is both. A kAll or kWeight scope is one backward pass of the unit
+// (EngineOptions::micro_batches of them complete its gradients).
+enum class BackwardPart { kAll, kInput, kWeight };
+
 // A unit's forward (gather) or backward (gather_for_backward) scope. Move-only; ending it (the
 // destructor, or close()) ends that unit's forward or backward. Leaving a backward scope marks the
 // gradients of the unit's parameters complete, which may start their buckets' reductions. At stage 3
@@ -79,6 +90,7 @@ class [[nodiscard("a unit scope ends when it is destroyed: hold it for the unit'
 
   int unit() const { return unit_; }
   bool backward() const { return backward_; }
+  BackwardPart part() const { return part_; }
   bool evaluation() const { return evaluation_; }
   // Parameter `id` of this unit, in full, in its dtype: the user's storage below stage 3, the
   // gathered copy at stage 3 (valid while the scope is open; read-only: the engine's update is the
@@ -111,11 +123,12 @@ class [[nodiscard("a unit scope ends when it is destroyed: hold it for the unit'
  private:
   friend class Engine;
   size_t view_numel(int id, ViewType v) const;
-  UnitScope(Engine* engine, int unit, bool backward, bool evaluation)
-      : engine_(engine), unit_(unit), backward_(backward), evaluation_(evaluation) {}
+  UnitScope(Engine* engine, int unit, bool backward, BackwardPart part, bool evaluation)
+      : engine_(engine), unit_(unit), backward_(backward), part_(part), evaluation_(evaluation) {}
   Engine* engine_ = nullptr;
   int unit_ = -1;
   bool backward_ = false;
+  BackwardPart part_ = BackwardPart::kAll;
   bool evaluation_ = false;
   void* base_ = nullptr;  // stage 3: the unit's gathered parameters
 };
@@ -175,6 +188,11 @@ struct EngineComms {
   // The global gradient norm and the overflow check are added over it (comm::Mesh::model_parallel(),
   // tp x pp), each element counted once; nullptr: tp.
   comm::Communicator* model_parallel = nullptr;
+  // Pipeline parallelism with a tied embedding and output head (comm::Mesh::embedding(): the first
+  // and the last stage): parameters registered with ParamSpec::tied have their gradients summed over
+  // it at the end of each reducing micro-step, before their data-parallel reduction. Every rank of
+  // it must register the same tied names and shapes.
+  comm::Communicator* tied = nullptr;
 };
 
 class Engine {
@@ -196,7 +214,7 @@ class Engine {
 
   // Unit scopes (see UnitScope). `unit` must be a registered unit id.
   UnitScope gather(int unit);  // [[nodiscard]] by its type, with the reason
-  UnitScope gather_for_backward(int unit);
+  UnitScope gather_for_backward(int unit, BackwardPart part = BackwardPart::kAll);
   NoSyncScope no_sync();
   EvaluationScope evaluation();
 
@@ -279,7 +297,7 @@ class Engine {
   friend class UnitScope;
   friend class NoSyncScope;
   friend class EvaluationScope;
-  UnitScope open_scope(int unit, bool backward);
+  UnitScope open_scope(int unit, bool backward, BackwardPart part);
   void end_scope(const UnitScope& scope);
   void* scope_param(void* base, int id);
   void end_no_sync();

@@ -11,6 +11,7 @@
 #include "memory/device.h"
 #include "optim/loss_scaler.h"
 #include "zero/checkpoint/checkpoint.h"
+#include "zero/collective_order.h"
 #include "zero/engine.h"
 #include "zero/stage_policy.h"
 
@@ -34,7 +35,10 @@ struct Engine::Impl {
   int64_t steps_taken = 0;
   std::exception_ptr scope_error;  // raised by the next call after a scope's destructor failed
   std::map<int, size_t> unit_bucket;  // stage 3: unit id -> its bucket
-  std::map<int, int> open_backward;   // unit id -> its open backward scopes
+  std::map<int, int> open_backward;   // unit id -> its open scopes that write gradients
+  std::map<int, int> backward_passes;  // unit id -> its backward passes closed this micro-step
+  std::vector<size_t> tied_tensors;    // layout tensors of ParamSpec::tied parameters
+  std::unique_ptr<CollectiveOrder> tied_order;  // EngineComms::tied
   bool evaluating = false;            // an EvaluationScope is open
   StepTimings timings, last_timings;  // the step in progress, the last one completed
   SaveStaging save_staging;                   // save_async's copy; kept between saves
@@ -71,6 +75,14 @@ struct Engine::Impl {
                  p.name);
     }
     return t;
+  }
+  void check_tied();     // finalize(): tied parameters and their group agree
+  void complete_tied();  // finish_backward(): tied gradients summed over the group, then complete
+  static bool reads_params(const UnitScope& scope) {
+    return !scope.backward() || scope.part() != BackwardPart::kWeight;
+  }
+  static bool writes_grads(const UnitScope& scope) {
+    return scope.backward() && scope.part() != BackwardPart::kInput;
   }
   GatherUse use(const UnitScope& scope) const {
     return scope.evaluation() ? GatherUse::kEvaluation : scope.backward() ? GatherUse::kBackward : GatherUse::kForward;

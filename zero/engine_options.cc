@@ -25,6 +25,9 @@ void validate(const EngineOptions& o) {
     ZERO_THROW(InvalidArgument, "EngineOptions.gradient_accumulation_steps must be >= 1, got {}",
                o.gradient_accumulation_steps);
   }
+  if (o.micro_batches < 1) {
+    ZERO_THROW(InvalidArgument, "EngineOptions.micro_batches must be >= 1, got {}", o.micro_batches);
+  }
   if (o.loss_scaling == LossScaling::kStatic && !(o.static_loss_scale > 0.0f)) {
     ZERO_THROW(InvalidArgument, "EngineOptions.static_loss_scale must be > 0, got {}",
                o.static_loss_scale);
@@ -81,6 +84,8 @@ std::vector<std::pair<std::string, std::string>> fingerprint(const EngineOptions
   add("grad_accum_dtype", dtype_name(o.grad_accum_dtype));
   add("gradient_accumulation_steps", o.gradient_accumulation_steps);
   add("reduce_every_micro_step", o.reduce_every_micro_step);
+  add("micro_batches", o.micro_batches);
+  add("regather_per_micro_batch", o.regather_per_micro_batch);
   add("deterministic", o.deterministic);
   add("loss_scaling", loss_scaling_name(o.loss_scaling));
   add("static_loss_scale", o.static_loss_scale);

@@ -58,6 +58,21 @@ struct EngineOptions {
   int gradient_accumulation_steps = 1;
   bool reduce_every_micro_step = true;
 
+  // Pipeline micro-batches (parallel/pipeline): within one micro-step, every unit's backward runs
+  // this many times (once per micro-batch; a split backward's weight part is what counts), in any
+  // interleaving with other units' (a schedule's B and W of different micro-batches). A unit's
+  // gradients accumulate in its gradient buffers across them and are complete, and start their
+  // reduction, after its last: the data-parallel reduction runs once per step, and stages 2 and 3
+  // hold a unit's whole gradient from its first micro-batch's backward to its last. The loss is the
+  // mean over micro-batches (gradients divided by micro_batches x the data-parallel size).
+  int micro_batches = 1;
+  // Stage 3 with micro_batches > 1: a unit gathered for its first micro-batch stays gathered to the
+  // step's end (the stage's parameters whole through the step, one gather per unit and step: what
+  // torchtitan does under pipelining), unless max_live_gathered_bytes is set lower; true: units
+  // leave the window as at micro_batches 1 and are gathered again for each micro-batch's forward
+  // and backward (the window's memory, micro_batches times the gathers).
+  bool regather_per_micro_batch = false;
+
   // Rank contributions are summed in rank order in fp32 (all-to-all, then an ordered local sum), so
   // stages 0, 1 and 2 give bitwise-identical parameters, and N ranks give bitwise the result of one
   // rank accumulating the same N micro-batches in rank order. (For 16-bit models, stages 0 and 1

@@ -36,6 +36,10 @@ struct ParamSpec {
   // rank's part. Replicated parameters count once in the global norm; partial_grad ones have their
   // gradient summed over tp.
   TpPlacement tp;
+  // A copy of a weight that another pipeline stage holds too (a tied embedding and output head):
+  // the copies' gradients are summed over EngineComms::tied before the data-parallel reduction,
+  // their values start as the tied group's rank 0's, and the global norm counts them there only.
+  bool tied = false;
 };
 
 size_t shape_numel(const std::vector<int64_t>& shape);  // throws InvalidArgument on overflow/<=0

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "base/check.h"
 #include "base/logging.h"
@@ -77,18 +78,28 @@ EngineParts wire_stage(const PolicyInputs& in) {
 
   std::vector<size_t> numels;
   std::vector<int> units;
-  // Tensor parallelism: a tensor counted once in the norm (replicated over tp) never shares a block
-  // with one every tp rank counts (split), so that the norm can skip whole blocks.
+  // The global norm counts every element once over the model-parallel group: a tensor replicated
+  // over tp is counted by tp rank 0, a tied copy by the tied group's rank 0. Tensors of different
+  // classes never share a block, so that the norm can skip whole blocks.
   const bool tensor_parallel = in.tp != nullptr && in.tp->size() > 1;
+  auto norm_class = [&](int id) {
+    const ParamSpec& p = reg.param(id);
+    return (tensor_parallel && !p.tp.is_split() ? 1 : 0) | (p.tied ? 2 : 0);
+  };
+  auto counted_here = [&](int id) {
+    const ParamSpec& p = reg.param(id);
+    if (tensor_parallel && !p.tp.is_split() && in.tp->rank() != 0) return false;
+    return !(p.tied && in.tied != nullptr && in.tied->rank() != 0);
+  };
+  bool classes = tensor_parallel;
   std::vector<bool> starts_block;
   for (int id : in.tensor_param) {
     numels.push_back(reg.numel(id));
     units.push_back(reg.param(id).unit);
-    if (tensor_parallel) {
-      const bool split = reg.param(id).tp.is_split();
-      starts_block.push_back(numels.size() > 1 && split != reg.param(in.tensor_param[numels.size() - 2]).tp.is_split());
-    }
+    starts_block.push_back(numels.size() > 1 && norm_class(id) != norm_class(in.tensor_param[numels.size() - 2]));
+    classes = classes || reg.param(id).tied;
   }
+  if (!classes) starts_block.clear();
   ShardLayoutOptions lo = o.layout;
   lo.unit_buckets = o.stage == 3;
   parts.layout = std::make_unique<ShardLayout>(numels, in.shard->size(), lo, units, starts_block);
@@ -137,6 +148,14 @@ EngineParts wire_stage(const PolicyInputs& in) {
     gc.prefetch_bytes = o.prefetch_bytes;
     gc.max_live_bytes = o.max_live_gathered_bytes;
     gc.persistence_bytes = o.param_persistence_bytes;
+    if (o.micro_batches > 1 && !o.regather_per_micro_batch) {
+      // Every unit stays from its first use to the step's end; the window holds them all unless the
+      // user bounds it.
+      gc.persistence_bytes = std::numeric_limits<size_t>::max();
+      if (gc.max_live_bytes == 0) {
+        for (const ShardLayout::Bucket& b : layout.buckets()) gc.max_live_bytes += b.padded * dtype_size(in.model_dtype);
+      }
+    }
     gc.timeout = o.timeout;
     gc.timings = in.timings;
     gc.offload_tracker = o.offload.params ? parts.offload_tracker.get() : nullptr;
@@ -165,21 +184,19 @@ EngineParts wire_stage(const PolicyInputs& in) {
   uc.timeout = o.timeout;
   if (tensor_parallel) {
     uc.tp = in.tp;
-    uc.model_parallel = in.model_parallel != nullptr ? in.model_parallel : in.tp;
-    // Replicated tensors are counted by tp rank 0 only; the others skip their blocks.
-    uc.counted.assign(layout.num_blocks(), true);
-    const size_t block = layout.options().block;
-    for (size_t t = 0; t < in.tensor_param.size(); ++t) {
-      const TpPlacement& p = reg.param(in.tensor_param[t]).tp;
-      if (p.is_split() || in.tp->rank() == 0) continue;
-      const ShardLayout::Tensor& lt = layout.tensors()[t];
-      for (size_t k = lt.offset / block; k * block < lt.offset + lt.numel; ++k) uc.counted[k] = false;
-    }
     for (const OwnedPiece& piece : parts.ownership->pieces()) {
       if (reg.param(in.tensor_param[piece.tensor]).tp.partial_grad) uc.partial_pieces.push_back(piece);
     }
-  } else if (in.model_parallel != nullptr) {
-    uc.model_parallel = in.model_parallel;  // pipeline stages without tp: every element counted
+  }
+  uc.model_parallel = in.model_parallel != nullptr ? in.model_parallel : in.tp;  // null without tp or pp
+  if (classes) {
+    uc.counted.assign(layout.num_blocks(), true);
+    const size_t block = layout.options().block;
+    for (size_t t = 0; t < in.tensor_param.size(); ++t) {
+      if (counted_here(in.tensor_param[t])) continue;
+      const ShardLayout::Tensor& lt = layout.tensors()[t];
+      for (size_t k = lt.offset / block; k * block < lt.offset + lt.numel; ++k) uc.counted[k] = false;
+    }
   }
   parts.update = std::make_unique<ShardedUpdate>(uc, layout, *parts.ownership, *in.shard, device, std::move(applier),
                                                  *parts.writeback);

@@ -55,6 +55,7 @@ struct PolicyInputs {
   StepTimings* timings = nullptr;
   comm::Communicator* tp = nullptr;              // EngineComms::tp (size 1 or null: none)
   comm::Communicator* model_parallel = nullptr;  // EngineComms::model_parallel
+  comm::Communicator* tied = nullptr;            // EngineComms::tied
 };
 
 // Problems of the registration that only the options reveal (a group index past the optimizer's

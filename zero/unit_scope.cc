@@ -22,38 +22,54 @@ void Engine::close_quietly(Scope& scope) noexcept {
 
 UnitScope Engine::gather(int unit) {
   fault::point("forward");
-  return open_scope(unit, false);
+  return open_scope(unit, false, BackwardPart::kAll);
 }
 
-UnitScope Engine::gather_for_backward(int unit) { return open_scope(unit, true); }
+UnitScope Engine::gather_for_backward(int unit, BackwardPart part) { return open_scope(unit, true, part); }
 
-UnitScope Engine::open_scope(int unit, bool backward) {
+UnitScope Engine::open_scope(int unit, bool backward, BackwardPart part) {
   Impl& m = *impl_;
   m.require_unit(unit, backward ? "gather_for_backward" : "gather");
   if (backward && m.evaluating) {
     ZERO_THROW(InvalidArgument, "gather_for_backward({}) inside an evaluation scope: evaluation trains nothing", unit);
   }
+  if (backward && m.backward_passes[unit] >= m.options.micro_batches && part != BackwardPart::kInput) {
+    ZERO_THROW(InvalidArgument,
+               "gather_for_backward({}): unit {}'s backward already ran {} times in this micro-step "
+               "(EngineOptions.micro_batches is {}); call finish_backward() or step()",
+               unit, unit, m.backward_passes[unit], m.options.micro_batches);
+  }
   if (backward) m.parts.reducer->begin_micro_step(m.syncs());
-  UnitScope scope(this, unit, backward, m.evaluating);
-  // Below stage 3 (no gatherer) parameters stay in the user's storage.
+  UnitScope scope(this, unit, backward, part, m.evaluating);
+  // Below stage 3 (no gatherer) parameters stay in the user's storage; a weight-gradient scope
+  // reads none.
   const auto it = m.unit_bucket.find(unit);
-  if (m.parts.gatherer && it != m.unit_bucket.end()) scope.base_ = m.parts.gatherer->acquire(it->second, m.use(scope));
-  if (backward) ++m.open_backward[unit];
+  if (m.parts.gatherer && it != m.unit_bucket.end() && m.reads_params(scope)) {
+    scope.base_ = m.parts.gatherer->acquire(it->second, m.use(scope));
+  }
+  if (m.writes_grads(scope)) ++m.open_backward[unit];
   return scope;
 }
 
 void Engine::end_scope(const UnitScope& scope) {
   Impl& m = *impl_;
   const int unit = scope.unit();
-  if (scope.backward()) {
+  if (m.writes_grads(scope)) {
     --m.open_backward[unit];
-    for (int id : m.registry.params_of_unit(unit)) {
-      const int64_t t = m.param_tensor[static_cast<size_t>(id)];
-      if (t >= 0 && !m.parts.reducer->is_ready(static_cast<size_t>(t))) m.parts.reducer->tensor_ready(static_cast<size_t>(t));
+    // The unit's last backward pass of the micro-step: its gradients are complete. Tied copies wait
+    // for finish_backward(), which first sums them over the tied group.
+    if (++m.backward_passes[unit] == m.options.micro_batches) {
+      for (int id : m.registry.params_of_unit(unit)) {
+        const int64_t t = m.param_tensor[static_cast<size_t>(id)];
+        if (t < 0 || m.registry.param(id).tied) continue;
+        if (!m.parts.reducer->is_ready(static_cast<size_t>(t))) m.parts.reducer->tensor_ready(static_cast<size_t>(t));
+      }
     }
   }
   const auto it = m.unit_bucket.find(unit);
-  if (m.parts.gatherer && it != m.unit_bucket.end()) m.parts.gatherer->release(it->second, m.use(scope));
+  if (m.parts.gatherer && it != m.unit_bucket.end() && m.reads_params(scope)) {
+    m.parts.gatherer->release(it->second, m.use(scope));
+  }
 }
 
 void* Engine::scope_param(void* base, int id) {
@@ -105,8 +121,8 @@ void Engine::note_scope_error(std::exception_ptr e) {
 
 
 UnitScope::UnitScope(UnitScope&& o) noexcept
-    : engine_(std::exchange(o.engine_, nullptr)), unit_(o.unit_), backward_(o.backward_), evaluation_(o.evaluation_),
-      base_(std::exchange(o.base_, nullptr)) {}
+    : engine_(std::exchange(o.engine_, nullptr)), unit_(o.unit_), backward_(o.backward_), part_(o.part_),
+      evaluation_(o.evaluation_), base_(std::exchange(o.base_, nullptr)) {}
 
 UnitScope& UnitScope::operator=(UnitScope&& o) noexcept {
   if (this != &o) {
@@ -114,6 +130,7 @@ UnitScope& UnitScope::operator=(UnitScope&& o) noexcept {
     engine_ = std::exchange(o.engine_, nullptr);
     unit_ = o.unit_;
     backward_ = o.backward_;
+    part_ = o.part_;
     evaluation_ = o.evaluation_;
     base_ = std::exchange(o.base_, nullptr);
   }
@@ -134,6 +151,12 @@ void* UnitScope::param(int id) {
     ZERO_THROW(InvalidArgument, "param({}): parameter '{}' belongs to unit {}, not to this scope's unit {}", id, p.name,
                p.unit, unit_);
   }
+  if (backward_ && part_ == BackwardPart::kWeight) {
+    ZERO_THROW(InvalidArgument,
+               "param({}): parameter '{}' read in a weight-gradient scope of unit {} (BackwardPart::kWeight holds no "
+               "parameters: read them in the input-gradient scope)",
+               id, p.name, unit_);
+  }
   return engine_->scope_param(base_, id);
 }
 
@@ -142,6 +165,12 @@ size_t UnitScope::view_numel(int id, ViewType v) const { return checked_view_num
 void* UnitScope::grad(int id) {
   ZERO_CHECK(engine_ != nullptr && backward_, "UnitScope::grad() outside an open backward scope");
   const ParamSpec& p = engine_->registry().param(id);
+  if (part_ == BackwardPart::kInput) {
+    ZERO_THROW(InvalidArgument,
+               "grad({}): parameter '{}' written in an input-gradient scope of unit {} (BackwardPart::kInput: the "
+               "weight gradients belong to the kWeight scope)",
+               id, p.name, unit_);
+  }
   if (p.unit != unit_) {
     ZERO_THROW(InvalidArgument, "grad({}): parameter '{}' belongs to unit {}, not to this scope's unit {}", id, p.name,
                p.unit, unit_);
