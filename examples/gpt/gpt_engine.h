@@ -51,7 +51,7 @@ class GptScopes {
         data = {bf16_[i].data(), bf16_[i].size()};
       }
       ids_.push_back(engine.add_param({.name = p.name, .shape = p.shape, .dtype = dtype, .data = data, .unit = p.unit,
-                                       .group = p.decay ? 0 : 1, .tp = p.tp}));
+                                       .group = p.decay ? 0 : 1, .tp = p.tp, .tied = p.tied}));
     }
   }
   GptScopes(const GptScopes&) = delete;
@@ -61,8 +61,8 @@ class GptScopes {
 
   Gpt::Access access() {
     Gpt::Access a;
-    a.enter = [this](int unit, bool backward) { enter(unit, backward); };
-    a.leave = [this](int unit, bool backward) { leave(unit, backward); };
+    a.enter = [this](int unit, Gpt::Pass pass) { enter(unit, pass); };
+    a.leave = [this](int unit, Gpt::Pass pass) { leave(unit, pass); };
     a.param = [this](size_t i) -> const float* {
       return dtype_ == DType::kFloat32 ? scope_of(i).param_as<float>(ids_[i]) : wide_[i].data();
     };
@@ -73,19 +73,32 @@ class GptScopes {
   }
 
  private:
-  void enter(int unit, bool backward) {
-    open_[unit].emplace(backward ? engine_.gather_for_backward(unit) : engine_.gather(unit));
+  static bool reads_params(Gpt::Pass pass) { return pass != Gpt::Pass::kBackwardWeight; }
+  static bool writes_grads(Gpt::Pass pass) {
+    return pass == Gpt::Pass::kBackward || pass == Gpt::Pass::kBackwardWeight;
+  }
+  void enter(int unit, Gpt::Pass pass) {
+    switch (pass) {
+      case Gpt::Pass::kForward: open_[unit].emplace(engine_.gather(unit)); break;
+      case Gpt::Pass::kBackward: open_[unit].emplace(engine_.gather_for_backward(unit)); break;
+      case Gpt::Pass::kBackwardInput: open_[unit].emplace(engine_.gather_for_backward(unit, BackwardPart::kInput)); break;
+      case Gpt::Pass::kBackwardWeight:
+        open_[unit].emplace(engine_.gather_for_backward(unit, BackwardPart::kWeight));
+        break;
+    }
     if (dtype_ == DType::kFloat32) return;
     for (size_t i = 0; i < ids_.size(); ++i) {
       if (model_.params()[i].unit != unit) continue;
-      const auto* v = static_cast<const uint16_t*>(open_[unit]->param(ids_[i]));
       wide_[i].resize(model_.params()[i].values.size());
-      for (size_t e = 0; e < wide_[i].size(); ++e) wide_[i][e] = bf16_bits_to_fp32(v[e]);
-      if (backward) wide_grad_[i].assign(wide_[i].size(), 0.0f);
+      if (reads_params(pass)) {
+        const auto* v = static_cast<const uint16_t*>(open_[unit]->param(ids_[i]));
+        for (size_t e = 0; e < wide_[i].size(); ++e) wide_[i][e] = bf16_bits_to_fp32(v[e]);
+      }
+      if (writes_grads(pass)) wide_grad_[i].assign(wide_[i].size(), 0.0f);
     }
   }
-  void leave(int unit, bool backward) {
-    if (dtype_ == DType::kBFloat16 && backward) {
+  void leave(int unit, Gpt::Pass pass) {
+    if (dtype_ == DType::kBFloat16 && writes_grads(pass)) {
       for (size_t i = 0; i < ids_.size(); ++i) {
         if (model_.params()[i].unit != unit) continue;
         auto* g = static_cast<uint16_t*>(open_[unit]->grad(ids_[i]));

@@ -30,13 +30,14 @@ Matrix linear(const Matrix& x, const float* w, const float* b, int out) {
   return y;
 }
 
-// dx = dy W; dW += dy^T x; db += column sums of dy.
-Matrix linear_backward(const Matrix& dy, const Matrix& x, const float* w, float* dw, float* db) {
-  const ConstMap W(w, dy.cols(), x.cols());
+// A linear layer's backward in its two parts: dx = dy W (input), and dW += dy^T x, db += the column
+// sums of dy (weight).
+Matrix linear_backward_input(const Matrix& dy, const float* w, Eigen::Index in) { return dy * ConstMap(w, dy.cols(), in); }
+void linear_backward_weight(const Matrix& dy, const Matrix& x, float* dw, float* db) {
   Map(dw, dy.cols(), x.cols()).noalias() += dy.transpose() * x;
   RowMap(db, dy.cols()) += dy.colwise().sum();
-  return dy * W;
 }
+size_t matrix_bytes(const Matrix& m) { return static_cast<size_t>(m.size()) * sizeof(float); }
 
 }  // namespace
 
@@ -71,7 +72,8 @@ std::vector<Gpt::ParamLayout> Gpt::layout(const GptConfig& c) {
   return out;
 }
 
-Gpt::Gpt(const GptConfig& c, uint64_t seed) : config_(c), vocab_(parallel::vocab_range(c.vocab_size, 0, 1)) {
+Gpt::Gpt(const GptConfig& c, uint64_t seed)
+    : config_(c), stage_{0, c.n_layer, true, true}, vocab_(parallel::vocab_range(c.vocab_size, 0, 1)) {
   std::mt19937_64 rng(seed);
   for (const ParamLayout& l : layout(c)) {
     size_t n = 1;
@@ -81,6 +83,7 @@ Gpt::Gpt(const GptConfig& c, uint64_t seed) : config_(c), vocab_(parallel::vocab
       std::normal_distribution<float> normal(0.0f, l.std_dev);
       for (float& v : p.values) v = normal(rng);
     }
+    local_.push_back(static_cast<int64_t>(params_.size()));
     params_.push_back(std::move(p));
   }
 }
@@ -99,8 +102,22 @@ TpPlacement Gpt::placement(const std::string& name, bool sequence_parallel) {
   return sequence_parallel ? TpPlacement::replicated_partial() : TpPlacement::replicated();
 }
 
-Gpt::Gpt(const Gpt& full, const GptParallel& parallel) : config_(full.config_), parallel_(parallel) {
-  ZERO_CHECK(full.tp_size() == 1, "Gpt(full, parallel): the model given is already split");
+Gpt::Gpt(const Gpt& full, const GptParallel& parallel)
+    : Gpt(full, parallel, GptStage{0, full.config_.n_layer, true, true}) {}
+
+Gpt::Gpt(const Gpt& full, const GptParallel& parallel, const GptStage& stage)
+    : config_(full.config_), parallel_(parallel), stage_(stage) {
+  ZERO_CHECK(full.tp_size() == 1 && full.params_.size() == full.local_.size(),
+             "Gpt(full, ...): the model given is already split");
+  const int n_layer = config_.n_layer;
+  if (stage.first_layer < 0 || stage.first_layer > stage.end_layer || stage.end_layer > n_layer) {
+    ZERO_THROW(InvalidArgument, "pipeline stage: layers [{}, {}) outside the model's [0, {}]", stage.first_layer,
+               stage.end_layer, n_layer);
+  }
+  if (stage.first_layer == stage.end_layer && !stage.first && !stage.last) {
+    ZERO_THROW(InvalidArgument, "pipeline stage: layers [{}, {}) hold no block, and the stage is neither the first nor "
+               "the last: it would hold nothing", stage.first_layer, stage.end_layer);
+  }
   const int tp = tp_size(), r = tp_rank();
   if (config_.n_head % tp != 0) {
     ZERO_THROW(InvalidArgument, "tensor parallelism: n_head {} does not divide by tp {} (each rank holds whole heads)",
@@ -110,9 +127,21 @@ Gpt::Gpt(const Gpt& full, const GptParallel& parallel) : config_(full.config_), 
     ZERO_THROW(InvalidArgument, "sequence parallelism needs tensor parallelism (tp > 1; tp is {})", tp);
   }
   vocab_ = parallel::vocab_range(config_.vocab_size, r, tp);
-  for (const Param& p : full.params_) {
+  const size_t lnf = 2 + static_cast<size_t>(n_layer) * 12;
+  local_.assign(full.params_.size(), -1);
+  for (size_t i = 0; i < full.params_.size(); ++i) {
+    // wte on the first stage (the embedding) and the last (the tied head); wpe on the first; the
+    // blocks of the range; ln_f on the last.
+    const bool held = i == 0   ? stage.first || stage.last
+                      : i == 1 ? stage.first
+                      : i >= lnf ? stage.last
+                                 : static_cast<int>((i - 2) / 12) >= stage.first_layer &&
+                                       static_cast<int>((i - 2) / 12) < stage.end_layer;
+    if (!held) continue;
+    const Param& p = full.params_[i];
     Param part = p;
     part.tp = placement(p.name, parallel.sequence_parallel);
+    part.tied = i == 0 && !stage.first;
     std::vector<int64_t> shape = p.shape;
     std::vector<float> whole = p.values;
     if (p.name == "wte.weight") {  // the padding rows: zero, and they stay so (no gradient)
@@ -123,8 +152,24 @@ Gpt::Gpt(const Gpt& full, const GptParallel& parallel) : config_(full.config_), 
     part.values.resize(static_cast<size_t>(std::accumulate(part.shape.begin(), part.shape.end(), int64_t{1},
                                                             std::multiplies<>())));
     shard(whole.data(), shape, part.tp, r, tp, part.values.data());
+    local_[i] = static_cast<int64_t>(params_.size());
     params_.push_back(std::move(part));
   }
+}
+
+size_t Gpt::local(size_t full_index) const {
+  ZERO_CHECK(full_index < local_.size() && local_[full_index] >= 0,
+             "parameter {} of the full model is not on this pipeline stage (layers [{}, {}))", full_index,
+             stage_.first_layer, stage_.end_layer);
+  return static_cast<size_t>(local_[full_index]);
+}
+
+std::vector<int> Gpt::units() const {
+  std::vector<int> out;
+  for (const Param& p : params_) {
+    if (out.empty() || out.back() != p.unit) out.push_back(p.unit);
+  }
+  return out;
 }
 
 size_t Gpt::num_params() const {
@@ -147,11 +192,9 @@ Matrix layer_norm(const Matrix& x, const float* w, const float* b, Matrix* xhat,
   return y;
 }
 
-Matrix layer_norm_backward(const Matrix& dy, const Matrix& xhat, const Eigen::VectorXf& rstd, const float* w,
-                           float* dw, float* db) {
+// LayerNorm's backward in its two parts: the input's gradient, and the weight's and bias's.
+Matrix layer_norm_backward_input(const Matrix& dy, const Matrix& xhat, const Eigen::VectorXf& rstd, const float* w) {
   const Eigen::Index C = dy.cols();
-  RowMap(dw, C) += (dy.array() * xhat.array()).colwise().sum().matrix();
-  RowMap(db, C) += dy.colwise().sum();
   const Matrix dxhat = dy.array().rowwise() * ConstRowMap(w, C).array();
   const Eigen::VectorXf mean_d = dxhat.rowwise().mean();
   const Eigen::VectorXf mean_dx = (dxhat.array() * xhat.array()).rowwise().mean();
@@ -159,6 +202,12 @@ Matrix layer_norm_backward(const Matrix& dy, const Matrix& xhat, const Eigen::Ve
   dx.array() -= xhat.array().colwise() * mean_dx.array();
   dx.array().colwise() *= rstd.array();
   return dx;
+}
+
+void layer_norm_backward_weight(const Matrix& dy, const Matrix& xhat, float* dw, float* db) {
+  const Eigen::Index C = dy.cols();
+  RowMap(dw, C) += (dy.array() * xhat.array()).colwise().sum().matrix();
+  RowMap(db, C) += dy.colwise().sum();
 }
 
 float gelu(float x) { return 0.5f * x * (1.0f + std::tanh(kGeluC * (x + 0.044715f * x * x * x))); }
@@ -181,17 +230,17 @@ struct QkvLayout {
 }  // namespace
 
 int Gpt::rows_held() const {
-  const int BT = B_ * T_;
+  const int BT = cur_->B * cur_->T;
   return parallel_.sequence_parallel ? BT / tp_size() : BT;
 }
 
 parallel::SequenceShape Gpt::sequence_shape(Eigen::Index cols) const {
-  return {static_cast<size_t>(B_), static_cast<size_t>(T_), static_cast<size_t>(cols)};
+  return {static_cast<size_t>(cur_->B), static_cast<size_t>(cur_->T), static_cast<size_t>(cols)};
 }
 
 Matrix Gpt::enter_region(const Matrix& x) const {
   if (!parallel_.sequence_parallel) return x;  // f: the identity
-  Matrix full(B_ * T_, x.cols());
+  Matrix full(cur_->B * cur_->T, x.cols());
   parallel::GatherFromSequence::forward(*parallel_.tp, x.data(), full.data(), sequence_shape(x.cols()));
   return full;
 }
@@ -220,20 +269,20 @@ Matrix Gpt::leave_region(Matrix&& partial) const {
 
 Matrix Gpt::leave_region_backward(const Matrix& dy) const {
   if (!parallel_.sequence_parallel) return dy;  // g backward: the identity
-  Matrix full(B_ * T_, dy.cols());
+  Matrix full(cur_->B * cur_->T, dy.cols());
   parallel::ReduceScatterToSequence::backward(*parallel_.tp, dy.data(), full.data(), sequence_shape(dy.cols()));
   return full;
 }
 
-int Gpt::position_of_row(int row) const {
+int Gpt::position_of_row(int row, int T) const {
   // Under sequence parallelism this rank holds positions [r T/tp, (r+1) T/tp) of every sequence.
-  const int held = parallel_.sequence_parallel ? T_ / tp_size() : T_;
+  const int held = parallel_.sequence_parallel ? T / tp_size() : T;
   const int first = parallel_.sequence_parallel ? tp_rank() * held : 0;
   return first + row % held;
 }
 
 void Gpt::embed(const std::vector<int>& tokens, const Access& access, Matrix& x) const {
-  const int C = config_.n_embd, T = T_, BT = B_ * T_;
+  const int C = config_.n_embd, T = cur_->T, BT = cur_->B * cur_->T;
   const float* wte = value(access, p_wte());
   const float* wpe = value(access, p_wpe());
   if (parallel_.tp == nullptr) {
@@ -249,39 +298,48 @@ void Gpt::embed(const std::vector<int>& tokens, const Access& access, Matrix& x)
   Matrix partial(BT, C);
   parallel::vocab_embedding_forward(vocab_, wte, C, tokens.data(), tokens.size(), partial.data());
   x = leave_region(std::move(partial));
-  for (int i = 0; i < x.rows(); ++i) x.row(i) += ConstRowMap(wpe + static_cast<size_t>(position_of_row(i)) * C, C);
+  for (int i = 0; i < x.rows(); ++i) x.row(i) += ConstRowMap(wpe + static_cast<size_t>(position_of_row(i, cur_->T)) * C, C);
 }
 
 void Gpt::embed_backward(const Matrix& dx, const Access& access) {
-  const int C = config_.n_embd, T = T_, BT = B_ * T_;
-  float* dwte = access.grad(p_wte());
-  float* dwpe = access.grad(p_wpe());
+  const int C = config_.n_embd, T = cur_->T, BT = cur_->B * cur_->T;
+  const Activations* act = cur_;
+  const size_t iwte = p_wte(), iwpe = p_wpe();
   if (parallel_.tp == nullptr) {
-    for (int i = 0; i < BT; ++i) {
-      RowMap(dwte + static_cast<size_t>(tokens_[static_cast<size_t>(i)]) * C, C) += dx.row(i);
-      RowMap(dwpe + static_cast<size_t>(i % T) * C, C) += dx.row(i);
-    }
+    weight_grad(0, [=, this](const Access& a) {
+      float* dwte = a.grad(iwte);
+      float* dwpe = a.grad(iwpe);
+      for (int i = 0; i < BT; ++i) {
+        RowMap(dwte + static_cast<size_t>(act->tokens[static_cast<size_t>(i)]) * C, C) += dx.row(i);
+        RowMap(dwpe + static_cast<size_t>(i % T) * C, C) += dx.row(i);
+      }
+    }, access, matrix_bytes(dx));
     return;
   }
-  for (int i = 0; i < dx.rows(); ++i) RowMap(dwpe + static_cast<size_t>(position_of_row(i)) * C, C) += dx.row(i);
-  const Matrix dpartial = leave_region_backward(dx);
-  parallel::vocab_embedding_backward(vocab_, tokens_.data(), tokens_.size(), C, dpartial.data(), dwte);
+  Matrix dpartial = leave_region_backward(dx);
+  const size_t bytes = matrix_bytes(dx) + matrix_bytes(dpartial);
+  weight_grad(0, [=, this, dpartial = std::move(dpartial)](const Access& a) {
+    float* dwpe = a.grad(iwpe);
+    for (int i = 0; i < dx.rows(); ++i) RowMap(dwpe + static_cast<size_t>(position_of_row(i, T)) * C, C) += dx.row(i);
+    parallel::vocab_embedding_backward(vocab_, act->tokens.data(), act->tokens.size(), C, dpartial.data(), a.grad(iwte));
+  }, access, bytes);
 }
 
 float Gpt::head(const Access& access) {
   const GptConfig& c = config_;
-  const int C = c.n_embd, BT = B_ * T_;
+  Activations& a = *cur_;
+  const int C = c.n_embd, BT = a.B * a.T;
   if (parallel_.tp == nullptr) {
     const ConstMap wte(value(access, p_wte()), c.vocab_size, C);
-    probs_out_ = hf_ * wte.transpose();
+    a.probs_out = a.hf * wte.transpose();
     double loss = 0;
     for (int i = 0; i < BT; ++i) {
-      auto row = probs_out_.row(i);
+      auto row = a.probs_out.row(i);
       const float mx = row.maxCoeff();
       row = (row.array() - mx).exp();
       const float sum = row.sum();
       row /= sum;
-      const int y = targets_[static_cast<size_t>(i)];
+      const int y = a.targets[static_cast<size_t>(i)];
       ZERO_CHECK(y >= 0 && y < c.vocab_size, "target {} outside the vocabulary", y);
       loss -= std::log(static_cast<double>(row(y)));
     }
@@ -289,28 +347,36 @@ float Gpt::head(const Access& access) {
   }
   // This rank's columns of the logits only; the loss from three sums over tp.
   const ConstMap wte(value(access, p_wte()), vocab_.rows(), C);
-  const Matrix logits = hf_ * wte.transpose();
-  return loss_.forward(*parallel_.tp, vocab_, logits.data(), targets_.data(), static_cast<size_t>(BT));
+  const Matrix logits = a.hf * wte.transpose();
+  return a.loss.forward(*parallel_.tp, vocab_, logits.data(), a.targets.data(), static_cast<size_t>(BT));
 }
 
 Matrix Gpt::head_backward(float loss_scale, const Access& access) {
   const GptConfig& c = config_;
-  const int C = c.n_embd, BT = B_ * T_;
+  Activations& a = *cur_;
+  const int C = c.n_embd, BT = a.B * a.T;
+  const Matrix* hf = &a.hf;
+  const size_t iwte = p_wte();
+  Matrix dlogits;
   if (parallel_.tp == nullptr) {
-    Matrix dlogits = probs_out_;
-    for (int i = 0; i < BT; ++i) dlogits(i, targets_[static_cast<size_t>(i)]) -= 1.0f;
+    dlogits = a.probs_out;
+    for (int i = 0; i < BT; ++i) dlogits(i, a.targets[static_cast<size_t>(i)]) -= 1.0f;
     dlogits *= loss_scale / static_cast<float>(BT);
-    Map(access.grad(p_wte()), c.vocab_size, C).noalias() += dlogits.transpose() * hf_;
-    return dlogits * ConstMap(value(access, p_wte()), c.vocab_size, C);
+  } else {
+    dlogits.resize(BT, vocab_.rows());
+    a.loss.backward(loss_scale, dlogits.data());
   }
-  Matrix dlogits(BT, vocab_.rows());
-  loss_.backward(loss_scale, dlogits.data());
-  Map(access.grad(p_wte()), vocab_.rows(), C).noalias() += dlogits.transpose() * hf_;
-  return enter_region_backward(dlogits * ConstMap(value(access, p_wte()), vocab_.rows(), C));
+  const Eigen::Index rows = parallel_.tp == nullptr ? c.vocab_size : vocab_.rows();
+  Matrix dx = dlogits * ConstMap(value(access, iwte), rows, C);
+  const size_t bytes = matrix_bytes(dlogits);
+  weight_grad(0, [=, dlogits = std::move(dlogits)](const Access& w) {
+    Map(w.grad(iwte), rows, C).noalias() += dlogits.transpose() * *hf;
+  }, access, bytes);
+  return parallel_.tp == nullptr ? dx : enter_region_backward(std::move(dx));
 }
 
-float Gpt::forward(const std::vector<int>& tokens, const std::vector<int>& targets, int B, int T,
-                   const Access& access) {
+Gpt::Activations& Gpt::begin_micro_batch(int mb, const std::vector<int>& tokens, const std::vector<int>& targets, int B,
+                                         int T) {
   const GptConfig& c = config_;
   ZERO_CHECK(T >= 1 && T <= c.block_size, "sequence length {} outside [1, {}]", T, c.block_size);
   ZERO_CHECK_EQ(tokens.size(), static_cast<size_t>(B) * T);
@@ -318,25 +384,80 @@ float Gpt::forward(const std::vector<int>& tokens, const std::vector<int>& targe
   if (parallel_.sequence_parallel) {
     (void)parallel::SequenceShape{static_cast<size_t>(B), static_cast<size_t>(T), 1}.local_count(tp_size());
   }
-  B_ = B;
-  T_ = T;
-  tokens_ = tokens;
-  targets_ = targets;
+  Activations& a = acts_[mb];
+  a = Activations{};
+  a.B = B;
+  a.T = T;
+  a.tokens = tokens;
+  a.targets = targets;
+  cur_ = &a;
+  return a;
+}
+
+size_t Gpt::activation_numel(int B, int T) const {
+  const size_t rows = static_cast<size_t>(B) * static_cast<size_t>(T);
+  return (parallel_.sequence_parallel ? rows / static_cast<size_t>(tp_size()) : rows) * static_cast<size_t>(config_.n_embd);
+}
+
+size_t Gpt::Activations::bytes() const {
+  size_t n = matrix_bytes(hf) + matrix_bytes(probs_out) + matrix_bytes(lnf.xhat) + weight_work_bytes;
+  for (const BlockCache& k : blocks) {
+    for (const Matrix* m : {&k.h1, &k.qkv, &k.att_y, &k.h2, &k.fc, &k.gelu, &k.ln1.xhat, &k.ln2.xhat}) n += matrix_bytes(*m);
+    for (const Matrix& p : k.probs) n += matrix_bytes(p);
+  }
+  return n;
+}
+
+size_t Gpt::activation_bytes() const {
+  size_t n = 0;
+  for (const auto& [mb, a] : acts_) n += a.bytes();
+  return n;
+}
+
+void Gpt::note_activation_bytes() { peak_activation_bytes_ = std::max(peak_activation_bytes_, activation_bytes()); }
+
+void Gpt::weight_grad(int unit, std::function<void(const Access&)> work, const Access& access, size_t bytes) {
+  if (with_weight_) {
+    work(access);
+    return;
+  }
+  auto& list = cur_->weight_work;
+  auto it = std::find_if(list.begin(), list.end(), [&](const auto& e) { return e.first == unit; });
+  if (it == list.end()) it = list.insert(list.end(), {unit, {}});
+  it->second.push_back(std::move(work));
+  cur_->weight_work_bytes += bytes;
+}
+
+float Gpt::forward(const std::vector<int>& tokens, const std::vector<int>& targets, int B, int T,
+                   const Access& access) {
+  ZERO_CHECK(stage_.first && stage_.last, "forward(): this model is one pipeline stage; use forward_micro_batch");
+  return forward_micro_batch(0, tokens, targets, B, T, nullptr, nullptr, access);
+}
+
+float Gpt::forward_micro_batch(int mb, const std::vector<int>& tokens, const std::vector<int>& targets, int B, int T,
+                               const float* input, std::vector<float>* output, const Access& access) {
+  const GptConfig& c = config_;
+  Activations& a = begin_micro_batch(mb, tokens, targets, B, T);
   const int tp = tp_size();
   const int C = c.n_embd, hd = C / c.n_head, BT = B * T;
   const QkvLayout qkv{c.n_head / tp, hd, C / tp};
   const int hidden = 4 * C / tp;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
-  access.enter(0, false);
   Matrix x;
-  embed(tokens, access, x);
-  access.leave(0, false);
+  if (stage_.first) {
+    access.enter(0, Pass::kForward);
+    embed(tokens, access, x);
+    access.leave(0, Pass::kForward);
+  } else {
+    ZERO_CHECK(input != nullptr, "forward of micro-batch {}: a stage after the first needs its input", mb);
+    x = ConstMap(input, rows_held(), C);
+  }
 
-  blocks_.assign(static_cast<size_t>(c.n_layer), BlockCache{});
-  for (int l = 0; l < c.n_layer; ++l) {
-    access.enter(1 + l, false);
-    BlockCache& k = blocks_[static_cast<size_t>(l)];
+  a.blocks.assign(static_cast<size_t>(stage_.end_layer - stage_.first_layer), BlockCache{});
+  for (int l = stage_.first_layer; l < stage_.end_layer; ++l) {
+    access.enter(1 + l, Pass::kForward);
+    BlockCache& k = a.blocks[static_cast<size_t>(l - stage_.first_layer)];
     auto P = [&](int j) { return value(access, p_block(l, j)); };
     k.h1 = enter_region(layer_norm(x, P(0), P(1), &k.ln1.xhat, &k.ln1.rstd));
     k.qkv = linear(k.h1, P(2), P(3), 3 * qkv.width);
@@ -368,63 +489,117 @@ float Gpt::forward(const std::vector<int>& tokens, const std::vector<int>& targe
     Matrix m = leave_region(k.gelu * ConstMap(P(10), C, hidden).transpose());
     m.rowwise() += ConstRowMap(P(11), C);
     x += m;
-    access.leave(1 + l, false);
+    access.leave(1 + l, Pass::kForward);
   }
 
-  access.enter(c.n_layer + 1, false);
-  hf_ = enter_region(layer_norm(x, value(access, p_lnf(0)), value(access, p_lnf(1)), &lnf_.xhat, &lnf_.rstd));
-  access.leave(c.n_layer + 1, false);
+  if (!stage_.last) {
+    ZERO_CHECK(output != nullptr, "forward of micro-batch {}: a stage before the last needs an output", mb);
+    output->assign(x.data(), x.data() + x.size());
+    note_activation_bytes();
+    return 0.0f;
+  }
+  access.enter(c.n_layer + 1, Pass::kForward);
+  a.hf = enter_region(layer_norm(x, value(access, p_lnf(0)), value(access, p_lnf(1)), &a.lnf.xhat, &a.lnf.rstd));
+  access.leave(c.n_layer + 1, Pass::kForward);
 
   // The head, tied to wte: unit 0 again.
-  access.enter(0, false);
+  access.enter(0, Pass::kForward);
   const float loss = head(access);
-  access.leave(0, false);
+  access.leave(0, Pass::kForward);
+  note_activation_bytes();
   return loss;
 }
 
 void Gpt::backward(float loss_scale, const Access& access) {
+  ZERO_CHECK(stage_.first && stage_.last, "backward(): this model is one pipeline stage; use backward_micro_batch");
+  backward_micro_batch(0, loss_scale, nullptr, nullptr, true, access);
+}
+
+void Gpt::backward_micro_batch(int mb, float loss_scale, const float* grad_output, std::vector<float>* grad_input,
+                               bool with_weight, const Access& access) {
+  const auto found = acts_.find(mb);
+  ZERO_CHECK(found != acts_.end(), "backward of micro-batch {} before its forward", mb);
+  Activations& a = found->second;
+  cur_ = &a;
+  with_weight_ = with_weight;
+  const Pass pass = backward_pass();
   const GptConfig& c = config_;
-  const int B = B_, T = T_, C = c.n_embd, hd = C / c.n_head, BT = B * T;
+  const int B = a.B, T = a.T, C = c.n_embd, hd = C / c.n_head, BT = B * T;
   const int tp = tp_size();
   const QkvLayout qkv{c.n_head / tp, hd, C / tp};
   const int hidden = 4 * C / tp;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  auto grad = [&](size_t i) { return access.grad(i); };
 
-  // Unit 0's backward scope spans the whole backward: the head's part of dwte first, the
-  // embeddings' last.
-  access.enter(0, true);
-  Matrix dx = head_backward(loss_scale, access);
+  Matrix dx;
+  // The whole model's unit 0 backward scope spans the whole backward: the head's part of dwte
+  // first, the embeddings' last.
+  bool unit0_open = false;
+  if (stage_.last) {
+    access.enter(0, pass);
+    dx = head_backward(loss_scale, access);
+    if (stage_.first) {
+      unit0_open = true;
+    } else {
+      access.leave(0, pass);
+    }
+    access.enter(c.n_layer + 1, pass);
+    const size_t iw = p_lnf(0), ib = p_lnf(1);
+    const Matrix* xhat = &a.lnf.xhat;
+    Matrix dn = layer_norm_backward_input(dx, a.lnf.xhat, a.lnf.rstd, value(access, iw));
+    const size_t bytes = matrix_bytes(dx);
+    weight_grad(c.n_layer + 1, [=, dy = std::move(dx)](const Access& w) {
+      layer_norm_backward_weight(dy, *xhat, w.grad(iw), w.grad(ib));
+    }, access, bytes);
+    dx = std::move(dn);
+    access.leave(c.n_layer + 1, pass);
+  } else {
+    ZERO_CHECK(grad_output != nullptr, "backward of micro-batch {}: a stage before the last needs its output's gradient",
+               mb);
+    dx = ConstMap(grad_output, rows_held(), C);
+  }
 
-  access.enter(c.n_layer + 1, true);
-  dx = layer_norm_backward(dx, lnf_.xhat, lnf_.rstd, value(access, p_lnf(0)), grad(p_lnf(0)), grad(p_lnf(1)));
-  access.leave(c.n_layer + 1, true);
-
-  for (int l = c.n_layer - 1; l >= 0; --l) {
-    access.enter(1 + l, true);
-    BlockCache& k = blocks_[static_cast<size_t>(l)];
+  for (int l = stage_.end_layer - 1; l >= stage_.first_layer; --l) {
+    const int u = 1 + l;
+    access.enter(u, pass);
+    const BlockCache* k = &a.blocks[static_cast<size_t>(l - stage_.first_layer)];
     auto P = [&](int j) { return value(access, p_block(l, j)); };
-    auto G = [&](int j) { return grad(p_block(l, j)); };
+    auto I = [&](int j) { return p_block(l, j); };
     // x_out = x_mid + mlp(ln_2(x_mid)); the row-parallel bias saw dx, the weight the whole dm.
-    RowMap(G(11), C) += dx.colwise().sum();
-    const Matrix dm = leave_region_backward(dx);
-    Map(G(10), C, hidden).noalias() += dm.transpose() * k.gelu;
+    weight_grad(u, [i = I(11), C, db = RowVector(dx.colwise().sum())](const Access& w) { RowMap(w.grad(i), C) += db; },
+                access, static_cast<size_t>(C) * sizeof(float));
+    Matrix dm = leave_region_backward(dx);
     const Matrix dg = dm * ConstMap(P(10), C, hidden);
-    Matrix dfc = dg.array() * k.fc.unaryExpr([](float v) { return gelu_grad(v); }).array();
-    Matrix dh2 = enter_region_backward(linear_backward(dfc, k.h2, P(8), G(8), G(9)));
-    dx += layer_norm_backward(dh2, k.ln2.xhat, k.ln2.rstd, P(6), G(6), G(7));
+    size_t bytes = matrix_bytes(dm);
+    weight_grad(u, [i = I(10), C, hidden, k, dm = std::move(dm)](const Access& w) {
+      Map(w.grad(i), C, hidden).noalias() += dm.transpose() * k->gelu;
+    }, access, bytes);
+    Matrix dfc = dg.array() * k->fc.unaryExpr([](float v) { return gelu_grad(v); }).array();
+    Matrix dh2 = enter_region_backward(linear_backward_input(dfc, P(8), C));
+    bytes = matrix_bytes(dfc);
+    weight_grad(u, [iw = I(8), ib = I(9), k, dfc = std::move(dfc)](const Access& w) {
+      linear_backward_weight(dfc, k->h2, w.grad(iw), w.grad(ib));
+    }, access, bytes);
+    dx += layer_norm_backward_input(dh2, k->ln2.xhat, k->ln2.rstd, P(6));
+    bytes = matrix_bytes(dh2);
+    weight_grad(u, [iw = I(6), ib = I(7), k, dh2 = std::move(dh2)](const Access& w) {
+      layer_norm_backward_weight(dh2, k->ln2.xhat, w.grad(iw), w.grad(ib));
+    }, access, bytes);
     // x_mid = x_in + attn(ln_1(x_in))
-    RowMap(G(5), C) += dx.colwise().sum();
-    const Matrix dyf = leave_region_backward(dx);
-    Map(G(4), C, qkv.width).noalias() += dyf.transpose() * k.att_y;
+    weight_grad(u, [i = I(5), C, db = RowVector(dx.colwise().sum())](const Access& w) { RowMap(w.grad(i), C) += db; },
+                access, static_cast<size_t>(C) * sizeof(float));
+    Matrix dyf = leave_region_backward(dx);
     const Matrix dy = dyf * ConstMap(P(4), C, qkv.width);
+    bytes = matrix_bytes(dyf);
+    weight_grad(u, [i = I(4), C, width = qkv.width, k, dyf = std::move(dyf)](const Access& w) {
+      Map(w.grad(i), C, width).noalias() += dyf.transpose() * k->att_y;
+    }, access, bytes);
     Matrix dqkv = Matrix::Zero(BT, 3 * qkv.width);
     for (int b = 0; b < B; ++b) {
       for (int h = 0; h < qkv.heads; ++h) {
-        const Matrix& p = k.probs[static_cast<size_t>(b * qkv.heads + h)];
-        const auto q = k.qkv.block(b * T, h * hd, T, hd);
-        const auto kk = k.qkv.block(b * T, qkv.width + h * hd, T, hd);
-        const auto v = k.qkv.block(b * T, 2 * qkv.width + h * hd, T, hd);
+        const Matrix& p = k->probs[static_cast<size_t>(b * qkv.heads + h)];
+        const auto q = k->qkv.block(b * T, h * hd, T, hd);
+        const auto kk = k->qkv.block(b * T, qkv.width + h * hd, T, hd);
+        const auto v = k->qkv.block(b * T, 2 * qkv.width + h * hd, T, hd);
         const auto dyh = dy.block(b * T, h * hd, T, hd);
         const Matrix dp = dyh * v.transpose();
         dqkv.block(b * T, 2 * qkv.width + h * hd, T, hd) = p.transpose() * dyh;
@@ -436,31 +611,61 @@ void Gpt::backward(float loss_scale, const Access& access) {
         dqkv.block(b * T, qkv.width + h * hd, T, hd) = ds.transpose() * q;
       }
     }
-    Matrix dh1 = enter_region_backward(linear_backward(dqkv, k.h1, P(2), G(2), G(3)));
-    dx += layer_norm_backward(dh1, k.ln1.xhat, k.ln1.rstd, P(0), G(0), G(1));
-    access.leave(1 + l, true);
+    Matrix dh1 = enter_region_backward(linear_backward_input(dqkv, P(2), C));
+    bytes = matrix_bytes(dqkv);
+    weight_grad(u, [iw = I(2), ib = I(3), k, dqkv = std::move(dqkv)](const Access& w) {
+      linear_backward_weight(dqkv, k->h1, w.grad(iw), w.grad(ib));
+    }, access, bytes);
+    dx += layer_norm_backward_input(dh1, k->ln1.xhat, k->ln1.rstd, P(0));
+    bytes = matrix_bytes(dh1);
+    weight_grad(u, [iw = I(0), ib = I(1), k, dh1 = std::move(dh1)](const Access& w) {
+      layer_norm_backward_weight(dh1, k->ln1.xhat, w.grad(iw), w.grad(ib));
+    }, access, bytes);
+    access.leave(u, pass);
   }
 
-  embed_backward(dx, access);
-  access.leave(0, true);
+  if (stage_.first) {
+    if (!unit0_open) access.enter(0, pass);
+    embed_backward(dx, access);
+    access.leave(0, pass);
+  } else {
+    ZERO_CHECK(grad_input != nullptr, "backward of micro-batch {}: a stage after the first needs its input's gradient", mb);
+    grad_input->assign(dx.data(), dx.data() + dx.size());
+  }
+  if (with_weight) {
+    acts_.erase(found);
+  } else {
+    note_activation_bytes();
+  }
+  cur_ = nullptr;
 }
 
-std::vector<float> Gpt::next_logits(const std::vector<int>& context, const Access& access) {
-  ZERO_CHECK(!context.empty(), "an empty context");
-  const size_t T = std::min(context.size(), static_cast<size_t>(config_.block_size));
-  const std::vector<int> window(context.end() - static_cast<std::ptrdiff_t>(T), context.end());
-  // A forward with dummy targets; the last position's probabilities, as logits (log).
-  forward(window, std::vector<int>(T, 0), 1, static_cast<int>(T), access);
+void Gpt::weight_micro_batch(int mb, const Access& access) {
+  const auto found = acts_.find(mb);
+  ZERO_CHECK(found != acts_.end() && !found->second.weight_work.empty(),
+             "weight pass of micro-batch {} without its input pass (backward_micro_batch with with_weight false)", mb);
+  for (auto& [unit, work] : found->second.weight_work) {
+    access.enter(unit, Pass::kBackwardWeight);
+    for (auto& w : work) w(access);
+    access.leave(unit, Pass::kBackwardWeight);
+  }
+  acts_.erase(found);
+}
+
+std::vector<float> Gpt::last_position_logits(int mb, const Access& access) {
+  ZERO_CHECK(stage_.last, "last_position_logits(): only the last pipeline stage has the head");
+  const Activations& a = acts_.at(mb);
+  const Eigen::Index t = a.T - 1;
   std::vector<float> out(static_cast<size_t>(config_.vocab_size));
   if (parallel_.tp == nullptr) {
-    for (int v = 0; v < config_.vocab_size; ++v) out[static_cast<size_t>(v)] = std::log(probs_out_(static_cast<Eigen::Index>(T) - 1, v));
+    for (int v = 0; v < config_.vocab_size; ++v) out[static_cast<size_t>(v)] = std::log(a.probs_out(t, v));
     return out;
   }
   // Each rank's columns of the last position's logits, gathered; then a log-softmax.
-  access.enter(0, false);
+  access.enter(0, Pass::kForward);
   const ConstMap wte(value(access, p_wte()), vocab_.rows(), config_.n_embd);
-  const RowVector local = hf_.row(static_cast<Eigen::Index>(T) - 1) * wte.transpose();
-  access.leave(0, false);
+  const RowVector local = a.hf.row(t) * wte.transpose();
+  access.leave(0, Pass::kForward);
   std::vector<float> all(static_cast<size_t>(vocab_.padded));
   parallel_.tp->all_gather(local.data(), all.data(), static_cast<size_t>(vocab_.rows()), DType::kFloat32)->wait();
   const float mx = *std::max_element(all.begin(), all.begin() + config_.vocab_size);
@@ -468,6 +673,18 @@ std::vector<float> Gpt::next_logits(const std::vector<int>& context, const Acces
   for (int v = 0; v < config_.vocab_size; ++v) sum += std::exp(static_cast<double>(all[static_cast<size_t>(v)] - mx));
   const auto log_sum = static_cast<float>(std::log(sum));
   for (int v = 0; v < config_.vocab_size; ++v) out[static_cast<size_t>(v)] = all[static_cast<size_t>(v)] - mx - log_sum;
+  return out;
+}
+
+std::vector<float> Gpt::next_logits(const std::vector<int>& context, const Access& access) {
+  ZERO_CHECK(!context.empty(), "an empty context");
+  const size_t T = std::min(context.size(), static_cast<size_t>(config_.block_size));
+  const std::vector<int> window(context.end() - static_cast<std::ptrdiff_t>(T), context.end());
+  // A forward with dummy targets, kept apart from the training micro-batches.
+  constexpr int kSampling = -1;
+  forward_micro_batch(kSampling, window, std::vector<int>(T, 0), 1, static_cast<int>(T), nullptr, nullptr, access);
+  std::vector<float> out = last_position_logits(kSampling, access);
+  forget(kSampling);
   return out;
 }
 

@@ -17,10 +17,19 @@
 // final LayerNorm. The tied head reads wte after the final LayerNorm, so unit 0 is entered again for
 // it in forward, and its backward scope stays open from the head's backward to the embeddings' (the
 // gradient of wte has two parts and is complete only after both).
+//
+// Pipeline parallelism (parallel/pipeline): a model made with `Gpt(full, parallel, stage)` holds one
+// stage's part: a contiguous range of blocks, the embeddings on the first stage, the final LayerNorm
+// and the head on the last. A last stage that is not also the first holds its own copy of wte (unit
+// 0, Param::tied: the engine sums the two copies' gradients over the embedding group). Each
+// micro-batch's activations are kept apart (forward_micro_batch .. backward_micro_batch, or
+// weight_micro_batch where the backward is split into its input and weight parts, zero-bubble
+// style), so a schedule can run several micro-batches' forwards before their backwards.
 #include <Eigen/Dense>
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -35,6 +44,15 @@ namespace zero::examples {
 struct GptParallel {
   comm::Communicator* tp = nullptr;
   bool sequence_parallel = false;
+};
+
+// The blocks [first_layer, end_layer) of a pipeline stage, and whether it is the first (embeddings)
+// and the last (final LayerNorm, head, loss).
+struct GptStage {
+  int first_layer = 0;
+  int end_layer = 0;
+  bool first = true;
+  bool last = true;
 };
 
 struct GptConfig {
@@ -65,12 +83,16 @@ class Gpt {
     bool decay = false;  // matrices and embeddings decay; LayerNorm parameters and biases do not
     int unit = 0;
     TpPlacement tp;      // how the part lies on tp (replicated without tensor parallelism)
+    bool tied = false;   // the last stage's copy of wte (another stage holds the original)
   };
+  // What a unit is entered for: a forward, a whole backward, or (a split backward) its input or its
+  // weight part (zero::BackwardPart's kInput and kWeight).
+  enum class Pass { kForward, kBackward, kBackwardInput, kBackwardWeight };
   // Where parameters and gradients are while a unit runs (as examples::Mlp::Access): by default the
   // model's own storage and gradient buffers; an engine's loop opens unit scopes in enter/leave.
   struct Access {
-    std::function<void(int unit, bool backward)> enter = [](int, bool) {};
-    std::function<void(int unit, bool backward)> leave = [](int, bool) {};
+    std::function<void(int unit, Pass pass)> enter = [](int, Pass) {};
+    std::function<void(int unit, Pass pass)> leave = [](int, Pass) {};
     std::function<const float*(size_t param)> param;  // empty: params()[i].values
     std::function<float*(size_t param)> grad;         // where backward adds (+=) parameter i's gradient
   };
@@ -81,14 +103,20 @@ class Gpt {
   // `full`'s tensor-parallel part for this rank of parallel.tp (which must outlive the model). Throws
   // InvalidArgument naming n_head and tp when tp does not divide the heads.
   Gpt(const Gpt& full, const GptParallel& parallel);
+  // `full`'s part for pipeline stage `stage` (and, with parallel.tp, this rank's tensor-parallel
+  // part of it). Throws InvalidArgument naming the layers when the range is empty of everything
+  // (no block, not first, not last) or outside [0, n_layer].
+  Gpt(const Gpt& full, const GptParallel& parallel, const GptStage& stage);
   // Each parameter's placement on tp (`sequence_parallel`: replicated ones have partial gradients).
   static TpPlacement placement(const std::string& name, bool sequence_parallel);
 
   const GptConfig& config() const { return config_; }
+  const GptStage& stage() const { return stage_; }
   std::vector<Param>& params() { return params_; }
   const std::vector<Param>& params() const { return params_; }
   size_t num_params() const;
-  int num_units() const { return config_.n_layer + 2; }
+  int num_units() const { return config_.n_layer + 2; }  // of the whole model
+  std::vector<int> units() const;                       // this model's, in registration order
   const GptParallel& parallel() const { return parallel_; }
   int tp_size() const { return parallel_.tp ? parallel_.tp->size() : 1; }
   int tp_rank() const { return parallel_.tp ? parallel_.tp->rank() : 0; }
@@ -96,7 +124,7 @@ class Gpt {
   const parallel::VocabRange& vocab_range() const { return vocab_; }
 
   // Mean cross-entropy of predicting targets[b][t] from tokens[b][0..t]; `tokens` and `targets` are
-  // B x T row-major, T <= block_size. Keeps the activations for backward.
+  // B x T row-major, T <= block_size. Keeps the activations for backward. (The whole model: micro-batch 0.)
   float forward(const std::vector<int>& tokens, const std::vector<int>& targets, int B, int T, const Access& access);
   // Gradients of the mean loss (times loss_scale), unit by unit from the head, added (+=) into
   // access.grad(i).
@@ -104,6 +132,34 @@ class Gpt {
   // The next-token logits at the last position of `context` (at most block_size tokens), no
   // activations kept: for sampling.
   std::vector<float> next_logits(const std::vector<int>& context, const Access& access);
+
+  // A pipeline stage's part of micro-batch `mb` (parallel/pipeline/runner.h's stage functions).
+  // forward: the first stage embeds `tokens`, the others read `input` (the previous stage's output,
+  // activation_numel(B, T) floats); the last stage returns the micro-batch's mean loss (targets), the
+  // others fill `output` and return 0. The activations are kept until mb's backward (and weight pass).
+  float forward_micro_batch(int mb, const std::vector<int>& tokens, const std::vector<int>& targets, int B, int T,
+                            const float* input, std::vector<float>* output, const Access& access);
+  // backward: from the loss (times loss_scale) on the last stage, from `grad_output` (the next
+  // stage's input gradient) on the others; fills `grad_input` except on the first stage. With
+  // `with_weight` false only the input gradient is computed (units entered as kBackwardInput); the
+  // parameter gradients wait for weight_micro_batch(mb), which enters each unit once as
+  // kBackwardWeight and adds exactly what the whole backward would have, in the same order.
+  void backward_micro_batch(int mb, float loss_scale, const float* grad_output, std::vector<float>* grad_input,
+                            bool with_weight, const Access& access);
+  void weight_micro_batch(int mb, const Access& access);
+  // Drops mb's activations (after a forward-only pass: validation, sampling).
+  void forget(int mb) { acts_.erase(mb); }
+  // The next-token log-probabilities at position T-1 of micro-batch mb's first sequence (last stage,
+  // after its forward): for sampling through a pipeline.
+  std::vector<float> last_position_logits(int mb, const Access& access);
+  // Elements of the activation a stage passes on for a B x T micro-batch (this rank's rows of the
+  // residual stream: B*T/tp of them under sequence parallelism).
+  size_t activation_numel(int B, int T) const;
+  // Bytes of activations kept for the micro-batches in flight (forward done, backward or weight pass
+  // not yet), now and at most since the last reset_peak_activation_bytes().
+  size_t activation_bytes() const;
+  size_t peak_activation_bytes() const { return peak_activation_bytes_; }
+  void reset_peak_activation_bytes() { peak_activation_bytes_ = activation_bytes(); }
 
  private:
   using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -116,10 +172,12 @@ class Gpt {
     LayerNormCache ln1, ln2;
     std::vector<Matrix> probs;  // per (b, head): T x T
   };
-  size_t p_wte() const { return 0; }
-  size_t p_wpe() const { return 1; }
-  size_t p_block(int layer, int k) const { return 2 + static_cast<size_t>(layer) * 12 + static_cast<size_t>(k); }
-  size_t p_lnf(int k) const { return 2 + static_cast<size_t>(config_.n_layer) * 12 + static_cast<size_t>(k); }
+  // Parameter indices in this model (a stage holds a subset of the full model's, in its order).
+  size_t local(size_t full_index) const;
+  size_t p_wte() const { return local(0); }
+  size_t p_wpe() const { return local(1); }
+  size_t p_block(int layer, int k) const { return local(2 + static_cast<size_t>(layer) * 12 + static_cast<size_t>(k)); }
+  size_t p_lnf(int k) const { return local(2 + static_cast<size_t>(config_.n_layer) * 12 + static_cast<size_t>(k)); }
   const float* value(const Access& a, size_t i) const { return a.param ? a.param(i) : params_[i].values.data(); }
   // The tensor-parallel regions (identities without tp): a replicated (or sequence-split)
   // activation of `rows` rows entering a column-parallel layer, and a row-parallel layer's partial
@@ -130,22 +188,41 @@ class Gpt {
   Matrix leave_region(Matrix&& partial) const;
   Matrix leave_region_backward(const Matrix& dy) const;
   int rows_held() const;  // rows of the residual stream this rank holds: B*T, or B*T/tp under sp
-  int position_of_row(int row) const;  // the sequence position of a held row of the residual stream
+  int position_of_row(int row, int T) const;  // the sequence position of a held row of the residual stream
   void embed(const std::vector<int>& tokens, const Access& access, Matrix& x) const;
   void embed_backward(const Matrix& dx, const Access& access);
   float head(const Access& access);
   Matrix head_backward(float loss_scale, const Access& access);
+  // One micro-batch's activations (and, in a split backward, its weight-gradient work).
+  struct Activations {
+    int B = 0, T = 0;
+    std::vector<int> tokens, targets;
+    std::vector<BlockCache> blocks;  // this stage's
+    Matrix hf, probs_out;  // after ln_f (gathered under sp); softmax(logits) without tp
+    LayerNormCache lnf;
+    parallel::VocabParallelCrossEntropy loss;  // the head under tensor parallelism
+    // A split backward's parameter-gradient work, per unit in the order the units were reached.
+    std::vector<std::pair<int, std::vector<std::function<void(const Access&)>>>> weight_work;
+    size_t weight_work_bytes = 0;  // what that work holds (the output gradients it needs)
+    size_t bytes() const;
+  };
+  Activations& begin_micro_batch(int mb, const std::vector<int>& tokens, const std::vector<int>& targets, int B, int T);
+  // Runs `work` now (a whole backward) or keeps it for weight_micro_batch (a split one).
+  void weight_grad(int unit, std::function<void(const Access&)> work, const Access& access, size_t bytes);
+  Pass backward_pass() const { return with_weight_ ? Pass::kBackward : Pass::kBackwardInput; }
+  void note_activation_bytes();
+
   GptConfig config_;
   GptParallel parallel_;
+  GptStage stage_;
   parallel::VocabRange vocab_;
-  parallel::VocabParallelCrossEntropy loss_;  // the head under tensor parallelism
   std::vector<Param> params_;
-  // Activations of the last forward.
-  int B_ = 0, T_ = 0;
-  std::vector<int> tokens_, targets_;
-  std::vector<BlockCache> blocks_;
-  Matrix hf_, probs_out_;  // after ln_f (gathered under sp); softmax(logits) without tp
-  LayerNormCache lnf_;
+  std::vector<int64_t> local_;  // full-model parameter index -> this model's (-1: another stage's)
+  std::map<int, Activations> acts_;  // by micro-batch
+  // The micro-batch being computed, and whether its backward includes the weight part.
+  Activations* cur_ = nullptr;
+  bool with_weight_ = true;
+  size_t peak_activation_bytes_ = 0;
 };
 
 }  // namespace zero::examples

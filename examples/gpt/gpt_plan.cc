@@ -37,8 +37,11 @@ plan::ModelSpec gpt_model_spec(const GptConfig& config, DType dtype, int tp, boo
   std::set<size_t> asked;  // gradients asked for in the open backward scopes
   std::vector<plan::ScopeEvent>& events = m.schedule;
   Gpt::Access a;
-  a.enter = [&](int unit, bool backward) { events.push_back({plan::ScopeEvent::kOpen, unit, backward, 0}); };
-  a.leave = [&](int unit, bool backward) {
+  a.enter = [&](int unit, Gpt::Pass pass) {
+    events.push_back({plan::ScopeEvent::kOpen, unit, pass != Gpt::Pass::kForward, 0});
+  };
+  a.leave = [&](int unit, Gpt::Pass pass) {
+    const bool backward = pass != Gpt::Pass::kForward;
     if (backward && dtype == DType::kBFloat16) {
       for (size_t i = 0; i < m.tensors.size(); ++i) {
         if (m.tensors[i].unit == unit) events.push_back({plan::ScopeEvent::kGrad, unit, true, i});
