@@ -6,8 +6,13 @@
 // divisor of it (micro-steps make up the rest), times --tp: the ranks form a (dp, tp) mesh, each
 // holding its tensor-parallel part of the model (--sequence-parallel: the residual stream split
 // along the sequence too), compared with the same part of PyTorch's tensors (the padding rows of a
-// vocabulary tp does not divide must stay zero). Prints whether it matches; any file of the format
-// works, so a new reference needs no new code.
+// vocabulary tp does not divide must stay zero). With --pp P the ranks form a (pp, dp, tp) mesh and
+// the model is split into pipeline stages run by a schedule (--pp-schedule gpipe|1f1b|interleaved|
+// zb-h1, --chunks V for interleaved, --pp-layers for uneven stages): each reference rank's batch is
+// one or more micro-batches (--micro-batches M per data-parallel rank: its reference batches split
+// into equal row groups), each reference rank's loss the mean of its parts'. --print-digest prints
+// a hash of every loss, norm and parameter bit, for bitwise comparisons across schedules. Prints
+// whether it matches; any file of the format works, so a new reference needs no new code.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -22,7 +27,9 @@
 #include "examples/flags.h"
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_model.h"
+#include "examples/gpt/gpt_pipeline.h"
 #include "examples/gpt/gpt_reference.h"
+#include "parallel/pipeline/schedules.h"
 #include "zero/engine.h"
 #include "zero/tp_placement.h"
 
@@ -38,8 +45,15 @@ int run(int argc, char** argv) {
   const bool offload = flags.get_bool("offload", false);
   const int tp = flags.get_int("tp", 1);
   const bool sequence_parallel = flags.get_bool("sequence-parallel", false);
+  const int pp = flags.get_int("pp", 1);
+  const int micro_batches_flag = flags.get_int("micro-batches", 0);
+  const std::string pp_schedule = flags.get("pp-schedule", "1f1b");
+  const int chunks = flags.get_int("chunks", 1);
+  const std::vector<int> pp_layers = examples::parse_layer_counts(flags.get("pp-layers", ""));
+  const bool print_digest = flags.get_bool("print-digest", false);
   flags.check_all_used();
   if (tp < 1) ZERO_THROW(InvalidArgument, "--tp {} is not positive", tp);
+  if (pp < 1) ZERO_THROW(InvalidArgument, "--pp {} is not positive", pp);
   std::ifstream in(file);
   if (!in) ZERO_THROW(IoError, "cannot open reference file '{}'", file);
   const json ref = json::parse(in);
@@ -47,27 +61,32 @@ int run(int argc, char** argv) {
 
   comm::ProcessGroup pg = comm::init_process_group();
   comm::Communicator& world_comm = *pg.host;
-  if (world_comm.size() % tp != 0) {
-    ZERO_THROW(InvalidArgument, "--tp {} does not divide the {} ranks", tp, world_comm.size());
+  if (world_comm.size() % (tp * pp) != 0) {
+    ZERO_THROW(InvalidArgument, "--tp {} x --pp {} does not divide the {} ranks", tp, pp, world_comm.size());
   }
-  comm::Mesh mesh(world_comm, {.pp = 1, .dp = world_comm.size() / tp, .tp = tp});
+  comm::Mesh mesh(world_comm, {.pp = pp, .dp = world_comm.size() / (tp * pp), .tp = tp});
   comm::Communicator& comm = mesh.dp();
   const int rank = comm.rank(), world = comm.size();
   const int ref_world = train["world_size"].get<int>();
   if (ref_world % world != 0) ZERO_THROW(InvalidArgument, "reference world size {} is not a multiple of {}", ref_world, world);
   const int micro = ref_world / world;
 
-  const examples::Gpt full_model = examples::reference_model(ref);
+  examples::Gpt full_model = examples::reference_model(ref);
   const examples::GptParallel parallel{tp > 1 ? &mesh.tp() : nullptr, sequence_parallel};
   if (sequence_parallel && tp == 1) {
     ZERO_THROW(InvalidArgument, "--sequence-parallel needs --tp above 1 (it splits the sequence over the tp ranks)");
   }
   examples::Gpt model = tp > 1 ? examples::Gpt(full_model, parallel) : full_model;
+  auto ref_shape = [&](const std::string& name) {
+    for (const auto& q : full_model.params()) {
+      if (q.name == name) return q.shape;
+    }
+    ZERO_THROW(InvalidArgument, "no parameter '{}' in the reference", name);
+  };
   // PyTorch's tensor `name` as this rank holds it (its tp part; the vocabulary padded with zeros).
-  auto part_of = [&](size_t i, std::vector<float> whole) {
-    const examples::Gpt::Param& p = model.params()[i];
+  auto part_of = [&](const examples::Gpt::Param& p, std::vector<float> whole) {
     if (tp == 1) return whole;
-    std::vector<int64_t> shape = full_model.params()[i].shape;
+    std::vector<int64_t> shape = ref_shape(p.name);
     if (p.name == "wte.weight") {
       shape[0] = model.vocab_range().padded;
       whole.resize(static_cast<size_t>(shape[0] * shape[1]), 0.0f);
@@ -81,6 +100,9 @@ int run(int argc, char** argv) {
     const bool decay = g["weight_decay"].get<float>() > 0;
     for (const auto& n : g["names"]) {
       for (auto& p : model.params()) {
+        if (p.name == n.get<std::string>()) p.decay = decay;
+      }
+      for (auto& p : full_model.params()) {
         if (p.name == n.get<std::string>()) p.decay = decay;
       }
     }
@@ -103,7 +125,7 @@ int run(int argc, char** argv) {
       if (p.tp.partial_grad) {
         mesh.tp().all_reduce(grads[i].data(), grads[i].size(), DType::kFloat32, comm::ReduceOp::kSum)->wait();
       }
-      const std::vector<float> want = part_of(i, ref["check"]["grads"][p.name].get<std::vector<float>>());
+      const std::vector<float> want = part_of(p, ref["check"]["grads"][p.name].get<std::vector<float>>());
       double worst = 0, largest = 0;
       for (const float w : ref["check"]["grads"][p.name].get<std::vector<float>>()) {
         largest = std::max(largest, std::fabs(static_cast<double>(w)));
@@ -126,47 +148,108 @@ int run(int argc, char** argv) {
   }
   ZERO_CHECK(train["param_groups"][0]["weight_decay"].get<float>() > 0, "group 0 is the decayed one");
   opt.max_grad_norm = train["max_grad_norm"].get<float>();
-  opt.gradient_accumulation_steps = micro;
   opt.offload.optimizer = offload;
   opt.layout = {.alignment = 4, .bucket_numel = 1024, .block = 16};
-  Engine engine(EngineComms{.shard = &comm, .tp = tp > 1 ? &mesh.tp() : nullptr,
-                            .model_parallel = tp > 1 ? &mesh.model_parallel() : nullptr},
+  // A pipeline's micro-batches: each reference batch of this dp rank split into `parts` row groups.
+  const int micro_batches = micro_batches_flag > 0 ? micro_batches_flag : micro;
+  if (micro_batches % micro != 0) {
+    ZERO_THROW(InvalidArgument, "--micro-batches {} is not a multiple of the {} reference batches per data-parallel rank",
+               micro_batches, micro);
+  }
+  const int parts = micro_batches / micro;
+  if (pp == 1 && parts != 1) ZERO_THROW(InvalidArgument, "--micro-batches splits batches only under --pp above 1");
+  if (pp > 1) {
+    opt.micro_batches = micro_batches;
+  } else {
+    opt.gradient_accumulation_steps = micro;
+  }
+  Engine engine(EngineComms{.shard = &comm,
+                            .tp = tp > 1 ? &mesh.tp() : nullptr,
+                            .model_parallel = tp * pp > 1 ? &mesh.model_parallel() : nullptr,
+                            .tied = pp > 1 ? mesh.embedding() : nullptr},
                 opt);
-  examples::GptScopes scopes(engine, model);
-  const std::vector<int>& ids = scopes.ids();
+  std::unique_ptr<examples::GptScopes> scopes;
+  std::unique_ptr<examples::GptPipeline> pipe;
+  if (pp > 1) {
+    pipe = std::make_unique<examples::GptPipeline>(
+        full_model, parallel, mesh.pp(),
+        parallel::make_schedule(pp_schedule, pp, micro_batches, chunks, full_model.config().n_layer), pp_layers, engine);
+  } else {
+    scopes = std::make_unique<examples::GptScopes>(engine, model);
+  }
   engine.finalize();
-  const examples::Gpt::Access access = scopes.access();
+  // Every (model, its engine ids) this rank holds: the whole tp part, or its pipeline chunks.
+  std::vector<std::pair<examples::Gpt*, const std::vector<int>*>> held;
+  if (pipe) {
+    for (size_t c = 0; c < pipe->chunks().size(); ++c) held.emplace_back(&pipe->chunks()[c], &pipe->ids(static_cast<int>(c)));
+  } else {
+    held.emplace_back(&model, &scopes->ids());
+  }
 
   double worst_loss = 0, worst_param = 0;
+  uint64_t digest = 1469598103934665603ull;  // FNV-1a over every loss, norm and parameter bit
+  auto mix = [&](const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) digest = (digest ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+  };
   const int steps = train["steps"].get<int>();
   for (int s = 0; s < steps; ++s) {
-    for (int m = 0; m < micro; ++m) {
-      const int r = rank * micro + m;
-      const examples::TokenBatch batch = examples::split_rows(train["tokens_per_step_per_rank"][s][r]);
-      const float loss = model.forward(batch.inputs, batch.targets, batch.B, batch.T, access);
-      const double want = train["loss_per_step_per_rank"][s][r].get<double>();
-      worst_loss = std::max(worst_loss, std::fabs(loss - want) / std::fabs(want));
-      model.backward(1.0f, access);
-      engine.finish_backward();
+    if (pipe) {
+      std::vector<examples::MicroBatch> mbs;
+      for (int m = 0; m < micro; ++m) {
+        const examples::TokenBatch batch = examples::split_rows(train["tokens_per_step_per_rank"][s][rank * micro + m]);
+        if (batch.B % parts != 0) ZERO_THROW(InvalidArgument, "--micro-batches: {} rows do not split into {}", batch.B, parts);
+        const int rows = batch.B / parts;
+        for (int q = 0; q < parts; ++q) {
+          const auto from = static_cast<std::ptrdiff_t>(q * rows * batch.T), to = from + rows * batch.T;
+          mbs.push_back({{batch.inputs.begin() + from, batch.inputs.begin() + to},
+                         {batch.targets.begin() + from, batch.targets.begin() + to}, rows, batch.T});
+        }
+      }
+      const examples::GptPipeline::StepResult r = pipe->train_step(mbs, engine.loss_scale());
+      mix(r.losses.data(), r.losses.size() * sizeof(float));
+      for (int m = 0; m < micro; ++m) {
+        double mean = 0;
+        for (int q = 0; q < parts; ++q) mean += r.losses[static_cast<size_t>(m * parts + q)];
+        mean /= parts;
+        const double want = train["loss_per_step_per_rank"][s][rank * micro + m].get<double>();
+        worst_loss = std::max(worst_loss, std::fabs(mean - want) / std::fabs(want));
+      }
+    } else {
+      const examples::Gpt::Access access = scopes->access();
+      for (int m = 0; m < micro; ++m) {
+        const int r = rank * micro + m;
+        const examples::TokenBatch batch = examples::split_rows(train["tokens_per_step_per_rank"][s][r]);
+        const float loss = model.forward(batch.inputs, batch.targets, batch.B, batch.T, access);
+        mix(&loss, sizeof loss);
+        const double want = train["loss_per_step_per_rank"][s][r].get<double>();
+        worst_loss = std::max(worst_loss, std::fabs(loss - want) / std::fabs(want));
+        model.backward(1.0f, access);
+        engine.finish_backward();
+      }
     }
     const StepResult res = engine.step();
+    mix(&res.grad_norm, sizeof res.grad_norm);
     const double norm = train["grad_norm_before_clip"][s].get<double>();
     ZERO_CHECK(std::fabs(res.grad_norm - norm) <= 1e-5 * norm, "step {}: grad norm {} but PyTorch {}", s + 1,
                res.grad_norm, norm);
     // The parameters after the step, through each unit's scope (the engine owns them at stage 3).
-    for (int u = 0; u < model.num_units(); ++u) {
-      UnitScope scope = engine.gather(u);
-      for (size_t i = 0; i < model.params().size(); ++i) {
-        if (model.params()[i].unit != u) continue;
-        const float* got = scope.param_as<float>(ids[i]);
-        const auto want = part_of(i, train["params_after_step"][s][model.params()[i].name].get<std::vector<float>>());
-        for (size_t e = 0; e < want.size(); ++e) {
-          worst_param = std::max(worst_param, std::fabs(static_cast<double>(got[e]) - want[e]));
-        }
-        if (model.params()[i].name == "wte.weight") {  // the vocabulary's padding rows: exactly zero
-          const size_t C = static_cast<size_t>(model.config().n_embd);
-          for (size_t e = static_cast<size_t>(model.vocab_range().real_rows()) * C; e < want.size(); ++e) {
-            ZERO_CHECK(got[e] == 0.0f, "step {}: a padding row of the vocabulary holds {}", s + 1, got[e]);
+    for (auto& [m, ids] : held) {
+      for (int u : m->units()) {
+        UnitScope scope = engine.gather(u);
+        for (size_t i = 0; i < m->params().size(); ++i) {
+          const examples::Gpt::Param& p = m->params()[i];
+          if (p.unit != u) continue;
+          const float* got = scope.param_as<float>((*ids)[i]);
+          mix(got, p.values.size() * sizeof(float));
+          const auto want = part_of(p, train["params_after_step"][s][p.name].get<std::vector<float>>());
+          for (size_t e = 0; e < want.size(); ++e) {
+            worst_param = std::max(worst_param, std::fabs(static_cast<double>(got[e]) - want[e]));
+          }
+          if (p.name == "wte.weight") {  // the vocabulary's padding rows: exactly zero
+            const size_t C = static_cast<size_t>(m->config().n_embd);
+            for (size_t e = static_cast<size_t>(m->vocab_range().real_rows()) * C; e < want.size(); ++e) {
+              ZERO_CHECK(got[e] == 0.0f, "step {}: a padding row of the vocabulary holds {}", s + 1, got[e]);
+            }
           }
         }
       }
@@ -174,8 +257,11 @@ int run(int argc, char** argv) {
   }
   ZERO_CHECK(worst_loss <= 1e-5, "rank {}: a loss differs from PyTorch's by {} (relative)", rank, worst_loss);
   ZERO_CHECK(worst_param <= 2e-4, "rank {}: a parameter differs from PyTorch's by {}", rank, worst_param);
-  std::printf("rank %d: check and %d steps match PyTorch (loss %.2e relative, parameters %.2e absolute; dp %d x tp %d%s)\n",
+  std::printf("rank %d: check and %d steps match PyTorch (loss %.2e relative, parameters %.2e absolute; dp %d x tp %d%s",
               world_comm.rank(), steps, worst_loss, worst_param, world, tp, sequence_parallel ? ", sequence parallel" : "");
+  if (pipe) std::printf(" x pp %d, %s, %d micro-batches", pp, pipe->schedule().name.c_str(), micro_batches);
+  std::printf(")\n");
+  if (print_digest) std::printf("rank %d digest %016llx\n", world_comm.rank(), static_cast<unsigned long long>(digest));
   return 0;
 }
 

@@ -141,7 +141,7 @@ Gpt::Gpt(const Gpt& full, const GptParallel& parallel, const GptStage& stage)
     const Param& p = full.params_[i];
     Param part = p;
     part.tp = placement(p.name, parallel.sequence_parallel);
-    part.tied = i == 0 && !stage.first;
+    part.tied = i == 0 && stage.first != stage.last;  // wte held by two stages
     std::vector<int64_t> shape = p.shape;
     std::vector<float> whole = p.values;
     if (p.name == "wte.weight") {  // the padding rows: zero, and they stay so (no gradient)

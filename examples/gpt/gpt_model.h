@@ -21,7 +21,7 @@
 // Pipeline parallelism (parallel/pipeline): a model made with `Gpt(full, parallel, stage)` holds one
 // stage's part: a contiguous range of blocks, the embeddings on the first stage, the final LayerNorm
 // and the head on the last. A last stage that is not also the first holds its own copy of wte (unit
-// 0, Param::tied: the engine sums the two copies' gradients over the embedding group). Each
+// 0; both copies are Param::tied: the engine sums their gradients over the embedding group). Each
 // micro-batch's activations are kept apart (forward_micro_batch .. backward_micro_batch, or
 // weight_micro_batch where the backward is split into its input and weight parts, zero-bubble
 // style), so a schedule can run several micro-batches' forwards before their backwards.
@@ -83,7 +83,7 @@ class Gpt {
     bool decay = false;  // matrices and embeddings decay; LayerNorm parameters and biases do not
     int unit = 0;
     TpPlacement tp;      // how the part lies on tp (replicated without tensor parallelism)
-    bool tied = false;   // the last stage's copy of wte (another stage holds the original)
+    bool tied = false;   // wte where the first and the last pipeline stage each hold a copy
   };
   // What a unit is entered for: a forward, a whole backward, or (a split backward) its input or its
   // weight part (zero::BackwardPart's kInput and kWeight).
