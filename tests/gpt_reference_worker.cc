@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -187,10 +188,15 @@ int run(int argc, char** argv) {
   }
 
   double worst_loss = 0, worst_param = 0;
-  uint64_t digest = 1469598103934665603ull;  // FNV-1a over every loss, norm and parameter bit
-  auto mix = [&](const void* p, size_t n) {
-    for (size_t i = 0; i < n; ++i) digest = (digest ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+  // FNV-1a over every loss and norm bit, and per parameter over its final values' bits.
+  auto fnv = [](uint64_t h, const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+    return h;
   };
+  constexpr uint64_t kFnvBasis = 1469598103934665603ull;
+  uint64_t digest = kFnvBasis;
+  auto mix = [&](const void* p, size_t n) { digest = fnv(digest, p, n); };
+  std::map<std::string, uint64_t> param_digest;
   const int steps = train["steps"].get<int>();
   for (int s = 0; s < steps; ++s) {
     if (pipe) {
@@ -240,7 +246,7 @@ int run(int argc, char** argv) {
           const examples::Gpt::Param& p = m->params()[i];
           if (p.unit != u) continue;
           const float* got = scope.param_as<float>((*ids)[i]);
-          mix(got, p.values.size() * sizeof(float));
+          param_digest[p.name] = fnv(kFnvBasis, got, p.values.size() * sizeof(float));
           const auto want = part_of(p, train["params_after_step"][s][p.name].get<std::vector<float>>());
           for (size_t e = 0; e < want.size(); ++e) {
             worst_param = std::max(worst_param, std::fabs(static_cast<double>(got[e]) - want[e]));
@@ -261,7 +267,14 @@ int run(int argc, char** argv) {
               world_comm.rank(), steps, worst_loss, worst_param, world, tp, sequence_parallel ? ", sequence parallel" : "");
   if (pipe) std::printf(" x pp %d, %s, %d micro-batches", pp, pipe->schedule().name.c_str(), micro_batches);
   std::printf(")\n");
-  if (print_digest) std::printf("rank %d digest %016llx\n", world_comm.rank(), static_cast<unsigned long long>(digest));
+  if (print_digest) {
+    // Layout-independent: the losses and norms (every rank has them all), and each parameter this
+    // rank holds (tp part named by its tp rank).
+    std::printf("digest losses %016llx\n", static_cast<unsigned long long>(digest));
+    for (const auto& [name, d] : param_digest) {
+      std::printf("digest %s tp%d %016llx\n", name.c_str(), tp > 1 ? mesh.tp().rank() : 0, static_cast<unsigned long long>(d));
+    }
+  }
   return 0;
 }
 

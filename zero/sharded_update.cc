@@ -27,11 +27,25 @@ ShardedUpdate::ShardedUpdate(const UpdateConfig& config, const ShardLayout& layo
   if (config_.tp != nullptr && !config_.partial_pieces.empty()) {
     tp_order_ = std::make_unique<CollectiveOrder>(device, *config_.tp, config.timeout);
   }
+  int64_t units = 1;
+  for (int u : config_.block_unit) units = std::max<int64_t>(units, int64_t{u} + 1);
   if (config_.model_parallel != nullptr && config_.model_parallel->size() > 1) {
     mp_order_ = std::make_unique<CollectiveOrder>(device, *config_.model_parallel, config.timeout);
-    mp_total_ = device_.allocate_elements(1, DType::kFloat64, cat);
-    mp_host_ = device_.allocate_host_staging(sizeof(double), cat);
+    // Every rank's per-unit vector has the same length: the largest unit id over the group.
+    memory::Buffer n = device_.allocate_elements(1, DType::kInt64, cat);
+    memory::Buffer host = device_.allocate_host_staging(sizeof(int64_t), cat);
+    memory::Stream& compute = device_.compute_stream();
+    *host.as<int64_t>() = units;
+    device_.copy(n.data(), host.data(), sizeof(int64_t), compute);
+    mp_order_->before_issue(compute);
+    mp_order_->after(*config_.model_parallel->all_reduce(n.data(), 1, DType::kInt64, comm::ReduceOp::kMax), compute);
+    device_.copy(host.data(), n.data(), sizeof(int64_t), compute);
+    device_.synchronize(compute, config.timeout);
+    units = *host.as<int64_t>();
   }
+  units_ = static_cast<size_t>(units);
+  mp_total_ = device_.allocate_elements(static_cast<int64_t>(units_), DType::kFloat64, cat);
+  mp_host_ = device_.allocate_host_staging(units_ * sizeof(double), cat);
 }
 
 void ShardedUpdate::sum_partial_gradients(const GradReducer& grads) {
@@ -48,18 +62,21 @@ void ShardedUpdate::sum_partial_gradients(const GradReducer& grads) {
   }
 }
 
-double ShardedUpdate::add_over_model_parallel(double total) {
-  if (!mp_order_) return total;
-  memory::Stream& compute = device_.compute_stream();
-  *mp_host_.as<double>() = total;
-  device_.copy(mp_total_.data(), mp_host_.data(), sizeof(double), compute);
-  mp_order_->before_issue(compute);
-  mp_order_->after(*config_.model_parallel->all_reduce(mp_total_.data(), 1, DType::kFloat64, comm::ReduceOp::kSum),
-                   compute);
-  device_.copy(mp_host_.data(), mp_total_.data(), sizeof(double), compute);
-  device_.record(*sums_ready_, compute);
-  device_.synchronize(*sums_ready_, config_.timeout);
-  return *mp_host_.as<double>();
+double ShardedUpdate::add_over_model_parallel() {
+  double* per_unit = mp_host_.as<double>();
+  if (mp_order_) {
+    memory::Stream& compute = device_.compute_stream();
+    device_.copy(mp_total_.data(), mp_host_.data(), units_ * sizeof(double), compute);
+    mp_order_->before_issue(compute);
+    mp_order_->after(
+        *config_.model_parallel->all_reduce(mp_total_.data(), units_, DType::kFloat64, comm::ReduceOp::kSum), compute);
+    device_.copy(mp_host_.data(), mp_total_.data(), units_ * sizeof(double), compute);
+    device_.record(*sums_ready_, compute);
+    device_.synchronize(*sums_ready_, config_.timeout);
+  }
+  double total = 0.0;
+  for (size_t u = 0; u < units_; ++u) total += per_unit[u];
+  return total;
 }
 
 double ShardedUpdate::global_sum_of_squares(const GradReducer& grads) {
@@ -84,12 +101,14 @@ double ShardedUpdate::global_sum_of_squares(const GradReducer& grads) {
   device_.record(*sums_ready_, compute);
   device_.synchronize(*sums_ready_, config_.timeout);
 
-  // Add in global order: bucket-major, then rank (chunk order), then block; under tensor
-  // parallelism only the blocks this rank counts.
+  // Add in global order, per unit: bucket-major, then rank (chunk order), then block (the flat
+  // order); under tensor parallelism only the blocks this rank counts.
   const double* sums = host_sums_.as<double>();
   const size_t world = gather ? static_cast<size_t>(comm_.size()) : 1;
   const std::vector<bool>& counted = config_.counted;
-  double total = 0.0;
+  const std::vector<int>& unit = config_.block_unit;
+  double* per_unit = mp_host_.as<double>();
+  std::fill(per_unit, per_unit + units_, 0.0);
   size_t base = 0;
   for (size_t b = 0; b < layout_.buckets().size(); ++b) {
     const size_t blocks = ownership_.range(b).len / block;
@@ -97,12 +116,13 @@ double ShardedUpdate::global_sum_of_squares(const GradReducer& grads) {
       const double* x = sums + q * owned_blocks_ + base;
       const size_t flat = gather ? layout_.chunk_begin(b, static_cast<int>(q)) : ownership_.range(b).flat_begin;
       for (size_t j = 0; j < blocks; ++j) {
-        if (counted.empty() || counted[flat / block + j]) total += x[j];
+        const size_t k = flat / block + j;
+        if (counted.empty() || counted[k]) per_unit[unit.empty() || k >= unit.size() ? 0 : unit[k]] += x[j];
       }
     }
     base += blocks;
   }
-  return add_over_model_parallel(total);
+  return add_over_model_parallel();
 }
 
 StepResult ShardedUpdate::step(const GradReducer& grads, float loss_scale, double divisor,

@@ -40,6 +40,11 @@ struct UpdateConfig {
   comm::Communicator* model_parallel = nullptr;
   std::vector<OwnedPiece> partial_pieces;
   std::vector<bool> counted;
+  // The unit of every block of the flat space (empty: all unit 0). The sum of squares is kept per
+  // unit and the units are added in id order after the sum over `model_parallel`, so the norm's
+  // rounding does not depend on which pipeline stage holds which unit (schedules with other
+  // layouts give bitwise the same step when the stages number their units as one model does).
+  std::vector<int> block_unit;
 };
 
 class ShardedUpdate {
@@ -60,7 +65,7 @@ class ShardedUpdate {
  private:
   double global_sum_of_squares(const GradReducer& grads);
   void sum_partial_gradients(const GradReducer& grads);
-  double add_over_model_parallel(double total);
+  double add_over_model_parallel();
 
   UpdateConfig config_;
   const ShardLayout& layout_;
@@ -76,7 +81,8 @@ class ShardedUpdate {
   std::unique_ptr<memory::Event> sums_ready_;
   size_t owned_blocks_ = 0;
   std::unique_ptr<CollectiveOrder> tp_order_, mp_order_;  // with tensor parallelism
-  memory::Buffer mp_total_, mp_host_;                     // the sum of squares, added over mp
+  memory::Buffer mp_total_, mp_host_;                     // the per-unit sums of squares, added over mp
+  size_t units_ = 1;                                      // unit ids below this, on every mp rank
 };
 
 }  // namespace zero

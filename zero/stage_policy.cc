@@ -189,6 +189,12 @@ EngineParts wire_stage(const PolicyInputs& in) {
     }
   }
   uc.model_parallel = in.model_parallel != nullptr ? in.model_parallel : in.tp;  // null without tp or pp
+  uc.block_unit.assign(layout.num_blocks(), 0);
+  for (size_t t = 0; t < in.tensor_param.size(); ++t) {
+    const ShardLayout::Tensor& lt = layout.tensors()[t];
+    const size_t block = layout.options().block;
+    for (size_t k = lt.offset / block; k * block < lt.offset + lt.numel; ++k) uc.block_unit[k] = units[t];
+  }
   if (classes) {
     uc.counted.assign(layout.num_blocks(), true);
     const size_t block = layout.options().block;

@@ -116,7 +116,7 @@ class Step {
     const int from = grads ? k + 1 : k - 1;  // the sending virtual stage
     Posted p{key, std::vector<float>(numel_(key.first, grads ? k : from)), nullptr};
     comm::Communicator& comm = grads ? grads_ : acts_;
-    comm.set_call_label(label_of(grads, key.first, from));
+    comm::CallLabel label(comm, label_of(grads, key.first, from));
     p.work = comm.recv(p.buf.data(), p.buf.size(), DType::kFloat32, peer);
     c.posted.push_back(std::move(p));
   }
@@ -139,7 +139,7 @@ class Step {
                  buf.size(), grads ? k - 1 : k + 1, want);
     }
     comm::Communicator& comm = grads ? grads_ : acts_;
-    comm.set_call_label(label_of(grads, a.mb, k));
+    comm::CallLabel label(comm, label_of(grads, a.mb, k));
     Sent x{std::move(buf), nullptr};
     x.work = comm.send(x.buf.data(), x.buf.size(), DType::kFloat32, s_.peer(rank_, a));
     sent_.push_back(std::move(x));
