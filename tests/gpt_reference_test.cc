@@ -1,9 +1,14 @@
 // The GPT example's model trained by the engine follows PyTorch's data-parallel run at every stage,
 // at the reference's 2 ranks and on 1 rank with 2 micro-steps, with and without optimizer offload;
 // and split over tensor-parallel ranks: gpt_4layer_dp2 at tp 2 and 4 with dp 1 and 2, stages 0-3,
-// with and without sequence parallelism, and with offload at stage 3.
+// with and without sequence parallelism, and with offload at stage 3; and split into pipeline
+// stages: gpt_4layer_dp2 at pp 2 and 4 with dp 1 and 2 under every schedule (interleaved with 2
+// chunks at pp 2), stages 0-3 and stage 3 with offload, uneven stages, every schedule giving bitwise
+// the same losses, norms and parameters at a fixed (dp, pp).
 #include <doctest/doctest.h>
 
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -65,6 +70,89 @@ TEST_CASE("GPT training split over tensor-parallel ranks follows PyTorch") {
     INFO(r.output);
     CHECK(r.exit_code == 0);
     CHECK(r.output.find("dp 2 x tp 2") != std::string::npos);
+  }
+}
+
+// The digest lines of every rank ("digest <what> <hash>"), as a set: the same set means bitwise the
+// same losses, norms and final parameters, whichever rank held what.
+std::set<std::string> digests(const std::string& output) {
+  std::set<std::string> out;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find("digest ");
+    if (at != std::string::npos) out.insert(line.substr(at));
+  }
+  return out;
+}
+
+TEST_CASE("GPT training split into pipeline stages follows PyTorch, bitwise the same under every schedule") {
+  const std::string file = "tests/data/pytorch/gpt/gpt_4layer_dp2.json";
+  struct Layout {
+    int dp, pp, micro_batches;
+  };
+  for (const Layout l : {Layout{1, 2, 4}, Layout{2, 2, 2}, Layout{1, 4, 4}}) {
+    for (const char* stage : {"0", "1", "2", "3"}) {
+      std::set<std::string> first;
+      for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1"}) {
+        const bool interleaved = std::string(schedule) == "interleaved";
+        if (interleaved && l.pp != 2) continue;  // 4 layers: 2 chunks per rank at pp 2 only
+        CAPTURE(l.dp);
+        CAPTURE(l.pp);
+        CAPTURE(stage);
+        CAPTURE(schedule);
+        std::vector<std::string> args = {"--file", file, "--stage", stage, "--pp", std::to_string(l.pp),
+                                         "--pp-schedule", schedule, "--micro-batches", std::to_string(l.micro_batches),
+                                         "--print-digest"};
+        if (interleaved) args.insert(args.end(), {"--chunks", "2"});
+        const auto r = testing::launch(l.dp * l.pp, "tests/gpt_reference_worker", args);
+        INFO(r.output);
+        CHECK(r.exit_code == 0);
+        CHECK(r.output.find("check and 3 steps match PyTorch") != std::string::npos);
+        const std::set<std::string> d = digests(r.output);
+        CHECK(d.size() > 20);  // the losses and every parameter
+        if (first.empty()) {
+          first = d;
+        } else {
+          CHECK(d == first);
+        }
+      }
+    }
+  }
+  // Stage 3 with offload; uneven stages (one holding only the embedding, one only the head).
+  struct Run {
+    int nproc;
+    std::vector<std::string> args;
+  };
+  for (const Run& run : {Run{2, {"--stage", "3", "--offload", "--pp", "2", "--pp-schedule", "zb-h1", "--micro-batches", "4"}},
+                         Run{4, {"--stage", "3", "--offload", "--pp", "2", "--micro-batches", "2"}},
+                         Run{4, {"--stage", "2", "--pp", "4", "--pp-layers", "0,2,2,0", "--micro-batches", "4"}}}) {
+    std::vector<std::string> args = {"--file", file};
+    args.insert(args.end(), run.args.begin(), run.args.end());
+    const auto r = testing::launch(run.nproc, "tests/gpt_reference_worker", args);
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(r.output.find("check and 3 steps match PyTorch") != std::string::npos);
+  }
+}
+
+TEST_CASE("pipeline flags that do not fit fail naming the flag") {
+  const std::string file = "tests/data/pytorch/gpt/gpt_4layer_dp2.json";
+  struct Case {
+    int nproc;
+    std::vector<std::string> args;
+    const char* error;
+  };
+  for (const Case& c : {Case{2, {"--pp", "2", "--pp-layers", "2,1"}, "--pp-layers sums to 3 layers but the model has n_layer 4"},
+                        Case{2, {"--pp", "2", "--pp-layers", "2,x"}, "'x' is not a layer count"},
+                        Case{2, {"--pp", "2", "--pp-schedule", "pipedream"}, "pipedream"},
+                        Case{2, {"--pp", "2", "--micro-batches", "3"}, "--micro-batches 3 is not a multiple"},
+                        Case{3, {"--pp", "2"}, "--tp 1 x --pp 2 does not divide the 3 ranks"}}) {
+    std::vector<std::string> args = {"--file", file};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    const auto r = testing::launch(c.nproc, "tests/gpt_reference_worker", args);
+    INFO(r.output);
+    CHECK(r.exit_code != 0);
+    CHECK(r.output.find(c.error) != std::string::npos);
   }
 }
 
