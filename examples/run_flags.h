@@ -145,6 +145,17 @@ struct RunFlags {
     opt.offload.optimizer = offload || offload_params;
     opt.offload.params = offload_params;
   }
+  // Pipeline stage `stage` of a pipelined model: its own checkpoint directory under --save and
+  // --resume (DIR/stage<k>; each stage's engine holds its own parameters), and its export written
+  // beside --export (FILE.stage<k>) for the caller to merge (merge_safetensors).
+  RunFlags for_pipeline_stage(int stage) const {
+    RunFlags f = *this;
+    const std::string sub = "/stage" + std::to_string(stage);
+    if (!f.save_dir.empty()) f.save_dir += sub;
+    if (!f.resume_dir.empty()) f.resume_dir += sub;
+    if (!f.export_path.empty()) f.export_path += ".stage" + std::to_string(stage);
+    return f;
+  }
   // Loads --resume (if given) and returns the step to start from.
   int resume(Engine& engine) const {
     if (resume_dir.empty()) return 0;

@@ -11,12 +11,17 @@
 // log interval from a JSON file, ours or a DeepSpeed config; docs/config.md) and hybrid sharding
 // (--shard-group-size N): examples/run_flags.h. Tensor parallelism: --tp T splits the model over
 // groups of T consecutive ranks (the engine's data parallelism runs across the groups), with
-// --sequence-parallel the residual stream too (docs/parallel.md).
+// --sequence-parallel the residual stream too (docs/parallel.md). Pipeline parallelism: --pp P splits
+// the layers into P stages (--pp-layers for uneven ones) run by --pp-schedule gpipe|1f1b|interleaved|
+// zb-h1 (--chunks V for interleaved) over --micro-batches M per data-parallel rank, at any stage;
+// the progress line adds the slowest stage's bubble, --timeline FILE writes the last step's actions
+// (FILE, JSON) and their drawing beside the simulator's (FILE.svg); docs/pipeline.md.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -30,7 +35,12 @@
 #include "examples/run_flags.h"
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_model.h"
+#include "examples/gpt/gpt_pipeline.h"
 #include "examples/gpt/text_data.h"
+#include "parallel/pipeline/measured.h"
+#include "parallel/pipeline/schedules.h"
+#include "parallel/pipeline/timeline_svg.h"
+#include "zero/checkpoint/safetensors.h"
 #include "memory/tracker.h"
 #include "optim/lr_schedule.h"
 #include "zero/engine.h"
@@ -44,6 +54,38 @@ std::string printable(const std::vector<int>& tokens) {
   std::string s;
   for (int t : tokens) s += (t == '\n' || (t >= 32 && t < 127)) ? static_cast<char>(t) : '?';
   return s;
+}
+
+// --timeline FILE: the last step's actions of every pipeline rank (JSON) and FILE.svg, the measured
+// timeline above the simulator's from the measured mean costs. Written by the first pipeline's
+// rank 0 (dp 0, tp 0).
+void write_timeline(const std::string& path, const examples::GptPipeline& pipe, const comm::Mesh& mesh,
+                    const std::vector<parallel::Span>& spans) {
+  const parallel::Schedule& s = pipe.schedule();
+  const std::vector<double> mine = parallel::pack_spans(spans);
+  std::vector<double> all(mine.size() * static_cast<size_t>(s.ranks));
+  mesh.pp().all_gather(mine.data(), all.data(), mine.size(), DType::kFloat64)->wait();
+  if (mesh.coord().dp != 0 || mesh.coord().tp != 0 || mesh.coord().pp != 0) return;
+  std::vector<std::vector<parallel::Span>> ranks;
+  for (int r = 0; r < s.ranks; ++r) ranks.push_back(parallel::unpack_spans(all.data() + r * mine.size(), spans.size()));
+  const parallel::MeasuredStep m = parallel::measure(ranks);
+  const parallel::SimResult sim = parallel::simulate(s, parallel::measured_costs(s, ranks));
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) ZERO_THROW(IoError, "--timeline: cannot write '{}'", path);
+  std::fputs(parallel::spans_json(s, ranks).c_str(), f);
+  std::fclose(f);
+  const std::string svg = parallel::timeline_svg(
+      {{fmt::format("{} measured: step {:.1f} ms, bubble {:.1f}%", s.name, 1e3 * m.step_time, 100 * m.bubble_fraction),
+        s.chunks, ranks},
+       {fmt::format("{} simulated from the measured costs: step {:.1f} ms, bubble {:.1f}%", s.name, 1e3 * sim.step_time,
+                    100 * sim.bubble_fraction),
+        s.chunks, sim.timeline}});
+  f = std::fopen((path + ".svg").c_str(), "w");
+  if (f == nullptr) ZERO_THROW(IoError, "--timeline: cannot write '{}.svg'", path);
+  std::fputs(svg.c_str(), f);
+  std::fclose(f);
+  std::printf("timeline of the last step in %s and %s.svg (measured bubble %.1f%%, simulated %.1f%%)\n", path.c_str(),
+              path.c_str(), 100 * m.bubble_fraction, 100 * sim.bubble_fraction);
 }
 
 // The example's options without --config (each flag still overrides them).
@@ -76,6 +118,13 @@ int run(int argc, char** argv) {
   const examples::HybridFlag hybrid = examples::HybridFlag::read(flags, config, opt);
   const int tp = flags.get_int("tp", 1);
   const bool sequence_parallel = flags.get_bool("sequence-parallel", false);
+  const int pp = flags.get_int("pp", 1);
+  const bool micro_batches_given = flags.has("micro-batches");
+  const int micro_batches_flag = flags.get_int("micro-batches", 2 * pp);
+  const std::string pp_schedule = flags.get("pp-schedule", "1f1b");
+  const int chunks = flags.get_int("chunks", 1);
+  const std::vector<int> pp_layers = examples::parse_layer_counts(flags.get("pp-layers", ""));
+  const std::string timeline = flags.get("timeline", "");
   // The parameters: fp32 or bf16.
   const DType dtype =
       parse_dtype(flags.get("dtype", config.model_dtype() ? dtype_name(*config.model_dtype()) : "fp32"));
@@ -88,6 +137,15 @@ int run(int argc, char** argv) {
   // bits at every stage. A config file says for itself.
   if (!config.config) opt.grad_accum_dtype = dtype;
   if (tp < 1) ZERO_THROW(InvalidArgument, "--tp {} is not positive", tp);
+  if (pp < 1) ZERO_THROW(InvalidArgument, "--pp {} is not positive", pp);
+  if (micro_batches_flag < 1) ZERO_THROW(InvalidArgument, "--micro-batches {} is not positive", micro_batches_flag);
+  if (pp == 1 && (chunks != 1 || !pp_layers.empty() || !timeline.empty() || flags.has("pp-schedule"))) {
+    ZERO_THROW(InvalidArgument, "--pp-schedule, --chunks, --pp-layers and --timeline need --pp above 1");
+  }
+  // At pp 1 micro-batches are micro-steps of accumulation (the same thing); above, the pipeline's.
+  if (pp == 1 && micro_batches_given) opt.gradient_accumulation_steps = micro_batches_flag;
+  const int micro_batches = pp > 1 ? micro_batches_flag : 1;
+  if (pp > 1) opt.micro_batches = micro_batches;
   if (sequence_parallel && tp == 1) {
     ZERO_THROW(InvalidArgument, "--sequence-parallel needs --tp above 1 (it splits the sequence over the tp ranks)");
   }
@@ -96,32 +154,47 @@ int run(int argc, char** argv) {
 
   comm::ProcessGroup pg = comm::init_process_group();
   comm::Communicator& comm = *pg.host;
-  if (comm.size() % tp != 0) ZERO_THROW(InvalidArgument, "--tp {} does not divide the {} ranks", tp, comm.size());
-  // Groups of tp consecutive ranks hold one model between them; data parallelism runs across them.
-  comm::Mesh mesh(comm, {.pp = 1, .dp = comm.size() / tp, .tp = tp});
+  if (comm.size() % (tp * pp) != 0) {
+    ZERO_THROW(InvalidArgument, "--tp {} x --pp {} does not divide the {} ranks", tp, pp, comm.size());
+  }
+  // Groups of tp consecutive ranks hold one stage's part between them, pipeline stages outermost;
+  // data parallelism runs across the copies of each stage.
+  comm::Mesh mesh(comm, {.pp = pp, .dp = comm.size() / (tp * pp), .tp = tp});
   const int rank = comm.rank();
   const int dp_rank = mesh.dp().rank(), world = mesh.dp().size();  // the data-parallel ranks
   config.print(rank);
   const int batch = batch_given ? batch_flag : config.global_batch(micro, world).value_or(batch_flag);
-  if (batch % (world * micro) != 0) {
-    ZERO_THROW(InvalidArgument, "--batch {} is not a multiple of {} ranks x {} micro-steps", batch, world, micro);
+  if (batch % (world * micro * micro_batches) != 0) {
+    ZERO_THROW(InvalidArgument, "--batch {} is not a multiple of {} data-parallel ranks x {} micro-steps x {} micro-batches",
+               batch, world, micro, micro_batches);
   }
-  const int local = batch / (world * micro);
+  const int local = batch / (world * micro * micro_batches);
   const int T = cfg.block_size;
   const examples::TextData data(corpus, T, 0.1, static_cast<uint64_t>(seed));
   const examples::Gpt whole(cfg, static_cast<uint64_t>(seed));
-  examples::Gpt model = tp > 1 ? examples::Gpt(whole, {&mesh.tp(), sequence_parallel}) : whole;
+  const examples::GptParallel parallel{tp > 1 ? &mesh.tp() : nullptr, sequence_parallel};
+  std::optional<examples::Gpt> model;  // without pipelining: this rank's (tp part of the) model
+  if (pp == 1) model.emplace(tp > 1 ? examples::Gpt(whole, parallel) : whole);
 
   const std::unique_ptr<comm::HybridGroups> groups = hybrid.groups(mesh.dp());
   EngineComms comms = examples::engine_comms(mesh.dp(), groups.get());
-  if (tp > 1) {
-    comms.tp = &mesh.tp();
-    comms.model_parallel = &mesh.model_parallel();
-  }
+  if (tp > 1) comms.tp = &mesh.tp();
+  if (tp * pp > 1) comms.model_parallel = &mesh.model_parallel();
+  if (pp > 1) comms.tied = mesh.embedding();
   Engine engine(comms, opt);
-  examples::GptScopes scopes(engine, model, dtype);
+  // The whole model (tp part) in one set of scopes, or this rank's pipeline chunks.
+  std::unique_ptr<examples::GptScopes> scopes;
+  std::unique_ptr<examples::GptPipeline> pipe;
+  if (pp > 1) {
+    pipe = std::make_unique<examples::GptPipeline>(
+        whole, parallel, mesh.pp(), parallel::make_schedule(pp_schedule, pp, micro_batches, chunks, cfg.n_layer),
+        pp_layers, engine, dtype);
+  } else {
+    scopes = std::make_unique<examples::GptScopes>(engine, *model, dtype);
+  }
   engine.finalize();
-  const examples::Gpt::Access access = scopes.access();
+  const examples::Gpt::Access access = scopes ? scopes->access() : examples::Gpt::Access{};
+  const examples::RunFlags stage_flags = pp > 1 ? run_flags.for_pipeline_stage(mesh.coord().pp) : run_flags;
   // The schedule peaks at group 0's lr; other groups keep their ratio to it.
   std::vector<float> base_lr;
   for (const optim::Hyper& g : opt.optimizer.groups) base_lr.push_back(g.lr);
@@ -133,14 +206,17 @@ int run(int argc, char** argv) {
                 "data: %s, %zu bytes for training, %zu held out (unigram entropy %.4f nats/byte); global batch %d x "
                 "%d tokens\n",
                 cfg.n_layer, cfg.n_head, cfg.n_embd, T, whole.num_params(), dtype_name(dtype), comm.size(),
-                tp > 1 ? fmt::format(" (dp {} x tp {}{})", world, tp, sequence_parallel ? ", sequence parallel" : "").c_str()
-                       : "",
+                tp * pp > 1 ? fmt::format(" (dp {} x tp {} x pp {}{}{})", world, tp, pp,
+                                          sequence_parallel ? ", sequence parallel" : "",
+                                          pipe ? fmt::format(", {} with {} micro-batches", pipe->schedule().name,
+                                                             micro_batches) : "").c_str()
+                            : "",
                 opt.stage,
                 opt.offload.optimizer ? ", optimizer offloaded" : "", opt.offload.params ? " (and parameters)" : "",
                 data.source().c_str(), data.train_bytes(), data.val_bytes(), data.unigram_entropy(), batch, T);
   }
 
-  const int first_step = run_flags.resume(engine);
+  const int first_step = stage_flags.resume(engine);
   std::vector<int> x, y;
   auto validation_loss = [&] {
     // Forward-only: not recorded in stage 3's unit order, so the next step still prefetches.
@@ -148,7 +224,7 @@ int run(int argc, char** argv) {
     double sum = 0;
     for (int v = 0; v < val_batches; ++v) {
       data.batch(v, dp_rank * (batch / world), batch / world, true, &x, &y);
-      sum += model.forward(x, y, batch / world, T, access);
+      sum += pipe ? pipe->evaluate({{x, y, batch / world, T}}) : model->forward(x, y, batch / world, T, access);
     }
     double mean = sum / val_batches;
     comm.all_reduce(&mean, 1, DType::kFloat64, comm::ReduceOp::kAvg)->wait();
@@ -162,10 +238,24 @@ int run(int argc, char** argv) {
     }
     const auto t0 = Clock::now();
     double loss_sum = 0;
+    std::vector<parallel::Span> spans;
+    size_t activation_peak = 0;
     for (int m = 0; m < micro; ++m) {
-      data.batch(step, (dp_rank * micro + m) * local, local, false, &x, &y);
-      loss_sum += model.forward(x, y, local, T, access);
-      model.backward(engine.loss_scale(), access);
+      if (pipe) {
+        std::vector<examples::MicroBatch> mbs;
+        for (int q = 0; q < micro_batches; ++q) {
+          data.batch(step, ((dp_rank * micro + m) * micro_batches + q) * local, local, false, &x, &y);
+          mbs.push_back({x, y, local, T});
+        }
+        examples::GptPipeline::StepResult pr = pipe->train_step(mbs, engine.loss_scale());
+        loss_sum += pr.loss;
+        spans = std::move(pr.spans);
+        activation_peak = std::max(activation_peak, pr.peak_activation_bytes);
+      } else {
+        data.batch(step, (dp_rank * micro + m) * local, local, false, &x, &y);
+        loss_sum += model->forward(x, y, local, T, access);
+        model->backward(engine.loss_scale(), access);
+      }
       engine.finish_backward();
     }
     const StepResult r = engine.step();
@@ -176,13 +266,24 @@ int run(int argc, char** argv) {
     double mem = static_cast<double>(engine.device().tracker().current_total());
     comm.all_reduce(&mem, 1, DType::kFloat64, comm::ReduceOp::kMax)->wait();
     const StepTimings& tm = engine.step_timings();
+    // Pipelines: the slowest stage's bubble (idle / its step's compute span) and the largest
+    // activation peak.
+    double pipe_stats[2] = {0, static_cast<double>(activation_peak)};
+    if (pipe) {
+      pipe_stats[0] = parallel::measure({spans}).worst_bubble;
+      comm.all_reduce(pipe_stats, 2, DType::kFloat64, comm::ReduceOp::kMax)->wait();
+    }
     if (rank == 0 && ((step + 1) % log_every == 0 || step + 1 == steps)) {
       std::printf("step %4d | loss %.4f | norm %.2f | lr %.2e | %7.0f tok/s | %6.1f ms (gather %.1f, reduce %.1f, "
-                  "update %.1f) | mem/rank %s\n",
+                  "update %.1f) | mem/rank %s%s\n",
                   step + 1, loss, r.grad_norm, step_lr, batch * T / dt, 1e3 * dt, 1e3 * tm.gather_wait_s, 1e3 * tm.reduce_wait_s,
-                  1e3 * tm.optimizer_s, memory::format_bytes(static_cast<uint64_t>(mem)).c_str());
+                  1e3 * tm.optimizer_s, memory::format_bytes(static_cast<uint64_t>(mem)).c_str(),
+                  pipe ? fmt::format(" | bubble {:.1f}% | activations {}", 100 * pipe_stats[0],
+                                     memory::format_bytes(static_cast<uint64_t>(pipe_stats[1]))).c_str()
+                       : "");
       std::fflush(stdout);
     }
+    if (pipe && !timeline.empty() && step + 1 == steps) write_timeline(timeline, *pipe, mesh, spans);
     if (val_every > 0 && ((step + 1) % val_every == 0 || step + 1 == steps)) {
       const double val = validation_loss();
       if (rank == 0) {
@@ -203,9 +304,21 @@ int run(int argc, char** argv) {
                     memory::format_bytes(static_cast<uint64_t>(mem4[3])).c_str());
       }
     }
-    run_flags.after_step(engine, step + 1, steps);  // the data is a function of the step, which it keeps
+    stage_flags.after_step(engine, step + 1, steps);  // the data is a function of the step, which it keeps
   }
-  run_flags.finish(engine);
+  stage_flags.finish(engine);
+  if (pipe && !run_flags.export_path.empty()) {
+    // Each stage exported its tensors; one file in GPT-2's layout (the tied wte once).
+    comm.barrier()->wait();
+    if (rank == 0) {
+      std::vector<std::string> parts;
+      for (int k = 0; k < pp; ++k) parts.push_back(run_flags.for_pipeline_stage(k).export_path);
+      merge_safetensors(parts, run_flags.export_path);
+      for (const std::string& part : parts) std::remove(part.c_str());
+      std::printf("weights exported to %s\n", run_flags.export_path.c_str());
+    }
+    comm.barrier()->wait();
+  }
   comm.barrier()->wait();
   for (int r = 0; r < comm.size(); ++r) {
     if (r == rank) {
@@ -220,7 +333,7 @@ int run(int argc, char** argv) {
     std::vector<int> text = data.prompt("This program is free software", static_cast<size_t>(std::min(16, T)));
     std::mt19937_64 rng(static_cast<uint64_t>(seed));
     for (int i = 0; i < sample_tokens; ++i) {
-      std::vector<float> logits = model.next_logits(text, access);
+      std::vector<float> logits = pipe ? pipe->next_logits(text) : model->next_logits(text, access);
       int next = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
       if (top_k > 0) {
         std::vector<int> order(logits.size());
