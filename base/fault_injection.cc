@@ -16,9 +16,9 @@
 namespace zero::fault {
 namespace {
 
-constexpr std::array<const char*, 7> kPoints = {"forward",        "reduce_scatter",   "prefetch",
+constexpr std::array<const char*, 8> kPoints = {"forward",        "reduce_scatter",   "prefetch",
                                                 "optimizer_step", "checkpoint_write", "collective_sends",
-                                                "tp_collective"};
+                                                "tp_collective",  "pipeline_action"};
 
 std::atomic<bool> g_armed{false};
 std::mutex g_mu;
@@ -31,6 +31,7 @@ void fire(const Plan& p) {
   std::fprintf(stderr, "fault injection: %s at '%s'\n",
                p.action == Plan::Action::kKill    ? "killing this process"
                : p.action == Plan::Action::kStall ? "stalling this thread for good"
+               : p.action == Plan::Action::kThrow ? "throwing"
                                                   : "delaying this thread",
                p.point.c_str());
   std::fflush(stderr);
@@ -43,6 +44,8 @@ void fire(const Plan& p) {
     case Plan::Action::kDelay:
       std::this_thread::sleep_for(std::chrono::duration<double>(p.delay_s));
       break;
+    case Plan::Action::kThrow:
+      ZERO_THROW(Error, "fault injected at '{}'", p.point);
   }
 }
 
@@ -58,7 +61,7 @@ Plan parse_plan(std::string_view text) {
   for (const char* k : kPoints) known = known || p.point == k;
   if (!known) {
     ZERO_THROW(InvalidArgument, "fault plan '{}': unknown point '{}' (forward, reduce_scatter, prefetch, optimizer_step, "
-                                "checkpoint_write, collective_sends)", t, p.point);
+                                "checkpoint_write, collective_sends, tp_collective, pipeline_action)", t, p.point);
   }
   const size_t b = t.find(':', a + 1);
   const std::string action = t.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1);
@@ -66,6 +69,8 @@ Plan parse_plan(std::string_view text) {
     p.action = Plan::Action::kKill;
   } else if (action == "stall") {
     p.action = Plan::Action::kStall;
+  } else if (action == "throw") {
+    p.action = Plan::Action::kThrow;
   } else if (action.rfind("delay=", 0) == 0) {
     p.action = Plan::Action::kDelay;
     char* end = nullptr;
@@ -74,7 +79,7 @@ Plan parse_plan(std::string_view text) {
       ZERO_THROW(InvalidArgument, "fault plan '{}': delay '{}' is not a number of seconds", t, action.substr(6));
     }
   } else {
-    ZERO_THROW(InvalidArgument, "fault plan '{}': unknown action '{}' (kill, stall, delay=S)", t, action);
+    ZERO_THROW(InvalidArgument, "fault plan '{}': unknown action '{}' (kill, stall, delay=S, throw)", t, action);
   }
   if (b != std::string::npos) {
     char* end = nullptr;

@@ -9,22 +9,24 @@
 //
 // ACTION: kill (SIGKILL: the process vanishes mid-step, as an OOM kill or a node loss), stall (the
 // thread sleeps and never returns: the process stays alive and silent, its sockets open), delay=S
-// (sleeps S seconds, then goes on: a rank late past its peers' timeout). N: fire the N-th time the
-// point is reached (default 1); it fires once.
+// (sleeps S seconds, then goes on: a rank late past its peers' timeout), throw (an Error from the
+// point: a failing stage function). N: fire the N-th time the point is reached (default 1); it
+// fires once.
 //
 // The points: "forward" (a unit's forward scope opens), "reduce_scatter" (a gradient bucket's
 // reduction is about to be issued), "prefetch" (stage 3 issues a prefetch all-gather),
 // "optimizer_step" (the sharded update begins), "checkpoint_write" (a rank's checkpoint data file is
 // written but not yet synced, renamed or indexed: once per save), "collective_sends" (inside a Gloo reduce-scatter, after its receives are posted and
 // before any data is sent: a rank that stalls mid-collective), "tp_collective" (a tensor-parallel
-// region's collective, f or g or their sequence-parallel forms, is about to be issued).
+// region's collective, f or g or their sequence-parallel forms, is about to be issued),
+// "pipeline_action" (the pipeline runner is about to run a compute action: F, B, W or BW).
 #include <string>
 #include <string_view>
 
 namespace zero::fault {
 
 struct Plan {
-  enum class Action { kKill, kStall, kDelay };
+  enum class Action { kKill, kStall, kDelay, kThrow };
   std::string point;
   Action action = Action::kKill;
   double delay_s = 0;

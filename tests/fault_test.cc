@@ -126,7 +126,7 @@ TEST_CASE("killed in a tensor-parallel all-reduce (dp 2 x tp 2): every rank ends
   const auto t0 = Clock::now();
   const auto r = launch3({"--tp", "2", "--stage", "2", "--fault", "tp_collective:kill:15", "--fault-rank", "1",
                           "--timeout-s", "6", "--steps", "12"},
-                         4, "tests/tp_fault_worker");
+                         4, "tests/mp_fault_worker");
   const double took = std::chrono::duration<double>(Clock::now() - t0).count();
   INFO(r.output);
   CHECK(r.exit_code != 0);
@@ -140,6 +140,47 @@ TEST_CASE("killed in a tensor-parallel all-reduce (dp 2 x tp 2): every rank ends
     // Its tensor-parallel peer (0) and its data-parallel peer (3) name it by its world rank.
     if (survivor != 2) CHECK_MESSAGE(mine.find("world rank 1)") != std::string::npos, mine);
   }
+}
+
+// Pipelines of two stages (1F1B, 4 micro-batches): dp 1 on 2 ranks, then dp 2 on 4 (the mesh puts
+// pp outermost: world ranks 0-1 hold stage 0, 2-3 stage 1; 0 and 2 form one pipeline).
+TEST_CASE("a stage function that throws mid-pipeline: every rank ends in time, naming the stage, action and micro-batch") {
+  const auto t0 = Clock::now();
+  // Rank 1 (pipeline rank 1, the last stage) throws at its 3rd compute action of step 2: 1F1B at
+  // p = 2 runs F0 B0 F1 B1 ... there, so the 11th action overall is step 2's F1.
+  const auto r = launch3({"--tp", "1", "--pp", "2", "--stage", "3", "--fault", "pipeline_action:throw:11", "--fault-rank",
+                          "1", "--timeout-s", "6", "--steps", "4"},
+                         2, "tests/mp_fault_worker");
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK(took < 30);
+  const std::string thrower = lines_of(r.output, 1);
+  CHECK(thrower.find("pipeline rank 1: F of micro-batch 1 failed: fault injected at 'pipeline_action'") !=
+        std::string::npos);
+  // Its peer fails at once on the transfer it waited for, naming its own stage and action.
+  const std::string peer = lines_of(r.output, 0);
+  CHECK(peer.find("fault_worker:") != std::string::npos);
+  CHECK(peer.find("pipeline rank 0:") != std::string::npos);
+}
+
+TEST_CASE("a rank killed mid-pipeline (pp 2 x dp 2): every rank ends in time, naming the lost one") {
+  const auto t0 = Clock::now();
+  const auto r = launch3({"--tp", "1", "--pp", "2", "--stage", "2", "--fault", "pipeline_action:kill:13", "--fault-rank",
+                          "2", "--timeout-s", "6", "--steps", "4"},
+                         4, "tests/mp_fault_worker");
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK(took < 45);
+  CHECK(r.output.find("zerorun: rank 2 (pid") != std::string::npos);
+  CHECK(r.output.find("signal 9") != std::string::npos);
+  for (int survivor : {0, 1, 3}) {
+    CAPTURE(survivor);
+    CHECK(lines_of(r.output, survivor).find("fault_worker:") != std::string::npos);  // ended with its own error
+  }
+  // Its pipeline peer (world rank 0, stage 0 of the same pipeline) names the action it was in.
+  CHECK(lines_of(r.output, 0).find("pipeline rank 0:") != std::string::npos);
 }
 
 TEST_CASE("the store's host (rank 0) killed: the others fail at once, naming the operation and the lost store") {

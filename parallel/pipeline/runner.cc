@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "base/check.h"
+#include "base/fault_injection.h"
 #include "parallel/pipeline/pipeline_check.h"
 
 namespace zero::parallel {
@@ -62,6 +63,7 @@ class Step {
       case Op::kSendB: send(a, true, std::move(grad_in_.at(key)), k); grad_in_.erase(key); return;
       default: break;
     }
+    fault::point("pipeline_action");
     const double start = seconds();
     if (a.op == Op::kF) {
       std::vector<float> out;
