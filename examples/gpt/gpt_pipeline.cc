@@ -1,6 +1,7 @@
 #include "examples/gpt/gpt_pipeline.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <string>
 #include <numeric>
@@ -116,7 +117,25 @@ GptPipeline::StepResult GptPipeline::train_step(const std::vector<MicroBatch>& m
   r.loss = static_cast<float>(sum / static_cast<double>(losses.size()));
   r.losses = std::move(losses);
   for (const Gpt& c : chunks_) r.peak_activation_bytes += c.peak_activation_bytes();
+  r.start_s = std::chrono::duration<double>(runner_->last_start().time_since_epoch()).count();
   return r;
+}
+
+size_t GptPipeline::activation_bytes_per_micro_batch(int B, int T) {
+  constexpr int kProbe = -3;
+  const size_t numel = chunks_.front().activation_numel(B, T);
+  const std::vector<float> input(numel, 0.0f);
+  const std::vector<int> tokens(static_cast<size_t>(B) * static_cast<size_t>(T), 0);
+  size_t bytes = 0;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    Gpt& model = chunks_[c];
+    const size_t before = model.activation_bytes();
+    std::vector<float> out;
+    model.forward_micro_batch(kProbe, tokens, tokens, B, T, input.data(), &out, access_[c]);
+    bytes += model.activation_bytes() - before;
+    model.forget(kProbe);
+  }
+  return bytes;
 }
 
 void GptPipeline::from_last_stage(std::vector<float>& values) {

@@ -50,6 +50,7 @@ class GptPipeline {
     std::vector<float> losses;             // each micro-batch's (every pipeline rank)
     std::vector<parallel::Span> spans;     // this rank's compute actions
     size_t peak_activation_bytes = 0;      // this rank's chunks, at most at once during the step
+    double start_s = 0;                    // when the spans' time 0 was (steady clock, seconds)
   };
   // One step's forwards and backwards of `micro_batches` (the schedule's m of them) by the schedule;
   // the caller calls engine.step() after.
@@ -65,6 +66,8 @@ class GptPipeline {
   std::vector<Gpt>& chunks() { return chunks_; }
   const std::vector<int>& ids(int chunk) const { return scopes_[static_cast<size_t>(chunk)]->ids(); }
   bool holds_last_stage() const;
+  // The activation bytes one B x T micro-batch leaves in this rank's chunks after its forward.
+  size_t activation_bytes_per_micro_batch(int B, int T);
 
  private:
   // A forward-only pass of one micro-batch through every stage in model order; the loss (last stage)

@@ -179,6 +179,7 @@ PipelineRunner::PipelineRunner(Schedule schedule, int rank, comm::Communicator& 
 
 std::vector<Span> PipelineRunner::run(const StageFunctions& fns) {
   const auto t0 = Clock::now();
+  last_start_ = t0;
   std::vector<Span> spans;
   Step step(schedule_, rank_, pp_, *grads_, numel_);
   for (const Action& a : schedule_.actions[static_cast<size_t>(rank_)]) {

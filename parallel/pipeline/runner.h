@@ -15,6 +15,7 @@
 // rank, the action and the micro-batch ("pipeline rank 1: F of micro-batch 3 (chunk 0) failed: ...").
 // Transfers carry a label naming what they hold ("act mb 3 from vs 1"), so that the communicator's
 // schedule check names a disagreement in those terms.
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -48,8 +49,11 @@ class PipelineRunner {
   PipelineRunner(Schedule schedule, int rank, comm::Communicator& pp,
                  std::function<size_t(int mb, int virtual_stage)> activation_numel);
 
-  // One step: every action of this rank, in order. Returns the compute actions' spans.
+  // One step: every action of this rank, in order. Returns the compute actions' spans (seconds
+  // since the step began on this rank).
   std::vector<Span> run(const StageFunctions& fns);
+  // When the last run() began (steady clock: comparable across the processes of one machine).
+  std::chrono::steady_clock::time_point last_start() const { return last_start_; }
 
  private:
   const Schedule schedule_;
@@ -57,6 +61,7 @@ class PipelineRunner {
   comm::Communicator& pp_;                    // activations
   std::unique_ptr<comm::Communicator> grads_;  // their gradients
   const std::function<size_t(int, int)> numel_;
+  std::chrono::steady_clock::time_point last_start_{};
 };
 
 }  // namespace zero::parallel
