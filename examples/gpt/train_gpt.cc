@@ -15,7 +15,8 @@
 // the layers into P stages (--pp-layers for uneven ones) run by --pp-schedule gpipe|1f1b|interleaved|
 // zb-h1 (--chunks V for interleaved) over --micro-batches M per data-parallel rank, at any stage;
 // the progress line adds the slowest stage's bubble, --timeline FILE writes the last step's actions
-// (FILE, JSON) and their drawing beside the simulator's (FILE.svg); docs/pipeline.md.
+// (FILE, JSON) and their drawing beside the simulator's (FILE.svg); at stage 3 units stay gathered
+// through the step's micro-batches unless --regather-per-micro-batch; docs/pipeline.md.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -125,6 +126,7 @@ int run(int argc, char** argv) {
   const int chunks = flags.get_int("chunks", 1);
   const std::vector<int> pp_layers = examples::parse_layer_counts(flags.get("pp-layers", ""));
   const std::string timeline = flags.get("timeline", "");
+  const bool regather = flags.get_bool("regather-per-micro-batch", false);
   // The parameters: fp32 or bf16.
   const DType dtype =
       parse_dtype(flags.get("dtype", config.model_dtype() ? dtype_name(*config.model_dtype()) : "fp32"));
@@ -139,13 +141,15 @@ int run(int argc, char** argv) {
   if (tp < 1) ZERO_THROW(InvalidArgument, "--tp {} is not positive", tp);
   if (pp < 1) ZERO_THROW(InvalidArgument, "--pp {} is not positive", pp);
   if (micro_batches_flag < 1) ZERO_THROW(InvalidArgument, "--micro-batches {} is not positive", micro_batches_flag);
-  if (pp == 1 && (chunks != 1 || !pp_layers.empty() || !timeline.empty() || flags.has("pp-schedule"))) {
-    ZERO_THROW(InvalidArgument, "--pp-schedule, --chunks, --pp-layers and --timeline need --pp above 1");
+  if (pp == 1 && (chunks != 1 || !pp_layers.empty() || !timeline.empty() || flags.has("pp-schedule") || regather)) {
+    ZERO_THROW(InvalidArgument,
+               "--pp-schedule, --chunks, --pp-layers, --timeline and --regather-per-micro-batch need --pp above 1");
   }
   // At pp 1 micro-batches are micro-steps of accumulation (the same thing); above, the pipeline's.
   if (pp == 1 && micro_batches_given) opt.gradient_accumulation_steps = micro_batches_flag;
   const int micro_batches = pp > 1 ? micro_batches_flag : 1;
   if (pp > 1) opt.micro_batches = micro_batches;
+  opt.regather_per_micro_batch = regather;
   if (sequence_parallel && tp == 1) {
     ZERO_THROW(InvalidArgument, "--sequence-parallel needs --tp above 1 (it splits the sequence over the tp ranks)");
   }
