@@ -547,7 +547,7 @@ void Gpt::backward_micro_batch(int mb, float loss_scale, const float* grad_outpu
     const Matrix* xhat = &a.lnf.xhat;
     Matrix dn = layer_norm_backward_input(dx, a.lnf.xhat, a.lnf.rstd, value(access, iw));
     const size_t bytes = matrix_bytes(dx);
-    weight_grad(c.n_layer + 1, [=, dy = std::move(dx)](const Access& w) {
+    weight_grad(c.n_layer + 1, [iw, ib, xhat, dy = std::move(dx)](const Access& w) {
       layer_norm_backward_weight(dy, *xhat, w.grad(iw), w.grad(ib));
     }, access, bytes);
     dx = std::move(dn);
@@ -564,35 +564,48 @@ void Gpt::backward_micro_batch(int mb, float loss_scale, const float* grad_outpu
     const BlockCache* k = &a.blocks[static_cast<size_t>(l - stage_.first_layer)];
     auto P = [&](int j) { return value(access, p_block(l, j)); };
     auto I = [&](int j) { return p_block(l, j); };
-    // x_out = x_mid + mlp(ln_2(x_mid)); the row-parallel bias saw dx, the weight the whole dm.
-    weight_grad(u, [i = I(11), C, db = RowVector(dx.colwise().sum())](const Access& w) { RowMap(w.grad(i), C) += db; },
-                access, static_cast<size_t>(C) * sizeof(float));
+    // The weight-gradient work of the block's layers (now, or kept for the weight pass): a bias
+    // that saw `dy`; a linear layer's weight and bias (j, j + 1) from its output gradient and input;
+    // a LayerNorm's from its output gradient and normalized input.
+    auto bias = [&](int j, const Matrix& dy) {
+      weight_grad(u, [i = I(j), C, db = RowVector(dy.colwise().sum())](const Access& w) { RowMap(w.grad(i), C) += db; },
+                  access, static_cast<size_t>(C) * sizeof(float));
+    };
+    auto linear = [&](int j, Matrix&& dy, const Matrix* x) {
+      const size_t bytes = matrix_bytes(dy);
+      weight_grad(u, [iw = I(j), ib = I(j + 1), x, dy = std::move(dy)](const Access& w) {
+        linear_backward_weight(dy, *x, w.grad(iw), w.grad(ib));
+      }, access, bytes);
+    };
+    auto norm = [&](int j, Matrix&& dy, const Matrix* xhat) {
+      const size_t bytes = matrix_bytes(dy);
+      weight_grad(u, [iw = I(j), ib = I(j + 1), xhat, dy = std::move(dy)](const Access& w) {
+        layer_norm_backward_weight(dy, *xhat, w.grad(iw), w.grad(ib));
+      }, access, bytes);
+    };
+    // Row-parallel projections: their bias added once after the sum over tp (it saw dx), their
+    // weight the whole (gathered) output gradient.
+    auto row_parallel = [&](int j, Matrix&& dy, const Matrix* x, Eigen::Index in) {
+      const size_t bytes = matrix_bytes(dy);
+      weight_grad(u, [i = I(j), C, in, x, dy = std::move(dy)](const Access& w) {
+        Map(w.grad(i), C, in).noalias() += dy.transpose() * *x;
+      }, access, bytes);
+    };
+    // x_out = x_mid + mlp(ln_2(x_mid))
+    bias(11, dx);
     Matrix dm = leave_region_backward(dx);
     const Matrix dg = dm * ConstMap(P(10), C, hidden);
-    size_t bytes = matrix_bytes(dm);
-    weight_grad(u, [i = I(10), C, hidden, k, dm = std::move(dm)](const Access& w) {
-      Map(w.grad(i), C, hidden).noalias() += dm.transpose() * k->gelu;
-    }, access, bytes);
+    row_parallel(10, std::move(dm), &k->gelu, hidden);
     Matrix dfc = dg.array() * k->fc.unaryExpr([](float v) { return gelu_grad(v); }).array();
     Matrix dh2 = enter_region_backward(linear_backward_input(dfc, P(8), C));
-    bytes = matrix_bytes(dfc);
-    weight_grad(u, [iw = I(8), ib = I(9), k, dfc = std::move(dfc)](const Access& w) {
-      linear_backward_weight(dfc, k->h2, w.grad(iw), w.grad(ib));
-    }, access, bytes);
+    linear(8, std::move(dfc), &k->h2);
     dx += layer_norm_backward_input(dh2, k->ln2.xhat, k->ln2.rstd, P(6));
-    bytes = matrix_bytes(dh2);
-    weight_grad(u, [iw = I(6), ib = I(7), k, dh2 = std::move(dh2)](const Access& w) {
-      layer_norm_backward_weight(dh2, k->ln2.xhat, w.grad(iw), w.grad(ib));
-    }, access, bytes);
+    norm(6, std::move(dh2), &k->ln2.xhat);
     // x_mid = x_in + attn(ln_1(x_in))
-    weight_grad(u, [i = I(5), C, db = RowVector(dx.colwise().sum())](const Access& w) { RowMap(w.grad(i), C) += db; },
-                access, static_cast<size_t>(C) * sizeof(float));
+    bias(5, dx);
     Matrix dyf = leave_region_backward(dx);
     const Matrix dy = dyf * ConstMap(P(4), C, qkv.width);
-    bytes = matrix_bytes(dyf);
-    weight_grad(u, [i = I(4), C, width = qkv.width, k, dyf = std::move(dyf)](const Access& w) {
-      Map(w.grad(i), C, width).noalias() += dyf.transpose() * k->att_y;
-    }, access, bytes);
+    row_parallel(4, std::move(dyf), &k->att_y, qkv.width);
     Matrix dqkv = Matrix::Zero(BT, 3 * qkv.width);
     for (int b = 0; b < B; ++b) {
       for (int h = 0; h < qkv.heads; ++h) {
@@ -612,15 +625,9 @@ void Gpt::backward_micro_batch(int mb, float loss_scale, const float* grad_outpu
       }
     }
     Matrix dh1 = enter_region_backward(linear_backward_input(dqkv, P(2), C));
-    bytes = matrix_bytes(dqkv);
-    weight_grad(u, [iw = I(2), ib = I(3), k, dqkv = std::move(dqkv)](const Access& w) {
-      linear_backward_weight(dqkv, k->h1, w.grad(iw), w.grad(ib));
-    }, access, bytes);
+    linear(2, std::move(dqkv), &k->h1);
     dx += layer_norm_backward_input(dh1, k->ln1.xhat, k->ln1.rstd, P(0));
-    bytes = matrix_bytes(dh1);
-    weight_grad(u, [iw = I(0), ib = I(1), k, dh1 = std::move(dh1)](const Access& w) {
-      layer_norm_backward_weight(dh1, k->ln1.xhat, w.grad(iw), w.grad(ib));
-    }, access, bytes);
+    norm(0, std::move(dh1), &k->ln1.xhat);
     access.leave(u, pass);
   }
 

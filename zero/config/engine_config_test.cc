@@ -607,6 +607,8 @@ EngineConfig every_field_changed() {
   o.grad_accum_dtype = DType::kBFloat16;
   o.gradient_accumulation_steps = 4;
   o.reduce_every_micro_step = false;
+  o.micro_batches = 3;
+  o.regather_per_micro_batch = true;
   o.deterministic = true;
   o.loss_scaling = LossScaling::kStatic;
   o.static_loss_scale = 256.0f;

@@ -104,6 +104,8 @@ void visit_native(V& v, EngineConfig& c) {
   v.field("grad_accum_dtype", o.grad_accum_dtype);
   v.field("gradient_accumulation_steps", o.gradient_accumulation_steps);
   v.field("reduce_every_micro_step", o.reduce_every_micro_step);
+  v.field("micro_batches", o.micro_batches);
+  v.field("regather_per_micro_batch", o.regather_per_micro_batch);
   v.field("deterministic", o.deterministic);
   v.field("loss_scaling", o.loss_scaling);
   v.field("static_loss_scale", o.static_loss_scale);

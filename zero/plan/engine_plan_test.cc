@@ -204,9 +204,10 @@ TEST_CASE("under tensor parallelism the plan holds one tp rank's parts and count
     REQUIRE(p.tp_traffic.count("all_reduce"));
     const comm::CollectiveTally& t = p.tp_traffic.at("all_reduce");
     CHECK(t.calls == 2);
-    // The norm's double, and "ln"'s reduced gradient (one rank owns it whole): bf16 at stage 0 (the
-    // gradient's dtype), the fp32 accumulator at stages 2 and 3.
-    CHECK(t.payload_bytes == 8 + 256 * (stage == 0 ? 2 : 4));
+    // The norm's per-unit sums of squares (a double for each of the 2 units), and "ln"'s reduced
+    // gradient (one rank owns it whole): bf16 at stage 0 (the gradient's dtype), the fp32
+    // accumulator at stages 2 and 3.
+    CHECK(t.payload_bytes == 2 * 8 + 256 * (stage == 0 ? 2 : 4));
     CHECK(w.tp_traffic.empty());
   }
 }
