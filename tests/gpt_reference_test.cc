@@ -118,13 +118,19 @@ TEST_CASE("GPT training split into pipeline stages follows PyTorch, bitwise the 
       }
     }
   }
-  // Stage 3 with offload; uneven stages (one holding only the embedding, one only the head).
+  // Stage 3 with offload; every micro-batch reduced into the shard; uneven stages (one holding only
+  // the embedding, one only the head).
   struct Run {
     int nproc;
     std::vector<std::string> args;
   };
   for (const Run& run : {Run{2, {"--stage", "3", "--offload", "--pp", "2", "--pp-schedule", "zb-h1", "--micro-batches", "4"}},
                          Run{4, {"--stage", "3", "--offload", "--pp", "2", "--micro-batches", "2"}},
+                         Run{4, {"--stage", "2", "--pp", "2", "--micro-batches", "4", "--reduce-each-micro-batch"}},
+                         Run{4, {"--stage", "3", "--pp", "2", "--pp-schedule", "zb-h1", "--micro-batches", "4",
+                                 "--reduce-each-micro-batch"}},
+                         Run{2, {"--stage", "2", "--pp", "2", "--pp-schedule", "interleaved", "--chunks", "2",
+                                 "--micro-batches", "4", "--reduce-each-micro-batch"}},
                          Run{4, {"--stage", "2", "--pp", "4", "--pp-layers", "0,2,2,0", "--micro-batches", "4"}}}) {
     std::vector<std::string> args = {"--file", file};
     args.insert(args.end(), run.args.begin(), run.args.end());

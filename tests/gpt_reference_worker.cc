@@ -10,7 +10,8 @@
 // the model is split into pipeline stages run by a schedule (--pp-schedule gpipe|1f1b|interleaved|
 // zb-h1, --chunks V for interleaved, --pp-layers for uneven stages): each reference rank's batch is
 // one or more micro-batches (--micro-batches M per data-parallel rank: its reference batches split
-// into equal row groups), each reference rank's loss the mean of its parts'. --print-digest prints
+// into equal row groups), each reference rank's loss the mean of its parts'; --reduce-each-micro-batch
+// reduces every micro-batch's gradients into the shard (stages 2 and 3). --print-digest prints
 // a hash of every loss, norm and parameter bit, for bitwise comparisons across schedules. Prints
 // whether it matches; any file of the format works, so a new reference needs no new code.
 #include <algorithm>
@@ -52,6 +53,7 @@ int run(int argc, char** argv) {
   const int chunks = flags.get_int("chunks", 1);
   const std::vector<int> pp_layers = examples::parse_layer_counts(flags.get("pp-layers", ""));
   const bool print_digest = flags.get_bool("print-digest", false);
+  const bool reduce_each = flags.get_bool("reduce-each-micro-batch", false);
   flags.check_all_used();
   if (tp < 1) ZERO_THROW(InvalidArgument, "--tp {} is not positive", tp);
   if (pp < 1) ZERO_THROW(InvalidArgument, "--pp {} is not positive", pp);
@@ -161,6 +163,7 @@ int run(int argc, char** argv) {
   if (pp == 1 && parts != 1) ZERO_THROW(InvalidArgument, "--micro-batches splits batches only under --pp above 1");
   if (pp > 1) {
     opt.micro_batches = micro_batches;
+    opt.reduce_each_micro_batch = reduce_each;
   } else {
     opt.gradient_accumulation_steps = micro;
   }

@@ -148,7 +148,10 @@ void Engine::finalize() {
   m.parts = wire_stage({&m.options, &m.registry, m.tensor_param, m.model_dtype, m.comms.shard, m.comms.replica,
                         m.device, &m.timings, m.comms.tp, m.comms.model_parallel, m.comms.tied});
   for (size_t t = 0; t < m.tensor_param.size(); ++t) {
-    if (m.registry.param(m.tensor_param[t]).tied) m.tied_tensors.push_back(t);
+    if (m.registry.param(m.tensor_param[t]).tied) {
+      m.tied_tensors.push_back(t);
+      m.tied_units.insert(m.registry.param(m.tensor_param[t]).unit);
+    }
   }
   for (size_t b = 0; b < m.parts.layout->buckets().size(); ++b) {
     const int unit = m.parts.layout->buckets()[b].unit;

@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "base/check.h"
@@ -38,6 +39,10 @@ struct Engine::Impl {
   std::map<int, int> open_backward;   // unit id -> its open scopes that write gradients
   std::map<int, int> backward_passes;  // unit id -> its backward passes closed this micro-step
   std::vector<size_t> tied_tensors;    // layout tensors of ParamSpec::tied parameters
+  std::set<int> tied_units;            // units holding one
+  // EngineOptions::reduce_each_micro_batch with micro-batches: every backward pass of a unit (but
+  // the tied ones) completes its gradients for that micro-batch.
+  bool each_micro_batch() const { return options.reduce_each_micro_batch && options.micro_batches > 1; }
   std::unique_ptr<CollectiveOrder> tied_order;  // EngineComms::tied
   bool evaluating = false;            // an EvaluationScope is open
   StepTimings timings, last_timings;  // the step in progress, the last one completed

@@ -28,6 +28,12 @@ void validate(const EngineOptions& o) {
   if (o.micro_batches < 1) {
     ZERO_THROW(InvalidArgument, "EngineOptions.micro_batches must be >= 1, got {}", o.micro_batches);
   }
+  if (o.reduce_each_micro_batch && o.stage < 2) {
+    ZERO_THROW(InvalidArgument,
+               "EngineOptions.reduce_each_micro_batch needs stage 2 or 3 (got stage {}): stages 0 and 1 keep the whole "
+               "gradient anyway, so holding it across micro-batches costs nothing",
+               o.stage);
+  }
   if (o.loss_scaling == LossScaling::kStatic && !(o.static_loss_scale > 0.0f)) {
     ZERO_THROW(InvalidArgument, "EngineOptions.static_loss_scale must be > 0, got {}",
                o.static_loss_scale);
@@ -86,6 +92,7 @@ std::vector<std::pair<std::string, std::string>> fingerprint(const EngineOptions
   add("reduce_every_micro_step", o.reduce_every_micro_step);
   add("micro_batches", o.micro_batches);
   add("regather_per_micro_batch", o.regather_per_micro_batch);
+  add("reduce_each_micro_batch", o.reduce_each_micro_batch);
   add("deterministic", o.deterministic);
   add("loss_scaling", loss_scaling_name(o.loss_scaling));
   add("static_loss_scale", o.static_loss_scale);

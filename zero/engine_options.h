@@ -72,6 +72,12 @@ struct EngineOptions {
   // leave the window as at micro_batches 1 and are gathered again for each micro-batch's forward
   // and backward (the window's memory, micro_batches times the gathers).
   bool regather_per_micro_batch = false;
+  // Stages 2 and 3 with micro_batches > 1: each unit's gradients are reduced into the shard after
+  // every micro-batch's backward (m reductions per unit and step, in the order the schedule
+  // completes them) instead of held whole until its last: less memory (only the units in flight hold
+  // a whole gradient), m times the reduction traffic. Units holding a tied parameter still reduce
+  // once per step.
+  bool reduce_each_micro_batch = false;
 
   // Rank contributions are summed in rank order in fp32 (all-to-all, then an ordered local sum), so
   // stages 0, 1 and 2 give bitwise-identical parameters, and N ranks give bitwise the result of one

@@ -116,10 +116,11 @@ void read_params(Engine& engine, const std::vector<int>& ids, Run& run) {
 }
 
 // micro_batches = kMicro, the passes interleaved; forwards of every micro-batch first (GPipe-like).
-Run run_micro_batches(comm::Communicator& dp, int stage, bool regather) {
+Run run_micro_batches(comm::Communicator& dp, int stage, bool regather, bool each_micro_batch = false) {
   EngineOptions o = options(stage);
   o.micro_batches = kMicro;
   o.regather_per_micro_batch = regather;
+  o.reduce_each_micro_batch = each_micro_batch;
   Engine engine(dp, o);
   Run run;
   const std::vector<int> ids = register_model(engine, run);
@@ -141,11 +142,12 @@ Run run_micro_batches(comm::Communicator& dp, int stage, bool regather) {
   return run;
 }
 
-// The same micro-batches as micro-steps under no_sync, one after another, reduced once.
-Run run_accumulated(comm::Communicator& dp, int stage) {
+// The same micro-batches as micro-steps, one after another: under no_sync, reduced once; or each
+// reduced into the shard accumulator.
+Run run_accumulated(comm::Communicator& dp, int stage, bool reduce_every_micro_step = false) {
   EngineOptions o = options(stage);
   o.gradient_accumulation_steps = kMicro;
-  o.reduce_every_micro_step = false;
+  o.reduce_every_micro_step = reduce_every_micro_step;
   Engine engine(dp, o);
   Run run;
   const std::vector<int> ids = register_model(engine, run);
@@ -186,6 +188,28 @@ TEST_CASE("micro-batches interleaved within a step train bit for bit as accumula
       }
     });
   }
+}
+
+TEST_CASE("micro-batches reduced one by one (reduce_each_micro_batch) train bit for bit as micro-steps reduced each") {
+  for (int stage : {2, 3}) {
+    CAPTURE(stage);
+    testing::run_thread_ranks(2, [&](comm::Communicator& world) {
+      const Run want = run_accumulated(world, stage, /*reduce_every_micro_step=*/true);
+      const Run got = run_micro_batches(world, stage, false, /*each_micro_batch=*/true);
+      CHECK(got.norms == want.norms);
+      CHECK(got.params == want.params);
+      // Reducing once per step rounds differently, so the match above says the reductions ran per
+      // micro-batch.
+      CHECK(run_micro_batches(world, stage, false).params != want.params);
+    });
+  }
+  testing::run_thread_ranks(1, [&](comm::Communicator& world) {
+    EngineOptions o = options(1);
+    o.micro_batches = 2;
+    o.reduce_each_micro_batch = true;
+    CHECK_THROWS_WITH_AS(Engine(world, o), doctest::Contains("reduce_each_micro_batch needs stage 2 or 3"),
+                         InvalidArgument);
+  });
 }
 
 // Pipeline stage s of 2 holds the tied "emb" (unit 0, registered first) and its own "s<s>.w". Its

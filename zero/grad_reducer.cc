@@ -31,6 +31,7 @@ struct GradReducer::Slot {
 struct GradReducer::BucketState {
   size_t pending = 0;  // tensors of the bucket not yet complete this micro-step
   bool ready = false;
+  bool launched = false;        // in this micro-step (rounds: in this round)
   int slot = -1;
   bool from_full = false;       // the bucket is reduced out of the full buffer
   bool done = false;            // reduced in pieces at launch: nothing left to wait for
@@ -46,6 +47,7 @@ GradReducer::GradReducer(const ReducerConfig& config, const ShardLayout& layout,
       shard_order_(device, *comms.shard, config.timeout), user_grads_(std::move(user_grads)),
       buffers_(device, Category::kCommBuffer) {
   ZERO_CHECK(config_.full_grads || config_.accumulate, "reduced gradients need a home");
+  ZERO_CHECK(!config_.rounds || (config_.accumulate && !config_.full_grads), "rounds reduce into the accumulator");
   ZERO_CHECK_EQ(user_grads_.size(), layout_.tensors().size());
   if (comms_.replica != nullptr) {
     replica_order_ = std::make_unique<CollectiveOrder>(device, *comms_.replica, config.timeout);
@@ -56,6 +58,7 @@ GradReducer::GradReducer(const ReducerConfig& config, const ShardLayout& layout,
                                        Category::kGrads);
   }
   buckets_.resize(layout_.buckets().size());
+  bucket_has_data_.assign(buckets_.size(), 0);
   ready_.assign(layout_.tensors().size(), 0);
   scratch_.resize(layout_.tensors().size());
   reset_buckets();
@@ -192,16 +195,36 @@ void GradReducer::tensor_ready(size_t t) {
 
 void GradReducer::launch_ready() {
   const size_t nb = buckets_.size();
+  if (config_.rounds) {
+    for (size_t b = 0; b < nb; ++b) {
+      if (buckets_[b].ready && !buckets_[b].launched) launch(b);
+    }
+    return;
+  }
   while (launched_ < nb && buckets_[nb - 1 - launched_].ready) {
     launch(nb - 1 - launched_);
     ++launched_;
   }
 }
 
+void GradReducer::begin_round(size_t b) {
+  ZERO_CHECK(config_.rounds, "begin_round() without ReducerConfig::rounds");
+  BucketState& st = buckets_[b];
+  if (!st.launched) return;
+  if (std::find(inflight_.begin(), inflight_.end(), b) != inflight_.end()) complete(b);
+  const auto& B = layout_.buckets()[b];
+  st = BucketState{};
+  st.pending = B.end_tensor - B.first_tensor;
+  for (size_t t = B.first_tensor; t < B.end_tensor; ++t) ready_[t] = 0;
+  --launched_;
+}
+
 void GradReducer::launch(size_t b) {
   fault::point("reduce_scatter");
   const auto& B = layout_.buckets()[b];
   BucketState& st = buckets_[b];
+  st.launched = true;
+  if (config_.rounds) ++launched_;
   const DType rd = config_.reduce_dtype;
   void* grads = bucket_buffer(b);
   const bool convert = rd != config_.model_dtype;
@@ -322,7 +345,7 @@ void GradReducer::finish(size_t b, const Piece& piece, comm::Work& work) {
   const void* reduced = at(piece.cbuf, rd, mine + (lo - piece_lo));
   if (config_.accumulate) {
     void* acc = at(accum_.data(), config_.accum_dtype, own.opt_begin + (lo - own.flat_begin));
-    if (accum_has_data_) {
+    if (accum_has_data_ || bucket_has_data_[b]) {
       device_.accumulate(acc, config_.accum_dtype, reduced, rd, hi - lo, *stream_);
     } else {
       device_.convert(reduced, rd, acc, config_.accum_dtype, hi - lo, *stream_);
@@ -344,6 +367,7 @@ void GradReducer::complete(size_t b) {
   BucketState& st = buckets_[b];
   if (config_.timings) config_.timings->reduced_bytes += B.padded * dtype_size(config_.reduce_dtype);
   if (!st.done) finish(b, st.piece, *st.work);
+  bucket_has_data_[b] = 1;  // a later round of this micro-step adds to it
   // The bucket's gradients are consumed: clear them for the next micro-step.
   if (config_.accumulate && st.from_full) {
     device_.fill_zero(at(full_.data(), config_.model_dtype, B.offset), B.padded * dtype_size(config_.model_dtype),
@@ -387,6 +411,7 @@ void GradReducer::end_micro_step() {
     unreduced_ = true;
   }
   open_ = false;
+  std::fill(bucket_has_data_.begin(), bucket_has_data_.end(), 0);  // accum_has_data_ covers them now
   reset_buckets();
 }
 
@@ -401,6 +426,7 @@ void GradReducer::clear() {
   memory::Stream& compute = device_.compute_stream();
   if (!full_.empty()) device_.fill_zero(full_.data(), full_.size_bytes(), compute);
   accum_has_data_ = false;
+  std::fill(bucket_has_data_.begin(), bucket_has_data_.end(), 0);
   unreduced_ = false;
   for (auto& s : scratch_) s = Buffer();
   const DType dt = config_.model_dtype;

@@ -54,6 +54,11 @@ struct ReducerConfig {
   size_t piece_numel = 0;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   StepTimings* timings = nullptr;  // where waits and bytes are added (optional)
+  // Pipeline micro-batches reduced one by one (buckets are whole units, and accumulate): a bucket
+  // launches as soon as it is complete, in completion order (every data-parallel rank of a pipeline
+  // stage runs the same schedule, hence the same order), and begin_round() opens it again for the
+  // unit's next micro-batch within the same micro-step.
+  bool rounds = false;
 };
 
 // User-provided gradient storage of one tensor (ParamSpec::grad), or null: the engine provides it.
@@ -82,6 +87,10 @@ class GradReducer {
   void* grad(size_t t);
   // Tensor t's gradient is complete for this micro-step; its buckets may start reducing.
   void tensor_ready(size_t t);
+  // ReducerConfig::rounds: bucket b (a unit) takes gradients again, for its next micro-batch. If it
+  // was launched in this micro-step, its reduction is completed first (it has added into the
+  // accumulator) and its tensors are open again; otherwise nothing changes.
+  void begin_round(size_t b);
   bool is_ready(size_t t) const { return ready_[t] != 0; }
   // Ends the micro-step: a sync micro-step reduces what is still pending and waits for all of it;
   // afterwards the compute stream is ordered after the reductions.
@@ -142,13 +151,14 @@ class GradReducer {
 
   memory::Buffer full_;   // full flat gradients, model dtype
   memory::Buffer accum_;  // shard accumulator, accum_dtype
-  bool accum_has_data_ = false;
+  bool accum_has_data_ = false;       // every owned range holds an earlier micro-step's sum
+  std::vector<char> bucket_has_data_;  // rounds: bucket b's owned range holds an earlier round's
   std::vector<memory::Buffer> scratch_;  // tensors spanning buckets, while staging buffers are used
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<int> free_slots_;
   std::vector<BucketState> buckets_;
   std::vector<char> ready_;
-  size_t launched_ = 0;          // buckets launched this micro-step (last bucket first)
+  size_t launched_ = 0;          // buckets launched this micro-step (last bucket first; rounds: any order)
   std::vector<size_t> inflight_;  // launched, not completed, in launch order
   bool open_ = false;
   bool sync_ = true;

@@ -101,7 +101,9 @@ EngineParts wire_stage(const PolicyInputs& in) {
   }
   if (!classes) starts_block.clear();
   ShardLayoutOptions lo = o.layout;
-  lo.unit_buckets = o.stage == 3;
+  // Micro-batches reduced one by one: a unit's bucket is reduced each time its backward ends.
+  const bool rounds = o.reduce_each_micro_batch && o.micro_batches > 1;
+  lo.unit_buckets = o.stage == 3 || rounds;
   parts.layout = std::make_unique<ShardLayout>(numels, in.shard->size(), lo, units, starts_block);
   ZERO_LOG_DEBUG("{}", parts.layout->describe());
   const ShardLayout& layout = *parts.layout;
@@ -122,6 +124,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
   rc.piece_numel = o.stage == 3 ? o.layout.bucket_numel : 0;
   rc.timeout = o.timeout;
   rc.timings = in.timings;
+  rc.rounds = rounds;
   parts.formula.stage = o.stage;
   parts.formula.world_size = in.shard->size();
   parts.formula.param_bytes = parts.formula.grad_bytes = dtype_size(in.model_dtype);

@@ -41,6 +41,10 @@ UnitScope Engine::open_scope(int unit, bool backward, BackwardPart part) {
   }
   if (backward) m.parts.reducer->begin_micro_step(m.syncs());
   UnitScope scope(this, unit, backward, part, m.evaluating);
+  // Micro-batches reduced one by one: the unit's bucket takes its next micro-batch's gradients.
+  if (m.writes_grads(scope) && m.each_micro_batch() && m.backward_passes[unit] > 0 && !m.tied_units.count(unit)) {
+    m.parts.reducer->begin_round(m.unit_bucket.at(unit));
+  }
   // Below stage 3 (no gatherer) parameters stay in the user's storage; a weight-gradient scope
   // reads none.
   const auto it = m.unit_bucket.find(unit);
@@ -56,9 +60,11 @@ void Engine::end_scope(const UnitScope& scope) {
   const int unit = scope.unit();
   if (m.writes_grads(scope)) {
     --m.open_backward[unit];
-    // The unit's last backward pass of the micro-step: its gradients are complete. Tied copies wait
-    // for finish_backward(), which first sums them over the tied group.
-    if (++m.backward_passes[unit] == m.options.micro_batches) {
+    // The unit's last backward pass of the micro-step (or, reducing each micro-batch, every one):
+    // its gradients are complete. Tied copies wait for finish_backward(), which first sums them
+    // over the tied group.
+    const bool last = ++m.backward_passes[unit] == m.options.micro_batches;
+    if (last || (m.each_micro_batch() && !m.tied_units.count(unit))) {
       for (int id : m.registry.params_of_unit(unit)) {
         const int64_t t = m.param_tensor[static_cast<size_t>(id)];
         if (t < 0 || m.registry.param(id).tied) continue;

@@ -16,7 +16,8 @@
 // zb-h1 (--chunks V for interleaved) over --micro-batches M per data-parallel rank, at any stage;
 // the progress line adds the slowest stage's bubble, --timeline FILE writes the last step's actions
 // (FILE, JSON) and their drawing beside the simulator's (FILE.svg); at stage 3 units stay gathered
-// through the step's micro-batches unless --regather-per-micro-batch; docs/pipeline.md.
+// through the step's micro-batches unless --regather-per-micro-batch, and at stages 2 and 3 a unit's
+// gradient is held until its last micro-batch unless --reduce-each-micro-batch; docs/pipeline.md.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -127,6 +128,7 @@ int run(int argc, char** argv) {
   const std::vector<int> pp_layers = examples::parse_layer_counts(flags.get("pp-layers", ""));
   const std::string timeline = flags.get("timeline", "");
   const bool regather = flags.get_bool("regather-per-micro-batch", false);
+  const bool reduce_each = flags.get_bool("reduce-each-micro-batch", false);
   // The parameters: fp32 or bf16.
   const DType dtype =
       parse_dtype(flags.get("dtype", config.model_dtype() ? dtype_name(*config.model_dtype()) : "fp32"));
@@ -141,15 +143,18 @@ int run(int argc, char** argv) {
   if (tp < 1) ZERO_THROW(InvalidArgument, "--tp {} is not positive", tp);
   if (pp < 1) ZERO_THROW(InvalidArgument, "--pp {} is not positive", pp);
   if (micro_batches_flag < 1) ZERO_THROW(InvalidArgument, "--micro-batches {} is not positive", micro_batches_flag);
-  if (pp == 1 && (chunks != 1 || !pp_layers.empty() || !timeline.empty() || flags.has("pp-schedule") || regather)) {
+  if (pp == 1 && (chunks != 1 || !pp_layers.empty() || !timeline.empty() || flags.has("pp-schedule") || regather ||
+                  reduce_each)) {
     ZERO_THROW(InvalidArgument,
-               "--pp-schedule, --chunks, --pp-layers, --timeline and --regather-per-micro-batch need --pp above 1");
+               "--pp-schedule, --chunks, --pp-layers, --timeline, --regather-per-micro-batch and --reduce-each-micro-batch "
+               "need --pp above 1");
   }
   // At pp 1 micro-batches are micro-steps of accumulation (the same thing); above, the pipeline's.
   if (pp == 1 && micro_batches_given) opt.gradient_accumulation_steps = micro_batches_flag;
   const int micro_batches = pp > 1 ? micro_batches_flag : 1;
   if (pp > 1) opt.micro_batches = micro_batches;
   opt.regather_per_micro_batch = regather;
+  opt.reduce_each_micro_batch = reduce_each;
   if (sequence_parallel && tp == 1) {
     ZERO_THROW(InvalidArgument, "--sequence-parallel needs --tp above 1 (it splits the sequence over the tp ranks)");
   }

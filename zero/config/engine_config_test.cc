@@ -609,6 +609,7 @@ EngineConfig every_field_changed() {
   o.reduce_every_micro_step = false;
   o.micro_batches = 3;
   o.regather_per_micro_batch = true;
+  o.reduce_each_micro_batch = true;
   o.deterministic = true;
   o.loss_scaling = LossScaling::kStatic;
   o.static_loss_scale = 256.0f;

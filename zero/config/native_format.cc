@@ -106,6 +106,7 @@ void visit_native(V& v, EngineConfig& c) {
   v.field("reduce_every_micro_step", o.reduce_every_micro_step);
   v.field("micro_batches", o.micro_batches);
   v.field("regather_per_micro_batch", o.regather_per_micro_batch);
+  v.field("reduce_each_micro_batch", o.reduce_each_micro_batch);
   v.field("deterministic", o.deterministic);
   v.field("loss_scaling", o.loss_scaling);
   v.field("static_loss_scale", o.static_loss_scale);
