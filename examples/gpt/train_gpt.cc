@@ -331,6 +331,11 @@ int run(int argc, char** argv) {
   comm.barrier()->wait();
   for (int r = 0; r < comm.size(); ++r) {
     if (r == rank) {
+      // The engine's table names its data-parallel rank; the mesh coordinate says which part it holds.
+      if (tp * pp > 1) {
+        std::printf("memory of world rank %d (dp %d, tp %d, pp %d):\n", rank, mesh.coord().dp, mesh.coord().tp,
+                    mesh.coord().pp);
+      }
       std::printf("%s", engine.memory_report().table().c_str());
       std::fflush(stdout);
     }
