@@ -37,6 +37,32 @@ int MeshShape::size(MeshDim dim) const {
   return 0;
 }
 
+std::array<MeshDim, 3> parse_mesh_order(const std::string& text) {
+  std::array<MeshDim, 3> order{};
+  size_t n = 0, at = 0;
+  bool seen[3] = {false, false, false};
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    bool known = false;
+    for (MeshDim d : {MeshDim::kPp, MeshDim::kDp, MeshDim::kTp}) {
+      if (item != mesh_dim_name(d)) continue;
+      known = !seen[static_cast<int>(d)] && n < 3;
+      if (known) {
+        seen[static_cast<int>(d)] = true;
+        order[n++] = d;
+      }
+    }
+    if (!known) {
+      ZERO_THROW(InvalidArgument, "mesh order '{}': expected pp, dp and tp once each, slowest-varying first (e.g. "
+                 "pp,dp,tp), at '{}'", text, item);
+    }
+    at = comma + 1;
+  }
+  if (n != 3) ZERO_THROW(InvalidArgument, "mesh order '{}': expected pp, dp and tp once each", text);
+  return order;
+}
+
 std::string MeshShape::describe() const {
   return fmt::format("(pp {}, dp {}, tp {}; order {}, {}, {})", pp, dp, tp, mesh_dim_name(order[0]),
                      mesh_dim_name(order[1]), mesh_dim_name(order[2]));

@@ -26,6 +26,9 @@ namespace zero::comm {
 
 enum class MeshDim { kPp, kDp, kTp };
 const char* mesh_dim_name(MeshDim dim);  // "pp", "dp", "tp"
+// "pp,dp,tp" (slowest-varying first) -> the order; InvalidArgument naming the text unless it names
+// pp, dp and tp once each.
+std::array<MeshDim, 3> parse_mesh_order(const std::string& text);
 
 enum class MeshGroup { kTp, kDp, kPp, kModelParallel, kEmbedding };
 const char* mesh_group_name(MeshGroup group);  // "tp", "dp", "pp", "model-parallel", "embedding"

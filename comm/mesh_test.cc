@@ -134,6 +134,16 @@ TEST_CASE("MeshLayout: rank and coordinates are inverse for every order of (2, 3
   } while (std::next_permutation(order.begin(), order.end()));
 }
 
+TEST_CASE("parse_mesh_order: slowest-varying first, each dimension once") {
+  CHECK(parse_mesh_order("tp,pp,dp") == std::array<MeshDim, 3>{MeshDim::kTp, MeshDim::kPp, MeshDim::kDp});
+  CHECK(parse_mesh_order("pp,dp,tp") == MeshShape{}.order);
+  for (const char* bad : {"pp,dp", "pp,dp,tp,pp", "pp,pp,tp", "pp,dp,ep", ""}) {
+    CAPTURE(bad);
+    const std::string want = "mesh order '" + std::string(bad) + "'";
+    CHECK_THROWS_WITH_AS(parse_mesh_order(bad), doctest::Contains(want.c_str()), InvalidArgument);
+  }
+}
+
 TEST_CASE("MeshLayout: errors name the sizes") {
   CHECK_THROWS_WITH_AS(MeshLayout({.pp = 2, .dp = 2, .tp = 3}, 8),
                        "mesh (pp 2, dp 2, tp 3; order pp, dp, tp) needs pp x dp x tp = 12 ranks, but the world has 8",

@@ -163,14 +163,15 @@ TEST_CASE("3D: dp 2 x tp 2 x pp 2 follows PyTorch, bitwise the same under 1F1B a
     }
   }
   // Stage 3 with offload; sequence parallelism; a first stage holding only the embedding (its norm
-  // share is wte's alone, counted once with the head's copy).
+  // share is wte's alone, counted once with the head's copy); the mesh laid out tp slowest.
   struct Run {
     int nproc;
     std::vector<std::string> args;
   };
   for (const Run& run : {Run{8, {"--stage", "3", "--offload", "--tp", "2", "--pp", "2", "--micro-batches", "2"}},
                          Run{8, {"--stage", "3", "--tp", "2", "--sequence-parallel", "--pp", "2", "--micro-batches", "2"}},
-                         Run{4, {"--stage", "2", "--tp", "2", "--pp", "2", "--pp-layers", "0,4", "--micro-batches", "4"}}}) {
+                         Run{4, {"--stage", "2", "--tp", "2", "--pp", "2", "--pp-layers", "0,4", "--micro-batches", "4"}},
+                         Run{8, {"--stage", "2", "--tp", "2", "--pp", "2", "--micro-batches", "2", "--mesh-order", "tp,dp,pp"}}}) {
     std::vector<std::string> args = {"--file", file};
     args.insert(args.end(), run.args.begin(), run.args.end());
     const auto r = testing::launch(run.nproc, "tests/gpt_reference_worker", args);

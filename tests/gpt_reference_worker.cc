@@ -11,7 +11,8 @@
 // zb-h1, --chunks V for interleaved, --pp-layers for uneven stages): each reference rank's batch is
 // one or more micro-batches (--micro-batches M per data-parallel rank: its reference batches split
 // into equal row groups), each reference rank's loss the mean of its parts'; --reduce-each-micro-batch
-// reduces every micro-batch's gradients into the shard (stages 2 and 3). --print-digest prints
+// reduces every micro-batch's gradients into the shard (stages 2 and 3); --mesh-order lays the mesh
+// out in another order (default pp,dp,tp). --print-digest prints
 // a hash of every loss, norm and parameter bit, for bitwise comparisons across schedules. Prints
 // whether it matches; any file of the format works, so a new reference needs no new code.
 #include <algorithm>
@@ -54,6 +55,7 @@ int run(int argc, char** argv) {
   const std::vector<int> pp_layers = examples::parse_layer_counts(flags.get("pp-layers", ""));
   const bool print_digest = flags.get_bool("print-digest", false);
   const bool reduce_each = flags.get_bool("reduce-each-micro-batch", false);
+  const std::string mesh_order = flags.get("mesh-order", "pp,dp,tp");  // slowest-varying first
   flags.check_all_used();
   if (tp < 1) ZERO_THROW(InvalidArgument, "--tp {} is not positive", tp);
   if (pp < 1) ZERO_THROW(InvalidArgument, "--pp {} is not positive", pp);
@@ -67,7 +69,7 @@ int run(int argc, char** argv) {
   if (world_comm.size() % (tp * pp) != 0) {
     ZERO_THROW(InvalidArgument, "--tp {} x --pp {} does not divide the {} ranks", tp, pp, world_comm.size());
   }
-  comm::Mesh mesh(world_comm, {.pp = pp, .dp = world_comm.size() / (tp * pp), .tp = tp});
+  comm::Mesh mesh(world_comm, {.pp = pp, .dp = world_comm.size() / (tp * pp), .tp = tp, .order = comm::parse_mesh_order(mesh_order)});
   comm::Communicator& comm = mesh.dp();
   const int rank = comm.rank(), world = comm.size();
   const int ref_world = train["world_size"].get<int>();

@@ -11,8 +11,9 @@
 // log interval from a JSON file, ours or a DeepSpeed config; docs/config.md) and hybrid sharding
 // (--shard-group-size N): examples/run_flags.h. Tensor parallelism: --tp T splits the model over
 // groups of T consecutive ranks (the engine's data parallelism runs across the groups), with
-// --sequence-parallel the residual stream too (docs/parallel.md). Pipeline parallelism: --pp P splits
-// the layers into P stages (--pp-layers for uneven ones) run by --pp-schedule gpipe|1f1b|interleaved|
+// --sequence-parallel the residual stream too (docs/parallel.md); --mesh-order (default pp,dp,tp,
+// slowest-varying first: tp groups of consecutive ranks) lays the mesh out otherwise. Pipeline
+// parallelism: --pp P splits the layers into P stages (--pp-layers for uneven ones) run by --pp-schedule gpipe|1f1b|interleaved|
 // zb-h1 (--chunks V for interleaved) over --micro-batches M per data-parallel rank, at any stage;
 // the progress line adds the slowest stage's bubble, --timeline FILE writes the last step's actions
 // (FILE, JSON) and their drawing beside the simulator's (FILE.svg); at stage 3 units stay gathered
@@ -129,6 +130,7 @@ int run(int argc, char** argv) {
   const std::string timeline = flags.get("timeline", "");
   const bool regather = flags.get_bool("regather-per-micro-batch", false);
   const bool reduce_each = flags.get_bool("reduce-each-micro-batch", false);
+  const std::string mesh_order = flags.get("mesh-order", "pp,dp,tp");  // slowest-varying first
   // The parameters: fp32 or bf16.
   const DType dtype =
       parse_dtype(flags.get("dtype", config.model_dtype() ? dtype_name(*config.model_dtype()) : "fp32"));
@@ -168,7 +170,7 @@ int run(int argc, char** argv) {
   }
   // Groups of tp consecutive ranks hold one stage's part between them, pipeline stages outermost;
   // data parallelism runs across the copies of each stage.
-  comm::Mesh mesh(comm, {.pp = pp, .dp = comm.size() / (tp * pp), .tp = tp});
+  comm::Mesh mesh(comm, {.pp = pp, .dp = comm.size() / (tp * pp), .tp = tp, .order = comm::parse_mesh_order(mesh_order)});
   const int rank = comm.rank();
   const int dp_rank = mesh.dp().rank(), world = mesh.dp().size();  // the data-parallel ranks
   config.print(rank);
