@@ -191,6 +191,7 @@ TEST_CASE("pipeline flags that do not fit fail naming the flag") {
   for (const Case& c : {Case{2, {"--pp", "2", "--pp-layers", "2,1"}, "--pp-layers sums to 3 layers but the model has n_layer 4"},
                         Case{2, {"--pp", "2", "--pp-layers", "2,x"}, "'x' is not a layer count"},
                         Case{2, {"--pp", "2", "--pp-schedule", "pipedream"}, "pipedream"},
+                        Case{2, {"--pp", "2", "--chunks", "2"}, "'1f1b' runs one chunk per rank: 2 chunks need 'interleaved'"},
                         Case{2, {"--pp", "2", "--micro-batches", "3"}, "--micro-batches 3 is not a multiple"},
                         Case{3, {"--pp", "2"}, "--tp 1 x --pp 2 does not divide the 3 ranks"}}) {
     std::vector<std::string> args = {"--file", file};

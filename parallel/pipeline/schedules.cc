@@ -135,6 +135,10 @@ Schedule zb_h1(int ranks, int microbatches) {
 }
 
 Schedule make_schedule(const std::string& name, int ranks, int microbatches, int chunks, int layers) {
+  if (chunks != 1 && name != "interleaved") {
+    ZERO_THROW(InvalidArgument, "pipeline schedule '{}' runs one chunk per rank: {} chunks need 'interleaved'", name,
+               chunks);
+  }
   if (name == "gpipe") return gpipe(ranks, microbatches);
   if (name == "1f1b") return one_f_one_b(ranks, microbatches);
   if (name == "interleaved") return interleaved_1f1b(ranks, microbatches, chunks, layers);

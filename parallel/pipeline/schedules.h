@@ -29,7 +29,8 @@ Schedule one_f_one_b(int ranks, int microbatches);
 Schedule interleaved_1f1b(int ranks, int microbatches, int chunks, int layers = 0);
 Schedule zb_h1(int ranks, int microbatches);
 
-// By name: "gpipe", "1f1b", "interleaved", "zb-h1" (InvalidArgument listing them otherwise).
+// By name: "gpipe", "1f1b", "interleaved", "zb-h1" (InvalidArgument listing them otherwise; and
+// for chunks other than 1 with a schedule that has one chunk per rank).
 Schedule make_schedule(const std::string& name, int ranks, int microbatches, int chunks = 1, int layers = 0);
 
 }  // namespace zero::parallel

@@ -115,6 +115,8 @@ TEST_CASE("bad parameters are refused naming them") {
   CHECK_NOTHROW(interleaved_1f1b(4, 8, 2, 16));
   CHECK_THROWS_WITH_AS(one_f_one_b(0, 8), doctest::Contains("0 pipeline ranks"), InvalidArgument);
   CHECK_THROWS_WITH_AS(gpipe(2, 0), doctest::Contains("0 micro-batches"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(make_schedule("1f1b", 2, 4, 2), doctest::Contains("'1f1b' runs one chunk per rank: 2 chunks"),
+                       InvalidArgument);
   CHECK_THROWS_WITH_AS(make_schedule("zb-v", 2, 4), doctest::Contains("unknown pipeline schedule 'zb-v'"),
                        InvalidArgument);
   ActionCosts c;
