@@ -12,7 +12,9 @@
 // own), --optimizer adamw, --offload, --offload-params, --bucket-m (elements), --micro-steps,
 // --prefetch-mb, --max-live-mb, --persist-kb, --rank (ranks differ by padding only), --cuda (a GPU's
 // memory: no communicator scratch accounted). With --gpt, --tp T (--world then counts the
-// data-parallel ranks; each holds one tp rank's parts) and --sequence-parallel.
+// data-parallel ranks; each holds one tp rank's parts) and --sequence-parallel; --pp P plans pipeline
+// stage --pp-stage K (default 0) of P even stages (--pp-layers a,b,... for others), its engine running
+// --micro-batches M (default 2P) backward passes per unit and step.
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -23,6 +25,7 @@
 #include "base/check.h"
 #include "examples/bench/report_columns.h"
 #include "examples/flags.h"
+#include "examples/gpt/gpt_pipeline.h"
 #include "examples/gpt/gpt_plan.h"
 #include "zero/checkpoint/file_io.h"
 #include "zero/plan/engine_plan.h"
@@ -41,10 +44,11 @@ std::vector<int> int_list(examples::Flags& flags, const std::string& name, const
   return out;
 }
 
-plan::ModelSpec read_model(examples::Flags& flags, int tp, bool sequence_parallel) {
+plan::ModelSpec read_model(examples::Flags& flags, int tp, bool sequence_parallel, int pp, int pp_stage,
+                           const std::vector<int>& pp_layers) {
   const std::string gpt = flags.get("gpt", ""), shapes = flags.get("shapes", ""), st = flags.get("safetensors", "");
-  if ((tp > 1 || sequence_parallel) && gpt.empty()) {
-    ZERO_THROW(InvalidArgument, "--tp and --sequence-parallel split a --gpt model (its placements are the GPT's)");
+  if ((tp > 1 || sequence_parallel || pp > 1) && gpt.empty()) {
+    ZERO_THROW(InvalidArgument, "--tp, --sequence-parallel and --pp split a --gpt model (its placements are the GPT's)");
   }
   const double millions = flags.get_double("params-m", 0);
   const int tensors = flags.get_int("tensors", 16);
@@ -68,7 +72,9 @@ plan::ModelSpec read_model(examples::Flags& flags, int tp, bool sequence_paralle
     c.vocab_size = v[3];
     c.block_size = v[4];
   }
-  return examples::gpt_model_spec(c, dtype, tp, sequence_parallel);
+  if (pp_stage < 0 || pp_stage >= pp) ZERO_THROW(InvalidArgument, "--pp-stage {} outside [0, {})", pp_stage, pp);
+  const std::vector<examples::GptStage> stages = examples::gpt_stages(c.n_layer, pp, pp_layers);
+  return examples::gpt_model_spec(c, dtype, tp, sequence_parallel, pp > 1 ? &stages[static_cast<size_t>(pp_stage)] : nullptr);
 }
 
 double mib(uint64_t b) { return static_cast<double>(b) / (1 << 20); }
@@ -77,13 +83,20 @@ int run(int argc, char** argv) {
   examples::Flags flags(argc, argv);
   const int tp = flags.get_int("tp", 1);
   const bool sequence_parallel = flags.get_bool("sequence-parallel", false);
-  if (tp < 1) ZERO_THROW(InvalidArgument, "--tp {} is not positive", tp);
-  const plan::ModelSpec model = read_model(flags, tp, sequence_parallel);
+  const int pp = flags.get_int("pp", 1);
+  const int pp_stage = flags.get_int("pp-stage", 0);
+  const int micro_batches = flags.get_int("micro-batches", 2 * pp);
+  const std::vector<int> pp_layers = examples::parse_layer_counts(flags.get("pp-layers", ""));
+  if (tp < 1 || pp < 1 || micro_batches < 1) {
+    ZERO_THROW(InvalidArgument, "--tp {}, --pp {} and --micro-batches {} must be positive", tp, pp, micro_batches);
+  }
+  const plan::ModelSpec model = read_model(flags, tp, sequence_parallel, pp, pp_stage, pp_layers);
   const std::vector<int> stages = int_list(flags, "stages", std::to_string(flags.get_int("stage", 2)));
   const std::vector<int> worlds = int_list(flags, "world", "1");
   plan::PlanInputs in;
   in.model = model;
   in.tp = tp;
+  in.pp = pp;
   in.rank = flags.get_int("rank", 0);
   in.cuda = flags.get_bool("cuda", false);
   EngineOptions& o = in.options;
@@ -96,6 +109,7 @@ int run(int argc, char** argv) {
   o.offload.params = flags.get_bool("offload-params", false);
   o.layout.bucket_numel = static_cast<size_t>(flags.get_double("bucket-m", 8.0) * (1 << 20));
   o.gradient_accumulation_steps = flags.get_int("micro-steps", 1);
+  if (pp > 1) o.micro_batches = micro_batches;
   o.prefetch_bytes = static_cast<size_t>(flags.get_double("prefetch-mb", 0) * (1 << 20));
   o.max_live_gathered_bytes = static_cast<size_t>(flags.get_double("max-live-mb", 0) * (1 << 20));
   o.param_persistence_bytes = static_cast<size_t>(flags.get_double("persist-kb", 0) * 1024);
@@ -103,7 +117,9 @@ int run(int argc, char** argv) {
 
   std::printf("model: %zu tensors, %llu trainable parameters%s, %s; optimizer %s%s\n", model.tensors.size(),
               static_cast<unsigned long long>(model.numel()),
-              tp > 1 ? fmt::format(" per tp rank (tp {}{})", tp, sequence_parallel ? ", sequence parallel" : "").c_str() : "",
+              tp > 1 || pp > 1 ? fmt::format(" per rank of pipeline stage {} of {}, tp {}{}", pp_stage, pp, tp,
+                                             sequence_parallel ? ", sequence parallel" : "").c_str()
+                               : "",
               dtype_name(model.dtype), optim::optimizer_name(o.optimizer.kind),
               o.offload.params ? ", optimizer and parameters offloaded" : o.offload.optimizer ? ", optimizer offloaded" : "");
   if (stages.size() == 1 && worlds.size() == 1) {

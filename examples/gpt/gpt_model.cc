@@ -127,17 +127,9 @@ Gpt::Gpt(const Gpt& full, const GptParallel& parallel, const GptStage& stage)
     ZERO_THROW(InvalidArgument, "sequence parallelism needs tensor parallelism (tp > 1; tp is {})", tp);
   }
   vocab_ = parallel::vocab_range(config_.vocab_size, r, tp);
-  const size_t lnf = 2 + static_cast<size_t>(n_layer) * 12;
   local_.assign(full.params_.size(), -1);
   for (size_t i = 0; i < full.params_.size(); ++i) {
-    // wte on the first stage (the embedding) and the last (the tied head); wpe on the first; the
-    // blocks of the range; ln_f on the last.
-    const bool held = i == 0   ? stage.first || stage.last
-                      : i == 1 ? stage.first
-                      : i >= lnf ? stage.last
-                                 : static_cast<int>((i - 2) / 12) >= stage.first_layer &&
-                                       static_cast<int>((i - 2) / 12) < stage.end_layer;
-    if (!held) continue;
+    if (!holds(config_, stage, i)) continue;
     const Param& p = full.params_[i];
     Param part = p;
     part.tp = placement(p.name, parallel.sequence_parallel);
@@ -155,6 +147,17 @@ Gpt::Gpt(const Gpt& full, const GptParallel& parallel, const GptStage& stage)
     local_[i] = static_cast<int64_t>(params_.size());
     params_.push_back(std::move(part));
   }
+}
+
+bool Gpt::holds(const GptConfig& config, const GptStage& stage, size_t i) {
+  // wte on the first stage (the embedding) and the last (the tied head); wpe on the first; the
+  // blocks of the range; ln_f on the last.
+  const size_t lnf = 2 + static_cast<size_t>(config.n_layer) * 12;
+  if (i == 0) return stage.first || stage.last;
+  if (i == 1) return stage.first;
+  if (i >= lnf) return stage.last;
+  const int layer = static_cast<int>((i - 2) / 12);
+  return layer >= stage.first_layer && layer < stage.end_layer;
 }
 
 size_t Gpt::local(size_t full_index) const {

@@ -107,6 +107,9 @@ class Gpt {
   // part of it). Throws InvalidArgument naming the layers when the range is empty of everything
   // (no block, not first, not last) or outside [0, n_layer].
   Gpt(const Gpt& full, const GptParallel& parallel, const GptStage& stage);
+  // Whether pipeline stage `stage` holds parameter `index` of layout(config) (wte on the first and
+  // the last stage, wpe on the first, the blocks of its range, ln_f on the last).
+  static bool holds(const GptConfig& config, const GptStage& stage, size_t index);
   // Each parameter's placement on tp (`sequence_parallel`: replicated ones have partial gradients).
   static TpPlacement placement(const std::string& name, bool sequence_parallel);
 

@@ -7,7 +7,10 @@
 
 namespace zero::examples {
 
-plan::ModelSpec gpt_model_spec(const GptConfig& config, DType dtype, int tp, bool sequence_parallel) {
+plan::ModelSpec gpt_model_spec(const GptConfig& config, DType dtype, int tp, bool sequence_parallel,
+                               const GptStage* stage) {
+  const GptStage whole{0, config.n_layer, true, true};
+  const GptStage& part = stage != nullptr ? *stage : whole;
   ZERO_CHECK(dtype == DType::kFloat32 || dtype == DType::kBFloat16, "the GPT runs in fp32 or bf16");
   if (tp < 1 || config.n_head % tp != 0) {
     ZERO_THROW(InvalidArgument, "tensor parallelism: n_head {} does not divide by tp {} (each rank holds whole heads)",
@@ -16,7 +19,10 @@ plan::ModelSpec gpt_model_spec(const GptConfig& config, DType dtype, int tp, boo
   if (sequence_parallel && tp == 1) ZERO_THROW(InvalidArgument, "sequence parallelism needs tp above 1");
   plan::ModelSpec m;
   m.dtype = dtype;
-  for (const Gpt::ParamLayout& p : Gpt::layout(config)) {
+  const std::vector<Gpt::ParamLayout> layout = Gpt::layout(config);
+  for (size_t i = 0; i < layout.size(); ++i) {
+    if (!Gpt::holds(config, part, i)) continue;
+    const Gpt::ParamLayout& p = layout[i];
     std::vector<int64_t> shape = p.shape;
     TpPlacement placement;
     if (tp > 1) {
@@ -24,14 +30,14 @@ plan::ModelSpec gpt_model_spec(const GptConfig& config, DType dtype, int tp, boo
       if (p.name == "wte.weight") shape[0] = parallel::padded_vocab(config.vocab_size, tp);
       shape = local_shape(p.name, shape, placement, tp);
     }
-    m.tensors.push_back({p.name, shape, p.unit, true, p.decay ? 0 : 1, placement});
+    m.tensors.push_back({p.name, shape, p.unit, true, p.decay ? 0 : 1, placement, i == 0 && part.first != part.last});
   }
   // The same units on a model too small to cost anything.
   GptConfig tiny = config;
   tiny.vocab_size = 2;
   tiny.block_size = 2;
   tiny.n_embd = tiny.n_head;
-  Gpt model(tiny, 1);
+  Gpt model(Gpt(tiny, 1), {}, part);
   std::vector<std::vector<float>> grads;
   for (const Gpt::Param& p : model.params()) grads.emplace_back(p.values.size(), 0.0f);
   std::set<size_t> asked;  // gradients asked for in the open backward scopes
@@ -57,8 +63,11 @@ plan::ModelSpec gpt_model_spec(const GptConfig& config, DType dtype, int tp, boo
     return grads[i].data();
   };
   const std::vector<int> tokens = {0, 1}, targets = {1, 0};
-  model.forward(tokens, targets, 1, 2, a);
-  model.backward(1.0f, a);
+  const std::vector<float> input(model.activation_numel(1, 2), 0.0f);
+  std::vector<float> out, grad_in;
+  model.forward_micro_batch(0, tokens, targets, 1, 2, input.data(), &out, a);
+  const std::vector<float> grad_out(out.size(), 0.0f);
+  model.backward_micro_batch(0, 1.0f, grad_out.data(), &grad_in, true, a);
   return m;
 }
 

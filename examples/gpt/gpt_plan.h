@@ -12,6 +12,9 @@ namespace zero::examples {
 
 // `tp` > 1: one tensor-parallel rank's parts (Gpt(full, parallel)'s shapes and placements; the
 // vocabulary padded to a multiple of tp); `sequence_parallel`: replicated ones with partial gradients.
-plan::ModelSpec gpt_model_spec(const GptConfig& config, DType dtype, int tp = 1, bool sequence_parallel = false);
+// `stage` (not null): one pipeline stage's tensors (Gpt(full, parallel, stage)'s, the tied wte copy
+// marked) and that stage's scope schedule for one micro-batch.
+plan::ModelSpec gpt_model_spec(const GptConfig& config, DType dtype, int tp = 1, bool sequence_parallel = false,
+                               const GptStage* stage = nullptr);
 
 }  // namespace zero::examples

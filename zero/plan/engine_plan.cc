@@ -13,27 +13,32 @@
 namespace zero::plan {
 namespace {
 
-// One micro-step of `schedule` on the engine: scopes opened and closed, gradients asked for,
-// nothing computed. `ids`: the engine's parameter id of each tensor.
-void run_micro_step(Engine& engine, const std::vector<ScopeEvent>& schedule, const std::vector<int>& ids) {
+// One micro-step of `schedule` on the engine, `micro_batches` times over (a pipeline stage's
+// micro-batches, one after another): scopes opened and closed, gradients asked for, nothing
+// computed. `ids`: the engine's parameter id of each tensor.
+void run_micro_step(Engine& engine, const std::vector<ScopeEvent>& schedule, const std::vector<int>& ids,
+                    int micro_batches) {
   std::map<int, std::optional<UnitScope>> open;
-  for (const ScopeEvent& e : schedule) {
-    switch (e.kind) {
-      case ScopeEvent::kOpen:
-        if (open[e.unit]) ZERO_THROW(InvalidArgument, "plan schedule: unit {} opened twice", e.unit);
-        open[e.unit].emplace(e.backward ? engine.gather_for_backward(e.unit) : engine.gather(e.unit));
-        break;
-      case ScopeEvent::kGrad: {
-        auto it = open.find(e.unit);
-        if (it == open.end() || !it->second) {
-          ZERO_THROW(InvalidArgument, "plan schedule: gradient of tensor {} asked for outside unit {}'s scope", e.tensor, e.unit);
+  for (int mb = 0; mb < micro_batches; ++mb) {
+    for (const ScopeEvent& e : schedule) {
+      switch (e.kind) {
+        case ScopeEvent::kOpen:
+          if (open[e.unit]) ZERO_THROW(InvalidArgument, "plan schedule: unit {} opened twice", e.unit);
+          open[e.unit].emplace(e.backward ? engine.gather_for_backward(e.unit) : engine.gather(e.unit));
+          break;
+        case ScopeEvent::kGrad: {
+          auto it = open.find(e.unit);
+          if (it == open.end() || !it->second) {
+            ZERO_THROW(InvalidArgument, "plan schedule: gradient of tensor {} asked for outside unit {}'s scope",
+                       e.tensor, e.unit);
+          }
+          (void)it->second->grad(ids.at(e.tensor));
+          break;
         }
-        (void)it->second->grad(ids.at(e.tensor));
-        break;
+        case ScopeEvent::kClose:
+          open[e.unit].reset();
+          break;
       }
-      case ScopeEvent::kClose:
-        open[e.unit].reset();
-        break;
     }
   }
   engine.finish_backward();
@@ -56,18 +61,26 @@ EnginePlan plan_engine(const PlanInputs& in) {
   comm::PlanningCommunicator comm(
       in.rank, in.world_size, [&meta](const void* p, size_t n) { return meta->addressable(p, n); }, meta->kind());
   if (in.tp < 1) ZERO_THROW(InvalidArgument, "plan: tp {} is not positive", in.tp);
-  comm::PlanningCommunicator tp_comm(
-      0, in.tp, [&meta](const void* p, size_t n) { return meta->addressable(p, n); }, meta->kind());
+  if (in.pp < 1) ZERO_THROW(InvalidArgument, "plan: pp {} is not positive", in.pp);
+  auto addressable = [&meta](const void* p, size_t n) { return meta->addressable(p, n); };
+  comm::PlanningCommunicator tp_comm(0, in.tp, addressable, meta->kind());
+  comm::PlanningCommunicator mp_comm(0, in.tp * in.pp, addressable, meta->kind());
+  comm::PlanningCommunicator tied_comm(0, 2, addressable, meta->kind());
   EngineOptions options = in.options;
   EngineComms comms{&comm, nullptr, meta.get()};
   if (in.tp > 1) comms.tp = comms.model_parallel = &tp_comm;
+  if (in.pp > 1) comms.model_parallel = &mp_comm;
+  for (const TensorSpec& t : in.model.tensors) {
+    if (t.tied) comms.tied = &tied_comm;
+  }
   Engine engine(comms, options);
   std::vector<int> ids;
   for (const TensorSpec& t : in.model.tensors) {
     const size_t numel = shape_numel(t.shape);
     void* data = meta->reserve_unbacked(numel * dtype_size(in.model.dtype));
     ids.push_back(engine.add_param({.name = t.name, .shape = t.shape, .dtype = in.model.dtype, .data = {data, numel},
-                                    .unit = t.unit, .group = t.group, .requires_grad = t.trainable, .tp = t.tp}));
+                                    .unit = t.unit, .group = t.group, .requires_grad = t.trainable, .tp = t.tp,
+                                    .tied = t.tied}));
   }
   const std::vector<ScopeEvent> schedule =
       in.model.schedule.empty() ? default_schedule(in.model.tensors) : in.model.schedule;
@@ -78,7 +91,7 @@ EnginePlan plan_engine(const PlanInputs& in) {
       comm.reset_tallies();
       tp_comm.reset_tallies();
     }
-    for (int m = 0; m < micro; ++m) run_micro_step(engine, schedule, ids);
+    for (int m = 0; m < micro; ++m) run_micro_step(engine, schedule, ids, options.micro_batches);
     engine.step();
   }
   EnginePlan plan;

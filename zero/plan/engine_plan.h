@@ -34,6 +34,10 @@ struct PlanInputs {
   // engine's tp collectives (the norm's sum, partial gradients) are planned on a tp group of this
   // size (rank 0 of it: the replicated parameters' norm is counted there).
   int tp = 1;
+  // Pipeline parallelism: the model is one stage's part. The norm's sum runs over a model-parallel
+  // group of tp x pp, tied tensors are summed over an embedding group of 2, and each micro-step runs
+  // the schedule EngineOptions::micro_batches times (every unit's backward that many times).
+  int pp = 1;
   bool cuda = false;   // plan a GPU's memory (NCCL; no communicator scratch is accounted)
   comm::GlooOptions gloo;  // the host backend's settings (its scratch)
 };

@@ -17,6 +17,7 @@ struct TensorSpec {
   bool trainable = true;
   int group = 0;  // optimizer parameter group
   TpPlacement tp;
+  bool tied = false;  // a copy another pipeline stage holds too (ParamSpec::tied)
 };
 
 // One thing a training loop's micro-step does with the engine's unit scopes, in order: open a unit's
