@@ -4,10 +4,12 @@
 //                                     interval from a JSON file, ours or DeepSpeed's (docs/config.md)
 //   --offload / --offload-params      EngineOptions.offload (the optimizer; at stage 3 the parameters too)
 //   --save DIR [--save-every K]       an async checkpoint every K steps and at the end
-//   --resume DIR                      load DIR (any world size and stage) before the first step
+//   --resume DIR                      load DIR (any world size and stage; a pipelined run's DIR at any
+//                                     split of the layers) before the first step
 //   --export FILE.safetensors         the final weights
 //   --shard-group-size N              hybrid sharding: the engine on comm::HybridGroups of N ranks
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -145,21 +147,31 @@ struct RunFlags {
     opt.offload.optimizer = offload || offload_params;
     opt.offload.params = offload_params;
   }
-  // Pipeline stage `stage` of a pipelined model: its own checkpoint directory under --save and
-  // --resume (DIR/stage<k>; each stage's engine holds its own parameters), and its export written
-  // beside --export (FILE.stage<k>) for the caller to merge (merge_safetensors).
+  // Pipeline stage `stage` of a pipelined model: its own checkpoint directory under --save
+  // (DIR/stage<k>; each stage's engine holds its own parameters), and its export written beside
+  // --export (FILE.stage<k>) for the caller to merge (merge_safetensors). --resume reads every
+  // stage's directory, so a pipeline's checkpoint resumes at any split (resume_dirs).
   RunFlags for_pipeline_stage(int stage) const {
     RunFlags f = *this;
-    const std::string sub = "/stage" + std::to_string(stage);
-    if (!f.save_dir.empty()) f.save_dir += sub;
-    if (!f.resume_dir.empty()) f.resume_dir += sub;
+    if (!f.save_dir.empty()) f.save_dir += "/stage" + std::to_string(stage);
     if (!f.export_path.empty()) f.export_path += ".stage" + std::to_string(stage);
     return f;
+  }
+  // The directories --resume names: DIR itself (a checkpoint), or a pipelined run's DIR/stage0,
+  // DIR/stage1, ... (together the model; each engine takes its parameters from them).
+  std::vector<std::string> resume_dirs() const {
+    namespace fs = std::filesystem;
+    if (fs::exists(resume_dir + "/manifest.json") || !fs::exists(resume_dir + "/stage0")) return {resume_dir};
+    std::vector<std::string> dirs;
+    for (int k = 0; fs::exists(resume_dir + "/stage" + std::to_string(k)); ++k) {
+      dirs.push_back(resume_dir + "/stage" + std::to_string(k));
+    }
+    return dirs;
   }
   // Loads --resume (if given) and returns the step to start from.
   int resume(Engine& engine) const {
     if (resume_dir.empty()) return 0;
-    const LoadedCheckpoint c = engine.load(resume_dir);
+    const LoadedCheckpoint c = engine.load(resume_dirs());
     if (engine.rank() == 0) {
       std::printf("resumed from %s at step %lld (saved by %d rank(s) at stage %d)\n", resume_dir.c_str(),
                   static_cast<long long>(c.state.step), c.world_size, c.stage);

@@ -4,6 +4,7 @@
 // same under every schedule (and the bubble, the timeline files and the merged export there).
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <sstream>
@@ -98,6 +99,52 @@ TEST_CASE("a pipelined run prints its bubble, writes its timeline and one export
   CHECK(std::filesystem::exists(dir + "/t.json.svg"));
   CHECK(std::filesystem::file_size(dir + "/w.safetensors") > 0);
   CHECK(!std::filesystem::exists(dir + "/w.safetensors.stage0"));
+}
+
+}  // namespace zero
+
+namespace zero {
+
+TEST_CASE("a pipelined run's checkpoint resumes at another split, pipeline degree, dp size and ZeRO stage") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/gpt_pp_ckpt";
+  std::filesystem::remove_all(dir);
+  // A constant learning rate, so that a run of 10 steps is the first 10 of a run of 12.
+  const std::vector<std::string> common{"--n-layer", "4", "--deterministic", "--val-every", "0", "--sample-tokens", "0",
+                                        "--log-every", "1", "--warmup", "0", "--min-lr-ratio", "1"};
+  auto args = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), common.begin(), common.end());
+    return extra;
+  };
+  // Uninterrupted at pp 2, stage 3; and its first 10 steps, saved.
+  const auto whole = testing::launch(2, "examples/gpt/train_gpt", args({"--pp", "2", "--steps", "12"}));
+  INFO(whole.output);
+  REQUIRE(whole.exit_code == 0);
+  const std::vector<std::string> want = losses(whole.output);
+  REQUIRE(want.size() == 12);
+  const auto first = testing::launch(2, "examples/gpt/train_gpt", args({"--pp", "2", "--steps", "10", "--save", dir}));
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  CHECK(losses(first.output) == std::vector<std::string>(want.begin(), want.begin() + 10));
+  struct Layout {
+    int nproc;
+    std::vector<std::string> flags;
+  };
+  for (const Layout& l : {Layout{1, {"--stage", "1"}}, Layout{2, {"--stage", "2"}}, Layout{4, {"--pp", "4", "--stage", "2"}},
+                          Layout{4, {"--pp", "2", "--pp-layers", "1,3", "--stage", "3"}}}) {
+    CAPTURE(l.nproc);
+    CAPTURE(l.flags.back());
+    std::vector<std::string> extra = l.flags;
+    extra.insert(extra.end(), {"--steps", "12", "--resume", dir});
+    const auto r = testing::launch(l.nproc, "examples/gpt/train_gpt", args(extra));
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.output.find("resumed from " + dir + " at step 10") != std::string::npos);
+    const std::vector<std::string> got = losses(r.output);
+    REQUIRE(got.size() == 2);
+    // Steps 11 and 12 as the uninterrupted run (another layout rounds differently: within 1e-3).
+    for (size_t i = 0; i < 2; ++i) CHECK(std::abs(loss_of(got[i]) - loss_of(want[10 + i])) <= 1e-3);
+  }
 }
 
 }  // namespace zero

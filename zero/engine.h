@@ -49,6 +49,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "memory/device.h"
@@ -285,6 +286,10 @@ class Engine {
   // user blob and the saved world size and stage. A missing, incomplete, corrupt or foreign
   // checkpoint fails on every rank with an error naming the file, and changes nothing.
   LoadedCheckpoint load(const std::string& dir);
+  // From several directories that together hold the model (each pipeline stage's checkpoint): this
+  // engine's parameters from whichever holds them, so a pipeline's checkpoint loads at another
+  // split of the layers (zero/checkpoint/checkpoint.h).
+  LoadedCheckpoint load(const std::vector<std::string>& dirs);
   // export_safetensors(): the full weights (fp32 from the master, or the model dtype) as one
   // safetensors file, written in place by every rank, piece by piece.
   void export_safetensors(const std::string& path, DType dtype = DType::kFloat32);

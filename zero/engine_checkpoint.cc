@@ -55,12 +55,15 @@ void Engine::release_save_staging() {
 
 size_t Engine::save_staging_bytes() const { return impl_->save_staging.reserved_bytes(); }
 
-LoadedCheckpoint Engine::load(const std::string& dir) {
+LoadedCheckpoint Engine::load(const std::string& dir) { return load(std::vector<std::string>{dir}); }
+
+LoadedCheckpoint Engine::load(const std::vector<std::string>& dirs) {
   Impl& m = *impl_;
   m.require_finalized("load");
   wait_for_save();
   zero_grad();
-  LoadedCheckpoint c = load_checkpoint(checkpoint_parts(), dir);
+  LoadedCheckpoint c = load_checkpoint(checkpoint_parts(), dirs);
+  const std::string& dir = dirs.front();
   if (m.parts.gatherer) m.parts.gatherer->invalidate();
   m.steps_taken = c.state.step;
   m.parts.update->optimizer().set_step_count(c.state.step);
