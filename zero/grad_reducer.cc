@@ -201,10 +201,7 @@ void GradReducer::launch_ready() {
     }
     return;
   }
-  while (launched_ < nb && buckets_[nb - 1 - launched_].ready) {
-    launch(nb - 1 - launched_);
-    ++launched_;
-  }
+  while (launched_ < nb && buckets_[nb - 1 - launched_].ready) launch(nb - 1 - launched_);
 }
 
 void GradReducer::begin_round(size_t b) {
@@ -224,7 +221,7 @@ void GradReducer::launch(size_t b) {
   const auto& B = layout_.buckets()[b];
   BucketState& st = buckets_[b];
   st.launched = true;
-  if (config_.rounds) ++launched_;
+  ++launched_;
   const DType rd = config_.reduce_dtype;
   void* grads = bucket_buffer(b);
   const bool convert = rd != config_.model_dtype;

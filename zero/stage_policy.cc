@@ -192,19 +192,16 @@ EngineParts wire_stage(const PolicyInputs& in) {
     }
   }
   uc.model_parallel = in.model_parallel != nullptr ? in.model_parallel : in.tp;  // null without tp or pp
+  // Each block's unit (the norm's per-unit sums) and, with classes, whether this rank counts it.
   uc.block_unit.assign(layout.num_blocks(), 0);
+  if (classes) uc.counted.assign(layout.num_blocks(), true);
+  const size_t block = layout.options().block;
   for (size_t t = 0; t < in.tensor_param.size(); ++t) {
     const ShardLayout::Tensor& lt = layout.tensors()[t];
-    const size_t block = layout.options().block;
-    for (size_t k = lt.offset / block; k * block < lt.offset + lt.numel; ++k) uc.block_unit[k] = units[t];
-  }
-  if (classes) {
-    uc.counted.assign(layout.num_blocks(), true);
-    const size_t block = layout.options().block;
-    for (size_t t = 0; t < in.tensor_param.size(); ++t) {
-      if (counted_here(in.tensor_param[t])) continue;
-      const ShardLayout::Tensor& lt = layout.tensors()[t];
-      for (size_t k = lt.offset / block; k * block < lt.offset + lt.numel; ++k) uc.counted[k] = false;
+    const bool counted = !classes || counted_here(in.tensor_param[t]);
+    for (size_t k = lt.offset / block; k * block < lt.offset + lt.numel; ++k) {
+      uc.block_unit[k] = units[t];
+      if (!counted) uc.counted[k] = false;
     }
   }
   parts.update = std::make_unique<ShardedUpdate>(uc, layout, *parts.ownership, *in.shard, device, std::move(applier),

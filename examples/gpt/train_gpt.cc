@@ -273,24 +273,21 @@ int run(int argc, char** argv) {
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     double loss = loss_sum / micro;
     comm.all_reduce(&loss, 1, DType::kFloat64, comm::ReduceOp::kAvg)->wait();
-    // The largest rank's memory (the engine's tracker: shards, buffers, the gather window).
-    double mem = static_cast<double>(engine.device().tracker().current_total());
-    comm.all_reduce(&mem, 1, DType::kFloat64, comm::ReduceOp::kMax)->wait();
+    // The largest rank's memory (the engine's tracker: shards, buffers, the gather window) and, with
+    // pipelines, the slowest stage's bubble (idle / its step's compute span) and the largest
+    // activation peak: one maximum over the ranks.
+    double maxima[3] = {static_cast<double>(engine.device().tracker().current_total()),
+                        pipe ? parallel::measure({spans}).worst_bubble : 0.0, static_cast<double>(activation_peak)};
+    comm.all_reduce(maxima, 3, DType::kFloat64, comm::ReduceOp::kMax)->wait();
+    const double mem = maxima[0];
     const StepTimings& tm = engine.step_timings();
-    // Pipelines: the slowest stage's bubble (idle / its step's compute span) and the largest
-    // activation peak.
-    double pipe_stats[2] = {0, static_cast<double>(activation_peak)};
-    if (pipe) {
-      pipe_stats[0] = parallel::measure({spans}).worst_bubble;
-      comm.all_reduce(pipe_stats, 2, DType::kFloat64, comm::ReduceOp::kMax)->wait();
-    }
     if (rank == 0 && ((step + 1) % log_every == 0 || step + 1 == steps)) {
       std::printf("step %4d | loss %.4f | norm %.2f | lr %.2e | %7.0f tok/s | %6.1f ms (gather %.1f, reduce %.1f, "
                   "update %.1f) | mem/rank %s%s\n",
                   step + 1, loss, r.grad_norm, step_lr, batch * T / dt, 1e3 * dt, 1e3 * tm.gather_wait_s, 1e3 * tm.reduce_wait_s,
                   1e3 * tm.optimizer_s, memory::format_bytes(static_cast<uint64_t>(mem)).c_str(),
-                  pipe ? fmt::format(" | bubble {:.1f}% | activations {}", 100 * pipe_stats[0],
-                                     memory::format_bytes(static_cast<uint64_t>(pipe_stats[1]))).c_str()
+                  pipe ? fmt::format(" | bubble {:.1f}% | activations {}", 100 * maxima[1],
+                                     memory::format_bytes(static_cast<uint64_t>(maxima[2]))).c_str()
                        : "");
       std::fflush(stdout);
     }

@@ -1,7 +1,6 @@
 #include "parallel/pipeline/measured.h"
 
 #include <algorithm>
-#include <map>
 
 #include <fmt/format.h>
 
