@@ -2,9 +2,9 @@
 // at the reference's 2 ranks and on 1 rank with 2 micro-steps, with and without optimizer offload;
 // and split over tensor-parallel ranks: gpt_4layer_dp2 at tp 2 and 4 with dp 1 and 2, stages 0-3,
 // with and without sequence parallelism, and with offload at stage 3; and split into pipeline
-// stages: gpt_4layer_dp2 at pp 2 and 4 with dp 1 and 2 under every schedule (interleaved with 2
-// chunks at pp 2), stages 0-3 and stage 3 with offload, uneven stages, every schedule giving bitwise
-// the same losses, norms and parameters at a fixed (dp, pp); and in 3D, dp 2 x tp 2 x pp 2.
+// stages: gpt_4layer_dp2 at pp 2 and 4, each with dp 1 and 2, under every schedule (interleaved
+// with 2 chunks at pp 2), stages 0-3 and stage 3 with offload, uneven stages, every schedule giving
+// bitwise the same losses, norms and parameters at a fixed (dp, pp); and in 3D, dp 2 x tp 2 x pp 2.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -123,7 +123,7 @@ TEST_CASE("GPT training split into pipeline stages follows PyTorch, bitwise the 
   struct Layout {
     int dp, pp, micro_batches;
   };
-  for (const Layout l : {Layout{1, 2, 4}, Layout{2, 2, 2}, Layout{1, 4, 4}}) {
+  for (const Layout l : {Layout{1, 2, 4}, Layout{2, 2, 2}, Layout{1, 4, 4}, Layout{2, 4, 4}}) {
     for (const char* stage : {"0", "1", "2", "3"}) {
       SameBits same;
       for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1"}) {
