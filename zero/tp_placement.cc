@@ -125,4 +125,42 @@ void unshard(const float* local, const std::vector<int64_t>& shape, const TpPlac
   for_each_run(shape, p, r, tp, [&](size_t f, size_t l, size_t n) { std::copy_n(local + l, n, full + f); });
 }
 
+namespace {
+
+// A split tensor seen as [rows, tp, run]: rank r's part is [rows, run] at index r of the tp axis
+// (rows = outer x blocks, run = piece x inner). Both directions are division by `run`.
+size_t run_length(const std::vector<int64_t>& shape, const TpPlacement& p, int tp) {
+  local_shape("tp runs", shape, p, tp);  // validates
+  const SplitView v = view(shape, p, tp);
+  return v.piece * v.inner;
+}
+
+}  // namespace
+
+std::vector<TpRun> part_runs(const std::vector<int64_t>& shape, const TpPlacement& p, int r, int tp, size_t begin,
+                             size_t end) {
+  if (!p.is_split() || tp == 1) return {{r, begin, begin, end - begin}};
+  const size_t run = run_length(shape, p, tp), t = static_cast<size_t>(tp), rr = static_cast<size_t>(r);
+  std::vector<TpRun> out;
+  for (size_t l = begin; l < end;) {
+    const size_t k = l / run, within = l % run, n = std::min(end - l, run - within);
+    out.push_back({r, l, (k * t + rr) * run + within, n});
+    l += n;
+  }
+  return out;
+}
+
+std::vector<TpRun> whole_runs(const std::vector<int64_t>& shape, const TpPlacement& p, int tp, size_t begin,
+                              size_t end) {
+  if (!p.is_split() || tp == 1) return {{0, begin, begin, end - begin}};
+  const size_t run = run_length(shape, p, tp), t = static_cast<size_t>(tp);
+  std::vector<TpRun> out;
+  for (size_t g = begin; g < end;) {
+    const size_t q = g / run, within = g % run, n = std::min(end - g, run - within);
+    out.push_back({static_cast<int>(q % t), (q / t) * run + within, g, n});
+    g += n;
+  }
+  return out;
+}
+
 }  // namespace zero

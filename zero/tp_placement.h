@@ -62,4 +62,23 @@ void shard(const float* full, const std::vector<int64_t>& shape, const TpPlaceme
 void unshard(const float* local, const std::vector<int64_t>& shape, const TpPlacement& placement,
              int tp_rank, int tp, float* full);
 
+// A contiguous run of elements: `n` of them at `local` in one rank's part (rank `part`) and at
+// `full` in the whole tensor (row-major offsets). A checkpoint saved at one tp reads its pieces back
+// at another through these: a rank's wanted range becomes runs of the whole tensor, and those runs
+// become ranges of the saved parts.
+struct TpRun {
+  int part = 0;
+  size_t local = 0, full = 0, n = 0;
+};
+
+// Rank `tp_rank`'s part elements [begin, end) as runs of the whole tensor of `shape`, in local order
+// (one run for a replicated tensor or tp 1). The placement must suit the shape (local_shape).
+std::vector<TpRun> part_runs(const std::vector<int64_t>& shape, const TpPlacement& placement, int tp_rank, int tp,
+                             size_t begin, size_t end);
+
+// The whole tensor's elements [begin, end) as runs of the tp parts that hold them, in whole order. A
+// replicated tensor is one part (part 0) that is the whole.
+std::vector<TpRun> whole_runs(const std::vector<int64_t>& shape, const TpPlacement& placement, int tp, size_t begin,
+                              size_t end);
+
 }  // namespace zero

@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -68,6 +69,53 @@ TEST_CASE("interleaved blocks: a fused q|k|v weight gives each rank its heads of
   round_trip({24}, TpPlacement::split(0, 3), 4);
   round_trip({24, 3}, TpPlacement::split(0, 3), 4);
   CHECK(describe(TpPlacement::split(0, 3)) == "split(0, 3 blocks)");
+}
+
+TEST_CASE("runs map a part's element ranges to the whole tensor and back, at any tp") {
+  // Elements numbered by their whole offset: a part's element is its whole offset.
+  const std::vector<std::pair<std::vector<int64_t>, TpPlacement>> cases = {
+      {{12, 4}, TpPlacement::split(0)}, {{4, 12}, TpPlacement::split(1)}, {{24, 2}, TpPlacement::split(0, 3)},
+      {{3, 8, 4}, TpPlacement::split(1, 2)}, {{12}, TpPlacement::replicated()}};
+  for (const auto& [shape, placement] : cases) {
+    const size_t total =
+        static_cast<size_t>(std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>()));
+    std::vector<float> whole(total);
+    std::iota(whole.begin(), whole.end(), 0.0f);
+    for (int tp : {1, 2, 4}) {
+      if (placement.is_split() && shape[static_cast<size_t>(placement.dim)] % (placement.blocks * tp) != 0) continue;
+      const std::vector<int64_t> local = local_shape("t", shape, placement, tp);
+      const size_t n = static_cast<size_t>(std::accumulate(local.begin(), local.end(), int64_t{1}, std::multiplies<>()));
+      for (int r = 0; r < (placement.is_split() ? tp : 1); ++r) {
+        std::vector<float> part(n);
+        shard(whole.data(), shape, placement, r, tp, part.data());
+        // Every sub-range of the part, its runs in local order, each run's elements where it says.
+        for (size_t b = 0; b < n; b += 3) {
+          for (size_t e = b + 1; e <= n; e += 5) {
+            size_t at = b;
+            for (const TpRun& run : part_runs(shape, placement, r, tp, b, e)) {
+              CHECK(run.local == at);
+              CHECK(run.part == r);
+              for (size_t j = 0; j < run.n; ++j) CHECK(part[run.local + j] == static_cast<float>(run.full + j));
+              at += run.n;
+            }
+            CHECK(at == e);
+          }
+        }
+      }
+      // The whole's ranges by part: each run names the part and the local offset that hold them.
+      for (size_t b = 0; b < total; b += 7) {
+        size_t at = b;
+        for (const TpRun& run : whole_runs(shape, placement, tp, b, total)) {
+          CHECK(run.full == at);
+          std::vector<float> part(n);
+          shard(whole.data(), shape, placement, run.part, tp, part.data());
+          for (size_t j = 0; j < run.n; ++j) CHECK(part[run.local + j] == static_cast<float>(run.full + j));
+          at += run.n;
+        }
+        CHECK(at == total);
+      }
+    }
+  }
 }
 
 TEST_CASE("a split that does not divide is an error naming the parameter and the sizes") {
