@@ -4,12 +4,11 @@
 //                                     interval from a JSON file, ours or DeepSpeed's (docs/config.md)
 //   --offload / --offload-params      EngineOptions.offload (the optimizer; at stage 3 the parameters too)
 //   --save DIR [--save-every K]       an async checkpoint every K steps and at the end
-//   --resume DIR                      load DIR (any world size and stage; a pipelined run's DIR at any
-//                                     split of the layers) before the first step
+//   --resume DIR                      load DIR before the first step: saved at any (dp, tp, pp), split of
+//                                     the layers and stage
 //   --export FILE.safetensors         the final weights
 //   --shard-group-size N              hybrid sharding: the engine on comm::HybridGroups of N ranks
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -147,34 +146,14 @@ struct RunFlags {
     opt.offload.optimizer = offload || offload_params;
     opt.offload.params = offload_params;
   }
-  // Pipeline stage `stage` of a pipelined model: its own checkpoint directory under --save
-  // (DIR/stage<k>; each stage's engine holds its own parameters), and its export written beside
-  // --export (FILE.stage<k>) for the caller to merge (merge_safetensors). --resume reads every
-  // stage's directory, so a pipeline's checkpoint resumes at any split (resume_dirs).
-  RunFlags for_pipeline_stage(int stage) const {
-    RunFlags f = *this;
-    if (!f.save_dir.empty()) f.save_dir += "/stage" + std::to_string(stage);
-    if (!f.export_path.empty()) f.export_path += ".stage" + std::to_string(stage);
-    return f;
-  }
-  // The directories --resume names: DIR itself (a checkpoint), or a pipelined run's DIR/stage0,
-  // DIR/stage1, ... (together the model; each engine takes its parameters from them).
-  std::vector<std::string> resume_dirs() const {
-    namespace fs = std::filesystem;
-    if (fs::exists(resume_dir + "/manifest.json") || !fs::exists(resume_dir + "/stage0")) return {resume_dir};
-    std::vector<std::string> dirs;
-    for (int k = 0; fs::exists(resume_dir + "/stage" + std::to_string(k)); ++k) {
-      dirs.push_back(resume_dir + "/stage" + std::to_string(k));
-    }
-    return dirs;
-  }
-  // Loads --resume (if given) and returns the step to start from.
-  int resume(Engine& engine) const {
+  // Loads --resume (if given) and returns the step to start from. `report`: this rank prints (by
+  // default the engine's rank 0; under model parallelism the caller picks one of the engines).
+  int resume(Engine& engine, std::optional<bool> report = std::nullopt) const {
     if (resume_dir.empty()) return 0;
-    const LoadedCheckpoint c = engine.load(resume_dirs());
-    if (engine.rank() == 0) {
-      std::printf("resumed from %s at step %lld (saved by %d rank(s) at stage %d)\n", resume_dir.c_str(),
-                  static_cast<long long>(c.state.step), c.world_size, c.stage);
+    const LoadedCheckpoint c = engine.load(resume_dir);
+    if (report.value_or(engine.rank() == 0)) {
+      std::printf("resumed from %s at step %lld (saved at dp %d x tp %d x pp %d, stage %d)\n", resume_dir.c_str(),
+                  static_cast<long long>(c.state.step), c.world_size, c.tp, c.pp, c.stage);
     }
     return static_cast<int>(c.state.step);
   }
@@ -184,12 +163,13 @@ struct RunFlags {
     if ((save_every > 0 && done % save_every == 0) || done == steps) engine.save_async(save_dir, blob);
   }
   // After the loop: waits for the last save, exports.
-  void finish(Engine& engine) const {
+  void finish(Engine& engine, std::optional<bool> report = std::nullopt) const {
+    const bool says = report.value_or(engine.rank() == 0);
     engine.wait_for_save();
-    if (!save_dir.empty() && engine.rank() == 0) std::printf("checkpoint in %s\n", save_dir.c_str());
+    if (!save_dir.empty() && says) std::printf("checkpoint in %s\n", save_dir.c_str());
     if (export_path.empty()) return;
     engine.export_safetensors(export_path);
-    if (engine.rank() == 0) std::printf("weights exported to %s\n", export_path.c_str());
+    if (says) std::printf("weights exported to %s\n", export_path.c_str());
   }
 };
 

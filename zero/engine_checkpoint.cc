@@ -16,16 +16,19 @@ CheckpointState Engine::checkpoint_state() const {
 
 CheckpointParts Engine::checkpoint_parts() {
   Impl& m = *impl_;
-  if (m.comms.tp != nullptr && m.comms.tp->size() > 1) {
-    // Every tp rank holds a part under the same name; the format's pieces would need the tensor-
-    // parallel slice beside the element range (DESIGN.md, "Checkpoints across layouts").
-    ZERO_THROW(InvalidArgument,
-               "checkpoints, exports and imports under tensor parallelism (tp {}) are not supported yet: the "
-               "tp ranks hold different parts of the same parameters",
-               m.comms.tp->size());
-  }
-  return {&m.registry,   &m.tensor_param,  m.parts.layout.get(), m.parts.ownership.get(), &m.parts.update->applier(),
-          m.parts.writeback.get(), m.comms.shard, m.comms.replica, &m.options, m.model_dtype, m.device};
+  return {&m.registry,
+          &m.tensor_param,
+          m.parts.layout.get(),
+          m.parts.ownership.get(),
+          &m.parts.update->applier(),
+          m.parts.writeback.get(),
+          m.comms.shard,
+          m.comms.replica,
+          m.comms.tp,
+          m.comms.model_parallel,
+          &m.options,
+          m.model_dtype,
+          m.device};
 }
 
 void Engine::save(const std::string& dir, std::string_view user_blob) {

@@ -27,26 +27,6 @@ void gather_host(comm::Communicator& comm, memory::Device* device, const void* s
   device->synchronize(s, timeout);
 }
 
-// One string per rank: an all_gather of the lengths, then of the payloads padded to int32 words.
-std::vector<std::string> all_gather_strings(comm::Communicator& comm, memory::Device* device,
-                                            const std::string& mine, std::chrono::milliseconds timeout) {
-  const int n = comm.size();
-  std::vector<int64_t> lengths(static_cast<size_t>(n));
-  int64_t my_len = static_cast<int64_t>(mine.size());
-  gather_host(comm, device, &my_len, lengths.data(), 1, DType::kInt64, timeout);
-  const int64_t max_len = *std::max_element(lengths.begin(), lengths.end());
-  const size_t words = static_cast<size_t>((max_len + 3) / 4);
-  if (words == 0) return std::vector<std::string>(static_cast<size_t>(n));
-  std::vector<int32_t> send(words, 0), recv(words * static_cast<size_t>(n), 0);
-  std::memcpy(send.data(), mine.data(), mine.size());
-  gather_host(comm, device, send.data(), recv.data(), words, DType::kInt32, timeout);
-  std::vector<std::string> out;
-  for (int r = 0; r < n; ++r) {
-    const char* p = reinterpret_cast<const char*>(recv.data() + static_cast<size_t>(r) * words);
-    out.emplace_back(p, static_cast<size_t>(lengths[static_cast<size_t>(r)]));
-  }
-  return out;
-}
 
 // Entries travel as "key\tvalue\n" lines; keys and values never hold tabs or newlines.
 std::string encode(const std::vector<AgreementEntry>& entries) {
@@ -91,6 +71,27 @@ std::string first_difference(const AgreementSubject& subject, const std::vector<
 }
 
 }  // namespace
+
+// An all_gather of the lengths, then of the payloads padded to int32 words.
+std::vector<std::string> all_gather_strings(comm::Communicator& comm, memory::Device* device,
+                                            const std::string& mine, std::chrono::milliseconds timeout) {
+  const int n = comm.size();
+  std::vector<int64_t> lengths(static_cast<size_t>(n));
+  int64_t my_len = static_cast<int64_t>(mine.size());
+  gather_host(comm, device, &my_len, lengths.data(), 1, DType::kInt64, timeout);
+  const int64_t max_len = *std::max_element(lengths.begin(), lengths.end());
+  const size_t words = static_cast<size_t>((max_len + 3) / 4);
+  if (words == 0) return std::vector<std::string>(static_cast<size_t>(n));
+  std::vector<int32_t> send(words, 0), recv(words * static_cast<size_t>(n), 0);
+  std::memcpy(send.data(), mine.data(), mine.size());
+  gather_host(comm, device, send.data(), recv.data(), words, DType::kInt32, timeout);
+  std::vector<std::string> out;
+  for (int r = 0; r < n; ++r) {
+    const char* p = reinterpret_cast<const char*>(recv.data() + static_cast<size_t>(r) * words);
+    out.emplace_back(p, static_cast<size_t>(lengths[static_cast<size_t>(r)]));
+  }
+  return out;
+}
 
 void check_agreement(comm::Communicator& comm, const AgreementSubject& subject,
                      const std::vector<AgreementEntry>& entries, const std::string& local_error,

@@ -43,7 +43,6 @@
 #include "parallel/pipeline/measured.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/pipeline/timeline_svg.h"
-#include "zero/checkpoint/safetensors.h"
 #include "memory/tracker.h"
 #include "optim/lr_schedule.h"
 #include "zero/engine.h"
@@ -205,7 +204,6 @@ int run(int argc, char** argv) {
   }
   engine.finalize();
   const examples::Gpt::Access access = scopes ? scopes->access() : examples::Gpt::Access{};
-  const examples::RunFlags stage_flags = pp > 1 ? run_flags.for_pipeline_stage(mesh.coord().pp) : run_flags;
   // The schedule peaks at group 0's lr; other groups keep their ratio to it.
   std::vector<float> base_lr;
   for (const optim::Hyper& g : opt.optimizer.groups) base_lr.push_back(g.lr);
@@ -227,7 +225,7 @@ int run(int argc, char** argv) {
                 data.source().c_str(), data.train_bytes(), data.val_bytes(), data.unigram_entropy(), batch, T);
   }
 
-  const int first_step = stage_flags.resume(engine);
+  const int first_step = run_flags.resume(engine, rank == 0);
   std::vector<int> x, y;
   auto validation_loss = [&] {
     // Forward-only: not recorded in stage 3's unit order, so the next step still prefetches.
@@ -312,21 +310,9 @@ int run(int argc, char** argv) {
                     memory::format_bytes(static_cast<uint64_t>(mem4[3])).c_str());
       }
     }
-    stage_flags.after_step(engine, step + 1, steps);  // the data is a function of the step, which it keeps
+    run_flags.after_step(engine, step + 1, steps);  // the data is a function of the step, which it keeps
   }
-  stage_flags.finish(engine);
-  if (pipe && !run_flags.export_path.empty()) {
-    // Each stage exported its tensors; one file in GPT-2's layout (the tied wte once).
-    comm.barrier()->wait();
-    if (rank == 0) {
-      std::vector<std::string> parts;
-      for (int k = 0; k < pp; ++k) parts.push_back(run_flags.for_pipeline_stage(k).export_path);
-      merge_safetensors(parts, run_flags.export_path);
-      for (const std::string& part : parts) std::remove(part.c_str());
-      std::printf("weights exported to %s\n", run_flags.export_path.c_str());
-    }
-    comm.barrier()->wait();
-  }
+  run_flags.finish(engine, rank == 0);
   comm.barrier()->wait();
   for (int r = 0; r < comm.size(); ++r) {
     if (r == rank) {

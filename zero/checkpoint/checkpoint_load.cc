@@ -11,6 +11,8 @@
 #include "zero/checkpoint/checkpoint.h"
 #include "zero/checkpoint/checkpoint_manifest.h"
 #include "zero/checkpoint/checkpoint_reader.h"
+#include "zero/checkpoint/checkpoint_set.h"
+#include "zero/rank_agreement.h"
 
 namespace zero {
 namespace {
@@ -18,42 +20,31 @@ namespace {
 using json = nlohmann::json;
 using namespace checkpoint_internal;
 
-// One saved checkpoint directory the load reads from.
-struct Source {
-  std::string dir, path;  // path: its manifest, which errors name
-  Manifest m;
-  std::unique_ptr<PieceReader> reader;
-};
-
-// A registered parameter against its saved entry: shape, dtype, trainable.
-void check_param(const ParamSpec& spec, const json& saved, const std::string& path) {
-  const auto shape = checkpoint_field<std::vector<int64_t>>(saved, "shape", path);
-  if (shape != spec.shape) {
-    checkpoint_error(path, fmt::format("parameter '{}' has shape {} but the engine registered {}", spec.name, shape_string(shape),
-                                       shape_string(spec.shape)));
+// A registered parameter against its saved tensor: the whole shape, dtype, trainable.
+void check_param(const CheckpointParts& p, const ParamSpec& spec, const CheckpointSet::Tensor& saved,
+                 const std::string& path) {
+  const std::vector<int64_t> shape = whole_shape(p, spec);
+  if (saved.shape != shape) {
+    checkpoint_error(path, fmt::format("parameter '{}' has shape {} but the engine registered {}{}", spec.name,
+                                       shape_string(saved.shape), shape_string(shape),
+                                       tp_size(p) > 1 ? fmt::format(" (whole; its tp part is {})", shape_string(spec.shape))
+                                                      : ""));
   }
-  if (checkpoint_field<std::string>(saved, "dtype", path) != dtype_name(spec.dtype)) {
+  if (saved.dtype != spec.dtype) {
     checkpoint_error(path, fmt::format("parameter '{}' was saved as {} but the engine registered {}", spec.name,
-                                       checkpoint_field<std::string>(saved, "dtype", path), dtype_name(spec.dtype)));
+                                       dtype_name(saved.dtype), dtype_name(spec.dtype)));
   }
-  if (checkpoint_field<bool>(saved, "trainable", path) != spec.requires_grad) {
+  if (saved.trainable != spec.requires_grad) {
     checkpoint_error(path, fmt::format("parameter '{}' was saved {} but the engine registered it {}", spec.name,
                                        spec.requires_grad ? "frozen" : "trainable", spec.requires_grad ? "trainable" : "frozen"));
   }
 }
 
-// Which source each registered parameter is read from (the first that holds it), checked against
-// this engine's registration and optimizer. One source must hold exactly the registered parameters
-// (anything else is a checkpoint of another model). Several sources (the stages of a pipeline, each
-// saved apart) together hold a model this engine has one part of: each registered parameter must be
-// in one of them; the others belong to other engines.
-std::map<std::string, size_t> assign_sources(const CheckpointParts& p, const std::vector<Source>& sources) {
-  std::vector<std::map<std::string, json>> saved(sources.size());
-  for (size_t i = 0; i < sources.size(); ++i) {
-    const Source& s = sources[i];
-    for (const json& j : checkpoint_field<json>(s.m.doc, "params", s.path)) {
-      saved[i][checkpoint_field<std::string>(j, "name", s.path)] = j;
-    }
+// Every registered parameter saved, as registered, and the optimizer the engine runs. Returns the
+// saved tensors this engine does not register (sorted): a single engine's checkpoint holding one is
+// of another model; under model parallelism they are other engines' until no engine registers them.
+std::vector<std::string> check_registration(const CheckpointParts& p, const CheckpointSet& set) {
+  for (const CheckpointSet::Source& s : set.sources()) {
     const json opt = checkpoint_field<json>(s.m.doc, "optimizer", s.path);
     const std::string kind = checkpoint_field<std::string>(opt, "kind", s.path);
     if (kind != optim::optimizer_name(p.options->optimizer.kind)) {
@@ -61,37 +52,60 @@ std::map<std::string, size_t> assign_sources(const CheckpointParts& p, const std
                                            optim::optimizer_name(p.options->optimizer.kind)));
     }
   }
-  std::map<std::string, size_t> source_of;
+  const std::string& path = set.sources()[0].path;
+  const bool several = set.sources().size() > 1;
   for (const ParamSpec& spec : p.registry->params()) {
-    size_t i = 0;
-    while (i < sources.size() && !saved[i].count(spec.name)) ++i;
-    if (i == sources.size()) {
-      checkpoint_error(sources[0].path, fmt::format("has no parameter '{}'{} (a checkpoint of another model?)", spec.name,
-                                                    sources.size() > 1 ? ", nor has any other directory given" : ""));
+    const CheckpointSet::Tensor* t = set.find(spec.name);
+    if (t == nullptr) {
+      checkpoint_error(path, fmt::format("has no parameter '{}'{} (a checkpoint of another model?)", spec.name,
+                                         several ? ", nor has any other part of the checkpoint" : ""));
     }
-    check_param(spec, saved[i].at(spec.name), sources[i].path);
-    source_of[spec.name] = i;
-    saved[i].erase(spec.name);
+    check_param(p, spec, *t, path);
   }
-  if (sources.size() == 1 && !saved[0].empty()) {
-    checkpoint_error(sources[0].path,
-                     fmt::format("holds parameter '{}', which the engine did not register (a checkpoint of another model?)",
-                                 saved[0].begin()->first));
+  std::vector<std::string> unregistered;
+  for (const CheckpointSet::Tensor& t : set.tensors()) {
+    if (!p.registry->find(t.name)) unregistered.push_back(t.name);
   }
-  return source_of;
+  std::sort(unregistered.begin(), unregistered.end());
+  return unregistered;
+}
+
+[[noreturn]] void extra_parameter(const std::string& path, const std::string& name) {
+  checkpoint_error(path, fmt::format("holds parameter '{}', which the engine did not register (a checkpoint of another model?)",
+                                     name));
+}
+
+// Model parallelism: a saved tensor that no engine of the job registers (each engine's unregistered
+// list, intersected over the model-parallel group). Every rank computes the same verdict.
+void check_no_extra(const CheckpointParts& p, const std::vector<std::string>& unregistered, const std::string& path) {
+  std::string mine;
+  for (const std::string& n : unregistered) mine += n + "\n";
+  std::map<std::string, int> count;
+  for (const std::string& all : all_gather_strings(*p.model_parallel, p.device, mine, timeout_of(p))) {
+    for (size_t at = 0; at < all.size();) {
+      const size_t nl = all.find('\n', at);
+      ++count[all.substr(at, nl - at)];
+      at = nl + 1;
+    }
+  }
+  for (const auto& [name, n] : count) {
+    if (n == p.model_parallel->size()) extra_parameter(path, name);
+  }
 }
 
 }  // namespace
 
 LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::string& dir) {
-  return load_checkpoint(p, std::vector<std::string>{dir});
+  std::vector<std::string> dirs;
+  agree(p, "checkpoint load", attempt([&] { dirs = checkpoint_directories(dir); }));
+  return load_checkpoint(p, dirs);
 }
 
 LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::vector<std::string>& dirs) {
   ZERO_CHECK(!dirs.empty(), "load_checkpoint: no directory given");
   LoadedCheckpoint out;
-  std::vector<Source> sources(dirs.size());
-  std::map<std::string, size_t> source_of;
+  std::unique_ptr<CheckpointSet> set;
+  std::vector<std::string> unregistered;
   std::vector<std::string> names;
   // Where the master and the state are, when the host can write them in place (fp32 state): then the
   // first pass only checks and the second reads straight into them; otherwise the first pass reads
@@ -102,36 +116,29 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::vector<std
   std::vector<std::unique_ptr<float[]>> states;
   std::vector<float*> direct_states;
   std::vector<std::vector<char>> frozen;  // by frozen_ids order
-  // Elements [begin, end) of `kind` of tensor `name`, from the source that holds it.
+  // Elements [begin, end) of `kind` of this rank's tp part of registered tensor `name`, from the
+  // saved pieces that hold them.
+  const int tp = tp_size(p), tp_r = tp_rank(p);
   auto gather = [&](const std::string& name, const std::string& kind, size_t begin, size_t end, void* into, DType dtype) {
-    Source& s = sources[source_of.at(name)];
-    gather_range(s.m, *s.reader, name, kind, begin, end, into, dtype, s.path);
+    const ParamSpec& spec = p.registry->param(*p.registry->find(name));
+    set->read(name, kind, spec.tp, tp, tp_r, begin, end, into, dtype);
   };
-  auto clear_readers = [&] {
-    for (Source& s : sources) s.reader->clear();
-  };
+  auto clear_readers = [&] { set->clear(); };
   // Pass 1: read and verify everything this rank needs before anything changes.
   agree(p, "checkpoint load", attempt([&] {
-          for (size_t i = 0; i < dirs.size(); ++i) {
-            sources[i].dir = dirs[i];
-            sources[i].path = dirs[i] + "/manifest.json";
-            sources[i].m = read_manifest(dirs[i]);
-            sources[i].reader = std::make_unique<PieceReader>(sources[i].m);
+          set = std::make_unique<CheckpointSet>(dirs);
+          unregistered = check_registration(p, *set);
+          if (!is_model_parallel(p) && set->sources().size() == 1 && !unregistered.empty()) {
+            extra_parameter(set->sources()[0].path, unregistered[0]);
           }
-          source_of = assign_sources(p, sources);
           names = state_names(p);
-          for (const Source& s : sources) {
+          for (const CheckpointSet::Source& s : set->sources()) {
             const auto saved_states =
                 checkpoint_field<std::vector<std::string>>(checkpoint_field<json>(s.m.doc, "optimizer", s.path), "states", s.path);
             for (const std::string& n : names) {
               if (std::find(saved_states.begin(), saved_states.end(), n) == saved_states.end()) {
                 checkpoint_error(s.path, fmt::format("has no optimizer state '{}'", n));
               }
-            }
-            if (checkpoint_field<int64_t>(s.m.doc, "step", s.path) != checkpoint_field<int64_t>(sources[0].m.doc, "step", sources[0].path)) {
-              checkpoint_error(s.path, fmt::format("was saved at step {} but '{}' at step {}",
-                                                   checkpoint_field<int64_t>(s.m.doc, "step", s.path), sources[0].path,
-                                                   checkpoint_field<int64_t>(sources[0].m.doc, "step", sources[0].path)));
             }
           }
           for (const std::string& s : names) {
@@ -158,7 +165,7 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::vector<std
             gather(spec.name, kCheckpointFrozenKind, 0, p.registry->numel(id), bytes.data(), spec.dtype);
           }
           // The user blobs of the first directory's ranks.
-          const Source& first = sources[0];
+          const CheckpointSet::Source& first = set->sources()[0];
           for (const SavedPiece& b : first.m.blobs) {
             const std::vector<char>& bytes = first.reader->bytes(b);
             if (out.user_blobs.size() <= static_cast<size_t>(b.file)) out.user_blobs.resize(static_cast<size_t>(b.file) + 1);
@@ -168,6 +175,12 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::vector<std
           const Manifest* m = &first.m;
           out.world_size = checkpoint_field<int>(m->doc, "world_size", path);
           out.stage = checkpoint_field<int>(m->doc, "stage", path);
+          if (m->doc.contains("layout")) {
+            const json& layout = m->doc["layout"];
+            out.world_size = checkpoint_field<int>(layout, "dp", path);
+            out.tp = checkpoint_field<int>(layout, "tp", path);
+            out.pp = checkpoint_field<int>(layout, "pp", path);
+          }
           out.state.step = checkpoint_field<int64_t>(m->doc, "step", path);
           const json& sc = m->doc["loss_scaler"];
           if (!sc.is_null()) {
@@ -180,6 +193,9 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::vector<std
             out.state.scaler = st;
           }
         }));
+  // A saved tensor no engine of the job registers: every rank reaches the same verdict, so this
+  // fails everywhere before anything changes.
+  if (is_model_parallel(p)) check_no_extra(p, unregistered, set->sources()[0].path);
   // Pass 2, everything verified on every rank: into the engine.
   if (direct_master != nullptr) {
     // The same pieces again (now from the page cache, their checksums checked again) straight into

@@ -6,6 +6,8 @@ std::string checkpoint_state_kind(const std::string& name) { return "state:" + n
 
 std::string checkpoint_rank_file(int rank, const char* ext) { return fmt::format("rank-{:05d}.{}", rank, ext); }
 
+std::string checkpoint_part_dir(int rank) { return fmt::format("part-{:05d}", rank); }
+
 using json = nlohmann::json;
 
 void checkpoint_error(const std::string& where, const std::string& what) {
@@ -26,9 +28,21 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
   if (checkpoint_field<std::string>(m.doc, "format", path) != kCheckpointFormat) {
     checkpoint_error(path, "not a zero checkpoint manifest");
   }
-  if (checkpoint_field<int>(m.doc, "version", path) != kCheckpointVersion) {
-    checkpoint_error(path, fmt::format("format version {} (this build reads {})",
-                                       checkpoint_field<int>(m.doc, "version", path), kCheckpointVersion));
+  const int version = checkpoint_field<int>(m.doc, "version", path);
+  if (version < kCheckpointOldestVersion || version > kCheckpointVersion) {
+    checkpoint_error(path, fmt::format("format version {} (this build reads {} to {})", version,
+                                       kCheckpointOldestVersion, kCheckpointVersion));
+  }
+  if (version >= 2 && m.doc.contains("parts")) {
+    const auto parts = checkpoint_field<std::vector<std::string>>(m.doc, "parts", path);
+    if (parts.empty()) checkpoint_error(path, "the part list is empty");
+    for (const std::string& part : parts) {
+      if (part.empty() || part.find('/') != std::string::npos || part == "." || part == "..") {
+        checkpoint_error(path, fmt::format("part '{}' is not a directory name", part));
+      }
+    }
+    checkpoint_field<int64_t>(m.doc, "step", path);
+    return m;
   }
   const json files = checkpoint_field<json>(m.doc, "files", path);
   if (!files.is_array() || files.size() != checkpoint_field<size_t>(m.doc, "world_size", path)) {
@@ -36,6 +50,8 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
   }
   return m;
 }
+
+bool is_composite(const Manifest& m) { return m.doc.is_object() && m.doc.contains("parts"); }
 
 void add_index_pieces(const json& index, const std::string& index_path, int rank, uint64_t data_bytes, Manifest& m) {
   for (const json& pj : checkpoint_field<json>(index, "pieces", index_path)) {

@@ -27,7 +27,12 @@ namespace zero {
 // lists: the fp32 master, an optimizer state (checkpoint_state_kind), the parameters in the model
 // dtype, a frozen parameter whole in its own dtype, and a rank's user blob.
 inline constexpr const char* kCheckpointFormat = "zero-checkpoint";
-inline constexpr int kCheckpointVersion = 1;
+// Version 2 (tensor parallelism): a parameter's "shape" is the whole tensor's, and one saved as a
+// tensor-parallel part says which ("tp": parts, part, dim, blocks; its pieces' ranges are in the
+// part); a model-parallel run writes one directory per (tp, pp) coordinate under a top manifest
+// that lists them ("parts") and the layout. Version 1 (no tp) reads as version 2 without parts.
+inline constexpr int kCheckpointVersion = 2;
+inline constexpr int kCheckpointOldestVersion = 1;
 inline constexpr const char* kCheckpointMasterKind = "master";
 inline constexpr const char* kCheckpointParamsKind = "params";
 inline constexpr const char* kCheckpointFrozenKind = "frozen";
@@ -37,6 +42,10 @@ inline constexpr const char* kCheckpointBlobKind = "user_blob";
 std::string checkpoint_state_kind(const std::string& name);
 // "rank-NNNNN.<ext>": rank `rank`'s data file (bin), index (json) or failure note (failed).
 std::string checkpoint_rank_file(int rank, const char* ext);
+
+// "part-NNNNN": the directory of the engine at model-parallel rank `rank` under a model-parallel
+// checkpoint.
+std::string checkpoint_part_dir(int rank);
 
 // One piece as an index lists it: `bytes` bytes at `offset` of rank `file`'s data file, holding
 // elements [begin, end) of kind `kind` in `dtype`.
@@ -129,10 +138,14 @@ T checkpoint_field(const nlohmann::json& j, const char* key, const std::string& 
 // `text` as JSON; "not JSON: ..." naming `path` otherwise.
 nlohmann::json parse_checkpoint_json(std::string_view text, const std::string& path);
 
-// manifest.json's text: JSON, the format and version this build reads, and a file list with one
-// entry per saved rank (world_size). Returns a Manifest with only `doc` set; the entries' fields are
-// read by the checkpointer as it checks the files they name.
+// manifest.json's text: JSON, the format and a version this build reads, and either a file list with
+// one entry per saved rank (world_size) or, for a model-parallel checkpoint, a non-empty list of
+// part directories ("parts"). Returns a Manifest with only `doc` set; the entries' fields are read
+// by the checkpointer as it checks the files they name.
 Manifest parse_manifest(std::string_view text, const std::string& path);
+
+// Whether a parsed manifest is a model-parallel checkpoint's top manifest (its "parts").
+bool is_composite(const Manifest& m);
 
 // The pieces of rank `rank`'s parsed index `index` (from `index_path`) into `m`, each checked against
 // its data file of `data_bytes` bytes: element range, byte count of its dtype, within the file.

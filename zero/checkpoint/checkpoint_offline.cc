@@ -8,6 +8,7 @@
 #include "memory/host_kernels.h"
 #include "zero/checkpoint/checkpoint_manifest.h"
 #include "zero/checkpoint/checkpoint_reader.h"
+#include "zero/checkpoint/checkpoint_set.h"
 #include "zero/checkpoint/crc32c.h"
 #include "zero/checkpoint/file_io.h"
 #include "zero/checkpoint/safetensors.h"
@@ -17,30 +18,41 @@ namespace {
 
 using json = nlohmann::json;
 
-CheckpointInfo info_of(const Manifest& m, const std::string& path) {
+CheckpointInfo info_of(const std::string& dir, const CheckpointSet& set) {
   CheckpointInfo info;
-  info.step = checkpoint_field<int64_t>(m.doc, "step", path);
-  info.world_size = checkpoint_field<int>(m.doc, "world_size", path);
-  info.stage = checkpoint_field<int>(m.doc, "stage", path);
-  info.model_dtype = parse_dtype(checkpoint_field<std::string>(m.doc, "model_dtype", path));
-  const json opt = checkpoint_field<json>(m.doc, "optimizer", path);
+  const CheckpointSet::Source& first = set.sources()[0];
+  const json& doc = first.m.doc;
+  const std::string& path = first.path;
+  info.step = checkpoint_field<int64_t>(doc, "step", path);
+  info.world_size = checkpoint_field<int>(doc, "world_size", path);
+  info.stage = checkpoint_field<int>(doc, "stage", path);
+  if (doc.contains("layout")) {
+    const json& l = doc["layout"];
+    info.layout_known = true;
+    info.world_size = checkpoint_field<int>(l, "dp", path);
+    info.tp = checkpoint_field<int>(l, "tp", path);
+    info.pp = checkpoint_field<int>(l, "pp", path);
+    info.offload_optimizer = checkpoint_field<bool>(l, "offload_optimizer", path);
+    info.offload_params = checkpoint_field<bool>(l, "offload_params", path);
+  }
+  info.model_dtype = parse_dtype(checkpoint_field<std::string>(doc, "model_dtype", path));
+  const json opt = checkpoint_field<json>(doc, "optimizer", path);
   info.optimizer = checkpoint_field<std::string>(opt, "kind", path);
   info.states = checkpoint_field<std::vector<std::string>>(opt, "states", path);
-  for (const json& j : checkpoint_field<json>(m.doc, "params", path)) {
-    info.params.push_back({checkpoint_field<std::string>(j, "name", path), checkpoint_field<std::vector<int64_t>>(j, "shape", path),
-                           parse_dtype(checkpoint_field<std::string>(j, "dtype", path)), checkpoint_field<bool>(j, "trainable", path)});
+  for (const CheckpointSet::Tensor& t : set.tensors()) {
+    info.params.push_back({t.name, t.shape, t.dtype, t.trainable,
+                           t.whole >= 0 ? "whole" : fmt::format("{} x {}", describe(t.placement), t.parts)});
   }
-  for (size_t r = 0; r < m.files.size(); ++r) {
-    info.files.push_back({m.files[r], checkpoint_field<uint64_t>(m.doc["files"][r], "bytes", path)});
+  for (const CheckpointSet::Source& s : set.sources()) {
+    if (set.sources().size() > 1) info.parts.push_back(s.dir.substr(dir.size() + 1));
+    for (size_t r = 0; r < s.m.files.size(); ++r) {
+      info.files.push_back({s.m.files[r], checkpoint_field<uint64_t>(s.m.doc["files"][r], "bytes", s.path)});
+    }
   }
   return info;
 }
 
-}  // namespace
-
-CheckpointInfo inspect_checkpoint(const std::string& dir) { return info_of(read_manifest(dir), dir + "/manifest.json"); }
-
-void verify_checkpoint(const std::string& dir) {
+void verify_directory(const std::string& dir) {
   const Manifest m = read_manifest(dir);
   const std::string path = dir + "/manifest.json";
   std::vector<char> buf(size_t{4} << 20);
@@ -67,10 +79,21 @@ void verify_checkpoint(const std::string& dir) {
   }
 }
 
+
+}  // namespace
+
+CheckpointInfo inspect_checkpoint(const std::string& dir) {
+  return info_of(dir, CheckpointSet(checkpoint_directories(dir)));
+}
+
+void verify_checkpoint(const std::string& top) {
+  for (const std::string& dir : checkpoint_directories(top)) verify_directory(dir);
+}
+
 void export_checkpoint(const std::string& dir, const std::string& out, DType dtype) {
-  const Manifest m = read_manifest(dir);
-  const std::string path = dir + "/manifest.json";
-  const CheckpointInfo info = info_of(m, path);
+  CheckpointSet set(checkpoint_directories(dir));
+  const CheckpointInfo info = info_of(dir, set);
+  const std::string& path = set.sources()[0].path;
   // fp32 comes from the master; the model dtype from the saved parameters.
   const bool from_params = dtype != DType::kFloat32;
   if (from_params && dtype != info.model_dtype) {
@@ -82,26 +105,28 @@ void export_checkpoint(const std::string& dir, const std::string& out, DType dty
   const std::string header = safetensors_header(layout);
   FileWriter f(out, FileWriter::Mode::kDirect);
   f.write(header.data(), header.size());
-  PieceReader reader(m);
   std::vector<char> tensor;
-  // One tensor in memory at a time; layout.tensors[i] is info.params[i].
+  // One tensor in memory at a time, whole (its tensor-parallel parts put together); layout.tensors[i]
+  // is info.params[i].
   for (size_t i = 0; i < layout.tensors.size(); ++i) {
     const SafetensorsTensor& t = layout.tensors[i];
     const CheckpointInfo::Param& param = info.params[i];
     const size_t n = static_cast<size_t>((t.end - t.begin) / dtype_size(dtype));
     tensor.resize(t.end - t.begin);
+    const TpPlacement whole = TpPlacement::replicated();
     if (param.trainable) {
-      gather_range(m, reader, t.name, from_params ? kCheckpointParamsKind : kCheckpointMasterKind, 0, n, tensor.data(), dtype, path);
+      set.read(t.name, from_params ? kCheckpointParamsKind : kCheckpointMasterKind, whole, 1, 0, 0, n, tensor.data(), dtype);
     } else {
-      // Frozen: saved whole in its own dtype.
+      // Frozen: saved whole (or in parts) in its own dtype.
       std::vector<char> saved(n * dtype_size(param.dtype));
-      gather_range(m, reader, t.name, kCheckpointFrozenKind, 0, n, saved.data(), param.dtype, path);
+      set.read(t.name, kCheckpointFrozenKind, whole, 1, 0, 0, n, saved.data(), param.dtype);
       memory::host_kernels::convert(saved.data(), param.dtype, tensor.data(), dtype, n);
     }
-    reader.clear();
+    set.clear();
     f.write(tensor.data(), tensor.size());
   }
   f.commit();
 }
+
 
 }  // namespace zero

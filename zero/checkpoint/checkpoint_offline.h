@@ -15,13 +15,19 @@ struct CheckpointInfo {
     std::vector<int64_t> shape;
     DType dtype = DType::kFloat32;
     bool trainable = true;  // frozen parameters are saved whole, in their own dtype
+    std::string placement;  // "whole", or how its tensor-parallel parts were cut ("split(0) x 2")
   };
   struct File {
     std::string path;
     uint64_t bytes = 0;
   };
   int64_t step = 0;
-  int world_size = 0, stage = 0;
+  int world_size = 0, stage = 0;  // world_size: the data-parallel ranks
+  // The layout it was saved at (checkpoints written before tensor parallelism: tp 1, pp 1, and the
+  // offload options unknown) and its directories (one per engine of a model-parallel run).
+  int tp = 1, pp = 1;
+  bool layout_known = false, offload_optimizer = false, offload_params = false;
+  std::vector<std::string> parts;
   DType model_dtype = DType::kFloat32;
   std::string optimizer;
   std::vector<std::string> states;
@@ -29,7 +35,8 @@ struct CheckpointInfo {
   std::vector<File> files;
 };
 
-// The manifest and the indexes, validated (sizes, index checksums); the data is not read.
+// The manifest and the indexes, validated (sizes, index checksums); the data is not read. A model-
+// parallel checkpoint's parameters are listed once each, whole.
 CheckpointInfo inspect_checkpoint(const std::string& dir);
 // Every data file's and every piece's checksum; throws naming the file and the piece.
 void verify_checkpoint(const std::string& dir);

@@ -10,6 +10,12 @@ int global_rank(const CheckpointParts& p) {
   return p.replica ? p.replica->rank() * p.shard->size() + p.shard->rank() : p.shard->rank();
 }
 int world_size(const CheckpointParts& p) { return p.shard->size() * (p.replica ? p.replica->size() : 1); }
+int tp_size(const CheckpointParts& p) { return p.tp ? p.tp->size() : 1; }
+int tp_rank(const CheckpointParts& p) { return p.tp ? p.tp->rank() : 0; }
+bool is_model_parallel(const CheckpointParts& p) { return p.model_parallel && p.model_parallel->size() > 1; }
+std::vector<int64_t> whole_shape(const CheckpointParts& p, const ParamSpec& spec) {
+  return full_shape(spec.shape, spec.tp, tp_size(p));
+}
 std::chrono::milliseconds timeout_of(const CheckpointParts& p) { return p.options->timeout; }
 
 const std::string& tensor_name(const CheckpointParts& p, size_t t) {
@@ -40,10 +46,13 @@ void set_frozen(const CheckpointParts& p, int id, const std::vector<char>& bytes
   p.device->synchronize(compute, timeout_of(p));
 }
 
+bool saves(const CheckpointParts& p, const ParamSpec& spec) { return tp_rank(p) == 0 || spec.tp.is_split(); }
+
 // Replicas hold the same pieces: the first replica writes them. Replicated ownership (stage 0): every
 // rank owns everything, so the buckets are dealt out round robin.
 bool writes(const CheckpointParts& p, const OwnedPiece& piece) {
   if (p.replica && p.replica->rank() != 0) return false;
+  if (!saves(p, p.registry->param((*p.tensor_param)[piece.tensor]))) return false;
   if (p.ownership->is_replicated()) return static_cast<int>(piece.bucket % p.shard->size()) == p.shard->rank();
   return true;
 }
@@ -56,9 +65,10 @@ void agree(const CheckpointParts& p, const std::string& what, std::string error)
   } catch (const InvalidArgument& e) {
     error = e.what();
   }
-  if (p.replica) {
+  for (comm::Communicator* c : {p.replica, is_model_parallel(p) ? p.model_parallel : nullptr}) {
+    if (c == nullptr) continue;
     try {
-      check_agreement(*p.replica, subject, {}, error, timeout_of(p), p.device);
+      check_agreement(*c, subject, {}, error, timeout_of(p), p.device);
     } catch (const InvalidArgument& e) {
       error = e.what();
     }

@@ -28,6 +28,11 @@ struct CheckpointParts {
   ParamWriteback* writeback = nullptr;
   comm::Communicator* shard = nullptr;
   comm::Communicator* replica = nullptr;  // hybrid sharding; nullptr otherwise
+  // Model parallelism: the registered parameters are this rank's tensor-parallel parts (tp), and the
+  // engines of the other (tp, pp) coordinates (model_parallel) save into sibling directories of one
+  // checkpoint. nullptr without.
+  comm::Communicator* tp = nullptr;
+  comm::Communicator* model_parallel = nullptr;
   const EngineOptions* options = nullptr;
   DType model_dtype = DType::kFloat32;
   memory::Device* device = nullptr;  // for the ranks' agreement on communicators that take no host memory
@@ -37,15 +42,25 @@ namespace checkpoint_internal {
 
 int global_rank(const CheckpointParts& p);  // replica-major, as Engine::rank()
 int world_size(const CheckpointParts& p);
+int tp_size(const CheckpointParts& p);
+int tp_rank(const CheckpointParts& p);
+// Whether the engines of other (tp, pp) coordinates hold the rest of the model.
+bool is_model_parallel(const CheckpointParts& p);
+// The whole tensor's shape of a registered parameter (its tp part's times tp along the split).
+std::vector<int64_t> whole_shape(const CheckpointParts& p, const ParamSpec& spec);
 std::chrono::milliseconds timeout_of(const CheckpointParts& p);
 const std::string& tensor_name(const CheckpointParts& p, size_t layout_tensor);
 std::vector<int> frozen_ids(const CheckpointParts& p);  // parameters without gradients, in registration order
 std::vector<char> frozen_bytes(const CheckpointParts& p, int id);
 void set_frozen(const CheckpointParts& p, int id, const std::vector<char>& bytes);
+// Whether this engine's checkpoint holds `spec`: a tensor-parallel part, or a tp-replicated parameter
+// on tp rank 0 (the other tp ranks hold the same values).
+bool saves(const CheckpointParts& p, const ParamSpec& spec);
 // Whether this rank writes `piece` (each piece is written by exactly one rank).
 bool writes(const CheckpointParts& p, const OwnedPiece& piece);
-// Collective over every rank (both groups under hybrid sharding): each rank's error, "" for none,
-// becomes the same IoError on every rank, naming the ranks that failed.
+// Collective over every rank (both groups under hybrid sharding, then the model-parallel group, so
+// every engine of the job): each rank's error, "" for none, becomes an IoError on every rank,
+// naming the ranks that failed.
 void agree(const CheckpointParts& p, const std::string& what, std::string error);
 std::vector<std::string> state_names(const CheckpointParts& p);
 ShardOptimizer& shard_optimizer(const CheckpointParts& p);

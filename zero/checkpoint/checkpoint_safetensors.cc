@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include "base/check.h"
 #include "base/error.h"
@@ -14,27 +15,76 @@
 #include "zero/checkpoint/checkpoint.h"
 #include "zero/checkpoint/file_io.h"
 #include "zero/checkpoint/safetensors.h"
+#include "zero/rank_agreement.h"
+#include "zero/tp_placement.h"
 
 namespace zero {
 
 namespace fs = std::filesystem;
 using namespace checkpoint_internal;
 
+namespace {
+
+// The whole model's tensors in the file, and which of them (or of their tensor-parallel parts) this
+// engine writes. Without model parallelism: every registered parameter, in registration order. With
+// it: every engine's, in model-parallel rank order then registration order, each tensor (each tp
+// part of a split one) written by the first engine that lists it (a tied weight once, a replicated
+// one by tp rank 0).
+struct ExportPlan {
+  SafetensorsLayout layout;
+  std::map<std::string, size_t> index;
+  std::set<std::string> writes;  // registered names whose parts (or whole) this engine writes
+};
+
+ExportPlan plan_export(const CheckpointParts& p, DType dtype) {
+  ExportPlan plan;
+  std::string mine;  // "name\tpart\tshape" lines; part: the tp part, or -1 for the whole tensor
+  for (const ParamSpec& spec : p.registry->params()) {
+    const int part = spec.tp.is_split() && tp_size(p) > 1 ? tp_rank(p) : -1;
+    if (part < 0 && tp_rank(p) != 0) continue;  // the same whole tensor as on tp rank 0
+    mine += fmt::format("{}\t{}\t{}\n", spec.name, part, fmt::join(whole_shape(p, spec), ","));
+  }
+  const std::vector<std::string> all = is_model_parallel(p)
+                                           ? all_gather_strings(*p.model_parallel, p.device, mine, timeout_of(p))
+                                           : std::vector<std::string>{mine};
+  const int me = is_model_parallel(p) ? p.model_parallel->rank() : 0;
+  std::set<std::pair<std::string, std::string>> listed;  // (name, part)
+  for (size_t r = 0; r < all.size(); ++r) {
+    for (size_t at = 0; at < all[r].size();) {
+      const size_t nl = all[r].find('\n', at);
+      const std::string line = all[r].substr(at, nl - at);
+      at = nl + 1;
+      const size_t t1 = line.find('\t'), t2 = line.find('\t', t1 + 1);
+      const std::string name = line.substr(0, t1), part = line.substr(t1 + 1, t2 - t1 - 1);
+      if (!listed.insert({name, part}).second) continue;
+      if (static_cast<int>(r) == me) plan.writes.insert(name);
+      if (plan.index.count(name)) continue;
+      std::vector<int64_t> shape;
+      for (size_t s = t2 + 1; s <= line.size();) {
+        const size_t comma = std::min(line.find(',', s), line.size());
+        shape.push_back(std::stoll(line.substr(s, comma - s)));
+        s = comma + 1;
+      }
+      plan.index[name] = plan.layout.tensors.size();
+      plan.layout.tensors.push_back({name, dtype, shape});
+    }
+  }
+  return plan;
+}
+
+}  // namespace
+
 void export_safetensors(const CheckpointParts& p, const std::string& path, DType dtype) {
   if (dtype != DType::kFloat32 && dtype != p.model_dtype) {
     ZERO_THROW(InvalidArgument, "export_safetensors('{}'): dtype {} must be fp32 or the model dtype {}", path,
                dtype_name(dtype), dtype_name(p.model_dtype));
   }
-  // Every registered parameter, in registration order, frozen ones included.
-  SafetensorsLayout layout;
-  std::map<std::string, size_t> index;
-  for (const ParamSpec& spec : p.registry->params()) {
-    index[spec.name] = layout.tensors.size();
-    layout.tensors.push_back({spec.name, dtype, spec.shape});
-  }
+  ExportPlan plan = plan_export(p, dtype);
+  SafetensorsLayout& layout = plan.layout;
   const std::string header = safetensors_header(layout);
   const std::string tmp = path + ".tmp";
-  const bool leader = global_rank(p) == 0;
+  const bool engine_leader = global_rank(p) == 0;
+  const bool leader = engine_leader && (!is_model_parallel(p) || p.model_parallel->rank() == 0);
   agree(p, "safetensors export", attempt([&] {
           if (!leader) return;
           FileWriter f(path + ".head");  // written, then grown to the full size
@@ -53,33 +103,42 @@ void export_safetensors(const CheckpointParts& p, const std::string& path, DType
           std::vector<float> master;
           std::vector<char> out;
           const size_t es = dtype_size(dtype);
-          auto write_at = [&](uint64_t at) {
+          auto write_at = [&](const char* bytes, size_t size, uint64_t at) {
             size_t done = 0;
-            while (done < out.size()) {
-              const ssize_t w = ::pwrite(fd, out.data() + done, out.size() - done, static_cast<off_t>(at + done));
+            while (done < size) {
+              const ssize_t w = ::pwrite(fd, bytes + done, size - done, static_cast<off_t>(at + done));
               if (w < 0 && errno == EINTR) continue;
               if (w < 0) ZERO_THROW(IoError, "'{}': write failed at byte {}: {}", tmp, at + done, std::strerror(errno));
               done += static_cast<size_t>(w);
             }
           };
+          // `out` holding elements [begin, end) of this rank's tp part of `spec`, each run into its
+          // place in the whole tensor.
+          auto write_part = [&](const ParamSpec& spec, size_t begin, size_t end) {
+            const SafetensorsTensor& t = layout.tensors[plan.index.at(spec.name)];
+            for (const TpRun& run : part_runs(t.shape, spec.tp, tp_rank(p), tp_size(p), begin, end)) {
+              write_at(out.data() + (run.local - begin) * es, run.n * es, layout.data_start + t.begin + run.full * es);
+            }
+          };
           for (const OwnedPiece& piece : p.ownership->pieces()) {
-            if (!writes(p, piece)) continue;
+            const ParamSpec& spec = p.registry->param((*p.tensor_param)[piece.tensor]);
+            if (!writes(p, piece) || !plan.writes.count(spec.name)) continue;
             const size_t n = piece.tensor_end - piece.tensor_begin;
             master.resize(n);
             p.applier->read_master(piece.opt_offset, n, master.data());
             out.resize(n * es);
             memory::host_kernels::convert(master.data(), DType::kFloat32, out.data(), dtype, n);
-            const SafetensorsTensor& t = layout.tensors[index.at(tensor_name(p, piece.tensor))];
-            write_at(layout.data_start + t.begin + piece.tensor_begin * es);
+            write_part(spec, piece.tensor_begin, piece.tensor_end);
           }
-          // Frozen parameters, whole on every rank: rank 0 writes them.
-          if (leader) {
+          // Frozen parameters, whole on every rank of an engine: its rank 0 writes them.
+          if (engine_leader) {
             for (int id : frozen_ids(p)) {
               const ParamSpec& spec = p.registry->param(id);
+              if (!plan.writes.count(spec.name)) continue;
               const std::vector<char> bytes = frozen_bytes(p, id);
               out.resize(p.registry->numel(id) * es);
               memory::host_kernels::convert(bytes.data(), spec.dtype, out.data(), dtype, p.registry->numel(id));
-              write_at(layout.data_start + layout.tensors[index.at(spec.name)].begin);
+              write_part(spec, 0, p.registry->numel(id));
             }
           }
           if (::fsync(fd) != 0) ZERO_THROW(IoError, "'{}': fsync failed: {}", tmp, std::strerror(errno));
@@ -106,6 +165,14 @@ void import_safetensors(const CheckpointParts& p, const std::string& path,
           }
           const FileReader file(path);
           std::vector<char> raw;
+          // Elements [begin, end) of this rank's tp part of `spec` (tensor `t` of the file) into raw.
+          auto read_part = [&](const ParamSpec& spec, const SafetensorsTensor& t, size_t begin, size_t end) {
+            const size_t es = dtype_size(t.dtype);
+            raw.resize((end - begin) * es);
+            for (const TpRun& run : part_runs(t.shape, spec.tp, tp_rank(p), tp_size(p), begin, end)) {
+              file.read(raw.data() + (run.local - begin) * es, run.n * es, layout.data_start + t.begin + run.full * es);
+            }
+          };
           // The file's tensor for a parameter, checked against it.
           auto find_tensor = [&](const ParamSpec& spec) -> const SafetensorsTensor& {
             const auto mapped = name_map.find(spec.name);
@@ -115,9 +182,9 @@ void import_safetensors(const CheckpointParts& p, const std::string& path,
               ZERO_THROW(InvalidArgument, "import '{}': no tensor '{}' (for parameter '{}')", path, name, spec.name);
             }
             const SafetensorsTensor& t = *it->second;
-            if (t.shape != spec.shape) {
+            if (t.shape != whole_shape(p, spec)) {
               ZERO_THROW(InvalidArgument, "import '{}': tensor '{}' has shape {} but parameter '{}' is {}", path, name,
-                         shape_string(t.shape), spec.name, shape_string(spec.shape));
+                         shape_string(t.shape), spec.name, shape_string(whole_shape(p, spec)));
             }
             if (t.dtype != DType::kFloat32 && !is_float16_family(t.dtype)) {
               ZERO_THROW(InvalidArgument, "import '{}': tensor '{}' is {}, not a float type", path, name,
@@ -128,9 +195,8 @@ void import_safetensors(const CheckpointParts& p, const std::string& path,
           for (const OwnedPiece& piece : p.ownership->pieces()) {
             const ParamSpec& spec = p.registry->param((*p.tensor_param)[piece.tensor]);
             const SafetensorsTensor& t = find_tensor(spec);
-            const size_t es = dtype_size(t.dtype), n = piece.tensor_end - piece.tensor_begin;
-            raw.resize(n * es);
-            file.read(raw.data(), raw.size(), layout.data_start + t.begin + piece.tensor_begin * es);
+            const size_t n = piece.tensor_end - piece.tensor_begin;
+            read_part(spec, t, piece.tensor_begin, piece.tensor_end);
             memory::host_kernels::convert(raw.data(), t.dtype, master.data() + piece.opt_offset, DType::kFloat32, n);
           }
           // Frozen parameters, whole on every rank, in their own dtype.
@@ -138,8 +204,7 @@ void import_safetensors(const CheckpointParts& p, const std::string& path,
             const ParamSpec& spec = p.registry->param(id);
             const SafetensorsTensor& t = find_tensor(spec);
             const size_t n = p.registry->numel(id);
-            raw.resize(n * dtype_size(t.dtype));
-            file.read(raw.data(), raw.size(), layout.data_start + t.begin);
+            read_part(spec, t, 0, n);
             std::vector<char>& bytes = frozen.emplace_back(n * dtype_size(spec.dtype));
             memory::host_kernels::convert(raw.data(), t.dtype, bytes.data(), spec.dtype, n);
           }

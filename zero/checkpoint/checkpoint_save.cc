@@ -96,6 +96,7 @@ void for_each_piece(const CheckpointParts& p, std::string_view blob, Sink&& sink
   if (global_rank(p) == 0) {
     for (int id : frozen_ids(p)) {
       const ParamSpec& spec = p.registry->param(id);
+      if (!saves(p, spec)) continue;
       const std::vector<char> bytes = frozen_bytes(p, id);
       sink(PieceView{spec.name, kCheckpointFrozenKind, 0, p.registry->numel(id), spec.dtype, bytes.data(), bytes.size()});
     }
@@ -154,14 +155,31 @@ class RankFiles {
   uint64_t indexed_ = 0;
 };
 
-// Every registered parameter, in registration order (the export's order).
+// Every parameter this engine saves, in registration order (the export's order): the whole
+// tensor's shape, and for a tensor-parallel part which one it is.
 json params_json(const CheckpointParts& p) {
   json params = json::array();
   for (const ParamSpec& spec : p.registry->params()) {
-    params.push_back({{"name", spec.name}, {"shape", spec.shape}, {"dtype", dtype_name(spec.dtype)},
-                      {"trainable", spec.requires_grad}});
+    if (!saves(p, spec)) continue;
+    json j = {{"name", spec.name}, {"shape", whole_shape(p, spec)}, {"dtype", dtype_name(spec.dtype)},
+              {"trainable", spec.requires_grad}};
+    if (spec.tp.is_split() && tp_size(p) > 1) {
+      j["tp"] = {{"parts", tp_size(p)}, {"part", tp_rank(p)}, {"dim", spec.tp.dim}, {"blocks", spec.tp.blocks}};
+    }
+    params.push_back(std::move(j));
   }
   return params;
+}
+
+// The layout the checkpoint was saved at (zero_ckpt inspect shows it; a load needs none of it).
+json layout_json(const CheckpointParts& p) {
+  const int mp = is_model_parallel(p) ? p.model_parallel->size() : 1;
+  return {{"dp", world_size(p)},
+          {"tp", tp_size(p)},
+          {"pp", mp / tp_size(p)},
+          {"stage", p.options->stage},
+          {"offload_optimizer", p.options->offload.optimizer},
+          {"offload_params", p.options->offload.params}};
 }
 
 // Everything of the manifest but the file list, taken when the save starts.
@@ -173,6 +191,7 @@ json manifest_head(const CheckpointParts& p, const CheckpointState& state) {
           {"step", state.step},
           {"world_size", world_size(p)},
           {"stage", p.options->stage},
+          {"layout", layout_json(p)},
           {"model_dtype", dtype_name(p.model_dtype)},
           {"optimizer", {{"kind", optim::optimizer_name(p.options->optimizer.kind)}, {"states", state_names(p)}}},
           {"loss_scaler", scaler_json(state.scaler)},
@@ -213,9 +232,39 @@ void wait_for_ranks(int world, const std::string& dir, std::chrono::milliseconds
   }
 }
 
+// The swap of a complete DIR.partial into DIR: the previous checkpoint stays whole in DIR.old until
+// DIR holds the new one.
+void swap_in(const std::string& partial, const std::string& dir) {
+  const std::string old = dir + ".old";
+  fs::remove_all(old);
+  if (fs::exists(dir)) fs::rename(dir, old);
+  fs::rename(partial, dir);
+  sync_directory(fs::absolute(fs::path(dir)).parent_path().string());
+  fs::remove_all(old);
+}
+
+// A model-parallel checkpoint's top manifest: the step, the layout and the part directories, one per
+// engine (model-parallel rank). Written into DIR.partial once every part is complete in it.
+void write_top_manifest(const CheckpointParts& p, const CheckpointState& state, const std::string& partial) {
+  json parts = json::array();
+  for (int r = 0; r < p.model_parallel->size(); ++r) parts.push_back(checkpoint_part_dir(r));
+  const json top = {{"format", kCheckpointFormat}, {"version", kCheckpointVersion}, {"step", state.step},
+                    {"layout", layout_json(p)}, {"parts", parts}};
+  const std::string text = top.dump(1);
+  FileWriter m(partial + "/manifest.json");
+  m.write(text.data(), text.size());
+  m.commit();
+  sync_directory(partial);
+}
+
 }  // namespace
 
 struct PendingSave::Job {
+  // A model-parallel save: the checkpoint's directory, which this engine's part `dir` is under, and
+  // whether this rank writes its top manifest. Empty otherwise.
+  std::string top;
+  bool top_leader = false;
+  CheckpointState state;
   std::string dir;
   int rank = 0, world = 1;
   std::chrono::milliseconds timeout{};
@@ -232,11 +281,24 @@ PendingSave::PendingSave(const CheckpointParts& p, const CheckpointState& state,
   Job& j = *job_;
   j.staging = staging;
   const bool background = staging != nullptr;
-  j.dir = dir;
   j.rank = global_rank(p);
   j.world = world_size(p);
   j.timeout = timeout_of(p);
-  const std::string partial = dir + ".partial";
+  j.state = state;
+  j.dir = dir;
+  if (is_model_parallel(p)) {
+    // Each engine saves its part into DIR.partial/part-<model-parallel rank>; DIR.partial is swapped
+    // in whole once every part is there (wait()). Its leader prepares it first.
+    j.top = dir;
+    j.dir = dir + ".partial/" + checkpoint_part_dir(p.model_parallel->rank());
+    j.top_leader = j.rank == 0 && p.model_parallel->rank() == 0;
+    agree(p, "checkpoint save", attempt([&] {
+            if (!j.top_leader) return;
+            fs::remove_all(dir + ".partial");
+            fs::create_directories(dir + ".partial");
+          }));
+  }
+  const std::string partial = j.dir + ".partial";
   // Rank 0 prepares an empty DIR.partial (a leftover of an interrupted save is discarded); every rank
   // copies its pieces out of the engine. From here on nothing of the engine is touched.
   agree(p, "checkpoint save", attempt([&] {
@@ -272,13 +334,7 @@ PendingSave::PendingSave(const CheckpointParts& p, const CheckpointState& state,
       if (j.rank != 0) return;
       wait_for_ranks(j.world, partial, j.timeout);
       write_manifest(std::move(j.manifest), j.world, partial);
-      // The swap: the previous checkpoint stays whole in DIR.old until DIR holds the new one.
-      const std::string old = j.dir + ".old";
-      fs::remove_all(old);
-      if (fs::exists(j.dir)) fs::rename(j.dir, old);
-      fs::rename(partial, j.dir);
-      sync_directory(fs::absolute(fs::path(j.dir)).parent_path().string());
-      fs::remove_all(old);
+      swap_in(partial, j.dir);
     });
   };
   if (background) {
@@ -301,6 +357,14 @@ void PendingSave::wait(const CheckpointParts& p) {
   if (job_->thread.joinable()) job_->thread.join();
   std::string error = std::exchange(job_->error, {});
   agree(p, "checkpoint save", error);
+  if (!job_->top.empty()) {
+    // Every part is complete: the top manifest, then the swap.
+    agree(p, "checkpoint save", attempt([&] {
+            if (!job_->top_leader) return;
+            write_top_manifest(p, job_->state, job_->top + ".partial");
+            swap_in(job_->top + ".partial", job_->top);
+          }));
+  }
   ZERO_LOG_INFO("checkpoint saved to '{}' ({} ranks)", job_->dir, job_->world);
 }
 

@@ -16,7 +16,8 @@ struct CheckpointState {
 
 struct LoadedCheckpoint {
   CheckpointState state;
-  int world_size = 0;  // of the run that saved it
+  int world_size = 0;  // of the run that saved it: its data-parallel size,
+  int tp = 1, pp = 1;  // its model-parallel degrees
   int stage = 0;
   std::vector<std::string> user_blobs;  // by saving rank
 };

@@ -184,39 +184,4 @@ SafetensorsLayout parse_safetensors_header(std::string_view bytes, uint64_t file
   return layout;
 }
 
-void merge_safetensors(const std::vector<std::string>& inputs, const std::string& output) {
-  SafetensorsLayout merged;
-  std::vector<std::string_view> data;         // per merged tensor: its bytes
-  std::map<std::string, size_t> where;        // name -> merged index
-  std::vector<std::string> files, from;       // whole inputs; per merged tensor, its file
-  files.reserve(inputs.size());
-  for (const std::string& path : inputs) {
-    files.push_back(read_whole_file(path));
-    const std::string& bytes = files.back();
-    const SafetensorsLayout in = parse_safetensors_header(bytes, bytes.size(), path);
-    if (&path == &inputs.front()) merged.metadata = in.metadata;
-    for (const SafetensorsTensor& t : in.tensors) {
-      const std::string_view b(bytes.data() + in.data_start + t.begin, t.end - t.begin);
-      const auto it = where.find(t.name);
-      if (it == where.end()) {
-        where[t.name] = merged.tensors.size();
-        merged.tensors.push_back({t.name, t.dtype, t.shape});
-        data.push_back(b);
-        from.push_back(path);
-        continue;
-      }
-      const SafetensorsTensor& m = merged.tensors[it->second];
-      if (m.dtype != t.dtype || m.shape != t.shape || data[it->second] != b) {
-        ZERO_THROW(InvalidArgument, "merging safetensors: tensor '{}' differs between '{}' and '{}'", t.name,
-                   from[it->second], path);
-      }
-    }
-  }
-  const std::string header = safetensors_header(merged);
-  FileWriter out(output);
-  out.write(header.data(), header.size());
-  for (std::string_view b : data) out.write(b.data(), b.size());
-  out.commit();
-}
-
 }  // namespace zero

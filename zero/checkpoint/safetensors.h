@@ -56,9 +56,4 @@ SafetensorsLayout parse_safetensors_header(std::string_view bytes, uint64_t file
 // naming the file for an unreadable file, InvalidArgument naming the file and the entry otherwise.
 SafetensorsLayout read_safetensors_header(const std::string& path);
 
-// Writes `output` holding every tensor of the files `inputs` once, in the order met (the first
-// file's metadata). A name met again must hold the same dtype, shape and bytes (a weight two
-// pipeline stages each export), else InvalidArgument naming it and both files. Reads whole files.
-void merge_safetensors(const std::vector<std::string>& inputs, const std::string& output);
-
 }  // namespace zero

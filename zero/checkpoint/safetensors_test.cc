@@ -50,29 +50,6 @@ TEST_CASE("a header we write reads back, padded to 8 bytes, offsets contiguous f
   CHECK(in.file_bytes() == header.size() + 36);
 }
 
-TEST_CASE("merging files keeps every tensor once, and refuses a name whose bytes differ") {
-  auto file = [](const std::string& name, const std::vector<std::pair<std::string, std::string>>& tensors) {
-    SafetensorsLayout l;
-    std::string data;
-    for (const auto& [n, bytes] : tensors) {
-      l.tensors.push_back({n, DType::kFloat32, {static_cast<int64_t>(bytes.size() / 4)}});
-      data += bytes;
-    }
-    return write(name, safetensors_header(l) + data);
-  };
-  const std::string a = file("m_a.safetensors", {{"wte", std::string(8, 'w')}, {"h0", std::string(4, 'a')}});
-  const std::string b = file("m_b.safetensors", {{"h1", std::string(12, 'b')}, {"wte", std::string(8, 'w')}});
-  merge_safetensors({a, b}, tmp("m.safetensors"));
-  const SafetensorsLayout m = read_safetensors_header(tmp("m.safetensors"));
-  REQUIRE(m.tensors.size() == 3);
-  CHECK(m.tensors[0].name == "wte");
-  CHECK(m.tensors[2].name == "h1");
-  CHECK(m.file_bytes() == m.data_start + 24);
-  const std::string c = file("m_c.safetensors", {{"wte", std::string(8, 'x')}});
-  CHECK_THROWS_WITH_AS(merge_safetensors({a, c}, tmp("m2.safetensors")),
-                       doctest::Contains("tensor 'wte' differs between"), InvalidArgument);
-}
-
 TEST_CASE("bad headers name the file and what is wrong") {
   auto fails = [](const std::string& name, const std::string& bytes, const std::string& needle) {
     const std::string path = write(name, bytes);

@@ -1,6 +1,7 @@
 // zero_ckpt: look into a checkpoint without an engine.
 //
-//   zero_ckpt inspect DIR                 names, shapes, sizes, step, world size, stage, files
+//   zero_ckpt inspect DIR                 the layout it was saved at (dp, tp, pp, stage, offload), names,
+//                                         whole shapes and tensor-parallel cuts, sizes, step, files
 //   zero_ckpt verify DIR                  every file's and every piece's CRC-32C
 //   zero_ckpt export DIR OUT.safetensors [--dtype fp32|bf16|fp16]
 //                                         the full weights, streamed tensor by tensor
@@ -32,12 +33,22 @@ int inspect(const std::string& dir) {
               static_cast<long long>(info.step), info.world_size, info.stage, dtype_name(info.model_dtype),
               info.optimizer.c_str());
   for (size_t i = 0; i < info.states.size(); ++i) std::printf("%s%s", i ? ", " : "", info.states[i].c_str());
-  std::printf(")\n  %-40s %-20s %-6s %14s\n", "parameter", "shape", "dtype", "elements");
+  std::printf(")\n");
+  if (info.layout_known) {
+    std::printf("  layout: dp %d x tp %d x pp %d, stage %d, offload %s\n", info.world_size, info.tp, info.pp, info.stage,
+                info.offload_params ? "optimizer and parameters" : info.offload_optimizer ? "optimizer" : "none");
+  }
+  if (!info.parts.empty()) {
+    std::printf("  %zu parts (one per engine):", info.parts.size());
+    for (const std::string& part : info.parts) std::printf(" %s", part.c_str());
+    std::printf("\n");
+  }
+  std::printf("  %-40s %-20s %-6s %14s  %s\n", "parameter", "shape", "dtype", "elements", "saved as");
   for (const CheckpointInfo::Param& p : info.params) {
     const uint64_t n = shape_numel(p.shape);
     numel += n;
-    std::printf("  %-40s %-20s %-6s %14llu\n", p.name.c_str(), shape_string(p.shape).c_str(), dtype_name(p.dtype),
-                static_cast<unsigned long long>(n));
+    std::printf("  %-40s %-20s %-6s %14llu  %s\n", p.name.c_str(), shape_string(p.shape).c_str(), dtype_name(p.dtype),
+                static_cast<unsigned long long>(n), p.placement.c_str());
   }
   for (const CheckpointInfo::File& f : info.files) bytes += f.bytes;
   std::printf("  %zu parameters, %llu elements; %zu data files, %llu bytes\n", info.params.size(),
