@@ -116,6 +116,7 @@ int run(int argc, char** argv) {
   const int sample_tokens = flags.get_int("sample-tokens", 160);
   const int top_k = flags.get_int("top-k", 5);  // 0: greedy
   const int log_every = config.log_every(flags);
+  const int loss_digits = flags.get_int("loss-digits", 4);  // tests compare losses to 1e-5 relative
   const examples::RunFlags run_flags = examples::RunFlags::read(flags, opt);
   const examples::HybridFlag hybrid = examples::HybridFlag::read(flags, config, opt);
   const int tp = flags.get_int("tp", 1);
@@ -280,9 +281,9 @@ int run(int argc, char** argv) {
     const double mem = maxima[0];
     const StepTimings& tm = engine.step_timings();
     if (rank == 0 && ((step + 1) % log_every == 0 || step + 1 == steps)) {
-      std::printf("step %4d | loss %.4f | norm %.2f | lr %.2e | %7.0f tok/s | %6.1f ms (gather %.1f, reduce %.1f, "
+      std::printf("step %4d | loss %.*f | norm %.2f | lr %.2e | %7.0f tok/s | %6.1f ms (gather %.1f, reduce %.1f, "
                   "update %.1f) | mem/rank %s%s\n",
-                  step + 1, loss, r.grad_norm, step_lr, batch * T / dt, 1e3 * dt, 1e3 * tm.gather_wait_s, 1e3 * tm.reduce_wait_s,
+                  step + 1, loss_digits, loss, r.grad_norm, step_lr, batch * T / dt, 1e3 * dt, 1e3 * tm.gather_wait_s, 1e3 * tm.reduce_wait_s,
                   1e3 * tm.optimizer_s, memory::format_bytes(static_cast<uint64_t>(mem)).c_str(),
                   pipe ? fmt::format(" | bubble {:.1f}% | activations {}", 100 * maxima[1],
                                      memory::format_bytes(static_cast<uint64_t>(maxima[2]))).c_str()

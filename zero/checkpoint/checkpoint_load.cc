@@ -77,7 +77,7 @@ std::vector<std::string> check_registration(const CheckpointParts& p, const Chec
 
 // Model parallelism: a saved tensor that no engine of the job registers (each engine's unregistered
 // list, intersected over the model-parallel group). Every rank computes the same verdict.
-void check_no_extra(const CheckpointParts& p, const std::vector<std::string>& unregistered, const std::string& path) {
+void check_no_extra(const CheckpointParts& p, const std::vector<std::string>& unregistered, const CheckpointSet& set) {
   std::string mine;
   for (const std::string& n : unregistered) mine += n + "\n";
   std::map<std::string, int> count;
@@ -89,16 +89,16 @@ void check_no_extra(const CheckpointParts& p, const std::vector<std::string>& un
     }
   }
   for (const auto& [name, n] : count) {
-    if (n == p.model_parallel->size()) extra_parameter(path, name);
+    if (n != p.model_parallel->size()) continue;
+    const CheckpointSet::Tensor& t = *set.find(name);
+    extra_parameter(set.sources()[static_cast<size_t>(t.whole >= 0 ? t.whole : t.part_source[0])].path, name);
   }
 }
 
 }  // namespace
 
 LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::string& dir) {
-  std::vector<std::string> dirs;
-  agree(p, "checkpoint load", attempt([&] { dirs = checkpoint_directories(dir); }));
-  return load_checkpoint(p, dirs);
+  return load_checkpoint(p, std::vector<std::string>{dir});
 }
 
 LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::vector<std::string>& dirs) {
@@ -126,7 +126,11 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::vector<std
   auto clear_readers = [&] { set->clear(); };
   // Pass 1: read and verify everything this rank needs before anything changes.
   agree(p, "checkpoint load", attempt([&] {
-          set = std::make_unique<CheckpointSet>(dirs);
+          std::vector<std::string> parts;  // a model-parallel checkpoint's directories in place of it
+          for (const std::string& d : dirs) {
+            for (std::string& part : checkpoint_directories(d)) parts.push_back(std::move(part));
+          }
+          set = std::make_unique<CheckpointSet>(parts);
           unregistered = check_registration(p, *set);
           if (!is_model_parallel(p) && set->sources().size() == 1 && !unregistered.empty()) {
             extra_parameter(set->sources()[0].path, unregistered[0]);
@@ -195,7 +199,7 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::vector<std
         }));
   // A saved tensor no engine of the job registers: every rank reaches the same verdict, so this
   // fails everywhere before anything changes.
-  if (is_model_parallel(p)) check_no_extra(p, unregistered, set->sources()[0].path);
+  if (is_model_parallel(p)) check_no_extra(p, unregistered, *set);
   // Pass 2, everything verified on every rank: into the engine.
   if (direct_master != nullptr) {
     // The same pieces again (now from the page cache, their checksums checked again) straight into
