@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "base/dtype.h"
 #include "base/error.h"
 #include "testing/thread_ranks.h"
@@ -180,6 +182,41 @@ TEST_CASE("a load restores the step, the weights and every rank's blob, at anoth
     c.barrier()->wait();
     CHECK(slurp(dir + "_loaded.safetensors") == slurp(dir + "_saved.safetensors"));
     c.barrier()->wait();
+  });
+}
+
+TEST_CASE("a checkpoint of format version 1 (before tensor parallelism) still loads; a newer version is refused") {
+  const std::string dir = tmp("threads_ckpt_v1");
+  testing::run_thread_ranks(2, [&](comm::Communicator& c) {
+    Model m;
+    auto e = trained(c, m, 2, 2);
+    e->save(dir);
+    e->export_safetensors(dir + "_saved.safetensors");
+    c.barrier()->wait();
+    // Version 1 is version 2 without the layout (and without tp parts, which need tp above 1).
+    if (c.rank() == 0) {
+      nlohmann::json doc = nlohmann::json::parse(slurp(dir + "/manifest.json"));
+      CHECK(doc["version"] == 2);
+      doc["version"] = 1;
+      doc.erase("layout");
+      std::ofstream(dir + "/manifest.json") << doc.dump(1);
+    }
+    c.barrier()->wait();
+    Model fresh;
+    auto f = trained(c, fresh, 3, 0);
+    const LoadedCheckpoint got = f->load(dir);
+    CHECK(got.state.step == 2);
+    CHECK(got.world_size == 2);
+    f->export_safetensors(dir + "_loaded.safetensors");
+    c.barrier()->wait();
+    CHECK(slurp(dir + "_loaded.safetensors") == slurp(dir + "_saved.safetensors"));
+    if (c.rank() == 0) {
+      nlohmann::json doc = nlohmann::json::parse(slurp(dir + "/manifest.json"));
+      doc["version"] = 3;
+      std::ofstream(dir + "/manifest.json") << doc.dump(1);
+    }
+    c.barrier()->wait();
+    CHECK_THROWS_WITH_AS(f->load(dir), doctest::Contains("format version 3 (this build reads 1 to 2)"), IoError);
   });
 }
 
