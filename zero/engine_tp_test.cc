@@ -3,10 +3,16 @@
 // blocks, replicated, replicated with partial gradients) train exactly as the whole tensors do on
 // one rank: the same global gradient norm (each element counted once), the same clipped AdamW
 // steps, at every stage. Also: replicated parameters take tp rank 0's values, and ranks that
-// disagree on a placement fail at finalize() naming the parameter.
+// disagree on a placement fail at finalize() naming the parameter; a checkpoint saved at one (dp, tp)
+// layout and stage loads at another (its pieces are tensor-parallel parts) and training goes on.
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <memory>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -81,9 +87,17 @@ struct Run {
   std::vector<std::vector<float>> params;  // this rank's parts, after the last step
 };
 
+// A checkpoint around the steps: `load` read after finalize() (and exported to `export_loaded`),
+// the steps [first_step, last_step) taken, then `save` written with its export beside it.
+struct Checkpointing {
+  std::string load, export_loaded, save;
+  int first_step = 0, last_step = kSteps;
+};
+
 // Trains on `comms` with this rank's parts (tp rank `r` of `tp`); partial gradients are split as
 // g / tp on each tp rank (exact for tp a power of two).
-Run train(const EngineComms& comms, int stage, int r, int tp, bool skew_replicated = false) {
+Run train(const EngineComms& comms, int stage, int r, int tp, bool skew_replicated = false,
+          const Checkpointing& ck = {}) {
   memory::MemoryTracker tracker;
   std::unique_ptr<memory::Device> device = memory::make_host_device(tracker, {});
   EngineComms c = comms;
@@ -104,7 +118,11 @@ Run train(const EngineComms& comms, int stage, int r, int tp, bool skew_replicat
                                     .tp = d.tp}));
   }
   engine.finalize();
-  for (int step = 0; step < kSteps; ++step) {
+  if (!ck.load.empty()) {
+    engine.load(ck.load);
+    engine.export_safetensors(ck.export_loaded);
+  }
+  for (int step = ck.first_step; step < ck.last_step; ++step) {
     for (int unit = 1; unit >= 0; --unit) {
       UnitScope scope = engine.gather_for_backward(unit);
       for (size_t t = 0; t < model().size(); ++t) {
@@ -122,6 +140,10 @@ Run train(const EngineComms& comms, int stage, int r, int tp, bool skew_replicat
     }
     engine.finish_backward();
     run.norms.push_back(engine.step().grad_norm);
+  }
+  if (!ck.save.empty()) {
+    engine.save(ck.save);
+    engine.export_safetensors(ck.save + ".safetensors");
   }
   for (int unit = 0; unit < 2; ++unit) {
     UnitScope scope = engine.gather(unit);
@@ -146,11 +168,11 @@ Run reference(int stage) {
 }
 
 // Every step's norm within 1e-6 relative and every parameter part within 1e-6 of the whole
-// tensors' run.
+// tensors' run (a run that started from a checkpoint: its steps are the last ones).
 void check_matches(const Run& run, const Run& ref, int r, int tp) {
-  for (int s = 0; s < kSteps; ++s) {
-    CHECK(std::abs(run.norms[static_cast<size_t>(s)] - ref.norms[static_cast<size_t>(s)]) <=
-          1e-6 * ref.norms[static_cast<size_t>(s)]);
+  const size_t skipped = ref.norms.size() - run.norms.size();
+  for (size_t s = 0; s < run.norms.size(); ++s) {
+    CHECK(std::abs(run.norms[s] - ref.norms[skipped + s]) <= 1e-6 * ref.norms[skipped + s]);
   }
   double worst = 0.0;
   for (size_t t = 0; t < model().size(); ++t) {
@@ -195,6 +217,58 @@ TEST_CASE("hybrid sharding across the tp groups: dp 4 = 2 shards x 2 replicas, t
                             stage, r, 2);
       check_matches(run, ref, r, 2);
     });
+  }
+}
+
+// A (dp, tp) layout at a stage, hybrid sharding (2 shards per replica) or not.
+struct Layout {
+  int dp, tp, stage;
+  bool hybrid = false;
+};
+
+// Runs train() on `l`'s ranks as threads.
+void train_at(const Layout& l, const Checkpointing& ck, const std::function<void(const Run&, int)>& check) {
+  testing::run_thread_ranks(l.dp * l.tp, [&](comm::Communicator& world) {
+    comm::Mesh mesh(world, {.pp = 1, .dp = l.dp, .tp = l.tp});
+    std::unique_ptr<comm::HybridGroups> hybrid;
+    EngineComms c{.shard = &mesh.dp(), .tp = &mesh.tp(), .model_parallel = &mesh.model_parallel()};
+    if (l.hybrid) {
+      hybrid = std::make_unique<comm::HybridGroups>(mesh.dp(), 2);
+      c.shard = hybrid->shard();
+      c.replica = hybrid->replica();
+    }
+    const Run run = train(c, l.stage, mesh.coord().tp, l.tp, false, ck);
+    check(run, mesh.coord().tp);
+  });
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST_CASE("a checkpoint moves between (dp, tp) layouts and stages, and the run goes on as the whole tensors' run") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/engine_tp_ckpt";
+  struct Move {
+    Layout from, to;
+  };
+  for (const Move& m : {Move{{1, 2, 3}, {2, 1, 1}}, Move{{2, 2, 2}, {1, 4, 3}}, Move{{1, 1, 0}, {2, 2, 2}},
+                        Move{{4, 2, 3, true}, {1, 2, 0}}, Move{{1, 4, 1}, {4, 2, 2, true}}}) {
+    CAPTURE(m.from.dp);
+    CAPTURE(m.from.tp);
+    CAPTURE(m.from.stage);
+    CAPTURE(m.to.dp);
+    CAPTURE(m.to.tp);
+    CAPTURE(m.to.stage);
+    const Run ref = reference(m.to.stage);
+    std::filesystem::remove_all(dir);
+    // Two steps at one layout, saved; loaded at the other (its export then the same bytes as the
+    // saved run's), and the third step taken there.
+    train_at(m.from, {.save = dir, .first_step = 0, .last_step = kSteps - 1}, [](const Run&, int) {});
+    train_at(m.to, {.load = dir, .export_loaded = dir + "_loaded.safetensors", .first_step = kSteps - 1},
+             [&](const Run& run, int r) { check_matches(run, ref, r, m.to.tp); });
+    CHECK(slurp(dir + "_loaded.safetensors") == slurp(dir + ".safetensors"));
   }
 }
 

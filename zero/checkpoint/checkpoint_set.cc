@@ -63,8 +63,11 @@ CheckpointSet::CheckpointSet(const std::vector<std::string>& dirs) {
         t.parts = checkpoint_field<int>(tp, "parts", s.path);
         part = checkpoint_field<int>(tp, "part", s.path);
         t.placement = TpPlacement::split(checkpoint_field<int>(tp, "dim", s.path), checkpoint_field<int>(tp, "blocks", s.path));
-        if (t.parts < 1 || part < 0 || part >= t.parts) {
-          checkpoint_error(s.path, fmt::format("parameter '{}' is part {} of {} tensor-parallel parts", t.name, part, t.parts));
+        // Each directory holds one part of a tensor, so a valid checkpoint has no more parts than
+        // directories (and a damaged count cannot size an allocation).
+        if (t.parts < 1 || part < 0 || part >= t.parts || static_cast<size_t>(t.parts) > dirs.size()) {
+          checkpoint_error(s.path, fmt::format("parameter '{}' is part {} of {} tensor-parallel parts (in {} director{})",
+                                               t.name, part, t.parts, dirs.size(), dirs.size() == 1 ? "y" : "ies"));
         }
         try {
           local_shape(t.name, t.shape, t.placement, t.parts);
