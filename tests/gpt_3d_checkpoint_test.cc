@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -36,6 +38,11 @@ std::vector<double> losses(const std::string& out) {
     if (line.find("] step ") != std::string::npos && l != std::string::npos) v.push_back(std::stod(line.substr(l + 7)));
   }
   return v;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 // Every tensor of an fp32 safetensors file, by name, with its shape.
@@ -101,7 +108,7 @@ TEST_CASE("a checkpoint saved at one (dp, tp, pp, stage, offload) resumes at ano
   const Weights reference = read_weights(dir + "/whole.safetensors");
   struct Move {
     Layout from, to;
-    std::string saved_at;  // as the resume reports it
+    std::string saved_at;  // as the resume and zero_ckpt inspect report it
   };
   const std::vector<Move> moves = {
       {{8, {"--tp", "2", "--pp", "2", "--stage", "3"}}, {8, {"--stage", "1"}}, "dp 2 x tp 2 x pp 2, stage 3"},
@@ -115,10 +122,22 @@ TEST_CASE("a checkpoint saved at one (dp, tp, pp, stage, offload) resumes at ano
     CAPTURE(m.from.name());
     CAPTURE(m.to.name());
     const std::string ckpt = dir + "/ckpt" + std::to_string(k), out = dir + "/moved" + std::to_string(k) + ".safetensors";
-    const auto first = train(m.from, {"--steps", "4", "--save", ckpt});
+    const std::string first_export = ckpt + "_first.safetensors";
+    const auto first = train(m.from, {"--steps", "4", "--save", ckpt, "--export", first_export});
     INFO(first.output);
     REQUIRE(first.exit_code == 0);
     check_losses(losses(first.output), want, 0);
+    // Offline: zero_ckpt shows the layout, and its export of the checkpoint is the run's own export,
+    // byte for byte (whole tensors put together from the tp parts of every stage).
+    const auto inspect = testing::run("zero/checkpoint/zero_ckpt", {"inspect", ckpt});
+    INFO(inspect.output);
+    REQUIRE(inspect.exit_code == 0);
+    CHECK(inspect.output.find("layout: " + m.saved_at) != std::string::npos);
+    const std::string offline = ckpt + "_offline.safetensors";
+    const auto exported = testing::run("zero/checkpoint/zero_ckpt", {"export", ckpt, offline});
+    INFO(exported.output);
+    REQUIRE(exported.exit_code == 0);
+    CHECK(slurp(offline) == slurp(first_export));
     const auto second = train(m.to, {"--steps", "6", "--resume", ckpt, "--export", out});
     INFO(second.output);
     REQUIRE(second.exit_code == 0);

@@ -7,6 +7,8 @@
 //                                         the full weights, streamed tensor by tensor
 //
 // Exits 0 on success, 1 with the error (naming the file and the problem) on stderr otherwise.
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -29,9 +31,11 @@ int usage() {
 int inspect(const std::string& dir) {
   const CheckpointInfo info = inspect_checkpoint(dir);
   uint64_t numel = 0, bytes = 0;
-  std::printf("checkpoint %s\n  step %lld, saved by %d ranks at stage %d, model dtype %s, optimizer %s (", dir.c_str(),
-              static_cast<long long>(info.step), info.world_size, info.stage, dtype_name(info.model_dtype),
-              info.optimizer.c_str());
+  // The world size is the data-parallel size; a checkpoint with a layout says the rest on its own line.
+  const std::string saved_by =
+      info.layout_known ? "" : fmt::format(", saved by {} ranks at stage {}", info.world_size, info.stage);
+  std::printf("checkpoint %s\n  step %lld%s, model dtype %s, optimizer %s (", dir.c_str(), static_cast<long long>(info.step),
+              saved_by.c_str(), dtype_name(info.model_dtype), info.optimizer.c_str());
   for (size_t i = 0; i < info.states.size(); ++i) std::printf("%s%s", i ? ", " : "", info.states[i].c_str());
   std::printf(")\n");
   if (info.layout_known) {
