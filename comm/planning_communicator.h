@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -68,6 +69,10 @@ class PlanningCommunicator final : public Communicator {
   // Argument errors as every backend reports them (check_p2p_args); then counted, nothing moved.
   WorkHandle send(const void* buf, size_t count, DType dtype, int peer) override;
   WorkHandle recv(void* buf, size_t count, DType dtype, int peer) override;
+  // What the other ranks bring to a kMax all-reduce of int64s, where the planner knows it and this
+  // rank's value is not the group's (a pipeline stage's unit count against the other stages'): the
+  // result is the larger of the two. By default the other ranks hold this rank's values.
+  void set_peer_int64_max(int64_t value) { peer_int64_max_ = value; }
   // Not supported: a plan is for one communicator over all ranks (throws InvalidArgument).
   std::unique_ptr<Communicator> split(int color, int key) override;
 
@@ -92,6 +97,7 @@ class PlanningCommunicator final : public Communicator {
   std::map<std::string, CollectiveTally> tallies_;
   std::vector<PlannedCall> calls_;
   std::map<int, P2PTally> p2p_tallies_;
+  std::optional<int64_t> peer_int64_max_;
 };
 
 }  // namespace zero::comm

@@ -97,6 +97,12 @@ int run(int argc, char** argv) {
   in.model = model;
   in.tp = tp;
   in.pp = pp;
+  // The norm's per-unit sums are sized by the largest unit count over the stages.
+  for (int k = 0; k < pp && pp > 1; ++k) {
+    for (const plan::TensorSpec& t : read_model(flags, tp, sequence_parallel, pp, k, pp_layers).tensors) {
+      in.model_parallel_units = std::max(in.model_parallel_units, t.unit + 1);
+    }
+  }
   in.rank = flags.get_int("rank", 0);
   in.cuda = flags.get_bool("cuda", false);
   EngineOptions& o = in.options;

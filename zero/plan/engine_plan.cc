@@ -66,6 +66,7 @@ EnginePlan plan_engine(const PlanInputs& in) {
   comm::PlanningCommunicator tp_comm(0, in.tp, addressable, meta->kind());
   comm::PlanningCommunicator mp_comm(0, in.tp * in.pp, addressable, meta->kind());
   comm::PlanningCommunicator tied_comm(0, 2, addressable, meta->kind());
+  if (in.model_parallel_units > 0) mp_comm.set_peer_int64_max(in.model_parallel_units);
   EngineOptions options = in.options;
   EngineComms comms{&comm, nullptr, meta.get()};
   if (in.tp > 1) comms.tp = comms.model_parallel = &tp_comm;

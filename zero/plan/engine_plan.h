@@ -38,6 +38,9 @@ struct PlanInputs {
   // group of tp x pp, tied tensors are summed over an embedding group of 2, and each micro-step runs
   // the schedule EngineOptions::micro_batches times (every unit's backward that many times).
   int pp = 1;
+  // The largest unit count over the model-parallel group (the norm's per-unit sums are sized by it):
+  // other stages may hold more units than this one. 0: this stage's own.
+  int model_parallel_units = 0;
   bool cuda = false;   // plan a GPU's memory (NCCL; no communicator scratch is accounted)
   comm::GlooOptions gloo;  // the host backend's settings (its scratch)
 };

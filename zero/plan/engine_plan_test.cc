@@ -212,6 +212,27 @@ TEST_CASE("under tensor parallelism the plan holds one tp rank's parts and count
   }
 }
 
+TEST_CASE("a pipeline stage's plan sizes the norm's per-unit sums by the largest unit count over the stages") {
+  // Stage 0 of 2 holds units 0 and 1; the other stage holds units up to 4, so the engine's norm
+  // vector (over the model-parallel group) has 5 entries, held twice (device and host staging).
+  ModelSpec stage0;
+  stage0.dtype = DType::kFloat32;
+  stage0.tensors = {{"embed", {64, 32}, 0}, {"h.0.w", {32, 32}, 1}};
+  EngineOptions o = base_options(1);
+  o.micro_batches = 2;
+  auto comm_peak = [&](int units) {
+    const EnginePlan p =
+        plan_engine({.model = stage0, .options = o, .world_size = 2, .pp = 2, .model_parallel_units = units});
+    for (const MemoryReport::Row& r : p.memory.rows) {
+      if (r.category == "comm_buffer") return r.peak;
+    }
+    FAIL("no comm_buffer row");
+    return uint64_t{0};
+  };
+  CHECK(comm_peak(5) == comm_peak(0) + 2 * (5 - 2) * sizeof(double));
+  CHECK(comm_peak(2) == comm_peak(0));
+}
+
 }  // namespace zero::plan
 
 namespace zero::plan {
