@@ -1,0 +1,104 @@
+#include "parallel/strategy/cluster.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "base/check.h"
+#include "base/error.h"
+#include "zero/config/json_reading.h"
+
+namespace zero::strategy {
+namespace {
+
+using config_internal::Context;
+using config_internal::fail;
+using config_internal::json;
+using config_internal::ObjectReader;
+
+const json& require(ObjectReader& r, const std::string& key) {
+  const json* j = r.find(key);
+  if (j == nullptr) fail(r.ctx(), fmt::format("missing field {}", r.path(key)));
+  return *j;
+}
+
+// A positive finite number.
+double positive(ObjectReader& r, const std::string& key) {
+  const double v = config_internal::read_number(require(r, key), r.path(key), r.ctx());
+  if (!std::isfinite(v) || v <= 0) fail(r.ctx(), fmt::format("{} must be positive, got {}", r.path(key), v));
+  return v;
+}
+
+Link read_link(ObjectReader& parent, const std::string& key) {
+  const json& j = require(parent, key);
+  if (!j.is_object()) config_internal::fail_type(j, parent.path(key), parent.ctx(), "an object");
+  ObjectReader r(j, parent.path(key), parent.ctx());
+  Link l;
+  l.bandwidth = positive(r, "bandwidth");
+  const std::string lat = r.path("latency");
+  l.latency = config_internal::read_number(require(r, "latency"), lat, r.ctx());
+  if (!std::isfinite(l.latency) || l.latency < 0) fail(r.ctx(), fmt::format("{} must be >= 0, got {}", lat, l.latency));
+  r.finish();
+  return l;
+}
+
+json link_json(const Link& l) { return {{"bandwidth", l.bandwidth}, {"latency", l.latency}}; }
+
+}  // namespace
+
+Cluster parse_cluster(std::string_view text, const std::string& source) {
+  const Context ctx{source};
+  const json root = config_internal::parse_json(text, source);
+  if (!root.is_object()) fail(ctx, "a cluster description is a JSON object");
+  ObjectReader r(root, "", ctx);
+  Cluster c;
+  c.name = config_internal::read_string(require(r, "name"), "name", ctx, "a string");
+  c.devices_per_node = config_internal::read_int(require(r, "devices_per_node"), "devices_per_node", ctx, 1);
+  c.nodes = config_internal::read_int(require(r, "nodes"), "nodes", ctx, 1);
+  c.device_memory = positive(r, "device_memory");
+  c.peak_flops = positive(r, "peak_flops");
+  c.matmul_efficiency = positive(r, "matmul_efficiency");
+  if (c.matmul_efficiency > 1) fail(ctx, fmt::format("matmul_efficiency must be in (0, 1], got {}", c.matmul_efficiency));
+  c.intra = read_link(r, "intra");
+  c.inter = read_link(r, "inter");
+  c.optimizer_rate = positive(r, "optimizer_rate");
+  if (const json* j = r.find("shared_cores")) c.shared_cores = config_internal::read_bool(*j, "shared_cores", ctx);
+  if (const json* j = r.find("kernels")) {
+    if (!j->is_object()) config_internal::fail_type(*j, "kernels", ctx, "an object");
+    for (const auto& [key, value] : j->items()) {
+      const std::string path = "kernels." + key;
+      const double s = config_internal::read_number(value, path, ctx);
+      if (!std::isfinite(s) || s <= 0) fail(ctx, fmt::format("{} must be positive, got {}", path, s));
+      c.kernels[key] = s;
+    }
+  }
+  r.finish();
+  return c;
+}
+
+Cluster load_cluster(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) ZERO_THROW(IoError, "cannot open cluster file '{}': {}", path, std::strerror(errno));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) ZERO_THROW(IoError, "cannot read cluster file '{}': {}", path, std::strerror(errno));
+  return parse_cluster(text, path);
+}
+
+std::string to_json(const Cluster& c) {
+  json j = {{"name", c.name},
+            {"devices_per_node", c.devices_per_node},
+            {"nodes", c.nodes},
+            {"device_memory", c.device_memory},
+            {"peak_flops", c.peak_flops},
+            {"matmul_efficiency", c.matmul_efficiency},
+            {"intra", link_json(c.intra)},
+            {"inter", link_json(c.inter)},
+            {"optimizer_rate", c.optimizer_rate},
+            {"shared_cores", c.shared_cores}};
+  if (!c.kernels.empty()) j["kernels"] = c.kernels;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace zero::strategy

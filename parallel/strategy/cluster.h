@@ -1,0 +1,57 @@
+#pragma once
+// A cluster as the strategy planner sees it: how many devices, how much memory each has, how fast
+// they compute and how fast the links between them move data. Written by hand for a cluster one
+// plans for (8 x 80 GB with NVLink inside nodes), or measured on this machine by zero_calibrate,
+// which also records how long the model's own kernels take at the sizes the layouts use.
+//
+// JSON (every field required unless marked; sizes in bytes, times in seconds, rates per second):
+//   {
+//     "name": "8x H100 80GB, NVLink, 400 Gb/s",
+//     "devices_per_node": 8, "nodes": 1,
+//     "device_memory": 85899345920,          // usable by training, per device
+//     "peak_flops": 9.89e14,                  // dense matrix FLOP/s per device, the model dtype's
+//     "matmul_efficiency": 0.5,               // the fraction of peak_flops the model's products reach
+//     "intra": {"bandwidth": 1.5e11, "latency": 5e-6},   // per rank, one direction (ring bus rate)
+//     "inter": {"bandwidth": 5.0e10, "latency": 1e-5},
+//     "optimizer_rate": 2e10,                 // parameters per second the optimizer step updates
+//     "shared_cores": false,                  // optional: ranks of a node share its cores (a CPU
+//                                             // machine), so more ranks than devices run slower and
+//                                             // communication does not overlap compute
+//     "kernels": {"gpt/f/...": 0.0012, ...}   // optional: measured seconds by kernel key (calibrated)
+//   }
+// A missing field, a negative or zero count, size or rate, a fraction outside (0, 1], or an unknown
+// key is an InvalidArgument naming the source and the field.
+#include <map>
+#include <string>
+#include <string_view>
+
+namespace zero::strategy {
+
+struct Link {
+  double bandwidth = 0;  // bytes per second per rank, one direction
+  double latency = 0;    // seconds per message
+  // Seconds for one message of `bytes`.
+  double time(double bytes) const { return latency + bytes / bandwidth; }
+};
+
+struct Cluster {
+  std::string name;
+  int devices_per_node = 1, nodes = 1;
+  double device_memory = 0;
+  double peak_flops = 0;
+  double matmul_efficiency = 1;
+  Link intra, inter;
+  double optimizer_rate = 0;
+  bool shared_cores = false;
+  std::map<std::string, double> kernels;
+
+  int devices() const { return devices_per_node * nodes; }
+};
+
+Cluster parse_cluster(std::string_view json_text, const std::string& source);
+// parse_cluster of a file; IoError naming it when it cannot be read.
+Cluster load_cluster(const std::string& path);
+// The JSON above (parse_cluster reads it back to the same cluster).
+std::string to_json(const Cluster& cluster);
+
+}  // namespace zero::strategy

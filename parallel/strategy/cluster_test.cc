@@ -1,0 +1,66 @@
+#include "parallel/strategy/cluster.h"
+
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "base/error.h"
+
+namespace zero::strategy {
+namespace {
+
+const char* kGood = R"({
+  "name": "2 x test", "devices_per_node": 2, "nodes": 1, "device_memory": 1e9, "peak_flops": 1e11,
+  "matmul_efficiency": 0.5, "intra": {"bandwidth": 1e9, "latency": 1e-5},
+  "inter": {"bandwidth": 1e8, "latency": 1e-4}, "optimizer_rate": 1e8, "shared_cores": true,
+  "kernels": {"gpt/f/x": 0.25}
+})";
+
+std::string error_of(const std::string& text) {
+  try {
+    parse_cluster(text, "c.json");
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+// kGood with `from` replaced by `to`.
+std::string with(const std::string& from, const std::string& to) {
+  std::string s = kGood;
+  const size_t at = s.find(from);
+  REQUIRE(at != std::string::npos);
+  return s.replace(at, from.size(), to);
+}
+
+TEST_CASE("a cluster file reads back from its own JSON") {
+  const Cluster c = parse_cluster(kGood, "c.json");
+  CHECK(c.devices() == 2);
+  CHECK(c.intra.time(1e9) == doctest::Approx(1.0 + 1e-5));
+  CHECK(c.shared_cores);
+  CHECK(c.kernels.at("gpt/f/x") == 0.25);
+  const Cluster back = parse_cluster(to_json(c), "again.json");
+  CHECK(to_json(back) == to_json(c));
+}
+
+TEST_CASE("a missing, negative, out-of-range, mistyped or unknown field is named") {
+  CHECK(error_of(with(R"("optimizer_rate": 1e8, )", "")).find("c.json: missing field optimizer_rate") !=
+        std::string::npos);
+  CHECK(error_of(with(R"("bandwidth": 1e8)", R"("bandwidth": -3)")).find("inter.bandwidth must be positive, got -3") !=
+        std::string::npos);
+  CHECK(error_of(with(R"("latency": 1e-5)", R"("latency": -1)")).find("intra.latency must be >= 0") != std::string::npos);
+  CHECK(error_of(with("0.5", "1.5")).find("matmul_efficiency must be in (0, 1], got 1.5") != std::string::npos);
+  CHECK(error_of(with(R"("nodes": 1)", R"("nodes": 0)")).find("nodes") != std::string::npos);
+  CHECK(error_of(with(R"("devices_per_node": 2)", R"("devices_per_node": "2")")).find("devices_per_node") !=
+        std::string::npos);
+  // A misspelt field is missing; a key nobody reads is refused with the nearest known one.
+  CHECK(error_of(with(R"("peak_flops")", R"("peak_flop")")).find("missing field peak_flops") != std::string::npos);
+  CHECK(error_of(with(R"("nodes": 1)", R"("nodes": 1, "node": 2)")).find("unknown key node (did you mean nodes?)") !=
+        std::string::npos);
+  CHECK(error_of(with("0.25", "0")).find("kernels.gpt/f/x must be positive") != std::string::npos);
+  CHECK(error_of("[1]").find("a cluster description is a JSON object") != std::string::npos);
+  CHECK_THROWS_AS(load_cluster("/nonexistent/cluster.json"), IoError);
+}
+
+}  // namespace
+}  // namespace zero::strategy
