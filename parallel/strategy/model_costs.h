@@ -1,0 +1,49 @@
+#pragma once
+// What a model tells the strategy planner about one pipeline stage of a layout: its tensors (for the
+// engine's plan on the meta device), its compute per micro-batch, the collectives of its tensor-
+// parallel regions, what it sends to the next stage and the activations it holds. The GPT example
+// implements it (examples/gpt/gpt_strategy.h); any model can, from its own shapes.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel/strategy/cluster.h"
+#include "parallel/strategy/layout.h"
+#include "zero/plan/model_spec.h"
+
+namespace zero::strategy {
+
+// A collective over the tp group: all-reduce of `bytes`, all-gather into `bytes` (the whole
+// output), or reduce-scatter of `bytes` (the whole input).
+struct TpCollective {
+  enum Kind { kAllReduce, kAllGather, kReduceScatter };
+  Kind kind = kAllReduce;
+  double bytes = 0;
+};
+
+struct StageCosts {
+  plan::ModelSpec engine;  // the stage's tensors as tp rank 0 holds them, its scope schedule
+  int units = 0;           // the largest unit id + 1 over the whole model (the engine's norm vector)
+  // Seconds of compute per micro-batch: the forward, the backward's input part and its weight part.
+  double forward = 0, backward_input = 0, backward_weight = 0;
+  std::vector<TpCollective> tp_forward, tp_backward;  // per micro-batch
+  double send_bytes = 0;  // to the next stage per micro-batch (and as much back)
+  // Activations per micro-batch: held from its forward until its backward completes, and, when the
+  // backward is split, held besides from the input part until the weight part.
+  uint64_t activation_bytes = 0, weight_work_bytes = 0;
+};
+
+class ModelCosts {
+ public:
+  virtual ~ModelCosts() = default;
+  virtual std::string name() const = 0;
+  virtual int sequence_length() const = 0;
+  // Why the model cannot run `layout` with `global_batch` sequences per step ("" when it can): tp
+  // not dividing the heads, more stages than layers, the batch not dividing into micro-batches.
+  virtual std::string unsupported(const Layout& layout, int global_batch) const = 0;
+  // Pipeline stage `stage` of `layout`; compute times from the cluster's calibrated kernels where it
+  // has them, else from its peak rate and matmul efficiency.
+  virtual StageCosts stage(const Layout& layout, int stage, int global_batch, const Cluster& cluster) const = 0;
+};
+
+}  // namespace zero::strategy

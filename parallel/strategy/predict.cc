@@ -1,0 +1,280 @@
+#include "parallel/strategy/predict.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "base/check.h"
+#include "base/error.h"
+#include "memory/tracker.h"
+#include "parallel/pipeline/schedule_sim.h"
+#include "parallel/pipeline/schedules.h"
+#include "zero/plan/engine_plan.h"
+
+namespace zero::strategy {
+namespace {
+
+// A group of `span` consecutive ranks (tp fastest, then dp, then pp: the mesh's default order) lies
+// inside a node when the node holds them all.
+const Link& link_for(const Cluster& c, int span) { return span <= c.devices_per_node ? c.intra : c.inter; }
+
+// Ring collectives over n ranks: an all-reduce sends 2 (n-1)/n of the buffer in 2 (n-1) messages,
+// an all-gather or a reduce-scatter (n-1)/n in n-1.
+double collective_time(TpCollective::Kind kind, double bytes, int n, const Link& link) {
+  if (n <= 1) return 0.0;
+  const double share = (n - 1.0) / n, hops = n - 1.0;
+  return kind == TpCollective::kAllReduce ? 2 * (share * bytes / link.bandwidth + hops * link.latency)
+                                          : share * bytes / link.bandwidth + hops * link.latency;
+}
+
+double tp_time(const std::vector<TpCollective>& cs, int tp, const Link& link) {
+  double t = 0;
+  for (const TpCollective& c : cs) t += collective_time(c.kind, c.bytes, tp, link);
+  return t;
+}
+
+// The engine's data-parallel collectives of one step, from its plan's tallies (wire bytes per rank;
+// each call's messages).
+double dp_time(const plan::EnginePlan& p, int dp, const Link& link) {
+  if (dp <= 1) return 0.0;
+  double t = 0;
+  for (const auto& [op, tally] : p.traffic) {
+    const double messages = (op == "all_reduce" ? 2.0 : 1.0) * (dp - 1.0) * static_cast<double>(tally.calls);
+    t += static_cast<double>(tally.wire_bytes) / link.bandwidth + messages * link.latency;
+  }
+  return t;
+}
+
+MemoryParts memory_of(const plan::EnginePlan& p, int zero_stage) {
+  MemoryParts m;
+  for (const MemoryReport::Row& r : p.memory.rows) {
+    if (r.host_tier) {
+      m.host += r.peak;
+    } else if (r.category.rfind("params", 0) == 0) {
+      m.params = r.peak;
+    } else if (r.category == "grads") {
+      m.grads = r.peak;
+    } else if (r.category == "master_params") {
+      m.master = r.peak;
+    } else if (r.category == "optimizer_state") {
+      m.optimizer = r.peak;
+    } else if (r.category == "comm_buffer") {
+      m.buffers = r.peak;
+    } else if (r.category == "gather_window") {
+      m.window = r.peak;
+    }
+  }
+  // Below stage 3 the parameters are the model's own storage, outside the engine's tracker.
+  m.engine_peak = p.device_peak + (zero_stage < 3 ? m.params : 0);
+  return m;
+}
+
+// The most activation bytes pipeline rank `rank` holds at once: a forward adds a micro-batch's,
+// a split backward's input part adds its weight work, the weight part (or a whole backward) frees both.
+uint64_t activation_peak(const parallel::Schedule& s, int rank, const StageCosts& c) {
+  uint64_t held = 0, peak = 0;
+  for (const parallel::Action& a : s.actions[static_cast<size_t>(rank)]) {
+    switch (a.op) {
+      case parallel::Op::kF: held += c.activation_bytes; break;
+      case parallel::Op::kB: held += c.weight_work_bytes; break;
+      case parallel::Op::kW: held -= c.activation_bytes + c.weight_work_bytes; break;
+      case parallel::Op::kBW: held -= c.activation_bytes; break;
+      default: break;
+    }
+    peak = std::max(peak, held);
+  }
+  return peak;
+}
+
+std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int i = 1; i <= n; ++i) {
+    if (n % i == 0) d.push_back(i);
+  }
+  return d;
+}
+
+}  // namespace
+
+Prediction predict(const ModelCosts& model, const Layout& l, const Cluster& cluster, const PlanSettings& settings) {
+  Prediction out;
+  out.layout = l;
+  out.unsupported = model.unsupported(l, settings.global_batch);
+  if (!out.unsupported.empty()) return out;
+  const parallel::Schedule schedule =
+      parallel::make_schedule(l.pp > 1 ? l.schedule : "1f1b", l.pp, l.micro_batches);  // pp 1: one micro-batch at a time
+  // More ranks than devices on a machine whose ranks share its cores: each runs that much slower.
+  const double slow = cluster.shared_cores ? std::max(1.0, static_cast<double>(l.world()) / cluster.devices()) : 1.0;
+  const Link& tp_link = link_for(cluster, l.tp);
+  const Link& dp_link = link_for(cluster, l.tp * l.dp);
+  const Link& pp_link = link_for(cluster, l.world());
+  parallel::ActionCosts costs;
+  costs.forward.assign(static_cast<size_t>(l.pp), 0.0);
+  costs.backward = costs.weight = costs.forward;
+  double tp_comm_worst = 0, after_pipeline = 0;
+  std::vector<double> tp_per_stage(static_cast<size_t>(l.pp), 0.0);
+  uint64_t worst_memory = 0;
+  for (int s = 0; s < l.pp; ++s) {
+    const StageCosts c = model.stage(l, s, settings.global_batch, cluster);
+    const size_t k = static_cast<size_t>(s);
+    const double tf = tp_time(c.tp_forward, l.tp, tp_link), tb = tp_time(c.tp_backward, l.tp, tp_link);
+    costs.forward[k] = c.forward * slow + tf;
+    costs.backward[k] = c.backward_input * slow + tb;
+    costs.weight[k] = c.backward_weight * slow;
+    tp_per_stage[k] = (tf + tb) * l.micro_batches;
+    costs.transfer = std::max(costs.transfer, l.pp > 1 ? pp_link.time(c.send_bytes) : 0.0);
+    // The engine of this stage on the meta device: its memory and its data-parallel traffic.
+    plan::PlanInputs in;
+    in.model = c.engine;
+    in.options = settings.engine;
+    in.options.stage = l.zero_stage;
+    in.options.offload.optimizer = l.offload;
+    if (l.pp > 1) {
+      in.options.micro_batches = l.micro_batches;
+    } else {
+      in.options.gradient_accumulation_steps = l.micro_batches;
+    }
+    in.world_size = l.dp;
+    in.tp = l.tp;
+    in.pp = l.pp;
+    if (l.pp > 1) in.model_parallel_units = c.units;
+    const plan::EnginePlan p = plan::plan_engine(in);
+    MemoryParts m = memory_of(p, l.zero_stage);
+    m.activations = activation_peak(schedule, s, c);
+    if (m.device() >= worst_memory) {
+      worst_memory = m.device();
+      out.memory = m;
+      out.memory_stage = s;
+    }
+    // What the data-parallel collectives can hide behind: on separate engines, the backward that
+    // follows a gradient's completion (and at stage 3 the forward the gathers are prefetched into);
+    // on shared cores, nothing.
+    const double dp = dp_time(p, l.dp, dp_link);
+    const double backward = (costs.backward[k] + costs.weight[k]) * l.micro_batches;
+    const double window = cluster.shared_cores ? 0.0 : backward + (l.zero_stage == 3 ? costs.forward[k] * l.micro_batches : 0.0);
+    const double exposed = std::max(0.0, dp - window);
+    const double elements = static_cast<double>(c.engine.numel()) / (l.zero_stage >= 1 ? l.dp : 1);
+    const double optimizer = elements / cluster.optimizer_rate * slow;
+    if (exposed + optimizer >= after_pipeline) {
+      after_pipeline = exposed + optimizer;
+      out.time.dp_comm = dp;
+      out.time.dp_exposed = exposed;
+      out.time.optimizer = optimizer;
+    }
+    tp_comm_worst = std::max(tp_comm_worst, tp_per_stage[k]);
+  }
+  if (l.pp > 1) {
+    const parallel::SimResult sim = parallel::simulate(schedule, costs);
+    const size_t busiest = static_cast<size_t>(std::max_element(sim.busy.begin(), sim.busy.end()) - sim.busy.begin());
+    out.time.compute = sim.busy[busiest];
+    out.time.bubble = sim.step_time - sim.busy[busiest];
+    out.time.tp_comm = tp_per_stage[busiest];
+    out.bubble_fraction = sim.bubble_fraction;
+  } else {
+    out.time.compute = (costs.forward[0] + costs.backward[0] + costs.weight[0]) * l.micro_batches;
+    out.time.tp_comm = tp_comm_worst;
+  }
+  out.fits = out.memory.device() <= static_cast<uint64_t>(cluster.device_memory);
+  out.tokens_per_s = settings.global_batch * static_cast<double>(model.sequence_length()) / out.time.step();
+  return out;
+}
+
+std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int global_batch) {
+  if (world < 1) ZERO_THROW(InvalidArgument, "enumerate_layouts: world {} is not positive", world);
+  std::vector<Layout> out;
+  for (int tp : divisors(world)) {
+    for (int pp : divisors(world / tp)) {
+      const int dp = world / (tp * pp);
+      for (int stage = 0; stage <= 3; ++stage) {
+        for (int f : {1, 2, 4}) {
+          const int m = f * pp;
+          for (const char* schedule : {"gpipe", "1f1b", "zb-h1"}) {
+            if (pp == 1 && std::string(schedule) != "1f1b") continue;
+            for (bool sp : {false, true}) {
+              if (sp && tp == 1) continue;
+              for (bool offload : {false, true}) {
+                if (offload && stage == 0) continue;
+                Layout l{dp, tp, pp, stage, m, schedule, sp, offload};
+                if (model.unsupported(l, global_batch).empty()) out.push_back(l);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<Layout>& layouts, const Cluster& cluster,
+                                     const PlanSettings& settings) {
+  std::vector<Prediction> out;
+  for (const Layout& l : layouts) out.push_back(predict(model, l, cluster, settings));
+  std::stable_sort(out.begin(), out.end(), [](const Prediction& a, const Prediction& b) {
+    if (a.fits != b.fits) return a.fits;
+    if (!a.fits) return a.memory.device() < b.memory.device();
+    return a.time.step() < b.time.step();
+  });
+  return out;
+}
+
+std::string table(const std::vector<Prediction>& ranked, size_t limit) {
+  using memory::format_bytes;
+  std::string s = fmt::format("{:>4}  {:<44} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {:>9} {:>11} {:>7} {:>9}\n",
+                              "#", "layout", "params", "grads", "master", "optimizer", "buffers", "window", "activ.",
+                              "device", "step ms", "tokens/s", "bubble", "dp ms");
+  for (size_t i = 0; i < ranked.size() && i < limit; ++i) {
+    const Prediction& p = ranked[i];
+    const MemoryParts& m = p.memory;
+    s += fmt::format("{:>4}  {:<44} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {:>9.2f} {:>11.0f} {:>6.1f}% {:>9.2f}{}\n",
+                     i + 1, describe(p.layout), format_bytes(m.params), format_bytes(m.grads), format_bytes(m.master),
+                     format_bytes(m.optimizer), format_bytes(m.buffers), format_bytes(m.window),
+                     format_bytes(m.activations), format_bytes(m.device()), 1e3 * p.time.step(), p.tokens_per_s,
+                     100 * p.bubble_fraction, 1e3 * p.time.dp_exposed, p.fits ? "" : "  does not fit");
+  }
+  return s;
+}
+
+std::string reason(const std::vector<Prediction>& ranked) {
+  using memory::format_bytes;
+  if (ranked.empty()) return "no layout: the model supports none at this world size and batch";
+  const Prediction& best = ranked.front();
+  if (!best.fits) {
+    return fmt::format("no layout fits: the smallest, {}, needs {} per device ({} of it activations)",
+                       describe(best.layout), format_bytes(best.memory.device()), format_bytes(best.memory.activations));
+  }
+  size_t fitting = 0;
+  for (const Prediction& p : ranked) fitting += p.fits ? 1 : 0;
+  std::string s = fmt::format("{}: the fastest of {} layouts that fit ({:.2f} ms per step, {})", describe(best.layout),
+                              fitting, 1e3 * best.time.step(), format_bytes(best.memory.device()));
+  if (fitting > 1) {
+    const Prediction& next = ranked[1];
+    s += fmt::format("; next {} at {:.2f} ms ({:+.1f}%)", describe(next.layout), 1e3 * next.time.step(),
+                     100 * (next.time.step() / best.time.step() - 1));
+  }
+  return s;
+}
+
+std::string explain(const Prediction& p) {
+  using memory::format_bytes;
+  if (!p.unsupported.empty()) return fmt::format("{}: not possible: {}\n", describe(p.layout), p.unsupported);
+  const MemoryParts& m = p.memory;
+  const TimeParts& t = p.time;
+  std::string s = fmt::format("{}\n", describe(p.layout));
+  s += fmt::format("  memory per rank (pipeline stage {}): {}{}\n", p.memory_stage, format_bytes(m.device()),
+                   p.fits ? "" : " (does not fit)");
+  s += fmt::format("    engine peak {} (params {}, grads {}, master {}, optimizer {}, buffers {}, window {})\n",
+                   format_bytes(m.engine_peak), format_bytes(m.params), format_bytes(m.grads), format_bytes(m.master),
+                   format_bytes(m.optimizer), format_bytes(m.buffers), format_bytes(m.window));
+  s += fmt::format("    activations at the schedule's peak {}\n", format_bytes(m.activations));
+  if (m.host > 0) s += fmt::format("    host (offload) {}\n", format_bytes(m.host));
+  s += fmt::format("  time per step: {:.3f} ms, {:.0f} tokens/s\n", 1e3 * t.step(), p.tokens_per_s);
+  s += fmt::format("    compute {:.3f} ms (of which tp collectives {:.3f} ms)\n", 1e3 * t.compute, 1e3 * t.tp_comm);
+  s += fmt::format("    pipeline bubble {:.3f} ms ({:.1f}% of the pipeline)\n", 1e3 * t.bubble, 100 * p.bubble_fraction);
+  s += fmt::format("    dp collectives {:.3f} ms, exposed {:.3f} ms\n", 1e3 * t.dp_comm, 1e3 * t.dp_exposed);
+  s += fmt::format("    optimizer {:.3f} ms\n", 1e3 * t.optimizer);
+  return s;
+}
+
+}  // namespace zero::strategy

@@ -1,0 +1,68 @@
+#pragma once
+// What a layout costs on a cluster: memory per rank (the engine's categories from its plan on the
+// meta device, plus the activations the schedule holds at its peak) and time per step (the stages'
+// compute and tensor-parallel collectives, through the pipeline simulator for the bubble; the data-
+// parallel collectives the engine's plan counts, less what overlaps the backward; the optimizer).
+// Every figure is per rank of the stage that costs most, and comes with its parts (explain()).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel/strategy/cluster.h"
+#include "parallel/strategy/layout.h"
+#include "parallel/strategy/model_costs.h"
+#include "zero/engine_options.h"
+
+namespace zero::strategy {
+
+struct MemoryParts {
+  uint64_t params = 0, grads = 0, master = 0, optimizer = 0, buffers = 0, window = 0, activations = 0;
+  uint64_t engine_peak = 0;  // the engine's device peak (all its categories at once)
+  uint64_t host = 0;         // the offload tier
+  uint64_t device() const { return engine_peak + activations; }
+};
+
+struct TimeParts {
+  double compute = 0;        // the slowest stage's busy time: F, B, W with their tp collectives
+  double tp_comm = 0;        // of which the tp collectives
+  double bubble = 0;         // the pipeline's idle time on that stage (the simulator's)
+  double dp_comm = 0;        // the engine's data-parallel collectives per step
+  double dp_exposed = 0;     // the part of them not hidden behind the backward
+  double optimizer = 0;      // the update of the rank's shard
+  double step() const { return compute + bubble + dp_exposed + optimizer; }
+};
+
+struct Prediction {
+  Layout layout;
+  std::string unsupported;  // why the model cannot run it ("" when it can)
+  MemoryParts memory;       // of the stage with the largest device memory
+  int memory_stage = 0;
+  bool fits = false;
+  TimeParts time;
+  double bubble_fraction = 0;
+  double tokens_per_s = 0;
+};
+
+struct PlanSettings {
+  EngineOptions engine;  // optimizer, groups, dtypes: the stage, offload and micro-batches are set per layout
+  int global_batch = 1;  // sequences per step
+};
+
+Prediction predict(const ModelCosts& model, const Layout& layout, const Cluster& cluster, const PlanSettings& settings);
+
+// Every layout of `world` ranks the model supports: dp x tp x pp, ZeRO stages 0-3, micro-batches
+// (1, 2, 4 at pp 1; pp, 2 pp, 4 pp above) dividing the batch, the three schedules, sequence
+// parallelism at tp above 1, and offload at stages 1-3.
+std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int global_batch);
+
+// Predictions for every layout, those that fit first, each group by step time.
+std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<Layout>& layouts, const Cluster& cluster,
+                                     const PlanSettings& settings);
+
+// The table (layout, memory per rank by category, step time, tokens/s, bubble, exposed dp
+// communication); the one line on why the first is chosen; one prediction's breakdown.
+std::string table(const std::vector<Prediction>& ranked, size_t limit);
+std::string reason(const std::vector<Prediction>& ranked);
+std::string explain(const Prediction& p);
+
+}  // namespace zero::strategy

@@ -1,0 +1,142 @@
+#include "parallel/strategy/predict.h"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "base/error.h"
+
+namespace zero::strategy {
+namespace {
+
+// Four equal layers; per micro-batch and layer: F, B, W of 1 ms each, 1000 bytes of activations
+// (100 of weight work), one all-reduce of 4096 bytes each way under tp, 4096 bytes to the next stage.
+class ToyCosts : public ModelCosts {
+ public:
+  std::string name() const override { return "toy"; }
+  int sequence_length() const override { return 8; }
+  std::string unsupported(const Layout& l, int global_batch) const override {
+    if (4 % l.pp != 0) return "pp does not divide the 4 layers";
+    if (l.tp > 2) return "tp above 2";
+    if (global_batch % (l.dp * l.micro_batches) != 0) return "the batch does not divide";
+    return "";
+  }
+  StageCosts stage(const Layout& l, int s, int, const Cluster&) const override {
+    StageCosts c;
+    const int per = 4 / l.pp;
+    c.engine.dtype = DType::kFloat32;
+    for (int i = s * per; i < (s + 1) * per; ++i) {
+      c.engine.tensors.push_back({"l" + std::to_string(i) + ".w", {64 / l.tp, 64}, i, true, 0,
+                                  l.tp > 1 ? TpPlacement::split(0) : TpPlacement::replicated()});
+    }
+    c.units = 4;
+    c.forward = c.backward_input = c.backward_weight = 1e-3 * per;
+    if (l.tp > 1) {
+      c.tp_forward.assign(static_cast<size_t>(per), {TpCollective::kAllReduce, 4096});
+      c.tp_backward = c.tp_forward;
+    }
+    c.send_bytes = 4096;
+    c.activation_bytes = 1000 * static_cast<uint64_t>(per);
+    c.weight_work_bytes = 100 * static_cast<uint64_t>(per);
+    return c;
+  }
+};
+
+Cluster cluster() {
+  Cluster c;
+  c.name = "test";
+  c.devices_per_node = 8;
+  c.device_memory = 1e12;
+  c.peak_flops = 1e12;
+  c.intra = {1e9, 0.0};
+  c.inter = {1e8, 0.0};
+  c.optimizer_rate = 1e9;
+  return c;
+}
+
+PlanSettings settings() {
+  PlanSettings s;
+  s.engine.optimizer.kind = optim::OptimizerKind::kAdamW;
+  s.engine.optimizer.groups = {optim::Hyper{.lr = 1e-3f}};
+  s.global_batch = 16;
+  return s;
+}
+
+TEST_CASE("one rank: the micro-batches one after another, one micro-batch of activations at a time") {
+  const ToyCosts toy;
+  const Prediction p = predict(toy, {.micro_batches = 2}, cluster(), settings());
+  REQUIRE(p.unsupported.empty());
+  CHECK(p.time.compute == doctest::Approx(2 * 4 * 3e-3));
+  CHECK(p.time.bubble == 0.0);
+  CHECK(p.time.dp_comm == 0.0);
+  CHECK(p.time.optimizer == doctest::Approx(4 * 64 * 64 / 1e9));
+  CHECK(p.memory.activations == 4000);
+  CHECK(p.fits);
+  CHECK(p.tokens_per_s == doctest::Approx(16 * 8 / p.time.step()));
+}
+
+TEST_CASE("pipelines: the simulator's bubble, and the activations each schedule holds on its first stage") {
+  const ToyCosts toy;
+  auto at = [&](const std::string& schedule, int m) {
+    return predict(toy, {.pp = 4, .micro_batches = m, .schedule = schedule}, cluster(), settings());
+  };
+  // Equal stages, no transfer time worth counting: GPipe's bubble is (p - 1) / (m + p - 1).
+  CHECK(at("gpipe", 4).bubble_fraction == doctest::Approx(3.0 / 7).epsilon(1e-3));
+  CHECK(at("gpipe", 8).memory.activations == 8 * 1000);
+  CHECK(at("1f1b", 8).memory.activations == 4 * 1000);
+  CHECK(at("1f1b", 8).time.step() == doctest::Approx(at("gpipe", 8).time.step()).epsilon(1e-3));
+  CHECK(at("zb-h1", 8).time.step() < at("1f1b", 8).time.step());
+  CHECK(at("zb-h1", 8).memory.activations >= 4 * 1000);
+}
+
+TEST_CASE("tensor-parallel collectives by the ring formula; ranks beyond a machine's shared cores run slower") {
+  const ToyCosts toy;
+  const Prediction tp = predict(toy, {.tp = 2}, cluster(), settings());
+  // Per layer and direction: an all-reduce of 4096 bytes over 2 ranks at 1e9 bytes/s.
+  CHECK(tp.time.tp_comm == doctest::Approx(4 * 2 * (2 * 0.5 * 4096 / 1e9)));
+  Cluster shared = cluster();
+  shared.devices_per_node = 2;
+  shared.shared_cores = true;
+  const Prediction four = predict(toy, {.dp = 4}, shared, settings());
+  const Prediction two = predict(toy, {.dp = 2}, shared, settings());
+  CHECK(four.time.compute == doctest::Approx(2 * two.time.compute));
+  CHECK(four.time.dp_exposed == four.time.dp_comm);  // nothing overlaps on shared cores
+}
+
+TEST_CASE("the search: every supported layout, those that fit first; none fitting names the smallest") {
+  const ToyCosts toy;
+  const std::vector<Layout> all = enumerate_layouts(toy, 4, 16);
+  for (const Layout& l : all) {
+    CHECK(l.world() == 4);
+    CHECK(l.tp <= 2);
+  }
+  CHECK(std::find(all.begin(), all.end(), Layout{.dp = 2, .tp = 2, .zero_stage = 3, .micro_batches = 2}) != all.end());
+  const std::vector<Prediction> ranked = rank_layouts(toy, all, cluster(), settings());
+  REQUIRE(ranked.size() == all.size());
+  CHECK(ranked.front().fits);
+  for (size_t i = 1; i < ranked.size(); ++i) {
+    if (ranked[i].fits) CHECK(ranked[i - 1].time.step() <= ranked[i].time.step());
+  }
+  CHECK(reason(ranked).find("the fastest of") != std::string::npos);
+  Cluster tiny = cluster();
+  tiny.device_memory = 1000;
+  const std::vector<Prediction> none = rank_layouts(toy, all, tiny, settings());
+  CHECK(!none.front().fits);
+  CHECK(reason(none).find("no layout fits: the smallest") != std::string::npos);
+  CHECK(explain(ranked.front()).find("time per step") != std::string::npos);
+  CHECK(table(ranked, 5).find("tokens/s") != std::string::npos);
+}
+
+TEST_CASE("layouts parse from the flags' form and name a bad item") {
+  CHECK(parse_layout("dp=2,tp=2,pp=2,stage=3,m=4,schedule=zb-h1,sp,offload") ==
+        Layout{2, 2, 2, 3, 4, "zb-h1", true, true});
+  CHECK(describe(parse_layout("pp=2,m=4")) == "dp 1 x tp 1 x pp 2, stage 0, 1f1b x 4");
+  CHECK_THROWS_WITH_AS(parse_layout("dp=2,tq=2"), doctest::Contains("unknown item 'tq=2'"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(parse_layout("dp=0"), doctest::Contains("dp=0 is not a positive integer"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(parse_layout("schedule=fast"), doctest::Contains("schedule=fast"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(parse_layout("offload"), doctest::Contains("offload needs stage 1-3"), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace zero::strategy
