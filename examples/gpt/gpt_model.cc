@@ -37,7 +37,19 @@ void linear_backward_weight(const Matrix& dy, const Matrix& x, float* dw, float*
   Map(dw, dy.cols(), x.cols()).noalias() += dy.transpose() * x;
   RowMap(db, dy.cols()) += dy.colwise().sum();
 }
-size_t matrix_bytes(const Matrix& m) { return static_cast<size_t>(m.size()) * sizeof(float); }
+size_t matrix_bytes(Eigen::Index rows, Eigen::Index cols) { return static_cast<size_t>(rows * cols) * sizeof(float); }
+size_t matrix_bytes(const Matrix& m) { return matrix_bytes(m.rows(), m.cols()); }
+
+// The model's tensor-parallel preconditions (the constructor's, and micro_batch_bytes's).
+void check_tp(const GptConfig& c, int tp, bool sequence_parallel) {
+  if (c.n_head % tp != 0) {
+    ZERO_THROW(InvalidArgument, "tensor parallelism: n_head {} does not divide by tp {} (each rank holds whole heads)",
+               c.n_head, tp);
+  }
+  if (sequence_parallel && tp == 1) {
+    ZERO_THROW(InvalidArgument, "sequence parallelism needs tensor parallelism (tp > 1; tp is {})", tp);
+  }
+}
 
 }  // namespace
 
@@ -119,13 +131,7 @@ Gpt::Gpt(const Gpt& full, const GptParallel& parallel, const GptStage& stage)
                "the last: it would hold nothing", stage.first_layer, stage.end_layer);
   }
   const int tp = tp_size(), r = tp_rank();
-  if (config_.n_head % tp != 0) {
-    ZERO_THROW(InvalidArgument, "tensor parallelism: n_head {} does not divide by tp {} (each rank holds whole heads)",
-               config_.n_head, tp);
-  }
-  if (parallel.sequence_parallel && tp == 1) {
-    ZERO_THROW(InvalidArgument, "sequence parallelism needs tensor parallelism (tp > 1; tp is {})", tp);
-  }
+  check_tp(config_, tp, parallel.sequence_parallel);
   vocab_ = parallel::vocab_range(config_.vocab_size, r, tp);
   local_.assign(full.params_.size(), -1);
   for (size_t i = 0; i < full.params_.size(); ++i) {
@@ -409,6 +415,44 @@ size_t Gpt::Activations::bytes() const {
     for (const Matrix& p : k.probs) n += matrix_bytes(p);
   }
   return n;
+}
+
+Gpt::MicroBatchBytes Gpt::micro_batch_bytes(const GptConfig& c, const GptStage& stage, int tp, bool sequence_parallel,
+                                             int B, int T) {
+  ZERO_CHECK(tp >= 1, "tp {} is not positive", tp);
+  check_tp(c, tp, sequence_parallel);
+  ZERO_CHECK(T >= 1 && T <= c.block_size, "sequence length {} outside [1, {}]", T, c.block_size);
+  if (sequence_parallel) {
+    (void)parallel::SequenceShape{static_cast<size_t>(B), static_cast<size_t>(T), 1}.local_count(tp);
+  }
+  // The shapes of forward_micro_batch and backward_micro_batch: `held` rows of the residual stream
+  // (rows_held()), BT of a region's input (gathered under sp), this rank's heads and columns.
+  const Eigen::Index C = c.n_embd, BT = static_cast<Eigen::Index>(B) * T;
+  const Eigen::Index held = sequence_parallel ? BT / tp : BT;
+  const Eigen::Index heads = c.n_head / tp, width = C / tp, hidden = 4 * C / tp;
+  const auto blocks = static_cast<size_t>(stage.end_layer - stage.first_layer);
+  MicroBatchBytes out;
+  // BlockCache: ln1 and ln2 xhat (held rows), h1 and h2 (gathered), qkv, att_y, fc, gelu, and the
+  // probabilities of each (b, head).
+  out.forward = blocks * (2 * matrix_bytes(held, C) + 2 * matrix_bytes(BT, C) + matrix_bytes(BT, 3 * width) +
+                          matrix_bytes(BT, width) + 2 * matrix_bytes(BT, hidden) +
+                          static_cast<size_t>(B * heads) * matrix_bytes(T, T));
+  // A block's weight work: the two row-parallel biases' column sums, the two row-parallel weights'
+  // gathered output gradients, c_fc's and c_attn's output gradients, the LayerNorms' (held rows).
+  out.weight_work = blocks * (2 * matrix_bytes(1, C) + 2 * matrix_bytes(BT, C) + matrix_bytes(BT, hidden) +
+                              matrix_bytes(BT, 3 * width) + 2 * matrix_bytes(held, C));
+  if (stage.first) {
+    // wpe's gradient (held rows), and under tp the vocab-parallel embedding's whole one.
+    out.weight_work += matrix_bytes(held, C) + (tp > 1 ? matrix_bytes(BT, C) : 0);
+  }
+  if (stage.last) {
+    // lnf.xhat (held rows), hf (gathered), probs_out (the whole vocabulary, at tp 1 only); the head's
+    // logit gradients (this rank's rows of the padded vocabulary) and ln_f's output gradient.
+    const Eigen::Index vocab_rows = parallel::vocab_range(c.vocab_size, 0, tp).rows();
+    out.forward += matrix_bytes(held, C) + matrix_bytes(BT, C) + (tp == 1 ? matrix_bytes(BT, c.vocab_size) : 0);
+    out.weight_work += matrix_bytes(BT, vocab_rows) + matrix_bytes(held, C);
+  }
+  return out;
 }
 
 size_t Gpt::activation_bytes() const {

@@ -164,6 +164,26 @@ class Gpt {
   size_t peak_activation_bytes() const { return peak_activation_bytes_; }
   void reset_peak_activation_bytes() { peak_activation_bytes_ = activation_bytes(); }
 
+  // What one B x T micro-batch holds on a stage of `config` cut by `stage` at tensor-parallel size
+  // `tp` (1: no tp communicator, as train_gpt builds it; sequence_parallel: sp), in the bytes
+  // activation_bytes() counts, so that a planner can replay a schedule without running the model:
+  // `forward` from the end of its forward until its backward; a split backward's input part
+  // (with_weight false) frees nothing (the weight part reads the kept inputs) and keeps the output
+  // gradients the weight part needs, `weight_work` more, until weight_micro_batch; nothing after that,
+  // after a whole backward, or after forget. A stage's bytes are the sum over the micro-batches in
+  // flight, and peak_activation_bytes() their largest sum at the end of a forward or an input part.
+  // Exact: the same shapes forward_micro_batch and backward_micro_batch allocate. Not counted (by
+  // either): a pass's temporaries, the LayerNorms' rstd (rows held per LayerNorm), and under tensor
+  // parallelism the vocab-parallel loss's softmax (B*T x V'/tp floats, which probs_out counts at tp 1).
+  // Throws InvalidArgument, as the model would, when tp does not divide n_head or (sp) T.
+  struct MicroBatchBytes {
+    size_t forward = 0;      // after the forward, until the backward
+    size_t weight_work = 0;  // added by a split backward's input part, until the weight part
+    size_t after_input() const { return forward + weight_work; }
+  };
+  static MicroBatchBytes micro_batch_bytes(const GptConfig& config, const GptStage& stage, int tp,
+                                           bool sequence_parallel, int B, int T);
+
  private:
   using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   struct LayerNormCache {
