@@ -1,0 +1,125 @@
+#include "examples/gpt/gpt_strategy.h"
+
+#include <fmt/format.h>
+
+#include "examples/gpt/gpt_pipeline.h"
+#include "examples/gpt/gpt_plan.h"
+#include "parallel/tensor/vocab_parallel.h"
+
+namespace zero::examples {
+
+using strategy::Layout;
+using strategy::TpCollective;
+
+std::string GptCosts::name() const {
+  const GptConfig& c = config_;
+  return fmt::format("GPT {} layers, n_embd {}, {} heads, vocabulary {}, context {}", c.n_layer, c.n_embd, c.n_head,
+                     c.vocab_size, c.block_size);
+}
+
+int GptCosts::micro_batch_size(const Layout& l, int global_batch) { return global_batch / (l.dp * l.micro_batches); }
+
+std::string GptCosts::unsupported(const Layout& l, int global_batch) const {
+  const GptConfig& c = config_;
+  if (c.n_head % l.tp != 0) return fmt::format("tp {} does not divide the {} heads", l.tp, c.n_head);
+  if (l.sequence_parallel && c.block_size % l.tp != 0) {
+    return fmt::format("sequence parallelism: tp {} does not divide the context {}", l.tp, c.block_size);
+  }
+  if (l.pp > c.n_layer) return fmt::format("pp {} is more stages than the {} layers", l.pp, c.n_layer);
+  if (global_batch % (l.dp * l.micro_batches) != 0) {
+    return fmt::format("the batch {} does not divide into dp {} x {} micro-batches", global_batch, l.dp, l.micro_batches);
+  }
+  return "";
+}
+
+std::string GptCosts::kernel_key(GptPart part, GptPass pass, int batch, int tp, bool sp) const {
+  const GptConfig& c = config_;
+  static const char* parts[] = {"block", "embedding", "head"};
+  static const char* passes[] = {"f", "b", "w"};
+  return fmt::format("gpt/{},{},{},{},{}/{}/b{}/tp{}/sp{}/{}", c.n_layer, c.n_embd, c.n_head, c.vocab_size, c.block_size,
+                     parts[static_cast<int>(part)], batch, tp, sp ? 1 : 0, passes[static_cast<int>(pass)]);
+}
+
+double GptCosts::flops(GptPart part, GptPass pass, int batch, int tp) const {
+  const double C = config_.n_embd, T = config_.block_size, R = static_cast<double>(batch) * T;
+  switch (part) {
+    case GptPart::kBlock: {
+      // qkv, the attention output, the MLP's two: 2 R (3 + 1 + 4 + 4) C^2 / tp; attention's scores
+      // and weighted sum 4 b T^2 C / tp, twice that backward (dq, dk, dv, dprobs).
+      const double linear = 24 * R * C * C / tp, attention = 4.0 * batch * T * T * C / tp;
+      return pass == GptPass::kForward ? linear + attention : pass == GptPass::kInput ? linear + 2 * attention : linear;
+    }
+    case GptPart::kHead: {
+      const double V = static_cast<double>(parallel::padded_vocab(config_.vocab_size, tp)) / tp;
+      return 2 * R * C * V;  // logits, their input gradient, wte's gradient: one product each
+    }
+    case GptPart::kEmbedding:
+      return 0;  // lookups
+  }
+  return 0;
+}
+
+double GptCosts::seconds(GptPart part, GptPass pass, int batch, const Layout& l, const strategy::Cluster& cluster) const {
+  const auto it = cluster.kernels.find(kernel_key(part, pass, batch, l.tp, l.sequence_parallel));
+  if (it != cluster.kernels.end()) return it->second;
+  return flops(part, pass, batch, l.tp) / (cluster.peak_flops * cluster.matmul_efficiency);
+}
+
+strategy::StageCosts GptCosts::stage(const Layout& l, int s, int global_batch, const strategy::Cluster& cluster) const {
+  const GptConfig& c = config_;
+  const int b = micro_batch_size(l, global_batch), T = c.block_size;
+  const GptStage st = l.pp > 1 ? gpt_stages(c.n_layer, l.pp)[static_cast<size_t>(s)] : GptStage{0, c.n_layer, true, true};
+  strategy::StageCosts out;
+  out.engine = gpt_model_spec(c, dtype_, l.tp, l.sequence_parallel, l.pp > 1 ? &st : nullptr);
+  out.units = c.n_layer + 2;
+  const int blocks = st.end_layer - st.first_layer;
+  auto pass_time = [&](GptPass pass) {
+    double t = blocks * seconds(GptPart::kBlock, pass, b, l, cluster);
+    if (st.first) t += seconds(GptPart::kEmbedding, pass, b, l, cluster);
+    if (st.last) t += seconds(GptPart::kHead, pass, b, l, cluster);
+    return t;
+  };
+  out.forward = pass_time(GptPass::kForward);
+  out.backward_input = pass_time(GptPass::kInput);
+  out.backward_weight = pass_time(GptPass::kWeight);
+  if (l.tp > 1) {
+    // The residual stream of a micro-batch, fp32 (the model computes in fp32 whatever it stores).
+    const double stream = 4.0 * b * T * c.n_embd;
+    const bool sp = l.sequence_parallel;
+    auto& f = out.tp_forward;
+    auto& bw = out.tp_backward;
+    for (int k = 0; k < blocks; ++k) {
+      // Attention and the MLP: f (enter) and g (leave). Without sp f is the identity forward and an
+      // all-reduce backward, g the converse; with sp f all-gathers and g reduce-scatters, and the
+      // backward swaps them.
+      for (int region = 0; region < 2; ++region) {
+        if (sp) {
+          f.push_back({TpCollective::kAllGather, stream});
+          f.push_back({TpCollective::kReduceScatter, stream});
+          bw.push_back({TpCollective::kReduceScatter, stream});
+          bw.push_back({TpCollective::kAllGather, stream});
+        } else {
+          f.push_back({TpCollective::kAllReduce, stream});
+          bw.push_back({TpCollective::kAllReduce, stream});
+        }
+      }
+    }
+    if (st.first) {  // the vocabulary-parallel embedding leaves a region
+      f.push_back({sp ? TpCollective::kReduceScatter : TpCollective::kAllReduce, stream});
+      if (sp) bw.push_back({TpCollective::kAllGather, stream});
+    }
+    if (st.last) {  // the head enters one; the loss sums its maximum, exponentials and target logits
+      if (sp) f.push_back({TpCollective::kAllGather, stream});
+      for (int k = 0; k < 3; ++k) f.push_back({TpCollective::kAllReduce, 4.0 * b * T});
+      bw.push_back({sp ? TpCollective::kReduceScatter : TpCollective::kAllReduce, stream});
+    }
+  }
+  const int rows = l.sequence_parallel ? b * T / l.tp : b * T;
+  out.send_bytes = st.last ? 0.0 : 4.0 * rows * c.n_embd;
+  const Gpt::MicroBatchBytes bytes = Gpt::micro_batch_bytes(c, st, l.tp, l.sequence_parallel, b, T);
+  out.activation_bytes = bytes.forward;
+  out.weight_work_bytes = bytes.weight_work;
+  return out;
+}
+
+}  // namespace zero::examples

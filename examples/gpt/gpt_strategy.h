@@ -1,0 +1,47 @@
+#pragma once
+// The GPT as the strategy planner sees it (parallel/strategy/model_costs.h): each pipeline stage's
+// tensors (gpt_plan.h), its activations per micro-batch (Gpt::micro_batch_bytes, exact), the
+// collectives of its tensor-parallel regions (Megatron's f and g around attention and the MLP, the
+// vocabulary-parallel embedding and loss; all-gathers and reduce-scatters under sequence
+// parallelism), what it sends to the next stage, and its compute: the model's own kernels as
+// calibrate_gpt timed them on this machine (Cluster::kernels, by kernel_key), else its matrix
+// FLOPs at the cluster's peak rate times its matmul efficiency.
+#include <string>
+
+#include "base/dtype.h"
+#include "examples/gpt/gpt_model.h"
+#include "parallel/strategy/model_costs.h"
+
+namespace zero::examples {
+
+// The parts of the model whose kernels are timed: one block, the embeddings (a first stage's extra
+// work) and the final LayerNorm with the head and the loss (a last stage's).
+enum class GptPart { kBlock, kEmbedding, kHead };
+// The three passes: forward, the backward's input part, its weight part.
+enum class GptPass { kForward, kInput, kWeight };
+
+class GptCosts : public strategy::ModelCosts {
+ public:
+  GptCosts(const GptConfig& config, DType dtype) : config_(config), dtype_(dtype) {}
+  std::string name() const override;
+  int sequence_length() const override { return config_.block_size; }
+  std::string unsupported(const strategy::Layout& layout, int global_batch) const override;
+  strategy::StageCosts stage(const strategy::Layout& layout, int stage, int global_batch,
+                             const strategy::Cluster& cluster) const override;
+
+  // Sequences per micro-batch of a layout.
+  static int micro_batch_size(const strategy::Layout& layout, int global_batch);
+  // "gpt/L,C,H,V,T/block/b4/tp2/sp1/f": the key of one kernel's time in Cluster::kernels.
+  std::string kernel_key(GptPart part, GptPass pass, int batch, int tp, bool sequence_parallel) const;
+  // Matrix FLOPs of one part's pass for `batch` sequences on one tp rank.
+  double flops(GptPart part, GptPass pass, int batch, int tp) const;
+  const GptConfig& config() const { return config_; }
+
+ private:
+  double seconds(GptPart part, GptPass pass, int batch, const strategy::Layout& layout,
+                 const strategy::Cluster& cluster) const;
+  GptConfig config_;
+  DType dtype_;
+};
+
+}  // namespace zero::examples

@@ -1,0 +1,95 @@
+#include "examples/gpt/gpt_strategy.h"
+
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "parallel/strategy/predict.h"
+
+namespace zero::examples {
+namespace {
+
+using strategy::Layout;
+using strategy::TpCollective;
+
+GptConfig config() {
+  GptConfig c;
+  c.n_layer = 4;
+  c.n_embd = 64;
+  c.n_head = 4;
+  c.vocab_size = 256;
+  c.block_size = 64;
+  return c;
+}
+
+strategy::Cluster cluster() {
+  strategy::Cluster c;
+  c.name = "test";
+  c.devices_per_node = 8;
+  c.device_memory = 1e12;
+  c.peak_flops = 1e10;
+  c.intra = c.inter = {1e9, 1e-5};
+  c.optimizer_rate = 1e8;
+  return c;
+}
+
+TEST_CASE("what the GPT cannot run is named") {
+  const GptCosts gpt(config(), DType::kFloat32);
+  CHECK(gpt.unsupported({.tp = 8}, 16) == "tp 8 does not divide the 4 heads");
+  CHECK(gpt.unsupported({.pp = 8}, 16) == "pp 8 is more stages than the 4 layers");
+  CHECK(gpt.unsupported({.dp = 2, .micro_batches = 3}, 16) == "the batch 16 does not divide into dp 2 x 3 micro-batches");
+  CHECK(gpt.unsupported({.dp = 2, .tp = 2, .pp = 2, .micro_batches = 4}, 16).empty());
+}
+
+TEST_CASE("a stage's costs: its activations are the model's, its tp collectives Megatron's f and g") {
+  const GptCosts gpt(config(), DType::kFloat32);
+  const Layout l{.dp = 1, .tp = 2, .pp = 2, .micro_batches = 4};
+  const strategy::StageCosts first = gpt.stage(l, 0, 16, cluster()), last = gpt.stage(l, 1, 16, cluster());
+  const Gpt::MicroBatchBytes want = Gpt::micro_batch_bytes(config(), GptStage{0, 2, true, false}, 2, false, 4, 64);
+  CHECK(first.activation_bytes == want.forward);
+  CHECK(first.weight_work_bytes == want.weight_work);
+  // Two blocks: an all-reduce leaving attention and the MLP forward, one entering each backward;
+  // the embedding leaves a region forward.
+  CHECK(first.tp_forward.size() == 2 * 2 + 1);
+  CHECK(first.tp_backward.size() == 2 * 2);
+  CHECK(first.tp_forward[0].kind == TpCollective::kAllReduce);
+  CHECK(first.tp_forward[0].bytes == 4.0 * 4 * 64 * 64);
+  CHECK(first.send_bytes == 4.0 * 4 * 64 * 64);
+  CHECK(last.send_bytes == 0);
+  // The last stage's head: three sums for the loss forward, the head's input gradient backward.
+  CHECK(last.tp_forward.size() == 2 * 2 + 3);
+  CHECK(last.units == 6);
+  // Without calibrated kernels: the matrix FLOPs at the cluster's rate.
+  CHECK(first.forward == doctest::Approx(2 * gpt.flops(GptPart::kBlock, GptPass::kForward, 4, 2) / 1e10));
+  // With sequence parallelism the regions all-gather and reduce-scatter, and a stage sends its rows.
+  const strategy::StageCosts sp = gpt.stage({.tp = 2, .pp = 2, .micro_batches = 4, .sequence_parallel = true}, 0, 16,
+                                            cluster());
+  CHECK(sp.tp_forward[0].kind == TpCollective::kAllGather);
+  CHECK(sp.send_bytes == first.send_bytes / 2);
+}
+
+TEST_CASE("calibrated kernels take the place of the FLOP estimate") {
+  const GptCosts gpt(config(), DType::kFloat32);
+  strategy::Cluster c = cluster();
+  c.kernels[gpt.kernel_key(GptPart::kBlock, GptPass::kForward, 16, 1, false)] = 0.5;
+  c.kernels[gpt.kernel_key(GptPart::kHead, GptPass::kForward, 16, 1, false)] = 0.25;
+  CHECK(gpt.kernel_key(GptPart::kBlock, GptPass::kForward, 16, 1, false) == "gpt/4,64,4,256,64/block/b16/tp1/sp0/f");
+  const strategy::StageCosts s = gpt.stage({}, 0, 16, c);
+  CHECK(s.forward == doctest::Approx(4 * 0.5 + 0.25));  // the embedding's lookups cost no FLOPs
+}
+
+TEST_CASE("the planner ranks the GPT's layouts of 8 ranks, each within its memory") {
+  const GptCosts gpt(config(), DType::kFloat32);
+  strategy::PlanSettings settings;
+  settings.engine.optimizer.kind = optim::OptimizerKind::kAdamW;
+  settings.engine.optimizer.groups = {optim::Hyper{}, optim::Hyper{}};
+  settings.global_batch = 16;
+  const std::vector<Layout> layouts = strategy::enumerate_layouts(gpt, 8, 16);
+  CHECK(layouts.size() > 50);
+  const std::vector<strategy::Prediction> ranked = strategy::rank_layouts(gpt, layouts, cluster(), settings);
+  CHECK(ranked.front().fits);
+  CHECK(ranked.front().time.step() > 0);
+}
+
+}  // namespace
+}  // namespace zero::examples
