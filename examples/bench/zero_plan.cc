@@ -25,6 +25,8 @@
 #include "base/check.h"
 #include "examples/bench/report_columns.h"
 #include "examples/flags.h"
+#include "examples/bench/zero_plan_auto.h"
+#include "examples/gpt/gpt_flags.h"
 #include "examples/gpt/gpt_pipeline.h"
 #include "examples/gpt/gpt_plan.h"
 #include "zero/checkpoint/file_io.h"
@@ -58,20 +60,7 @@ plan::ModelSpec read_model(examples::Flags& flags, int tp, bool sequence_paralle
   if (!st.empty()) return plan::model_of_safetensors(st);
   if (!shapes.empty()) return plan::model_of_shapes(read_whole_file(shapes), dtype, shapes);
   if (millions > 0) return plan::model_of_count(static_cast<uint64_t>(millions * 1e6), tensors, dtype);
-  std::vector<int> v;
-  std::stringstream parts(gpt);
-  for (std::string p; std::getline(parts, p, ',');) v.push_back(std::stoi(p));
-  if (v.size() != 3 && v.size() != 5) {
-    ZERO_THROW(InvalidArgument, "--gpt '{}': expected n_layer,n_embd,n_head[,vocab_size,block_size]", gpt);
-  }
-  examples::GptConfig c;
-  c.n_layer = v[0];
-  c.n_embd = v[1];
-  c.n_head = v[2];
-  if (v.size() == 5) {
-    c.vocab_size = v[3];
-    c.block_size = v[4];
-  }
+  const examples::GptConfig c = examples::gpt_config_of_shape(gpt);
   if (pp_stage < 0 || pp_stage >= pp) ZERO_THROW(InvalidArgument, "--pp-stage {} outside [0, {})", pp_stage, pp);
   const std::vector<examples::GptStage> stages = examples::gpt_stages(c.n_layer, pp, pp_layers);
   return examples::gpt_model_spec(c, dtype, tp, sequence_parallel, pp > 1 ? &stages[static_cast<size_t>(pp_stage)] : nullptr);
@@ -81,6 +70,7 @@ double mib(uint64_t b) { return static_cast<double>(b) / (1 << 20); }
 
 int run(int argc, char** argv) {
   examples::Flags flags(argc, argv);
+  if (flags.has("auto") || flags.has("explain")) return run_strategy(flags);
   const int tp = flags.get_int("tp", 1);
   const bool sequence_parallel = flags.get_bool("sequence-parallel", false);
   const int pp = flags.get_int("pp", 1);

@@ -64,6 +64,8 @@ Cluster parse_cluster(std::string_view text, const std::string& source) {
   c.intra = read_link(r, "intra");
   c.inter = read_link(r, "inter");
   c.optimizer_rate = positive(r, "optimizer_rate");
+  if (r.find("host_link") != nullptr) c.host_link = read_link(r, "host_link");
+  if (r.find("host_optimizer_rate") != nullptr) c.host_optimizer_rate = positive(r, "host_optimizer_rate");
   if (const json* j = r.find("shared_cores")) c.shared_cores = config_internal::read_bool(*j, "shared_cores", ctx);
   if (const json* j = r.find("kernels")) {
     if (!j->is_object()) config_internal::fail_type(*j, "kernels", ctx, "an object");
@@ -97,6 +99,8 @@ std::string to_json(const Cluster& c) {
             {"inter", link_json(c.inter)},
             {"optimizer_rate", c.optimizer_rate},
             {"shared_cores", c.shared_cores}};
+  if (c.host_link) j["host_link"] = link_json(*c.host_link);
+  if (c.host_optimizer_rate > 0) j["host_optimizer_rate"] = c.host_optimizer_rate;
   if (!c.kernels.empty()) j["kernels"] = c.kernels;
   return j.dump(2) + "\n";
 }

@@ -14,6 +14,9 @@
 //     "intra": {"bandwidth": 1.5e11, "latency": 5e-6},   // per rank, one direction (ring bus rate)
 //     "inter": {"bandwidth": 5.0e10, "latency": 1e-5},
 //     "optimizer_rate": 2e10,                 // parameters per second the optimizer step updates
+//     "host_link": {"bandwidth": 2.5e10, "latency": 1e-5},  // optional: device <-> host memory (offload's
+//                                             // gradients down and parameters up); absent: free
+//     "host_optimizer_rate": 2e9,             // optional: the CPU optimizer's (offload); absent: optimizer_rate
 //     "shared_cores": false,                  // optional: ranks of a node share its cores (a CPU
 //                                             // machine), so more ranks than devices run slower and
 //                                             // communication does not overlap compute
@@ -22,6 +25,7 @@
 // A missing field, a negative or zero count, size or rate, a fraction outside (0, 1], or an unknown
 // key is an InvalidArgument naming the source and the field.
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -42,6 +46,8 @@ struct Cluster {
   double matmul_efficiency = 1;
   Link intra, inter;
   double optimizer_rate = 0;
+  std::optional<Link> host_link;
+  double host_optimizer_rate = 0;  // 0: optimizer_rate
   bool shared_cores = false;
   std::map<std::string, double> kernels;
 

@@ -13,6 +13,7 @@ const char* kGood = R"({
   "name": "2 x test", "devices_per_node": 2, "nodes": 1, "device_memory": 1e9, "peak_flops": 1e11,
   "matmul_efficiency": 0.5, "intra": {"bandwidth": 1e9, "latency": 1e-5},
   "inter": {"bandwidth": 1e8, "latency": 1e-4}, "optimizer_rate": 1e8, "shared_cores": true,
+  "host_link": {"bandwidth": 2e9, "latency": 0}, "host_optimizer_rate": 5e7,
   "kernels": {"gpt/f/x": 0.25}
 })";
 
@@ -39,6 +40,9 @@ TEST_CASE("a cluster file reads back from its own JSON") {
   CHECK(c.intra.time(1e9) == doctest::Approx(1.0 + 1e-5));
   CHECK(c.shared_cores);
   CHECK(c.kernels.at("gpt/f/x") == 0.25);
+  REQUIRE(c.host_link);
+  CHECK(c.host_link->bandwidth == 2e9);
+  CHECK(c.host_optimizer_rate == 5e7);
   const Cluster back = parse_cluster(to_json(c), "again.json");
   CHECK(to_json(back) == to_json(c));
 }

@@ -153,9 +153,17 @@ Prediction predict(const ModelCosts& model, const Layout& l, const Cluster& clus
     const double dp = dp_time(p, l.dp, dp_link);
     const double backward = (costs.backward[k] + costs.weight[k]) * l.micro_batches;
     const double window = cluster.shared_cores ? 0.0 : backward + (l.zero_stage == 3 ? costs.forward[k] * l.micro_batches : 0.0);
-    const double exposed = std::max(0.0, dp - window);
+    // The last unit's reduction (and at stage 3 the first unit's gather) waits for nothing to hide
+    // behind, so one unit's share is exposed at least.
+    const double exposed = std::max(dp - window, dp / std::max(1, c.units));
     const double elements = static_cast<double>(c.engine.numel()) / (l.zero_stage >= 1 ? l.dp : 1);
-    const double optimizer = elements / cluster.optimizer_rate * slow;
+    double optimizer = elements / cluster.optimizer_rate * slow;
+    if (l.offload) {
+      // The shard's gradients to the host and its parameters back, then the host's optimizer.
+      const double host_rate = cluster.host_optimizer_rate > 0 ? cluster.host_optimizer_rate : cluster.optimizer_rate;
+      const double bytes = elements * 2 * dtype_size(c.engine.dtype);
+      optimizer = elements / host_rate * slow + (cluster.host_link ? cluster.host_link->time(bytes) : 0.0);
+    }
     if (exposed + optimizer >= after_pipeline) {
       after_pipeline = exposed + optimizer;
       out.time.dp_comm = dp;
@@ -187,8 +195,9 @@ std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int gl
     for (int pp : divisors(world / tp)) {
       const int dp = world / (tp * pp);
       for (int stage = 0; stage <= 3; ++stage) {
-        for (int f : {1, 2, 4}) {
-          const int m = f * pp;
+        // Micro-batches: pp x 1, 2, 4, ... while a micro-batch keeps a sequence (smaller ones hold
+        // fewer activations and, in a pipeline, leave a smaller bubble).
+        for (int m = pp; m <= global_batch / dp; m *= 2) {
           for (const char* schedule : {"gpipe", "1f1b", "zb-h1"}) {
             if (pp == 1 && std::string(schedule) != "1f1b") continue;
             for (bool sp : {false, true}) {
@@ -211,9 +220,10 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
                                      const PlanSettings& settings) {
   std::vector<Prediction> out;
   for (const Layout& l : layouts) out.push_back(predict(model, l, cluster, settings));
+  // Fitting first, fastest first (equal times: the smaller); then the rest, smallest first.
   std::stable_sort(out.begin(), out.end(), [](const Prediction& a, const Prediction& b) {
     if (a.fits != b.fits) return a.fits;
-    if (!a.fits) return a.memory.device() < b.memory.device();
+    if (!a.fits || a.time.step() == b.time.step()) return a.memory.device() < b.memory.device();
     return a.time.step() < b.time.step();
   });
   return out;

@@ -51,8 +51,8 @@ struct PlanSettings {
 Prediction predict(const ModelCosts& model, const Layout& layout, const Cluster& cluster, const PlanSettings& settings);
 
 // Every layout of `world` ranks the model supports: dp x tp x pp, ZeRO stages 0-3, micro-batches
-// (1, 2, 4 at pp 1; pp, 2 pp, 4 pp above) dividing the batch, the three schedules, sequence
-// parallelism at tp above 1, and offload at stages 1-3.
+// (pp times a power of two, at most the batch per dp rank) dividing the batch, the three schedules,
+// sequence parallelism at tp above 1, and offload at stages 1-3.
 std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int global_batch);
 
 // Predictions for every layout, those that fit first, each group by step time.

@@ -1,5 +1,7 @@
 #include "parallel/strategy/predict.h"
 
+#include "parallel/strategy/chart.h"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -126,6 +128,17 @@ TEST_CASE("the search: every supported layout, those that fit first; none fittin
   CHECK(reason(none).find("no layout fits: the smallest") != std::string::npos);
   CHECK(explain(ranked.front()).find("time per step") != std::string::npos);
   CHECK(table(ranked, 5).find("tokens/s") != std::string::npos);
+  // The frontier: fitting layouts, each smaller than the next and faster than every smaller one.
+  const std::vector<const Prediction*> f = frontier(ranked);
+  REQUIRE(!f.empty());
+  CHECK(f.back()->time.step() == ranked.front().time.step());
+  for (size_t i = 1; i < f.size(); ++i) {
+    CHECK(f[i - 1]->memory.device() <= f[i]->memory.device());
+    CHECK(f[i - 1]->time.step() > f[i]->time.step());
+  }
+  const std::string svg = frontier_svg(ranked, 1e12, "toy");
+  CHECK(svg.find("<polyline") != std::string::npos);
+  CHECK(svg.find("fastest: " + describe(f.back()->layout)) != std::string::npos);
 }
 
 TEST_CASE("layouts parse from the flags' form and name a bad item") {

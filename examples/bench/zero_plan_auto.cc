@@ -1,0 +1,96 @@
+#include "examples/bench/zero_plan_auto.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "base/check.h"
+#include "examples/gpt/gpt_engine.h"
+#include "examples/gpt/gpt_flags.h"
+#include "examples/gpt/gpt_strategy.h"
+#include "parallel/strategy/chart.h"
+#include "parallel/strategy/cluster.h"
+#include "parallel/strategy/predict.h"
+
+namespace zero {
+namespace {
+
+// train_gpt's flags for a layout (dp follows from the ranks).
+std::string train_flags(const strategy::Layout& l) {
+  std::string s = fmt::format("--stage {}", l.zero_stage);
+  if (l.tp > 1) s += fmt::format(" --tp {}", l.tp);
+  if (l.sequence_parallel) s += " --sequence-parallel";
+  if (l.pp > 1) s += fmt::format(" --pp {} --pp-schedule {}", l.pp, l.schedule);
+  if (l.micro_batches > 1 || l.pp > 1) s += fmt::format(" --micro-batches {}", l.micro_batches);
+  if (l.offload) s += " --offload";
+  return s;
+}
+
+}  // namespace
+
+int run_strategy(examples::Flags& flags) {
+  const std::string gpt = flags.get("gpt", "");
+  if (gpt.empty()) ZERO_THROW(InvalidArgument, "--auto and --explain plan a --gpt L,C,H[,V,T] model");
+  const examples::GptConfig config = examples::gpt_config_of_shape(gpt);
+  const std::string cluster_path = flags.get("cluster", "");
+  if (cluster_path.empty()) ZERO_THROW(InvalidArgument, "--auto and --explain need --cluster FILE (a cluster description)");
+  const strategy::Cluster cluster = strategy::load_cluster(cluster_path);
+  const int batch = flags.get_int("batch", 0);
+  if (batch < 1) ZERO_THROW(InvalidArgument, "--batch (sequences per step) must be positive, got {}", batch);
+  const int world = flags.get_int("world", cluster.devices());
+  if (world < 1) ZERO_THROW(InvalidArgument, "--world must be positive, got {}", world);
+  const DType dtype = parse_dtype(flags.get("dtype", "fp32"));
+  const int top = flags.get_int("top", 20);
+  const std::string svg = flags.get("svg", "");
+  const bool list = flags.get_bool("list", false);
+  const std::string explain_text = flags.get("explain", "");
+  flags.get_bool("auto", false);
+  flags.check_all_used();
+  if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
+    ZERO_THROW(InvalidArgument, "--dtype: the GPT runs in fp32 or bf16, got {}", dtype_name(dtype));
+  }
+
+  const examples::GptCosts model(config, dtype);
+  strategy::PlanSettings settings;
+  settings.engine = examples::gpt_engine_options(3e-3f);  // train_gpt's
+  settings.engine.grad_accum_dtype = dtype;
+  settings.global_batch = batch;
+
+  if (!explain_text.empty()) {
+    const strategy::Layout l = strategy::parse_layout(explain_text);
+    if (l.world() != world && flags.has("world")) {
+      ZERO_THROW(InvalidArgument, "--explain '{}' is {} ranks but --world is {}", explain_text, l.world(), world);
+    }
+    std::printf("%s on %s, global batch %d\n%s", model.name().c_str(), cluster.name.c_str(), batch,
+                strategy::explain(strategy::predict(model, l, cluster, settings)).c_str());
+    return 0;
+  }
+  const std::vector<strategy::Layout> layouts = strategy::enumerate_layouts(model, world, batch);
+  const std::vector<strategy::Prediction> ranked = strategy::rank_layouts(model, layouts, cluster, settings);
+  if (list) {
+    for (const strategy::Prediction& p : ranked) {
+      std::printf("%s\t%s\t%d\t%.4f\t%llu\t%llu\t%d\n", strategy::layout_key(p.layout).c_str(),
+                  train_flags(p.layout).c_str(), p.layout.world(), 1e3 * p.time.step(),
+                  static_cast<unsigned long long>(p.memory.device()),
+                  static_cast<unsigned long long>(p.memory.activations), p.fits ? 1 : 0);
+    }
+    return 0;
+  }
+  std::printf("%s on %d ranks of %s (%s per device), global batch %d; %zu layouts\n", model.name().c_str(), world,
+              cluster.name.c_str(), memory::format_bytes(static_cast<uint64_t>(cluster.device_memory)).c_str(), batch,
+              ranked.size());
+  std::printf("%s", strategy::table(ranked, static_cast<size_t>(top)).c_str());
+  std::printf("choice: %s\n", strategy::reason(ranked).c_str());
+  if (!svg.empty()) {
+    std::ofstream(svg) << strategy::frontier_svg(ranked, cluster.device_memory,
+                                                 fmt::format("{}: predicted step time against memory per rank, {} ranks",
+                                                             model.name(), world));
+    std::printf("chart: %s\n", svg.c_str());
+  }
+  return 0;
+}
+
+}  // namespace zero

@@ -1,0 +1,19 @@
+#pragma once
+// zero_plan's strategy mode (parallel/strategy/): every layout of a GPT on a cluster, ranked.
+//
+//   zero_plan --auto --gpt L,C,H[,V,T] --batch B --cluster CLUSTER.json [--world N] [--dtype fp32|bf16]
+//             [--top K] [--svg FILE] [--list]
+//   zero_plan --explain "dp=2,tp=2,pp=2,stage=3,m=4,schedule=1f1b" --gpt ... --batch B --cluster ...
+//
+// --world defaults to the cluster's devices. The table lists the layouts that fit first, fastest
+// first (memory per rank by category, predicted step time, tokens/s, bubble, exposed data-parallel
+// communication), then those that do not, smallest first; a line says why the first is chosen. --svg
+// draws time against memory with the frontier; --list prints one tab-separated line per layout for
+// scripts (key, train_gpt flags, ranks, predicted ms, device bytes, activation bytes, fits).
+#include "examples/flags.h"
+
+namespace zero {
+
+int run_strategy(examples::Flags& flags);
+
+}  // namespace zero
