@@ -9,7 +9,8 @@
 // first (memory per rank by category, predicted step time, tokens/s, bubble, exposed data-parallel
 // communication), then those that do not, smallest first; a line says why the first is chosen. --svg
 // draws time against memory with the frontier; --list prints one tab-separated line per layout for
-// scripts (key, train_gpt flags, ranks, predicted ms, device bytes, activation bytes, fits).
+// scripts (key, train_gpt flags, ranks, predicted ms, device bytes of the largest stage, the largest
+// activation peak of any stage in bytes, fits).
 #include "examples/flags.h"
 
 namespace zero {

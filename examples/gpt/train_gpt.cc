@@ -117,6 +117,7 @@ int run(int argc, char** argv) {
   const int top_k = flags.get_int("top-k", 5);  // 0: greedy
   const int log_every = config.log_every(flags);
   const int loss_digits = flags.get_int("loss-digits", 4);  // tests compare losses to 1e-5 relative
+  const bool exact_bytes = flags.get_bool("exact-bytes", false);  // the strategy validation compares bytes
   const examples::RunFlags run_flags = examples::RunFlags::read(flags, opt);
   const examples::HybridFlag hybrid = examples::HybridFlag::read(flags, config, opt);
   const int tp = flags.get_int("tp", 1);
@@ -263,8 +264,10 @@ int run(int argc, char** argv) {
         activation_peak = std::max(activation_peak, pr.peak_activation_bytes);
       } else {
         data.batch(step, (dp_rank * micro + m) * local, local, false, &x, &y);
+        model->reset_peak_activation_bytes();
         loss_sum += model->forward(x, y, local, T, access);
         model->backward(engine.loss_scale(), access);
+        activation_peak = std::max(activation_peak, model->peak_activation_bytes());
       }
       engine.finish_backward();
     }
@@ -273,7 +276,7 @@ int run(int argc, char** argv) {
     double loss = loss_sum / micro;
     comm.all_reduce(&loss, 1, DType::kFloat64, comm::ReduceOp::kAvg)->wait();
     // The largest rank's memory (the engine's tracker: shards, buffers, the gather window) and, with
-    // pipelines, the slowest stage's bubble (idle / its step's compute span) and the largest
+    // pipelines, the slowest stage's bubble (idle / its step's compute span), and the largest
     // activation peak: one maximum over the ranks.
     double maxima[3] = {static_cast<double>(engine.device().tracker().current_total()),
                         pipe ? parallel::measure({spans}).worst_bubble : 0.0, static_cast<double>(activation_peak)};
@@ -285,9 +288,9 @@ int run(int argc, char** argv) {
                   "update %.1f) | mem/rank %s%s\n",
                   step + 1, loss_digits, loss, r.grad_norm, step_lr, batch * T / dt, 1e3 * dt, 1e3 * tm.gather_wait_s, 1e3 * tm.reduce_wait_s,
                   1e3 * tm.optimizer_s, memory::format_bytes(static_cast<uint64_t>(mem)).c_str(),
-                  pipe ? fmt::format(" | bubble {:.1f}% | activations {}", 100 * maxima[1],
-                                     memory::format_bytes(static_cast<uint64_t>(maxima[2]))).c_str()
-                       : "");
+                  fmt::format("{} | activations {}", pipe ? fmt::format(" | bubble {:.1f}%", 100 * maxima[1]) : "",
+                              exact_bytes ? fmt::format("{} B", static_cast<uint64_t>(maxima[2]))
+                                          : memory::format_bytes(static_cast<uint64_t>(maxima[2]))).c_str());
       std::fflush(stdout);
     }
     if (pipe && !timeline.empty() && step + 1 == steps) write_timeline(timeline, *pipe, mesh, spans);

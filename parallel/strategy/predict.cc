@@ -142,6 +142,7 @@ Prediction predict(const ModelCosts& model, const Layout& l, const Cluster& clus
     const plan::EnginePlan p = plan::plan_engine(in);
     MemoryParts m = memory_of(p, l.zero_stage);
     m.activations = activation_peak(schedule, s, c);
+    out.largest_activations = std::max(out.largest_activations, m.activations);
     if (m.device() >= worst_memory) {
       worst_memory = m.device();
       out.memory = m;

@@ -37,6 +37,7 @@ struct Prediction {
   std::string unsupported;  // why the model cannot run it ("" when it can)
   MemoryParts memory;       // of the stage with the largest device memory
   int memory_stage = 0;
+  uint64_t largest_activations = 0;  // the largest activation peak of any stage
   bool fits = false;
   TimeParts time;
   double bubble_fraction = 0;

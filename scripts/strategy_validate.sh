@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The strategy planner against this machine: calibrates it (calibrate_gpt: the GPT's own kernels,
+# the communicator's link, the engine's step), asks zero_plan --auto for every layout of the GPT at
+# N = 1, 2 and 4 ranks, runs each selected layout with train_gpt, and prints predicted next to
+# measured: the step time (median after warm-up) and the largest activation peak (exact bytes);
+# per N the Kendall tau of the two rankings and where the planner's first choice lands.
+#
+#   bash scripts/strategy_validate.sh            (about 15 minutes on 2 cores)
+#   NS="1 2" STEPS=20 bash scripts/strategy_validate.sh
+#
+# Selected: every layout without offload whose micro-batches are pp or 2 pp (at N = 4 also only
+# ZeRO stages 1 and 3), so that each (dp, tp, pp), schedule and sequence-parallel choice is run.
+# Output under $OUT (default /tmp/strategy_validate): cluster.json, plan_N.tsv, runs/, results.tsv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bazel build -c opt //comm/launch:zerorun //examples/gpt:train_gpt //examples/gpt:calibrate_gpt //examples/bench:zero_plan >&2
+bin=$(bazel info -c opt bazel-bin 2>/dev/null)
+out=${OUT:-/tmp/strategy_validate}
+steps=${STEPS:-25}
+ns=${NS:-1 2 4}
+mkdir -p "$out/runs"
+gpt=4,64,4,256,64
+batch=16
+model=(--n-layer 4 --n-embd 64 --n-head 4 --block-size 64)
+cores=$(nproc)
+
+echo "== calibrating on $cores ranks" >&2
+"$bin/comm/launch/zerorun" --nproc-per-node "$cores" -- "$bin/examples/gpt/calibrate_gpt" --gpt "$gpt" --batch "$batch" \
+  --world 4 --out "$out/cluster.json" >&2
+
+# The median of the step times after the first 5 steps, and the last activation peak (bytes).
+measure() {
+  awk '/\] step +[0-9]+ \| loss/ {
+         n++; for (i = 1; i <= NF; i++) { if ($i == "ms" && $(i+1) ~ /^\(/) ms = $(i-1); if ($i == "activations") act = $(i+1) }
+         if (n > 5) t[++k] = ms
+       }
+       END {
+         if (k == 0) { print "nan", "nan"; exit }
+         asort(t); m = (k % 2) ? t[(k+1)/2] : (t[k/2] + t[k/2+1]) / 2
+         print m, act
+       }' "$1"
+}
+
+: >"$out/results.tsv"
+for n in $ns; do
+  "$bin/examples/bench/zero_plan" --auto --list --gpt "$gpt" --batch "$batch" --world "$n" \
+    --cluster "$out/cluster.json" >"$out/plan_$n.tsv"
+  rank=0
+  while IFS=$'\t' read -r key flags ranks ms bytes act fits; do
+    rank=$((rank + 1))
+    [[ $fits == 1 ]] || continue
+    [[ $key == *.off ]] && continue
+    pp=${key#*.pp}; pp=${pp%%.*}; m=${key#*.m}; m=${m%%.*}
+    ((m == pp || m == 2 * pp)) || continue
+    if ((n == 4)); then [[ $key == *.z1.* || $key == *.z3.* ]] || continue; fi
+    log="$out/runs/$key.log"
+    # shellcheck disable=SC2086
+    if ! "$bin/comm/launch/zerorun" --nproc-per-node "$n" -- "$bin/examples/gpt/train_gpt" "${model[@]}" --batch "$batch" \
+      --steps "$steps" --val-every 0 --sample-tokens 0 --log-every 1 --exact-bytes $flags >"$log" 2>&1; then
+      echo "run failed: $key ($flags); see $log" >&2
+      continue
+    fi
+    read -r measured measured_act < <(measure "$log")
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$n" "$rank" "$key" "$ms" "$measured" "$act" "$measured_act" >>"$out/results.tsv"
+    printf '%-36s predicted %8.2f ms  measured %8.2f ms  ratio %.3f  activations %s / %s\n' "$key" "$ms" "$measured" \
+      "$(awk -v a="$ms" -v b="$measured" 'BEGIN { print a / b }')" "$act" "$measured_act" >&2
+  done <"$out/plan_$n.tsv"
+done
+
+# Per N: the table, Kendall tau between the predicted and measured orders, the first choice.
+awk -F'\t' '
+  { n = $1; c[n]++; i = c[n]; key[n, i] = $3; p[n, i] = $4; m[n, i] = $5; pa[n, i] = $6; ma[n, i] = $7 }
+  END {
+    for (n = 1; n <= 64; n++) {
+      if (!(n in c)) continue
+      printf "\nN = %d: %d layouts\n%-36s %12s %12s %8s %14s %14s\n", n, c[n], "layout", "predicted ms", "measured ms", "ratio", "act. planned", "act. measured"
+      within = 0; exact = 0; best = 1; worst = 0
+      for (i = 1; i <= c[n]; i++) {
+        r = p[n, i] / m[n, i]
+        printf "%-36s %12.2f %12.2f %8.3f %14s %14s\n", key[n, i], p[n, i], m[n, i], r, pa[n, i], ma[n, i]
+        if (r >= 0.8 && r <= 1.2) within++
+        if (pa[n, i] == ma[n, i]) exact++
+        if (m[n, i] < m[n, best]) best = i
+        e = (r > 1 ? r - 1 : 1 - r); if (e > worst) worst = e
+      }
+      conc = 0; disc = 0
+      for (i = 1; i <= c[n]; i++) for (j = i + 1; j <= c[n]; j++) {
+        s = (p[n, i] - p[n, j]) * (m[n, i] - m[n, j])
+        if (s > 0) conc++; else if (s < 0) disc++
+      }
+      tau = (conc + disc) > 0 ? (conc - disc) / (conc + disc) : 1
+      printf "within 20%%: %d of %d (largest error %.1f%%); activations exact: %d of %d; Kendall tau %.3f\n", within, c[n], 100 * worst, exact, c[n], tau
+      printf "first choice %s measured %.2f ms; fastest measured %s at %.2f ms (first choice %+.1f%%)\n", key[n, 1], m[n, 1], key[n, best], m[n, best], 100 * (m[n, 1] / m[n, best] - 1)
+    }
+  }' "$out/results.tsv"
