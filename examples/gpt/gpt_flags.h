@@ -30,7 +30,9 @@ inline GptConfig gpt_config_of_shape(const std::string& text) {
   for (std::string p; std::getline(parts, p, ',');) {
     char* end = nullptr;
     const long x = std::strtol(p.c_str(), &end, 10);
-    if (p.empty() || *end != '\0' || x < 1) ZERO_THROW(InvalidArgument, "--gpt '{}': '{}' is not a positive integer", text, p);
+    if (p.empty() || *end != '\0' || x < 1 || x > 1 << 24) {
+      ZERO_THROW(InvalidArgument, "--gpt '{}': '{}' is not a positive integer", text, p);
+    }
     v.push_back(static_cast<int>(x));
   }
   if (v.size() != 3 && v.size() != 5) {
@@ -43,6 +45,9 @@ inline GptConfig gpt_config_of_shape(const std::string& text) {
   if (v.size() == 5) {
     c.vocab_size = v[3];
     c.block_size = v[4];
+  }
+  if (c.n_embd % c.n_head != 0) {
+    ZERO_THROW(InvalidArgument, "--gpt '{}': n_head {} does not divide n_embd {}", text, c.n_head, c.n_embd);
   }
   return c;
 }

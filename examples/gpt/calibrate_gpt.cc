@@ -1,0 +1,501 @@
+// Measures this machine for the strategy planner and writes its cluster description
+// (parallel/strategy/cluster.h), so that the planner's time predictions use the GPT's own kernels at
+// the sizes its layouts use rather than a FLOP count at a guessed efficiency:
+//
+//   bazel-bin/comm/launch/zerorun --nproc-per-node 2 -- bazel-bin/examples/gpt/calibrate_gpt
+//       --gpt 4,64,4,256,64 --batch 16 --world 4 --out cluster.json [--repeats 5] [--dtype fp32]
+//
+// --gpt L,C,H[,V,T] is the model (n_layer, n_embd, n_head, vocabulary, context), --batch the global
+// batch the planner will be asked about, --world the largest world it will plan for. What it measures:
+//   kernels         every (micro-batch size, tp, sequence parallelism) that a layout of 1..--world
+//                   ranks runs (strategy::enumerate_layouts), each of the three parts (one block, the
+//                   embeddings, the head with the loss) x three passes (forward, the backward's input
+//                   part, its weight part), timed on every rank at once, median of --repeats after a
+//                   warm-up, mean over the ranks, under GptCosts::kernel_key;
+//   intra / inter   the ring model fitted to all-reduces over the launched ranks (1 KiB .. 4 MiB);
+//                   point-to-point between ranks 0 and 1 is fitted and printed beside it;
+//   optimizer_rate  parameters per second of the engine's AdamW step on one rank (all ranks at once);
+//   the rest        cores as devices, MemAvailable per core, a float GEMM's rate as peak_flops.
+// Rank 0 writes the JSON to --out and prints a summary.
+#include <Eigen/Dense>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "base/check.h"
+#include "base/dtype.h"
+#include "base/error.h"
+#include "comm/launch/process_group.h"
+#include "comm/planning_communicator.h"
+#include "examples/flags.h"
+#include "examples/gpt/gpt_engine.h"
+#include "examples/gpt/gpt_flags.h"
+#include "examples/gpt/gpt_model.h"
+#include "examples/gpt/gpt_strategy.h"
+#include "parallel/strategy/cluster.h"
+#include "parallel/strategy/predict.h"
+#include "zero/engine.h"
+
+namespace {
+
+using namespace zero;
+using examples::Gpt;
+using examples::GptConfig;
+using examples::GptCosts;
+using examples::GptPart;
+using examples::GptPass;
+using examples::GptStage;
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  ZERO_CHECK(!v.empty(), "median of nothing");
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The mean over the ranks of each value (every rank passes the same number of them, in the same order).
+std::vector<double> mean_over_ranks(comm::Communicator& world, std::vector<double> values) {
+  if (!values.empty()) world.all_reduce(values.data(), values.size(), DType::kFloat64, comm::ReduceOp::kAvg)->wait();
+  return values;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// 1. Kernels.
+
+// What a layout runs per micro-batch, as far as the kernels' times go.
+struct KernelShape {
+  int batch = 1, tp = 1;
+  bool sp = false;
+  auto operator<=>(const KernelShape&) const = default;
+};
+
+// The distinct shapes over every layout of 1..world ranks: exactly the kernels GptCosts::stage will
+// look up for them.
+std::vector<KernelShape> kernel_shapes(const GptCosts& costs, int world, int batch, bool print) {
+  std::set<KernelShape> shapes;
+  for (int n = 1; n <= world; ++n) {
+    const std::vector<strategy::Layout> layouts = strategy::enumerate_layouts(costs, n, batch);
+    if (layouts.empty() && print) std::printf("note: no layout of %d rank(s) runs a batch of %d\n", n, batch);
+    for (const strategy::Layout& l : layouts) {
+      shapes.insert({GptCosts::micro_batch_size(l, batch), l.tp, l.sequence_parallel});
+    }
+  }
+  return {shapes.begin(), shapes.end()};
+}
+
+// The part as the pipeline stage that holds only it: one middle block, an embedding-only first stage
+// or a head-only last stage (so that each is timed alone and a stage's time is their sum).
+GptStage stage_of(GptPart part, int n_layer) {
+  switch (part) {
+    case GptPart::kBlock: return {0, 1, false, false};
+    case GptPart::kEmbedding: return {0, 0, true, false};
+    case GptPart::kHead: return {n_layer, n_layer, false, true};
+  }
+  return {};
+}
+
+const char* part_name(GptPart part) {
+  switch (part) {
+    case GptPart::kBlock: return "block";
+    case GptPart::kEmbedding: return "embedding";
+    case GptPart::kHead: return "head";
+  }
+  return "?";
+}
+
+// One part of the model at one shape, with random inputs and zeroed gradient buffers, run pass by pass.
+class PartRun {
+ public:
+  // Throws (the model's InvalidArgument) when the part cannot be built at this tp.
+  PartRun(const Gpt& whole, GptPart part, const KernelShape& s, uint64_t seed)
+      : stage_(stage_of(part, whole.config().n_layer)),
+        // It does no communication, so what is timed is the compute alone; the planner adds the
+        // collectives from the link. Addressing everything makes its results those of identical ranks
+        // (a sum times tp, an all-gather repeating this rank's part): the memory traffic of a real
+        // collective's result without the wire.
+        tp_(s.tp > 1 ? std::make_unique<comm::PlanningCommunicator>(
+                           0, s.tp, [](const void*, size_t) { return true; }, memory::DeviceKind::kHost)
+                     : nullptr),
+        model_(whole, examples::GptParallel{tp_.get(), s.sp}, stage_),
+        B_(s.batch),
+        T_(whole.config().block_size) {
+    for (const Gpt::Param& p : model_.params()) grads_.emplace_back(p.values.size(), 0.0f);
+    access_.grad = [this](size_t i) { return grads_[i].data(); };
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<int> token(0, whole.config().vocab_size - 1);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int i = 0; i < B_ * T_; ++i) {
+      tokens_.push_back(token(rng));
+      targets_.push_back(token(rng));
+    }
+    // A stage after the first reads the previous one's output; one before the last gets the next
+    // one's input gradient: both this rank's rows of the residual stream.
+    const size_t numel = model_.activation_numel(B_, T_);
+    if (!stage_.first) input_.resize(numel);
+    if (!stage_.last) grad_output_.resize(numel);
+    for (float& x : input_) x = normal(rng);
+    for (float& x : grad_output_) x = 0.01f * normal(rng);
+  }
+
+  void run(GptPass pass) {
+    switch (pass) {
+      case GptPass::kForward:
+        model_.forward_micro_batch(0, tokens_, targets_, B_, T_, stage_.first ? nullptr : input_.data(), &output_,
+                                   access_);
+        break;
+      case GptPass::kInput:
+        model_.backward_micro_batch(0, 1.0f, stage_.last ? nullptr : grad_output_.data(), &grad_input_, false, access_);
+        break;
+      case GptPass::kWeight: model_.weight_micro_batch(0, access_); break;
+    }
+  }
+
+ private:
+  GptStage stage_;
+  std::unique_ptr<comm::PlanningCommunicator> tp_;
+  Gpt model_;
+  int B_, T_;
+  std::vector<std::vector<float>> grads_;
+  Gpt::Access access_;
+  std::vector<int> tokens_, targets_;
+  std::vector<float> input_, grad_output_, output_, grad_input_;
+};
+
+constexpr GptPass kPasses[] = {GptPass::kForward, GptPass::kInput, GptPass::kWeight};
+
+// This rank's median seconds of the part's three passes, every rank running the same kernel at the
+// same moment (a barrier before each): a real run of that many ranks computes concurrently, so the
+// contention for cores and memory bandwidth is part of the measurement.
+std::vector<double> time_part(PartRun& part, int repeats, comm::Communicator& world) {
+  std::vector<std::vector<double>> samples(3);
+  for (int r = 0; r <= repeats; ++r) {  // r 0 warms up (allocations, caches)
+    for (size_t p = 0; p < 3; ++p) {
+      world.barrier()->wait();
+      const auto t0 = Clock::now();
+      part.run(kPasses[p]);
+      if (r > 0) samples[p].push_back(since(t0));
+    }
+  }
+  return {median(samples[0]), median(samples[1]), median(samples[2])};
+}
+
+// Every kernel the planner looks up for layouts of 1..world ranks, in seconds by kernel key.
+std::map<std::string, double> time_kernels(const GptConfig& cfg, DType dtype, int world_max, int batch, int repeats,
+                                           comm::Communicator& world) {
+  const bool print = world.rank() == 0;
+  const GptCosts costs(cfg, dtype);
+  const std::vector<KernelShape> shapes = kernel_shapes(costs, world_max, batch, print);
+  if (shapes.empty()) ZERO_THROW(InvalidArgument, "--batch {}: no layout of 1..{} ranks runs it", batch, world_max);
+  if (print) {
+    std::printf("kernels: %zu shapes (micro-batch, tp, sp) x 3 parts x 3 passes, %d repeat(s) on %d rank(s) at once\n",
+                shapes.size(), repeats, world.size());
+  }
+  const Gpt whole(cfg, 1);
+  std::vector<std::string> keys;
+  std::vector<double> times;
+  for (const KernelShape& s : shapes) {
+    std::string line = fmt::format("  b {:>3} tp {} sp {}:", s.batch, s.tp, s.sp ? 1 : 0);
+    for (GptPart part : {GptPart::kBlock, GptPart::kEmbedding, GptPart::kHead}) {
+      // Every rank builds the same thing, so every rank skips the same parts and the barriers match.
+      std::optional<PartRun> run;
+      try {
+        run.emplace(whole, part, s, 7);
+      } catch (const Error& e) {
+        if (print) std::printf("note: %s at b %d tp %d sp %d skipped: %s\n", part_name(part), s.batch, s.tp, s.sp, e.what());
+        continue;
+      }
+      const std::vector<double> t = time_part(*run, repeats, world);
+      line += fmt::format("  {} {:.3g}/{:.3g}/{:.3g} ms", part_name(part), 1e3 * t[0], 1e3 * t[1], 1e3 * t[2]);
+      for (size_t p = 0; p < 3; ++p) {
+        keys.push_back(costs.kernel_key(part, kPasses[p], s.batch, s.tp, s.sp));
+        times.push_back(t[p]);
+      }
+    }
+    if (print) {
+      std::printf("%s (this rank's f/b/w)\n", line.c_str());
+      std::fflush(stdout);
+    }
+  }
+  times = mean_over_ranks(world, times);
+  std::map<std::string, double> out;
+  // The cluster file requires positive times; a pass below the clock's resolution counts as 1 ns.
+  for (size_t i = 0; i < keys.size(); ++i) out[keys[i]] = std::max(times[i], 1e-9);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// 2. The link.
+
+constexpr size_t kMinBytes = 1 << 10, kMaxBytes = 4 << 20;
+
+// t = latency + x / bandwidth by least squares on relative residuals (weights 1/t^2): plain least
+// squares on seconds is decided by the 4 MiB message alone and leaves the latency, which the small
+// messages measure, to noise. The latency is clamped at 0 (the slope refitted through the origin).
+strategy::Link fit_link(const std::vector<double>& x, const std::vector<double>& t) {
+  double sw = 0, sx = 0, sxx = 0, st = 0, sxt = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double w = 1.0 / (t[i] * t[i]);
+    sw += w;
+    sx += w * x[i];
+    sxx += w * x[i] * x[i];
+    st += w * t[i];
+    sxt += w * x[i] * t[i];
+  }
+  const double det = sw * sxx - sx * sx;
+  double slope = (sw * sxt - sx * st) / det, intercept = (sxx * st - sx * sxt) / det;
+  if (!(intercept >= 0)) {
+    intercept = 0;
+    slope = sxt / sxx;
+  }
+  // Times that do not grow with size (noise on a tiny range): the largest message's mean rate.
+  if (!(slope > 0)) slope = t.back() / x.back();
+  return {1.0 / slope, intercept};
+}
+
+// Seconds per call of `op`, median of `repeats` samples after a warm-up, the ranks starting each
+// sample together. Small messages repeat back to back within a sample (as a training step issues
+// them) so that the barrier and the clock do not dominate them.
+template <typename Op>
+double time_op(comm::Communicator& world, size_t bytes, int repeats, Op op) {
+  const int calls = static_cast<int>(std::max<size_t>(1, (64 << 10) / bytes));
+  std::vector<double> samples;
+  for (int r = 0; r <= repeats; ++r) {
+    world.barrier()->wait();
+    const auto t0 = Clock::now();
+    for (int c = 0; c < calls; ++c) op();
+    if (r > 0) samples.push_back(since(t0) / calls);
+  }
+  return median(samples);
+}
+
+struct LinkResult {
+  strategy::Link all_reduce, p2p;
+  std::vector<double> all_reduce_s, p2p_s;  // measured, per size from kMinBytes by 4
+  bool measured = false;
+};
+
+// "1K 52us 4K 60us ..." against the fit: how well the two-parameter model holds.
+std::string describe_times(const std::vector<double>& seconds) {
+  std::string s;
+  size_t bytes = kMinBytes;
+  for (double t : seconds) {
+    s += fmt::format("{}{}{} {:.0f}us", s.empty() ? "" : ", ", bytes >= (1 << 20) ? bytes >> 20 : bytes >> 10,
+                     bytes >= (1 << 20) ? "M" : "K", 1e6 * t);
+    bytes *= 4;
+  }
+  return s;
+}
+
+// At least this many samples per size: the ranks' communication threads share the cores with the
+// ranks, and with 5 samples the 4 MiB all-reduce's median still swings between 2 and 5 ms here (the
+// whole sweep costs well under a second).
+constexpr int kLinkSamples = 15;
+
+LinkResult measure_link(comm::Communicator& world, int repeats_flag) {
+  const int repeats = std::max(repeats_flag, kLinkSamples);
+  LinkResult out;
+  const int n = world.size(), rank = world.rank();
+  if (n == 1) return out;
+  std::vector<float> buf(kMaxBytes / sizeof(float), 0.0f);  // zeros: sums stay finite however often repeated
+  std::vector<double> ring_x, ring_t, p2p_x, p2p_t;
+  for (size_t bytes = kMinBytes; bytes <= kMaxBytes; bytes *= 4) {
+    const size_t count = bytes / sizeof(float);
+    const double t = time_op(world, bytes, repeats, [&] {
+      world.all_reduce(buf.data(), count, DType::kFloat32, comm::ReduceOp::kSum)->wait();
+    });
+    ring_x.push_back(2.0 * (n - 1) / n * static_cast<double>(bytes));
+    ring_t.push_back(t);
+    // Ping-pong between ranks 0 and 1, half the round trip; the other ranks only join the barriers.
+    const double rtt = time_op(world, bytes, repeats, [&] {
+      if (rank == 0) {
+        world.send(buf.data(), count, DType::kFloat32, 1)->wait();
+        world.recv(buf.data(), count, DType::kFloat32, 1)->wait();
+      } else if (rank == 1) {
+        world.recv(buf.data(), count, DType::kFloat32, 0)->wait();
+        world.send(buf.data(), count, DType::kFloat32, 0)->wait();
+      }
+    });
+    p2p_x.push_back(static_cast<double>(bytes));
+    p2p_t.push_back(rtt / 2);
+  }
+  ring_t = mean_over_ranks(world, ring_t);
+  out.all_reduce_s = ring_t;
+  out.p2p_s = p2p_t;
+  out.all_reduce = fit_link(ring_x, ring_t);
+  // The ring model's 2(n-1) messages per all-reduce: the intercept is that many latencies.
+  out.all_reduce.latency /= 2.0 * (n - 1);
+  out.p2p = fit_link(p2p_x, p2p_t);  // rank 0's, which prints it
+  out.measured = true;
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// 3. The optimizer.
+
+// Parameters per second of the engine's step (AdamW with the GPT's two groups, clipping at 1) on a
+// 1-rank communicator, so that the update alone is timed, but on every rank at once (they share the
+// memory bandwidth the update is bound by). The mean over the ranks.
+double optimizer_rate(comm::Communicator& world, int repeats) {
+  const std::unique_ptr<comm::Communicator> alone = world.split(world.rank(), 0);
+  EngineOptions opt = examples::gpt_engine_options(3e-4f);
+  opt.stage = 0;
+  Engine engine(*alone, opt);
+  const size_t n = size_t{4} << 20;
+  std::vector<float> w(n, 0.01f);
+  const int id = engine.add_param({.name = "w", .shape = {static_cast<int64_t>(n)}, .dtype = DType::kFloat32,
+                                   .data = {w.data(), n}, .unit = 0, .group = 0});
+  engine.finalize();
+  std::vector<double> samples;
+  for (int r = 0; r <= std::max(repeats, 3); ++r) {
+    {
+      UnitScope s = engine.gather_for_backward(0);
+      std::fill_n(s.grad_as<float>(id), n, 1e-4f);
+    }
+    engine.finish_backward();
+    world.barrier()->wait();
+    const auto t0 = Clock::now();
+    engine.step();
+    if (r > 0) samples.push_back(since(t0));
+  }
+  return mean_over_ranks(world, {static_cast<double>(n) / median(samples)})[0];
+}
+
+// ---------------------------------------------------------------------------------------------------
+// 4. The rest.
+
+// Float FLOP/s of a 512^3 GEMM with Eigen (the model's products), median, every rank at once (the
+// mean over ranks).
+double gemm_flops(comm::Communicator& world, int repeats) {
+  constexpr int N = 512;
+  const Eigen::MatrixXf a = Eigen::MatrixXf::Random(N, N), b = Eigen::MatrixXf::Random(N, N);
+  Eigen::MatrixXf c(N, N);
+  std::vector<double> samples;
+  for (int r = 0; r <= std::max(repeats, 3); ++r) {
+    world.barrier()->wait();
+    const auto t0 = Clock::now();
+    c.noalias() = a * b;
+    if (r > 0) samples.push_back(since(t0));
+  }
+  if (!std::isfinite(c(0, 0))) std::printf("note: the GEMM gave %g\n", static_cast<double>(c(0, 0)));  // keeps it alive
+  return mean_over_ranks(world, {2.0 * N * N * N / median(samples)})[0];
+}
+
+// MemAvailable from /proc/meminfo, in bytes (0 when it cannot be read).
+double mem_available() {
+  std::ifstream in("/proc/meminfo");
+  for (std::string line; std::getline(in, line);) {  // "MemAvailable:   12345678 kB" (some lines have no unit)
+    if (line.rfind("MemAvailable:", 0) == 0) return 1024.0 * std::strtod(line.c_str() + 13, nullptr);
+  }
+  return 0;
+}
+
+std::string today() {
+  const std::time_t now = std::time(nullptr);
+  char buf[32];
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
+  return buf;
+}
+
+// With one rank there is no link to measure (and no layout of one rank communicates): a shared-memory
+// guess of 10 GB/s and 10 us stands in.
+constexpr strategy::Link kDefaultLink{1e10, 1e-5};
+
+int run(int argc, char** argv) {
+  examples::Flags flags(argc, argv);
+  const GptConfig cfg = examples::gpt_config_of_shape(flags.get("gpt", "2,64,4,256,64"));  // train_gpt's default model
+  const int batch = flags.get_int("batch", 16);
+  const int world_flag = flags.get_int("world", 0);  // 0: the launched ranks
+  const int repeats = flags.get_int("repeats", 5);
+  const std::string out_path = flags.get("out", "cluster.json");
+  const std::string dtype_flag = flags.get("dtype", "fp32");
+  flags.check_all_used();
+  if (batch < 1) ZERO_THROW(InvalidArgument, "--batch {} is not positive", batch);
+  if (world_flag < 0) ZERO_THROW(InvalidArgument, "--world {} is negative", world_flag);
+  if (repeats < 1) ZERO_THROW(InvalidArgument, "--repeats {} is not positive", repeats);
+  if (out_path.empty()) ZERO_THROW(InvalidArgument, "--out is empty");
+  if (dtype_flag != "fp32" && dtype_flag != "bf16") {
+    ZERO_THROW(InvalidArgument, "--dtype '{}': the GPT runs in fp32 or bf16", dtype_flag);
+  }
+  const DType dtype = parse_dtype(dtype_flag);
+
+  comm::ProcessGroup pg = comm::init_process_group();
+  comm::Communicator& world = *pg.host;
+  const int rank = world.rank();
+  const int world_max = world_flag > 0 ? world_flag : world.size();
+  const auto t0 = Clock::now();
+  if (rank == 0) {
+    std::printf("calibrating for %s, batch %d, worlds 1..%d, on %d rank(s)\n", GptCosts(cfg, dtype).name().c_str(),
+                batch, world_max, world.size());
+    std::fflush(stdout);
+  }
+
+  strategy::Cluster cluster;
+  cluster.kernels = time_kernels(cfg, dtype, world_max, batch, repeats, world);
+  const LinkResult link = measure_link(world, repeats);
+  // The cluster has one link inside a node and one across; this machine is one node, so the all-reduce
+  // fit (the ring rate the data- and tensor-parallel collectives see) is both.
+  cluster.intra = link.measured ? link.all_reduce : kDefaultLink;
+  cluster.inter = cluster.intra;
+  cluster.optimizer_rate = optimizer_rate(world, repeats);
+  cluster.peak_flops = gemm_flops(world, repeats);
+  // On a CPU machine the devices are its cores, which the ranks share.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  cluster.devices_per_node = cores;
+  cluster.nodes = 1;
+  cluster.shared_cores = true;
+  cluster.device_memory = mem_available() / cores;
+  if (!(cluster.device_memory > 0)) ZERO_THROW(IoError, "cannot read MemAvailable from /proc/meminfo");
+  cluster.matmul_efficiency = 1;  // the kernels are measured; peak_flops only prices what they miss
+  cluster.name = fmt::format("this machine ({} cores), calibrated {}", cores, today());
+
+  if (rank == 0) {
+    std::ofstream out(out_path, std::ios::binary);
+    out << strategy::to_json(cluster);
+    out.close();
+    if (!out) ZERO_THROW(IoError, "--out: cannot write '{}'", out_path);
+    std::printf("wrote %s: %s\n", out_path.c_str(), cluster.name.c_str());
+    std::printf("  kernels         %zu\n", cluster.kernels.size());
+    if (link.measured) {
+      std::printf("  link            all-reduce over %d ranks: latency %.2f us, bandwidth %.3g GB/s (intra = inter)\n",
+                  world.size(), 1e6 * link.all_reduce.latency, 1e-9 * link.all_reduce.bandwidth);
+      std::printf("                  measured %s\n", describe_times(link.all_reduce_s).c_str());
+      std::printf("  p2p (0 <-> 1)   latency %.2f us, bandwidth %.3g GB/s (one way, half the round trip)\n",
+                  1e6 * link.p2p.latency, 1e-9 * link.p2p.bandwidth);
+      std::printf("                  measured %s\n", describe_times(link.p2p_s).c_str());
+    } else {
+      std::printf("  link            one rank: not measured, default latency %.2f us, bandwidth %.3g GB/s\n",
+                  1e6 * kDefaultLink.latency, 1e-9 * kDefaultLink.bandwidth);
+    }
+    std::printf("  optimizer_rate  %.3g parameters/s\n", cluster.optimizer_rate);
+    std::printf("  peak_flops      %.3g FLOP/s (512^3 float GEMM, per rank)\n", cluster.peak_flops);
+    std::printf("  device_memory   %.3g GB per core x %d cores\n", 1e-9 * cluster.device_memory, cores);
+    std::printf("  took            %.1f s\n", since(t0));
+    std::fflush(stdout);
+  }
+  world.barrier()->wait();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return zero::examples::run_program("calibrate_gpt", run, argc, argv); }

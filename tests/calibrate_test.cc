@@ -1,0 +1,105 @@
+// calibrate_gpt on 2 ranks: it writes a cluster file the planner reads back, with every kernel the
+// planner will look up for the layouts of 1 and 2 ranks (measured, positive), a measured link and
+// optimizer rate; a bad flag fails with a message naming it.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "base/dtype.h"
+#include "examples/gpt/gpt_strategy.h"
+#include "parallel/strategy/cluster.h"
+#include "parallel/strategy/predict.h"
+#include "testing/launch.h"
+
+namespace zero {
+namespace {
+
+using examples::GptCosts;
+using examples::GptPart;
+using examples::GptPass;
+
+constexpr int kBatch = 4;
+
+std::string tmp_path(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+}
+
+testing::LaunchResult calibrate(const std::vector<std::string>& extra, const std::string& out) {
+  std::vector<std::string> args{"--gpt", "2,32,2,64,16", "--batch", std::to_string(kBatch), "--world", "2",
+                                "--repeats", "1", "--out", out};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return testing::launch(2, "examples/gpt/calibrate_gpt", args);
+}
+
+}  // namespace
+
+TEST_CASE("calibrate_gpt writes every kernel the planner looks up, a link and an optimizer rate") {
+  const std::string out = tmp_path("c.json");
+  const testing::LaunchResult r = calibrate({}, out);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const strategy::Cluster c = strategy::load_cluster(out);
+  CHECK(c.intra.bandwidth > 0);
+  CHECK(c.intra.latency >= 0);
+  CHECK(c.inter.bandwidth == c.intra.bandwidth);
+  CHECK(c.optimizer_rate > 0);
+  CHECK(c.peak_flops > 0);
+  CHECK(c.shared_cores);
+  examples::GptConfig cfg;
+  cfg.n_layer = 2;
+  cfg.n_embd = 32;
+  cfg.n_head = 2;
+  cfg.vocab_size = 64;
+  cfg.block_size = 16;
+  const GptCosts gpt(cfg, DType::kFloat32);
+  size_t looked_up = 0;
+  for (int world : {1, 2}) {
+    const std::vector<strategy::Layout> layouts = strategy::enumerate_layouts(gpt, world, kBatch);
+    REQUIRE(!layouts.empty());
+    for (const strategy::Layout& l : layouts) {
+      const int b = GptCosts::micro_batch_size(l, kBatch);
+      for (GptPart part : {GptPart::kBlock, GptPart::kEmbedding, GptPart::kHead}) {
+        for (GptPass pass : {GptPass::kForward, GptPass::kInput, GptPass::kWeight}) {
+          const std::string key = gpt.kernel_key(part, pass, b, l.tp, l.sequence_parallel);
+          CAPTURE(key);
+          const auto it = c.kernels.find(key);
+          REQUIRE(it != c.kernels.end());
+          CHECK(it->second > 0);
+          ++looked_up;
+        }
+      }
+    }
+  }
+  CHECK(looked_up > 0);
+  // The planner runs on the file: a layout of 2 ranks gets a positive step time.
+  strategy::PlanSettings settings;
+  settings.engine.optimizer.groups.assign(2, {});
+  settings.global_batch = kBatch;
+  const strategy::Prediction p = strategy::predict(gpt, strategy::Layout{.dp = 2}, c, settings);
+  CHECK(p.unsupported.empty());
+  CHECK(p.time.step() > 0);
+}
+
+TEST_CASE("a bad flag fails and names the flag") {
+  const std::string out = tmp_path("bad.json");
+  struct Case {
+    std::vector<std::string> extra;
+    std::string named;
+  };
+  // The program's own message (zerorun does not echo the command line, so the flag's name there is
+  // the error's).
+  for (const Case& k : {Case{{"--batch", "0"}, "calibrate_gpt: --batch 0"}, Case{{"--bogus", "1"}, "unknown flag --bogus"},
+                        Case{{"--gpt", "2,32"}, "calibrate_gpt: --gpt '2,32'"},
+                        Case{{"--repeats", "0"}, "calibrate_gpt: --repeats 0"}}) {
+    CAPTURE(k.named);
+    testing::LaunchResult r = calibrate(k.extra, out);
+    INFO(r.output);
+    CHECK(r.exit_code != 0);
+    CHECK(r.output.find(k.named) != std::string::npos);
+  }
+}
+
+}  // namespace zero
