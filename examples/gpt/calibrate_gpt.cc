@@ -125,7 +125,9 @@ const char* part_name(GptPart part) {
 class PartRun {
  public:
   // Throws (the model's InvalidArgument) when the part cannot be built at this tp.
-  PartRun(const Gpt& whole, GptPart part, const KernelShape& s, uint64_t seed)
+  // `group` (not null): a real tp group of s.tp ranks this rank is one of; its collectives are then
+  // part of what is timed.
+  PartRun(const Gpt& whole, GptPart part, const KernelShape& s, uint64_t seed, comm::Communicator* group = nullptr)
       : stage_(stage_of(part, whole.config().n_layer)),
         // It does no communication, so what is timed is the compute alone; the planner adds the
         // collectives from the link. Addressing everything makes its results those of identical ranks
@@ -134,7 +136,7 @@ class PartRun {
         tp_(s.tp > 1 ? std::make_unique<comm::PlanningCommunicator>(
                            0, s.tp, [](const void*, size_t) { return true; }, memory::DeviceKind::kHost)
                      : nullptr),
-        model_(whole, examples::GptParallel{tp_.get(), s.sp}, stage_),
+        model_(whole, examples::GptParallel{group != nullptr ? group : tp_.get(), s.sp}, stage_),
         B_(s.batch),
         T_(whole.config().block_size) {
     for (const Gpt::Param& p : model_.params()) grads_.emplace_back(p.values.size(), 0.0f);
@@ -209,6 +211,7 @@ std::map<std::string, double> time_kernels(const GptConfig& cfg, DType dtype, in
                 shapes.size(), repeats, world.size());
   }
   const Gpt whole(cfg, 1);
+  std::map<int, std::unique_ptr<comm::Communicator>> groups;  // real tp groups, by size
   std::vector<std::string> keys;
   std::vector<double> times;
   for (const KernelShape& s : shapes) {
@@ -227,6 +230,20 @@ std::map<std::string, double> time_kernels(const GptConfig& cfg, DType dtype, in
       for (size_t p = 0; p < 3; ++p) {
         keys.push_back(costs.kernel_key(part, kPasses[p], s.batch, s.tp, s.sp));
         times.push_back(t[p]);
+      }
+      // Where the launched ranks hold whole tp groups: the same part on a real group, its
+      // collectives included as a run meets them (the ranks' waits for each other, the
+      // communicator's threads competing for the cores), which the link's fit alone misses.
+      if (s.tp > 1 && world.size() % s.tp == 0) {
+        auto& group = groups[s.tp];
+        if (!group) group = world.split(world.rank() / s.tp, world.rank() % s.tp);
+        PartRun real(whole, part, s, 7, group.get());
+        const std::vector<double> u = time_part(real, repeats, world);
+        line += fmt::format(" [{:.3g}/{:.3g}/{:.3g} with tp]", 1e3 * u[0], 1e3 * u[1], 1e3 * u[2]);
+        for (size_t p = 0; p < 3; ++p) {
+          keys.push_back(costs.kernel_key(part, kPasses[p], s.batch, s.tp, s.sp, true));
+          times.push_back(u[p]);
+        }
       }
     }
     if (print) {

@@ -32,12 +32,13 @@ std::string GptCosts::unsupported(const Layout& l, int global_batch) const {
   return "";
 }
 
-std::string GptCosts::kernel_key(GptPart part, GptPass pass, int batch, int tp, bool sp) const {
+std::string GptCosts::kernel_key(GptPart part, GptPass pass, int batch, int tp, bool sp, bool collectives) const {
   const GptConfig& c = config_;
   static const char* parts[] = {"block", "embedding", "head"};
   static const char* passes[] = {"f", "b", "w"};
-  return fmt::format("gpt/{},{},{},{},{}/{}/b{}/tp{}/sp{}/{}", c.n_layer, c.n_embd, c.n_head, c.vocab_size, c.block_size,
-                     parts[static_cast<int>(part)], batch, tp, sp ? 1 : 0, passes[static_cast<int>(pass)]);
+  return fmt::format("gpt/{},{},{},{},{}/{}/b{}/tp{}/sp{}/{}{}", c.n_layer, c.n_embd, c.n_head, c.vocab_size, c.block_size,
+                     parts[static_cast<int>(part)], batch, tp, sp ? 1 : 0, passes[static_cast<int>(pass)],
+                     collectives ? "+tp" : "");
 }
 
 double GptCosts::flops(GptPart part, GptPass pass, int batch, int tp) const {
@@ -59,8 +60,17 @@ double GptCosts::flops(GptPart part, GptPass pass, int batch, int tp) const {
   return 0;
 }
 
+bool GptCosts::measured_with_collectives(GptPart part, int batch, const Layout& l, const strategy::Cluster& cluster) const {
+  if (l.tp == 1) return false;
+  for (GptPass pass : {GptPass::kForward, GptPass::kInput, GptPass::kWeight}) {
+    if (!cluster.kernels.count(kernel_key(part, pass, batch, l.tp, l.sequence_parallel, true))) return false;
+  }
+  return true;
+}
+
 double GptCosts::seconds(GptPart part, GptPass pass, int batch, const Layout& l, const strategy::Cluster& cluster) const {
-  const auto it = cluster.kernels.find(kernel_key(part, pass, batch, l.tp, l.sequence_parallel));
+  const bool with = measured_with_collectives(part, batch, l, cluster);
+  const auto it = cluster.kernels.find(kernel_key(part, pass, batch, l.tp, l.sequence_parallel, with));
   if (it != cluster.kernels.end()) return it->second;
   return flops(part, pass, batch, l.tp) / (cluster.peak_flops * cluster.matmul_efficiency);
 }
@@ -88,7 +98,8 @@ strategy::StageCosts GptCosts::stage(const Layout& l, int s, int global_batch, c
     const bool sp = l.sequence_parallel;
     auto& f = out.tp_forward;
     auto& bw = out.tp_backward;
-    for (int k = 0; k < blocks; ++k) {
+    const bool measured_block = measured_with_collectives(GptPart::kBlock, b, l, cluster);
+    for (int k = 0; k < blocks && !measured_block; ++k) {
       // Attention and the MLP: f (enter) and g (leave). Without sp f is the identity forward and an
       // all-reduce backward, g the converse; with sp f all-gathers and g reduce-scatters, and the
       // backward swaps them.
@@ -104,11 +115,13 @@ strategy::StageCosts GptCosts::stage(const Layout& l, int s, int global_batch, c
         }
       }
     }
-    if (st.first) {  // the vocabulary-parallel embedding leaves a region
+    if (st.first && !measured_with_collectives(GptPart::kEmbedding, b, l, cluster)) {
+      // The vocabulary-parallel embedding leaves a region.
       f.push_back({sp ? TpCollective::kReduceScatter : TpCollective::kAllReduce, stream});
       if (sp) bw.push_back({TpCollective::kAllGather, stream});
     }
-    if (st.last) {  // the head enters one; the loss sums its maximum, exponentials and target logits
+    if (st.last && !measured_with_collectives(GptPart::kHead, b, l, cluster)) {
+      // The head enters one; the loss sums its maximum, exponentials and target logits.
       if (sp) f.push_back({TpCollective::kAllGather, stream});
       for (int k = 0; k < 3; ++k) f.push_back({TpCollective::kAllReduce, 4.0 * b * T});
       bw.push_back({sp ? TpCollective::kReduceScatter : TpCollective::kAllReduce, stream});

@@ -31,13 +31,20 @@ class GptCosts : public strategy::ModelCosts {
 
   // Sequences per micro-batch of a layout.
   static int micro_batch_size(const strategy::Layout& layout, int global_batch);
-  // "gpt/L,C,H,V,T/block/b4/tp2/sp1/f": the key of one kernel's time in Cluster::kernels.
-  std::string kernel_key(GptPart part, GptPass pass, int batch, int tp, bool sequence_parallel) const;
+  // "gpt/L,C,H,V,T/block/b4/tp2/sp1/f": the key of one kernel's time in Cluster::kernels, compute
+  // alone (the planner adds the part's tp collectives from the link). With `collectives`
+  // ("...f+tp"): timed with a real tp group, its collectives included as the run meets them
+  // (waits, the communicator's threads on shared cores); where the cluster has those, they are used.
+  std::string kernel_key(GptPart part, GptPass pass, int batch, int tp, bool sequence_parallel,
+                         bool collectives = false) const;
   // Matrix FLOPs of one part's pass for `batch` sequences on one tp rank.
   double flops(GptPart part, GptPass pass, int batch, int tp) const;
   const GptConfig& config() const { return config_; }
 
  private:
+  // Whether the cluster has the part's three passes timed with their collectives at this layout.
+  bool measured_with_collectives(GptPart part, int batch, const strategy::Layout& layout,
+                                 const strategy::Cluster& cluster) const;
   double seconds(GptPart part, GptPass pass, int batch, const strategy::Layout& layout,
                  const strategy::Cluster& cluster) const;
   GptConfig config_;
