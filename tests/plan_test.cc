@@ -4,6 +4,8 @@
 // optimizer and the parameters offloaded, at N = 2 and 3.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,56 @@ TEST_CASE("zero_bench: the plan equals the GPT's measured memory within 2% at ev
     CHECK(r.output.find("3+offload-params") != std::string::npos);
     CHECK(r.output.find("plan/m") != std::string::npos);
   }
+}
+
+namespace {
+
+std::string write_cluster(const std::string& name, const std::string& memory, const std::string& bandwidth) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(tmp != nullptr ? tmp : "/tmp") + "/" + name;
+  std::ofstream(path) << R"({"name": "test", "devices_per_node": 4, "nodes": 1, "device_memory": )" << memory
+                      << R"(, "peak_flops": 1e11, "matmul_efficiency": 0.5, "intra": {"bandwidth": )" << bandwidth
+                      << R"(, "latency": 1e-5}, "inter": {"bandwidth": 1e9, "latency": 1e-5}, "optimizer_rate": 1e8})";
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("zero_plan --auto ranks the GPT's layouts on a cluster; --explain breaks one down; bad input is named") {
+  const std::string cluster = write_cluster("c.json", "1e10", "1e10");
+  const std::vector<std::string> gpt{"--gpt", "4,64,4,256,64", "--batch", "16"};
+  auto plan = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), gpt.begin(), gpt.end());
+    return testing::run("examples/bench/zero_plan", extra);
+  };
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string svg = std::string(tmp != nullptr ? tmp : "/tmp") + "/frontier.svg";
+  auto r = plan({"--auto", "--cluster", cluster, "--top", "5", "--svg", svg});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("on 4 ranks of test") != std::string::npos);
+  CHECK(r.output.find("choice: ") != std::string::npos);
+  CHECK(r.output.find("the fastest of") != std::string::npos);
+  CHECK(std::ifstream(svg).good());
+  r = plan({"--explain", "dp=2,tp=2,stage=3,m=2", "--cluster", cluster});
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("dp 2 x tp 2 x pp 1, stage 3, 2 micro-batches") != std::string::npos);
+  CHECK(r.output.find("time per step") != std::string::npos);
+  // What cannot be run, and what fits nowhere.
+  r = plan({"--explain", "tp=3", "--cluster", cluster});
+  CHECK(r.output.find("not possible: tp 3 does not divide the 4 heads") != std::string::npos);
+  r = plan({"--auto", "--cluster", write_cluster("small.json", "1000", "1e10")});
+  CHECK(r.output.find("no layout fits: the smallest") != std::string::npos);
+  // Bad input: each names its culprit.
+  r = plan({"--auto"});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("--cluster") != std::string::npos);
+  r = plan({"--auto", "--cluster", write_cluster("bad.json", "1e10", "-5")});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("intra.bandwidth must be positive") != std::string::npos);
+  r = plan({"--explain", "dp=3", "--world", "4", "--cluster", cluster});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("is 3 ranks but --world is 4") != std::string::npos);
 }
 
 }  // namespace zero
