@@ -8,8 +8,9 @@
 #   bash scripts/strategy_validate.sh            (about 15 minutes on 2 cores)
 #   NS="1 2" STEPS=20 bash scripts/strategy_validate.sh
 #
-# Selected: every layout without offload whose micro-batches are pp or 2 pp (at N = 4 also only
-# ZeRO stages 1 and 3), so that each (dp, tp, pp), schedule and sequence-parallel choice is run.
+# Selected: the planner's first 8 choices, and every layout without offload whose micro-batches are
+# pp or 2 pp (at N = 4 also only ZeRO stages 1 and 3), so that each (dp, tp, pp), schedule and
+# sequence-parallel choice is run.
 # Output under $OUT (default /tmp/strategy_validate): cluster.json, plan_N.tsv, runs/, results.tsv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +37,8 @@ measure() {
        }
        END {
          if (k == 0) { print "nan", "nan"; exit }
-         asort(t); m = (k % 2) ? t[(k+1)/2] : (t[k/2] + t[k/2+1]) / 2
+         for (i = 2; i <= k; i++) { v = t[i]; for (j = i - 1; j >= 1 && t[j] > v; j--) t[j+1] = t[j]; t[j+1] = v }
+         m = (k % 2) ? t[(k+1)/2] : (t[k/2] + t[k/2+1]) / 2
          print m, act
        }' "$1"
 }
@@ -49,10 +51,12 @@ for n in $ns; do
   while IFS=$'\t' read -r key flags ranks ms bytes act fits; do
     rank=$((rank + 1))
     [[ $fits == 1 ]] || continue
-    [[ $key == *.off ]] && continue
-    pp=${key#*.pp}; pp=${pp%%.*}; m=${key#*.m}; m=${m%%.*}
-    ((m == pp || m == 2 * pp)) || continue
-    if ((n == 4)); then [[ $key == *.z1.* || $key == *.z3.* ]] || continue; fi
+    if ((rank > 8)); then
+      [[ $key == *.off ]] && continue
+      pp=${key#*.pp}; pp=${pp%%.*}; m=${key#*.m}; m=${m%%.*}
+      ((m == pp || m == 2 * pp)) || continue
+      if ((n == 4)); then [[ $key == *.z1.* || $key == *.z3.* ]] || continue; fi
+    fi
     log="$out/runs/$key.log"
     # shellcheck disable=SC2086
     if ! "$bin/comm/launch/zerorun" --nproc-per-node "$n" -- "$bin/examples/gpt/train_gpt" "${model[@]}" --batch "$batch" \

@@ -14,7 +14,8 @@
 //                   warm-up, mean over the ranks, under GptCosts::kernel_key;
 //   intra / inter   the ring model fitted to all-reduces over the launched ranks (1 KiB .. 4 MiB);
 //                   point-to-point between ranks 0 and 1 is fitted and printed beside it;
-//   optimizer_rate  parameters per second of the engine's AdamW step on one rank (all ranks at once);
+//   optimizer_rate  parameters per second of the engine's AdamW step on one rank (all ranks at once),
+//                   and host_optimizer_rate the same with the optimizer offloaded;
 //   the rest        cores as devices, MemAvailable per core, a float GEMM's rate as peak_flops.
 // Rank 0 writes the JSON to --out and prints a summary.
 #include <Eigen/Dense>
@@ -370,10 +371,15 @@ LinkResult measure_link(comm::Communicator& world, int repeats_flag) {
 // Parameters per second of the engine's step (AdamW with the GPT's two groups, clipping at 1) on a
 // 1-rank communicator, so that the update alone is timed, but on every rank at once (they share the
 // memory bandwidth the update is bound by). The mean over the ranks.
-double optimizer_rate(comm::Communicator& world, int repeats) {
+// `offload`: the same at stage 1 with the optimizer offloaded (the master and state in the offload
+// tier, the CPU optimizer in its pipeline with the copies): the whole offloaded update per parameter,
+// which the planner takes as host_optimizer_rate (no separate host link: here the copies are
+// host-to-host and inside that time).
+double optimizer_rate(comm::Communicator& world, int repeats, bool offload) {
   const std::unique_ptr<comm::Communicator> alone = world.split(world.rank(), 0);
   EngineOptions opt = examples::gpt_engine_options(3e-4f);
-  opt.stage = 0;
+  opt.stage = offload ? 1 : 0;
+  opt.offload.optimizer = offload;
   Engine engine(*alone, opt);
   const size_t n = size_t{4} << 20;
   std::vector<float> w(n, 0.01f);
@@ -473,7 +479,8 @@ int run(int argc, char** argv) {
   // fit (the ring rate the data- and tensor-parallel collectives see) is both.
   cluster.intra = link.measured ? link.all_reduce : kDefaultLink;
   cluster.inter = cluster.intra;
-  cluster.optimizer_rate = optimizer_rate(world, repeats);
+  cluster.optimizer_rate = optimizer_rate(world, repeats, false);
+  cluster.host_optimizer_rate = optimizer_rate(world, repeats, true);
   cluster.peak_flops = gemm_flops(world, repeats);
   // On a CPU machine the devices are its cores, which the ranks share.
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -503,7 +510,8 @@ int run(int argc, char** argv) {
       std::printf("  link            one rank: not measured, default latency %.2f us, bandwidth %.3g GB/s\n",
                   1e6 * kDefaultLink.latency, 1e-9 * kDefaultLink.bandwidth);
     }
-    std::printf("  optimizer_rate  %.3g parameters/s\n", cluster.optimizer_rate);
+    std::printf("  optimizer_rate  %.3g parameters/s (offloaded: %.3g)\n", cluster.optimizer_rate,
+                cluster.host_optimizer_rate);
     std::printf("  peak_flops      %.3g FLOP/s (512^3 float GEMM, per rank)\n", cluster.peak_flops);
     std::printf("  device_memory   %.3g GB per core x %d cores\n", 1e-9 * cluster.device_memory, cores);
     std::printf("  took            %.1f s\n", since(t0));
