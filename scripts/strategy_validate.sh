@@ -11,7 +11,8 @@
 # Selected: the planner's first 8 choices, and every layout without offload whose micro-batches are
 # pp or 2 pp (at N = 4 also only ZeRO stages 1 and 3), so that each (dp, tp, pp), schedule and
 # sequence-parallel choice is run.
-# Output under $OUT (default /tmp/strategy_validate): cluster.json, plan_N.tsv, runs/, results.tsv.
+# Output under $OUT (default /tmp/strategy_validate): cluster.json, plan_N.tsv, runs/, results.tsv,
+# strategy_frontier_n2.svg (docs/images/ holds the one docs/strategy.md shows).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bazel build -c opt //comm/launch:zerorun //examples/gpt:train_gpt //examples/gpt:calibrate_gpt //examples/bench:zero_plan >&2
@@ -70,6 +71,11 @@ for n in $ns; do
       "$(awk -v a="$ms" -v b="$measured" 'BEGIN { print a / b }')" "$act" "$measured_act" >&2
   done <"$out/plan_$n.tsv"
 done
+
+# The N = 2 search as a chart (time against memory, the frontier), viewed in headless Chromium.
+"$bin/examples/bench/zero_plan" --auto --gpt "$gpt" --batch "$batch" --world 2 --cluster "$out/cluster.json" --top 0 \
+  --svg "$out/strategy_frontier_n2.svg" >/dev/null
+bash scripts/screenshot_check.sh "$out/strategy_frontier_n2.svg" "$out/strategy_frontier_n2.png" 900,560 >&2
 
 # Per N: the table, Kendall tau between the predicted and measured orders, the first choice.
 awk -F'\t' '

@@ -30,13 +30,17 @@ std::string frontier_svg(const std::vector<Prediction>& predictions, double devi
   for (const Prediction& p : predictions) {
     if (p.unsupported.empty()) shown.push_back(&p);
   }
-  double max_mem = device_memory, max_ms = 0, min_ms = 1e300;
+  // The axis spans the layouts (and the device's memory when it is within twice their largest: a
+  // device far larger would squeeze every layout against the left edge).
+  double max_mem = 0, max_ms = 0, min_ms = 1e300;
   for (const Prediction* p : shown) {
     max_mem = std::max(max_mem, static_cast<double>(p->memory.device()));
     max_ms = std::max(max_ms, 1e3 * p->time.step());
     min_ms = std::min(min_ms, 1e3 * p->time.step());
   }
-  if (shown.empty()) min_ms = 0, max_ms = 1;
+  if (shown.empty()) min_ms = 0, max_ms = 1, max_mem = device_memory;
+  const bool device_shown = device_memory <= 2 * max_mem;
+  if (device_shown) max_mem = std::max(max_mem, device_memory);
   // Log time axis: step times span orders of magnitude across layouts.
   const double lo = std::log10(std::max(min_ms, 1e-6)) - 0.05, hi = std::log10(std::max(max_ms, 1e-6)) + 0.05;
   const int left = 80, top = 50, w = 760, h = 420;
@@ -59,9 +63,14 @@ std::string frontier_svg(const std::vector<Prediction>& predictions, double devi
   s += fmt::format("<text x=\"16\" y=\"{}\" transform=\"rotate(-90 16 {})\" text-anchor=\"middle\">predicted step "
                    "(ms, log)</text>\n",
                    top + h / 2, top + h / 2);
-  s += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#e15759\" stroke-dasharray=\"5,3\"/>"
-                   "<text x=\"{3:.1f}\" y=\"{4}\" fill=\"#e15759\">device memory</text>\n",
-                   x_of(device_memory), top, top + h, x_of(device_memory) + 4, top + 12);
+  if (device_shown) {
+    s += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#e15759\" "
+                     "stroke-dasharray=\"5,3\"/><text x=\"{3:.1f}\" y=\"{4}\" fill=\"#e15759\">device memory</text>\n",
+                     x_of(device_memory), top, top + h, x_of(device_memory) + 4, top + 12);
+  } else {
+    s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\" fill=\"#e15759\">device memory {} (off the chart)</text>\n",
+                     left + w, top + 12, memory::format_bytes(static_cast<uint64_t>(device_memory)));
+  }
   for (const Prediction* p : shown) {
     s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" fill=\"{}\" stroke=\"#4e79a7\"><title>{}: {:.3f} ms, "
                      "{}</title></circle>\n",
@@ -75,11 +84,16 @@ std::string frontier_svg(const std::vector<Prediction>& predictions, double devi
     points += fmt::format("{:.1f},{:.1f} ", x_of(static_cast<double>(p->memory.device())), y_of(1e3 * p->time.step()));
   }
   s += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"#f28e2b\" stroke-width=\"2\"/>\n", points);
-  for (size_t i = 0; i < f.size(); ++i) {
-    const Prediction* p = f[i];
+  // Labels from the fastest up, each at least a line below the one before (the rest are titles).
+  double last_y = -1e9;
+  for (size_t k = f.size(); k-- > 0;) {
+    const Prediction* p = f[k];
+    const double y = y_of(1e3 * p->time.step()) - 6;
+    if (k + 1 != f.size() && last_y - y < 12) continue;
+    last_y = y;
     s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" fill=\"#b05a00\" font-size=\"10\">{}{}</text>\n",
-                     x_of(static_cast<double>(p->memory.device())) + 6, y_of(1e3 * p->time.step()) - 6,
-                     i + 1 == f.size() ? "fastest: " : "", describe(p->layout));
+                     x_of(static_cast<double>(p->memory.device())) + 6, y, k + 1 == f.size() ? "fastest: " : "",
+                     describe(p->layout));
   }
   s += fmt::format("<text x=\"{}\" y=\"{}\">solid: fits; hollow: does not; orange: the frontier</text>\n</svg>\n", left,
                    top - 10);
