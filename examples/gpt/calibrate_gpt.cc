@@ -113,15 +113,6 @@ GptStage stage_of(GptPart part, int n_layer) {
   return {};
 }
 
-const char* part_name(GptPart part) {
-  switch (part) {
-    case GptPart::kBlock: return "block";
-    case GptPart::kEmbedding: return "embedding";
-    case GptPart::kHead: return "head";
-  }
-  return "?";
-}
-
 // One part of the model at one shape, with random inputs and zeroed gradient buffers, run pass by pass.
 class PartRun {
  public:
@@ -223,11 +214,11 @@ std::map<std::string, double> time_kernels(const GptConfig& cfg, DType dtype, in
       try {
         run.emplace(whole, part, s, 7);
       } catch (const Error& e) {
-        if (print) std::printf("note: %s at b %d tp %d sp %d skipped: %s\n", part_name(part), s.batch, s.tp, s.sp, e.what());
+        if (print) std::printf("note: %s at b %d tp %d sp %d skipped: %s\n", gpt_part_name(part), s.batch, s.tp, s.sp, e.what());
         continue;
       }
       const std::vector<double> t = time_part(*run, repeats, world);
-      line += fmt::format("  {} {:.3g}/{:.3g}/{:.3g} ms", part_name(part), 1e3 * t[0], 1e3 * t[1], 1e3 * t[2]);
+      line += fmt::format("  {} {:.3g}/{:.3g}/{:.3g} ms", gpt_part_name(part), 1e3 * t[0], 1e3 * t[1], 1e3 * t[2]);
       for (size_t p = 0; p < 3; ++p) {
         keys.push_back(costs.kernel_key(part, kPasses[p], s.batch, s.tp, s.sp));
         times.push_back(t[p]);

@@ -11,6 +11,11 @@ namespace zero::examples {
 using strategy::Layout;
 using strategy::TpCollective;
 
+const char* gpt_part_name(GptPart part) {
+  static const char* names[] = {"block", "embedding", "head"};
+  return names[static_cast<int>(part)];
+}
+
 std::string GptCosts::name() const {
   const GptConfig& c = config_;
   return fmt::format("GPT {} layers, n_embd {}, {} heads, vocabulary {}, context {}", c.n_layer, c.n_embd, c.n_head,
@@ -34,10 +39,9 @@ std::string GptCosts::unsupported(const Layout& l, int global_batch) const {
 
 std::string GptCosts::kernel_key(GptPart part, GptPass pass, int batch, int tp, bool sp, bool collectives) const {
   const GptConfig& c = config_;
-  static const char* parts[] = {"block", "embedding", "head"};
   static const char* passes[] = {"f", "b", "w"};
   return fmt::format("gpt/{},{},{},{},{}/{}/b{}/tp{}/sp{}/{}{}", c.n_layer, c.n_embd, c.n_head, c.vocab_size, c.block_size,
-                     parts[static_cast<int>(part)], batch, tp, sp ? 1 : 0, passes[static_cast<int>(pass)],
+                     gpt_part_name(part), batch, tp, sp ? 1 : 0, passes[static_cast<int>(pass)],
                      collectives ? "+tp" : "");
 }
 

@@ -19,6 +19,8 @@ namespace zero::examples {
 enum class GptPart { kBlock, kEmbedding, kHead };
 // The three passes: forward, the backward's input part, its weight part.
 enum class GptPass { kForward, kInput, kWeight };
+// "block", "embedding", "head" (as kernel keys spell them).
+const char* gpt_part_name(GptPart part);
 
 class GptCosts : public strategy::ModelCosts {
  public:
