@@ -295,8 +295,27 @@ double time_op(comm::Communicator& world, size_t bytes, int repeats, Op op) {
   return median(samples);
 }
 
+// Seconds of `op` as a training step meets it: every rank first computes (`work`, the same on each),
+// then issues it; the time from the issue to the result includes waiting for the other ranks to
+// finish their work and for the communicator's threads to get a core the ranks compute on. Median of
+// `repeats`, one call per sample.
+template <typename Work, typename Op>
+double time_op_busy(comm::Communicator& world, int repeats, Work work, Op op) {
+  std::vector<double> samples;
+  for (int r = 0; r <= repeats; ++r) {
+    world.barrier()->wait();
+    work();
+    const auto t0 = Clock::now();
+    op();
+    if (r > 0) samples.push_back(since(t0));
+  }
+  return median(samples);
+}
+
 struct LinkResult {
   strategy::Link all_reduce, p2p;
+  strategy::Link busy;  // all-reduce between computing ranks
+  std::vector<double> busy_s;
   std::vector<double> all_reduce_s, p2p_s;  // measured, per size from kMinBytes by 4
   bool measured = false;
 };
@@ -346,6 +365,23 @@ LinkResult measure_link(comm::Communicator& world, int repeats_flag) {
     p2p_t.push_back(rtt / 2);
   }
   ring_t = mean_over_ranks(world, ring_t);
+  // The same all-reduces between computing ranks: a few milliseconds of the model's kind of work
+  // (float products) before each.
+  const Eigen::MatrixXf a = Eigen::MatrixXf::Random(192, 192);
+  Eigen::MatrixXf prod(192, 192);
+  auto work = [&] {
+    for (int k = 0; k < 8; ++k) prod.noalias() = a * a;
+  };
+  std::vector<double> busy_t;
+  for (size_t bytes = kMinBytes; bytes <= kMaxBytes; bytes *= 4) {
+    busy_t.push_back(time_op_busy(world, repeats, work, [&] {
+      world.all_reduce(buf.data(), bytes / sizeof(float), DType::kFloat32, comm::ReduceOp::kSum)->wait();
+    }));
+  }
+  busy_t = mean_over_ranks(world, busy_t);
+  out.busy_s = busy_t;
+  out.busy = fit_link(ring_x, busy_t);
+  out.busy.latency /= 2.0 * (n - 1);
   out.all_reduce_s = ring_t;
   out.p2p_s = p2p_t;
   out.all_reduce = fit_link(ring_x, ring_t);
@@ -466,9 +502,10 @@ int run(int argc, char** argv) {
   strategy::Cluster cluster;
   cluster.kernels = time_kernels(cfg, dtype, world_max, batch, repeats, world);
   const LinkResult link = measure_link(world, repeats);
-  // The cluster has one link inside a node and one across; this machine is one node, so the all-reduce
-  // fit (the ring rate the data- and tensor-parallel collectives see) is both.
-  cluster.intra = link.measured ? link.all_reduce : kDefaultLink;
+  // The cluster has one link inside a node and one across; this machine is one node, so one fit is
+  // both: the all-reduce between computing ranks, as a training step meets its collectives on cores
+  // the ranks share (the idle fit is printed beside it).
+  cluster.intra = link.measured ? link.busy : kDefaultLink;
   cluster.inter = cluster.intra;
   cluster.optimizer_rate = optimizer_rate(world, repeats, false);
   cluster.host_optimizer_rate = optimizer_rate(world, repeats, true);
@@ -491,9 +528,12 @@ int run(int argc, char** argv) {
     std::printf("wrote %s: %s\n", out_path.c_str(), cluster.name.c_str());
     std::printf("  kernels         %zu\n", cluster.kernels.size());
     if (link.measured) {
-      std::printf("  link            all-reduce over %d ranks: latency %.2f us, bandwidth %.3g GB/s (intra = inter)\n",
+      std::printf("  link idle       all-reduce over %d ranks: latency %.2f us, bandwidth %.3g GB/s\n",
                   world.size(), 1e6 * link.all_reduce.latency, 1e-9 * link.all_reduce.bandwidth);
       std::printf("                  measured %s\n", describe_times(link.all_reduce_s).c_str());
+      std::printf("  link in use     all-reduce between computing ranks: latency %.2f us, bandwidth %.3g GB/s\n",
+                  1e6 * link.busy.latency, 1e-9 * link.busy.bandwidth);
+      std::printf("                  measured %s\n", describe_times(link.busy_s).c_str());
       std::printf("  p2p (0 <-> 1)   latency %.2f us, bandwidth %.3g GB/s (one way, half the round trip)\n",
                   1e6 * link.p2p.latency, 1e-9 * link.p2p.bandwidth);
       std::printf("                  measured %s\n", describe_times(link.p2p_s).c_str());
