@@ -70,8 +70,6 @@ std::string first_difference(const AgreementSubject& subject, const std::vector<
                      ref.size(), other[i].key, other[i].value);
 }
 
-}  // namespace
-
 // An all_gather of the lengths, then of the payloads padded to int32 words.
 std::vector<std::string> all_gather_strings(comm::Communicator& comm, memory::Device* device,
                                             const std::string& mine, std::chrono::milliseconds timeout) {
@@ -92,6 +90,17 @@ std::vector<std::string> all_gather_strings(comm::Communicator& comm, memory::De
   }
   return out;
 }
+
+}  // namespace
+
+std::vector<std::vector<AgreementEntry>> all_gather_entries(comm::Communicator& comm, memory::Device* device,
+                                                          const std::vector<AgreementEntry>& entries,
+                                                          std::chrono::milliseconds timeout) {
+  std::vector<std::vector<AgreementEntry>> out;
+  for (const std::string& s : all_gather_strings(comm, device, encode(entries), timeout)) out.push_back(decode(s));
+  return out;
+}
+
 
 void check_agreement(comm::Communicator& comm, const AgreementSubject& subject,
                      const std::vector<AgreementEntry>& entries, const std::string& local_error,

@@ -31,8 +31,10 @@ void check_agreement(comm::Communicator& comm, const AgreementSubject& subject,
                      const std::vector<AgreementEntry>& entries, const std::string& local_error,
                      std::chrono::milliseconds timeout, memory::Device* device = nullptr);
 
-// Collective: every rank's `mine`, by rank (through buffers of `device` as above).
-std::vector<std::string> all_gather_strings(comm::Communicator& comm, memory::Device* device, const std::string& mine,
-                                            std::chrono::milliseconds timeout);
+// Collective: every rank's entries, by rank, in the agreement's encoding (through buffers of
+// `device` as above). Keys and values must not hold tabs or newlines.
+std::vector<std::vector<AgreementEntry>> all_gather_entries(comm::Communicator& comm, memory::Device* device,
+                                                          const std::vector<AgreementEntry>& entries,
+                                                          std::chrono::milliseconds timeout);
 
 }  // namespace zero

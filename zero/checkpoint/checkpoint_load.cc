@@ -78,20 +78,14 @@ std::vector<std::string> check_registration(const CheckpointParts& p, const Chec
 // Model parallelism: a saved tensor that no engine of the job registers (each engine's unregistered
 // list, intersected over the model-parallel group). Every rank computes the same verdict.
 void check_no_extra(const CheckpointParts& p, const std::vector<std::string>& unregistered, const CheckpointSet& set) {
-  std::string mine;
-  for (const std::string& n : unregistered) mine += n + "\n";
+  std::vector<AgreementEntry> mine;
+  for (const std::string& n : unregistered) mine.push_back({n, ""});
   std::map<std::string, int> count;
-  for (const std::string& all : all_gather_strings(*p.model_parallel, p.device, mine, timeout_of(p))) {
-    for (size_t at = 0; at < all.size();) {
-      const size_t nl = all.find('\n', at);
-      ++count[all.substr(at, nl - at)];
-      at = nl + 1;
-    }
+  for (const std::vector<AgreementEntry>& rank : all_gather_entries(*p.model_parallel, p.device, mine, timeout_of(p))) {
+    for (const AgreementEntry& e : rank) ++count[e.key];
   }
   for (const auto& [name, n] : count) {
-    if (n != p.model_parallel->size()) continue;
-    const CheckpointSet::Tensor& t = *set.find(name);
-    extra_parameter(set.sources()[static_cast<size_t>(t.whole >= 0 ? t.whole : t.part_source[0])].path, name);
+    if (n == p.model_parallel->size()) extra_parameter(set.sources()[set.find(name)->source(0)].path, name);
   }
 }
 
@@ -116,12 +110,11 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::vector<std
   std::vector<std::unique_ptr<float[]>> states;
   std::vector<float*> direct_states;
   std::vector<std::vector<char>> frozen;  // by frozen_ids order
-  // Elements [begin, end) of `kind` of this rank's tp part of registered tensor `name`, from the
+  // Elements [begin, end) of `kind` of this rank's tp part of registered parameter `spec`, from the
   // saved pieces that hold them.
   const int tp = tp_size(p), tp_r = tp_rank(p);
-  auto gather = [&](const std::string& name, const std::string& kind, size_t begin, size_t end, void* into, DType dtype) {
-    const ParamSpec& spec = p.registry->param(*p.registry->find(name));
-    set->read(name, kind, spec.tp, tp, tp_r, begin, end, into, dtype);
+  auto gather = [&](const ParamSpec& spec, const std::string& kind, size_t begin, size_t end, void* into, DType dtype) {
+    set->read(spec.name, kind, spec.tp, tp, tp_r, begin, end, into, dtype);
   };
   auto clear_readers = [&] { set->clear(); };
   // Pass 1: read and verify everything this rank needs before anything changes.
@@ -154,11 +147,11 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::vector<std
             for (size_t i = 0; i < names.size(); ++i) states.emplace_back(new float[numel]);
           }
           for (const OwnedPiece& piece : p.ownership->pieces()) {
-            const std::string& name = tensor_name(p, piece.tensor);
-            gather(name, kCheckpointMasterKind, piece.tensor_begin, piece.tensor_end,
+            const ParamSpec& spec = tensor_spec(p, piece.tensor);
+            gather(spec, kCheckpointMasterKind, piece.tensor_begin, piece.tensor_end,
                    master ? master.get() + piece.opt_offset : nullptr, DType::kFloat32);
             for (size_t s = 0; s < names.size(); ++s) {
-              gather(name, checkpoint_state_kind(names[s]), piece.tensor_begin, piece.tensor_end,
+              gather(spec, checkpoint_state_kind(names[s]), piece.tensor_begin, piece.tensor_end,
                      master ? states[s].get() + piece.opt_offset : nullptr, DType::kFloat32);
             }
             clear_readers();
@@ -166,7 +159,7 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::vector<std
           for (int id : frozen_ids(p)) {
             const ParamSpec& spec = p.registry->param(id);
             std::vector<char>& bytes = frozen.emplace_back(p.registry->numel(id) * dtype_size(spec.dtype));
-            gather(spec.name, kCheckpointFrozenKind, 0, p.registry->numel(id), bytes.data(), spec.dtype);
+            gather(spec, kCheckpointFrozenKind, 0, p.registry->numel(id), bytes.data(), spec.dtype);
           }
           // The user blobs of the first directory's ranks.
           const CheckpointSet::Source& first = set->sources()[0];
@@ -179,11 +172,10 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::vector<std
           const Manifest* m = &first.m;
           out.world_size = checkpoint_field<int>(m->doc, "world_size", path);
           out.stage = checkpoint_field<int>(m->doc, "stage", path);
-          if (m->doc.contains("layout")) {
-            const json& layout = m->doc["layout"];
-            out.world_size = checkpoint_field<int>(layout, "dp", path);
-            out.tp = checkpoint_field<int>(layout, "tp", path);
-            out.pp = checkpoint_field<int>(layout, "pp", path);
+          if (const std::optional<SavedLayout> layout = saved_layout(m->doc, path)) {
+            out.world_size = layout->dp;
+            out.tp = layout->tp;
+            out.pp = layout->pp;
           }
           out.state.step = checkpoint_field<int64_t>(m->doc, "step", path);
           const json& sc = m->doc["loss_scaler"];
@@ -205,11 +197,11 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::vector<std
     // The same pieces again (now from the page cache, their checksums checked again) straight into
     // place. Only a file changed between the passes can fail here, and it is reported.
     for (const OwnedPiece& piece : p.ownership->pieces()) {
-      const std::string& name = tensor_name(p, piece.tensor);
-      gather(name, kCheckpointMasterKind, piece.tensor_begin, piece.tensor_end, direct_master + piece.opt_offset,
+      const ParamSpec& spec = tensor_spec(p, piece.tensor);
+      gather(spec, kCheckpointMasterKind, piece.tensor_begin, piece.tensor_end, direct_master + piece.opt_offset,
              DType::kFloat32);
       for (size_t s = 0; s < names.size(); ++s) {
-        gather(name, checkpoint_state_kind(names[s]), piece.tensor_begin, piece.tensor_end,
+        gather(spec, checkpoint_state_kind(names[s]), piece.tensor_begin, piece.tensor_end,
                direct_states[s] + piece.opt_offset, DType::kFloat32);
       }
       clear_readers();

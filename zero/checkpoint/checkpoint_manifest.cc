@@ -53,6 +53,14 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
 
 bool is_composite(const Manifest& m) { return m.doc.is_object() && m.doc.contains("parts"); }
 
+std::optional<SavedLayout> saved_layout(const json& doc, const std::string& path) {
+  if (!doc.is_object() || !doc.contains("layout")) return std::nullopt;
+  const json& l = doc["layout"];
+  return SavedLayout{checkpoint_field<int>(l, "dp", path), checkpoint_field<int>(l, "tp", path),
+                     checkpoint_field<int>(l, "pp", path), checkpoint_field<bool>(l, "offload_optimizer", path),
+                     checkpoint_field<bool>(l, "offload_params", path)};
+}
+
 void add_index_pieces(const json& index, const std::string& index_path, int rank, uint64_t data_bytes, Manifest& m) {
   for (const json& pj : checkpoint_field<json>(index, "pieces", index_path)) {
     SavedPiece sp;

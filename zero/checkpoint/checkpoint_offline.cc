@@ -26,14 +26,13 @@ CheckpointInfo info_of(const std::string& dir, const CheckpointSet& set) {
   info.step = checkpoint_field<int64_t>(doc, "step", path);
   info.world_size = checkpoint_field<int>(doc, "world_size", path);
   info.stage = checkpoint_field<int>(doc, "stage", path);
-  if (doc.contains("layout")) {
-    const json& l = doc["layout"];
+  if (const std::optional<SavedLayout> l = saved_layout(doc, path)) {
     info.layout_known = true;
-    info.world_size = checkpoint_field<int>(l, "dp", path);
-    info.tp = checkpoint_field<int>(l, "tp", path);
-    info.pp = checkpoint_field<int>(l, "pp", path);
-    info.offload_optimizer = checkpoint_field<bool>(l, "offload_optimizer", path);
-    info.offload_params = checkpoint_field<bool>(l, "offload_params", path);
+    info.world_size = l->dp;
+    info.tp = l->tp;
+    info.pp = l->pp;
+    info.offload_optimizer = l->offload_optimizer;
+    info.offload_params = l->offload_params;
   }
   info.model_dtype = parse_dtype(checkpoint_field<std::string>(doc, "model_dtype", path));
   const json opt = checkpoint_field<json>(doc, "optimizer", path);

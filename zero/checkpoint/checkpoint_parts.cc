@@ -18,9 +18,8 @@ std::vector<int64_t> whole_shape(const CheckpointParts& p, const ParamSpec& spec
 }
 std::chrono::milliseconds timeout_of(const CheckpointParts& p) { return p.options->timeout; }
 
-const std::string& tensor_name(const CheckpointParts& p, size_t t) {
-  return p.registry->param((*p.tensor_param)[t]).name;
-}
+const ParamSpec& tensor_spec(const CheckpointParts& p, size_t t) { return p.registry->param((*p.tensor_param)[t]); }
+const std::string& tensor_name(const CheckpointParts& p, size_t t) { return tensor_spec(p, t).name; }
 
 std::vector<int> frozen_ids(const CheckpointParts& p) {
   std::vector<int> ids;
@@ -52,7 +51,7 @@ bool saves(const CheckpointParts& p, const ParamSpec& spec) { return tp_rank(p) 
 // rank owns everything, so the buckets are dealt out round robin.
 bool writes(const CheckpointParts& p, const OwnedPiece& piece) {
   if (p.replica && p.replica->rank() != 0) return false;
-  if (!saves(p, p.registry->param((*p.tensor_param)[piece.tensor]))) return false;
+  if (!saves(p, tensor_spec(p, piece.tensor))) return false;
   if (p.ownership->is_replicated()) return static_cast<int>(piece.bucket % p.shard->size()) == p.shard->rank();
   return true;
 }

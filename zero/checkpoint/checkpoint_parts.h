@@ -49,6 +49,7 @@ bool is_model_parallel(const CheckpointParts& p);
 // The whole tensor's shape of a registered parameter (its tp part's times tp along the split).
 std::vector<int64_t> whole_shape(const CheckpointParts& p, const ParamSpec& spec);
 std::chrono::milliseconds timeout_of(const CheckpointParts& p);
+const ParamSpec& tensor_spec(const CheckpointParts& p, size_t layout_tensor);
 const std::string& tensor_name(const CheckpointParts& p, size_t layout_tensor);
 std::vector<int> frozen_ids(const CheckpointParts& p);  // parameters without gradients, in registration order
 std::vector<char> frozen_bytes(const CheckpointParts& p, int id);

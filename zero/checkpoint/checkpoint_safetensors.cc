@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include "base/check.h"
 #include "base/error.h"
@@ -38,35 +39,29 @@ struct ExportPlan {
 
 ExportPlan plan_export(const CheckpointParts& p, DType dtype) {
   ExportPlan plan;
-  std::string mine;  // "name\tpart\tshape" lines; part: the tp part, or -1 for the whole tensor
+  // Each tensor this engine lists: its name, and "<tp part or -1 for the whole tensor> <whole shape>".
+  std::vector<AgreementEntry> mine;
   for (const ParamSpec& spec : p.registry->params()) {
     const int part = spec.tp.is_split() && tp_size(p) > 1 ? tp_rank(p) : -1;
     if (part < 0 && tp_rank(p) != 0) continue;  // the same whole tensor as on tp rank 0
-    mine += fmt::format("{}\t{}\t{}\n", spec.name, part, fmt::join(whole_shape(p, spec), ","));
+    mine.push_back({spec.name, fmt::format("{} {}", part, fmt::join(whole_shape(p, spec), ","))});
   }
-  const std::vector<std::string> all = is_model_parallel(p)
-                                           ? all_gather_strings(*p.model_parallel, p.device, mine, timeout_of(p))
-                                           : std::vector<std::string>{mine};
-  const int me = is_model_parallel(p) ? p.model_parallel->rank() : 0;
+  const std::vector<std::vector<AgreementEntry>> all =
+      is_model_parallel(p) ? all_gather_entries(*p.model_parallel, p.device, mine, timeout_of(p))
+                           : std::vector<std::vector<AgreementEntry>>{mine};
+  const size_t me = is_model_parallel(p) ? static_cast<size_t>(p.model_parallel->rank()) : 0;
   std::set<std::pair<std::string, std::string>> listed;  // (name, part)
   for (size_t r = 0; r < all.size(); ++r) {
-    for (size_t at = 0; at < all[r].size();) {
-      const size_t nl = all[r].find('\n', at);
-      const std::string line = all[r].substr(at, nl - at);
-      at = nl + 1;
-      const size_t t1 = line.find('\t'), t2 = line.find('\t', t1 + 1);
-      const std::string name = line.substr(0, t1), part = line.substr(t1 + 1, t2 - t1 - 1);
-      if (!listed.insert({name, part}).second) continue;
-      if (static_cast<int>(r) == me) plan.writes.insert(name);
-      if (plan.index.count(name)) continue;
+    for (const AgreementEntry& e : all[r]) {
+      const size_t space = e.value.find(' ');
+      if (!listed.insert({e.key, e.value.substr(0, space)}).second) continue;
+      if (r == me) plan.writes.insert(e.key);
+      if (plan.index.count(e.key)) continue;
       std::vector<int64_t> shape;
-      for (size_t s = t2 + 1; s <= line.size();) {
-        const size_t comma = std::min(line.find(',', s), line.size());
-        shape.push_back(std::stoll(line.substr(s, comma - s)));
-        s = comma + 1;
-      }
-      plan.index[name] = plan.layout.tensors.size();
-      plan.layout.tensors.push_back({name, dtype, shape});
+      std::stringstream dims(e.value.substr(space + 1));
+      for (std::string d; std::getline(dims, d, ',');) shape.push_back(std::stoll(d));
+      plan.index[e.key] = plan.layout.tensors.size();
+      plan.layout.tensors.push_back({e.key, dtype, shape});
     }
   }
   return plan;
@@ -121,7 +116,7 @@ void export_safetensors(const CheckpointParts& p, const std::string& path, DType
             }
           };
           for (const OwnedPiece& piece : p.ownership->pieces()) {
-            const ParamSpec& spec = p.registry->param((*p.tensor_param)[piece.tensor]);
+            const ParamSpec& spec = tensor_spec(p, piece.tensor);
             if (!writes(p, piece) || !plan.writes.count(spec.name)) continue;
             const size_t n = piece.tensor_end - piece.tensor_begin;
             master.resize(n);
@@ -193,7 +188,7 @@ void import_safetensors(const CheckpointParts& p, const std::string& path,
             return t;
           };
           for (const OwnedPiece& piece : p.ownership->pieces()) {
-            const ParamSpec& spec = p.registry->param((*p.tensor_param)[piece.tensor]);
+            const ParamSpec& spec = tensor_spec(p, piece.tensor);
             const SafetensorsTensor& t = find_tensor(spec);
             const size_t n = piece.tensor_end - piece.tensor_begin;
             read_part(spec, t, piece.tensor_begin, piece.tensor_end);

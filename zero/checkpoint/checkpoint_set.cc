@@ -128,7 +128,7 @@ void CheckpointSet::read(const std::string& name, const std::string& kind, const
     const std::vector<TpRun> saved = t->whole >= 0 ? std::vector<TpRun>{{0, want.full, want.full, want.n}}
                                                    : whole_runs(t->shape, t->placement, t->parts, want.full, want.full + want.n);
     for (const TpRun& have : saved) {
-      Source& s = sources_[static_cast<size_t>(t->whole >= 0 ? t->whole : t->part_source[static_cast<size_t>(have.part)])];
+      Source& s = sources_[t->source(have.part)];
       void* into = out ? static_cast<char*>(out) + (want.local - begin + (have.full - want.full)) * es : nullptr;
       gather_range(s.m, *s.reader, name, kind, have.local, have.local + have.n, into, dtype, s.path);
     }

@@ -49,6 +49,8 @@ class CheckpointSet {
     TpPlacement placement;
     int parts = 1;
     std::vector<int> part_source;
+    // The index of the source that holds tp part `part` (any part: the whole tensor's).
+    size_t source(int part) const { return static_cast<size_t>(whole >= 0 ? whole : part_source[static_cast<size_t>(part)]); }
   };
 
   // Reads and checks every directory's manifest and indexes; a tensor saved in parts must have all
