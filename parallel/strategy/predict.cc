@@ -112,7 +112,7 @@ Prediction predict(const ModelCosts& model, const Layout& l, const Cluster& clus
   parallel::ActionCosts costs;
   costs.forward.assign(static_cast<size_t>(l.pp), 0.0);
   costs.backward = costs.weight = costs.forward;
-  double tp_comm_worst = 0, after_pipeline = 0;
+  double after_pipeline = 0;
   std::vector<double> tp_per_stage(static_cast<size_t>(l.pp), 0.0);
   uint64_t worst_memory = 0;
   for (int s = 0; s < l.pp; ++s) {
@@ -171,7 +171,6 @@ Prediction predict(const ModelCosts& model, const Layout& l, const Cluster& clus
       out.time.dp_exposed = exposed;
       out.time.optimizer = optimizer;
     }
-    tp_comm_worst = std::max(tp_comm_worst, tp_per_stage[k]);
   }
   if (l.pp > 1) {
     const parallel::SimResult sim = parallel::simulate(schedule, costs);
@@ -182,7 +181,7 @@ Prediction predict(const ModelCosts& model, const Layout& l, const Cluster& clus
     out.bubble_fraction = sim.bubble_fraction;
   } else {
     out.time.compute = (costs.forward[0] + costs.backward[0] + costs.weight[0]) * l.micro_batches;
-    out.time.tp_comm = tp_comm_worst;
+    out.time.tp_comm = tp_per_stage[0];  // the one stage
   }
   out.fits = out.memory.device() <= static_cast<uint64_t>(cluster.device_memory);
   out.tokens_per_s = settings.global_batch * static_cast<double>(model.sequence_length()) / out.time.step();
