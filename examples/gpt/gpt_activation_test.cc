@@ -2,7 +2,8 @@
 // life (two micro-batches in flight: forwards, a split backward's input part, its weight part, a
 // whole backward): the whole model, the stages of 3-way and 2-way pipelines (one holding only the
 // embedding, one only the head), at tp 1 and tp 2 with and without sequence parallelism (tp ranks as
-// threads over Gloo), at two micro-batch shapes; the peak as the replay predicts it.
+// threads over Gloo), at two micro-batch shapes, with and without activation recompute; the peak as
+// the replay predicts it. Recompute gives the same losses and gradients, bit for bit.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -25,9 +26,16 @@ struct Shape {
   int B, T;
 };
 
+// What the passes computed: every loss and every stage's parameter gradients.
+struct Computed {
+  std::vector<float> losses;
+  std::vector<std::vector<std::vector<float>>> grads;
+};
+
 // Two micro-batches through `stages` (in model order, one tp rank's parts), each stage checked
 // against the formula after every pass.
-void check_stages(const Gpt& whole, const std::vector<GptStage>& stages, const GptParallel& parallel, Shape shape) {
+Computed check_stages(const Gpt& whole, const std::vector<GptStage>& stages, const GptParallel& parallel, Shape shape,
+                      bool recompute) {
   const int B = shape.B, T = shape.T, BT = B * T;
   const int tp = parallel.tp ? parallel.tp->size() : 1;
   std::vector<Gpt> models;
@@ -36,7 +44,8 @@ void check_stages(const Gpt& whole, const std::vector<GptStage>& stages, const G
   std::vector<Gpt::Access> access(stages.size());
   for (const GptStage& s : stages) {
     models.emplace_back(whole, parallel, s);
-    want.push_back(Gpt::micro_batch_bytes(kConfig, s, tp, parallel.sequence_parallel, B, T));
+    models.back().set_recompute(recompute);
+    want.push_back(Gpt::micro_batch_bytes(kConfig, s, tp, parallel.sequence_parallel, B, T, recompute));
   }
   for (size_t s = 0; s < models.size(); ++s) {
     grads.emplace_back();
@@ -57,15 +66,18 @@ void check_stages(const Gpt& whole, const std::vector<GptStage>& stages, const G
     CAPTURE(stages.size());
     CAPTURE(stages.front().end_layer);
     CAPTURE(s);
+    CAPTURE(recompute);
     CAPTURE(when);
     CHECK(models[s].activation_bytes() == expected);
   };
+  Computed out;
   auto forward = [&](int mb) {
     std::vector<float> x, next;
     for (size_t s = 0; s < models.size(); ++s) {
-      models[s].forward_micro_batch(mb, tokens(mb, 3), tokens(mb, 11), B, T, x.empty() ? nullptr : x.data(), &next,
-                                    access[s]);
+      const float loss = models[s].forward_micro_batch(mb, tokens(mb, 3), tokens(mb, 11), B, T,
+                                                       x.empty() ? nullptr : x.data(), &next, access[s]);
       x.swap(next);
+      if (s + 1 == models.size()) out.losses.push_back(loss);
     }
   };
   auto backward = [&](int mb, bool with_weight, const std::vector<size_t>& expected) {
@@ -76,11 +88,14 @@ void check_stages(const Gpt& whole, const std::vector<GptStage>& stages, const G
       check(s, expected[s], with_weight ? "whole backward" : "input part");
     }
   };
-  std::vector<size_t> one, two, split, none(models.size(), 0);
-  for (const Gpt::MicroBatchBytes& w : want) {
+  std::vector<size_t> one, two, split, rebuilt, none(models.size(), 0);
+  for (size_t s = 0; s < want.size(); ++s) {
+    const Gpt::MicroBatchBytes& w = want[s];
     one.push_back(w.forward);
     two.push_back(2 * w.forward);
     split.push_back(w.forward + w.after_input());  // micro-batch 1's forward, 0's input part
+    rebuilt.push_back(w.forward + w.rebuilt);      // 1's whole backward, running a rebuilt block
+    CHECK((w.rebuilt > 0) == (recompute && stages[s].end_layer > stages[s].first_layer));
   }
 
   forward(0);
@@ -96,8 +111,18 @@ void check_stages(const Gpt& whole, const std::vector<GptStage>& stages, const G
   backward(1, true, none);  // nothing is held after a whole backward
   for (size_t s = 0; s < models.size(); ++s) {
     CAPTURE(s);
-    CHECK(models[s].peak_activation_bytes() == std::max(two[s], split[s]));
+    CHECK(models[s].peak_activation_bytes() == std::max({two[s], split[s], rebuilt[s]}));
+    models[s].reset_peak_activation_bytes();
   }
+  // One micro-batch alone, a whole backward: its peak is the rebuilt block's on top of its forward.
+  forward(2);
+  backward(2, true, none);
+  for (size_t s = 0; s < models.size(); ++s) {
+    CAPTURE(s);
+    CHECK(models[s].peak_activation_bytes() == rebuilt[s]);
+  }
+  for (const auto& g : grads) out.grads.push_back(g);
+  return out;
 }
 
 // Every stage list of `stage_lists` at each shape, at tp (ranks as threads) with sequence
@@ -108,7 +133,11 @@ void check_layouts(int tp, bool sp, const std::vector<std::vector<GptStage>>& st
     for (const std::vector<GptStage>& stages : stage_lists) {
       testing::run_thread_ranks(tp, [&](comm::Communicator& world) {
         comm::Mesh mesh(world, {.pp = 1, .dp = 1, .tp = tp});
-        check_stages(whole, stages, GptParallel{tp > 1 ? &mesh.tp() : nullptr, sp}, shape);
+        const GptParallel parallel{tp > 1 ? &mesh.tp() : nullptr, sp};
+        const Computed kept = check_stages(whole, stages, parallel, shape, false);
+        const Computed recomputed = check_stages(whole, stages, parallel, shape, true);
+        CHECK(kept.losses == recomputed.losses);  // bit for bit
+        CHECK(kept.grads == recomputed.grads);
       });
     }
   }

@@ -411,14 +411,16 @@ size_t Gpt::activation_numel(int B, int T) const {
 size_t Gpt::Activations::bytes() const {
   size_t n = matrix_bytes(hf) + matrix_bytes(probs_out) + matrix_bytes(lnf.xhat) + weight_work_bytes;
   for (const BlockCache& k : blocks) {
-    for (const Matrix* m : {&k.h1, &k.qkv, &k.att_y, &k.h2, &k.fc, &k.gelu, &k.ln1.xhat, &k.ln2.xhat}) n += matrix_bytes(*m);
+    for (const Matrix* m : {&k.input, &k.h1, &k.qkv, &k.att_y, &k.h2, &k.fc, &k.gelu, &k.ln1.xhat, &k.ln2.xhat}) {
+      n += matrix_bytes(*m);
+    }
     for (const Matrix& p : k.probs) n += matrix_bytes(p);
   }
   return n;
 }
 
 Gpt::MicroBatchBytes Gpt::micro_batch_bytes(const GptConfig& c, const GptStage& stage, int tp, bool sequence_parallel,
-                                             int B, int T) {
+                                             int B, int T, bool recompute) {
   ZERO_CHECK(tp >= 1, "tp {} is not positive", tp);
   check_tp(c, tp, sequence_parallel);
   ZERO_CHECK(T >= 1 && T <= c.block_size, "sequence length {} outside [1, {}]", T, c.block_size);
@@ -434,13 +436,21 @@ Gpt::MicroBatchBytes Gpt::micro_batch_bytes(const GptConfig& c, const GptStage& 
   MicroBatchBytes out;
   // BlockCache: ln1 and ln2 xhat (held rows), h1 and h2 (gathered), qkv, att_y, fc, gelu, and the
   // probabilities of each (b, head).
-  out.forward = blocks * (2 * matrix_bytes(held, C) + 2 * matrix_bytes(BT, C) + matrix_bytes(BT, 3 * width) +
-                          matrix_bytes(BT, width) + 2 * matrix_bytes(BT, hidden) +
-                          static_cast<size_t>(B * heads) * matrix_bytes(T, T));
+  const size_t block = 2 * matrix_bytes(held, C) + 2 * matrix_bytes(BT, C) + matrix_bytes(BT, 3 * width) +
+                       matrix_bytes(BT, width) + 2 * matrix_bytes(BT, hidden) +
+                       static_cast<size_t>(B * heads) * matrix_bytes(T, T);
   // A block's weight work: the two row-parallel biases' column sums, the two row-parallel weights'
   // gathered output gradients, c_fc's and c_attn's output gradients, the LayerNorms' (held rows).
   out.weight_work = blocks * (2 * matrix_bytes(1, C) + 2 * matrix_bytes(BT, C) + matrix_bytes(BT, hidden) +
                               matrix_bytes(BT, 3 * width) + 2 * matrix_bytes(held, C));
+  if (recompute) {
+    // Each block's input (held rows); the rebuilt blocks as above.
+    out.forward = blocks * matrix_bytes(held, C);
+    out.weight_work += blocks * block;
+    out.rebuilt = blocks > 0 ? block : 0;
+  } else {
+    out.forward = blocks * block;
+  }
   if (stage.first) {
     // wpe's gradient (held rows), and under tp the vocab-parallel embedding's whole one.
     out.weight_work += matrix_bytes(held, C) + (tp > 1 ? matrix_bytes(BT, C) : 0);
@@ -475,6 +485,46 @@ void Gpt::weight_grad(int unit, std::function<void(const Access&)> work, const A
   cur_->weight_work_bytes += bytes;
 }
 
+void Gpt::block_forward(int l, Matrix& x, BlockCache& k, const Access& access) {
+  const GptConfig& c = config_;
+  const int tp = tp_size();
+  const int B = cur_->B, T = cur_->T, C = c.n_embd, hd = C / c.n_head, BT = B * T;
+  const QkvLayout qkv{c.n_head / tp, hd, C / tp};
+  const int hidden = 4 * C / tp;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  auto P = [&](int j) { return value(access, p_block(l, j)); };
+  k.h1 = enter_region(layer_norm(x, P(0), P(1), &k.ln1.xhat, &k.ln1.rstd));
+  k.qkv = linear(k.h1, P(2), P(3), 3 * qkv.width);
+  k.att_y.resize(BT, qkv.width);
+  k.probs.assign(static_cast<size_t>(B * qkv.heads), Matrix());
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < qkv.heads; ++h) {
+      const auto q = k.qkv.block(b * T, h * hd, T, hd);
+      const auto kk = k.qkv.block(b * T, qkv.width + h * hd, T, hd);
+      const auto v = k.qkv.block(b * T, 2 * qkv.width + h * hd, T, hd);
+      Matrix s = (q * kk.transpose()) * scale;
+      for (int i = 0; i < T; ++i) {
+        for (int j = i + 1; j < T; ++j) s(i, j) = -INFINITY;
+        const float mx = s.row(i).head(i + 1).maxCoeff();
+        s.row(i) = (s.row(i).array() - mx).exp();
+        s.row(i) /= s.row(i).sum();
+      }
+      k.att_y.block(b * T, h * hd, T, hd) = s * v;
+      k.probs[static_cast<size_t>(b * qkv.heads + h)] = std::move(s);
+    }
+  }
+  // Row-parallel: the partial products summed over tp, then the bias once.
+  Matrix y = leave_region(k.att_y * ConstMap(P(4), C, qkv.width).transpose());
+  y.rowwise() += ConstRowMap(P(5), C);
+  x += y;
+  k.h2 = enter_region(layer_norm(x, P(6), P(7), &k.ln2.xhat, &k.ln2.rstd));
+  k.fc = linear(k.h2, P(8), P(9), hidden);
+  k.gelu = k.fc.unaryExpr([](float v) { return gelu(v); });
+  Matrix m = leave_region(k.gelu * ConstMap(P(10), C, hidden).transpose());
+  m.rowwise() += ConstRowMap(P(11), C);
+  x += m;
+}
+
 float Gpt::forward(const std::vector<int>& tokens, const std::vector<int>& targets, int B, int T,
                    const Access& access) {
   ZERO_CHECK(stage_.first && stage_.last, "forward(): this model is one pipeline stage; use forward_micro_batch");
@@ -485,11 +535,7 @@ float Gpt::forward_micro_batch(int mb, const std::vector<int>& tokens, const std
                                const float* input, std::vector<float>* output, const Access& access) {
   const GptConfig& c = config_;
   Activations& a = begin_micro_batch(mb, tokens, targets, B, T);
-  const int tp = tp_size();
-  const int C = c.n_embd, hd = C / c.n_head, BT = B * T;
-  const QkvLayout qkv{c.n_head / tp, hd, C / tp};
-  const int hidden = 4 * C / tp;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int C = c.n_embd;
 
   Matrix x;
   if (stage_.first) {
@@ -505,37 +551,14 @@ float Gpt::forward_micro_batch(int mb, const std::vector<int>& tokens, const std
   for (int l = stage_.first_layer; l < stage_.end_layer; ++l) {
     access.enter(1 + l, Pass::kForward);
     BlockCache& k = a.blocks[static_cast<size_t>(l - stage_.first_layer)];
-    auto P = [&](int j) { return value(access, p_block(l, j)); };
-    k.h1 = enter_region(layer_norm(x, P(0), P(1), &k.ln1.xhat, &k.ln1.rstd));
-    k.qkv = linear(k.h1, P(2), P(3), 3 * qkv.width);
-    k.att_y.resize(BT, qkv.width);
-    k.probs.assign(static_cast<size_t>(B * qkv.heads), Matrix());
-    for (int b = 0; b < B; ++b) {
-      for (int h = 0; h < qkv.heads; ++h) {
-        const auto q = k.qkv.block(b * T, h * hd, T, hd);
-        const auto kk = k.qkv.block(b * T, qkv.width + h * hd, T, hd);
-        const auto v = k.qkv.block(b * T, 2 * qkv.width + h * hd, T, hd);
-        Matrix s = (q * kk.transpose()) * scale;
-        for (int i = 0; i < T; ++i) {
-          for (int j = i + 1; j < T; ++j) s(i, j) = -INFINITY;
-          const float mx = s.row(i).head(i + 1).maxCoeff();
-          s.row(i) = (s.row(i).array() - mx).exp();
-          s.row(i) /= s.row(i).sum();
-        }
-        k.att_y.block(b * T, h * hd, T, hd) = s * v;
-        k.probs[static_cast<size_t>(b * qkv.heads + h)] = std::move(s);
-      }
+    if (recompute_) {
+      // Only the block's input is kept; its backward rebuilds the rest.
+      k.input = x;
+      block_forward(l, x, k, access);
+      k = BlockCache{.input = std::move(k.input)};
+    } else {
+      block_forward(l, x, k, access);
     }
-    // Row-parallel: the partial products summed over tp, then the bias once.
-    Matrix y = leave_region(k.att_y * ConstMap(P(4), C, qkv.width).transpose());
-    y.rowwise() += ConstRowMap(P(5), C);
-    x += y;
-    k.h2 = enter_region(layer_norm(x, P(6), P(7), &k.ln2.xhat, &k.ln2.rstd));
-    k.fc = linear(k.h2, P(8), P(9), hidden);
-    k.gelu = k.fc.unaryExpr([](float v) { return gelu(v); });
-    Matrix m = leave_region(k.gelu * ConstMap(P(10), C, hidden).transpose());
-    m.rowwise() += ConstRowMap(P(11), C);
-    x += m;
     access.leave(1 + l, Pass::kForward);
   }
 
@@ -608,7 +631,14 @@ void Gpt::backward_micro_batch(int mb, float loss_scale, const float* grad_outpu
   for (int l = stage_.end_layer - 1; l >= stage_.first_layer; --l) {
     const int u = 1 + l;
     access.enter(u, pass);
-    const BlockCache* k = &a.blocks[static_cast<size_t>(l - stage_.first_layer)];
+    BlockCache* k = &a.blocks[static_cast<size_t>(l - stage_.first_layer)];
+    if (recompute_) {
+      // The block's forward again, inside its backward scope (where the engine has its parameters,
+      // gathered at stage 3): the same inputs and parameters give the same bits.
+      Matrix x = k->input;
+      block_forward(l, x, *k, access);
+      note_activation_bytes();
+    }
     auto P = [&](int j) { return value(access, p_block(l, j)); };
     auto I = [&](int j) { return p_block(l, j); };
     // The weight-gradient work of the block's layers (now, or kept for the weight pass): a bias
@@ -675,6 +705,8 @@ void Gpt::backward_micro_batch(int mb, float loss_scale, const float* grad_outpu
     linear(2, std::move(dqkv), &k->h1);
     dx += layer_norm_backward_input(dh1, k->ln1.xhat, k->ln1.rstd, P(0));
     norm(0, std::move(dh1), &k->ln1.xhat);
+    // A whole backward has used the rebuilt block; a split one's weight work still reads it.
+    if (recompute_ && with_weight) *k = BlockCache{.input = std::move(k->input)};
     access.leave(u, pass);
   }
 

@@ -163,6 +163,14 @@ class Gpt {
   size_t activation_bytes() const;
   size_t peak_activation_bytes() const { return peak_activation_bytes_; }
   void reset_peak_activation_bytes() { peak_activation_bytes_ = activation_bytes(); }
+  // Activation recompute (checkpointing): after its forward a block keeps only its input, and its
+  // backward starts by running its forward again inside the unit's backward scope, where the engine
+  // holds its parameters (gathered at stage 3, as for the backward itself). The same bits: the
+  // forward reads the same input and parameters again. A whole backward drops the rebuilt block
+  // after its backward; a split one keeps it for the weight part, which reads it. The blocks only:
+  // the embeddings and the head keep what they keep.
+  void set_recompute(bool on) { recompute_ = on; }
+  bool recompute() const { return recompute_; }
 
   // What one B x T micro-batch holds on a stage of `config` cut by `stage` at tensor-parallel size
   // `tp` (1: no tp communicator, as train_gpt builds it; sequence_parallel: sp), in the bytes
@@ -175,14 +183,18 @@ class Gpt {
   // Exact: the same shapes forward_micro_batch and backward_micro_batch allocate. Not counted (by
   // either): a pass's temporaries, the LayerNorms' rstd (rows held per LayerNorm), and under tensor
   // parallelism the vocab-parallel loss's softmax (B*T x V'/tp floats, which probs_out counts at tp 1).
+  // With `recompute` (set_recompute): a block holds its input after the forward; a split backward's
+  // input part rebuilds every block and keeps them for the weight part (in weight_work); a whole
+  // backward holds one rebuilt block at a time (`rebuilt`, on top of what is held when it starts).
   // Throws InvalidArgument, as the model would, when tp does not divide n_head or (sp) T.
   struct MicroBatchBytes {
     size_t forward = 0;      // after the forward, until the backward
     size_t weight_work = 0;  // added by a split backward's input part, until the weight part
+    size_t rebuilt = 0;      // recompute: held besides while a whole backward runs a block
     size_t after_input() const { return forward + weight_work; }
   };
   static MicroBatchBytes micro_batch_bytes(const GptConfig& config, const GptStage& stage, int tp,
-                                           bool sequence_parallel, int B, int T);
+                                           bool sequence_parallel, int B, int T, bool recompute = false);
 
  private:
   using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -191,6 +203,7 @@ class Gpt {
     Eigen::VectorXf rstd;
   };
   struct BlockCache {
+    Matrix input;  // the block's input, kept alone under recompute
     Matrix h1, qkv, att_y, h2, fc, gelu;  // h1, h2: the layers' whole inputs (gathered under sp)
     LayerNormCache ln1, ln2;
     std::vector<Matrix> probs;  // per (b, head): T x T
@@ -229,6 +242,8 @@ class Gpt {
     size_t weight_work_bytes = 0;  // what that work holds (the output gradients it needs)
     size_t bytes() const;
   };
+  // Block l's forward from x (updated to the block's output), filling k from the micro-batch cur_.
+  void block_forward(int l, Matrix& x, BlockCache& k, const Access& access);
   Activations& begin_micro_batch(int mb, const std::vector<int>& tokens, const std::vector<int>& targets, int B, int T);
   // Runs `work` now (a whole backward) or keeps it for weight_micro_batch (a split one).
   void weight_grad(int unit, std::function<void(const Access&)> work, const Access& access, size_t bytes);
@@ -245,6 +260,7 @@ class Gpt {
   // The micro-batch being computed, and whether its backward includes the weight part.
   Activations* cur_ = nullptr;
   bool with_weight_ = true;
+  bool recompute_ = false;
   size_t peak_activation_bytes_ = 0;
 };
 

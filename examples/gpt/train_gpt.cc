@@ -19,6 +19,8 @@
 // (FILE, JSON) and their drawing beside the simulator's (FILE.svg); at stage 3 units stay gathered
 // through the step's micro-batches unless --regather-per-micro-batch, and at stages 2 and 3 a unit's
 // gradient is held until its last micro-batch unless --reduce-each-micro-batch; docs/pipeline.md.
+// --recompute: each block keeps only its input and runs its forward again in its backward
+// (activation checkpointing; docs/strategy.md).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -122,6 +124,7 @@ int run(int argc, char** argv) {
   const examples::HybridFlag hybrid = examples::HybridFlag::read(flags, config, opt);
   const int tp = flags.get_int("tp", 1);
   const bool sequence_parallel = flags.get_bool("sequence-parallel", false);
+  const bool recompute = flags.get_bool("recompute", false);
   const int pp = flags.get_int("pp", 1);
   const bool micro_batches_given = flags.has("micro-batches");
   const int micro_batches_flag = flags.get_int("micro-batches", 2 * pp);
@@ -204,6 +207,10 @@ int run(int argc, char** argv) {
   } else {
     scopes = std::make_unique<examples::GptScopes>(engine, *model, dtype);
   }
+  if (model) model->set_recompute(recompute);
+  if (pipe) {
+    for (examples::Gpt& chunk : pipe->chunks()) chunk.set_recompute(recompute);
+  }
   engine.finalize();
   const examples::Gpt::Access access = scopes ? scopes->access() : examples::Gpt::Access{};
   // The schedule peaks at group 0's lr; other groups keep their ratio to it.
@@ -213,7 +220,7 @@ int run(int argc, char** argv) {
   const optim::LrScheduleOptions schedule{"warmup_cosine", lr, warmup, steps,
                                           static_cast<float>(lr * min_lr_ratio)};
   if (rank == 0) {
-    std::printf("GPT %d layers, %d heads, n_embd %d, context %d (%zu %s parameters) on %d rank(s)%s, stage %d%s%s\n"
+    std::printf("GPT %d layers, %d heads, n_embd %d, context %d (%zu %s parameters) on %d rank(s)%s, stage %d%s%s%s\n"
                 "data: %s, %zu bytes for training, %zu held out (unigram entropy %.4f nats/byte); global batch %d x "
                 "%d tokens\n",
                 cfg.n_layer, cfg.n_head, cfg.n_embd, T, whole.num_params(), dtype_name(dtype), comm.size(),
@@ -224,7 +231,7 @@ int run(int argc, char** argv) {
                             : "",
                 opt.stage,
                 opt.offload.optimizer ? ", optimizer offloaded" : "", opt.offload.params ? " (and parameters)" : "",
-                data.source().c_str(), data.train_bytes(), data.val_bytes(), data.unigram_entropy(), batch, T);
+                recompute ? ", blocks recomputed in backward" : "", data.source().c_str(), data.train_bytes(), data.val_bytes(), data.unigram_entropy(), batch, T);
   }
 
   const int first_step = run_flags.resume(engine, rank == 0);
