@@ -96,6 +96,8 @@ strategy::StageCosts GptCosts::stage(const Layout& l, int s, int global_batch, c
   out.forward = pass_time(GptPass::kForward);
   out.backward_input = pass_time(GptPass::kInput);
   out.backward_weight = pass_time(GptPass::kWeight);
+  // Recompute: the blocks' forward again, at the start of the backward's input part.
+  if (l.recompute) out.backward_input += blocks * seconds(GptPart::kBlock, GptPass::kForward, b, l, cluster);
   if (l.tp > 1) {
     // The residual stream of a micro-batch, fp32 (the model computes in fp32 whatever it stores).
     const double stream = 4.0 * b * T * c.n_embd;
@@ -108,14 +110,17 @@ strategy::StageCosts GptCosts::stage(const Layout& l, int s, int global_batch, c
       // all-reduce backward, g the converse; with sp f all-gathers and g reduce-scatters, and the
       // backward swaps them.
       for (int region = 0; region < 2; ++region) {
+        // Recompute runs the forward's again in the backward.
         if (sp) {
           f.push_back({TpCollective::kAllGather, stream});
           f.push_back({TpCollective::kReduceScatter, stream});
           bw.push_back({TpCollective::kReduceScatter, stream});
           bw.push_back({TpCollective::kAllGather, stream});
+          if (l.recompute) bw.insert(bw.end(), f.end() - 2, f.end());
         } else {
           f.push_back({TpCollective::kAllReduce, stream});
           bw.push_back({TpCollective::kAllReduce, stream});
+          if (l.recompute) bw.push_back(f.back());
         }
       }
     }
@@ -133,9 +138,10 @@ strategy::StageCosts GptCosts::stage(const Layout& l, int s, int global_batch, c
   }
   const int rows = l.sequence_parallel ? b * T / l.tp : b * T;
   out.send_bytes = st.last ? 0.0 : 4.0 * rows * c.n_embd;
-  const Gpt::MicroBatchBytes bytes = Gpt::micro_batch_bytes(c, st, l.tp, l.sequence_parallel, b, T);
+  const Gpt::MicroBatchBytes bytes = Gpt::micro_batch_bytes(c, st, l.tp, l.sequence_parallel, b, T, l.recompute);
   out.activation_bytes = bytes.forward;
   out.weight_work_bytes = bytes.weight_work;
+  out.rebuilt_bytes = bytes.rebuilt;
   return out;
 }
 

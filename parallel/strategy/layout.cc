@@ -19,6 +19,7 @@ std::string describe(const Layout& l) {
   }
   if (l.sequence_parallel) s += ", sp";
   if (l.offload) s += ", offload";
+  if (l.recompute) s += ", recompute";
   return s;
 }
 
@@ -27,6 +28,7 @@ std::string layout_key(const Layout& l) {
   if (l.pp > 1) s += "." + l.schedule;
   if (l.sequence_parallel) s += ".sp";
   if (l.offload) s += ".off";
+  if (l.recompute) s += ".rc";
   return s;
 }
 
@@ -66,8 +68,10 @@ Layout parse_layout(const std::string& text) {
       l.sequence_parallel = true;
     } else if (key == "offload" && eq == std::string::npos) {
       l.offload = true;
+    } else if (key == "recompute" && eq == std::string::npos) {
+      l.recompute = true;
     } else {
-      ZERO_THROW(InvalidArgument, "layout '{}': unknown item '{}' (dp=, tp=, pp=, stage=, m=, schedule=, sp, offload)",
+      ZERO_THROW(InvalidArgument, "layout '{}': unknown item '{}' (dp=, tp=, pp=, stage=, m=, schedule=, sp, offload, recompute)",
                  text, item);
     }
   }

@@ -22,7 +22,9 @@ struct TpCollective {
 };
 
 struct StageCosts {
-  plan::ModelSpec engine;  // the stage's tensors as tp rank 0 holds them, its scope schedule
+  // The stage's tensors as tp rank 0 holds them, its scope schedule: they may depend on the mesh,
+  // sequence parallelism and the stage only (the search shares plans across the rest).
+  plan::ModelSpec engine;
   int units = 0;           // the largest unit id + 1 over the whole model (the engine's norm vector)
   // Seconds of compute per micro-batch: the forward, the backward's input part and its weight part.
   double forward = 0, backward_input = 0, backward_weight = 0;
@@ -31,6 +33,8 @@ struct StageCosts {
   // Activations per micro-batch: held from its forward until its backward completes, and, when the
   // backward is split, held besides from the input part until the weight part.
   uint64_t activation_bytes = 0, weight_work_bytes = 0;
+  // Under activation recompute: held besides while a whole backward runs (its rebuilt forward).
+  uint64_t rebuilt_bytes = 0;
 };
 
 class ModelCosts {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "base/check.h"
 #include "base/error.h"
@@ -71,7 +72,10 @@ MemoryParts memory_of(const plan::EnginePlan& p, int zero_stage) {
 }
 
 // The most activation bytes pipeline rank `rank` holds at once: a forward adds a micro-batch's,
-// a split backward's input part adds its weight work, the weight part (or a whole backward) frees both.
+// a split backward's input part adds its weight work, the weight part (or a whole backward) frees both;
+// a whole backward under recompute holds its rebuilt part on top while it runs. (A forward's own
+// rebuilt-sized temporaries are not more: every schedule here runs a backward before anything
+// frees, holding at least as much.)
 uint64_t activation_peak(const parallel::Schedule& s, int rank, const StageCosts& c) {
   uint64_t held = 0, peak = 0;
   for (const parallel::Action& a : s.actions[static_cast<size_t>(rank)]) {
@@ -79,7 +83,10 @@ uint64_t activation_peak(const parallel::Schedule& s, int rank, const StageCosts
       case parallel::Op::kF: held += c.activation_bytes; break;
       case parallel::Op::kB: held += c.weight_work_bytes; break;
       case parallel::Op::kW: held -= c.activation_bytes + c.weight_work_bytes; break;
-      case parallel::Op::kBW: held -= c.activation_bytes; break;
+      case parallel::Op::kBW:
+        peak = std::max(peak, held + c.rebuilt_bytes);
+        held -= c.activation_bytes;
+        break;
       default: break;
     }
     peak = std::max(peak, held);
@@ -97,13 +104,67 @@ std::vector<int> divisors(int n) {
 
 }  // namespace
 
-Prediction predict(const ModelCosts& model, const Layout& l, const Cluster& cluster, const PlanSettings& settings) {
+namespace {
+
+// The engine's plans on the meta device by what they depend on: a layout's schedule and recompute
+// change neither the engine's tensors (ModelCosts' contract) nor its options, so those share one.
+using PlanCache = std::map<std::string, plan::EnginePlan>;
+
+parallel::Schedule schedule_of(const Layout& l) {
+  return parallel::make_schedule(l.pp > 1 ? l.schedule : "1f1b", l.pp, l.micro_batches);  // pp 1: one at a time
+}
+
+std::vector<StageCosts> stage_costs(const ModelCosts& model, const Layout& l, const Cluster& cluster,
+                                    const PlanSettings& settings) {
+  std::vector<StageCosts> out;
+  for (int s = 0; s < l.pp; ++s) out.push_back(model.stage(l, s, settings.global_batch, cluster));
+  return out;
+}
+
+// The least device memory any stage of the layout needs, without its engine: the activations at the
+// schedule's peak and the parameters the engine keeps (the stage's all below ZeRO-3, a 1/dp share at 3).
+uint64_t memory_floor(const Layout& l, const std::vector<StageCosts>& stages, const parallel::Schedule& schedule) {
+  uint64_t floor = 0;
+  for (int s = 0; s < l.pp; ++s) {
+    const StageCosts& c = stages[static_cast<size_t>(s)];
+    const uint64_t params = static_cast<uint64_t>(c.engine.numel()) * dtype_size(c.engine.dtype);
+    floor = std::max(floor, activation_peak(schedule, s, c) + params / (l.zero_stage == 3 ? l.dp : 1));
+  }
+  return floor;
+}
+
+plan::EnginePlan engine_plan(const StageCosts& c, const Layout& l, int stage, const PlanSettings& settings,
+                             PlanCache* cache) {
+  const std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}", l.dp, l.tp, l.pp, l.zero_stage, l.micro_batches,
+                                      l.sequence_parallel, l.offload, stage);
+  if (cache != nullptr) {
+    const auto it = cache->find(key);
+    if (it != cache->end()) return it->second;
+  }
+  plan::PlanInputs in;
+  in.model = c.engine;
+  in.options = settings.engine;
+  in.options.stage = l.zero_stage;
+  in.options.offload.optimizer = l.offload;
+  if (l.pp > 1) {
+    in.options.micro_batches = l.micro_batches;
+  } else {
+    in.options.gradient_accumulation_steps = l.micro_batches;
+  }
+  in.world_size = l.dp;
+  in.tp = l.tp;
+  in.pp = l.pp;
+  if (l.pp > 1) in.model_parallel_units = c.units;
+  plan::EnginePlan p = plan::plan_engine(in);
+  if (cache != nullptr) cache->emplace(key, p);
+  return p;
+}
+
+Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages, const parallel::Schedule& schedule,
+                          const ModelCosts& model, const Cluster& cluster, const PlanSettings& settings,
+                          PlanCache* cache) {
   Prediction out;
   out.layout = l;
-  out.unsupported = model.unsupported(l, settings.global_batch);
-  if (!out.unsupported.empty()) return out;
-  const parallel::Schedule schedule =
-      parallel::make_schedule(l.pp > 1 ? l.schedule : "1f1b", l.pp, l.micro_batches);  // pp 1: one micro-batch at a time
   // More ranks than devices on a machine whose ranks share its cores: each runs that much slower.
   const double slow = cluster.shared_cores ? std::max(1.0, static_cast<double>(l.world()) / cluster.devices()) : 1.0;
   const Link& tp_link = link_for(cluster, l.tp);
@@ -116,7 +177,7 @@ Prediction predict(const ModelCosts& model, const Layout& l, const Cluster& clus
   std::vector<double> tp_per_stage(static_cast<size_t>(l.pp), 0.0);
   uint64_t worst_memory = 0;
   for (int s = 0; s < l.pp; ++s) {
-    const StageCosts c = model.stage(l, s, settings.global_batch, cluster);
+    const StageCosts& c = stages[static_cast<size_t>(s)];
     const size_t k = static_cast<size_t>(s);
     const double tf = tp_time(c.tp_forward, l.tp, tp_link), tb = tp_time(c.tp_backward, l.tp, tp_link);
     costs.forward[k] = c.forward * slow + tf;
@@ -125,21 +186,7 @@ Prediction predict(const ModelCosts& model, const Layout& l, const Cluster& clus
     tp_per_stage[k] = (tf + tb) * l.micro_batches;
     costs.transfer = std::max(costs.transfer, l.pp > 1 ? pp_link.time(c.send_bytes) : 0.0);
     // The engine of this stage on the meta device: its memory and its data-parallel traffic.
-    plan::PlanInputs in;
-    in.model = c.engine;
-    in.options = settings.engine;
-    in.options.stage = l.zero_stage;
-    in.options.offload.optimizer = l.offload;
-    if (l.pp > 1) {
-      in.options.micro_batches = l.micro_batches;
-    } else {
-      in.options.gradient_accumulation_steps = l.micro_batches;
-    }
-    in.world_size = l.dp;
-    in.tp = l.tp;
-    in.pp = l.pp;
-    if (l.pp > 1) in.model_parallel_units = c.units;
-    const plan::EnginePlan p = plan::plan_engine(in);
+    const plan::EnginePlan p = engine_plan(c, l, s, settings, cache);
     MemoryParts m = memory_of(p, l.zero_stage);
     m.activations = activation_peak(schedule, s, c);
     out.largest_activations = std::max(out.largest_activations, m.activations);
@@ -188,6 +235,17 @@ Prediction predict(const ModelCosts& model, const Layout& l, const Cluster& clus
   return out;
 }
 
+}  // namespace
+
+Prediction predict(const ModelCosts& model, const Layout& l, const Cluster& cluster, const PlanSettings& settings) {
+  Prediction out;
+  out.layout = l;
+  out.unsupported = model.unsupported(l, settings.global_batch);
+  if (!out.unsupported.empty()) return out;
+  return predict_stages(l, stage_costs(model, l, cluster, settings), schedule_of(l), model, cluster, settings, nullptr);
+}
+
+
 std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int global_batch) {
   if (world < 1) ZERO_THROW(InvalidArgument, "enumerate_layouts: world {} is not positive", world);
   std::vector<Layout> out;
@@ -204,8 +262,10 @@ std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int gl
               if (sp && tp == 1) continue;
               for (bool offload : {false, true}) {
                 if (offload && stage == 0) continue;
-                Layout l{dp, tp, pp, stage, m, schedule, sp, offload};
-                if (model.unsupported(l, global_batch).empty()) out.push_back(l);
+                for (bool recompute : {false, true}) {
+                  Layout l{dp, tp, pp, stage, m, schedule, sp, offload, recompute};
+                  if (model.unsupported(l, global_batch).empty()) out.push_back(l);
+                }
               }
             }
           }
@@ -219,7 +279,55 @@ std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int gl
 std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<Layout>& layouts, const Cluster& cluster,
                                      const PlanSettings& settings) {
   std::vector<Prediction> out;
-  for (const Layout& l : layouts) out.push_back(predict(model, l, cluster, settings));
+  PlanCache cache;
+  // Layouts whose floor exceeds the device, with what predicting them needs.
+  struct Pruned {
+    Layout layout;
+    std::vector<StageCosts> stages;
+    uint64_t floor;
+  };
+  std::vector<Pruned> pruned;
+  const uint64_t device = static_cast<uint64_t>(cluster.device_memory);
+  for (const Layout& l : layouts) {
+    if (!model.unsupported(l, settings.global_batch).empty()) {
+      out.push_back(predict(model, l, cluster, settings));
+      continue;
+    }
+    std::vector<StageCosts> stages = stage_costs(model, l, cluster, settings);
+    const parallel::Schedule schedule = schedule_of(l);
+    const uint64_t floor = memory_floor(l, stages, schedule);
+    if (floor <= device) {
+      out.push_back(predict_stages(l, stages, schedule, model, cluster, settings, &cache));
+    } else {
+      pruned.push_back({l, std::move(stages), floor});
+    }
+  }
+  const bool any_fits = std::any_of(out.begin(), out.end(), [](const Prediction& p) { return p.fits; });
+  std::stable_sort(pruned.begin(), pruned.end(), [](const Pruned& a, const Pruned& b) { return a.floor < b.floor; });
+  // Nothing fits: plan the smallest floors until no unplanned layout can be smaller than a planned one.
+  uint64_t smallest = UINT64_MAX;
+  for (const Prediction& p : out) {
+    if (p.unsupported.empty()) smallest = std::min(smallest, p.memory.device());
+  }
+  size_t planned = 0;
+  while (!any_fits && planned < pruned.size() && pruned[planned].floor < smallest) {
+    const Pruned& c = pruned[planned++];
+    out.push_back(predict_stages(c.layout, c.stages, schedule_of(c.layout), model, cluster, settings, &cache));
+    smallest = std::min(smallest, out.back().memory.device());
+  }
+  for (size_t i = planned; i < pruned.size(); ++i) {
+    const Pruned& c = pruned[i];
+    Prediction p;
+    p.layout = c.layout;
+    p.bounded = true;
+    const parallel::Schedule schedule = schedule_of(c.layout);
+    for (int s = 0; s < c.layout.pp; ++s) {
+      p.largest_activations = std::max(p.largest_activations, activation_peak(schedule, s, c.stages[static_cast<size_t>(s)]));
+    }
+    p.memory.activations = p.largest_activations;
+    p.memory.engine_peak = c.floor - std::min(c.floor, p.largest_activations);
+    out.push_back(p);
+  }
   // Fitting first, fastest first (equal times: the smaller); then the rest, smallest first.
   std::stable_sort(out.begin(), out.end(), [](const Prediction& a, const Prediction& b) {
     if (a.fits != b.fits) return a.fits;
@@ -237,6 +345,14 @@ std::string table(const std::vector<Prediction>& ranked, size_t limit) {
   for (size_t i = 0; i < ranked.size() && i < limit; ++i) {
     const Prediction& p = ranked[i];
     const MemoryParts& m = p.memory;
+    if (p.bounded) {
+      // Not planned: the activations, and the device at least their sum with the parameters kept.
+      s += fmt::format("{:>4}  {:<44} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {:>9} {:>11} {:>7} {:>9}  "
+                       "does not fit (at least)\n",
+                       i + 1, describe(p.layout), "-", "-", "-", "-", "-", "-", format_bytes(m.activations),
+                       ">" + format_bytes(m.device()), "-", "-", "-", "-");
+      continue;
+    }
     s += fmt::format("{:>4}  {:<44} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {:>9.2f} {:>11.0f} {:>6.1f}% {:>9.2f}{}\n",
                      i + 1, describe(p.layout), format_bytes(m.params), format_bytes(m.grads), format_bytes(m.master),
                      format_bytes(m.optimizer), format_bytes(m.buffers), format_bytes(m.window),

@@ -39,6 +39,10 @@ struct Prediction {
   int memory_stage = 0;
   uint64_t largest_activations = 0;  // the largest activation peak of any stage
   bool fits = false;
+  // The search did not plan its engine: the activations and parameters alone exceed the device, so
+  // `memory` is a floor (activations exact, the engine's part at least the parameters it keeps) and
+  // there is no time.
+  bool bounded = false;
   TimeParts time;
   double bubble_fraction = 0;
   double tokens_per_s = 0;
@@ -53,10 +57,13 @@ Prediction predict(const ModelCosts& model, const Layout& layout, const Cluster&
 
 // Every layout of `world` ranks the model supports: dp x tp x pp, ZeRO stages 0-3, micro-batches
 // (pp times a power of two, at most the batch per dp rank) dividing the batch, the three schedules,
-// sequence parallelism at tp above 1, and offload at stages 1-3.
+// sequence parallelism at tp above 1, offload at stages 1-3, and activation recompute.
 std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int global_batch);
 
-// Predictions for every layout, those that fit first, each group by step time.
+// Predictions for every layout, those that fit first, each group by step time (the others smallest
+// first). A layout whose activations and kept parameters alone exceed the device is not planned
+// (Prediction::bounded) unless no layout fits, when the smallest are planned until the smallest of
+// all is known exactly. Layouts that differ only in schedule or recompute share their engine plans.
 std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<Layout>& layouts, const Cluster& cluster,
                                      const PlanSettings& settings);
 

@@ -24,6 +24,7 @@ class ToyCosts : public ModelCosts {
     if (global_batch % (l.dp * l.micro_batches) != 0) return "the batch does not divide";
     return "";
   }
+  uint64_t activation_scale = 1;  // the forward's activations times this
   StageCosts stage(const Layout& l, int s, int, const Cluster&) const override {
     StageCosts c;
     const int per = 4 / l.pp;
@@ -39,8 +40,15 @@ class ToyCosts : public ModelCosts {
       c.tp_backward = c.tp_forward;
     }
     c.send_bytes = 4096;
-    c.activation_bytes = 1000 * static_cast<uint64_t>(per);
+    c.activation_bytes = 1000 * activation_scale * static_cast<uint64_t>(per);
     c.weight_work_bytes = 100 * static_cast<uint64_t>(per);
+    if (l.recompute) {
+      // A layer keeps 100 bytes of input; its backward runs its forward again, rebuilding 1000.
+      c.activation_bytes = 100 * static_cast<uint64_t>(per);
+      c.weight_work_bytes += 1000 * static_cast<uint64_t>(per);
+      c.rebuilt_bytes = 1000;
+      c.backward_input += c.forward;
+    }
     return c;
   }
 };
@@ -90,6 +98,59 @@ TEST_CASE("pipelines: the simulator's bubble, and the activations each schedule 
   CHECK(at("1f1b", 8).time.step() == doctest::Approx(at("gpipe", 8).time.step()).epsilon(1e-3));
   CHECK(at("zb-h1", 8).time.step() < at("1f1b", 8).time.step());
   CHECK(at("zb-h1", 8).memory.activations >= 4 * 1000);
+}
+
+TEST_CASE("recompute: the layers' inputs held, one rebuilt layer on top during a whole backward, a forward more") {
+  const ToyCosts toy;
+  auto at = [&](int pp, const std::string& schedule, int m, bool recompute) {
+    return predict(toy, {.pp = pp, .micro_batches = m, .schedule = schedule, .recompute = recompute}, cluster(),
+                   settings());
+  };
+  CHECK(at(1, "1f1b", 2, true).memory.activations == 4 * 100 + 1000);
+  CHECK(at(4, "1f1b", 8, true).memory.activations == 4 * 100 + 1000);  // 4 in flight on the first stage
+  CHECK(at(4, "gpipe", 8, true).memory.activations == 8 * 100 + 1000);
+  // A split backward keeps the rebuilt layer for its weight part.
+  CHECK(at(4, "zb-h1", 8, true).memory.activations >= 4 * 100 + 100 + 1000);
+  CHECK(at(1, "1f1b", 2, true).time.compute == doctest::Approx(2 * 4 * 4e-3));
+}
+
+TEST_CASE("the search plans only what can fit, and shares plans without changing a prediction") {
+  ToyCosts toy;
+  toy.activation_scale = 1000;  // activations, not the engine, decide what fits
+  const std::vector<Layout> all = enumerate_layouts(toy, 4, 16);
+  // A device the median layout fills.
+  std::vector<uint64_t> sizes;
+  for (const Layout& l : all) sizes.push_back(predict(toy, l, cluster(), settings()).memory.device());
+  std::sort(sizes.begin(), sizes.end());
+  Cluster small = cluster();
+  small.device_memory = static_cast<double>(sizes[sizes.size() / 2]);
+  const std::vector<Prediction> ranked = rank_layouts(toy, all, small, settings());
+  REQUIRE(ranked.size() == all.size());
+  size_t bounded = 0, fitting = 0;
+  for (const Prediction& p : ranked) {
+    CAPTURE(describe(p.layout));
+    const Prediction alone = predict(toy, p.layout, small, settings());
+    if (p.bounded) {
+      ++bounded;
+      CHECK(!p.fits);
+      CHECK(!alone.fits);
+      CHECK(p.memory.device() <= alone.memory.device());  // a floor
+      CHECK(p.memory.activations == alone.largest_activations);
+    } else {
+      fitting += p.fits ? 1 : 0;
+      CHECK(p.memory.device() == alone.memory.device());
+      CHECK(p.time.step() == alone.time.step());
+    }
+  }
+  CHECK(bounded > 0);
+  CHECK(fitting > 0);
+  // Nothing fits: the smallest is planned, and it is the smallest of all.
+  small.device_memory = 1000;
+  const std::vector<Prediction> none = rank_layouts(toy, all, small, settings());
+  REQUIRE(!none.front().fits);
+  CHECK(!none.front().bounded);
+  for (const Prediction& p : none) CHECK(none.front().memory.device() <= p.memory.device());
+  CHECK(table(none, 1000).find("does not fit (at least)") != std::string::npos);
 }
 
 TEST_CASE("tensor-parallel collectives by the ring formula; ranks beyond a machine's shared cores run slower") {
@@ -144,6 +205,8 @@ TEST_CASE("the search: every supported layout, those that fit first; none fittin
 TEST_CASE("layouts parse from the flags' form and name a bad item") {
   CHECK(parse_layout("dp=2,tp=2,pp=2,stage=3,m=4,schedule=zb-h1,sp,offload") ==
         Layout{2, 2, 2, 3, 4, "zb-h1", true, true});
+  CHECK(parse_layout("pp=2,m=4,recompute").recompute);
+  CHECK(layout_key(parse_layout("pp=2,m=4,recompute")) == "dp1.tp1.pp2.z0.m4.1f1b.rc");
   CHECK(describe(parse_layout("pp=2,m=4")) == "dp 1 x tp 1 x pp 2, stage 0, 1f1b x 4");
   CHECK_THROWS_WITH_AS(parse_layout("dp=2,tq=2"), doctest::Contains("unknown item 'tq=2'"), InvalidArgument);
   CHECK_THROWS_WITH_AS(parse_layout("dp=0"), doctest::Contains("dp=0 is not a positive integer"), InvalidArgument);
