@@ -53,10 +53,10 @@ for n in $ns; do
     rank=$((rank + 1))
     [[ $fits == 1 ]] || continue
     if ((rank > 8)); then
-      [[ $key == *.off ]] && continue
+      [[ $key == *.off || $key == *.off.rc ]] && continue
       pp=${key#*.pp}; pp=${pp%%.*}; m=${key#*.m}; m=${m%%.*}
       ((m == pp || m == 2 * pp)) || continue
-      if ((n == 4)); then [[ $key == *.z1.* || $key == *.z3.* ]] || continue; fi
+      if ((n == 4)); then [[ ($key == *.z1.* || $key == *.z3.*) && $key != *.rc ]] || continue; fi
     fi
     log="$out/runs/$key.log"
     # shellcheck disable=SC2086
