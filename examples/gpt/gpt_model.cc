@@ -555,7 +555,7 @@ float Gpt::forward_micro_batch(int mb, const std::vector<int>& tokens, const std
       // Only the block's input is kept; its backward rebuilds the rest.
       k.input = x;
       block_forward(l, x, k, access);
-      k = BlockCache{.input = std::move(k.input)};
+      k.keep_input_only();
     } else {
       block_forward(l, x, k, access);
     }
@@ -706,7 +706,7 @@ void Gpt::backward_micro_batch(int mb, float loss_scale, const float* grad_outpu
     dx += layer_norm_backward_input(dh1, k->ln1.xhat, k->ln1.rstd, P(0));
     norm(0, std::move(dh1), &k->ln1.xhat);
     // A whole backward has used the rebuilt block; a split one's weight work still reads it.
-    if (recompute_ && with_weight) *k = BlockCache{.input = std::move(k->input)};
+    if (recompute_ && with_weight) k->keep_input_only();
     access.leave(u, pass);
   }
 

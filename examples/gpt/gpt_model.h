@@ -204,6 +204,8 @@ class Gpt {
   };
   struct BlockCache {
     Matrix input;  // the block's input, kept alone under recompute
+    // Recompute: everything but the input dropped (rebuilt by the backward).
+    void keep_input_only() { *this = BlockCache{.input = std::move(input)}; }
     Matrix h1, qkv, att_y, h2, fc, gelu;  // h1, h2: the layers' whole inputs (gathered under sp)
     LayerNormCache ln1, ln2;
     std::vector<Matrix> probs;  // per (b, head): T x T

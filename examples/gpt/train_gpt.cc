@@ -231,7 +231,8 @@ int run(int argc, char** argv) {
                             : "",
                 opt.stage,
                 opt.offload.optimizer ? ", optimizer offloaded" : "", opt.offload.params ? " (and parameters)" : "",
-                recompute ? ", blocks recomputed in backward" : "", data.source().c_str(), data.train_bytes(), data.val_bytes(), data.unigram_entropy(), batch, T);
+                recompute ? ", blocks recomputed in backward" : "", data.source().c_str(), data.train_bytes(),
+                data.val_bytes(), data.unigram_entropy(), batch, T);
   }
 
   const int first_step = run_flags.resume(engine, rank == 0);

@@ -122,25 +122,29 @@ std::vector<StageCosts> stage_costs(const ModelCosts& model, const Layout& l, co
 }
 
 // The least device memory any stage of the layout needs, without its engine: the activations at the
-// schedule's peak and the parameters the engine keeps (the stage's all below ZeRO-3, a 1/dp share at 3).
-uint64_t memory_floor(const Layout& l, const std::vector<StageCosts>& stages, const parallel::Schedule& schedule) {
-  uint64_t floor = 0;
+// schedule's peak and the parameters the engine keeps (the stage's all below ZeRO-3, a 1/dp share at 3);
+// and the largest activation peak of any stage.
+struct MemoryFloor {
+  uint64_t device = 0, activations = 0;
+};
+MemoryFloor memory_floor(const Layout& l, const std::vector<StageCosts>& stages, const parallel::Schedule& schedule) {
+  MemoryFloor floor;
   for (int s = 0; s < l.pp; ++s) {
     const StageCosts& c = stages[static_cast<size_t>(s)];
     const uint64_t params = static_cast<uint64_t>(c.engine.numel()) * dtype_size(c.engine.dtype);
-    floor = std::max(floor, activation_peak(schedule, s, c) + params / (l.zero_stage == 3 ? l.dp : 1));
+    const uint64_t activations = activation_peak(schedule, s, c);
+    floor.device = std::max(floor.device, activations + params / (l.zero_stage == 3 ? l.dp : 1));
+    floor.activations = std::max(floor.activations, activations);
   }
   return floor;
 }
 
-plan::EnginePlan engine_plan(const StageCosts& c, const Layout& l, int stage, const PlanSettings& settings,
-                             PlanCache* cache) {
+const plan::EnginePlan& engine_plan(const StageCosts& c, const Layout& l, int stage, const PlanSettings& settings,
+                                    PlanCache& cache) {
   const std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}", l.dp, l.tp, l.pp, l.zero_stage, l.micro_batches,
                                       l.sequence_parallel, l.offload, stage);
-  if (cache != nullptr) {
-    const auto it = cache->find(key);
-    if (it != cache->end()) return it->second;
-  }
+  const auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
   plan::PlanInputs in;
   in.model = c.engine;
   in.options = settings.engine;
@@ -155,14 +159,12 @@ plan::EnginePlan engine_plan(const StageCosts& c, const Layout& l, int stage, co
   in.tp = l.tp;
   in.pp = l.pp;
   if (l.pp > 1) in.model_parallel_units = c.units;
-  plan::EnginePlan p = plan::plan_engine(in);
-  if (cache != nullptr) cache->emplace(key, p);
-  return p;
+  return cache.emplace(key, plan::plan_engine(in)).first->second;
 }
 
 Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages, const parallel::Schedule& schedule,
                           const ModelCosts& model, const Cluster& cluster, const PlanSettings& settings,
-                          PlanCache* cache) {
+                          PlanCache& cache) {
   Prediction out;
   out.layout = l;
   // More ranks than devices on a machine whose ranks share its cores: each runs that much slower.
@@ -186,7 +188,7 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
     tp_per_stage[k] = (tf + tb) * l.micro_batches;
     costs.transfer = std::max(costs.transfer, l.pp > 1 ? pp_link.time(c.send_bytes) : 0.0);
     // The engine of this stage on the meta device: its memory and its data-parallel traffic.
-    const plan::EnginePlan p = engine_plan(c, l, s, settings, cache);
+    const plan::EnginePlan& p = engine_plan(c, l, s, settings, cache);
     MemoryParts m = memory_of(p, l.zero_stage);
     m.activations = activation_peak(schedule, s, c);
     out.largest_activations = std::max(out.largest_activations, m.activations);
@@ -242,9 +244,9 @@ Prediction predict(const ModelCosts& model, const Layout& l, const Cluster& clus
   out.layout = l;
   out.unsupported = model.unsupported(l, settings.global_batch);
   if (!out.unsupported.empty()) return out;
-  return predict_stages(l, stage_costs(model, l, cluster, settings), schedule_of(l), model, cluster, settings, nullptr);
+  PlanCache cache;
+  return predict_stages(l, stage_costs(model, l, cluster, settings), schedule_of(l), model, cluster, settings, cache);
 }
-
 
 std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int global_batch) {
   if (world < 1) ZERO_THROW(InvalidArgument, "enumerate_layouts: world {} is not positive", world);
@@ -284,7 +286,7 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
   struct Pruned {
     Layout layout;
     std::vector<StageCosts> stages;
-    uint64_t floor;
+    MemoryFloor floor;
   };
   std::vector<Pruned> pruned;
   const uint64_t device = static_cast<uint64_t>(cluster.device_memory);
@@ -295,24 +297,24 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
     }
     std::vector<StageCosts> stages = stage_costs(model, l, cluster, settings);
     const parallel::Schedule schedule = schedule_of(l);
-    const uint64_t floor = memory_floor(l, stages, schedule);
-    if (floor <= device) {
-      out.push_back(predict_stages(l, stages, schedule, model, cluster, settings, &cache));
+    const MemoryFloor floor = memory_floor(l, stages, schedule);
+    if (floor.device <= device) {
+      out.push_back(predict_stages(l, stages, schedule, model, cluster, settings, cache));
     } else {
       pruned.push_back({l, std::move(stages), floor});
     }
   }
   const bool any_fits = std::any_of(out.begin(), out.end(), [](const Prediction& p) { return p.fits; });
-  std::stable_sort(pruned.begin(), pruned.end(), [](const Pruned& a, const Pruned& b) { return a.floor < b.floor; });
+  std::stable_sort(pruned.begin(), pruned.end(), [](const Pruned& a, const Pruned& b) { return a.floor.device < b.floor.device; });
   // Nothing fits: plan the smallest floors until no unplanned layout can be smaller than a planned one.
   uint64_t smallest = UINT64_MAX;
   for (const Prediction& p : out) {
     if (p.unsupported.empty()) smallest = std::min(smallest, p.memory.device());
   }
   size_t planned = 0;
-  while (!any_fits && planned < pruned.size() && pruned[planned].floor < smallest) {
+  while (!any_fits && planned < pruned.size() && pruned[planned].floor.device < smallest) {
     const Pruned& c = pruned[planned++];
-    out.push_back(predict_stages(c.layout, c.stages, schedule_of(c.layout), model, cluster, settings, &cache));
+    out.push_back(predict_stages(c.layout, c.stages, schedule_of(c.layout), model, cluster, settings, cache));
     smallest = std::min(smallest, out.back().memory.device());
   }
   for (size_t i = planned; i < pruned.size(); ++i) {
@@ -320,12 +322,8 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
     Prediction p;
     p.layout = c.layout;
     p.bounded = true;
-    const parallel::Schedule schedule = schedule_of(c.layout);
-    for (int s = 0; s < c.layout.pp; ++s) {
-      p.largest_activations = std::max(p.largest_activations, activation_peak(schedule, s, c.stages[static_cast<size_t>(s)]));
-    }
-    p.memory.activations = p.largest_activations;
-    p.memory.engine_peak = c.floor - std::min(c.floor, p.largest_activations);
+    p.largest_activations = p.memory.activations = c.floor.activations;
+    p.memory.engine_peak = c.floor.device - c.floor.activations;  // the device floor holds the largest peak
     out.push_back(p);
   }
   // Fitting first, fastest first (equal times: the smaller); then the rest, smallest first.
