@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -70,7 +72,10 @@ int run_strategy(examples::Flags& flags) {
     return 0;
   }
   const std::vector<strategy::Layout> layouts = strategy::enumerate_layouts(model, world, batch);
-  const std::vector<strategy::Prediction> ranked = strategy::rank_layouts(model, layouts, cluster, settings);
+  // The table ranks its --top rows exactly (the rest by their floors, which is much faster at many
+  // ranks); --list, what the validation reads, every layout.
+  const std::vector<strategy::Prediction> ranked =
+      strategy::rank_layouts(model, layouts, cluster, settings, list ? SIZE_MAX : static_cast<size_t>(std::max(top, 1)));
   if (list) {
     for (const strategy::Prediction& p : ranked) {
       std::printf("%s\t%s\t%d\t%.4f\t%llu\t%llu\t%d\n", strategy::layout_key(p.layout).c_str(),

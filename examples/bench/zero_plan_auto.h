@@ -7,9 +7,11 @@
 //
 // --world defaults to the cluster's devices. The table lists the layouts that fit first, fastest
 // first (memory per rank by category, predicted step time, tokens/s, bubble, exposed data-parallel
-// communication), then those that do not, smallest first; a line says why the first is chosen. --svg
-// draws time against memory with the frontier; --list prints one tab-separated line per layout for
-// scripts (key, train_gpt flags, ranks, predicted ms, device bytes of the largest stage, the largest
+// communication), then those that do not, smallest first; a line says why the first is chosen. Only
+// the first K (default 20) are planned exactly: a layout whose time floor cannot rank among them is
+// listed by that floor ("slower (at least)"), which keeps a search over thousands of layouts short.
+// --svg draws time against memory with the frontier of what was planned; --list plans every layout
+// and prints one tab-separated line per layout for scripts (key, train_gpt flags, ranks, predicted ms, device bytes of the largest stage, the largest
 // activation peak of any stage in bytes, fits).
 #include "examples/flags.h"
 

@@ -84,7 +84,12 @@ strategy::StageCosts GptCosts::stage(const Layout& l, int s, int global_batch, c
   const int b = micro_batch_size(l, global_batch), T = c.block_size;
   const GptStage st = l.pp > 1 ? gpt_stages(c.n_layer, l.pp)[static_cast<size_t>(s)] : GptStage{0, c.n_layer, true, true};
   strategy::StageCosts out;
-  out.engine = gpt_model_spec(c, dtype_, l.tp, l.sequence_parallel, l.pp > 1 ? &st : nullptr);
+  const auto key = std::make_tuple(l.tp, l.sequence_parallel, l.pp, s);
+  auto spec = specs_.find(key);
+  if (spec == specs_.end()) {
+    spec = specs_.emplace(key, gpt_model_spec(c, dtype_, l.tp, l.sequence_parallel, l.pp > 1 ? &st : nullptr)).first;
+  }
+  out.engine = spec->second;
   out.units = c.n_layer + 2;
   const int blocks = st.end_layer - st.first_layer;
   auto pass_time = [&](GptPass pass) {

@@ -6,7 +6,9 @@
 // parallelism), what it sends to the next stage, and its compute: the model's own kernels as
 // calibrate_gpt timed them on this machine (Cluster::kernels, by kernel_key), else its matrix
 // FLOPs at the cluster's peak rate times its matmul efficiency.
+#include <map>
 #include <string>
+#include <tuple>
 
 #include "base/dtype.h"
 #include "examples/gpt/gpt_model.h"
@@ -51,6 +53,10 @@ class GptCosts : public strategy::ModelCosts {
                  const strategy::Cluster& cluster) const;
   GptConfig config_;
   DType dtype_;
+  // gpt_model_spec by (tp, sp, pp, stage): it records the scope schedule from a small model's pass,
+  // which a search over thousands of layouts would otherwise repeat for each. (A GptCosts is used
+  // from one thread, as rank_layouts does.)
+  mutable std::map<std::tuple<int, bool, int, int>, plan::ModelSpec> specs_;
 };
 
 }  // namespace zero::examples

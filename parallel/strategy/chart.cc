@@ -28,7 +28,7 @@ std::vector<const Prediction*> frontier(const std::vector<Prediction>& predictio
 std::string frontier_svg(const std::vector<Prediction>& predictions, double device_memory, const std::string& title) {
   std::vector<const Prediction*> shown;
   for (const Prediction& p : predictions) {
-    if (p.unsupported.empty() && !p.bounded) shown.push_back(&p);  // a bounded one has no time
+    if (p.unsupported.empty() && p.estimate == Estimate::kExact) shown.push_back(&p);  // a floor is not a point
   }
   // The axis spans the layouts (and the device's memory when it is within twice their largest: a
   // device far larger would squeeze every layout against the left edge).

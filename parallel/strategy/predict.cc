@@ -5,6 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <queue>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "base/check.h"
 #include "base/error.h"
@@ -162,22 +166,28 @@ const plan::EnginePlan& engine_plan(const StageCosts& c, const Layout& l, int st
   return cache.emplace(key, plan::plan_engine(in)).first->second;
 }
 
-Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages, const parallel::Schedule& schedule,
-                          const ModelCosts& model, const Cluster& cluster, const PlanSettings& settings,
-                          PlanCache& cache) {
-  Prediction out;
-  out.layout = l;
+// The part of a layout's step that needs no engine plan: each stage's forward, input and weight
+// parts with their tp collectives, through the pipeline simulator (or the one stage's micro-batches
+// one after another), and each stage's optimizer over its shard.
+struct PipelineTime {
+  parallel::ActionCosts costs;
+  std::vector<double> tp, optimizer;  // per stage and step
+  TimeParts time;                     // compute, tp_comm and bubble
+  double bubble_fraction = 0;
+  // No step is shorter: the data-parallel collectives' exposed part is at least nothing.
+  double floor() const { return time.compute + time.bubble + *std::max_element(optimizer.begin(), optimizer.end()); }
+};
+
+PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stages, const parallel::Schedule& schedule,
+                           const Cluster& cluster) {
+  PipelineTime out;
   // More ranks than devices on a machine whose ranks share its cores: each runs that much slower.
   const double slow = cluster.shared_cores ? std::max(1.0, static_cast<double>(l.world()) / cluster.devices()) : 1.0;
   const Link& tp_link = link_for(cluster, l.tp);
-  const Link& dp_link = link_for(cluster, l.tp * l.dp);
   const Link& pp_link = link_for(cluster, l.world());
-  parallel::ActionCosts costs;
+  parallel::ActionCosts& costs = out.costs;
   costs.forward.assign(static_cast<size_t>(l.pp), 0.0);
-  costs.backward = costs.weight = costs.forward;
-  double after_pipeline = 0;
-  std::vector<double> tp_per_stage(static_cast<size_t>(l.pp), 0.0);
-  uint64_t worst_memory = 0;
+  costs.backward = costs.weight = out.tp = out.optimizer = costs.forward;
   for (int s = 0; s < l.pp; ++s) {
     const StageCosts& c = stages[static_cast<size_t>(s)];
     const size_t k = static_cast<size_t>(s);
@@ -185,8 +195,45 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
     costs.forward[k] = c.forward * slow + tf;
     costs.backward[k] = c.backward_input * slow + tb;
     costs.weight[k] = c.backward_weight * slow;
-    tp_per_stage[k] = (tf + tb) * l.micro_batches;
+    out.tp[k] = (tf + tb) * l.micro_batches;
     costs.transfer = std::max(costs.transfer, l.pp > 1 ? pp_link.time(c.send_bytes) : 0.0);
+    const double elements = static_cast<double>(c.engine.numel()) / (l.zero_stage >= 1 ? l.dp : 1);
+    out.optimizer[k] = elements / cluster.optimizer_rate * slow;
+    if (l.offload) {
+      // The shard's gradients to the host and its parameters back, then the host's optimizer.
+      const double host_rate = cluster.host_optimizer_rate > 0 ? cluster.host_optimizer_rate : cluster.optimizer_rate;
+      const double bytes = elements * 2 * dtype_size(c.engine.dtype);
+      out.optimizer[k] = elements / host_rate * slow + (cluster.host_link ? cluster.host_link->time(bytes) : 0.0);
+    }
+  }
+  if (l.pp > 1) {
+    const parallel::SimResult sim = parallel::simulate(schedule, costs);
+    const size_t busiest = static_cast<size_t>(std::max_element(sim.busy.begin(), sim.busy.end()) - sim.busy.begin());
+    out.time.compute = sim.busy[busiest];
+    out.time.bubble = sim.step_time - sim.busy[busiest];
+    out.time.tp_comm = out.tp[busiest];
+    out.bubble_fraction = sim.bubble_fraction;
+  } else {
+    out.time.compute = (costs.forward[0] + costs.backward[0] + costs.weight[0]) * l.micro_batches;
+    out.time.tp_comm = out.tp[0];  // the one stage
+  }
+  return out;
+}
+
+Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages, const parallel::Schedule& schedule,
+                          const PipelineTime& pipe, const ModelCosts& model, const Cluster& cluster,
+                          const PlanSettings& settings, PlanCache& cache) {
+  Prediction out;
+  out.layout = l;
+  out.time = pipe.time;
+  out.bubble_fraction = pipe.bubble_fraction;
+  const Link& dp_link = link_for(cluster, l.tp * l.dp);
+  const parallel::ActionCosts& costs = pipe.costs;
+  double after_pipeline = 0;
+  uint64_t worst_memory = 0;
+  for (int s = 0; s < l.pp; ++s) {
+    const StageCosts& c = stages[static_cast<size_t>(s)];
+    const size_t k = static_cast<size_t>(s);
     // The engine of this stage on the meta device: its memory and its data-parallel traffic.
     const plan::EnginePlan& p = engine_plan(c, l, s, settings, cache);
     MemoryParts m = memory_of(p, l.zero_stage);
@@ -206,31 +253,12 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
     // The last unit's reduction (and at stage 3 the first unit's gather) waits for nothing to hide
     // behind, so one unit's share is exposed at least.
     const double exposed = std::max(dp - window, dp / std::max(1, c.units));
-    const double elements = static_cast<double>(c.engine.numel()) / (l.zero_stage >= 1 ? l.dp : 1);
-    double optimizer = elements / cluster.optimizer_rate * slow;
-    if (l.offload) {
-      // The shard's gradients to the host and its parameters back, then the host's optimizer.
-      const double host_rate = cluster.host_optimizer_rate > 0 ? cluster.host_optimizer_rate : cluster.optimizer_rate;
-      const double bytes = elements * 2 * dtype_size(c.engine.dtype);
-      optimizer = elements / host_rate * slow + (cluster.host_link ? cluster.host_link->time(bytes) : 0.0);
-    }
-    if (exposed + optimizer >= after_pipeline) {
-      after_pipeline = exposed + optimizer;
+    if (exposed + pipe.optimizer[k] >= after_pipeline) {
+      after_pipeline = exposed + pipe.optimizer[k];
       out.time.dp_comm = dp;
       out.time.dp_exposed = exposed;
-      out.time.optimizer = optimizer;
+      out.time.optimizer = pipe.optimizer[k];
     }
-  }
-  if (l.pp > 1) {
-    const parallel::SimResult sim = parallel::simulate(schedule, costs);
-    const size_t busiest = static_cast<size_t>(std::max_element(sim.busy.begin(), sim.busy.end()) - sim.busy.begin());
-    out.time.compute = sim.busy[busiest];
-    out.time.bubble = sim.step_time - sim.busy[busiest];
-    out.time.tp_comm = tp_per_stage[busiest];
-    out.bubble_fraction = sim.bubble_fraction;
-  } else {
-    out.time.compute = (costs.forward[0] + costs.backward[0] + costs.weight[0]) * l.micro_batches;
-    out.time.tp_comm = tp_per_stage[0];  // the one stage
   }
   out.fits = out.memory.device() <= static_cast<uint64_t>(cluster.device_memory);
   out.tokens_per_s = settings.global_batch * static_cast<double>(model.sequence_length()) / out.time.step();
@@ -245,7 +273,9 @@ Prediction predict(const ModelCosts& model, const Layout& l, const Cluster& clus
   out.unsupported = model.unsupported(l, settings.global_batch);
   if (!out.unsupported.empty()) return out;
   PlanCache cache;
-  return predict_stages(l, stage_costs(model, l, cluster, settings), schedule_of(l), model, cluster, settings, cache);
+  const std::vector<StageCosts> stages = stage_costs(model, l, cluster, settings);
+  const parallel::Schedule schedule = schedule_of(l);
+  return predict_stages(l, stages, schedule, pipeline_time(l, stages, schedule, cluster), model, cluster, settings, cache);
 }
 
 std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int global_batch) {
@@ -279,57 +309,84 @@ std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int gl
 }
 
 std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<Layout>& layouts, const Cluster& cluster,
-                                     const PlanSettings& settings) {
+                                     const PlanSettings& settings, size_t exact) {
+  exact = std::max<size_t>(exact, 1);
   std::vector<Prediction> out;
   PlanCache cache;
-  // Layouts whose floor exceeds the device, with what predicting them needs.
-  struct Pruned {
+  // A supported layout with what predicting it needs, and its floors.
+  struct Candidate {
     Layout layout;
     std::vector<StageCosts> stages;
+    parallel::Schedule schedule;
     MemoryFloor floor;
+    PipelineTime pipe;
   };
-  std::vector<Pruned> pruned;
+  std::vector<Candidate> candidates, too_large;
   const uint64_t device = static_cast<uint64_t>(cluster.device_memory);
   for (const Layout& l : layouts) {
     if (!model.unsupported(l, settings.global_batch).empty()) {
       out.push_back(predict(model, l, cluster, settings));
       continue;
     }
-    std::vector<StageCosts> stages = stage_costs(model, l, cluster, settings);
-    const parallel::Schedule schedule = schedule_of(l);
-    const MemoryFloor floor = memory_floor(l, stages, schedule);
-    if (floor.device <= device) {
-      out.push_back(predict_stages(l, stages, schedule, model, cluster, settings, cache));
-    } else {
-      pruned.push_back({l, std::move(stages), floor});
+    Candidate c{l, stage_costs(model, l, cluster, settings), schedule_of(l), {}, {}};
+    c.floor = memory_floor(l, c.stages, c.schedule);
+    c.pipe = pipeline_time(l, c.stages, c.schedule, cluster);
+    (c.floor.device <= device ? candidates : too_large).push_back(std::move(c));
+  }
+  auto plan = [&](const Candidate& c) {
+    return predict_stages(c.layout, c.stages, c.schedule, c.pipe, model, cluster, settings, cache);
+  };
+  // Plan the candidates in the order of their time floors; once `exact` fit, a floor above the
+  // slowest of them cannot rank among them, nor can any after it.
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.pipe.floor() < b.pipe.floor(); });
+  std::priority_queue<double> fastest;  // the `exact` fastest fitting steps so far, the slowest on top
+  size_t next = 0;
+  for (; next < candidates.size(); ++next) {
+    if (fastest.size() >= exact && candidates[next].pipe.floor() > fastest.top()) break;
+    out.push_back(plan(candidates[next]));
+    if (out.back().fits) {
+      fastest.push(out.back().time.step());
+      if (fastest.size() > exact) fastest.pop();
     }
   }
-  const bool any_fits = std::any_of(out.begin(), out.end(), [](const Prediction& p) { return p.fits; });
-  std::stable_sort(pruned.begin(), pruned.end(), [](const Pruned& a, const Pruned& b) { return a.floor.device < b.floor.device; });
+  auto floor_of = [](const Candidate& c, Estimate estimate) {
+    Prediction p;
+    p.layout = c.layout;
+    p.estimate = estimate;
+    p.largest_activations = p.memory.activations = c.floor.activations;
+    p.memory.engine_peak = c.floor.device - c.floor.activations;  // the device floor holds the largest peak
+    return p;
+  };
+  for (size_t i = next; i < candidates.size(); ++i) {
+    const Candidate& c = candidates[i];
+    Prediction p = floor_of(c, Estimate::kTooSlow);
+    p.time = c.pipe.time;
+    p.time.optimizer = *std::max_element(c.pipe.optimizer.begin(), c.pipe.optimizer.end());
+    p.bubble_fraction = c.pipe.bubble_fraction;
+    p.tokens_per_s = settings.global_batch * static_cast<double>(model.sequence_length()) / p.time.step();
+    out.push_back(p);
+  }
   // Nothing fits: plan the smallest floors until no unplanned layout can be smaller than a planned one.
+  const bool any_fits = !fastest.empty();
+  std::stable_sort(too_large.begin(), too_large.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.floor.device < b.floor.device; });
   uint64_t smallest = UINT64_MAX;
   for (const Prediction& p : out) {
     if (p.unsupported.empty()) smallest = std::min(smallest, p.memory.device());
   }
   size_t planned = 0;
-  while (!any_fits && planned < pruned.size() && pruned[planned].floor.device < smallest) {
-    const Pruned& c = pruned[planned++];
-    out.push_back(predict_stages(c.layout, c.stages, schedule_of(c.layout), model, cluster, settings, cache));
+  while (!any_fits && planned < too_large.size() && too_large[planned].floor.device < smallest) {
+    out.push_back(plan(too_large[planned++]));
     smallest = std::min(smallest, out.back().memory.device());
   }
-  for (size_t i = planned; i < pruned.size(); ++i) {
-    const Pruned& c = pruned[i];
-    Prediction p;
-    p.layout = c.layout;
-    p.bounded = true;
-    p.largest_activations = p.memory.activations = c.floor.activations;
-    p.memory.engine_peak = c.floor.device - c.floor.activations;  // the device floor holds the largest peak
-    out.push_back(p);
-  }
-  // Fitting first, fastest first (equal times: the smaller); then the rest, smallest first.
-  std::stable_sort(out.begin(), out.end(), [](const Prediction& a, const Prediction& b) {
-    if (a.fits != b.fits) return a.fits;
-    if (!a.fits || a.time.step() == b.time.step()) return a.memory.device() < b.memory.device();
+  for (size_t i = planned; i < too_large.size(); ++i) out.push_back(floor_of(too_large[i], Estimate::kTooLarge));
+  // Fitting first, fastest first (equal times: the smaller); then the too slow, by their floors;
+  // then the rest, smallest first.
+  auto group = [](const Prediction& p) { return p.fits ? 0 : p.estimate == Estimate::kTooSlow ? 1 : 2; };
+  std::stable_sort(out.begin(), out.end(), [&](const Prediction& a, const Prediction& b) {
+    if (group(a) != group(b)) return group(a) < group(b);
+    if (group(a) == 2 || a.time.step() == b.time.step()) return a.memory.device() < b.memory.device();
     return a.time.step() < b.time.step();
   });
   return out;
@@ -337,26 +394,41 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
 
 std::string table(const std::vector<Prediction>& ranked, size_t limit) {
   using memory::format_bytes;
-  std::string s = fmt::format("{:>4}  {:<44} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {:>9} {:>11} {:>7} {:>9}\n",
-                              "#", "layout", "params", "grads", "master", "optimizer", "buffers", "window", "activ.",
-                              "device", "step ms", "tokens/s", "bubble", "dp ms");
+  // One row's cells after its number and layout: memory by category, step, tokens/s, bubble, dp,
+  // and a remark. A layout not planned has floors: the activations exact, the device at least
+  // their sum with the parameters kept, and (too slow) the step at least its pipeline's.
+  std::vector<std::pair<std::string, std::vector<std::string>>> rows;
+  size_t width = 6;
   for (size_t i = 0; i < ranked.size() && i < limit; ++i) {
     const Prediction& p = ranked[i];
     const MemoryParts& m = p.memory;
-    if (p.bounded) {
-      // Not planned: the activations, and the device at least their sum with the parameters kept.
-      s += fmt::format("{:>4}  {:<44} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {:>9} {:>11} {:>7} {:>9}  "
-                       "does not fit (at least)\n",
-                       i + 1, describe(p.layout), "-", "-", "-", "-", "-", "-", format_bytes(m.activations),
-                       ">" + format_bytes(m.device()), "-", "-", "-", "-");
-      continue;
+    std::vector<std::string> cells;
+    if (p.estimate == Estimate::kExact) {
+      cells = {format_bytes(m.params), format_bytes(m.grads), format_bytes(m.master), format_bytes(m.optimizer),
+               format_bytes(m.buffers), format_bytes(m.window), format_bytes(m.activations), format_bytes(m.device()),
+               fmt::format("{:.2f}", 1e3 * p.time.step()), fmt::format("{:.0f}", p.tokens_per_s),
+               fmt::format("{:.1f}%", 100 * p.bubble_fraction), fmt::format("{:.2f}", 1e3 * p.time.dp_exposed),
+               p.fits ? "" : "does not fit"};
+    } else {
+      const bool slow = p.estimate == Estimate::kTooSlow;
+      cells = {"-", "-", "-", "-", "-", "-", format_bytes(m.activations), ">" + format_bytes(m.device()),
+               slow ? fmt::format(">{:.2f}", 1e3 * p.time.step()) : "-",
+               slow ? fmt::format("<{:.0f}", p.tokens_per_s) : "-",
+               slow ? fmt::format("{:.1f}%", 100 * p.bubble_fraction) : "-", "-",
+               slow ? "slower (at least)" : "does not fit (at least)"};
     }
-    s += fmt::format("{:>4}  {:<44} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {:>9.2f} {:>11.0f} {:>6.1f}% {:>9.2f}{}\n",
-                     i + 1, describe(p.layout), format_bytes(m.params), format_bytes(m.grads), format_bytes(m.master),
-                     format_bytes(m.optimizer), format_bytes(m.buffers), format_bytes(m.window),
-                     format_bytes(m.activations), format_bytes(m.device()), 1e3 * p.time.step(), p.tokens_per_s,
-                     100 * p.bubble_fraction, 1e3 * p.time.dp_exposed, p.fits ? "" : "  does not fit");
+    rows.emplace_back(describe(p.layout), std::move(cells));
+    width = std::max(width, rows.back().first.size());
   }
+  auto line = [&](const std::string& number, const std::string& layout, const std::vector<std::string>& c) {
+    std::string out = fmt::format("{:>4}  {:<{}} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {:>9} {:>11} {:>7} {:>9}",
+                                  number, layout, width, c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9],
+                                  c[10], c[11]);
+    return out + (c[12].empty() ? "" : "  " + c[12]) + "\n";
+  };
+  std::string s = line("#", "layout", {"params", "grads", "master", "optimizer", "buffers", "window", "activ.", "device",
+                                       "step ms", "tokens/s", "bubble", "dp ms", ""});
+  for (size_t i = 0; i < rows.size(); ++i) s += line(std::to_string(i + 1), rows[i].first, rows[i].second);
   return s;
 }
 
@@ -368,10 +440,14 @@ std::string reason(const std::vector<Prediction>& ranked) {
     return fmt::format("no layout fits: the smallest, {}, needs {} per device ({} of it activations)",
                        describe(best.layout), format_bytes(best.memory.device()), format_bytes(best.memory.activations));
   }
-  size_t fitting = 0;
-  for (const Prediction& p : ranked) fitting += p.fits ? 1 : 0;
-  std::string s = fmt::format("{}: the fastest of {} layouts that fit ({:.2f} ms per step, {})", describe(best.layout),
-                              fitting, 1e3 * best.time.step(), format_bytes(best.memory.device()));
+  size_t fitting = 0, slower = 0;
+  for (const Prediction& p : ranked) {
+    fitting += p.fits ? 1 : 0;
+    slower += p.estimate == Estimate::kTooSlow ? 1 : 0;
+  }
+  std::string s = fmt::format("{}: the fastest of {} layouts that fit{} ({:.2f} ms per step, {})", describe(best.layout),
+                              fitting, slower > 0 ? fmt::format(" and {} more whose floors are slower", slower) : "",
+                              1e3 * best.time.step(), format_bytes(best.memory.device()));
   if (fitting > 1) {
     const Prediction& next = ranked[1];
     s += fmt::format("; next {} at {:.2f} ms ({:+.1f}%)", describe(next.layout), 1e3 * next.time.step(),

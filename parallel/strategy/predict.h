@@ -4,6 +4,7 @@
 // compute and tensor-parallel collectives, through the pipeline simulator for the bubble; the data-
 // parallel collectives the engine's plan counts, less what overlaps the backward; the optimizer).
 // Every figure is per rank of the stage that costs most, and comes with its parts (explain()).
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -32,6 +33,18 @@ struct TimeParts {
   double step() const { return compute + bubble + dp_exposed + optimizer; }
 };
 
+// How far the search took a layout.
+enum class Estimate {
+  kExact,     // planned: its memory and time are the engine's and the model's
+  // Not planned: its activations and the parameters the engine keeps alone exceed the device.
+  // `memory` is that floor (the activations exact); there is no time.
+  kTooLarge,
+  // Not planned: its time floor (the pipeline with its tp collectives and bubble, and the optimizer;
+  // no dp collectives) is above the step of every layout the search was asked to rank exactly.
+  // `time` is that floor, `memory` the floor above; whether it fits is not known.
+  kTooSlow,
+};
+
 struct Prediction {
   Layout layout;
   std::string unsupported;  // why the model cannot run it ("" when it can)
@@ -39,10 +52,7 @@ struct Prediction {
   int memory_stage = 0;
   uint64_t largest_activations = 0;  // the largest activation peak of any stage
   bool fits = false;
-  // The search did not plan its engine: the activations and parameters alone exceed the device, so
-  // `memory` is a floor (activations exact, the engine's part at least the parameters it keeps) and
-  // there is no time.
-  bool bounded = false;
+  Estimate estimate = Estimate::kExact;
   TimeParts time;
   double bubble_fraction = 0;
   double tokens_per_s = 0;
@@ -60,12 +70,16 @@ Prediction predict(const ModelCosts& model, const Layout& layout, const Cluster&
 // sequence parallelism at tp above 1, offload at stages 1-3, and activation recompute.
 std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int global_batch);
 
-// Predictions for every layout, those that fit first, each group by step time (the others smallest
-// first). A layout whose activations and kept parameters alone exceed the device is not planned
-// (Prediction::bounded) unless no layout fits, when the smallest are planned until the smallest of
-// all is known exactly. Layouts that differ only in schedule or recompute share their engine plans.
+// Predictions for every layout: those that fit first, fastest first; then those too slow to rank,
+// by their time floor; then the rest, smallest first. A layout whose activations and kept
+// parameters alone exceed the device is not planned (Estimate::kTooLarge) unless no layout fits,
+// when the smallest are planned until the smallest of all is known exactly. The others are planned
+// in the order of their time floors until `exact` fitting layouts are known and no floor is below
+// the slowest of them (the rest: Estimate::kTooSlow): the first `exact` are the same as planning
+// everything would rank first. Layouts that differ only in schedule or recompute share their
+// engine plans.
 std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<Layout>& layouts, const Cluster& cluster,
-                                     const PlanSettings& settings);
+                                     const PlanSettings& settings, size_t exact = SIZE_MAX);
 
 // The table (layout, memory per rank by category, step time, tokens/s, bubble, exposed dp
 // communication); the one line on why the first is chosen; one prediction's breakdown.

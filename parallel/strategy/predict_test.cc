@@ -130,7 +130,8 @@ TEST_CASE("the search plans only what can fit, and shares plans without changing
   for (const Prediction& p : ranked) {
     CAPTURE(describe(p.layout));
     const Prediction alone = predict(toy, p.layout, small, settings());
-    if (p.bounded) {
+    CHECK(p.estimate != Estimate::kTooSlow);  // everything ranked exactly
+    if (p.estimate == Estimate::kTooLarge) {
       ++bounded;
       CHECK(!p.fits);
       CHECK(!alone.fits);
@@ -148,9 +149,43 @@ TEST_CASE("the search plans only what can fit, and shares plans without changing
   small.device_memory = 1000;
   const std::vector<Prediction> none = rank_layouts(toy, all, small, settings());
   REQUIRE(!none.front().fits);
-  CHECK(!none.front().bounded);
+  CHECK(none.front().estimate == Estimate::kExact);
   for (const Prediction& p : none) CHECK(none.front().memory.device() <= p.memory.device());
   CHECK(table(none, 1000).find("does not fit (at least)") != std::string::npos);
+}
+
+TEST_CASE("asked for the first k exactly, the search ranks them as planning everything would, the rest by floors") {
+  const ToyCosts toy;
+  const std::vector<Layout> all = enumerate_layouts(toy, 4, 16);
+  Cluster slow_link = cluster();
+  slow_link.intra = {1e7, 1e-4};  // the dp collectives matter: floors differ from steps
+  const std::vector<Prediction> every = rank_layouts(toy, all, slow_link, settings());
+  for (size_t k : {1, 5, 20}) {
+    CAPTURE(k);
+    const std::vector<Prediction> first = rank_layouts(toy, all, slow_link, settings(), k);
+    REQUIRE(first.size() == every.size());
+    for (size_t i = 0; i < k; ++i) {
+      CAPTURE(i);
+      CHECK(first[i].layout == every[i].layout);
+      CHECK(first[i].time.step() == every[i].time.step());
+      CHECK(first[i].estimate == Estimate::kExact);
+    }
+    size_t slower = 0;
+    for (const Prediction& p : first) {
+      if (p.estimate != Estimate::kTooSlow) continue;
+      ++slower;
+      CAPTURE(describe(p.layout));
+      const Prediction alone = predict(toy, p.layout, slow_link, settings());
+      CHECK(p.time.step() <= alone.time.step());             // a floor
+      CHECK(p.time.step() > first[k - 1].time.step());       // that cannot rank among the first k
+      CHECK(p.memory.device() <= alone.memory.device());
+      CHECK(p.memory.activations == alone.largest_activations);
+      CHECK(!p.fits);
+    }
+    CHECK(slower > 0);  // something was not planned
+    CHECK(table(first, first.size()).find("slower (at least)") != std::string::npos);
+    CHECK(reason(first).find("more whose floors are slower") != std::string::npos);
+  }
 }
 
 TEST_CASE("tensor-parallel collectives by the ring formula; ranks beyond a machine's shared cores run slower") {
