@@ -26,6 +26,7 @@ std::string train_flags(const strategy::Layout& l) {
   if (l.tp > 1) s += fmt::format(" --tp {}", l.tp);
   if (l.sequence_parallel) s += " --sequence-parallel";
   if (l.pp > 1) s += fmt::format(" --pp {} --pp-schedule {}", l.pp, l.schedule);
+  if (l.chunks > 1) s += fmt::format(" --chunks {}", l.chunks);
   if (l.micro_batches > 1 || l.pp > 1) s += fmt::format(" --micro-batches {}", l.micro_batches);
   if (l.offload) s += " --offload";
   if (l.recompute) s += " --recompute";

@@ -90,23 +90,37 @@ GptPipeline::StepResult GptPipeline::train_step(const std::vector<MicroBatch>& m
   for (const MicroBatch& m : micro_batches) {
     ZERO_CHECK(m.B == B_ && m.T == T_, "micro-batches of different shapes ({}x{} and {}x{})", B_, T_, m.B, m.T);
   }
-  for (Gpt& c : chunks_) c.reset_peak_activation_bytes();
+  // The rank's activation peak over its chunks at once: an action changes only its own chunk's
+  // bytes, so the peak during it is the others' bytes plus that chunk's peak within the action.
+  size_t peak = 0;
+  auto tracked = [&](int chunk, auto&& action) {
+    Gpt& model = chunks_[static_cast<size_t>(chunk)];
+    size_t others = 0;
+    for (const Gpt& c : chunks_) others += &c == &model ? 0 : c.activation_bytes();
+    model.reset_peak_activation_bytes();
+    action(model);
+    peak = std::max(peak, others + model.peak_activation_bytes());
+  };
   std::vector<float> losses(micro_batches.size(), 0.0f);
   parallel::StageFunctions fns;
   fns.forward = [&](int mb, int chunk, const std::vector<float>& input, std::vector<float>& output) {
     const MicroBatch& m = micro_batches[static_cast<size_t>(mb)];
-    Gpt& model = chunks_[static_cast<size_t>(chunk)];
-    const float loss = model.forward_micro_batch(mb, m.inputs, m.targets, m.B, m.T, input.empty() ? nullptr : input.data(),
-                                                 &output, access_[static_cast<size_t>(chunk)]);
-    if (model.stage().last) losses[static_cast<size_t>(mb)] = loss;
+    tracked(chunk, [&](Gpt& model) {
+      const float loss = model.forward_micro_batch(mb, m.inputs, m.targets, m.B, m.T,
+                                                   input.empty() ? nullptr : input.data(), &output,
+                                                   access_[static_cast<size_t>(chunk)]);
+      if (model.stage().last) losses[static_cast<size_t>(mb)] = loss;
+    });
   };
   fns.backward = [&](int mb, int chunk, bool with_weight, const std::vector<float>& grad_output,
                      std::vector<float>& grad_input) {
-    chunks_[static_cast<size_t>(chunk)].backward_micro_batch(mb, loss_scale, grad_output.empty() ? nullptr : grad_output.data(),
-                                                             &grad_input, with_weight, access_[static_cast<size_t>(chunk)]);
+    tracked(chunk, [&](Gpt& model) {
+      model.backward_micro_batch(mb, loss_scale, grad_output.empty() ? nullptr : grad_output.data(), &grad_input,
+                                 with_weight, access_[static_cast<size_t>(chunk)]);
+    });
   };
   fns.weight = [&](int mb, int chunk) {
-    chunks_[static_cast<size_t>(chunk)].weight_micro_batch(mb, access_[static_cast<size_t>(chunk)]);
+    tracked(chunk, [&](Gpt& model) { model.weight_micro_batch(mb, access_[static_cast<size_t>(chunk)]); });
   };
   StepResult r;
   r.spans = runner_->run(fns);
@@ -116,7 +130,7 @@ GptPipeline::StepResult GptPipeline::train_step(const std::vector<MicroBatch>& m
   for (float l : losses) sum += l;
   r.loss = static_cast<float>(sum / static_cast<double>(losses.size()));
   r.losses = std::move(losses);
-  for (const Gpt& c : chunks_) r.peak_activation_bytes += c.peak_activation_bytes();
+  r.peak_activation_bytes = peak;
   r.start_s = std::chrono::duration<double>(runner_->last_start().time_since_epoch()).count();
   return r;
 }

@@ -30,7 +30,13 @@ std::string GptCosts::unsupported(const Layout& l, int global_batch) const {
   if (l.sequence_parallel && c.block_size % l.tp != 0) {
     return fmt::format("sequence parallelism: tp {} does not divide the context {}", l.tp, c.block_size);
   }
-  if (l.pp > c.n_layer) return fmt::format("pp {} is more stages than the {} layers", l.pp, c.n_layer);
+  if (l.virtual_stages() > c.n_layer) {
+    return l.chunks > 1 ? fmt::format("pp {} x {} chunks is more stages than the {} layers", l.pp, l.chunks, c.n_layer)
+                        : fmt::format("pp {} is more stages than the {} layers", l.pp, c.n_layer);
+  }
+  if (l.chunks > 1 && l.micro_batches % l.pp != 0) {
+    return fmt::format("interleaved: {} micro-batches are not a multiple of pp {}", l.micro_batches, l.pp);
+  }
   if (global_batch % (l.dp * l.micro_batches) != 0) {
     return fmt::format("the batch {} does not divide into dp {} x {} micro-batches", global_batch, l.dp, l.micro_batches);
   }
@@ -82,12 +88,13 @@ double GptCosts::seconds(GptPart part, GptPass pass, int batch, const Layout& l,
 strategy::StageCosts GptCosts::stage(const Layout& l, int s, int global_batch, const strategy::Cluster& cluster) const {
   const GptConfig& c = config_;
   const int b = micro_batch_size(l, global_batch), T = c.block_size;
-  const GptStage st = l.pp > 1 ? gpt_stages(c.n_layer, l.pp)[static_cast<size_t>(s)] : GptStage{0, c.n_layer, true, true};
+  const int stages = l.virtual_stages();
+  const GptStage st = stages > 1 ? gpt_stages(c.n_layer, stages)[static_cast<size_t>(s)] : GptStage{0, c.n_layer, true, true};
   strategy::StageCosts out;
-  const auto key = std::make_tuple(l.tp, l.sequence_parallel, l.pp, s);
+  const auto key = std::make_tuple(l.tp, l.sequence_parallel, stages, s);
   auto spec = specs_.find(key);
   if (spec == specs_.end()) {
-    spec = specs_.emplace(key, gpt_model_spec(c, dtype_, l.tp, l.sequence_parallel, l.pp > 1 ? &st : nullptr)).first;
+    spec = specs_.emplace(key, gpt_model_spec(c, dtype_, l.tp, l.sequence_parallel, stages > 1 ? &st : nullptr)).first;
   }
   out.engine = spec->second;
   out.units = c.n_layer + 2;

@@ -53,7 +53,7 @@ class GptCosts : public strategy::ModelCosts {
                  const strategy::Cluster& cluster) const;
   GptConfig config_;
   DType dtype_;
-  // gpt_model_spec by (tp, sp, pp, stage): it records the scope schedule from a small model's pass,
+  // gpt_model_spec by (tp, sp, virtual stages, stage): it records the scope schedule from a small model's pass,
   // which a search over thousands of layouts would otherwise repeat for each. (A GptCosts is used
   // from one thread, as rank_layouts does.)
   mutable std::map<std::tuple<int, bool, int, int>, plan::ModelSpec> specs_;

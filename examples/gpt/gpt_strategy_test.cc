@@ -2,9 +2,19 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <map>
+#include <mutex>
 #include <string>
+#include <vector>
 
+#include "comm/mesh.h"
+#include "examples/gpt/gpt_engine.h"
+#include "examples/gpt/gpt_pipeline.h"
+#include "parallel/pipeline/schedules.h"
 #include "parallel/strategy/predict.h"
+#include "testing/thread_ranks.h"
+#include "zero/engine.h"
 
 namespace zero::examples {
 namespace {
@@ -89,6 +99,86 @@ TEST_CASE("the planner ranks the GPT's layouts of 8 ranks, each within its memor
   const std::vector<strategy::Prediction> ranked = strategy::rank_layouts(gpt, layouts, cluster(), settings);
   CHECK(ranked.front().fits);
   CHECK(ranked.front().time.step() > 0);
+}
+
+// One pipeline rank as the engine measured it: its activation peak over its chunks, and its memory
+// report's peaks by category.
+struct RankMeasured {
+  size_t activations = 0;
+  std::map<std::string, uint64_t> peaks;
+};
+
+// Two steps of `l` (dp 1, tp 1) of a small GPT through GptPipeline, pipeline ranks as threads.
+std::vector<RankMeasured> run_pipeline(const GptConfig& c, const Layout& l, int B, const EngineOptions& base) {
+  std::vector<RankMeasured> out(static_cast<size_t>(l.pp));
+  std::mutex mu;
+  testing::run_thread_ranks(l.pp, [&](comm::Communicator& world) {
+    comm::Mesh mesh(world, {.pp = l.pp, .dp = 1, .tp = 1});
+    const Gpt whole(c, 3);
+    EngineOptions o = base;
+    o.stage = l.zero_stage;
+    o.micro_batches = l.micro_batches;
+    Engine engine(EngineComms{.shard = &mesh.dp(), .model_parallel = &mesh.model_parallel(), .tied = mesh.embedding()}, o);
+    GptPipeline pipe(whole, {}, mesh.pp(), parallel::make_schedule(l.schedule, l.pp, l.micro_batches, l.chunks, c.n_layer),
+                     {}, engine);
+    for (Gpt& chunk : pipe.chunks()) chunk.set_recompute(l.recompute);
+    engine.finalize();
+    std::vector<MicroBatch> batches;
+    for (int q = 0; q < l.micro_batches; ++q) {
+      MicroBatch m{{}, {}, B, c.block_size};
+      for (int i = 0; i < B * c.block_size; ++i) {
+        m.inputs.push_back((i * 17 + 5 * q + 3) % c.vocab_size);
+        m.targets.push_back((i * 29 + 7 * q + 11) % c.vocab_size);
+      }
+      batches.push_back(std::move(m));
+    }
+    size_t activations = 0;
+    for (int step = 0; step < 2; ++step) {
+      activations = std::max(activations, pipe.train_step(batches, engine.loss_scale()).peak_activation_bytes);
+      engine.step();
+    }
+    RankMeasured r{activations, {}};
+    for (const MemoryReport::Row& row : engine.memory_report().rows) r.peaks[row.category] = row.peak;
+    std::lock_guard<std::mutex> lock(mu);
+    out[static_cast<size_t>(mesh.coord().pp)] = r;
+  });
+  return out;
+}
+
+TEST_CASE("planned pipeline ranks equal GptPipeline's: activation peaks and engine memory, interleaved included") {
+  const GptConfig c{.vocab_size = 61, .block_size = 8, .n_embd = 16, .n_head = 4, .n_layer = 4};
+  const GptCosts gpt(c, DType::kFloat32);
+  const int B = 2;
+  strategy::PlanSettings settings;
+  settings.engine = gpt_engine_options(1e-3f);
+  for (const Layout& base : {Layout{.pp = 2, .micro_batches = 4, .schedule = "1f1b"},
+                            Layout{.pp = 2, .micro_batches = 4, .schedule = "zb-h1"},
+                            Layout{.pp = 2, .micro_batches = 4, .schedule = "interleaved", .chunks = 2},
+                            Layout{.pp = 2, .micro_batches = 2, .schedule = "interleaved", .chunks = 2}}) {
+    for (int stage : {1, 3}) {
+      for (bool recompute : {false, true}) {
+        Layout l = base;
+        l.zero_stage = stage;
+        l.recompute = recompute;
+        CAPTURE(strategy::describe(l));
+        settings.global_batch = B * l.micro_batches;
+        const strategy::Prediction p = strategy::predict(gpt, l, cluster(), settings);
+        REQUIRE(p.unsupported.empty());
+        const std::vector<RankMeasured> measured = run_pipeline(c, l, B, settings.engine);
+        size_t largest = 0;
+        for (const RankMeasured& r : measured) largest = std::max(largest, r.activations);
+        CHECK(p.largest_activations == largest);
+        const RankMeasured& r = measured[static_cast<size_t>(p.memory_stage)];
+        CHECK(p.memory.activations == r.activations);
+        CHECK(p.memory.grads == r.peaks.at("grads"));
+        CHECK(p.memory.master == r.peaks.at("master_params"));
+        CHECK(p.memory.optimizer == r.peaks.at("optimizer_state"));
+        CHECK(p.memory.buffers == r.peaks.at("comm_buffer"));
+        CHECK(p.memory.params == r.peaks.at(stage == 3 ? "params (shard)" : "params (user)"));
+        if (stage == 3) CHECK(p.memory.window == r.peaks.at("gather_window"));
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -14,6 +14,7 @@ std::string describe(const Layout& l) {
   std::string s = fmt::format("dp {} x tp {} x pp {}, stage {}", l.dp, l.tp, l.pp, l.zero_stage);
   if (l.pp > 1) {
     s += fmt::format(", {} x {}", l.schedule, l.micro_batches);
+    if (l.chunks > 1) s += fmt::format(", {} chunks", l.chunks);
   } else if (l.micro_batches > 1) {
     s += fmt::format(", {} micro-batches", l.micro_batches);
   }
@@ -26,6 +27,7 @@ std::string describe(const Layout& l) {
 std::string layout_key(const Layout& l) {
   std::string s = fmt::format("dp{}.tp{}.pp{}.z{}.m{}", l.dp, l.tp, l.pp, l.zero_stage, l.micro_batches);
   if (l.pp > 1) s += "." + l.schedule;
+  if (l.chunks > 1) s += fmt::format(".v{}", l.chunks);
   if (l.sequence_parallel) s += ".sp";
   if (l.offload) s += ".off";
   if (l.recompute) s += ".rc";
@@ -60,10 +62,12 @@ Layout parse_layout(const std::string& text) {
     } else if (key == "m") {
       l.micro_batches = number(key, value);
     } else if (key == "schedule") {
-      if (value != "gpipe" && value != "1f1b" && value != "zb-h1") {
-        ZERO_THROW(InvalidArgument, "layout '{}': schedule={} is not gpipe, 1f1b or zb-h1", text, value);
+      if (value != "gpipe" && value != "1f1b" && value != "zb-h1" && value != "interleaved") {
+        ZERO_THROW(InvalidArgument, "layout '{}': schedule={} is not gpipe, 1f1b, zb-h1 or interleaved", text, value);
       }
       l.schedule = value;
+    } else if (key == "chunks") {
+      l.chunks = number(key, value);
     } else if (key == "sp" && eq == std::string::npos) {
       l.sequence_parallel = true;
     } else if (key == "offload" && eq == std::string::npos) {
@@ -71,12 +75,17 @@ Layout parse_layout(const std::string& text) {
     } else if (key == "recompute" && eq == std::string::npos) {
       l.recompute = true;
     } else {
-      ZERO_THROW(InvalidArgument, "layout '{}': unknown item '{}' (dp=, tp=, pp=, stage=, m=, schedule=, sp, offload, recompute)",
+      ZERO_THROW(InvalidArgument, "layout '{}': unknown item '{}' (dp=, tp=, pp=, stage=, m=, schedule=, chunks=, sp, offload, recompute)",
                  text, item);
     }
   }
   if (l.offload && l.zero_stage == 0) ZERO_THROW(InvalidArgument, "layout '{}': offload needs stage 1-3", text);
   if (l.sequence_parallel && l.tp == 1) ZERO_THROW(InvalidArgument, "layout '{}': sp needs tp above 1", text);
+  if ((l.schedule == "interleaved") != (l.chunks > 1)) {
+    ZERO_THROW(InvalidArgument, "layout '{}': the interleaved schedule and chunks above 1 go together (schedule={}, chunks={})",
+               text, l.schedule, l.chunks);
+  }
+  if (l.chunks > 1 && l.pp == 1) ZERO_THROW(InvalidArgument, "layout '{}': chunks={} needs pp above 1", text, l.chunks);
   return l;
 }
 

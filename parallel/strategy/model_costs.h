@@ -1,5 +1,6 @@
 #pragma once
-// What a model tells the strategy planner about one pipeline stage of a layout: its tensors (for the
+// What a model tells the strategy planner about one pipeline stage of a layout (one model chunk under
+// an interleaved schedule, where a rank holds several): its tensors (for the
 // engine's plan on the meta device), its compute per micro-batch, the collectives of its tensor-
 // parallel regions, what it sends to the next stage and the activations it holds. The GPT example
 // implements it (examples/gpt/gpt_strategy.h); any model can, from its own shapes.
@@ -45,8 +46,9 @@ class ModelCosts {
   // Why the model cannot run `layout` with `global_batch` sequences per step ("" when it can): tp
   // not dividing the heads, more stages than layers, the batch not dividing into micro-batches.
   virtual std::string unsupported(const Layout& layout, int global_batch) const = 0;
-  // Pipeline stage `stage` of `layout`; compute times from the cluster's calibrated kernels where it
-  // has them, else from its peak rate and matmul efficiency.
+  // Virtual stage `stage` (0 .. pp x chunks - 1, the model cut in that many parts in order) of
+  // `layout`; compute times from the cluster's calibrated kernels where it has them, else from its
+  // peak rate and matmul efficiency.
   virtual StageCosts stage(const Layout& layout, int stage, int global_batch, const Cluster& cluster) const = 0;
 };
 

@@ -75,14 +75,20 @@ MemoryParts memory_of(const plan::EnginePlan& p, int zero_stage) {
   return m;
 }
 
-// The most activation bytes pipeline rank `rank` holds at once: a forward adds a micro-batch's,
-// a split backward's input part adds its weight work, the weight part (or a whole backward) frees both;
-// a whole backward under recompute holds its rebuilt part on top while it runs. (A forward's own
-// rebuilt-sized temporaries are not more: every schedule here runs a backward before anything
-// frees, holding at least as much.)
-uint64_t activation_peak(const parallel::Schedule& s, int rank, const StageCosts& c) {
+// The virtual stage of rank `rank`'s chunk `chunk` (Schedule::virtual_stage's rule).
+const StageCosts& chunk_costs(const Layout& l, const std::vector<StageCosts>& stages, int rank, int chunk) {
+  return stages[static_cast<size_t>(chunk * l.pp + rank)];
+}
+
+// The most activation bytes pipeline rank `rank` holds at once, over all its chunks: a forward adds
+// a micro-batch's, a split backward's input part adds its weight work, the weight part (or a whole
+// backward) frees both; a whole backward under recompute holds its rebuilt part on top while it
+// runs. (A forward's own rebuilt-sized temporaries are not more: every schedule here runs a
+// backward before anything frees, holding at least as much.)
+uint64_t activation_peak(const parallel::Schedule& s, const Layout& l, const std::vector<StageCosts>& stages, int rank) {
   uint64_t held = 0, peak = 0;
   for (const parallel::Action& a : s.actions[static_cast<size_t>(rank)]) {
+    const StageCosts& c = chunk_costs(l, stages, rank, a.chunk);
     switch (a.op) {
       case parallel::Op::kF: held += c.activation_bytes; break;
       case parallel::Op::kB: held += c.weight_work_bytes; break;
@@ -111,46 +117,94 @@ std::vector<int> divisors(int n) {
 namespace {
 
 // The engine's plans on the meta device by what they depend on: a layout's schedule and recompute
-// change neither the engine's tensors (ModelCosts' contract) nor its options, so those share one.
+// change neither the engine's tensors (ModelCosts' contract) nor its options, so those share one
+// (with several chunks per rank the scopes' order is the interleaved schedule's, which the chunks
+// and micro-batches determine).
 using PlanCache = std::map<std::string, plan::EnginePlan>;
 
 parallel::Schedule schedule_of(const Layout& l) {
-  return parallel::make_schedule(l.pp > 1 ? l.schedule : "1f1b", l.pp, l.micro_batches);  // pp 1: one at a time
+  // pp 1: one micro-batch at a time.
+  return parallel::make_schedule(l.pp > 1 ? l.schedule : "1f1b", l.pp, l.micro_batches, l.chunks);
 }
 
 std::vector<StageCosts> stage_costs(const ModelCosts& model, const Layout& l, const Cluster& cluster,
                                     const PlanSettings& settings) {
   std::vector<StageCosts> out;
-  for (int s = 0; s < l.pp; ++s) out.push_back(model.stage(l, s, settings.global_batch, cluster));
+  for (int s = 0; s < l.virtual_stages(); ++s) out.push_back(model.stage(l, s, settings.global_batch, cluster));
   return out;
 }
 
-// The least device memory any stage of the layout needs, without its engine: the activations at the
-// schedule's peak and the parameters the engine keeps (the stage's all below ZeRO-3, a 1/dp share at 3);
-// and the largest activation peak of any stage.
+// The trainable elements pipeline rank `rank` holds over its chunks.
+uint64_t rank_numel(const Layout& l, const std::vector<StageCosts>& stages, int rank) {
+  uint64_t n = 0;
+  for (int c = 0; c < l.chunks; ++c) n += chunk_costs(l, stages, rank, c).engine.numel();
+  return n;
+}
+
+// The least device memory any pipeline rank of the layout needs, without its engine: the
+// activations at the schedule's peak and the parameters the engine keeps (the rank's all below
+// ZeRO-3, a 1/dp share at 3); and the largest activation peak of any rank.
 struct MemoryFloor {
   uint64_t device = 0, activations = 0;
 };
 MemoryFloor memory_floor(const Layout& l, const std::vector<StageCosts>& stages, const parallel::Schedule& schedule) {
   MemoryFloor floor;
-  for (int s = 0; s < l.pp; ++s) {
-    const StageCosts& c = stages[static_cast<size_t>(s)];
-    const uint64_t params = static_cast<uint64_t>(c.engine.numel()) * dtype_size(c.engine.dtype);
-    const uint64_t activations = activation_peak(schedule, s, c);
+  const uint64_t bytes = dtype_size(stages.front().engine.dtype);
+  for (int r = 0; r < l.pp; ++r) {
+    const uint64_t params = rank_numel(l, stages, r) * bytes;
+    const uint64_t activations = activation_peak(schedule, l, stages, r);
     floor.device = std::max(floor.device, activations + params / (l.zero_stage == 3 ? l.dp : 1));
     floor.activations = std::max(floor.activations, activations);
   }
   return floor;
 }
 
-const plan::EnginePlan& engine_plan(const StageCosts& c, const Layout& l, int stage, const PlanSettings& settings,
+// The engine's model on pipeline rank `rank`: its chunks' tensors in chunk order (as the loop
+// registers them); with several chunks, the step's scopes in the schedule's order (each forward
+// action its chunk's forward scopes, each backward its backward scopes), since the chunks'
+// micro-batches interleave.
+struct RankModel {
+  plan::ModelSpec spec;
+  std::vector<plan::ScopeEvent> step;
+};
+RankModel rank_model(const Layout& l, const std::vector<StageCosts>& stages, const parallel::Schedule& schedule,
+                     int rank) {
+  RankModel m{chunk_costs(l, stages, rank, 0).engine, {}};
+  if (l.chunks == 1) return m;
+  // Each chunk's scope events of one micro-batch, split where its backward begins, the gradients'
+  // tensor indices moved to the merged list.
+  std::vector<std::vector<plan::ScopeEvent>> forward(static_cast<size_t>(l.chunks)), backward = forward;
+  m.spec.tensors.clear();
+  m.spec.schedule.clear();
+  for (int c = 0; c < l.chunks; ++c) {
+    const plan::ModelSpec& chunk = chunk_costs(l, stages, rank, c).engine;
+    const size_t offset = m.spec.tensors.size();
+    m.spec.tensors.insert(m.spec.tensors.end(), chunk.tensors.begin(), chunk.tensors.end());
+    for (plan::ScopeEvent e : chunk.schedule.empty() ? plan::default_schedule(chunk.tensors) : chunk.schedule) {
+      if (e.kind == plan::ScopeEvent::kGrad) e.tensor += offset;
+      (e.backward ? backward : forward)[static_cast<size_t>(c)].push_back(e);
+    }
+  }
+  for (const parallel::Action& a : schedule.actions[static_cast<size_t>(rank)]) {
+    const std::vector<plan::ScopeEvent>* events = a.op == parallel::Op::kF                              ? &forward[a.chunk]
+                                                  : a.op == parallel::Op::kBW || a.op == parallel::Op::kB ? &backward[a.chunk]
+                                                                                                          : nullptr;
+    if (events != nullptr) m.step.insert(m.step.end(), events->begin(), events->end());
+  }
+  return m;
+}
+
+const plan::EnginePlan& engine_plan(const Layout& l, const std::vector<StageCosts>& stages,
+                                    const parallel::Schedule& schedule, int rank, const PlanSettings& settings,
                                     PlanCache& cache) {
-  const std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}", l.dp, l.tp, l.pp, l.zero_stage, l.micro_batches,
-                                      l.sequence_parallel, l.offload, stage);
+  const std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}", l.dp, l.tp, l.pp, l.chunks, l.zero_stage,
+                                      l.micro_batches, l.sequence_parallel, l.offload, rank);
   const auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   plan::PlanInputs in;
-  in.model = c.engine;
+  RankModel model = rank_model(l, stages, schedule, rank);
+  in.model = std::move(model.spec);
+  in.step_schedule = std::move(model.step);
   in.options = settings.engine;
   in.options.stage = l.zero_stage;
   in.options.offload.optimizer = l.offload;
@@ -162,16 +216,16 @@ const plan::EnginePlan& engine_plan(const StageCosts& c, const Layout& l, int st
   in.world_size = l.dp;
   in.tp = l.tp;
   in.pp = l.pp;
-  if (l.pp > 1) in.model_parallel_units = c.units;
+  if (l.pp > 1) in.model_parallel_units = stages.front().units;
   return cache.emplace(key, plan::plan_engine(in)).first->second;
 }
 
-// The part of a layout's step that needs no engine plan: each stage's forward, input and weight
-// parts with their tp collectives, through the pipeline simulator (or the one stage's micro-batches
-// one after another), and each stage's optimizer over its shard.
+// The part of a layout's step that needs no engine plan: each virtual stage's forward, input and
+// weight parts with their tp collectives, through the pipeline simulator (or the one stage's
+// micro-batches one after another), and each pipeline rank's optimizer over its shard.
 struct PipelineTime {
-  parallel::ActionCosts costs;
-  std::vector<double> tp, optimizer;  // per stage and step
+  parallel::ActionCosts costs;        // per virtual stage
+  std::vector<double> tp, optimizer;  // per pipeline rank and step
   TimeParts time;                     // compute, tp_comm and bubble
   double bubble_fraction = 0;
   // No step is shorter: the data-parallel collectives' exposed part is at least nothing.
@@ -186,24 +240,29 @@ PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stage
   const Link& tp_link = link_for(cluster, l.tp);
   const Link& pp_link = link_for(cluster, l.world());
   parallel::ActionCosts& costs = out.costs;
-  costs.forward.assign(static_cast<size_t>(l.pp), 0.0);
-  costs.backward = costs.weight = out.tp = out.optimizer = costs.forward;
-  for (int s = 0; s < l.pp; ++s) {
-    const StageCosts& c = stages[static_cast<size_t>(s)];
-    const size_t k = static_cast<size_t>(s);
+  costs.forward.assign(stages.size(), 0.0);
+  costs.backward = costs.weight = costs.forward;
+  out.tp.assign(static_cast<size_t>(l.pp), 0.0);
+  out.optimizer = out.tp;
+  for (size_t k = 0; k < stages.size(); ++k) {
+    const StageCosts& c = stages[k];
+    const size_t rank = k % static_cast<size_t>(l.pp);
     const double tf = tp_time(c.tp_forward, l.tp, tp_link), tb = tp_time(c.tp_backward, l.tp, tp_link);
     costs.forward[k] = c.forward * slow + tf;
     costs.backward[k] = c.backward_input * slow + tb;
     costs.weight[k] = c.backward_weight * slow;
-    out.tp[k] = (tf + tb) * l.micro_batches;
+    out.tp[rank] += (tf + tb) * l.micro_batches;
     costs.transfer = std::max(costs.transfer, l.pp > 1 ? pp_link.time(c.send_bytes) : 0.0);
-    const double elements = static_cast<double>(c.engine.numel()) / (l.zero_stage >= 1 ? l.dp : 1);
-    out.optimizer[k] = elements / cluster.optimizer_rate * slow;
+  }
+  for (int r = 0; r < l.pp; ++r) {
+    const double elements = static_cast<double>(rank_numel(l, stages, r)) / (l.zero_stage >= 1 ? l.dp : 1);
+    double& optimizer = out.optimizer[static_cast<size_t>(r)];
+    optimizer = elements / cluster.optimizer_rate * slow;
     if (l.offload) {
       // The shard's gradients to the host and its parameters back, then the host's optimizer.
       const double host_rate = cluster.host_optimizer_rate > 0 ? cluster.host_optimizer_rate : cluster.optimizer_rate;
-      const double bytes = elements * 2 * dtype_size(c.engine.dtype);
-      out.optimizer[k] = elements / host_rate * slow + (cluster.host_link ? cluster.host_link->time(bytes) : 0.0);
+      const double bytes = elements * 2 * dtype_size(stages.front().engine.dtype);
+      optimizer = elements / host_rate * slow + (cluster.host_link ? cluster.host_link->time(bytes) : 0.0);
     }
   }
   if (l.pp > 1) {
@@ -231,33 +290,35 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
   const parallel::ActionCosts& costs = pipe.costs;
   double after_pipeline = 0;
   uint64_t worst_memory = 0;
-  for (int s = 0; s < l.pp; ++s) {
-    const StageCosts& c = stages[static_cast<size_t>(s)];
-    const size_t k = static_cast<size_t>(s);
-    // The engine of this stage on the meta device: its memory and its data-parallel traffic.
-    const plan::EnginePlan& p = engine_plan(c, l, s, settings, cache);
+  for (int r = 0; r < l.pp; ++r) {
+    // The engine of this pipeline rank on the meta device: its memory and its data-parallel traffic.
+    const plan::EnginePlan& p = engine_plan(l, stages, schedule, r, settings, cache);
     MemoryParts m = memory_of(p, l.zero_stage);
-    m.activations = activation_peak(schedule, s, c);
+    m.activations = activation_peak(schedule, l, stages, r);
     out.largest_activations = std::max(out.largest_activations, m.activations);
     if (m.device() >= worst_memory) {
       worst_memory = m.device();
       out.memory = m;
-      out.memory_stage = s;
+      out.memory_stage = r;
     }
     // What the data-parallel collectives can hide behind: on separate engines, the backward that
     // follows a gradient's completion (and at stage 3 the forward the gathers are prefetched into);
     // on shared cores, nothing.
     const double dp = dp_time(p, l.dp, dp_link);
-    const double backward = (costs.backward[k] + costs.weight[k]) * l.micro_batches;
-    const double window = cluster.shared_cores ? 0.0 : backward + (l.zero_stage == 3 ? costs.forward[k] * l.micro_batches : 0.0);
+    double window = 0;
+    for (int c = 0; c < l.chunks && !cluster.shared_cores; ++c) {
+      const size_t k = static_cast<size_t>(c * l.pp + r);
+      window += (costs.backward[k] + costs.weight[k] + (l.zero_stage == 3 ? costs.forward[k] : 0.0)) * l.micro_batches;
+    }
     // The last unit's reduction (and at stage 3 the first unit's gather) waits for nothing to hide
     // behind, so one unit's share is exposed at least.
-    const double exposed = std::max(dp - window, dp / std::max(1, c.units));
-    if (exposed + pipe.optimizer[k] >= after_pipeline) {
-      after_pipeline = exposed + pipe.optimizer[k];
+    const double exposed = std::max(dp - window, dp / std::max(1, stages.front().units));
+    const double optimizer = pipe.optimizer[static_cast<size_t>(r)];
+    if (exposed + optimizer >= after_pipeline) {
+      after_pipeline = exposed + optimizer;
       out.time.dp_comm = dp;
       out.time.dp_exposed = exposed;
-      out.time.optimizer = pipe.optimizer[k];
+      out.time.optimizer = optimizer;
     }
   }
   out.fits = out.memory.device() <= static_cast<uint64_t>(cluster.device_memory);
@@ -279,6 +340,7 @@ Prediction predict(const ModelCosts& model, const Layout& l, const Cluster& clus
 }
 
 std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int global_batch) {
+  constexpr int kMaxChunks = 16;
   if (world < 1) ZERO_THROW(InvalidArgument, "enumerate_layouts: world {} is not positive", world);
   std::vector<Layout> out;
   for (int tp : divisors(world)) {
@@ -288,14 +350,20 @@ std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int gl
         // Micro-batches: pp x 1, 2, 4, ... while a micro-batch keeps a sequence (smaller ones hold
         // fewer activations and, in a pipeline, leave a smaller bubble).
         for (int m = pp; m <= global_batch / dp; m *= 2) {
-          for (const char* schedule : {"gpipe", "1f1b", "zb-h1"}) {
-            if (pp == 1 && std::string(schedule) != "1f1b") continue;
+          // The schedules with their chunks per rank: interleaved at 2, 4, 8, ... chunks (up to what
+          // the model refuses, e.g. more virtual stages than layers).
+          std::vector<std::pair<std::string, int>> schedules = {{"1f1b", 1}};
+          if (pp > 1) {
+            schedules = {{"gpipe", 1}, {"1f1b", 1}, {"zb-h1", 1}};
+            for (int v = 2; v <= kMaxChunks; v *= 2) schedules.push_back({"interleaved", v});
+          }
+          for (const auto& [schedule, chunks] : schedules) {
             for (bool sp : {false, true}) {
               if (sp && tp == 1) continue;
               for (bool offload : {false, true}) {
                 if (offload && stage == 0) continue;
                 for (bool recompute : {false, true}) {
-                  Layout l{dp, tp, pp, stage, m, schedule, sp, offload, recompute};
+                  Layout l{dp, tp, pp, stage, m, schedule, chunks, sp, offload, recompute};
                   if (model.unsupported(l, global_batch).empty()) out.push_back(l);
                 }
               }

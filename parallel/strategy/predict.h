@@ -48,9 +48,9 @@ enum class Estimate {
 struct Prediction {
   Layout layout;
   std::string unsupported;  // why the model cannot run it ("" when it can)
-  MemoryParts memory;       // of the stage with the largest device memory
-  int memory_stage = 0;
-  uint64_t largest_activations = 0;  // the largest activation peak of any stage
+  MemoryParts memory;       // of the pipeline rank with the largest device memory
+  int memory_stage = 0;     // that rank
+  uint64_t largest_activations = 0;  // the largest activation peak of any pipeline rank
   bool fits = false;
   Estimate estimate = Estimate::kExact;
   TimeParts time;
@@ -66,7 +66,8 @@ struct PlanSettings {
 Prediction predict(const ModelCosts& model, const Layout& layout, const Cluster& cluster, const PlanSettings& settings);
 
 // Every layout of `world` ranks the model supports: dp x tp x pp, ZeRO stages 0-3, micro-batches
-// (pp times a power of two, at most the batch per dp rank) dividing the batch, the three schedules,
+// (pp times a power of two, at most the batch per dp rank) dividing the batch, the schedules (GPipe,
+// 1F1B, ZB-H1, interleaved 1F1B at 2, 4, ... 16 chunks per rank),
 // sequence parallelism at tp above 1, offload at stages 1-3, and activation recompute.
 std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int global_batch);
 

@@ -19,7 +19,7 @@ class ToyCosts : public ModelCosts {
   std::string name() const override { return "toy"; }
   int sequence_length() const override { return 8; }
   std::string unsupported(const Layout& l, int global_batch) const override {
-    if (4 % l.pp != 0) return "pp does not divide the 4 layers";
+    if (4 % l.virtual_stages() != 0) return "pp x chunks does not divide the 4 layers";
     if (l.tp > 2) return "tp above 2";
     if (global_batch % (l.dp * l.micro_batches) != 0) return "the batch does not divide";
     return "";
@@ -27,7 +27,7 @@ class ToyCosts : public ModelCosts {
   uint64_t activation_scale = 1;  // the forward's activations times this
   StageCosts stage(const Layout& l, int s, int, const Cluster&) const override {
     StageCosts c;
-    const int per = 4 / l.pp;
+    const int per = 4 / l.virtual_stages();
     c.engine.dtype = DType::kFloat32;
     for (int i = s * per; i < (s + 1) * per; ++i) {
       c.engine.tensors.push_back({"l" + std::to_string(i) + ".w", {64 / l.tp, 64}, i, true, 0,
@@ -98,6 +98,33 @@ TEST_CASE("pipelines: the simulator's bubble, and the activations each schedule 
   CHECK(at("1f1b", 8).time.step() == doctest::Approx(at("gpipe", 8).time.step()).epsilon(1e-3));
   CHECK(at("zb-h1", 8).time.step() < at("1f1b", 8).time.step());
   CHECK(at("zb-h1", 8).memory.activations >= 4 * 1000);
+}
+
+TEST_CASE("interleaved: a rank's chunks in the simulator and the replay; the search enumerates them") {
+  const ToyCosts toy;
+  const Layout one{.pp = 2, .micro_batches = 4, .schedule = "1f1b"};
+  Layout two = one;
+  two.schedule = "interleaved";
+  two.chunks = 2;
+  const Prediction p1 = predict(toy, one, cluster(), settings()), p2 = predict(toy, two, cluster(), settings());
+  REQUIRE(p2.unsupported.empty());
+  // The same work per rank; the bubble smaller with two chunks per rank.
+  CHECK(p2.time.compute == doctest::Approx(p1.time.compute));
+  CHECK(p2.bubble_fraction < p1.bubble_fraction);
+  // Rank 0 holds layers 0 and 2 (1000 bytes per micro-batch each): its warm-up runs 4 forwards (2 per
+  // chunk), the first steady forward a fifth, before its first backward.
+  CHECK(p2.memory.activations == 5 * 1000);
+  CHECK(p1.memory.activations == 2 * 2 * 1000);  // 1F1B: 2 micro-batches in flight of 2 layers
+  const std::vector<Layout> all = enumerate_layouts(toy, 4, 16);
+  CHECK(std::find(all.begin(), all.end(), Layout{.dp = 2, .pp = 2, .micro_batches = 4, .schedule = "interleaved", .chunks = 2}) !=
+        all.end());
+  for (const Layout& l : all) CHECK(l.virtual_stages() <= 4);  // the toy refuses more stages than layers
+  CHECK(std::any_of(all.begin(), all.end(), [](const Layout& l) { return l.chunks > 1; }));
+  CHECK(describe(two) == "dp 1 x tp 1 x pp 2, stage 0, interleaved x 4, 2 chunks");
+  CHECK(layout_key(two) == "dp1.tp1.pp2.z0.m4.interleaved.v2");
+  CHECK(parse_layout("pp=2,m=4,schedule=interleaved,chunks=2") == two);
+  CHECK_THROWS_WITH_AS(parse_layout("pp=2,m=4,chunks=2"), doctest::Contains("go together"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(parse_layout("pp=2,m=4,schedule=interleaved"), doctest::Contains("go together"), InvalidArgument);
 }
 
 TEST_CASE("recompute: the layers' inputs held, one rebuilt layer on top during a whole backward, a forward more") {
@@ -239,7 +266,7 @@ TEST_CASE("the search: every supported layout, those that fit first; none fittin
 
 TEST_CASE("layouts parse from the flags' form and name a bad item") {
   CHECK(parse_layout("dp=2,tp=2,pp=2,stage=3,m=4,schedule=zb-h1,sp,offload") ==
-        Layout{2, 2, 2, 3, 4, "zb-h1", true, true});
+        Layout{2, 2, 2, 3, 4, "zb-h1", 1, true, true});
   CHECK(parse_layout("pp=2,m=4,recompute").recompute);
   CHECK(layout_key(parse_layout("pp=2,m=4,recompute")) == "dp1.tp1.pp2.z0.m4.1f1b.rc");
   CHECK(describe(parse_layout("pp=2,m=4")) == "dp 1 x tp 1 x pp 2, stage 0, 1f1b x 4");

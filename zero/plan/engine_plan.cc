@@ -92,7 +92,13 @@ EnginePlan plan_engine(const PlanInputs& in) {
       comm.reset_tallies();
       tp_comm.reset_tallies();
     }
-    for (int m = 0; m < micro; ++m) run_micro_step(engine, schedule, ids, options.micro_batches);
+    for (int m = 0; m < micro; ++m) {
+      if (in.step_schedule.empty()) {
+        run_micro_step(engine, schedule, ids, options.micro_batches);
+      } else {
+        run_micro_step(engine, in.step_schedule, ids, 1);
+      }
+    }
     engine.step();
   }
   EnginePlan plan;

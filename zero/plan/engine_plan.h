@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "comm/gloo/gloo_communicator.h"
 #include "comm/planning_communicator.h"
@@ -41,6 +42,10 @@ struct PlanInputs {
   // The largest unit count over the model-parallel group (the norm's per-unit sums are sized by it):
   // other stages may hold more units than this one. 0: this stage's own.
   int model_parallel_units = 0;
+  // A pipeline rank's whole micro-step, every micro-batch in its schedule's order, run once in place
+  // of ModelSpec::schedule EngineOptions::micro_batches times: a rank holding several model chunks
+  // (an interleaved schedule) interleaves their scopes across micro-batches. Empty: the repeat.
+  std::vector<ScopeEvent> step_schedule;
   bool cuda = false;   // plan a GPU's memory (NCCL; no communicator scratch is accounted)
   comm::GlooOptions gloo;  // the host backend's settings (its scratch)
 };
