@@ -44,7 +44,16 @@ measure() {
        }' "$1"
 }
 
+# train_gpt on N ranks with a layout's flags, every step logged.
+run_layout() {  # N, flags, log
+  # shellcheck disable=SC2086
+  "$bin/comm/launch/zerorun" --nproc-per-node "$1" -- "$bin/examples/gpt/train_gpt" "${model[@]}" --batch "$batch" \
+    --steps "$steps" --val-every 0 --sample-tokens 0 --log-every 1 --exact-bytes $2 >"$3" 2>&1
+}
+
 : >"$out/results.tsv"
+: >"$out/noise.tsv"
+first=()
 for n in $ns; do
   "$bin/examples/bench/zero_plan" --auto --list --gpt "$gpt" --batch "$batch" --world "$n" \
     --cluster "$out/cluster.json" >"$out/plan_$n.tsv"
@@ -59,17 +68,26 @@ for n in $ns; do
       if ((n == 4)); then [[ ($key == *.z1.* || $key == *.z3.*) && $key != *.rc ]] || continue; fi
     fi
     log="$out/runs/$key.log"
-    # shellcheck disable=SC2086
-    if ! "$bin/comm/launch/zerorun" --nproc-per-node "$n" -- "$bin/examples/gpt/train_gpt" "${model[@]}" --batch "$batch" \
-      --steps "$steps" --val-every 0 --sample-tokens 0 --log-every 1 --exact-bytes $flags >"$log" 2>&1; then
+    if ! run_layout "$n" "$flags" "$log"; then
       echo "run failed: $key ($flags); see $log" >&2
       continue
     fi
     read -r measured measured_act < <(measure "$log")
+    ((${#first[@]} > 0)) || first=("$key" "$flags" "$measured")  # the planner's first choice that ran
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$n" "$rank" "$key" "$ms" "$measured" "$act" "$measured_act" >>"$out/results.tsv"
     printf '%-36s predicted %8.2f ms  measured %8.2f ms  ratio %.3f  activations %s / %s\n' "$key" "$ms" "$measured" \
       "$(awk -v a="$ms" -v b="$measured" 'BEGIN { print a / b }')" "$act" "$measured_act" >&2
   done <"$out/plan_$n.tsv"
+  # The machine's own noise: the first choice again, twice, after the sweep (the same work; what
+  # differs between its three medians is this machine's load over time).
+  if ((${#first[@]} == 3)); then
+    again=()
+    for k in 1 2; do
+      run_layout "$n" "${first[1]}" "$out/runs/${first[0]}.again$k.log" && again+=("$(measure "$out/runs/${first[0]}.again$k.log" | cut -d' ' -f1)")
+    done
+    printf '%s\t%s\t%s\t%s\n' "$n" "${first[0]}" "${first[2]}" "${again[*]}" >>"$out/noise.tsv"
+  fi
+  first=()
 done
 
 # The N = 2 search as a chart (time against memory, the frontier), viewed in headless Chromium.
@@ -103,3 +121,8 @@ awk -F'\t' '
       printf "first choice %s measured %.2f ms; fastest measured %s at %.2f ms (first choice %+.1f%%)\n", key[n, 1], m[n, 1], key[n, best], m[n, best], 100 * (m[n, 1] / m[n, best] - 1)
     }
   }' "$out/results.tsv"
+awk -F'\t' '{
+  split($3 " " $4, v, " "); lo = v[1]; hi = v[1]
+  for (i in v) { if (v[i] < lo) lo = v[i]; if (v[i] > hi) hi = v[i] }
+  printf "N = %d: the first choice %s measured %s ms, then %s ms (three runs %.1f%% apart)\n", $1, $2, $3, $4, 100 * (hi / lo - 1)
+}' "$out/noise.tsv"

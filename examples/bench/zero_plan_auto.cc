@@ -74,9 +74,10 @@ int run_strategy(examples::Flags& flags) {
   }
   const std::vector<strategy::Layout> layouts = strategy::enumerate_layouts(model, world, batch);
   // The table ranks its --top rows exactly (the rest by their floors, which is much faster at many
-  // ranks); --list, what the validation reads, every layout.
+  // ranks); --list (what the validation reads) and the chart, every layout.
+  const bool every = list || !svg.empty();
   const std::vector<strategy::Prediction> ranked =
-      strategy::rank_layouts(model, layouts, cluster, settings, list ? SIZE_MAX : static_cast<size_t>(std::max(top, 1)));
+      strategy::rank_layouts(model, layouts, cluster, settings, every ? SIZE_MAX : static_cast<size_t>(std::max(top, 1)));
   if (list) {
     for (const strategy::Prediction& p : ranked) {
       std::printf("%s\t%s\t%d\t%.4f\t%llu\t%llu\t%d\n", strategy::layout_key(p.layout).c_str(),

@@ -94,7 +94,10 @@ strategy::StageCosts GptCosts::stage(const Layout& l, int s, int global_batch, c
   const auto key = std::make_tuple(l.tp, l.sequence_parallel, stages, s);
   auto spec = specs_.find(key);
   if (spec == specs_.end()) {
-    spec = specs_.emplace(key, gpt_model_spec(c, dtype_, l.tp, l.sequence_parallel, stages > 1 ? &st : nullptr)).first;
+    spec = specs_
+               .emplace(key, std::make_shared<const plan::ModelSpec>(
+                                 gpt_model_spec(c, dtype_, l.tp, l.sequence_parallel, stages > 1 ? &st : nullptr)))
+               .first;
   }
   out.engine = spec->second;
   out.units = c.n_layer + 2;

@@ -7,6 +7,7 @@
 // calibrate_gpt timed them on this machine (Cluster::kernels, by kernel_key), else its matrix
 // FLOPs at the cluster's peak rate times its matmul efficiency.
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 
@@ -56,7 +57,7 @@ class GptCosts : public strategy::ModelCosts {
   // gpt_model_spec by (tp, sp, virtual stages, stage): it records the scope schedule from a small model's pass,
   // which a search over thousands of layouts would otherwise repeat for each. (A GptCosts is used
   // from one thread, as rank_layouts does.)
-  mutable std::map<std::tuple<int, bool, int, int>, plan::ModelSpec> specs_;
+  mutable std::map<std::tuple<int, bool, int, int>, std::shared_ptr<const plan::ModelSpec>> specs_;
 };
 
 }  // namespace zero::examples

@@ -5,6 +5,7 @@
 // parallel regions, what it sends to the next stage and the activations it holds. The GPT example
 // implements it (examples/gpt/gpt_strategy.h); any model can, from its own shapes.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,8 +25,9 @@ struct TpCollective {
 
 struct StageCosts {
   // The stage's tensors as tp rank 0 holds them, its scope schedule: they may depend on the mesh,
-  // sequence parallelism and the stage only (the search shares plans across the rest).
-  plan::ModelSpec engine;
+  // sequence parallelism and the stage only (the search shares plans across the rest). Shared, since
+  // a search holds the stages of thousands of layouts and a model can hand out one per stage.
+  std::shared_ptr<const plan::ModelSpec> engine;
   int units = 0;           // the largest unit id + 1 over the whole model (the engine's norm vector)
   // Seconds of compute per micro-batch: the forward, the backward's input part and its weight part.
   double forward = 0, backward_input = 0, backward_weight = 0;

@@ -137,7 +137,7 @@ std::vector<StageCosts> stage_costs(const ModelCosts& model, const Layout& l, co
 // The trainable elements pipeline rank `rank` holds over its chunks.
 uint64_t rank_numel(const Layout& l, const std::vector<StageCosts>& stages, int rank) {
   uint64_t n = 0;
-  for (int c = 0; c < l.chunks; ++c) n += chunk_costs(l, stages, rank, c).engine.numel();
+  for (int c = 0; c < l.chunks; ++c) n += chunk_costs(l, stages, rank, c).engine->numel();
   return n;
 }
 
@@ -149,7 +149,7 @@ struct MemoryFloor {
 };
 MemoryFloor memory_floor(const Layout& l, const std::vector<StageCosts>& stages, const parallel::Schedule& schedule) {
   MemoryFloor floor;
-  const uint64_t bytes = dtype_size(stages.front().engine.dtype);
+  const uint64_t bytes = dtype_size(stages.front().engine->dtype);
   for (int r = 0; r < l.pp; ++r) {
     const uint64_t params = rank_numel(l, stages, r) * bytes;
     const uint64_t activations = activation_peak(schedule, l, stages, r);
@@ -169,7 +169,7 @@ struct RankModel {
 };
 RankModel rank_model(const Layout& l, const std::vector<StageCosts>& stages, const parallel::Schedule& schedule,
                      int rank) {
-  RankModel m{chunk_costs(l, stages, rank, 0).engine, {}};
+  RankModel m{*chunk_costs(l, stages, rank, 0).engine, {}};
   if (l.chunks == 1) return m;
   // Each chunk's scope events of one micro-batch, split where its backward begins, the gradients'
   // tensor indices moved to the merged list.
@@ -177,7 +177,7 @@ RankModel rank_model(const Layout& l, const std::vector<StageCosts>& stages, con
   m.spec.tensors.clear();
   m.spec.schedule.clear();
   for (int c = 0; c < l.chunks; ++c) {
-    const plan::ModelSpec& chunk = chunk_costs(l, stages, rank, c).engine;
+    const plan::ModelSpec& chunk = *chunk_costs(l, stages, rank, c).engine;
     const size_t offset = m.spec.tensors.size();
     m.spec.tensors.insert(m.spec.tensors.end(), chunk.tensors.begin(), chunk.tensors.end());
     for (plan::ScopeEvent e : chunk.schedule.empty() ? plan::default_schedule(chunk.tensors) : chunk.schedule) {
@@ -261,7 +261,7 @@ PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stage
     if (l.offload) {
       // The shard's gradients to the host and its parameters back, then the host's optimizer.
       const double host_rate = cluster.host_optimizer_rate > 0 ? cluster.host_optimizer_rate : cluster.optimizer_rate;
-      const double bytes = elements * 2 * dtype_size(stages.front().engine.dtype);
+      const double bytes = elements * 2 * dtype_size(stages.front().engine->dtype);
       optimizer = elements / host_rate * slow + (cluster.host_link ? cluster.host_link->time(bytes) : 0.0);
     }
   }

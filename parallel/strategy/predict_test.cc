@@ -28,11 +28,13 @@ class ToyCosts : public ModelCosts {
   StageCosts stage(const Layout& l, int s, int, const Cluster&) const override {
     StageCosts c;
     const int per = 4 / l.virtual_stages();
-    c.engine.dtype = DType::kFloat32;
+    auto engine = std::make_shared<plan::ModelSpec>();
+    engine->dtype = DType::kFloat32;
     for (int i = s * per; i < (s + 1) * per; ++i) {
-      c.engine.tensors.push_back({"l" + std::to_string(i) + ".w", {64 / l.tp, 64}, i, true, 0,
-                                  l.tp > 1 ? TpPlacement::split(0) : TpPlacement::replicated()});
+      engine->tensors.push_back({"l" + std::to_string(i) + ".w", {64 / l.tp, 64}, i, true, 0,
+                                 l.tp > 1 ? TpPlacement::split(0) : TpPlacement::replicated()});
     }
+    c.engine = engine;
     c.units = 4;
     c.forward = c.backward_input = c.backward_weight = 1e-3 * per;
     if (l.tp > 1) {
