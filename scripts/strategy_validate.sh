@@ -12,7 +12,7 @@
 # pp or 2 pp (at N = 4 also only ZeRO stages 1 and 3), so that each (dp, tp, pp), schedule and
 # sequence-parallel choice is run.
 # Output under $OUT (default /tmp/strategy_validate): cluster.json, plan_N.tsv, runs/, results.tsv,
-# strategy_frontier_n2.svg (docs/images/ holds the one docs/strategy.md shows).
+# noise.tsv, strategy_frontier_n2.svg (docs/images/ holds the one docs/strategy.md shows).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bazel build -c opt //comm/launch:zerorun //examples/gpt:train_gpt //examples/gpt:calibrate_gpt //examples/bench:zero_plan >&2

@@ -381,11 +381,12 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
   exact = std::max<size_t>(exact, 1);
   std::vector<Prediction> out;
   PlanCache cache;
-  // A supported layout with what predicting it needs, and its floors.
+  // A supported layout with what predicting it needs, and its floors. (Not its schedule: at many
+  // ranks and micro-batches the action lists of thousands of layouts would be gigabytes; planning
+  // makes it again.)
   struct Candidate {
     Layout layout;
     std::vector<StageCosts> stages;
-    parallel::Schedule schedule;
     MemoryFloor floor;
     PipelineTime pipe;
   };
@@ -396,13 +397,14 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
       out.push_back(predict(model, l, cluster, settings));
       continue;
     }
-    Candidate c{l, stage_costs(model, l, cluster, settings), schedule_of(l), {}, {}};
-    c.floor = memory_floor(l, c.stages, c.schedule);
-    c.pipe = pipeline_time(l, c.stages, c.schedule, cluster);
+    Candidate c{l, stage_costs(model, l, cluster, settings), {}, {}};
+    const parallel::Schedule schedule = schedule_of(l);
+    c.floor = memory_floor(l, c.stages, schedule);
+    c.pipe = pipeline_time(l, c.stages, schedule, cluster);
     (c.floor.device <= device ? candidates : too_large).push_back(std::move(c));
   }
   auto plan = [&](const Candidate& c) {
-    return predict_stages(c.layout, c.stages, c.schedule, c.pipe, model, cluster, settings, cache);
+    return predict_stages(c.layout, c.stages, schedule_of(c.layout), c.pipe, model, cluster, settings, cache);
   };
   // Plan the candidates in the order of their time floors; once `exact` fit, a floor above the
   // slowest of them cannot rank among them, nor can any after it.
