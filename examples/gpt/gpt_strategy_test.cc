@@ -78,6 +78,22 @@ TEST_CASE("a stage's costs: its activations are the model's, its tp collectives 
   CHECK(sp.send_bytes == first.send_bytes / 2);
 }
 
+TEST_CASE("the engine's own tp collectives are in the step: sequence parallelism's partial gradients") {
+  const GptCosts gpt(config(), DType::kFloat32);
+  strategy::PlanSettings settings;
+  settings.engine = gpt_engine_options(1e-3f);
+  settings.global_batch = 16;
+  const strategy::Prediction plain = strategy::predict(gpt, {.tp = 2, .zero_stage = 1, .micro_batches = 2}, cluster(), settings);
+  const strategy::Prediction sp = strategy::predict(
+      gpt, {.tp = 2, .zero_stage = 1, .micro_batches = 2, .sequence_parallel = true}, cluster(), settings);
+  // Without sp only the norm's sum crosses the tp group; with it the partial gradients of the
+  // parameters it replicates (the LayerNorms', the row-parallel biases') are summed over it too.
+  CHECK(plain.time.engine_tp > 0);
+  CHECK(sp.time.engine_tp > 10 * plain.time.engine_tp);
+  CHECK(sp.time.dp_comm == sp.time.engine_tp);  // dp 1: nothing else
+  CHECK(sp.time.dp_exposed == doctest::Approx(sp.time.engine_tp / 6).epsilon(1e-9));  // one unit's share at least
+}
+
 TEST_CASE("calibrated kernels take the place of the FLOP estimate") {
   const GptCosts gpt(config(), DType::kFloat32);
   strategy::Cluster c = cluster();

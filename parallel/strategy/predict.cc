@@ -39,13 +39,13 @@ double tp_time(const std::vector<TpCollective>& cs, int tp, const Link& link) {
   return t;
 }
 
-// The engine's data-parallel collectives of one step, from its plan's tallies (wire bytes per rank;
-// each call's messages).
-double dp_time(const plan::EnginePlan& p, int dp, const Link& link) {
-  if (dp <= 1) return 0.0;
+// The engine's collectives of one step over a group of n ranks, from its plan's tallies (wire bytes
+// per rank; each call's messages).
+double engine_collectives_time(const std::map<std::string, comm::CollectiveTally>& tallies, int n, const Link& link) {
+  if (n <= 1) return 0.0;
   double t = 0;
-  for (const auto& [op, tally] : p.traffic) {
-    const double messages = (op == "all_reduce" ? 2.0 : 1.0) * (dp - 1.0) * static_cast<double>(tally.calls);
+  for (const auto& [op, tally] : tallies) {
+    const double messages = (op == "all_reduce" ? 2.0 : 1.0) * (n - 1.0) * static_cast<double>(tally.calls);
     t += static_cast<double>(tally.wire_bytes) / link.bandwidth + messages * link.latency;
   }
   return t;
@@ -304,7 +304,10 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
     // What the data-parallel collectives can hide behind: on separate engines, the backward that
     // follows a gradient's completion (and at stage 3 the forward the gathers are prefetched into);
     // on shared cores, nothing.
-    const double dp = dp_time(p, l.dp, dp_link);
+    // Its data-parallel collectives, and its own over the tp group (the partial gradients of the
+    // parameters sequence parallelism replicates, the norm's sum).
+    const double engine_tp = engine_collectives_time(p.tp_traffic, l.tp, link_for(cluster, l.tp));
+    const double dp = engine_collectives_time(p.traffic, l.dp, dp_link) + engine_tp;
     double window = 0;
     for (int c = 0; c < l.chunks && !cluster.shared_cores; ++c) {
       const size_t k = static_cast<size_t>(c * l.pp + r);
@@ -317,6 +320,7 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
     if (exposed + optimizer >= after_pipeline) {
       after_pipeline = exposed + optimizer;
       out.time.dp_comm = dp;
+      out.time.engine_tp = engine_tp;
       out.time.dp_exposed = exposed;
       out.time.optimizer = optimizer;
     }
@@ -542,7 +546,8 @@ std::string explain(const Prediction& p) {
   s += fmt::format("  time per step: {:.3f} ms, {:.0f} tokens/s\n", 1e3 * t.step(), p.tokens_per_s);
   s += fmt::format("    compute {:.3f} ms (of which tp collectives {:.3f} ms)\n", 1e3 * t.compute, 1e3 * t.tp_comm);
   s += fmt::format("    pipeline bubble {:.3f} ms ({:.1f}% of the pipeline)\n", 1e3 * t.bubble, 100 * p.bubble_fraction);
-  s += fmt::format("    dp collectives {:.3f} ms, exposed {:.3f} ms\n", 1e3 * t.dp_comm, 1e3 * t.dp_exposed);
+  s += fmt::format("    the engine's collectives {:.3f} ms (dp, and {:.3f} ms its own over tp), exposed {:.3f} ms\n",
+                   1e3 * t.dp_comm, 1e3 * t.engine_tp, 1e3 * t.dp_exposed);
   s += fmt::format("    optimizer {:.3f} ms\n", 1e3 * t.optimizer);
   return s;
 }

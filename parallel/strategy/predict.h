@@ -27,7 +27,8 @@ struct TimeParts {
   double compute = 0;        // the slowest stage's busy time: F, B, W with their tp collectives
   double tp_comm = 0;        // of which the tp collectives
   double bubble = 0;         // the pipeline's idle time on that stage (the simulator's)
-  double dp_comm = 0;        // the engine's data-parallel collectives per step
+  double dp_comm = 0;        // the engine's collectives per step: data-parallel, and its own tp ones
+  double engine_tp = 0;      // of which over the tp group (sp's partial gradients, the norm's sum)
   double dp_exposed = 0;     // the part of them not hidden behind the backward
   double optimizer = 0;      // the update of the rank's shard
   double step() const { return compute + bubble + dp_exposed + optimizer; }
