@@ -23,6 +23,7 @@ void NcclOptions::validate() const {
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -47,8 +48,6 @@ int cuda_device_count() {
 bool nccl_available() { return cuda_device_count() > 0; }
 
 namespace {
-
-thread_local cudaStream_t g_caller_stream = nullptr;
 
 using Clock = std::chrono::steady_clock;
 // How long a transfer waits before the p2p stall check publishes it.
@@ -437,7 +436,12 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return size_; }
   std::string backend_name() const override { return "nccl"; }
   bool accepts(memory::DeviceKind kind) const override { return kind == memory::DeviceKind::kCuda; }
-  void set_issue_stream(void* stream) override { g_caller_stream = static_cast<cudaStream_t>(stream); }
+  // Per communicator and thread: a thread issuing on two communicators (the engine's dp and tp
+  // groups, a pipeline's) names each one's stream without changing the other's.
+  void set_issue_stream(void* stream) override {
+    std::lock_guard<std::mutex> issue_lock(issue_mu_);
+    caller_streams_[std::this_thread::get_id()] = static_cast<cudaStream_t>(stream);
+  }
   void set_call_label(std::string_view label) override {
     std::lock_guard<std::mutex> issue_lock(issue_mu_);
     call_label_ = fit_call_label(label);
@@ -587,7 +591,7 @@ class NcclCommunicator final : public Communicator {
     const std::string what = fmt::format("nccl rank {}: {}", rank(), describe_call(call));
     throw_if_failed(describe_call(call));
     ++next_seq_;
-    cuda_ok(cudaEventRecord(ready_, g_caller_stream), what);
+    cuda_ok(cudaEventRecord(ready_, caller_stream_locked()), what);
     cuda_ok(cudaStreamWaitEvent(stream_, ready_, 0), what);
     if (check_) run_check(call, what);
     shared_->settle(launch(), what);
@@ -658,7 +662,7 @@ class NcclCommunicator final : public Communicator {
     ++next;
     cudaEvent_t ready = nullptr;
     cuda_ok(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), what);
-    const cudaError_t recorded = cudaEventRecord(ready, g_caller_stream);
+    const cudaError_t recorded = cudaEventRecord(ready, caller_stream_locked());
     if (recorded != cudaSuccess) {
       cudaEventDestroy(ready);
       cuda_ok(recorded, what);
@@ -747,6 +751,12 @@ class NcclCommunicator final : public Communicator {
   void* device_scratch_ = nullptr;  // size * kCallRecordBytes of records + the barrier word
   void* host_records_ = nullptr;    // pinned
   std::mutex issue_mu_;
+  // set_issue_stream's stream per issuing thread (guarded by issue_mu_); none: the legacy default.
+  std::map<std::thread::id, cudaStream_t> caller_streams_;
+  cudaStream_t caller_stream_locked() const {
+    const auto it = caller_streams_.find(std::this_thread::get_id());
+    return it == caller_streams_.end() ? nullptr : it->second;
+  }
   uint64_t next_seq_ = 0;
   std::string call_label_;  // set_call_label; guarded by issue_mu_
   // Point-to-point (guarded by issue_mu_): the next transfer number per peer and direction, and
@@ -758,8 +768,6 @@ class NcclCommunicator final : public Communicator {
 };
 
 }  // namespace
-
-void set_caller_stream(void* stream) { g_caller_stream = static_cast<cudaStream_t>(stream); }
 
 std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Store> store, int rank,
                                                      int size, const NcclOptions& options) {
@@ -823,7 +831,6 @@ namespace zero::comm {
 bool nccl_built() { return false; }
 int cuda_device_count() { return 0; }
 bool nccl_available() { return false; }
-void set_caller_stream(void*) {}
 
 std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Store>, int, int,
                                                      const NcclOptions& options) {

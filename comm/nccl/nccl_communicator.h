@@ -6,8 +6,9 @@
 // Rendezvous: rank 0 creates the ncclUniqueId and publishes it through the Store; every rank then
 // calls ncclCommInitRank on its device (NcclOptions.device, else the current one). Collectives run
 // on the communicator's own stream, ordered after the caller's work: each call records an event on
-// the caller's stream (NcclOptions.stream per call is not exposed; the "current" caller stream is
-// the legacy default stream unless set with set_caller_stream) and makes the NCCL stream wait on it.
+// the caller's stream (the one the issuing thread named on this communicator with
+// Communicator::set_issue_stream, else the legacy default stream) and makes the NCCL stream wait
+// on it.
 // Work::wait_stream(s) makes s wait for the collective without blocking the host; Work::wait(t)
 // polls the completion event and ncclCommGetAsyncError until t, then aborts the communicator
 // (ncclCommAbort) and throws TimeoutError; an NCCL error throws CommError. Both name the op, its
@@ -51,9 +52,5 @@ bool nccl_available();
 // Throws InvalidArgument in a build without CUDA.
 std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Store> store, int rank,
                                                      int size, const NcclOptions& options = {});
-
-// CUDA builds: the stream (a cudaStream_t) that later collectives of this thread order after;
-// nullptr means the legacy default stream. No effect in a CPU build.
-void set_caller_stream(void* stream);
 
 }  // namespace zero::comm
