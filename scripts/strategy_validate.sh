@@ -5,7 +5,7 @@
 # measured: the step time (median after warm-up) and the largest activation peak (exact bytes);
 # per N the Kendall tau of the two rankings and where the planner's first choice lands.
 #
-#   bash scripts/strategy_validate.sh            (about 15 minutes on 2 cores)
+#   bash scripts/strategy_validate.sh            (about 20 minutes on 2 cores)
 #   NS="1 2" STEPS=20 bash scripts/strategy_validate.sh
 #
 # Selected: the planner's first 8 choices, and every layout without offload whose micro-batches are

@@ -301,13 +301,13 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
       out.memory = m;
       out.memory_stage = r;
     }
-    // What the data-parallel collectives can hide behind: on separate engines, the backward that
-    // follows a gradient's completion (and at stage 3 the forward the gathers are prefetched into);
-    // on shared cores, nothing.
     // Its data-parallel collectives, and its own over the tp group (the partial gradients of the
     // parameters sequence parallelism replicates, the norm's sum).
     const double engine_tp = engine_collectives_time(p.tp_traffic, l.tp, link_for(cluster, l.tp));
     const double dp = engine_collectives_time(p.traffic, l.dp, dp_link) + engine_tp;
+    // What they can hide behind: on separate engines, the backward that follows a gradient's
+    // completion (and at stage 3 the forward the gathers are prefetched into), over every chunk of
+    // the rank; on shared cores, nothing.
     double window = 0;
     for (int c = 0; c < l.chunks && !cluster.shared_cores; ++c) {
       const size_t k = static_cast<size_t>(c * l.pp + r);
