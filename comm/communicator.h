@@ -80,6 +80,11 @@ class Communicator {
   // schedule mismatch, which names each rank's label (comm/schedule_check.h). Labels longer than
   // 32 bytes are cut. Backends without a schedule check ignore it. CallLabel sets one for a scope.
   virtual void set_call_label(std::string_view label) { (void)label; }
+  // Where the caller already waits (the engine: the step's end): compares the calls every rank
+  // issued on this communicator since the last verification, and throws CommError naming the first
+  // that differs. Backends that check each call as it is issued (Gloo) have nothing to do; NCCL
+  // defers its check to here (comm/schedule_ledger.h). Every rank must call it at the same point.
+  virtual void verify_schedule() {}
 
   virtual WorkHandle all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) = 0;
   virtual WorkHandle reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,

@@ -2,7 +2,9 @@
 // stage policy wires at finalize() (zero/stage_policy.h).
 #include "zero/engine.h"
 
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -229,6 +231,14 @@ StepResult Engine::step() {
     throw;
   }
   r.micro_steps = m.micro_steps;
+  // The step's end, past its one host wait: the ranks compare the calls each group issued (a
+  // backend that checks every call as it is issued has nothing to do; NCCL compares here).
+  std::vector<comm::Communicator*> verified;
+  for (comm::Communicator* c : {m.comms.shard, m.comms.replica, m.comms.tp, m.comms.model_parallel, m.comms.tied}) {
+    if (c == nullptr || std::find(verified.begin(), verified.end(), c) != verified.end()) continue;
+    c->verify_schedule();
+    verified.push_back(c);
+  }
   if (m.parts.gatherer) m.parts.gatherer->after_step();
   m.parts.reducer->clear();
   m.micro_steps = 0;

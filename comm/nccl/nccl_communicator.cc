@@ -31,6 +31,7 @@ void NcclOptions::validate() const {
 #include "base/logging.h"
 #include "comm/p2p_stall_check.h"
 #include "comm/schedule_check.h"
+#include "comm/schedule_ledger.h"
 
 namespace zero::comm {
 
@@ -148,6 +149,33 @@ struct NcclShared {
   std::unique_ptr<P2PStallCheck> stall_check;
   Clock::time_point next_look{};
 
+  // The deferred schedule check (null with the check off or per call): the calls issued, and where
+  // the ranks compare them when a wait times out.
+  struct Deferred {
+    std::mutex mu;
+    ScheduleLedger ledger;
+    std::shared_ptr<Store> store;
+    std::string prefix;  // the store keys' prefix for this communicator
+    int size = 0;
+    uint64_t verified = 0;  // verifications that agreed: the watchdog's key, equal on every rank
+  };
+  std::unique_ptr<Deferred> deferred;
+
+  // The watchdog: a wait timed out (a schedule mismatch usually hangs before anything else notices
+  // it), so every rank that times out publishes its recent calls and compares the others'. The
+  // mismatch's message, or "" (no check, or the calls agree: the hang is something else).
+  std::string diagnose_timeout() {
+    if (!deferred) return {};
+    std::lock_guard<std::mutex> lock(deferred->mu);
+    const std::chrono::milliseconds wait = std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(10));
+    try {
+      return compare_through_store(*deferred->store, fmt::format("{}/watchdog/{}", deferred->prefix, deferred->verified),
+                                   rank, deferred->size, deferred->ledger, wait);
+    } catch (const Error& e) {
+      return fmt::format("(the calls could not be compared: {})", e.what());
+    }
+  }
+
   // One look when one is due: a transfer whose partner disagrees fails (and aborts) the
   // communicator; its message, else "".
   std::string look_at_stalls() {
@@ -254,8 +282,9 @@ struct NcclShared {
         throw CommError(msg);
       }
       if (Clock::now() > deadline) {
-        const std::string msg = fmt::format("{} did not complete within {} ms (communicator aborted)",
-                                            what, wait_timeout.count());
+        const std::string mismatch = diagnose_timeout();
+        const std::string msg = fmt::format("{} did not complete within {} ms (communicator aborted){}", what,
+                                            wait_timeout.count(), mismatch.empty() ? "" : ": " + mismatch);
         fail_and_abort(msg);
         throw TimeoutError(msg);
       }
@@ -374,6 +403,12 @@ class NcclCommunicator final : public Communicator {
     send_seq_.assign(static_cast<size_t>(size_), 0);
     recv_seq_.assign(static_cast<size_t>(size_), 0);
     flush_link_->flush = [this] { flush_p2p(); };
+    if (check_ && !options_.check_every_call && store_) {
+      shared_->deferred = std::make_unique<NcclShared::Deferred>();
+      shared_->deferred->store = store_;
+      shared_->deferred->prefix = p2p_prefix_ + "/schedule";
+      shared_->deferred->size = size_;
+    }
     if (check_ && store_) {
       shared_->stall_check = std::make_unique<P2PStallCheck>(
           shared_->rank, size_, std::min<std::chrono::milliseconds>(kStallDelay, options_.timeout / 4),
@@ -593,12 +628,64 @@ class NcclCommunicator final : public Communicator {
     ++next_seq_;
     cuda_ok(cudaEventRecord(ready_, caller_stream_locked()), what);
     cuda_ok(cudaStreamWaitEvent(stream_, ready_, 0), what);
-    if (check_) run_check(call, what);
+    if (check_ && options_.check_every_call) run_check(call, what);
+    if (shared_->deferred) {
+      std::lock_guard<std::mutex> ledger_lock(shared_->deferred->mu);
+      shared_->deferred->ledger.record(call);
+    }
     shared_->settle(launch(), what);
     cudaEvent_t done = nullptr;
     cuda_ok(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), what);
     cuda_ok(cudaEventRecord(done, stream_), what);
     return std::make_shared<NcclWork>(shared_, done, what);
+  }
+
+  // The deferred check's comparison (Communicator::verify_schedule): every rank's (digest, count)
+  // all-gathered on the NCCL stream after the calls it covers; on a difference the recent calls are
+  // compared through the store, and every rank throws the same CommError naming both calls.
+  void verify_schedule() override {
+    if (!shared_->deferred) return;
+    std::lock_guard<std::mutex> issue_lock(issue_mu_);
+    DeviceScope device(shared_->device);
+    flush_p2p_locked();
+    NcclShared::Deferred& d = *shared_->deferred;
+    uint64_t mine[2];
+    {
+      std::lock_guard<std::mutex> ledger_lock(d.mu);
+      mine[0] = d.ledger.digest();
+      mine[1] = d.ledger.calls();
+    }
+    const std::string what = fmt::format("nccl rank {}: schedule verification after {} call(s)", rank(), mine[1]);
+    throw_if_failed("schedule verification");
+    auto* dev = static_cast<uint8_t*>(device_scratch_);
+    cuda_ok(cudaMemcpyAsync(dev + rank() * sizeof mine, mine, sizeof mine, cudaMemcpyHostToDevice, stream_), what);
+    shared_->settle(ncclAllGather(dev + rank() * sizeof mine, dev, sizeof mine, ncclUint8, shared_->comm, stream_), what);
+    cuda_ok(cudaMemcpyAsync(host_records_, dev, sizeof mine * size_, cudaMemcpyDeviceToHost, stream_), what);
+    cudaEvent_t gathered = nullptr;
+    cuda_ok(cudaEventCreateWithFlags(&gathered, cudaEventDisableTiming), what);
+    cuda_ok(cudaEventRecord(gathered, stream_), what);
+    try {
+      shared_->wait_event(gathered, options_.timeout, what);
+    } catch (...) {
+      cudaEventDestroy(gathered);
+      throw;
+    }
+    cudaEventDestroy(gathered);
+    const auto* all = static_cast<const uint64_t*>(host_records_);
+    bool agree = true;
+    for (int r = 0; r < size_; ++r) agree = agree && all[2 * r] == mine[0] && all[2 * r + 1] == mine[1];
+    std::lock_guard<std::mutex> ledger_lock(d.mu);
+    if (agree) {
+      d.ledger.mark();
+      ++d.verified;
+      return;
+    }
+    std::string mismatch = compare_through_store(*d.store, fmt::format("{}/verify/{}", d.prefix, d.verified), rank(),
+                                                 size_, d.ledger, options_.timeout);
+    if (mismatch.empty()) mismatch = kDivergedEarlier;
+    const std::string msg = fmt::format("{}: {}", what, mismatch);
+    shared_->fail_and_abort(msg);
+    throw CommError(msg);
   }
 
   // All-gathers the call records on the NCCL stream and compares them on the host.

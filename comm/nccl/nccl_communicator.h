@@ -20,9 +20,11 @@
 // peer at once cannot block its own stream. They are numbered per peer and direction for their
 // messages; the schedule check does not pair them on NCCL yet (docs/comm.md, "Point-to-point").
 //
-// With the schedule check on, each call first all-gathers its 64-byte record on the NCCL stream and
-// compares on the host before enqueueing the collective (one tiny collective and one host
-// synchronization per call; turn it off with ZERO_COMM_CHECK=0 for overlap-critical runs).
+// The schedule check is deferred (comm/schedule_ledger.h): each call is recorded, and the ranks
+// compare a digest of their calls where the caller already waits (verify_schedule, at the step's
+// end) and their recent calls through the store when a wait times out; nothing waits per call.
+// NcclOptions::check_every_call compares each call before it runs instead (a host wait per call);
+// ZERO_COMM_CHECK=0 turns both off.
 #include <chrono>
 #include <memory>
 #include <string>
@@ -37,6 +39,10 @@ struct NcclOptions {
   int device = -1;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   bool check_schedule = true;
+  // The schedule check on every call (a record all-gathered and read back on the host before each
+  // collective: exact at the call, but a host wait per call) instead of the deferred one (calls
+  // recorded; compared at Communicator::verify_schedule and when a wait times out).
+  bool check_every_call = false;
   std::string prefix = "nccl";
 
   void validate() const;

@@ -116,7 +116,7 @@ class DeviceStaging final : public Communicator {
   Communicator& nccl_;
 };
 
-void run_ranks(int size, const std::function<void(int, Communicator&)>& fn) {
+void run_ranks(int size, const std::function<void(int, Communicator&)>& fn, bool check_every_call = false) {
   auto store = std::make_shared<MemoryStore>();
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
@@ -124,6 +124,7 @@ void run_ranks(int size, const std::function<void(int, Communicator&)>& fn) {
       NcclOptions o;
       o.device = r;
       o.timeout = std::chrono::seconds(60);
+      o.check_every_call = check_every_call;
       auto comm = make_nccl_communicator(store, r, size, o);
       fn(r, *comm);
     });
@@ -168,6 +169,7 @@ TEST_CASE("NCCL on one GPU: every collective and dtype, split, stream ordering")
     REQUIRE(sub);
     CHECK(sub->size() == 1);
     CHECK(comm.split(-1, 0) == nullptr);
+    comm.verify_schedule();  // one rank agrees with itself
     // Validation happens before anything is enqueued.
     CHECK_THROWS_AS(comm.broadcast(nullptr, 3, DType::kFloat32, 0), InvalidArgument);
     CHECK_THROWS_AS(comm.broadcast(back, 3, DType::kFloat32, 1), InvalidArgument);
@@ -175,7 +177,7 @@ TEST_CASE("NCCL on one GPU: every collective and dtype, split, stream ordering")
 #endif
 }
 
-TEST_CASE("NCCL on two GPUs: collectives and a reported schedule mismatch") {
+TEST_CASE("NCCL on two GPUs: collectives and a reported schedule mismatch, per call and deferred") {
   if (skip_without(2, "NCCL world size 2")) return;
 #ifdef ZERO_WITH_CUDA
   run_ranks(2, [](int, Communicator& comm) { check_suite(comm); });
@@ -192,6 +194,25 @@ TEST_CASE("NCCL on two GPUs: collectives and a reported schedule mismatch") {
     } catch (const CommError& e) {
       CHECK(std::string(e.what()).find("schedule mismatch: rank 0 called all_reduce(fp32, 1024, "
                                        "sum) #0 but rank 1 called all_gather(fp32, 512) #0") !=
+            std::string::npos);
+    }
+    cudaFree(d);
+  }, /*check_every_call=*/true);
+  // The deferred check: calls of one shape made for different purposes run, and the step's end
+  // (verify_schedule) names both; calls that agree pass it.
+  run_ranks(2, [](int rank, Communicator& comm) {
+    float* d = nullptr;
+    cuda_ok(cudaMalloc(&d, 1024 * sizeof(float)));
+    comm.all_reduce(d, 1024, DType::kFloat32, ReduceOp::kSum)->wait();
+    comm.verify_schedule();
+    comm.set_call_label(rank == 0 ? "unit 3 forward" : "unit 4 forward");
+    comm.all_reduce(d, 1024, DType::kFloat32, ReduceOp::kSum)->wait();
+    try {
+      comm.verify_schedule();
+      FAIL("mismatch not reported");
+    } catch (const CommError& e) {
+      CHECK(std::string(e.what()).find("schedule mismatch: rank 0 called all_reduce(fp32, 1024, sum) #1 [unit 3 "
+                                       "forward] but rank 1 called all_reduce(fp32, 1024, sum) #1 [unit 4 forward]") !=
             std::string::npos);
     }
     cudaFree(d);
