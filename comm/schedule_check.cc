@@ -160,17 +160,17 @@ CallInfo decode_call(const CallRecord& record) {
   return c;
 }
 
+bool same_call(const CallInfo& a, const CallInfo& b) {
+  return a.seq == b.seq && a.kind == b.kind && a.dtype == b.dtype && a.count == b.count && a.root == b.root &&
+         a.has_reduce_op == b.has_reduce_op && (!a.has_reduce_op || a.reduce_op == b.reduce_op) && a.label == b.label;
+}
+
 std::string find_schedule_mismatch(const std::vector<CallRecord>& records) {
   ZERO_CHECK(!records.empty(), "no records to compare");
   const CallInfo first = decode_call(records[0]);
   for (size_t r = 1; r < records.size(); ++r) {
     const CallInfo other = decode_call(records[r]);
-    const bool same = other.seq == first.seq && other.kind == first.kind &&
-                      other.dtype == first.dtype && other.count == first.count &&
-                      other.root == first.root && other.has_reduce_op == first.has_reduce_op &&
-                      (!first.has_reduce_op || other.reduce_op == first.reduce_op) &&
-                      other.label == first.label;
-    if (!same) {
+    if (!same_call(first, other)) {
       return fmt::format("schedule mismatch: rank 0 called {} but rank {} called {}",
                          describe_call(first), r, describe_call(other));
     }

@@ -83,6 +83,10 @@ CallRecord encode_call(const CallInfo& call);
 // Throws CommError when the record is corrupt (its hash does not match its fields).
 CallInfo decode_call(const CallRecord& record);
 
+// Whether two ranks' calls agree: the same number, operation, dtype, count, root, reduce op (where
+// the operation has one) and label.
+bool same_call(const CallInfo& a, const CallInfo& b);
+
 // Compares every rank's record (indexed by rank) with rank 0's. Returns "" when they all agree, else
 // the mismatch message (the same text on every rank).
 std::string find_schedule_mismatch(const std::vector<CallRecord>& records);

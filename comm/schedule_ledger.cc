@@ -60,10 +60,8 @@ std::string find_ledger_mismatch(const std::vector<std::vector<CallRecord>>& rec
         return fmt::format("schedule mismatch: rank {} called {} but rank {} issued no call #{}", zero_has ? 0 : r,
                            describe_call(decode_call(zero_has ? mine->second : theirs->second)), zero_has ? r : 0, seq);
       }
-      const std::string text = find_schedule_mismatch({mine->second, theirs->second});
-      if (!text.empty()) {
-        // find_schedule_mismatch names the second record's rank 1: name the real one.
-        const CallInfo a = decode_call(mine->second), b = decode_call(theirs->second);
+      const CallInfo a = decode_call(mine->second), b = decode_call(theirs->second);
+      if (!same_call(a, b)) {
         return fmt::format("schedule mismatch: rank 0 called {} but rank {} called {}", describe_call(a), r,
                            describe_call(b));
       }

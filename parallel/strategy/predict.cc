@@ -112,10 +112,6 @@ std::vector<int> divisors(int n) {
   return d;
 }
 
-}  // namespace
-
-namespace {
-
 // The engine's plans on the meta device by what they depend on: a layout's schedule and recompute
 // change neither the engine's tensors (ModelCosts' contract) nor its options, so those share one
 // (with several chunks per rank the scopes' order is the interleaved schedule's, which the chunks
@@ -228,8 +224,10 @@ struct PipelineTime {
   std::vector<double> tp, optimizer;  // per pipeline rank and step
   TimeParts time;                     // compute, tp_comm and bubble
   double bubble_fraction = 0;
+  // The slowest rank's optimizer: the step waits for it.
+  double slowest_optimizer() const { return *std::max_element(optimizer.begin(), optimizer.end()); }
   // No step is shorter: the data-parallel collectives' exposed part is at least nothing.
-  double floor() const { return time.compute + time.bubble + *std::max_element(optimizer.begin(), optimizer.end()); }
+  double floor() const { return time.compute + time.bubble + slowest_optimizer(); }
 };
 
 PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stages, const parallel::Schedule& schedule,
@@ -436,7 +434,7 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
     const Candidate& c = candidates[i];
     Prediction p = floor_of(c, Estimate::kTooSlow);
     p.time = c.pipe.time;
-    p.time.optimizer = *std::max_element(c.pipe.optimizer.begin(), c.pipe.optimizer.end());
+    p.time.optimizer = c.pipe.slowest_optimizer();
     p.bubble_fraction = c.pipe.bubble_fraction;
     p.tokens_per_s = settings.global_batch * static_cast<double>(model.sequence_length()) / p.time.step();
     out.push_back(p);
