@@ -1,29 +1,133 @@
 #!/usr/bin/env bash
-# The GPU checks, for a machine with a CUDA device (CI has none): builds the CUDA configuration and
-# runs the tests that skip without a device, failing if any of them still skips. Keep it under about
-# 8 minutes: it is meant for a short, borrowed GPU session.
-#   bash scripts/gpu_check.sh
+# The GPU checks, in two halves, for a GPU machine that cannot build (no network, no Bazel there):
+#
+#   bash scripts/gpu_check.sh build [DIR]  here (nvcc installed): builds the CUDA configuration's GPU
+#                                          tests and benchmark with -c opt, strips them and packs them
+#                                          with libcudart and this script into DIR (default gpu_pack/,
+#                                          ignored by git), which must stay under 64 MiB.
+#   bash DIR/gpu_check.sh run [DIR]        there: runs every step with a timeout (the whole under 8
+#                                          minutes), prints what each did and one summary line.
+#   bash scripts/gpu_check.sh              both, on one machine with a GPU and Bazel.
+#
+# A step that needs a GPU and finds none says it skipped and why, so `run` on a machine without a GPU
+# is the dry run: it shows every step it would take. With a GPU present, a step that skips where one
+# GPU is enough is a failure; the NCCL test's two-rank cases need two GPUs and are reported as
+# skipped, with the count of GPUs seen, where there is one. On a 2-GPU runner (the CI the library's
+# users run) the same command runs them too. The packed binaries need the GPU machine's driver
+# (libcuda.so.1) and NCCL (libnccl.so.2, 200 MiB: not packed); a step whose libraries are missing
+# fails and names them.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-source scripts/testlog.sh
-bash scripts/setup.sh || exit 1
-nvidia-smi -L || { echo "gpu_check: no GPU visible" >&2; exit 1; }
 
-tests=(
-  //memory:cuda_test
-  //memory:cuda_device_test
-  //optim/cuda:multi_tensor_step_test
-  //optim/cuda:cuda_optimizer_test
-  //comm/nccl:nccl_communicator_test
-  //zero:engine_cuda_test
+mode=${1:-all}
+here=$(cd "$(dirname "$0")" && pwd)
+
+# name | binary | what it shows | may skip with one GPU (the multi-rank cases)
+steps=(
+  "memory kernels|cuda_test|the CUDA layer: streams, events, timeouts, errors|no"
+  "CUDA device|cuda_device_test|the Device's kernels against the host path, bit for bit|no"
+  "optimizer kernels|multi_tensor_step_test|the multi-tensor step against the CPU optimizer, bit for bit|no"
+  "CUDA optimizer|cuda_optimizer_test|the shard optimizer on the GPU against the CPU one|no"
+  "NCCL communicator|nccl_communicator_test|collectives, the deferred schedule check, errors; 2-rank cases need 2 GPUs|yes"
+  "engine on CUDA|engine_cuda_test|stages 0-2 on CUDA + NCCL against the host + Gloo, checkpoints, host waits counted|no"
+  "optimizer speed|gpu_optim_bench|AdamW's GB/s against the device's copy bandwidth|no"
 )
-bazel test --config=cuda --test_output=all "${tests[@]}" 2>&1 | tee /tmp/zero_gpu_check.log
-status=${PIPESTATUS[0]}
-testlogs=$(bazel info bazel-testlogs --config=cuda 2>/dev/null)
-for t in "${tests[@]}"; do
-  if test_skipped "$testlogs" "$t"; then
-    echo "gpu_check: $t skipped on a GPU machine" >&2
-    status=1
+targets=(//memory:cuda_test //memory:cuda_device_test //optim/cuda:multi_tensor_step_test
+         //optim/cuda:cuda_optimizer_test //comm/nccl:nccl_communicator_test //zero:engine_cuda_test
+         //optim/cuda:gpu_optim_bench)
+
+build() {
+  local dir=$1
+  cd "$here/.." || exit 1
+  bash scripts/setup.sh || exit 1
+  [[ -x /usr/local/cuda/bin/nvcc ]] || { echo "gpu_check build: no nvcc at /usr/local/cuda/bin: install the CUDA toolkit" >&2; exit 1; }
+  echo "== bazel build --config=cuda -c opt --dynamic_mode=off ${targets[*]}"
+  bazel build --config=cuda -c opt --dynamic_mode=off "${targets[@]}" || exit 1
+  local bin
+  bin=$(bazel info --config=cuda -c opt --dynamic_mode=off bazel-bin 2>/dev/null) || exit 1
+  rm -rf "$dir" && mkdir -p "$dir/lib" || exit 1
+  for t in "${targets[@]}"; do
+    local path=${t#//}
+    path=${path/://}
+    install -m 755 "$bin/$path" "$dir/" || exit 1
+    strip --strip-debug "$dir/$(basename "$path")"
+  done
+  cp -L /usr/local/cuda/lib64/libcudart.so.* "$dir/lib/" 2>/dev/null
+  install -m 755 "$here/gpu_check.sh" "$dir/gpu_check.sh"
+  git rev-parse HEAD > "$dir/COMMIT" 2>/dev/null
+  local kib
+  kib=$(du -sk "$dir" | cut -f1)
+  echo "gpu_check build: packed $(ls "$dir" | wc -l) files, $((kib / 1024)) MiB, into $dir"
+  ((kib < 64 * 1024)) || { echo "gpu_check build: $dir is over 64 MiB" >&2; exit 1; }
+}
+
+run() {
+  local dir=$1
+  cd "$dir" || { echo "gpu_check run: no folder $dir (run the build half first)" >&2; exit 1; }
+  export LD_LIBRARY_PATH="$PWD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  local gpus=0
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+    gpus=$(nvidia-smi -L | grep -c '^GPU')
+    nvidia-smi -L
   fi
-done
-exit "$status"
+  echo "gpu_check run: $gpus GPU(s) visible; packed from commit $(cat COMMIT 2>/dev/null || echo unknown)"
+  local passed=0 failed=0 skipped=0 start=$SECONDS
+  mkdir -p logs
+  for s in "${steps[@]}"; do
+    IFS='|' read -r name binary what multi <<<"$s"
+    local log="logs/$binary.log"
+    if [[ ! -x $binary ]]; then
+      echo "FAILED   $name: $binary is not in the pack"
+      failed=$((failed + 1))
+      continue
+    fi
+    local missing
+    missing=$(ldd "./$binary" 2>/dev/null | awk '/not found/ {print $1}' | tr '\n' ' ')
+    if ((gpus == 0)); then
+      echo "SKIPPED  $name ($binary: $what): no GPU visible (nvidia-smi lists none)${missing:+; it would also miss: $missing}"
+      skipped=$((skipped + 1))
+      continue
+    fi
+    if [[ -n $missing ]]; then
+      echo "FAILED   $name: missing libraries: $missing"
+      failed=$((failed + 1))
+      continue
+    fi
+    local t0=$SECONDS status
+    timeout 150 "./$binary" >"$log" 2>&1
+    status=$?
+    local took=$((SECONDS - t0))
+    if ((status != 0)); then
+      echo "FAILED   $name: exit $status after $took s; the end of $dir/$log:"
+      tail -n 20 "$log" | sed 's/^/    /'
+      failed=$((failed + 1))
+    elif grep -q '^ZERO_TEST_SKIPPED' "$log"; then
+      local why
+      why=$(grep '^ZERO_TEST_SKIPPED' "$log" | sort -u | sed 's/^ZERO_TEST_SKIPPED: //' | paste -sd ';' -)
+      if [[ $multi == yes ]] && ((gpus < 2)) && ! grep '^ZERO_TEST_SKIPPED' "$log" | grep -qv "needs 2 CUDA device"; then
+        echo "PASSED   $name ($took s); the 2-rank cases skipped on $gpus GPU: $why"
+        passed=$((passed + 1))
+      else
+        echo "FAILED   $name: skipped on a GPU machine: $why"
+        failed=$((failed + 1))
+      fi
+    else
+      echo "PASSED   $name ($took s)"
+      passed=$((passed + 1))
+    fi
+    if [[ $binary == gpu_optim_bench ]]; then sed 's/^/    /' "$log"; fi
+  done
+  echo "gpu_check: $passed passed, $failed failed, $skipped skipped in $((SECONDS - start)) s"
+  ((failed == 0))
+}
+
+case $mode in
+  build) build "${2:-$here/../gpu_pack}" ;;
+  run) run "${2:-$here}" ;;
+  all)
+    build "$here/../gpu_pack" && run "$here/../gpu_pack"
+    ;;
+  *)
+    echo "usage: bash scripts/gpu_check.sh [build [DIR] | run [DIR]]" >&2
+    exit 2
+    ;;
+esac

@@ -1,6 +1,7 @@
 // The engine on a GPU: a CUDA device and the NCCL communicator at world size 1, stages 0, 1, 2, against
 // the same loop on the host device and Gloo, bit for bit (the device kernels and the CUDA optimizer
-// reproduce the CPU paths exactly). Prints ZERO_TEST_SKIPPED where there is no GPU or no NCCL
+// reproduce the CPU paths exactly); and its host waits counted on the GPU, as //zero:engine_sync_test
+// counts them on the host device. Prints ZERO_TEST_SKIPPED where there is no GPU or no NCCL
 // (CPU builds, CI); scripts/gpu_check.sh runs it on a GPU machine.
 #include <doctest/doctest.h>
 
@@ -15,6 +16,7 @@
 #include "comm/store/memory_store.h"
 #include "comm/nccl/nccl_communicator.h"
 #include "memory/device.h"
+#include "testing/sync_counting.h"
 #include "zero/engine.h"
 
 namespace zero {
@@ -121,6 +123,68 @@ TEST_CASE("a checkpoint of the GPU's state (master and the CUDA optimizer's) res
     const Params whole = train(*nccl, *gpu, stage, 0, {.save_to = dir, .save_after_step = 1});
     CHECK(train(*nccl, *gpu, stage, 2, {.load_from = dir}) == whole);
     CHECK(train(*gloo, *host, stage, 2, {.load_from = dir}) == whole);
+  }
+}
+
+TEST_CASE("on the GPU the forward and backward make the host wait for nothing; step() once, twice at stage 3") {
+  if (!memory::cuda_device_usable() || !comm::nccl_available()) {
+    std::printf("ZERO_TEST_SKIPPED: no GPU or no NCCL in this build\n");
+    return;
+  }
+  auto nccl = comm::make_nccl_communicator(std::make_shared<comm::MemoryStore>(), 0, 1, {.device = 0});
+  constexpr size_t kNumel = 3000;  // three units of one size: the window reuses their buffers
+  constexpr int kUnits = 3, kSteps = 4, kMicro = 2;
+  for (int stage : {0, 1, 2, 3}) {
+    CAPTURE(stage);
+    memory::MemoryTracker tracker;
+    auto gpu = memory::make_cuda_device(0, tracker);
+    testing::CountingDevice counted(*gpu);
+    EngineOptions opt;
+    opt.stage = stage;
+    opt.optimizer.groups = {optim::Hyper{.lr = 1e-3f}};
+    opt.max_grad_norm = 1.0f;
+    opt.gradient_accumulation_steps = kMicro;
+    opt.timeout = 60s;
+    opt.layout = {.alignment = 16, .bucket_numel = 2048, .block = 256};
+    Engine engine(EngineComms{nccl.get(), nullptr, &counted}, opt);
+    memory::Stream& compute = gpu->compute_stream();
+    // Every value the loop adds, staged once in page-locked memory: the loop's own copies need no
+    // host wait either (and go to the GPU device directly, uncounted).
+    memory::Buffer staged = gpu->allocate_host_staging(kNumel * sizeof(float), memory::Category::kOther);
+    for (size_t e = 0; e < kNumel; ++e) staged.as<float>()[e] = 0.001f * static_cast<float>(e % 13);
+    memory::Buffer grad_in = gpu->allocate(kNumel * sizeof(float), memory::Category::kOther);
+    gpu->copy(grad_in.data(), staged.data(), kNumel * sizeof(float), compute);
+    std::vector<memory::Buffer> params;
+    std::vector<int> ids;
+    for (int k = 0; k < kUnits; ++k) {
+      params.push_back(gpu->allocate(kNumel * sizeof(float), memory::Category::kParams));
+      ids.push_back(engine.add_param({.name = "u" + std::to_string(k), .shape = {static_cast<int64_t>(kNumel)},
+                                      .dtype = DType::kFloat32, .data = {params.back().data(), kNumel}, .unit = k}));
+    }
+    engine.finalize();
+    for (int step = 0; step < kSteps; ++step) {
+      const int64_t w0 = counted.host_waits();
+      for (int m = 0; m < kMicro; ++m) {
+        for (int k = 0; k < kUnits; ++k) {
+          UnitScope scope = engine.gather(k);
+        }
+        for (int k = kUnits; k-- > 0;) {
+          UnitScope scope = engine.gather_for_backward(k);
+          gpu->accumulate(scope.grad(ids[static_cast<size_t>(k)]), DType::kFloat32, grad_in.data(), DType::kFloat32,
+                          kNumel, compute);
+        }
+        engine.finish_backward();
+      }
+      const int64_t w1 = counted.host_waits();
+      engine.step();
+      const int64_t w2 = counted.host_waits();
+      std::printf("stage %d step %d on the GPU: forward+backward %lld host waits, step %lld\n", stage, step,
+                  static_cast<long long>(w1 - w0), static_cast<long long>(w2 - w1));
+      CAPTURE(step);
+      if (step > 0 || stage < 3) CHECK(w1 - w0 == 0);
+      CHECK(w2 - w1 == (stage == 3 ? 2 : 1));
+    }
+    gpu->synchronize(compute, 60s);
   }
 }
 
