@@ -2,8 +2,9 @@
 # The GPU checks, in two halves, for a GPU machine that cannot build (no network, no Bazel there):
 #
 #   bash scripts/gpu_check.sh build [DIR]  here (nvcc installed): builds the CUDA configuration's GPU
-#                                          tests and benchmark with -c opt, strips them and packs them
-#                                          with libcudart and this script into DIR (default gpu_pack/,
+#                                          tests and benchmark with -c opt, linked statically but for
+#                                          the CUDA runtime and NCCL, strips them and packs them with
+#                                          libcudart and this script into DIR (default gpu_pack/,
 #                                          ignored by git), which must stay under 64 MiB.
 #   bash DIR/gpu_check.sh run [DIR]        there: runs every step with a timeout (the whole under 8
 #                                          minutes), prints what each did and one summary line.
