@@ -2,10 +2,11 @@
 # The GPU checks, in two halves, for a GPU machine that cannot build (no network, no Bazel there):
 #
 #   bash scripts/gpu_check.sh build [DIR]  here (nvcc installed): builds the CUDA configuration's GPU
-#                                          tests and benchmark with -c opt, linked statically but for
-#                                          the CUDA runtime and NCCL, strips them and packs them with
-#                                          libcudart and this script into DIR (default gpu_pack/,
-#                                          ignored by git), which must stay under 64 MiB.
+#                                          tests and benchmark with -c opt, our code linked statically,
+#                                          strips them and packs them with their shared libraries (but
+#                                          for libc, libstdc++, the driver and NCCL) and this script
+#                                          into DIR (default gpu_pack/, ignored by git), which must stay
+#                                          under 64 MiB.
 #   bash DIR/gpu_check.sh run [DIR]        there: runs every step with a timeout (the whole under 8
 #                                          minutes), prints what each did and one summary line.
 #   bash scripts/gpu_check.sh              both, on one machine with a GPU and Bazel.
@@ -52,7 +53,16 @@ build() {
     install -m 755 "$bin/$path" "$dir/" || exit 1
     strip --strip-debug "$dir/$(basename "$path")"
   done
-  cp -L /usr/local/cuda/lib64/libcudart.so.* "$dir/lib/" 2>/dev/null
+  # The shared libraries the binaries need, but for the C/C++ runtime every Linux has, the driver
+  # (libcuda) and NCCL (too large: the GPU machine's own): the GPU machine may lack the Debian
+  # packages (Gloo, fmt, spdlog and theirs) and cannot install them.
+  local base='^(linux-vdso|libc|libm|libstdc\+\+|libgcc_s|libpthread|librt|libdl|ld-linux-x86-64|libcuda|libnccl)\.so'
+  for f in "$dir"/*; do
+    [[ -x $f && ! -d $f ]] || continue
+    ldd "$f" 2>/dev/null | awk '$3 ~ /^\// {print $1, $3}'
+  done | sort -u | while read -r name path; do
+    [[ $name =~ $base ]] || cp -L "$path" "$dir/lib/$name"
+  done
   install -m 755 "$here/gpu_check.sh" "$dir/gpu_check.sh"
   git rev-parse HEAD > "$dir/COMMIT" 2>/dev/null
   local kib
