@@ -29,6 +29,7 @@ class Mlp {
   Mlp(const std::vector<int>& widths, uint64_t seed);
 
   std::vector<Param>& params() { return params_; }
+  const std::vector<Param>& params() const { return params_; }
   size_t num_layers() const { return params_.size() / 2; }
   size_t num_params() const;
 

@@ -16,14 +16,14 @@
 # GPU is enough is a failure; the NCCL test's two-rank cases need two GPUs and are reported as
 # skipped, with the count of GPUs seen, where there is one. On a 2-GPU runner (the CI the library's
 # users run) the same command runs them too. The packed binaries need the GPU machine's driver
-# (libcuda.so.1) and NCCL (libnccl.so.2, 200 MiB: not packed); a step whose libraries are missing
-# fails and names them.
+# (libcuda.so.1), NCCL (libnccl.so.2, 200 MiB) and cuBLAS (libcublas.so, libcublasLt.so, 600 MiB):
+# those are not packed; a step whose libraries are missing fails and names them.
 set -uo pipefail
 
 mode=${1:-all}
 here=$(cd "$(dirname "$0")" && pwd)
 
-# name | binary | what it shows | may skip with one GPU (the multi-rank cases)
+# name | binary and arguments | what it shows | may skip with one GPU (the multi-rank cases)
 steps=(
   "memory kernels|cuda_test|the CUDA layer: streams, events, timeouts, errors|no"
   "CUDA device|cuda_device_test|the Device's kernels against the host path, bit for bit|no"
@@ -32,10 +32,12 @@ steps=(
   "NCCL communicator|nccl_communicator_test|collectives, the deferred schedule check, errors; 2-rank cases need 2 GPUs|yes"
   "engine on CUDA|engine_cuda_test|stages 0-2 on CUDA + NCCL against the host + Gloo, checkpoints, host waits counted|no"
   "optimizer speed|gpu_optim_bench|AdamW's GB/s against the device's copy bandwidth|no"
+  "CUDA example|cuda_mlp_test|the MLP on cuBLAS at stages 0-3 against the host MLP's loss curve|no"
+  "step times|train_mlp_cuda --stages 0,1,2,3 --steps 20|the CUDA MLP's mean step time at stages 0-3|no"
 )
 targets=(//memory:cuda_test //memory:cuda_device_test //optim/cuda:multi_tensor_step_test
          //optim/cuda:cuda_optimizer_test //comm/nccl:nccl_communicator_test //zero:engine_cuda_test
-         //optim/cuda:gpu_optim_bench)
+         //optim/cuda:gpu_optim_bench //examples/cuda:cuda_mlp_test //examples/cuda:train_mlp_cuda)
 
 build() {
   local dir=$1
@@ -51,12 +53,12 @@ build() {
     local path=${t#//}
     path=${path/://}
     install -m 755 "$bin/$path" "$dir/" || exit 1
-    strip --strip-debug "$dir/$(basename "$path")"
+    strip --strip-all "$dir/$(basename "$path")"
   done
   # The shared libraries the binaries need, but for the C/C++ runtime every Linux has, the driver
-  # (libcuda) and NCCL (too large: the GPU machine's own): the GPU machine may lack the Debian
-  # packages (Gloo, fmt, spdlog and theirs) and cannot install them.
-  local base='^(linux-vdso|libc|libm|libstdc\+\+|libgcc_s|libpthread|librt|libdl|ld-linux-x86-64|libcuda|libnccl)\.so'
+  # (libcuda), NCCL and cuBLAS (200 and 600 MiB: the GPU machine's own): the GPU machine may lack
+  # the Debian packages (Gloo, fmt, spdlog and theirs) and cannot install them.
+  local base='^(linux-vdso|libc|libm|libstdc\+\+|libgcc_s|libpthread|librt|libdl|ld-linux-x86-64|libcuda|libnccl|libcublas|libcublasLt)\.so'
   for f in "$dir"/*; do
     [[ -x $f && ! -d $f ]] || continue
     ldd "$f" 2>/dev/null | awk '$3 ~ /^\// {print $1, $3}'
@@ -84,7 +86,9 @@ run() {
   local passed=0 failed=0 skipped=0 start=$SECONDS
   mkdir -p logs
   for s in "${steps[@]}"; do
-    IFS='|' read -r name binary what multi <<<"$s"
+    IFS='|' read -r name command what multi <<<"$s"
+    local binary=${command%% *} args=
+    [[ $command == *" "* ]] && args=${command#* }
     local log="logs/$binary.log"
     if [[ ! -x $binary ]]; then
       echo "FAILED   $name: $binary is not in the pack"
@@ -104,7 +108,8 @@ run() {
       continue
     fi
     local t0=$SECONDS status
-    timeout 150 "./$binary" >"$log" 2>&1
+    # shellcheck disable=SC2086  # the arguments are words
+    timeout 150 "./$binary" $args >"$log" 2>&1
     status=$?
     local took=$((SECONDS - t0))
     if ((status != 0)); then
@@ -125,7 +130,7 @@ run() {
       echo "PASSED   $name ($took s)"
       passed=$((passed + 1))
     fi
-    if [[ $binary == gpu_optim_bench ]]; then sed 's/^/    /' "$log"; fi
+    if [[ $binary == gpu_optim_bench || $binary == train_mlp_cuda ]]; then grep '^|' "$log" | sed 's/^/    /'; fi
   done
   echo "gpu_check: $passed passed, $failed failed, $skipped skipped in $((SECONDS - start)) s"
   ((failed == 0))
