@@ -7,8 +7,8 @@
 #                                          for libc, libstdc++, the driver and NCCL) and this script
 #                                          into DIR (default gpu_pack/, ignored by git), which must stay
 #                                          under 64 MiB.
-#   bash DIR/gpu_check.sh run [DIR]        there: runs every step with a timeout (the whole under 8
-#                                          minutes), prints what each did and one summary line.
+#   bash DIR/gpu_check.sh run [DIR]        there: runs every step with a 50 s timeout (the whole under
+#                                          8 minutes), prints what each did and one summary line.
 #   bash scripts/gpu_check.sh              both, on one machine with a GPU and Bazel.
 #
 # A step that needs a GPU and finds none says it skipped and why, so `run` on a machine without a GPU
@@ -30,7 +30,7 @@ steps=(
   "optimizer kernels|multi_tensor_step_test|the multi-tensor step against the CPU optimizer, bit for bit|no"
   "CUDA optimizer|cuda_optimizer_test|the shard optimizer on the GPU against the CPU one|no"
   "NCCL communicator|nccl_communicator_test|collectives, the deferred schedule check, errors; 2-rank cases need 2 GPUs|yes"
-  "engine on CUDA|engine_cuda_test|stages 0-2 on CUDA + NCCL against the host + Gloo, checkpoints, host waits counted|no"
+  "engine on CUDA|engine_cuda_test|stages 0-3 on CUDA + NCCL against the host + Gloo, offload, checkpoints, host waits counted|no"
   "optimizer speed|gpu_optim_bench|AdamW's GB/s against the device's copy bandwidth|no"
   "CUDA example|cuda_mlp_test|the MLP on cuBLAS at stages 0-3 against the host MLP's loss curve|no"
   "step times|train_mlp_cuda --stages 0,1,2,3 --steps 20|the CUDA MLP's mean step time at stages 0-3|no"
@@ -109,7 +109,7 @@ run() {
     fi
     local t0=$SECONDS status
     # shellcheck disable=SC2086  # the arguments are words
-    timeout 150 "./$binary" $args >"$log" 2>&1
+    timeout 50 "./$binary" $args >"$log" 2>&1
     status=$?
     local took=$((SECONDS - t0))
     if ((status != 0)); then

@@ -1,7 +1,8 @@
-// The engine on a GPU: a CUDA device and the NCCL communicator at world size 1, stages 0, 1, 2, against
+// The engine on a GPU: a CUDA device and the NCCL communicator at world size 1, stages 0-3, against
 // the same loop on the host device and Gloo, bit for bit (the device kernels and the CUDA optimizer
-// reproduce the CPU paths exactly); and its host waits counted on the GPU, as //zero:engine_sync_test
-// counts them on the host device. Prints ZERO_TEST_SKIPPED where there is no GPU or no NCCL
+// reproduce the CPU paths exactly); the optimizer offloaded from the GPU; checkpoints of the GPU's
+// state; and its host waits counted on the GPU, as //zero:engine_sync_test counts them on the host
+// device. Prints ZERO_TEST_SKIPPED where there is no GPU or no NCCL
 // (CPU builds, CI); scripts/gpu_check.sh runs it on a GPU machine.
 #include <doctest/doctest.h>
 
@@ -38,7 +39,7 @@ struct Checkpointing {
 // Trains steps [first_step, 4) on `device` with `comm`; parameters and gradients live in the
 // device's memory.
 Params train(comm::Communicator& comm, memory::Device& device, int stage, int first_step = 0,
-             const Checkpointing& ckpt = {}) {
+             const Checkpointing& ckpt = {}, bool offload = false) {
   EngineOptions opt;
   opt.stage = stage;
   opt.optimizer.kind = optim::OptimizerKind::kAdamW;
@@ -46,6 +47,7 @@ Params train(comm::Communicator& comm, memory::Device& device, int stage, int fi
   opt.max_grad_norm = 0.5f;
   opt.timeout = 60s;
   opt.layout = {.alignment = 16, .bucket_numel = 2048, .block = 256};
+  opt.offload.optimizer = offload;
   Engine engine(EngineComms{&comm, nullptr, &device}, opt);
   memory::Stream& compute = device.compute_stream();
   std::vector<memory::Buffer> params;
@@ -95,7 +97,7 @@ TEST_CASE("the engine on CUDA + NCCL equals the engine on the host + Gloo, bit f
   auto nccl = comm::make_nccl_communicator(store, 0, 1, {.device = 0});
   auto gloo = comm::make_gloo_communicator(std::make_shared<comm::MemoryStore>(), 0, 1);
   CHECK(nccl->accepts(memory::DeviceKind::kCuda));
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     CAPTURE(stage);
     memory::MemoryTracker gpu_tracker, host_tracker;
     auto gpu = memory::make_cuda_device(0, gpu_tracker);
@@ -103,6 +105,25 @@ TEST_CASE("the engine on CUDA + NCCL equals the engine on the host + Gloo, bit f
     CHECK(train(*nccl, *gpu, stage) == train(*gloo, *host, stage));
     // A host communicator with GPU memory is refused at construction.
     CHECK_THROWS_AS(Engine(EngineComms{gloo.get(), nullptr, gpu.get()}, EngineOptions{}), InvalidArgument);
+  }
+}
+
+TEST_CASE("the optimizer offloaded from the GPU (D2H gradients, the CPU optimizer, H2D values) equals it on the host") {
+  if (!memory::cuda_device_usable() || !comm::nccl_available()) {
+    std::printf("ZERO_TEST_SKIPPED: no GPU or no NCCL in this build\n");
+    return;
+  }
+  auto nccl = comm::make_nccl_communicator(std::make_shared<comm::MemoryStore>(), 0, 1, {.device = 0});
+  auto gloo = comm::make_gloo_communicator(std::make_shared<comm::MemoryStore>(), 0, 1);
+  for (int stage : {1, 2, 3}) {
+    CAPTURE(stage);
+    memory::MemoryTracker gpu_tracker, host_tracker;
+    auto gpu = memory::make_cuda_device(0, gpu_tracker);
+    auto host = memory::make_host_device(host_tracker);
+    const Params on_gpu = train(*nccl, *gpu, stage, 0, {}, /*offload=*/true);
+    CHECK(on_gpu == train(*gloo, *host, stage, 0, {}, /*offload=*/true));
+    // The CPU optimizer and the CUDA one compute the same bits.
+    CHECK(on_gpu == train(*nccl, *gpu, stage));
   }
 }
 

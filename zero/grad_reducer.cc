@@ -45,7 +45,7 @@ GradReducer::GradReducer(const ReducerConfig& config, const ShardLayout& layout,
     : config_(config), layout_(layout), ownership_(ownership), comms_(comms), device_(device),
       stream_(device.create_stream("reduce")), event_(device.create_event()),
       shard_order_(device, *comms.shard, config.timeout), user_grads_(std::move(user_grads)),
-      buffers_(device, Category::kCommBuffer) {
+      buffers_(device, Category::kCommBuffer), scratch_cache_(device, Category::kCommBuffer) {
   ZERO_CHECK(config_.full_grads || config_.accumulate, "reduced gradients need a home");
   ZERO_CHECK(!config_.rounds || (config_.accumulate && !config_.full_grads), "rounds reduce into the accumulator");
   ZERO_CHECK_EQ(user_grads_.size(), layout_.tensors().size());
@@ -148,7 +148,9 @@ void* GradReducer::grad(size_t t) {
   if (first == last) return at(bucket_buffer(first), config_.model_dtype, T.offset - layout_.buckets()[first].offset);
   // A tensor spanning buckets gets a contiguous scratch buffer, copied into the buckets when ready.
   if (scratch_[t].empty()) {
-    scratch_[t] = device_.allocate_elements(static_cast<int64_t>(T.numel), config_.model_dtype, Category::kGrads);
+    memory::Stream& compute = device_.compute_stream();
+    scratch_[t] = scratch_cache_.take(T.numel * dtype_size(config_.model_dtype), compute);
+    device_.fill_zero(scratch_[t].data(), scratch_[t].size_bytes(), compute);
   }
   return scratch_[t].data();
 }
@@ -176,7 +178,7 @@ void GradReducer::stage_tensor(size_t t) {
   if (user_grads_[t].ptr != nullptr) {
     device_.fill_zero(user_grads_[t].ptr, T.numel * dtype_size(dt), compute);
   } else {
-    scratch_[t] = Buffer();  // the compute stream is done with it; host devices free at once
+    scratch_cache_.give(std::move(scratch_[t]), compute);  // reused once the compute stream is past the copies
   }
 }
 
@@ -425,13 +427,17 @@ void GradReducer::clear() {
   accum_has_data_ = false;
   std::fill(bucket_has_data_.begin(), bucket_has_data_.end(), 0);
   unreduced_ = false;
-  for (auto& s : scratch_) s = Buffer();
+  for (auto& s : scratch_) scratch_cache_.give(std::move(s), compute);
   const DType dt = config_.model_dtype;
   for (size_t t = 0; t < user_grads_.size(); ++t) {
     if (user_grads_[t].ptr) device_.fill_zero(user_grads_[t].ptr, layout_.tensors()[t].numel * dtype_size(dt), compute);
   }
   open_ = false;
   reset_buckets();
+  // The step's end: every staging and scratch buffer is back, and their slabs grow here if the step
+  // outgrew them.
+  buffers_.settle();
+  scratch_cache_.settle();
 }
 
 }  // namespace zero

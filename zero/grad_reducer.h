@@ -153,6 +153,7 @@ class GradReducer {
   memory::Buffer accum_;  // shard accumulator, accum_dtype
   bool accum_has_data_ = false;       // every owned range holds an earlier micro-step's sum
   std::vector<char> bucket_has_data_;  // rounds: bucket b's owned range holds an earlier round's
+  memory::BufferCache scratch_cache_;      // scratch_'s memory: staging like buffers_ (kCommBuffer), its own slab
   std::vector<memory::Buffer> scratch_;  // tensors spanning buckets, while staging buffers are used
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<int> free_slots_;

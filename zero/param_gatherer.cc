@@ -38,6 +38,15 @@ ParamGatherer::ParamGatherer(const GathererConfig& config, const ShardLayout& la
                "EngineOptions.max_live_gathered_bytes = {} cannot hold the largest unit ({} bytes gathered)", cap_,
                largest);
   }
+  // The window's slab, reserved at once: its limit, or every unit when they all fit in less. (Grown
+  // from the first steps' plans instead it would hold less where the live peak stays below the limit,
+  // but those first steps would have to keep the units past the slab within the limit too, and
+  // prefetch less.)
+  size_t all_units = 0;
+  for (size_t b = 0; b < layout_.buckets().size(); ++b) all_units += memory::BufferCache::placed_bytes(unit_bytes(b));
+  window_.limit_to(cap_);
+  window_.reserve(std::min(cap_, all_units));
+
   units_.resize(layout_.buckets().size());
   training_.order = &recorded_;
   evaluation_.order = &recorded_forward_;
@@ -94,7 +103,9 @@ void ParamGatherer::evict(size_t b) {
 }
 
 bool ParamGatherer::make_room(size_t bytes, size_t for_bucket) {
-  while (window_.live_bytes() + bytes > cap_) {
+  // Room is bytes under the limit and a hole in the window's slab: evicting may be needed for the
+  // second alone (fragmentation).
+  while (window_.live_bytes() + bytes > cap_ || !window_.fits(bytes)) {
     // Kept units first (least recently used), then prefetches in flight (the latest issued first:
     // the one needed last).
     int best = -1;
@@ -109,14 +120,16 @@ bool ParamGatherer::make_room(size_t bytes, size_t for_bucket) {
       if (b == for_bucket || !resident(b) || units_[b].users > 0) continue;
       if (better(b)) best = static_cast<int>(b);
     }
-    if (best < 0) return false;
+    // Nothing left to evict: within the limit, the units in use leave no hole, and the unit goes
+    // past the slab on memory of its own.
+    if (best < 0) return window_.live_bytes() + bytes <= cap_;
     evict(static_cast<size_t>(best));
   }
   return true;
 }
 
 bool ParamGatherer::make_prefetch_room(size_t bytes, const std::vector<size_t>& sooner) {
-  while (window_.live_bytes() + bytes > cap_) {
+  while (window_.live_bytes() + bytes > cap_ || !window_.fits(bytes)) {
     int best = -1;
     for (size_t b = 0; b < units_.size(); ++b) {
       const Unit& x = units_[b];
@@ -357,6 +370,8 @@ void ParamGatherer::after_step() {
     ZERO_CHECK_EQ(units_[b].users, 0, "a gather scope is still open at step()");
     if (resident(b)) evict(b);
   }
+  // Nothing is gathered now: the window's slab grows here if this step's placements outgrew it.
+  window_.settle();
   prefetch();  // the next step's first unit, while the loop prepares its data
 }
 

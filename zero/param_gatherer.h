@@ -4,8 +4,9 @@
 //
 // Each unit is one bucket of the layout (ShardLayout unit_buckets): one flat parameter in N equal
 // padded chunks, all-gathered in one collective into a buffer of its own size. The window is a
-// BufferCache (memory/buffer_cache.h): buffers of exactly each unit's size, reused from step to
-// step, and never more than the peak of what was live at once. What is live:
+// BufferCache (memory/buffer_cache.h): each unit's buffer a range of one slab, placed first fit, the
+// slab sized to the step's placements after its first steps (the live peak plus fragmentation).
+// What is live:
 //
 //   the units whose scopes are open
 //   + the units prefetched ahead of use (within EngineOptions.prefetch_bytes)
@@ -101,6 +102,9 @@ class ParamGatherer {
   void after_step();
   // The shard was rewritten outside a step (a checkpoint load): every gathered copy is stale.
   void invalidate();
+  // The most bytes of gathered units resident at once so far (what the limit and the prefetch budget
+  // bound; the window's memory is its slab).
+  size_t peak_resident_bytes() const { return window_.peak_live_bytes(); }
 
  private:
   struct Unit {

@@ -239,9 +239,9 @@ TEST_CASE("prefetch runs ahead within its byte budget and never evicts a unit ne
         const StepTimings t = rig.step(forward);
         CHECK(t.gathered_bytes == rig.total_bytes(forward));
       }
-      CHECK(rig.window_peak() <= rig.largest() + config.prefetch_bytes);
+      CHECK(rig.gatherer().peak_resident_bytes() <= rig.largest() + config.prefetch_bytes);
       // The last three units (64 bytes each) were fetched two at a time: ahead of their use.
-      CHECK(rig.window_peak() >= rig.bytes(5) + rig.bytes(6) + rig.bytes(7));
+      CHECK(rig.gatherer().peak_resident_bytes() >= rig.bytes(5) + rig.bytes(6) + rig.bytes(7));
     });
   }
   SUBCASE("a budget larger than the window") {
