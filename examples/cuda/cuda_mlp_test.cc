@@ -19,17 +19,7 @@
 namespace zero::examples {
 namespace {
 
-EngineOptions options_for(int stage) {
-  EngineOptions o;
-  o.stage = stage;
-  o.optimizer.kind = optim::OptimizerKind::kAdamW;
-  o.optimizer.groups = {optim::Hyper{.lr = 1e-2f, .weight_decay = 0.01f},
-                        optim::Hyper{.lr = 1e-2f, .weight_decay = 0.0f}};
-  o.max_grad_norm = 1.0f;
-  o.gradient_accumulation_steps = 2;
-  o.layout.bucket_numel = 4096;
-  return o;
-}
+EngineOptions options_for(int stage) { return cuda::cuda_mlp_options(stage, 2); }
 
 constexpr int kSteps = 8, kBatch = 32;
 const std::vector<int> kWidths = {32, 64, 64, 10};

@@ -27,6 +27,20 @@ struct CudaMlpStep {
   double seconds = 0;     // the step's wall time, loss read-back included
 };
 
+// The examples' MLP options (as examples/train_mlp.cc's): AdamW, weight decay on the matrices only
+// (group 1 holds the biases), clipping at 1.
+inline EngineOptions cuda_mlp_options(int stage, int micro) {
+  EngineOptions o;
+  o.stage = stage;
+  o.optimizer.kind = optim::OptimizerKind::kAdamW;
+  o.optimizer.groups = {optim::Hyper{.lr = 1e-2f, .weight_decay = 0.01f},
+                        optim::Hyper{.lr = 1e-2f, .weight_decay = 0.0f}};
+  o.max_grad_norm = 1.0f;
+  o.gradient_accumulation_steps = micro;
+  o.layout.bucket_numel = 64 * 1024;
+  return o;
+}
+
 // Trains with `options` (its stage, optimizer, micro-steps) over `nccl` (a CUDA communicator; the
 // data is split by its rank) and `host` (for the loss's mean over ranks); calls on_step after every
 // step on every rank. Returns the engine's memory report.

@@ -25,18 +25,6 @@ namespace {
 
 using namespace zero;
 
-[[maybe_unused]] EngineOptions options_for(int stage, int micro) {
-  EngineOptions o;
-  o.stage = stage;
-  o.optimizer.kind = optim::OptimizerKind::kAdamW;
-  o.optimizer.groups = {optim::Hyper{.lr = 1e-2f, .weight_decay = 0.01f},
-                        optim::Hyper{.lr = 1e-2f, .weight_decay = 0.0f}};
-  o.max_grad_norm = 1.0f;
-  o.gradient_accumulation_steps = micro;
-  o.layout.bucket_numel = 256 * 1024 / sizeof(float);
-  return o;
-}
-
 int run(int argc, char** argv) {
 #if !ZERO_WITH_CUDA
   (void)argc;
@@ -67,7 +55,7 @@ int run(int argc, char** argv) {
       auto gloo = comm::make_gloo_communicator(std::make_shared<comm::MemoryStore>(), 0, 1);
       double total = 0, last = 0;
       int timed = 0;
-      examples::cuda::train_cuda_mlp(*nccl, *gloo, options_for(st, micro), r, [&](const examples::cuda::CudaMlpStep& x) {
+      examples::cuda::train_cuda_mlp(*nccl, *gloo, examples::cuda::cuda_mlp_options(st, micro), r, [&](const examples::cuda::CudaMlpStep& x) {
         if (x.step > 3) {
           total += x.seconds;
           ++timed;
@@ -89,7 +77,7 @@ int run(int argc, char** argv) {
                 r.widths[3], pg.host->size(), stage);
   }
   const MemoryReport report =
-      examples::cuda::train_cuda_mlp(*pg.device, *pg.host, options_for(stage, micro), r, [&](const examples::cuda::CudaMlpStep& x) {
+      examples::cuda::train_cuda_mlp(*pg.device, *pg.host, examples::cuda::cuda_mlp_options(stage, micro), r, [&](const examples::cuda::CudaMlpStep& x) {
         if (rank == 0) std::printf("step %3d  loss %.6f  grad_norm %.4f  %.2f ms\n", x.step, x.loss, x.grad_norm, 1e3 * x.seconds);
       });
   pg.host->barrier()->wait();
