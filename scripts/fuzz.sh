@@ -3,7 +3,7 @@
 # over a copy of its seed corpus and its past findings (docs/fuzzing.md).
 #
 #   bash scripts/fuzz.sh [TARGET...]          # all four targets, or the ones named
-#   FUZZ_SECONDS=15 bash scripts/fuzz.sh      # what CI runs
+#   FUZZ_SECONDS=8 bash scripts/fuzz.sh       # what CI runs
 #
 # FUZZ_SECONDS  run time per target (default 60)
 # FUZZ_JOBS     targets fuzzed at once (default: the cores, at most 4)
