@@ -65,31 +65,20 @@ void BufferCache::wait_all(const std::vector<Use>& uses) {
   for (const Use& u : uses) device_.synchronize(*u.done, kFreeWait);
 }
 
-size_t BufferCache::place(size_t size, std::map<size_t, FreeRange>::const_iterator* from, bool* extends) const {
-  *extends = false;
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if (it->second.size >= size) {
-      *from = it;
-      return it->first;
-    }
+size_t BufferCache::place(size_t size) const {
+  for (const auto& [offset, range] : free_) {
+    if (range.size >= size) return offset;
   }
-  *from = free_.end();
   if (!free_.empty()) {
-    auto last = std::prev(free_.end());
-    if (last->first + last->second.size == high_water_) {
-      *from = last;
-      *extends = true;
-      return last->first;
-    }
+    const auto& [offset, range] = *free_.rbegin();
+    if (offset + range.size == high_water_) return offset;
   }
   return high_water_;
 }
 
 bool BufferCache::fits(size_t bytes) const {
   const size_t size = placed_bytes(bytes);
-  std::map<size_t, FreeRange>::const_iterator from;
-  bool extends = false;
-  return place(size, &from, &extends) + size <= limit_;
+  return place(size) + size <= limit_;
 }
 
 void BufferCache::trace(int64_t token) {
@@ -125,14 +114,7 @@ Buffer BufferCache::take(size_t bytes, Stream& stream) {
   trace(static_cast<int64_t>(size));
   // Where the plan put this take while the step follows the traced one; else first fit in offset
   // order (or the free range that ends at the high-water, extended, or past the high-water).
-  size_t offset;
-  if (following_) {
-    offset = plan_offsets_[index];
-  } else {
-    std::map<size_t, FreeRange>::const_iterator from;
-    bool extends = false;
-    offset = place(size, &from, &extends);
-  }
+  const size_t offset = following_ ? plan_offsets_[index] : place(size);
   const std::vector<Use> uses = carve(offset, size);
   for (const Use& u : uses) {
     if (u.stream != &stream) device_.wait(stream, *u.done);

@@ -94,9 +94,9 @@ class BufferCache {
     Buffer own;        // a range past the slab: its own memory
   };
   static void merge_uses(std::vector<Use>& into, const std::vector<Use>& from);
-  // Where first fit places `size` (aligned) bytes: its offset, and the free range it comes from
-  // (free_.end() when at or past the high-water, `extends` when that range ends at the high-water).
-  size_t place(size_t size, std::map<size_t, FreeRange>::const_iterator* from, bool* extends) const;
+  // Where first fit places `size` (aligned) bytes: the first free range that holds them, else the
+  // free range that ends at the high-water (extended), else the high-water.
+  size_t place(size_t size) const;
   std::shared_ptr<Event> record(Stream& stream);
   // Removes [offset, offset + size) from the free ranges (or the space past the high-water): the
   // uses the new user must follow.

@@ -1,7 +1,7 @@
-// BufferCache: exact sizes carved from one slab, the slab sized at settle() to the step's first-fit
-// placements, nothing allocated once a pattern repeats (sizes that take turns included), what it
-// holds as the tracker reports it, and stream order on reuse (threaded streams: TSan checks the
-// edge).
+// BufferCache: exact sizes carved from one slab, the slab sized at settle() to the plan of the
+// step's trace, nothing allocated once a pattern repeats (sizes that take turns included), a step
+// that departs from the plan, the limit, what it holds as the tracker reports it, and stream order
+// on reuse (threaded streams: TSan checks the edge).
 #include <doctest/doctest.h>
 
 #include <chrono>

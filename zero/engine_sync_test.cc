@@ -55,7 +55,8 @@ std::vector<size_t> unit_sizes(const Setup& s) {
 }
 constexpr int kSteps = 4;
 
-// Trains kSteps steps of a 3-unit model and counts each step's waits and calls on this rank.
+// Trains kSteps steps of the model unit_sizes(s) gives and counts each step's waits, calls and
+// allocations on this rank.
 std::vector<StepCount> count_waits(comm::Communicator& gloo, const Setup& s, size_t* max_buckets) {
   testing::CountingCommunicator comm(gloo);
   memory::MemoryTracker tracker;

@@ -4,9 +4,9 @@
 //
 // Each unit is one bucket of the layout (ShardLayout unit_buckets): one flat parameter in N equal
 // padded chunks, all-gathered in one collective into a buffer of its own size. The window is a
-// BufferCache (memory/buffer_cache.h): each unit's buffer a range of one slab, placed first fit, the
-// slab sized to the step's placements after its first steps (the live peak plus fragmentation).
-// What is live:
+// BufferCache (memory/buffer_cache.h): each unit's buffer a range of one slab, reserved at the
+// window's limit (or every unit, when they all fit in less) and placed as planned from the first
+// steps' trace. What is live:
 //
 //   the units whose scopes are open
 //   + the units prefetched ahead of use (within EngineOptions.prefetch_bytes)

@@ -8,7 +8,6 @@
 // rate, counted the same way (2B / time), is what a memory-bound kernel can reach. Times are the
 // best of 5 rounds of 10 steps, by CUDA events. Without a GPU it says so and exits 0.
 #include <cuda_runtime.h>
-#include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdio>
