@@ -2,7 +2,9 @@
 # Installs the Debian packages the build and tests need. Idempotent: installs only what is missing,
 # and touches the network only when something is. With --ci (what .ci/run passes) also what CI runs
 # beyond the test suite: clang and libFuzzer for scripts/fuzz.sh, and libtorch-dev for the LibTorch
-# adapter's tests (about 1 GB installed, so not for the README's two commands).
+# adapter's tests (about 1 GB installed, so not for the README's two commands). With --package (what
+# scripts/package.sh passes; --ci implies it) the tools that build and check the Debian package:
+# dpkg-dev (dpkg-shlibdeps), cmake and pkgconf (the outside projects of examples/external).
 set -euo pipefail
 
 packages=(
@@ -19,6 +21,9 @@ packages=(
 )
 if [[ "${1:-}" == "--ci" ]]; then
   packages+=(clang-14 libfuzzer-14-dev libclang-rt-14-dev libtorch-dev)
+fi
+if [[ "${1:-}" == "--ci" || "${1:-}" == "--package" ]]; then
+  packages+=(dpkg-dev cmake pkgconf make binutils)
 fi
 
 missing=()
