@@ -67,45 +67,43 @@ run_2_ranks() {  # log, program and arguments
   sed -n '1,2p;$p' "$log"
 }
 
+# A CMake project of examples/external configured, built against the scratch copy, and trained on 2
+# ranks.
+cmake_project() {  # folder, what it finds, program, its arguments...
+  local folder=$1 finds=$2 program=$3
+  shift 3
+  local build=$scratch/build-$folder log=$scratch/$folder.log
+  if cmake -S "$scratch/src/$folder" -B "$build" -DCMAKE_PREFIX_PATH="$root/usr" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
+       -DCMAKE_BUILD_TYPE=Release > "$log" 2>&1 &&
+     cmake --build "$build" >> "$log" 2>&1 && no_tree_includes < "$build/compile_commands.json"; then
+    check "examples/external/$folder builds ($finds)" 0
+    run_2_ranks "$scratch/$folder-run.log" "$build/$program" "$@" && trained "$scratch/$folder-run.log"
+    check "examples/external/$folder trains on 2 ranks ($*)" $?
+  else
+    tail -30 "$log"
+    check "examples/external/$folder builds ($finds)" 1
+  fi
+}
+
 # 3. CMake.
-build=$scratch/build-cmake
-if cmake -S "$scratch/src/cmake" -B "$build" -DCMAKE_PREFIX_PATH="$root/usr" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
-     -DCMAKE_BUILD_TYPE=Release > "$scratch/cmake.log" 2>&1 &&
-   cmake --build "$build" >> "$scratch/cmake.log" 2>&1 && no_tree_includes < "$build/compile_commands.json"; then
-  check "examples/external/cmake builds (find_package(zero))" 0
-  run_2_ranks "$scratch/cmake-run.log" "$build/train_mlp" --stage 3 --steps 40 && trained "$scratch/cmake-run.log"
-  check "examples/external/cmake trains on 2 ranks at stage 3" $?
-else
-  tail -30 "$scratch/cmake.log"
-  check "examples/external/cmake builds (find_package(zero))" 1
-fi
+cmake_project cmake "find_package(zero)" train_mlp --stage 3 --steps 40
 
 # 4. make + pkg-config.
 if PKG_CONFIG_PATH=$root/usr/lib/pkgconfig make -C "$scratch/src/make" PKG_CONFIG="pkg-config --define-prefix" \
      > "$scratch/make.log" 2>&1 && no_tree_includes < "$scratch/make.log"; then
   check "examples/external/make builds (pkg-config)" 0
   run_2_ranks "$scratch/make-run.log" "$scratch/src/make/train_mlp" --stage 1 --steps 40 && trained "$scratch/make-run.log"
-  check "examples/external/make trains on 2 ranks at stage 1" $?
+  check "examples/external/make trains on 2 ranks (--stage 1 --steps 40)" $?
 else
   tail -30 "$scratch/make.log"
   check "examples/external/make builds (pkg-config)" 1
 fi
 
 # 5. LibTorch.
-if [[ ! -f $lib/libzero_torch.so.$version ]]; then
+if [[ -f $lib/libzero_torch.so.$version ]]; then
+  cmake_project libtorch "find_package(Torch), find_package(zero COMPONENTS libtorch)" train_torch --stage 3 --steps 30
+else
   echo "package check: examples/external/libtorch: SKIPPED (no libtorch-dev here, so no zero-libtorch package)"
   skipped=$((skipped + 1))
-  finish
-fi
-build=$scratch/build-libtorch
-if cmake -S "$scratch/src/libtorch" -B "$build" -DCMAKE_PREFIX_PATH="$root/usr" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
-     -DCMAKE_BUILD_TYPE=Release > "$scratch/libtorch.log" 2>&1 &&
-   cmake --build "$build" >> "$scratch/libtorch.log" 2>&1 && no_tree_includes < "$build/compile_commands.json"; then
-  check "examples/external/libtorch builds (find_package(Torch), find_package(zero COMPONENTS libtorch))" 0
-  run_2_ranks "$scratch/libtorch-run.log" "$build/train_torch" --stage 3 --steps 30 && trained "$scratch/libtorch-run.log"
-  check "examples/external/libtorch trains on 2 ranks at stage 3" $?
-else
-  tail -30 "$scratch/libtorch.log"
-  check "examples/external/libtorch builds" 1
 fi
 finish
