@@ -8,6 +8,8 @@
 //                                     the layers and stage
 //   --export FILE.safetensors         the final weights
 //   --shard-group-size N              hybrid sharding: the engine on comm::HybridGroups of N ranks
+//   --optimizer NAME                  adamw, adam, sgd, adagrad, lion, or adabelief (a user's own
+//                                     rule: examples/adabelief.h)
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -16,6 +18,7 @@
 
 #include "base/check.h"
 #include "comm/hybrid_groups.h"
+#include "examples/adabelief.h"
 #include "examples/flags.h"
 #include "zero/config/engine_config.h"
 #include "zero/engine.h"
@@ -57,6 +60,18 @@ struct ConfigFlag {
     if (flags.has("lr")) {
       const float lr = static_cast<float>(flags.get_double("lr", 0));
       for (optim::Hyper& g : groups) g.lr = lr;
+    }
+    if (flags.has("optimizer")) {
+      const std::string name = flags.get("optimizer", "");
+      o.optimizer.custom = nullptr;
+      if (name == "adabelief") {
+        o.optimizer.custom = std::make_shared<AdaBelief>();
+      } else if (name == "adamw" || name == "adam" || name == "sgd" || name == "adagrad" || name == "lion") {
+        o.optimizer.kind = optim::parse_optimizer(name);
+      } else {
+        ZERO_THROW(InvalidArgument, "--optimizer: unknown optimizer '{}' (adamw, adam, sgd, adagrad, lion or adabelief)",
+                   name);
+      }
     }
     return o;
   }

@@ -7,6 +7,7 @@
 
 #include "base/check.h"
 #include "memory/buffer.h"
+#include "optim/custom_optimizer.h"
 #include "optim/kernels.h"
 #include "optim/optimizer_checks.h"
 #include "optim/step_coeffs.h"
@@ -35,6 +36,25 @@ OptimizerKind parse_optimizer(std::string_view name) {
   }
   ZERO_THROW(InvalidArgument, "unknown optimizer '{}' (expected adamw, adam, sgd, adagrad or lion)",
              name);
+}
+
+std::string optimizer_label(const OptimizerOptions& options) {
+  return options.custom ? "custom:" + options.custom->name() : std::string(optimizer_name(options.kind));
+}
+
+std::vector<std::string> optimizer_state_names(const OptimizerOptions& options) {
+  return options.custom ? options.custom->state_names() : optimizer_state_names(options.kind);
+}
+
+void validate_groups(const OptimizerOptions& options) {
+  if (options.groups.empty()) ZERO_THROW(InvalidArgument, "groups must not be empty");
+  for (size_t g = 0; g < options.groups.size(); ++g) {
+    if (options.custom) {
+      options.custom->validate(options.groups[g], static_cast<int>(g));
+    } else {
+      validate_hyper(options.kind, options.groups[g], static_cast<int>(g));
+    }
+  }
 }
 
 namespace {
@@ -281,6 +301,10 @@ void check_step_input(const StepInput& in, size_t n, const char* what) {
 
 Optimizer::Optimizer(const OptimizerOptions& options, size_t shard_numel,
                      std::vector<Segment> segments) {
+  if (options.custom) {
+    ZERO_THROW(InvalidArgument, "custom: optim::Optimizer runs the built-in rules; '{}' runs in an engine",
+               options.custom->name());
+  }
   detail::validate_common_options(options);
   if (options.num_threads < 1 || options.num_threads > 1024) {
     ZERO_THROW(InvalidArgument, "num_threads must be in [1, 1024] (got {})", options.num_threads);

@@ -27,6 +27,8 @@
 
 namespace zero::optim {
 
+class CustomOptimizer;  // optim/custom_optimizer.h
+
 // "adamw", "adam", "sgd", "adagrad", "lion".
 const char* optimizer_name(OptimizerKind kind);
 // Inverse of optimizer_name; throws InvalidArgument naming the accepted values.
@@ -60,6 +62,9 @@ struct Segment {
 
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::kAdamW;
+  // A rule of the user's (optim/custom_optimizer.h) in place of `kind`: the engine runs it on the
+  // host (on a CUDA device, with offload.optimizer). optim::Optimizer itself refuses one.
+  std::shared_ptr<CustomOptimizer> custom;
   std::vector<Hyper> groups = std::vector<Hyper>(1);  // one default group
   DType state_dtype = DType::kFloat32;  // kFloat32 or kBFloat16 (rounded to nearest even)
   int num_threads = 1;                  // threads of the step, the caller's included
@@ -150,5 +155,13 @@ class Optimizer {
 // Throws InvalidArgument naming "groups[<index>].<field>" if a hyperparameter that `kind` uses is
 // out of range. Exposed for callers that validate a configuration before building an optimizer.
 void validate_hyper(OptimizerKind kind, const Hyper& h, int group_index);
+// The same for the options' rule: the custom one's validate(), else validate_hyper(kind).
+void validate_groups(const OptimizerOptions& options);
+
+// The options' rule by name: "custom:<name>" for a custom one, else optimizer_name(kind) (the
+// checkpoint manifest's and the ranks' agreement's key).
+std::string optimizer_label(const OptimizerOptions& options);
+// The options' state arrays: the custom rule's state_names(), else optimizer_state_names(kind).
+std::vector<std::string> optimizer_state_names(const OptimizerOptions& options);
 
 }  // namespace zero::optim

@@ -10,6 +10,7 @@
 
 #include "base/check.h"
 #include "base/env.h"
+#include "optim/custom_optimizer.h"
 #include "zero/collective_order.h"
 #include "zero/engine_impl.h"
 #include "zero/rank_agreement.h"
@@ -271,6 +272,10 @@ float Engine::loss_scale() const {
 optim::Optimizer& Engine::optimizer() {
   impl_->require_finalized("optimizer");
   optim::Optimizer* o = impl_->parts.update->optimizer().host_optimizer();
+  if (o == nullptr && impl_->options.optimizer.custom) {
+    ZERO_THROW(InvalidArgument, "optimizer(): the engine runs the custom optimizer '{}' (EngineOptions.optimizer.custom)",
+               impl_->options.optimizer.custom->name());
+  }
   if (o == nullptr) ZERO_THROW(InvalidArgument, "optimizer(): the engine's optimizer runs on {}, not the CPU", impl_->device->name());
   return *o;
 }

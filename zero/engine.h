@@ -251,7 +251,8 @@ class Engine {
 
   // Multiply the loss (its gradient seed) by this before backward.
   float loss_scale() const;
-  // The CPU optimizer (host devices; throws InvalidArgument on a CUDA device).
+  // The CPU optimizer (host devices; throws InvalidArgument on a CUDA device, and with a custom rule,
+  // which is the caller's own object).
   optim::Optimizer& optimizer();
   // A parameter group's hyperparameters (e.g. the learning rate from a schedule), on any device.
   optim::Hyper& param_group(int group);

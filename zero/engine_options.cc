@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "base/check.h"
+#include "optim/custom_optimizer.h"
 
 namespace zero {
 
@@ -51,6 +52,12 @@ void validate(const EngineOptions& o) {
   if (o.timeout.count() <= 0) {
     ZERO_THROW(InvalidArgument, "EngineOptions.timeout must be positive");
   }
+  if (o.optimizer.custom && o.optimizer.custom->needs_whole_tensors()) {
+    ZERO_THROW(InvalidArgument,
+               "EngineOptions.optimizer.custom: '{}' needs whole tensors (a per-tensor rule), but the engine's optimizer "
+               "works on flat ranges that cut tensors across ranks and buckets; whole-tensor ownership is not available",
+               o.optimizer.custom->name());
+  }
 }
 
 const char* loss_scaling_name(LossScaling s) {
@@ -68,7 +75,7 @@ std::vector<std::pair<std::string, std::string>> fingerprint(const EngineOptions
     f.emplace_back("EngineOptions." + field, fmt::format("{}", value));
   };
   add("stage", o.stage);
-  add("optimizer.kind", optim::optimizer_name(o.optimizer.kind));
+  add("optimizer.kind", optim::optimizer_label(o.optimizer));
   add("optimizer.state_dtype", dtype_name(o.optimizer.state_dtype));
   add("optimizer.groups.size", o.optimizer.groups.size());
   for (size_t i = 0; i < o.optimizer.groups.size(); ++i) {

@@ -89,7 +89,7 @@ class PlanningShardOptimizer final : public ShardOptimizer {
  public:
   PlanningShardOptimizer(memory::Device& device, const optim::OptimizerOptions& options, size_t numel,
                          std::chrono::milliseconds timeout)
-      : ShardOptimizer(device, numel, timeout), options_(options), names_(optim::optimizer_state_names(options.kind)) {
+      : ShardOptimizer(device, numel, timeout), options_(options), names_(optim::optimizer_state_names(options)) {
     for (size_t i = 0; i < names_.size(); ++i) {
       state_.push_back(device.allocate_elements(static_cast<int64_t>(numel), options.state_dtype,
                                                 memory::Category::kOptimizerState));
@@ -123,11 +123,18 @@ std::unique_ptr<ShardOptimizer> make_cuda_shard_optimizer(memory::Device& device
                                                           size_t numel, std::vector<optim::Segment> segments,
                                                           std::chrono::milliseconds timeout);
 
+std::unique_ptr<ShardOptimizer> make_custom_shard_optimizer(memory::Device& device, optim::OptimizerOptions options,
+                                                            size_t numel, std::vector<optim::Segment> segments,
+                                                            std::chrono::milliseconds timeout);
+
 std::unique_ptr<ShardOptimizer> make_shard_optimizer(memory::Device& device, optim::OptimizerOptions options,
                                                      size_t numel, std::vector<optim::Segment> segments,
                                                      std::chrono::milliseconds timeout) {
   if (dynamic_cast<memory::MetaDevice*>(&device) != nullptr) {
     return std::make_unique<PlanningShardOptimizer>(device, options, numel, timeout);
+  }
+  if (options.custom) {
+    return make_custom_shard_optimizer(device, std::move(options), numel, std::move(segments), timeout);
   }
   if (device.kind() == memory::DeviceKind::kCuda) {
     return make_cuda_shard_optimizer(device, std::move(options), numel, std::move(segments), timeout);

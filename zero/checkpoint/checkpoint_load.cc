@@ -47,9 +47,9 @@ std::vector<std::string> check_registration(const CheckpointParts& p, const Chec
   for (const CheckpointSet::Source& s : set.sources()) {
     const json opt = checkpoint_field<json>(s.m.doc, "optimizer", s.path);
     const std::string kind = checkpoint_field<std::string>(opt, "kind", s.path);
-    if (kind != optim::optimizer_name(p.options->optimizer.kind)) {
+    if (kind != optim::optimizer_label(p.options->optimizer)) {
       checkpoint_error(s.path, fmt::format("saved by optimizer {} but the engine runs {}", kind,
-                                           optim::optimizer_name(p.options->optimizer.kind)));
+                                           optim::optimizer_label(p.options->optimizer)));
     }
   }
   const std::string& path = set.sources()[0].path;

@@ -193,7 +193,7 @@ json manifest_head(const CheckpointParts& p, const CheckpointState& state) {
           {"stage", p.options->stage},
           {"layout", layout_json(p)},
           {"model_dtype", dtype_name(p.model_dtype)},
-          {"optimizer", {{"kind", optim::optimizer_name(p.options->optimizer.kind)}, {"states", state_names(p)}}},
+          {"optimizer", {{"kind", optim::optimizer_label(p.options->optimizer)}, {"states", state_names(p)}}},
           {"loss_scaler", scaler_json(state.scaler)},
           {"params", params_json(p)},
           {"options", options}};

@@ -33,10 +33,7 @@ void validate_config(const EngineConfig& c, const Context& ctx, const Origins& o
   const EngineOptions& o = c.engine;
   checked(ctx, origins, "", [&] { validate(o); });
   checked(ctx, origins, "optimizer.", [&] {
-    if (o.optimizer.groups.empty()) ZERO_THROW(InvalidArgument, "groups must not be empty");
-    for (size_t g = 0; g < o.optimizer.groups.size(); ++g) {
-      optim::validate_hyper(o.optimizer.kind, o.optimizer.groups[g], static_cast<int>(g));
-    }
+    optim::validate_groups(o.optimizer);
     if (o.optimizer.state_dtype != DType::kFloat32 && o.optimizer.state_dtype != DType::kBFloat16) {
       ZERO_THROW(InvalidArgument, "state_dtype must be fp32 or bf16, got {}", dtype_name(o.optimizer.state_dtype));
     }
