@@ -202,8 +202,7 @@ void validate_common_options(const OptimizerOptions& o) {
   if (static_cast<int>(o.kind) < 0 || static_cast<int>(o.kind) >= kNumOptimizerKinds) {
     ZERO_THROW(InvalidArgument, "kind: unknown optimizer kind {}", static_cast<int>(o.kind));
   }
-  if (o.groups.empty()) ZERO_THROW(InvalidArgument, "groups must not be empty");
-  for (size_t g = 0; g < o.groups.size(); ++g) validate_hyper(o.kind, o.groups[g], static_cast<int>(g));
+  validate_groups(o);
   if (o.state_dtype != DType::kFloat32 && o.state_dtype != DType::kBFloat16) {
     ZERO_THROW(InvalidArgument, "state_dtype must be fp32 or bf16 (got {})", dtype_name(o.state_dtype));
   }
