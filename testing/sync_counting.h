@@ -5,7 +5,9 @@
 //   CountingDevice         forwards every call to a Device and counts the host waits
 //                          (synchronize on an event or a stream) and the allocations.
 //   CountingCommunicator   forwards every call to a Communicator and counts the calls issued
-//                          (collectives and point-to-point), over it and the groups split from it.
+//                          (collectives and point-to-point), over it and the groups split from it,
+//                          and the bytes its all-gathers deliver to this rank (the traffic a
+//                          gather dtype changes: zero/param_dtype_test.cc).
 //
 // With a host communicator (Gloo) every collective the engine issues costs exactly one host wait:
 // its buffers' producers must be complete before Gloo's threads read them (zero/collective_order.h).
@@ -13,6 +15,7 @@
 //   host waits - (host communicator ? calls issued : 0),
 // which is the number the tests check: the same on the host device as on a GPU.
 // Header-only, testonly. Thread-safe counters; the forwarded objects keep their own contracts.
+#include <array>
 #include <atomic>
 #include <memory>
 #include <string>
@@ -93,6 +96,9 @@ class CountingCommunicator final : public comm::Communicator {
 
   // Calls issued over this communicator and every group split from it.
   int64_t calls() const { return calls_->load(); }
+  // Bytes the all-gathers of `dtype` issued over it received (every rank's chunk, this rank's
+  // included).
+  int64_t all_gather_bytes(DType dtype) const { return (*gathered_)[static_cast<size_t>(dtype)].load(); }
 
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
@@ -111,6 +117,7 @@ class CountingCommunicator final : public comm::Communicator {
     return issued(inner_.reduce_scatter(send, recv, recv_count, dtype, op));
   }
   comm::WorkHandle all_gather(const void* send, void* recv, size_t send_count, DType dtype) override {
+    (*gathered_)[static_cast<size_t>(dtype)] += static_cast<int64_t>(send_count * dtype_size(dtype)) * inner_.size();
     return issued(inner_.all_gather(send, recv, send_count, dtype));
   }
   comm::WorkHandle broadcast(void* buf, size_t count, DType dtype, int root) override {
@@ -144,6 +151,8 @@ class CountingCommunicator final : public comm::Communicator {
   comm::Communicator& inner_;
   std::unique_ptr<comm::Communicator> owned_;  // a split group's communicator
   std::shared_ptr<std::atomic<int64_t>> calls_;
+  // This group's, per dtype (DType's values index it).
+  std::shared_ptr<std::array<std::atomic<int64_t>, 8>> gathered_ = std::make_shared<std::array<std::atomic<int64_t>, 8>>();
 };
 
 }  // namespace zero::testing

@@ -63,7 +63,7 @@ void Engine::Impl::complete_tied() {
       memory::Stream& compute = m.device->compute_stream();
       m.tied_order->before_issue(compute);
       comm::CallLabel label(*m.comms.tied, "tied " + p.name);
-      m.tied_order->after(*m.comms.tied->all_reduce(g, p.data.numel, p.dtype, comm::ReduceOp::kSum), compute);
+      m.tied_order->after(*m.comms.tied->all_reduce(g, p.data.numel, m.dtypes.compute, comm::ReduceOp::kSum), compute);
     }
     reducer.tensor_ready(t);
   }
@@ -107,7 +107,7 @@ void Engine::finalize() {
   if (m.finalized) ZERO_THROW(InvalidArgument, "finalize() called twice");
   // Problems that need the options are recorded as local errors, so verification reports them on
   // every rank instead of leaving the others waiting in a collective.
-  const std::optional<DType> model_dtype = check_registration(m.options, m.registry);
+  const std::optional<ModelDtypes> dtypes = check_registration(m.options, m.registry);
   m.check_tied();
   std::vector<AgreementEntry> fp;
   for (auto& [field, value] : fingerprint(m.options)) fp.push_back({field, value});
@@ -120,7 +120,7 @@ void Engine::finalize() {
     m.registry.verify_across_ranks(*c, m.options.timeout, m.device);
     check_agreement(*c, {.what = "engine options", .verb = "has"}, fp, "", m.options.timeout, m.device);
   }
-  m.model_dtype = *model_dtype;
+  m.dtypes = *dtypes;
   // Trainable tensors grouped by unit (units in order of first registration).
   m.param_tensor.assign(m.registry.params().size(), -1);
   for (int unit : m.registry.units()) {
@@ -148,7 +148,7 @@ void Engine::finalize() {
     m.tied_order->before_issue(compute);
     m.tied_order->after(*m.comms.tied->broadcast(p.data.ptr, p.data.numel, p.dtype, 0), compute);
   }
-  m.parts = wire_stage({&m.options, &m.registry, m.tensor_param, m.model_dtype, m.comms.shard, m.comms.replica,
+  m.parts = wire_stage({&m.options, &m.registry, m.tensor_param, m.dtypes, m.comms.shard, m.comms.replica,
                         m.device, &m.timings, m.comms.tp, m.comms.model_parallel, m.comms.tied});
   for (size_t t = 0; t < m.tensor_param.size(); ++t) {
     if (m.registry.param(m.tensor_param[t]).tied) {

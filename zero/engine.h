@@ -93,12 +93,12 @@ class [[nodiscard("a unit scope ends when it is destroyed: hold it for the unit'
   bool backward() const { return backward_; }
   BackwardPart part() const { return part_; }
   bool evaluation() const { return evaluation_; }
-  // Parameter `id` of this unit, in full, in its dtype: the user's storage below stage 3, the
-  // gathered copy at stage 3 (valid while the scope is open; read-only: the engine's update is the
-  // only writer).
+  // Parameter `id` of this unit, in full: the user's storage below stage 3, the gathered copy at
+  // stage 3 (in EngineOptions.param_dtype where set; valid while the scope is open; read-only: the
+  // engine's update is the only writer).
   void* param(int id);
-  // Typed views (zero/typed_view.h): T must match the registered dtype, else InvalidArgument
-  // naming the parameter.
+  // Typed views (zero/typed_view.h): T must match the dtype of that memory (the registered dtype,
+  // or param_dtype), else InvalidArgument naming the parameter.
   template <typename T>
   std::span<const T> param_span(int id) {
     const void* p = param(id);
@@ -228,12 +228,12 @@ class Engine {
   // Where backward accumulates the gradient of parameter `id` (see the header comment). Where
   // parameters are not resident (stage 3) only inside an open backward scope of the parameter's unit.
   void* grad(int id);
-  // Typed views of it (zero/typed_view.h): T must match the registered dtype, else InvalidArgument
-  // naming the parameter.
+  // Typed views of it (zero/typed_view.h): T must match the dtype gradients are written in (the
+  // registered dtype, or EngineOptions.param_dtype), else InvalidArgument naming the parameter.
   template <typename T>
   std::span<T> grad_span(int id) {
     void* g = grad(id);
-    return {static_cast<T*>(g), checked_view_numel(registry(), id, view_type<T>())};
+    return {static_cast<T*>(g), view_numel(id, view_type<T>())};
   }
   template <typename T>
   T* grad_as(int id) {
@@ -306,6 +306,8 @@ class Engine {
   UnitScope open_scope(int unit, bool backward, BackwardPart part);
   void end_scope(const UnitScope& scope);
   void* scope_param(void* base, int id);
+  // The element count of a typed view of parameter `id`'s memory in the engine (zero/typed_view.h).
+  size_t view_numel(int id, ViewType v) const;
   void end_no_sync();
   void end_evaluation();
   void note_scope_error(std::exception_ptr error);

@@ -27,7 +27,7 @@ CheckpointParts Engine::checkpoint_parts() {
           m.comms.tp,
           m.comms.model_parallel,
           &m.options,
-          m.model_dtype,
+          m.dtypes.storage,
           m.device};
 }
 

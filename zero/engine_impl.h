@@ -27,7 +27,7 @@ struct Engine::Impl {
   ParamRegistry registry;
   std::vector<int> tensor_param;    // layout tensor -> parameter id
   std::vector<int64_t> param_tensor;  // parameter id -> layout tensor (-1: frozen)
-  DType model_dtype = DType::kFloat32;
+  ModelDtypes dtypes;  // the trainable parameters' registered dtype and the one the engine computes in
   EngineParts parts;
   std::optional<optim::DynamicLossScaler> scaler;
   bool finalized = false;

@@ -22,6 +22,15 @@ void validate(const EngineOptions& o) {
   };
   check_float_dtype(o.reduce_dtype, "reduce_dtype");
   check_float_dtype(o.grad_accum_dtype, "grad_accum_dtype");
+  if (o.param_dtype) {
+    check_float_dtype(*o.param_dtype, "param_dtype");
+    if (o.stage != 3) {
+      ZERO_THROW(InvalidArgument,
+                 "EngineOptions.param_dtype {} needs stage 3 (got stage {}): below it the parameters are your registered "
+                 "storage, so register them in the dtype to compute in (the engine keeps the fp32 master)",
+                 dtype_name(*o.param_dtype), o.stage);
+    }
+  }
   if (o.gradient_accumulation_steps < 1) {
     ZERO_THROW(InvalidArgument, "EngineOptions.gradient_accumulation_steps must be >= 1, got {}",
                o.gradient_accumulation_steps);
@@ -93,6 +102,7 @@ std::vector<std::pair<std::string, std::string>> fingerprint(const EngineOptions
     add(g + "initial_accumulator_value", h.initial_accumulator_value);
   }
   add("max_grad_norm", o.max_grad_norm);
+  add("param_dtype", o.param_dtype ? dtype_name(*o.param_dtype) : "registered");
   add("reduce_dtype", dtype_name(o.reduce_dtype));
   add("grad_accum_dtype", dtype_name(o.grad_accum_dtype));
   add("gradient_accumulation_steps", o.gradient_accumulation_steps);

@@ -3,6 +3,7 @@
 // construction and names the offending field in the error.
 #include <chrono>
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,10 +46,18 @@ struct EngineOptions {
   // Global L2 gradient-norm clipping (torch.nn.utils.clip_grad_norm_ semantics); 0 disables it.
   float max_grad_norm = 0.0f;
 
-  // Element type the gradient collectives run in: fp32, or the model's gradient dtype.
+  // Stage 3's mixed precision (FSDP2's MixedPrecisionPolicy.param_dtype): the dtype the parameter
+  // shard is kept in and the units are all-gathered and computed in, and the gradients written in,
+  // when it differs from the registered dtype. fp32 storage with a bf16 param_dtype halves the
+  // gathers; the master is initialized from the registered fp32 values, and checkpoints and exports
+  // keep the registered dtype. Unset: the registered dtype. Below stage 3 the parameters are the
+  // registered storage itself, so there it must be unset (register them in the dtype to compute in).
+  std::optional<DType> param_dtype;
+
+  // Element type the gradient collectives run in: fp32, or the dtype gradients are written in.
   DType reduce_dtype = DType::kFloat32;
   // Stage 2 gradient shard, and the accumulator used when gradients are reduced every micro-step of
-  // an accumulation: fp32, or the model's gradient dtype.
+  // an accumulation: fp32, or the dtype gradients are written in.
   DType grad_accum_dtype = DType::kFloat32;
 
   // Micro-steps per optimizer step. With reduce_every_micro_step (the default) each micro-step's

@@ -21,26 +21,31 @@ OffloadPipeline::OffloadPipeline(const ApplierInputs& in, const OffloadConfig& c
     host_ = memory::make_host_device(*config_.host_tracker);
   }
   const size_t numel = ownership_.numel();
-  const size_t es = dtype_size(model_dtype_);
   master_ = host_->allocate_elements(static_cast<int64_t>(numel), DType::kFloat32, memory::Category::kMasterParams);
   {
     // The registered values are device memory: bring the owned pieces over once, then widen.
-    memory::Buffer initial = device_.allocate_host_staging(numel * es, memory::Category::kOffloadHost, *config_.host_tracker);
+    size_t initial_es = 0;
+    for (const UpdateTensor& t : in.tensors) initial_es = std::max(initial_es, dtype_size(t.dtype));
+    memory::Buffer initial = device_.allocate_host_staging(numel * initial_es, memory::Category::kOffloadHost,
+                                                           *config_.host_tracker);
     memory::Stream& compute = device_.compute_stream();
     for (const OwnedPiece& p : ownership_.pieces()) {
+      const size_t es = dtype_size(in.tensors[p.tensor].dtype);
       device_.copy(initial.as<char>() + p.opt_offset * es,
                    static_cast<const char*>(in.tensors[p.tensor].data) + p.tensor_begin * es,
                    (p.tensor_end - p.tensor_begin) * es, compute);
     }
     device_.synchronize(compute, config_.timeout);
     for (const OwnedPiece& p : ownership_.pieces()) {
-      host_->convert(initial.as<char>() + p.opt_offset * es, model_dtype_, master_.as<float>() + p.opt_offset,
+      const DType dt = in.tensors[p.tensor].dtype;
+      host_->convert(initial.as<char>() + p.opt_offset * dtype_size(dt), dt, master_.as<float>() + p.opt_offset,
                      DType::kFloat32, p.tensor_end - p.tensor_begin, host_->compute_stream());
     }
   }
   // optimizer.num_threads threads, the caller's included, as for the CPU optimizer without offload.
   optimizer_ = make_shard_optimizer(*host_, in.optimizer, numel, optimizer_segments(ownership_, in.tensors), config_.timeout);
 
+  const size_t es = dtype_size(model_dtype_);
   size_t most = 0;
   for (size_t b = 0; b < layout_.buckets().size(); ++b) most = std::max(most, ownership_.range(b).len);
   // Gradient shards arrive in the reduce dtype, at most fp32 wide.

@@ -26,10 +26,27 @@ ParamGatherer::ParamGatherer(const GathererConfig& config, const ShardLayout& la
   } else {
     shard_ = device_.allocate(shard_bytes, memory::Category::kParams);
   }
-  for (const OwnedPiece& p : ownership.pieces()) {
-    device_.copy(static_cast<char*>(shard_.data()) + p.opt_offset * es,
-                 static_cast<const char*>(initial[p.tensor]) + p.tensor_begin * es, (p.tensor_end - p.tensor_begin) * es,
-                 compute);
+  if (config_.initial_dtype == dt) {
+    for (const OwnedPiece& p : ownership.pieces()) {
+      device_.copy(static_cast<char*>(shard_.data()) + p.opt_offset * es,
+                   static_cast<const char*>(initial[p.tensor]) + p.tensor_begin * es,
+                   (p.tensor_end - p.tensor_begin) * es, compute);
+    }
+  } else {
+    // param_dtype: the registered values narrowed on the device (then copied to the host shard with
+    // parameter offload).
+    memory::Buffer narrowed;
+    if (config_.offload_tracker != nullptr) narrowed = device_.allocate(shard_bytes, memory::Category::kOther);
+    char* to = static_cast<char*>(narrowed.empty() ? shard_.data() : narrowed.data());
+    const size_t initial_es = dtype_size(config_.initial_dtype);
+    for (const OwnedPiece& p : ownership.pieces()) {
+      device_.convert(static_cast<const char*>(initial[p.tensor]) + p.tensor_begin * initial_es, config_.initial_dtype,
+                      to + p.opt_offset * es, dt, p.tensor_end - p.tensor_begin, compute);
+    }
+    if (!narrowed.empty()) {
+      device_.copy(shard_.data(), narrowed.data(), shard_bytes, compute);
+      device_.synchronize(compute, config_.timeout);  // before `narrowed` is freed
+    }
   }
   const size_t largest = layout_.max_bucket_padded() * es;
   cap_ = config_.max_live_bytes ? config_.max_live_bytes : 2 * largest;

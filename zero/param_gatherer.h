@@ -57,7 +57,8 @@
 namespace zero {
 
 struct GathererConfig {
-  DType model_dtype = DType::kFloat32;
+  DType model_dtype = DType::kFloat32;    // the shard's and the gathered units' (param_dtype)
+  DType initial_dtype = DType::kFloat32;  // the registered values' (converted into the shard once)
   bool reshard_after_forward = true;
   size_t prefetch_bytes = 0;           // 0: one unit ahead
   size_t max_live_bytes = 0;           // 0: two of the largest unit
@@ -77,7 +78,7 @@ enum class GatherUse { kForward, kBackward, kEvaluation };
 
 class ParamGatherer {
  public:
-  // `initial` holds each layout tensor's registered values (model dtype), read once for the shard.
+  // `initial` holds each layout tensor's registered values (initial_dtype), read once for the shard.
   // Throws InvalidArgument naming EngineOptions.max_live_gathered_bytes when the window cannot hold
   // the largest unit.
   ParamGatherer(const GathererConfig& config, const ShardLayout& layout, const ShardOwnership& ownership,

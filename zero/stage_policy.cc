@@ -33,7 +33,7 @@ void poison_registered_storage(memory::Device& device, const std::vector<const v
 
 }  // namespace
 
-std::optional<DType> check_registration(const EngineOptions& options, ParamRegistry& registry) {
+std::optional<ModelDtypes> check_registration(const EngineOptions& options, ParamRegistry& registry) {
   const int groups = static_cast<int>(options.optimizer.groups.size());
   std::optional<DType> model_dtype;
   for (const ParamSpec& p : registry.params()) {
@@ -49,16 +49,38 @@ std::optional<DType> check_registration(const EngineOptions& options, ParamRegis
           p.name, dtype_name(p.dtype), dtype_name(*model_dtype)));
     }
   }
-  if (!model_dtype) registry.note_error("no trainable parameters registered");
+  if (!model_dtype) {
+    registry.note_error("no trainable parameters registered");
+    return std::nullopt;
+  }
+  const ModelDtypes dtypes{*model_dtype, options.param_dtype.value_or(*model_dtype)};
+  if (dtypes.compute != dtypes.storage) {
+    // Narrowing only: the shard in param_dtype is the master rounded, as for 16-bit registered
+    // parameters; a wider param_dtype would hold nothing the registered values do not.
+    if (dtypes.storage != DType::kFloat32 || dtypes.compute == DType::kFloat32) {
+      registry.note_error(fmt::format("EngineOptions.param_dtype {} with {} parameters: param_dtype must be the "
+                                      "registered dtype, or fp16 or bf16 with fp32 parameters",
+                                      dtype_name(dtypes.compute), dtype_name(dtypes.storage)));
+    }
+    // A gradient the user owns is in the registered dtype; the engine's are in param_dtype.
+    for (const ParamSpec& p : registry.params()) {
+      if (p.requires_grad && p.grad.ptr != nullptr) {
+        registry.note_error(fmt::format("parameter '{}' brings its own gradient storage (ParamSpec.grad) in {}, but "
+                                        "EngineOptions.param_dtype {} writes gradients in {}: leave ParamSpec.grad empty",
+                                        p.name, dtype_name(p.dtype), dtype_name(dtypes.compute),
+                                        dtype_name(dtypes.compute)));
+      }
+    }
+  }
   auto fits = [&](DType t, const char* field) {
-    if (t != DType::kFloat32 && model_dtype && t != *model_dtype) {
-      registry.note_error(fmt::format("EngineOptions.{} {} must be fp32 or the model dtype {}", field, dtype_name(t),
-                                      dtype_name(*model_dtype)));
+    if (t != DType::kFloat32 && t != dtypes.compute) {
+      registry.note_error(fmt::format("EngineOptions.{} {} must be fp32 or the dtype gradients are written in, {}",
+                                      field, dtype_name(t), dtype_name(dtypes.compute)));
     }
   };
   fits(options.reduce_dtype, "reduce_dtype");
   fits(options.grad_accum_dtype, "grad_accum_dtype");
-  return model_dtype;
+  return dtypes;
 }
 
 void check_topology(const EngineOptions& options, bool has_replica) {
@@ -113,7 +135,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
                                                              : ShardOwnership::replicated(layout));
 
   ReducerConfig rc;
-  rc.model_dtype = in.model_dtype;
+  rc.model_dtype = in.dtypes.compute;
   rc.reduce_dtype = o.reduce_dtype;
   rc.full_grads = o.stage < 2;
   rc.accumulate = o.stage >= 2 || (o.reduce_every_micro_step && o.gradient_accumulation_steps > 1);
@@ -127,18 +149,18 @@ EngineParts wire_stage(const PolicyInputs& in) {
   rc.rounds = rounds;
   parts.formula.stage = o.stage;
   parts.formula.world_size = in.shard->size();
-  parts.formula.param_bytes = parts.formula.grad_bytes = dtype_size(in.model_dtype);
+  parts.formula.param_bytes = parts.formula.grad_bytes = dtype_size(in.dtypes.compute);
   parts.formula.shard_grad_bytes = o.stage >= 2 ? dtype_size(rc.accum_dtype) : 4;
   parts.formula.accumulator = o.stage < 2 && rc.accumulate;
   std::vector<UserGrad> user_grads;
-  WritebackTarget target{&layout, {}, in.model_dtype};
+  WritebackTarget target{&layout, {}, in.dtypes.compute};
   std::vector<UpdateTensor> tensors;
   std::vector<const void*> initial;
   for (int id : in.tensor_param) {
     const ParamSpec& p = reg.param(id);
     user_grads.push_back({p.grad.ptr});
     target.tensor_data.push_back(p.data.ptr);
-    tensors.push_back({p.name, p.group, p.data.ptr});
+    tensors.push_back({p.name, p.group, p.data.ptr, in.dtypes.storage});
     initial.push_back(p.data.ptr);
   }
   if (o.offload.optimizer) parts.offload_tracker = std::make_unique<memory::MemoryTracker>();
@@ -146,7 +168,8 @@ EngineParts wire_stage(const PolicyInputs& in) {
                                                 device, std::move(user_grads));
   if (o.stage == 3) {
     GathererConfig gc;
-    gc.model_dtype = in.model_dtype;
+    gc.model_dtype = in.dtypes.compute;
+    gc.initial_dtype = in.dtypes.storage;
     gc.reshard_after_forward = o.reshard_after_forward;
     gc.prefetch_bytes = o.prefetch_bytes;
     gc.max_live_bytes = o.max_live_gathered_bytes;
@@ -156,21 +179,21 @@ EngineParts wire_stage(const PolicyInputs& in) {
       // user bounds it.
       gc.persistence_bytes = std::numeric_limits<size_t>::max();
       if (gc.max_live_bytes == 0) {
-        for (const ShardLayout::Bucket& b : layout.buckets()) gc.max_live_bytes += b.padded * dtype_size(in.model_dtype);
+        for (const ShardLayout::Bucket& b : layout.buckets()) gc.max_live_bytes += b.padded * dtype_size(in.dtypes.compute);
       }
     }
     gc.timeout = o.timeout;
     gc.timings = in.timings;
     gc.offload_tracker = o.offload.params ? parts.offload_tracker.get() : nullptr;
     parts.gatherer = std::make_unique<ParamGatherer>(gc, layout, *parts.ownership, *in.shard, device, initial);
-    parts.writeback = make_shard_writeback(parts.gatherer->shard(), in.model_dtype);
+    parts.writeback = make_shard_writeback(parts.gatherer->shard(), in.dtypes.compute);
   } else if (sharded) {
     parts.writeback = make_gather_writeback(device, std::move(target), *in.shard, o.timeout, in.timings);
   } else {
     parts.writeback = make_local_writeback(device, std::move(target));
   }
 
-  const ApplierInputs ai{in.model_dtype, o.optimizer, &layout, parts.ownership.get(), &device, std::move(tensors), o.timeout};
+  const ApplierInputs ai{in.dtypes.compute, o.optimizer, &layout, parts.ownership.get(), &device, std::move(tensors), o.timeout};
   std::unique_ptr<UpdateApplier> applier;
   if (o.offload.optimizer) {
     applier = std::make_unique<OffloadPipeline>(ai, OffloadConfig{.pinned_staging = o.offload.pinned_staging,
@@ -209,7 +232,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
   const ShardOptimizer& opt = parts.update->optimizer();
   parts.formula.state_bytes = opt.state_names().size() * dtype_size(opt.state_dtype());
   // Last: the shard and the master above were read from the registered storage.
-  if (parts.gatherer) poison_registered_storage(device, initial, numels, in.model_dtype, o.timeout);
+  if (parts.gatherer) poison_registered_storage(device, initial, numels, in.dtypes.storage, o.timeout);
   return parts;
 }
 

@@ -44,11 +44,19 @@ struct EngineParts {
   MemoryFormulaInputs formula;  // the ZeRO formula this wiring should meet (memory report)
 };
 
+// The trainable parameters' dtypes: as registered (the user's storage, and the parameters that
+// checkpoints and exports hold) and as the engine works with them (EngineOptions.param_dtype: the
+// stage 3 shard, the gathered units, the gradients; otherwise the registered dtype).
+struct ModelDtypes {
+  DType storage = DType::kFloat32;
+  DType compute = DType::kFloat32;
+};
+
 struct PolicyInputs {
   const EngineOptions* options = nullptr;
   const ParamRegistry* registry = nullptr;
   std::vector<int> tensor_param;  // layout tensor -> parameter id (trainable, grouped by unit)
-  DType model_dtype = DType::kFloat32;
+  ModelDtypes dtypes;
   comm::Communicator* shard = nullptr;
   comm::Communicator* replica = nullptr;
   memory::Device* device = nullptr;
@@ -59,9 +67,10 @@ struct PolicyInputs {
 };
 
 // Problems of the registration that only the options reveal (a group index past the optimizer's
-// groups, mixed trainable dtypes, reduce/accumulate dtypes that do not fit the model dtype), for the
-// registry's cross-rank report. Returns the model dtype when there is one.
-std::optional<DType> check_registration(const EngineOptions& options, ParamRegistry& registry);
+// groups, mixed trainable dtypes, a param dtype that does not fit them, reduce/accumulate dtypes that
+// do not fit the dtype gradients are written in), for the registry's cross-rank report. Returns the
+// dtypes when there are trainable parameters.
+std::optional<ModelDtypes> check_registration(const EngineOptions& options, ParamRegistry& registry);
 
 EngineParts wire_stage(const PolicyInputs& in);
 

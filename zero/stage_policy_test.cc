@@ -60,9 +60,11 @@ TEST_CASE("each stage wires its layout, ownership, gatherer, writeback and memor
       Model m;
       const std::vector<uint16_t> w_before = m.w;
       EngineOptions o = options_for(stage);
-      const std::optional<DType> dtype = check_registration(o, m.reg);
-      REQUIRE(dtype == DType::kBFloat16);
-      EngineParts parts = wire_stage({&o, &m.reg, {0, 1}, *dtype, &comm, nullptr, device.get()});
+      const std::optional<ModelDtypes> dtypes = check_registration(o, m.reg);
+      REQUIRE(dtypes);
+      REQUIRE(dtypes->storage == DType::kBFloat16);
+      REQUIRE(dtypes->compute == DType::kBFloat16);
+      EngineParts parts = wire_stage({&o, &m.reg, {0, 1}, *dtypes, &comm, nullptr, device.get()});
 
       CHECK(parts.ownership->is_replicated() == (stage == 0));
       CHECK(parts.offload_tracker == nullptr);
@@ -131,8 +133,8 @@ TEST_CASE("accumulation below stage 2 keeps an fp32 accumulator in the formula")
       EngineOptions o = options_for(stage);
       o.gradient_accumulation_steps = 4;
       o.reduce_every_micro_step = true;
-      const std::optional<DType> dtype = check_registration(o, m.reg);
-      EngineParts parts = wire_stage({&o, &m.reg, {0, 1}, *dtype, &comm, nullptr, device.get()});
+      const std::optional<ModelDtypes> dtypes = check_registration(o, m.reg);
+      EngineParts parts = wire_stage({&o, &m.reg, {0, 1}, *dtypes, &comm, nullptr, device.get()});
       CHECK(parts.formula.accumulator);
       MemoryFormulaInputs in = parts.formula;
       in.numel = 1010;
@@ -152,8 +154,8 @@ TEST_CASE("offload puts master and state in the host tier, and at stage 3 the pa
       EngineOptions o = options_for(params ? 3 : 2);
       o.offload.optimizer = true;
       o.offload.params = params;
-      const std::optional<DType> dtype = check_registration(o, m.reg);
-      EngineParts parts = wire_stage({&o, &m.reg, {0, 1}, *dtype, &comm, nullptr, device.get()});
+      const std::optional<ModelDtypes> dtypes = check_registration(o, m.reg);
+      EngineParts parts = wire_stage({&o, &m.reg, {0, 1}, *dtypes, &comm, nullptr, device.get()});
       REQUIRE(parts.offload_tracker != nullptr);
       const memory::MemoryTracker& host = *parts.offload_tracker;
       const uint64_t owned = parts.ownership->numel();
@@ -197,6 +199,48 @@ TEST_CASE("registration problems only the options reveal are recorded for the cr
   reg.add({.name = "b", .shape = {4}, .dtype = DType::kBFloat16, .data = {b.data(), 4}});
   check_registration(EngineOptions{}, reg);
   CHECK(reg.local_error().find("parameter 'a': group 3 but the optimizer has 1 group(s)") != std::string::npos);
+}
+
+TEST_CASE("param_dtype narrows fp32 parameters only, and leaves gradients to the engine") {
+  std::vector<float> a(4), ga(4);
+  std::vector<uint16_t> b(4);
+  EngineOptions o;
+  o.stage = 3;
+  o.param_dtype = DType::kBFloat16;
+  {
+    ParamRegistry reg;
+    reg.add({.name = "a", .shape = {4}, .dtype = DType::kFloat32, .data = {a.data(), 4}});
+    const std::optional<ModelDtypes> dtypes = check_registration(o, reg);
+    REQUIRE(dtypes);
+    CHECK(dtypes->storage == DType::kFloat32);
+    CHECK(dtypes->compute == DType::kBFloat16);
+    CHECK(reg.local_error().empty());
+  }
+  {
+    ParamRegistry reg;
+    reg.add({.name = "b", .shape = {4}, .dtype = DType::kBFloat16, .data = {b.data(), 4}});
+    EngineOptions wider = o;
+    wider.param_dtype = DType::kFloat32;
+    check_registration(wider, reg);
+    CHECK(reg.local_error().find("EngineOptions.param_dtype fp32 with bf16 parameters: param_dtype must be the "
+                                 "registered dtype, or fp16 or bf16 with fp32 parameters") != std::string::npos);
+  }
+  {
+    ParamRegistry reg;
+    reg.add({.name = "a", .shape = {4}, .dtype = DType::kFloat32, .data = {a.data(), 4}, .grad = {ga.data(), 4}});
+    check_registration(o, reg);
+    CHECK(reg.local_error().find("parameter 'a' brings its own gradient storage (ParamSpec.grad) in fp32") !=
+          std::string::npos);
+  }
+  {
+    ParamRegistry reg;
+    reg.add({.name = "a", .shape = {4}, .dtype = DType::kFloat32, .data = {a.data(), 4}});
+    EngineOptions fp16_reduce = o;
+    fp16_reduce.reduce_dtype = DType::kFloat16;
+    check_registration(fp16_reduce, reg);
+    CHECK(reg.local_error().find("EngineOptions.reduce_dtype fp16 must be fp32 or the dtype gradients are written "
+                                 "in, bf16") != std::string::npos);
+  }
 }
 
 }  // namespace

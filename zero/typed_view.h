@@ -38,5 +38,8 @@ constexpr ViewType view_type() {
 // The element count of parameter `id` when a view of type `v` matches its registered dtype; else
 // throws InvalidArgument naming the parameter, its dtype and the view's type.
 size_t checked_view_numel(const ParamRegistry& registry, int id, ViewType v);
+// The same against `dtype`, the dtype of the memory viewed (the engine's, with
+// EngineOptions.param_dtype).
+size_t checked_view_numel(const ParamRegistry& registry, int id, ViewType v, DType dtype);
 
 }  // namespace zero

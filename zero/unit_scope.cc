@@ -86,7 +86,7 @@ void* Engine::scope_param(void* base, int id) {
   const ShardLayout& l = *m.parts.layout;
   const size_t b = m.unit_bucket.at(p.unit);
   return static_cast<char*>(base) +
-         (l.tensors()[static_cast<size_t>(t)].offset - l.buckets()[b].offset) * dtype_size(m.model_dtype);
+         (l.tensors()[static_cast<size_t>(t)].offset - l.buckets()[b].offset) * dtype_size(m.dtypes.compute);
 }
 
 NoSyncScope Engine::no_sync() {
@@ -166,7 +166,15 @@ void* UnitScope::param(int id) {
   return engine_->scope_param(base_, id);
 }
 
-size_t UnitScope::view_numel(int id, ViewType v) const { return checked_view_numel(engine_->registry(), id, v); }
+size_t UnitScope::view_numel(int id, ViewType v) const { return engine_->view_numel(id, v); }
+
+size_t Engine::view_numel(int id, ViewType v) const {
+  const Impl& m = *impl_;
+  const ParamSpec& p = m.registry.param(id);  // names an unknown id
+  // Trainable parameters live in the engine in its dtype once finalized; frozen ones stay the user's.
+  const bool engine_dtype = m.finalized && m.param_tensor[static_cast<size_t>(id)] >= 0;
+  return checked_view_numel(m.registry, id, v, engine_dtype ? m.dtypes.compute : p.dtype);
+}
 
 void* UnitScope::grad(int id) {
   ZERO_CHECK(engine_ != nullptr && backward_, "UnitScope::grad() outside an open backward scope");

@@ -22,11 +22,12 @@ namespace zero {
 struct UpdateTensor {
   std::string name;
   int group = 0;
-  const void* data = nullptr;  // the parameter's values (model dtype, device memory), read once for the master
+  const void* data = nullptr;  // the parameter's values (device memory), read once for the master
+  DType dtype = DType::kFloat32;  // data's: the registered dtype
 };
 
 struct ApplierInputs {
-  DType model_dtype = DType::kFloat32;
+  DType model_dtype = DType::kFloat32;  // the parameters the update writes (ParamWriteback's)
   optim::OptimizerOptions optimizer;
   const ShardLayout* layout = nullptr;
   const ShardOwnership* ownership = nullptr;

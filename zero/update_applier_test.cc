@@ -119,7 +119,7 @@ TEST_CASE("every applier updates the parameters and the master exactly as one op
           target.tensor_data.push_back(params[t].data());
         }
         for (size_t t = 0; t < kNumels.size(); ++t) {
-          in.tensors.push_back({.name = "t" + std::to_string(t), .group = 0, .data = params[t].data()});
+          in.tensors.push_back({.name = "t" + std::to_string(t), .group = 0, .data = params[t].data(), .dtype = dtype});
         }
         std::unique_ptr<UpdateApplier> applier;
         if (kind == Applier::kDevice) {

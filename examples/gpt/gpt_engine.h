@@ -5,9 +5,11 @@
 // writing gradients through the open scope of their unit (more than one is open while unit 0's
 // backward spans the others).
 //
-// bf16: the engine holds bf16 parameters and gradients (and the fp32 master). The model computes in
-// fp32: entering a unit widens its parameters into fp32 copies, a backward scope collects the
-// gradients in fp32 and adds them, rounded to bf16, into the engine's buffers when it closes.
+// bf16: the engine holds bf16 parameters and gradients (and the fp32 master), because they are
+// registered in bf16 or because EngineOptions.param_dtype is bf16 (stage 3, fp32 registered). The
+// model computes in fp32: entering a unit widens its parameters into fp32 copies, a backward scope
+// collects the gradients in fp32 and adds them, rounded to bf16, into the engine's buffers when it
+// closes.
 #include <map>
 #include <optional>
 #include <vector>
@@ -36,8 +38,10 @@ class GptScopes {
  public:
   // Registers `model`'s parameters (call before engine.finalize()). Keeps the engine and the model by
   // reference. In bf16 the registered storage is this object's, rounded from the model's values.
-  GptScopes(Engine& engine, Gpt& model, DType dtype = DType::kFloat32) : engine_(engine), model_(model), dtype_(dtype) {
+  GptScopes(Engine& engine, Gpt& model, DType dtype = DType::kFloat32)
+      : engine_(engine), model_(model), dtype_(engine.options().param_dtype.value_or(dtype)) {
     ZERO_CHECK(dtype == DType::kFloat32 || dtype == DType::kBFloat16, "the GPT runs in fp32 or bf16");
+    ZERO_CHECK(dtype_ == DType::kFloat32 || dtype_ == DType::kBFloat16, "the GPT computes from fp32 or bf16");
     const size_t n = model.params().size();
     bf16_.resize(dtype == DType::kBFloat16 ? n : 0);
     wide_.resize(n);
@@ -111,7 +115,7 @@ class GptScopes {
 
   Engine& engine_;
   Gpt& model_;
-  DType dtype_;
+  DType dtype_;  // the engine's parameters and gradients
   std::vector<int> ids_;
   std::vector<std::vector<uint16_t>> bf16_;                // bf16: the registered storage
   std::vector<std::vector<float>> wide_, wide_grad_;       // bf16: fp32 views of the open units

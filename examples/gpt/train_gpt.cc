@@ -20,7 +20,8 @@
 // through the step's micro-batches unless --regather-per-micro-batch, and at stages 2 and 3 a unit's
 // gradient is held until its last micro-batch unless --reduce-each-micro-batch; docs/pipeline.md.
 // --recompute: each block keeps only its input and runs its forward again in its backward
-// (activation checkpointing; docs/strategy.md).
+// (activation checkpointing; docs/strategy.md). --param-dtype bf16 (stage 3, fp32 parameters): the
+// units are gathered and computed in bf16 from fp32 storage (EngineOptions.param_dtype; docs/optim.md).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -138,6 +139,7 @@ int run(int argc, char** argv) {
   // The parameters: fp32 or bf16.
   const DType dtype =
       parse_dtype(flags.get("dtype", config.model_dtype() ? dtype_name(*config.model_dtype()) : "fp32"));
+  if (flags.has("param-dtype")) opt.param_dtype = parse_dtype(flags.get("param-dtype", ""));
   flags.check_all_used();
   if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
     ZERO_THROW(InvalidArgument, "the GPT runs in fp32 or bf16, got {}{}", dtype_name(dtype),
@@ -145,7 +147,7 @@ int run(int argc, char** argv) {
   }
   // A bf16 model keeps a bf16 gradient shard (2Ψ/N), and its reduced gradients are then the same
   // bits at every stage. A config file says for itself.
-  if (!config.config) opt.grad_accum_dtype = dtype;
+  if (!config.config) opt.grad_accum_dtype = opt.param_dtype.value_or(dtype);
   if (tp < 1) ZERO_THROW(InvalidArgument, "--tp {} is not positive", tp);
   if (pp < 1) ZERO_THROW(InvalidArgument, "--pp {} is not positive", pp);
   if (micro_batches_flag < 1) ZERO_THROW(InvalidArgument, "--micro-batches {} is not positive", micro_batches_flag);

@@ -100,6 +100,7 @@ void visit_native(V& v, EngineConfig& c) {
     v.field("simd_path", o.optimizer.simd_path);
   });
   v.field("max_grad_norm", o.max_grad_norm);
+  v.field("param_dtype", o.param_dtype);
   v.field("reduce_dtype", o.reduce_dtype);
   v.field("grad_accum_dtype", o.grad_accum_dtype);
   v.field("gradient_accumulation_steps", o.gradient_accumulation_steps);
