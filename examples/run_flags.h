@@ -8,8 +8,9 @@
 //                                     the layers and stage
 //   --export FILE.safetensors         the final weights
 //   --shard-group-size N              hybrid sharding: the engine on comm::HybridGroups of N ranks
-//   --optimizer NAME                  adamw, adam, sgd, adagrad, lion, or adabelief (a user's own
-//                                     rule: examples/adabelief.h)
+//   --optimizer NAME                  adamw, adam, sgd, adagrad, lion, adabelief or lamb (a user's
+//                                     own rules: examples/adabelief.h; examples/lamb.h, with whole-
+//                                     tensor ownership)
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -19,6 +20,7 @@
 #include "base/check.h"
 #include "comm/hybrid_groups.h"
 #include "examples/adabelief.h"
+#include "examples/lamb.h"
 #include "examples/flags.h"
 #include "zero/config/engine_config.h"
 #include "zero/engine.h"
@@ -66,10 +68,13 @@ struct ConfigFlag {
       o.optimizer.custom = nullptr;
       if (name == "adabelief") {
         o.optimizer.custom = std::make_shared<AdaBelief>();
+      } else if (name == "lamb") {
+        o.optimizer.custom = std::make_shared<Lamb>();
+        o.layout.whole_tensors = true;  // LAMB's trust ratio needs each tensor whole
       } else if (name == "adamw" || name == "adam" || name == "sgd" || name == "adagrad" || name == "lion") {
         o.optimizer.kind = optim::parse_optimizer(name);
       } else {
-        ZERO_THROW(InvalidArgument, "--optimizer: unknown optimizer '{}' (adamw, adam, sgd, adagrad, lion or adabelief)",
+        ZERO_THROW(InvalidArgument, "--optimizer: unknown optimizer '{}' (adamw, adam, sgd, adagrad, lion, adabelief or lamb)",
                    name);
       }
     }

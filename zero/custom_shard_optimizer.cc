@@ -37,6 +37,13 @@ class CustomShardOptimizer final : public ShardOptimizer {
     }
     optim::validate_groups(options_);
     optim::detail::validate_segments(segments_, numel, static_cast<int>(options_.groups.size()));
+    // The layout's promise to a per-tensor rule (ShardLayoutOptions.whole_tensors): no piece starts
+    // inside a tensor, so each update() call holds a whole one.
+    for (const optim::Segment& s : segments_) {
+      ZERO_CHECK(!rule_.needs_whole_tensors() || s.param_name.empty() || s.param_offset == 0,
+                 "'{}' needs whole tensors but parameter '{}' is cut at element {}", rule_.name(), s.param_name,
+                 s.param_offset);
+    }
     std::sort(segments_.begin(), segments_.end(),
               [](const optim::Segment& a, const optim::Segment& b) { return a.begin < b.begin; });
     for (size_t i = 0; i < names_.size(); ++i) {

@@ -61,10 +61,11 @@ void validate(const EngineOptions& o) {
   if (o.timeout.count() <= 0) {
     ZERO_THROW(InvalidArgument, "EngineOptions.timeout must be positive");
   }
-  if (o.optimizer.custom && o.optimizer.custom->needs_whole_tensors()) {
+  if (o.optimizer.custom && o.optimizer.custom->needs_whole_tensors() && !o.layout.whole_tensors) {
     ZERO_THROW(InvalidArgument,
-               "EngineOptions.optimizer.custom: '{}' needs whole tensors (a per-tensor rule), but the engine's optimizer "
-               "works on flat ranges that cut tensors across ranks and buckets; whole-tensor ownership is not available",
+               "EngineOptions.optimizer.custom: '{}' needs whole tensors (a per-tensor rule), but the flat ranges cut "
+               "tensors across ranks and buckets: set EngineOptions.layout.whole_tensors (each tensor owned by one "
+               "rank; docs/optim.md)",
                o.optimizer.custom->name());
   }
 }
@@ -124,6 +125,7 @@ std::vector<std::pair<std::string, std::string>> fingerprint(const EngineOptions
   add("layout.alignment", o.layout.alignment);
   add("layout.bucket_numel", o.layout.bucket_numel);
   add("layout.block", o.layout.block);
+  add("layout.whole_tensors", o.layout.whole_tensors);
   add("reshard_after_forward", o.reshard_after_forward);
   add("prefetch_bytes", o.prefetch_bytes);
   add("max_live_gathered_bytes", o.max_live_gathered_bytes);

@@ -50,6 +50,10 @@ ShardLayout::ShardLayout(const std::vector<size_t>& tensor_numels, int world_siz
     }
   }
 
+  if (options.whole_tensors) {
+    lay_out_whole_tensors(tensor_numels, tensor_units);
+    return;
+  }
   if (options.unit_buckets) {
     // One padded bucket per unit, back to back.
     size_t offset = 0, shard_offset = 0;
@@ -109,6 +113,85 @@ ShardLayout::ShardLayout(const std::vector<size_t>& tensor_numels, int world_siz
     buckets_.push_back(b);
     padded_numel_ += b.padded;
   }
+}
+
+namespace {
+
+// The smallest largest-run (in blocks) when `blocks`, in order, are cut into at most `runs`
+// consecutive runs; each run's start index goes to `starts`.
+size_t balanced_runs(const std::vector<size_t>& blocks, size_t runs, std::vector<size_t>& starts) {
+  auto cut = [&](size_t cap, std::vector<size_t>* out) {
+    size_t used = 0, sum = 0;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      if (i == 0 || sum + blocks[i] > cap) {
+        ++used;
+        sum = 0;
+        if (out != nullptr) out->push_back(i);
+      }
+      sum += blocks[i];
+    }
+    return used;
+  };
+  size_t lo = *std::max_element(blocks.begin(), blocks.end()), hi = 0;
+  for (size_t b : blocks) hi += b;
+  while (lo < hi) {  // the least cap that needs no more than `runs` runs
+    const size_t mid = lo + (hi - lo) / 2;
+    if (cut(mid, nullptr) <= runs) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  starts.clear();
+  cut(lo, &starts);
+  return lo;
+}
+
+}  // namespace
+
+void ShardLayout::lay_out_whole_tensors(const std::vector<size_t>& tensor_numels, const std::vector<int>& tensor_units) {
+  const size_t block = options_.block;
+  const size_t world = static_cast<size_t>(world_size_);
+  auto unit_of = [&](size_t t) { return tensor_units.empty() ? 0 : tensor_units[t]; };
+  auto blocks_of = [&](size_t t) { return round_up(tensor_numels[t], block) / block; };
+  size_t offset = 0, shard_offset = 0;
+  tensors_.resize(tensor_numels.size());
+  for (size_t t = 0; t < tensor_numels.size();) {
+    // The bucket's tensors: the unit's, or consecutive ones up to bucket_numel.
+    size_t end = t + 1, numel = blocks_of(t) * block;
+    while (end < tensor_numels.size() &&
+           (options_.unit_buckets ? unit_of(end) == unit_of(t) : numel + blocks_of(end) * block <= options_.bucket_numel)) {
+      numel += blocks_of(end) * block;
+      ++end;
+    }
+    std::vector<size_t> blocks;
+    for (size_t i = t; i < end; ++i) blocks.push_back(blocks_of(i));
+    std::vector<size_t> starts;
+    const size_t chunk = balanced_runs(blocks, world, starts) * block;
+    Bucket b;
+    b.offset = offset;
+    b.first_tensor = t;
+    b.end_tensor = end;
+    b.unit = options_.unit_buckets ? unit_of(t) : -1;
+    b.padded = chunk * world;
+    b.chunk = chunk;
+    b.shard_offset = shard_offset;
+    starts.push_back(blocks.size());
+    for (size_t r = 0; r + 1 < starts.size(); ++r) {
+      size_t at = offset + r * chunk;
+      for (size_t i = starts[r]; i < starts[r + 1]; ++i) {
+        tensors_[t + i] = {tensor_numels[t + i], at};
+        at += blocks[i] * block;
+      }
+    }
+    b.numel = tensors_[end - 1].offset + tensors_[end - 1].numel - offset;
+    buckets_.push_back(b);
+    shard_offset += chunk;
+    offset += b.padded;
+    t = end;
+  }
+  total_numel_ = tensors_.empty() ? 0 : tensors_.back().offset + tensors_.back().numel;
+  padded_numel_ = offset;
 }
 
 size_t ShardLayout::max_bucket_padded() const {

@@ -19,6 +19,19 @@
 // data's partition into blocks of `block` elements is the same at every stage and world size, and
 // padding only adds whole zero blocks: norms summed per block in global order come out bitwise the
 // same everywhere.
+//
+// Whole tensors (`whole_tensors`: rules that need a tensor at once, LAMB's trust ratio). No tensor is
+// cut: every tensor starts on a block, a bucket holds whole tensors (a unit with unit_buckets; else
+// consecutive tensors up to bucket_numel, or one larger tensor alone), and a bucket's tensors are
+// split into world_size consecutive runs, one per rank chunk, with the largest run (in blocks) as
+// small as it can be. The chunk is that largest run, so the other ranks' chunks end in padding:
+//
+//  bucket       |t0......|t1.|pad|t2..........|t3|pad..|t4.......|pad.....|
+//  rank chunks  |<------ r0 ---->|<------ r1 ------->|<------ r2 ------>|
+//
+// The collectives keep their equal chunks; the price is that padding, reported by describe() (at
+// worst a bucket whose one tensor is larger than the rest together costs world_size times that
+// tensor). Blocks never mix tensors, so the norm's per-block sums do not depend on the world size.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -31,6 +44,7 @@ struct ShardLayoutOptions {
   size_t bucket_numel = 1 << 24;  // target bucket length in elements (rounded up to world * block)
   size_t block = 1024;            // norm/partition granule in elements; a multiple of alignment
   bool unit_buckets = false;      // one bucket per unit (needs tensor units)
+  bool whole_tensors = false;     // every tensor inside one rank's chunk (see the top comment)
 };
 
 class ShardLayout {
@@ -91,6 +105,8 @@ class ShardLayout {
   std::string describe() const;
 
  private:
+  // The whole_tensors layout of the tensors (see the top comment).
+  void lay_out_whole_tensors(const std::vector<size_t>& tensor_numels, const std::vector<int>& tensor_units);
   int world_size_ = 1;
   ShardLayoutOptions options_;
   std::vector<Tensor> tensors_;

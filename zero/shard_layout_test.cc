@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -222,6 +223,85 @@ TEST_CASE("units start on a block; unit buckets hold one unit each; the data's b
   ShardLayoutOptions ub = base;
   ub.unit_buckets = true;
   CHECK_THROWS_WITH_AS(ShardLayout(numels, 2, ub), doctest::Contains("needs each tensor's unit"), InvalidArgument);
+}
+
+TEST_CASE("whole tensors: each tensor in one rank's chunk, on its own blocks, the largest run as small as it can be") {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int world = 1 + static_cast<int>(rng() % 5);
+    const size_t count = 1 + rng() % 12;
+    std::vector<size_t> numels;
+    std::vector<int> units;
+    for (size_t t = 0; t < count; ++t) {
+      numels.push_back(1 + rng() % (rng() % 4 == 0 ? 3000 : 200));
+      units.push_back(static_cast<int>(t / 3));
+    }
+    const bool unit_buckets = rng() % 2 == 0;
+    const ShardLayoutOptions o{.alignment = 4, .bucket_numel = 512, .block = 16, .unit_buckets = unit_buckets,
+                               .whole_tensors = true};
+    CAPTURE(trial);
+    const ShardLayout l(numels, world, o, units);
+    size_t flat = 0, shard = 0, prev_end = 0;
+    for (size_t b = 0; b < l.buckets().size(); ++b) {
+      const ShardLayout::Bucket& B = l.buckets()[b];
+      CHECK(B.offset == flat);
+      CHECK(B.chunk * static_cast<size_t>(world) == B.padded);
+      CHECK(B.chunk % o.block == 0);
+      CHECK(B.shard_offset == shard);
+      if (unit_buckets) {
+        for (size_t t = B.first_tensor; t < B.end_tensor; ++t) CHECK(units[t] == B.unit);
+        CHECK((B.end_tensor == count || units[B.end_tensor] != B.unit));
+      } else {
+        size_t blocks = 0;
+        for (size_t t = B.first_tensor; t < B.end_tensor; ++t) blocks += (numels[t] + o.block - 1) / o.block;
+        CHECK((B.end_tensor - B.first_tensor == 1 || blocks * o.block <= o.bucket_numel));
+      }
+      // Tensors in order, each on its own blocks, inside one chunk; the chunk is the largest run.
+      size_t largest = 0;
+      std::vector<size_t> run(static_cast<size_t>(world), 0);
+      for (size_t t = B.first_tensor; t < B.end_tensor; ++t) {
+        const ShardLayout::Tensor& T = l.tensors()[t];
+        CHECK(T.offset % o.block == 0);
+        CHECK(T.offset >= prev_end);
+        prev_end = T.offset + T.numel;
+        const size_t r = (T.offset - B.offset) / B.chunk;
+        CHECK(prev_end <= B.offset + (r + 1) * B.chunk);
+        run[r] += (T.numel + o.block - 1) / o.block * o.block;
+        largest = std::max(largest, run[r]);
+      }
+      CHECK(largest == B.chunk);
+      // No cut of these tensors into `world` consecutive runs has a smaller largest run: with a cap
+      // one block less, the greedy cut (optimal for consecutive runs) needs more than `world` runs.
+      if (B.chunk > o.block) {
+        const size_t cap = B.chunk - o.block;
+        size_t runs = 0, sum = 0;
+        bool fits = true;
+        for (size_t t = B.first_tensor; t < B.end_tensor; ++t) {
+          const size_t sz = (numels[t] + o.block - 1) / o.block * o.block;
+          if (sz > cap) fits = false;
+          if (runs == 0 || sum + sz > cap) {
+            ++runs;
+            sum = 0;
+          }
+          sum += sz;
+        }
+        CHECK((!fits || runs > static_cast<size_t>(world)));
+      }
+      flat += B.padded;
+      shard += B.chunk;
+    }
+    CHECK(l.padded_numel() == flat);
+    // Every rank's pieces are whole tensors, and together they are every tensor once.
+    std::vector<int> owners(count, 0);
+    for (int r = 0; r < world; ++r) {
+      for (const ShardLayout::Piece& p : l.pieces(r)) {
+        CHECK(p.tensor_begin == 0);
+        CHECK(p.tensor_end == numels[p.tensor]);
+        ++owners[p.tensor];
+      }
+    }
+    for (int c : owners) CHECK(c == 1);
+  }
 }
 
 }  // namespace zero

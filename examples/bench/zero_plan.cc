@@ -9,13 +9,15 @@
 //
 // One stage and world size: the full memory report and the traffic by collective. Lists (--stages,
 // --world): one row each. Options: --dtype bf16|fp16|fp32 (the model's; a safetensors file gives its
-// own), --optimizer adamw, --offload, --offload-params, --bucket-m (elements), --micro-steps,
+// own), --param-dtype bf16|fp16 (stage 3 rows: fp32 parameters gathered in that dtype,
+// EngineOptions.param_dtype), --optimizer adamw, --offload, --offload-params, --bucket-m (elements), --micro-steps,
 // --prefetch-mb, --max-live-mb, --persist-kb, --rank (ranks differ by padding only), --cuda (a GPU's
 // memory: no communicator scratch accounted). With --gpt, --tp T (--world then counts the
 // data-parallel ranks; each holds one tp rank's parts) and --sequence-parallel; --pp P plans pipeline
 // stage --pp-stage K (default 0) of P even stages (--pp-layers a,b,... for others), its engine running
 // --micro-batches M (default 2P) backward passes per unit and step.
 #include <cstdio>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -100,7 +102,14 @@ int run(int argc, char** argv) {
   int groups = 1;
   for (const plan::TensorSpec& t : model.tensors) groups = std::max(groups, t.group + 1);
   o.optimizer.groups.assign(static_cast<size_t>(groups), optim::Hyper{});
-  o.grad_accum_dtype = model.dtype;
+  std::optional<DType> param_dtype;
+  if (flags.has("param-dtype")) param_dtype = parse_dtype(flags.get("param-dtype", ""));
+  // EngineOptions.param_dtype is stage 3's: the rows below it plan the registered dtype.
+  auto set_stage = [&](int stage) {
+    o.stage = stage;
+    o.param_dtype = stage == 3 ? param_dtype : std::nullopt;
+    o.grad_accum_dtype = o.param_dtype.value_or(model.dtype);
+  };
   o.offload.optimizer = flags.get_bool("offload", false) || flags.get_bool("offload-params", false);
   o.offload.params = flags.get_bool("offload-params", false);
   o.layout.bucket_numel = static_cast<size_t>(flags.get_double("bucket-m", 8.0) * (1 << 20));
@@ -119,7 +128,7 @@ int run(int argc, char** argv) {
               dtype_name(model.dtype), optim::optimizer_name(o.optimizer.kind),
               o.offload.params ? ", optimizer and parameters offloaded" : o.offload.optimizer ? ", optimizer offloaded" : "");
   if (stages.size() == 1 && worlds.size() == 1) {
-    o.stage = stages[0];
+    set_stage(stages[0]);
     in.world_size = worlds[0];
     std::printf("%s", plan::plan_engine(in).table().c_str());
     return 0;
@@ -130,7 +139,7 @@ int run(int argc, char** argv) {
   std::printf("rank %d's peak MiB by category\n%s\n", in.rank, head.c_str());
   for (int stage : stages) {
     for (int world : worlds) {
-      o.stage = stage;
+      set_stage(stage);
       in.world_size = world;
       const plan::EnginePlan p = plan::plan_engine(in);
       const std::vector<uint64_t> cols = examples::report_column_peaks(p.memory);

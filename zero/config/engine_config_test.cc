@@ -603,6 +603,7 @@ EngineConfig every_field_changed() {
   o.optimizer.num_threads = 3;
   o.optimizer.simd_path = SimdPath::kScalar;
   o.max_grad_norm = 0.75f;
+  o.param_dtype = DType::kFloat16;
   o.reduce_dtype = DType::kBFloat16;
   o.grad_accum_dtype = DType::kBFloat16;
   o.gradient_accumulation_steps = 4;
@@ -620,7 +621,7 @@ EngineConfig every_field_changed() {
                            .hysteresis = 3,
                            .min_scale = 2.0f,
                            .consecutive_hysteresis = true};
-  o.layout = {.alignment = 32, .bucket_numel = 4096, .block = 2048};
+  o.layout = {.alignment = 32, .bucket_numel = 4096, .block = 2048, .whole_tensors = true};
   o.max_inflight_buckets = 5;
   o.reshard_after_forward = false;
   o.prefetch_bytes = 1 << 20;

@@ -125,6 +125,7 @@ void visit_native(V& v, EngineConfig& c) {
     v.field("alignment", o.layout.alignment);
     v.field("bucket_numel", o.layout.bucket_numel);
     v.field("block", o.layout.block);
+    v.field("whole_tensors", o.layout.whole_tensors);
   });
   v.field("max_inflight_buckets", o.max_inflight_buckets);
   v.field("reshard_after_forward", o.reshard_after_forward);
