@@ -19,8 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "base/check.h"
-#include "base/error.h"
+#include "examples/adam_like_checks.h"
 #include "optim/custom_optimizer.h"
 
 namespace zero::examples {
@@ -31,16 +30,7 @@ class Lamb final : public optim::CustomOptimizer {
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
   bool needs_whole_tensors() const override { return true; }
 
-  void validate(const optim::Hyper& h, int g) const override {
-    auto fail = [g](const char* field, float v, const char* range) {
-      ZERO_THROW(InvalidArgument, "groups[{}].{} must be {} for lamb (got {})", g, field, range, v);
-    };
-    if (!(h.lr >= 0.0f) || !std::isfinite(h.lr)) fail("lr", h.lr, ">= 0");
-    if (!(h.weight_decay >= 0.0f) || !std::isfinite(h.weight_decay)) fail("weight_decay", h.weight_decay, ">= 0");
-    if (!(h.beta1 >= 0.0f && h.beta1 < 1.0f)) fail("beta1", h.beta1, "in [0, 1)");
-    if (!(h.beta2 >= 0.0f && h.beta2 < 1.0f)) fail("beta2", h.beta2, "in [0, 1)");
-    if (!(h.eps > 0.0f) || !std::isfinite(h.eps)) fail("eps", h.eps, "> 0");
-  }
+  void validate(const optim::Hyper& h, int g) const override { check_adam_like(h, g, "lamb"); }
 
   // `r` is a whole tensor (the engine's promise with whole_tensors).
   void update(const optim::UpdateContext& context, const optim::OwnedRange& r) override {

@@ -1,7 +1,8 @@
 // A user's update rule (optim/custom_optimizer.h) in the engine, with the ranks as threads: momentum
 // SGD written as a custom rule gives the built-in SGD's bits at stages 0-3 and offloaded; each step
-// the ranks' ranges cover every parameter once, at offsets within the whole tensor; the rule's state
-// is saved and resumed bit for bit; bad rules and options are errors that name them.
+// the ranks' ranges cover every parameter once, at offsets within the whole tensor; with whole-tensor
+// ownership a per-tensor rule gets each tensor whole; the rule's state is saved and resumed bit for
+// bit; bad rules and options are errors that name them.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -79,6 +80,7 @@ struct Run {
   int steps = 4;
   std::string save_after_2, load_before_3;  // checkpoint folders
   DType state_dtype = DType::kFloat32;
+  bool whole_tensors = false;  // ShardLayoutOptions.whole_tensors
 };
 
 Params train(comm::Communicator& comm, const Run& run) {
@@ -92,7 +94,7 @@ Params train(comm::Communicator& comm, const Run& run) {
   opt.deterministic = true;
   opt.gradient_accumulation_steps = 2;
   opt.timeout = 30s;
-  opt.layout = {.alignment = 4, .bucket_numel = 64, .block = 16};
+  opt.layout = {.alignment = 4, .bucket_numel = 64, .block = 16, .whole_tensors = run.whole_tensors};
   opt.offload.optimizer = run.offload;
   memory::MemoryTracker tracker;
   std::unique_ptr<memory::Device> device = memory::make_host_device(tracker);
@@ -186,6 +188,48 @@ TEST_CASE("each step the ranks' ranges cover every parameter once, at offsets wi
     }
     CHECK(split);  // some tensor is cut (across ranks or buckets) and seen in pieces
   }
+}
+
+TEST_CASE("with whole-tensor ownership a per-tensor rule gets whole tensors, once a step, at stages 0-3, and resumes") {
+  // The built-in SGD on the same layout gives the reference bits (the layout, not the rule, sets the
+  // norm's blocks).
+  std::vector<Params> builtin(2);
+  testing::run_thread_ranks(2, [&](comm::Communicator& comm) {
+    builtin[static_cast<size_t>(comm.rank())] = train(comm, {.stage = 1, .whole_tensors = true});
+  });
+  const std::string dir = scratch("whole_tensors");
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (bool offload : {false, true}) {
+      if (offload && stage == 0) continue;
+      CAPTURE(stage);
+      CAPTURE(offload);
+      std::vector<Seen> seen;
+      std::mutex mu;
+      auto rule = std::make_shared<MomentumRule>(true, &seen, &mu);
+      testing::run_thread_ranks(2, [&](comm::Communicator& comm) {
+        const Run run{.stage = stage, .offload = offload, .rule = rule, .whole_tensors = true};
+        CHECK(train(comm, run) == builtin[static_cast<size_t>(comm.rank())]);
+      });
+      std::map<std::pair<int64_t, std::string>, int> whole;  // (step, param) -> calls holding all of it
+      for (const Seen& s : seen) {
+        CHECK(s.offset == 0);
+        const auto it = std::find_if(kTensors.begin(), kTensors.end(), [&](const auto& t) { return t.first == s.param; });
+        REQUIRE(it != kTensors.end());
+        CHECK(s.numel == it->second);
+        ++whole[{s.step, s.param}];
+      }
+      for (int64_t step = 1; step <= 4; ++step) {
+        for (const auto& [name, numel] : kTensors) CHECK(whole[{step, name}] == (stage == 0 ? 2 : 1));
+      }
+    }
+  }
+  // Saved at stage 2, resumed at stage 3: the uninterrupted run's bits.
+  testing::run_thread_ranks(2, [&](comm::Communicator& comm) {
+    const auto rule = std::make_shared<MomentumRule>(true);
+    train(comm, {.stage = 2, .rule = rule, .save_after_2 = dir, .whole_tensors = true});
+    const Params resumed = train(comm, {.stage = 3, .rule = rule, .load_before_3 = dir, .whole_tensors = true});
+    CHECK(resumed == builtin[static_cast<size_t>(comm.rank())]);
+  });
 }
 
 TEST_CASE("the rule's state is saved and resumed bit for bit") {

@@ -10,7 +10,8 @@
 // One stage and world size: the full memory report and the traffic by collective. Lists (--stages,
 // --world): one row each. Options: --dtype bf16|fp16|fp32 (the model's; a safetensors file gives its
 // own), --param-dtype bf16|fp16 (stage 3 rows: fp32 parameters gathered in that dtype,
-// EngineOptions.param_dtype), --optimizer adamw, --offload, --offload-params, --bucket-m (elements), --micro-steps,
+// EngineOptions.param_dtype), --whole-tensors (each tensor owned whole by one rank: the padding
+// it costs), --optimizer adamw, --offload, --offload-params, --bucket-m (elements), --micro-steps,
 // --prefetch-mb, --max-live-mb, --persist-kb, --rank (ranks differ by padding only), --cuda (a GPU's
 // memory: no communicator scratch accounted). With --gpt, --tp T (--world then counts the
 // data-parallel ranks; each holds one tp rank's parts) and --sequence-parallel; --pp P plans pipeline
@@ -113,6 +114,7 @@ int run(int argc, char** argv) {
   o.offload.optimizer = flags.get_bool("offload", false) || flags.get_bool("offload-params", false);
   o.offload.params = flags.get_bool("offload-params", false);
   o.layout.bucket_numel = static_cast<size_t>(flags.get_double("bucket-m", 8.0) * (1 << 20));
+  o.layout.whole_tensors = flags.get_bool("whole-tensors", false);
   o.gradient_accumulation_steps = flags.get_int("micro-steps", 1);
   if (pp > 1) o.micro_batches = micro_batches;
   o.prefetch_bytes = static_cast<size_t>(flags.get_double("prefetch-mb", 0) * (1 << 20));
