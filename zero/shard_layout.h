@@ -22,16 +22,19 @@
 //
 // Whole tensors (`whole_tensors`: rules that need a tensor at once, LAMB's trust ratio). No tensor is
 // cut: every tensor starts on a block, a bucket holds whole tensors (a unit with unit_buckets; else
-// consecutive tensors up to bucket_numel, or one larger tensor alone), and a bucket's tensors are
-// split into world_size consecutive runs, one per rank chunk, with the largest run (in blocks) as
-// small as it can be. The chunk is that largest run, so the other ranks' chunks end in padding:
+// consecutive tensors until they reach bucket_numel and world_size times the largest of them),
+// and a bucket's tensors are split into world_size consecutive runs, one per rank chunk, with the
+// largest run (in blocks) as small as it can be. The chunk is that largest run, so the other ranks'
+// chunks end in padding:
 //
 //  bucket       |t0......|t1.|pad|t2..........|t3|pad..|t4.......|pad.....|
 //  rank chunks  |<------ r0 ---->|<------ r1 ------->|<------ r2 ------>|
 //
-// The collectives keep their equal chunks; the price is that padding, reported by describe() (at
-// worst a bucket whose one tensor is larger than the rest together costs world_size times that
-// tensor). Blocks never mix tensors, so the norm's per-block sums do not depend on the world size.
+// The collectives keep their equal chunks; the price is that padding, reported by describe(): a
+// chunk is never shorter than the bucket's largest tensor, so a bucket is at least world_size times
+// its largest tensor, and a model with one dominant tensor (an embedding) pays for it where
+// world_size x that tensor exceeds the model (docs/optim.md has the figures). Blocks never mix
+// tensors, so the norm's per-block sums do not depend on the world size.
 #include <cstddef>
 #include <cstdint>
 #include <string>

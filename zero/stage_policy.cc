@@ -142,8 +142,9 @@ EngineParts wire_stage(const PolicyInputs& in) {
   rc.accum_dtype = o.stage >= 2 ? o.grad_accum_dtype : DType::kFloat32;
   rc.deterministic = o.deterministic;
   rc.max_inflight = o.max_inflight_buckets;
-  // Stage 3's buckets are whole units, as large as an embedding: bound their reduce buffers.
-  rc.piece_numel = o.stage == 3 ? o.layout.bucket_numel : 0;
+  // Stage 3's buckets are whole units, as large as an embedding, and whole-tensor buckets hold at
+  // least 2 x world x their largest tensor: bound their reduce buffers.
+  rc.piece_numel = o.stage == 3 || o.layout.whole_tensors ? o.layout.bucket_numel : 0;
   rc.timeout = o.timeout;
   rc.timings = in.timings;
   rc.rounds = rounds;
