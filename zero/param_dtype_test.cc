@@ -1,13 +1,20 @@
 // EngineOptions.param_dtype (stage 3's mixed precision, FSDP2's MixedPrecisionPolicy.param_dtype):
 // fp32 parameters trained with a bf16 param_dtype are the bf16-registered model trained from the same
 // values, bit for bit (the shard is the master rounded either way), with and without offload; and
-// their parameter all-gathers, counted by the communicator, carry half the bytes of the fp32 run's.
-// Also what the views and the options refuse.
+// their parameter all-gathers, counted by the communicator, carry half the bytes of the fp32 run's;
+// their checkpoint holds the fp32 master and loads without param_dtype. Also what the views and the
+// options refuse.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -146,6 +153,64 @@ TEST_CASE("fp32 parameters with a bf16 param_dtype train as the bf16 model does,
   }
   // The values did move: the bf16 run is not the fp32 one.
   CHECK(bf16[0].reads.back() != fp32[0].reads.back());
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST_CASE("a checkpoint saved with param_dtype holds the fp32 master: it loads without it, at another stage") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/param_dtype_ckpt";
+  std::filesystem::remove_all(dir);
+  testing::run_thread_ranks(2, [&](comm::Communicator& comm) {
+    auto engine_for = [&](int stage, std::optional<DType> param_dtype, std::vector<std::vector<float>>& storage) {
+      EngineOptions opt;
+      opt.stage = stage;
+      opt.param_dtype = param_dtype;
+      opt.optimizer.groups = {optim::Hyper{.lr = 1e-2f}};
+      opt.timeout = 30s;
+      opt.layout = {.alignment = 4, .bucket_numel = 256, .block = 16};
+      auto engine = std::make_unique<Engine>(comm, opt);
+      storage.assign(kSizes.size(), {});
+      for (size_t u = 0; u < kSizes.size(); ++u) {
+        for (size_t e = 0; e < kSizes[u]; ++e) storage[u].push_back(std::cos(0.3f * static_cast<float>(e) + 1.0f));
+        engine->add_param({.name = "unit" + std::to_string(u) + ".w", .shape = {static_cast<int64_t>(kSizes[u])},
+                           .dtype = DType::kFloat32, .data = {storage[u].data(), kSizes[u]}, .unit = static_cast<int>(u)});
+      }
+      engine->finalize();
+      return engine;
+    };
+    std::vector<std::vector<float>> a_storage, b_storage;
+    {
+      auto a = engine_for(3, DType::kBFloat16, a_storage);
+      for (int step = 0; step < 2; ++step) {
+        for (size_t u = kSizes.size(); u-- > 0;) {
+          UnitScope s = a->gather_for_backward(static_cast<int>(u));
+          uint16_t* g = s.grad_as<uint16_t>(static_cast<int>(u));
+          for (size_t e = 0; e < kSizes[u]; ++e) g[e] = fp32_to_bf16_bits(0.01f * static_cast<float>(e % 7) - 0.02f);
+        }
+        a->step();
+      }
+      a->save(dir);
+      a->export_safetensors(dir + "/a.safetensors");
+    }
+    auto b = engine_for(2, std::nullopt, b_storage);
+    b->load(dir);
+    b->export_safetensors(dir + "/b.safetensors");
+    if (comm.rank() == 0) {
+      const std::string a_bytes = read_file(dir + "/a.safetensors");
+      CHECK(!a_bytes.empty());
+      CHECK(read_file(dir + "/b.safetensors") == a_bytes);
+    }
+    // Stage 2 keeps the parameters in the registered storage: the master, fp32, not bf16 values.
+    bool wider_than_bf16 = false;
+    for (const std::vector<float>& t : b_storage) {
+      for (float x : t) wider_than_bf16 = wider_than_bf16 || bf16_bits_to_fp32(fp32_to_bf16_bits(x)) != x;
+    }
+    CHECK(wider_than_bf16);
+  });
 }
 
 TEST_CASE("views and options that do not fit param_dtype are refused, naming the parameter or field") {
