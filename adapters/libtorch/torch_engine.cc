@@ -43,6 +43,14 @@ torch::Tensor view_of(void* ptr, const torch::Tensor& like) {
 TorchEngine::TorchEngine(Engine& engine, torch::nn::Module& model, TorchEngineOptions options)
     : engine_(engine), model_(model), options_(std::move(options)) {
   if (engine.finalized()) ZERO_THROW(InvalidArgument, "TorchEngine: the engine is already finalized; register first");
+  // The modules' tensors are fp32 views of the engine's memory; a narrower param_dtype would have them
+  // read bf16 bits as floats.
+  if (engine.options().param_dtype && *engine.options().param_dtype != DType::kFloat32) {
+    ZERO_THROW(InvalidArgument,
+               "TorchEngine: EngineOptions.param_dtype {} is not supported: the adapter's modules compute on fp32 views "
+               "of the parameters (leave param_dtype unset)",
+               dtype_name(*engine.options().param_dtype));
+  }
   const bool stage3 = engine.options().stage == 3;
 
   // The units: named modules or parameter names.

@@ -250,6 +250,14 @@ TEST_CASE("TorchEngine: errors name the unit or the parameter") {
     }
     {
       Tiny m = make_model(1);
+      EngineOptions o = options_for(3);
+      o.param_dtype = DType::kBFloat16;
+      Engine engine(comm, o);
+      CHECK_THROWS_WITH_AS(TorchEngine(engine, *m), doctest::Contains("EngineOptions.param_dtype bf16 is not supported"),
+                           InvalidArgument);
+    }
+    {
+      Tiny m = make_model(1);
       Engine engine(comm, options_for(2));
       TorchEngine zt(engine, *m);  // default units: "", then the children "in", "blocks", "ln_f"
       CHECK(zt.num_units() == 4);
