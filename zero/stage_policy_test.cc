@@ -207,40 +207,37 @@ TEST_CASE("param_dtype narrows fp32 parameters only, and leaves gradients to the
   EngineOptions o;
   o.stage = 3;
   o.param_dtype = DType::kBFloat16;
+  const ParamSpec fp32{.name = "a", .shape = {4}, .dtype = DType::kFloat32, .data = {a.data(), 4}};
+  // The error check_registration records for one parameter under `options` ("" for none).
+  auto error_for = [](const ParamSpec& spec, const EngineOptions& options) {
+    ParamRegistry reg;
+    reg.add(spec);
+    check_registration(options, reg);
+    return reg.local_error();
+  };
   {
     ParamRegistry reg;
-    reg.add({.name = "a", .shape = {4}, .dtype = DType::kFloat32, .data = {a.data(), 4}});
+    reg.add(fp32);
     const std::optional<ModelDtypes> dtypes = check_registration(o, reg);
     REQUIRE(dtypes);
     CHECK(dtypes->storage == DType::kFloat32);
     CHECK(dtypes->compute == DType::kBFloat16);
     CHECK(reg.local_error().empty());
   }
-  {
-    ParamRegistry reg;
-    reg.add({.name = "b", .shape = {4}, .dtype = DType::kBFloat16, .data = {b.data(), 4}});
-    EngineOptions wider = o;
-    wider.param_dtype = DType::kFloat32;
-    check_registration(wider, reg);
-    CHECK(reg.local_error().find("EngineOptions.param_dtype fp32 with bf16 parameters: param_dtype must be the "
-                                 "registered dtype, or fp16 or bf16 with fp32 parameters") != std::string::npos);
-  }
-  {
-    ParamRegistry reg;
-    reg.add({.name = "a", .shape = {4}, .dtype = DType::kFloat32, .data = {a.data(), 4}, .grad = {ga.data(), 4}});
-    check_registration(o, reg);
-    CHECK(reg.local_error().find("parameter 'a' brings its own gradient storage (ParamSpec.grad) in fp32") !=
-          std::string::npos);
-  }
-  {
-    ParamRegistry reg;
-    reg.add({.name = "a", .shape = {4}, .dtype = DType::kFloat32, .data = {a.data(), 4}});
-    EngineOptions fp16_reduce = o;
-    fp16_reduce.reduce_dtype = DType::kFloat16;
-    check_registration(fp16_reduce, reg);
-    CHECK(reg.local_error().find("EngineOptions.reduce_dtype fp16 must be fp32 or the dtype gradients are written "
-                                 "in, bf16") != std::string::npos);
-  }
+  EngineOptions wider = o;
+  wider.param_dtype = DType::kFloat32;
+  CHECK(error_for({.name = "b", .shape = {4}, .dtype = DType::kBFloat16, .data = {b.data(), 4}}, wider)
+            .find("EngineOptions.param_dtype fp32 with bf16 parameters: param_dtype must be the registered dtype, or "
+                  "fp16 or bf16 with fp32 parameters") != std::string::npos);
+  ParamSpec own_grad = fp32;
+  own_grad.grad = {ga.data(), 4};
+  CHECK(error_for(own_grad, o).find("parameter 'a' brings its own gradient storage (ParamSpec.grad) in fp32") !=
+        std::string::npos);
+  EngineOptions fp16_reduce = o;
+  fp16_reduce.reduce_dtype = DType::kFloat16;
+  CHECK(error_for(fp32, fp16_reduce)
+            .find("EngineOptions.reduce_dtype fp16 must be fp32 or the dtype gradients are written in, bf16") !=
+        std::string::npos);
 }
 
 }  // namespace
