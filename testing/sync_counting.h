@@ -98,7 +98,7 @@ class CountingCommunicator final : public comm::Communicator {
   int64_t calls() const { return calls_->load(); }
   // Bytes the all-gathers of `dtype` issued over it received (every rank's chunk, this rank's
   // included).
-  int64_t all_gather_bytes(DType dtype) const { return (*gathered_)[static_cast<size_t>(dtype)].load(); }
+  int64_t all_gather_bytes(DType dtype) const { return gathered_[static_cast<size_t>(dtype)].load(); }
 
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
@@ -117,7 +117,7 @@ class CountingCommunicator final : public comm::Communicator {
     return issued(inner_.reduce_scatter(send, recv, recv_count, dtype, op));
   }
   comm::WorkHandle all_gather(const void* send, void* recv, size_t send_count, DType dtype) override {
-    (*gathered_)[static_cast<size_t>(dtype)] += static_cast<int64_t>(send_count * dtype_size(dtype)) * inner_.size();
+    gathered_[static_cast<size_t>(dtype)] += static_cast<int64_t>(send_count * dtype_size(dtype)) * inner_.size();
     return issued(inner_.all_gather(send, recv, send_count, dtype));
   }
   comm::WorkHandle broadcast(void* buf, size_t count, DType dtype, int root) override {
@@ -151,8 +151,7 @@ class CountingCommunicator final : public comm::Communicator {
   comm::Communicator& inner_;
   std::unique_ptr<comm::Communicator> owned_;  // a split group's communicator
   std::shared_ptr<std::atomic<int64_t>> calls_;
-  // This group's, per dtype (DType's values index it).
-  std::shared_ptr<std::array<std::atomic<int64_t>, 8>> gathered_ = std::make_shared<std::array<std::atomic<int64_t>, 8>>();
+  std::array<std::atomic<int64_t>, 8> gathered_{};  // this group's, indexed by DType (7 values)
 };
 
 }  // namespace zero::testing

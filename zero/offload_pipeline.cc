@@ -24,21 +24,17 @@ OffloadPipeline::OffloadPipeline(const ApplierInputs& in, const OffloadConfig& c
   master_ = host_->allocate_elements(static_cast<int64_t>(numel), DType::kFloat32, memory::Category::kMasterParams);
   {
     // The registered values are device memory: bring the owned pieces over once, then widen.
-    size_t initial_es = 0;
-    for (const UpdateTensor& t : in.tensors) initial_es = std::max(initial_es, dtype_size(t.dtype));
-    memory::Buffer initial = device_.allocate_host_staging(numel * initial_es, memory::Category::kOffloadHost,
-                                                           *config_.host_tracker);
+    const size_t es = dtype_size(in.initial_dtype);
+    memory::Buffer initial = device_.allocate_host_staging(numel * es, memory::Category::kOffloadHost, *config_.host_tracker);
     memory::Stream& compute = device_.compute_stream();
     for (const OwnedPiece& p : ownership_.pieces()) {
-      const size_t es = dtype_size(in.tensors[p.tensor].dtype);
       device_.copy(initial.as<char>() + p.opt_offset * es,
                    static_cast<const char*>(in.tensors[p.tensor].data) + p.tensor_begin * es,
                    (p.tensor_end - p.tensor_begin) * es, compute);
     }
     device_.synchronize(compute, config_.timeout);
     for (const OwnedPiece& p : ownership_.pieces()) {
-      const DType dt = in.tensors[p.tensor].dtype;
-      host_->convert(initial.as<char>() + p.opt_offset * dtype_size(dt), dt, master_.as<float>() + p.opt_offset,
+      host_->convert(initial.as<char>() + p.opt_offset * es, in.initial_dtype, master_.as<float>() + p.opt_offset,
                      DType::kFloat32, p.tensor_end - p.tensor_begin, host_->compute_stream());
     }
   }

@@ -52,7 +52,7 @@ Result one_step(comm::Communicator& comm, bool sharded, float g, float max_norm,
   optim::OptimizerOptions oo;
   oo.kind = optim::OptimizerKind::kSgd;
   oo.groups = {optim::Hyper{.lr = 0.5f}};
-  const ApplierInputs ai{DType::kFloat32, oo, &layout, &own, device.get(), tensors};
+  const ApplierInputs ai{DType::kFloat32, DType::kFloat32, oo, &layout, &own, device.get(), tensors};
   std::unique_ptr<UpdateApplier> applier;
   if (offload != Offload::kNone) {
     applier = std::make_unique<OffloadPipeline>(

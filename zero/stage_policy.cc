@@ -143,7 +143,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
   rc.deterministic = o.deterministic;
   rc.max_inflight = o.max_inflight_buckets;
   // Stage 3's buckets are whole units, as large as an embedding, and whole-tensor buckets hold at
-  // least 2 x world x their largest tensor: bound their reduce buffers.
+  // least world x their largest tensor: bound their reduce buffers.
   rc.piece_numel = o.stage == 3 || o.layout.whole_tensors ? o.layout.bucket_numel : 0;
   rc.timeout = o.timeout;
   rc.timings = in.timings;
@@ -161,7 +161,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
     const ParamSpec& p = reg.param(id);
     user_grads.push_back({p.grad.ptr});
     target.tensor_data.push_back(p.data.ptr);
-    tensors.push_back({p.name, p.group, p.data.ptr, in.dtypes.storage});
+    tensors.push_back({p.name, p.group, p.data.ptr});
     initial.push_back(p.data.ptr);
   }
   if (o.offload.optimizer) parts.offload_tracker = std::make_unique<memory::MemoryTracker>();
@@ -194,7 +194,14 @@ EngineParts wire_stage(const PolicyInputs& in) {
     parts.writeback = make_local_writeback(device, std::move(target));
   }
 
-  const ApplierInputs ai{in.dtypes.compute, o.optimizer, &layout, parts.ownership.get(), &device, std::move(tensors), o.timeout};
+  const ApplierInputs ai{.model_dtype = in.dtypes.compute,
+                         .initial_dtype = in.dtypes.storage,
+                         .optimizer = o.optimizer,
+                         .layout = &layout,
+                         .ownership = parts.ownership.get(),
+                         .device = &device,
+                         .tensors = std::move(tensors),
+                         .timeout = o.timeout};
   std::unique_ptr<UpdateApplier> applier;
   if (o.offload.optimizer) {
     applier = std::make_unique<OffloadPipeline>(ai, OffloadConfig{.pinned_staging = o.offload.pinned_staging,

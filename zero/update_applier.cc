@@ -21,9 +21,9 @@ class DeviceApplier final : public UpdateApplier {
       : model_dtype_(in.model_dtype), layout_(*in.layout), ownership_(*in.ownership), device_(*in.device), timeout_(in.timeout) {
     const size_t numel = ownership_.numel();
     master_ = device_.allocate_elements(static_cast<int64_t>(numel), DType::kFloat32, memory::Category::kMasterParams);
+    const size_t es = dtype_size(in.initial_dtype);
     for (const OwnedPiece& p : ownership_.pieces()) {
-      const UpdateTensor& t = in.tensors[p.tensor];
-      device_.convert(static_cast<const char*>(t.data) + p.tensor_begin * dtype_size(t.dtype), t.dtype,
+      device_.convert(static_cast<const char*>(in.tensors[p.tensor].data) + p.tensor_begin * es, in.initial_dtype,
                       master_.as<float>() + p.opt_offset, DType::kFloat32, p.tensor_end - p.tensor_begin,
                       device_.compute_stream());
     }

@@ -22,12 +22,12 @@ namespace zero {
 struct UpdateTensor {
   std::string name;
   int group = 0;
-  const void* data = nullptr;  // the parameter's values (device memory), read once for the master
-  DType dtype = DType::kFloat32;  // data's: the registered dtype
+  const void* data = nullptr;  // the parameter's values (initial_dtype, device memory), read once for the master
 };
 
 struct ApplierInputs {
-  DType model_dtype = DType::kFloat32;  // the parameters the update writes (ParamWriteback's)
+  DType model_dtype = DType::kFloat32;    // the parameters the update writes (ParamWriteback's)
+  DType initial_dtype = DType::kFloat32;  // UpdateTensor::data's: the registered values
   optim::OptimizerOptions optimizer;
   const ShardLayout* layout = nullptr;
   const ShardOwnership* ownership = nullptr;

@@ -111,7 +111,7 @@ TEST_CASE("every applier updates the parameters and the master exactly as one op
         const size_t es = dtype_size(dtype);
         std::vector<std::vector<char>> params;
         WritebackTarget target{.layout = &layout, .model_dtype = dtype};
-        ApplierInputs in{.model_dtype = dtype, .optimizer = adamw(), .layout = &layout, .ownership = &own,
+        ApplierInputs in{.model_dtype = dtype, .initial_dtype = dtype, .optimizer = adamw(), .layout = &layout, .ownership = &own,
                          .device = device.get(), .timeout = 10s};
         for (size_t t = 0; t < kNumels.size(); ++t) {
           params.emplace_back(kNumels[t] * es);
@@ -119,7 +119,7 @@ TEST_CASE("every applier updates the parameters and the master exactly as one op
           target.tensor_data.push_back(params[t].data());
         }
         for (size_t t = 0; t < kNumels.size(); ++t) {
-          in.tensors.push_back({.name = "t" + std::to_string(t), .group = 0, .data = params[t].data(), .dtype = dtype});
+          in.tensors.push_back({.name = "t" + std::to_string(t), .group = 0, .data = params[t].data()});
         }
         std::unique_ptr<UpdateApplier> applier;
         if (kind == Applier::kDevice) {
