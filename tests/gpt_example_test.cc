@@ -34,8 +34,8 @@ std::vector<std::string> losses(const std::string& out) {
 double loss_of(const std::string& line) { return std::stod(line.substr(line.find("loss ") + 5)); }
 
 // Runs each configuration for 40 deterministic steps on 2 ranks: it must learn, print the validation
-// loss, the memory reports and a sample, and give the first configuration's loss curve.
-void check_curves(const std::vector<std::vector<std::string>>& configs) {
+// loss, the memory reports and a sample, and give the first configuration's loss curve (returned).
+std::vector<std::string> check_curves(const std::vector<std::vector<std::string>>& configs) {
   std::vector<std::string> first;
   for (const auto& config : configs) {
     CAPTURE(config.back());
@@ -61,6 +61,7 @@ void check_curves(const std::vector<std::vector<std::string>>& configs) {
       CHECK(lines == first);
     }
   }
+  return first;
 }
 
 }  // namespace
@@ -70,9 +71,14 @@ TEST_CASE("the GPT example learns, and its deterministic loss curve is the same 
                 {"--stage", "3", "--offload-params"}});
 }
 
-TEST_CASE("with bf16 parameters too") {
-  check_curves({{"--stage", "3", "--dtype", "bf16"}, {"--stage", "0", "--dtype", "bf16"},
-                {"--stage", "2", "--dtype", "bf16"}});
+TEST_CASE("with bf16 parameters too, and with fp32 LayerNorms and biases beside bf16 matrices") {
+  const auto bf16 = check_curves({{"--stage", "3", "--dtype", "bf16"}, {"--stage", "0", "--dtype", "bf16"},
+                                  {"--stage", "2", "--dtype", "bf16"}});
+  const auto mixed = check_curves({{"--stage", "3", "--dtype", "bf16", "--fp32-norms"},
+                                   {"--stage", "0", "--dtype", "bf16", "--fp32-norms"},
+                                   {"--stage", "1", "--dtype", "bf16", "--fp32-norms"},
+                                   {"--stage", "2", "--dtype", "bf16", "--fp32-norms"}});
+  CHECK(mixed != bf16);  // the fp32 parameters did change the computation
 }
 
 // fp32 parameters gathered and computed in bf16 (EngineOptions.param_dtype) follow the fp32 curve

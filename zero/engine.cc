@@ -63,7 +63,8 @@ void Engine::Impl::complete_tied() {
       memory::Stream& compute = m.device->compute_stream();
       m.tied_order->before_issue(compute);
       comm::CallLabel label(*m.comms.tied, "tied " + p.name);
-      m.tied_order->after(*m.comms.tied->all_reduce(g, p.data.numel, m.dtypes.compute, comm::ReduceOp::kSum), compute);
+      m.tied_order->after(*m.comms.tied->all_reduce(g, p.data.numel, m.dtypes.compute(p), comm::ReduceOp::kSum),
+                         compute);
     }
     reducer.tensor_ready(t);
   }
@@ -121,13 +122,26 @@ void Engine::finalize() {
     check_agreement(*c, {.what = "engine options", .verb = "has"}, fp, "", m.options.timeout, m.device);
   }
   m.dtypes = *dtypes;
-  // Trainable tensors grouped by unit (units in order of first registration).
+  // Trainable tensors grouped by unit (units in order of first registration), and within a unit by
+  // the dtype the engine works in (dtypes in order of first appearance in the unit), so that a unit
+  // of two dtypes is two buckets, not one per dtype change (ShardLayout).
   m.param_tensor.assign(m.registry.params().size(), -1);
   for (int unit : m.registry.units()) {
+    std::vector<int> ids;
     for (int id : m.registry.params_of_unit(unit)) {
-      if (!m.registry.param(id).requires_grad) continue;
-      m.param_tensor[static_cast<size_t>(id)] = static_cast<int64_t>(m.tensor_param.size());
-      m.tensor_param.push_back(id);
+      if (m.registry.param(id).requires_grad) ids.push_back(id);
+    }
+    std::vector<DType> order;
+    for (int id : ids) {
+      const DType d = m.dtypes.compute(m.registry.param(id));
+      if (std::find(order.begin(), order.end(), d) == order.end()) order.push_back(d);
+    }
+    for (DType d : order) {
+      for (int id : ids) {
+        if (m.dtypes.compute(m.registry.param(id)) != d) continue;
+        m.param_tensor[static_cast<size_t>(id)] = static_cast<int64_t>(m.tensor_param.size());
+        m.tensor_param.push_back(id);
+      }
     }
   }
   // Rank 0's initial values everywhere: within the shard group, then from replica 0 to the others.
@@ -158,7 +172,9 @@ void Engine::finalize() {
   }
   for (size_t b = 0; b < m.parts.layout->buckets().size(); ++b) {
     const int unit = m.parts.layout->buckets()[b].unit;
-    if (unit >= 0) m.unit_bucket[unit] = b;
+    if (unit < 0) continue;
+    auto [it, first] = m.unit_buckets.try_emplace(unit, b, b + 1);
+    if (!first) it->second.second = b + 1;
   }
   m.finalized = true;
 }

@@ -131,7 +131,7 @@ class [[nodiscard("a unit scope ends when it is destroyed: hold it for the unit'
   bool backward_ = false;
   BackwardPart part_ = BackwardPart::kAll;
   bool evaluation_ = false;
-  void* base_ = nullptr;  // stage 3: the unit's gathered parameters
+  void* base_ = nullptr;  // stage 3: the unit's gathered parameters (its first bucket); null: resident
 };
 
 // While alive, micro-steps only accumulate their gradients locally; see the header comment. Open it

@@ -35,7 +35,9 @@ struct Engine::Impl {
   int no_sync_depth = 0;  // open NoSyncScopes
   int64_t steps_taken = 0;
   std::exception_ptr scope_error;  // raised by the next call after a scope's destructor failed
-  std::map<int, size_t> unit_bucket;  // stage 3: unit id -> its bucket
+  // Layouts of unit buckets (stage 3, micro-batches reduced one by one): unit id -> its buckets
+  // [first, end), one per dtype of its parameters.
+  std::map<int, std::pair<size_t, size_t>> unit_buckets;
   std::map<int, int> open_backward;   // unit id -> its open scopes that write gradients
   std::map<int, int> backward_passes;  // unit id -> its backward passes closed this micro-step
   std::vector<size_t> tied_tensors;    // layout tensors of ParamSpec::tied parameters

@@ -52,12 +52,15 @@ struct EngineOptions {
   // gathers; the master is initialized from the registered fp32 values, and checkpoints and exports
   // keep the registered dtype. Unset: the registered dtype. Below stage 3 the parameters are the
   // registered storage itself, so there it must be unset (register them in the dtype to compute in).
+  // (Parameters may be registered in different dtypes, e.g. fp32 LayerNorms and biases beside bf16
+  // matrices; param_dtype, when set, applies to all of them.)
   std::optional<DType> param_dtype;
 
-  // Element type the gradient collectives run in: fp32, or the dtype gradients are written in.
+  // Element type the gradient collectives run in: fp32, or the dtype gradients are written in. With
+  // parameters of two dtypes, a 16-bit one (the other being fp32) reduces each bucket in its own.
   DType reduce_dtype = DType::kFloat32;
   // Stage 2 gradient shard, and the accumulator used when gradients are reduced every micro-step of
-  // an accumulation: fp32, or the dtype gradients are written in.
+  // an accumulation: fp32, or the dtype gradients are written in (each bucket's own, as above).
   DType grad_accum_dtype = DType::kFloat32;
 
   // Micro-steps per optimizer step. With reduce_every_micro_step (the default) each micro-step's

@@ -23,7 +23,7 @@ const void* at(const void* base, DType dtype, size_t i) {
 // Buffers of one in-flight bucket reduction, each exactly its size, from the cache (which orders
 // their reuse after the reduce stream's last work on them) and back to it when the bucket completes.
 struct GradReducer::Slot {
-  Buffer staging;  // the bucket's gradients in the model dtype (when there is no full buffer)
+  Buffer staging;  // the bucket's gradients in its dtype (when there is no full buffer)
   Buffer send;     // the bucket (or a piece) in the reduce dtype, when that differs or pieces are cut
   Buffer recv;     // deterministic mode: every rank's copy of this rank's chunk (or piece)
 };
@@ -54,8 +54,12 @@ GradReducer::GradReducer(const ReducerConfig& config, const ShardLayout& layout,
   }
   if (config_.full_grads) ensure_full();
   if (config_.accumulate) {
-    accum_ = device_.allocate_elements(static_cast<int64_t>(ownership_.numel()), config_.accum_dtype,
-                                       Category::kGrads);
+    // Optimizer space: the padded flat space (replicated) or the shard, in one dtype or each
+    // bucket's.
+    const size_t bytes = config_.accum_dtype ? ownership_.numel() * dtype_size(*config_.accum_dtype)
+                         : ownership_.is_replicated() ? layout_.padded_bytes()
+                                                      : layout_.shard_bytes();
+    accum_ = device_.allocate(bytes, Category::kGrads);
   }
   buckets_.resize(layout_.buckets().size());
   bucket_has_data_.assign(buckets_.size(), 0);
@@ -88,8 +92,15 @@ GradReducer::~GradReducer() {
 
 void GradReducer::ensure_full() {
   if (!full_.empty()) return;
-  full_ = device_.allocate_elements(static_cast<int64_t>(layout_.padded_numel()), config_.model_dtype,
-                                    Category::kGrads);
+  full_ = device_.allocate(layout_.padded_bytes(), Category::kGrads);
+}
+
+void* GradReducer::in_full(size_t b, size_t flat) { return full_.as<char>() + layout_.flat_bytes(b, flat); }
+
+void* GradReducer::in_accum(size_t b, size_t opt) const {
+  char* base = const_cast<char*>(accum_.as<char>());
+  if (config_.accum_dtype) return base + opt * dtype_size(*config_.accum_dtype);
+  return base + (ownership_.is_replicated() ? layout_.flat_bytes(b, opt) : layout_.shard_bytes(b, opt));
 }
 
 void GradReducer::reset_buckets() {
@@ -128,13 +139,13 @@ void* GradReducer::bucket_buffer(size_t b) {
   BucketState& st = buckets_[b];
   if (uses_full()) {
     st.from_full = true;
-    return at(full_.data(), config_.model_dtype, B.offset);
+    return in_full(b, B.offset);
   }
   if (st.slot < 0) st.slot = acquire_slot();
   Slot& s = slot(st.slot);
   if (s.staging.empty()) {
     memory::Stream& compute = device_.compute_stream();
-    s.staging = buffers_.take(B.padded * dtype_size(config_.model_dtype), compute);
+    s.staging = buffers_.take(layout_.bucket_bytes(b), compute);
     device_.fill_zero(s.staging.data(), s.staging.size_bytes(), compute);
   }
   return s.staging.data();
@@ -143,13 +154,13 @@ void* GradReducer::bucket_buffer(size_t b) {
 void* GradReducer::grad(size_t t) {
   ZERO_CHECK(open_, "grad() outside a micro-step");
   const auto& T = layout_.tensors()[t];
-  if (uses_full()) return at(full_.data(), config_.model_dtype, T.offset);
   const auto [first, last] = layout_.buckets_of_tensor(t);
-  if (first == last) return at(bucket_buffer(first), config_.model_dtype, T.offset - layout_.buckets()[first].offset);
+  if (uses_full()) return in_full(first, T.offset);
+  if (first == last) return at(bucket_buffer(first), T.dtype, T.offset - layout_.buckets()[first].offset);
   // A tensor spanning buckets gets a contiguous scratch buffer, copied into the buckets when ready.
   if (scratch_[t].empty()) {
     memory::Stream& compute = device_.compute_stream();
-    scratch_[t] = scratch_cache_.take(T.numel * dtype_size(config_.model_dtype), compute);
+    scratch_[t] = scratch_cache_.take(T.numel * dtype_size(T.dtype), compute);
     device_.fill_zero(scratch_[t].data(), scratch_[t].size_bytes(), compute);
   }
   return scratch_[t].data();
@@ -157,17 +168,17 @@ void* GradReducer::grad(size_t t) {
 
 void GradReducer::stage_tensor(size_t t) {
   const auto& T = layout_.tensors()[t];
-  const DType dt = config_.model_dtype;
+  const DType dt = T.dtype;
   const bool full = uses_full();
   const void* src = user_grads_[t].ptr;
   if (src == nullptr && !full && !scratch_[t].empty()) src = scratch_[t].data();
   if (src == nullptr) return;  // written in place
   memory::Stream& compute = device_.compute_stream();
+  const auto [first, last] = layout_.buckets_of_tensor(t);
   if (full) {
     // The full buffer may hold earlier micro-steps: add to it.
-    device_.accumulate(at(full_.data(), dt, T.offset), dt, src, dt, T.numel, compute);
+    device_.accumulate(in_full(first, T.offset), dt, src, dt, T.numel, compute);
   } else {
-    const auto [first, last] = layout_.buckets_of_tensor(t);
     for (size_t b = first; b <= last; ++b) {
       const auto& B = layout_.buckets()[b];
       const size_t lo = std::max(T.offset, B.offset), hi = std::min(T.offset + T.numel, B.offset + B.numel);
@@ -224,9 +235,9 @@ void GradReducer::launch(size_t b) {
   BucketState& st = buckets_[b];
   st.launched = true;
   ++launched_;
-  const DType rd = config_.reduce_dtype;
+  const DType rd = reduce_dtype(b);
   void* grads = bucket_buffer(b);
-  const bool convert = rd != config_.model_dtype;
+  const bool convert = rd != B.dtype;
   if (st.slot < 0 && (convert || config_.deterministic)) st.slot = acquire_slot();
   // The reduce stream picks the bucket up once backward's writes to it are done.
   device_.record(*event_, device_.compute_stream());
@@ -241,7 +252,7 @@ void GradReducer::launch(size_t b) {
   if (convert) {
     Slot& s = slot(st.slot);
     s.send = buffers_.take(B.padded * dtype_size(rd), *stream_);
-    device_.convert(grads, config_.model_dtype, s.send.data(), rd, B.padded, *stream_);
+    device_.convert(grads, B.dtype, s.send.data(), rd, B.padded, *stream_);
     cbuf = s.send.data();
   }
   st.piece = Piece{cbuf, 0, B.chunk};
@@ -255,7 +266,7 @@ void GradReducer::launch(size_t b) {
 void GradReducer::launch_in_pieces(size_t b, const void* grads) {
   const auto& B = layout_.buckets()[b];
   BucketState& st = buckets_[b];
-  const DType rd = config_.reduce_dtype, md = config_.model_dtype;
+  const DType rd = reduce_dtype(b), md = B.dtype;
   const size_t world = static_cast<size_t>(comms_.shard->size());
   const size_t per_rank = (config_.piece_numel + world - 1) / world;
   Slot& s = slot(st.slot);
@@ -275,7 +286,7 @@ void GradReducer::launch_in_pieces(size_t b, const void* grads) {
 comm::WorkHandle GradReducer::issue(size_t b, const Piece& piece) {
   const auto& B = layout_.buckets()[b];
   BucketState& st = buckets_[b];
-  const DType rd = config_.reduce_dtype;
+  const DType rd = reduce_dtype(b);
   comm::Communicator& comm = shard_order_.comm();
   shard_order_.before_issue(*stream_);
   // Named for the schedule check, so a rank whose reduction meets another rank's different call is
@@ -301,7 +312,7 @@ comm::WorkHandle GradReducer::issue(size_t b, const Piece& piece) {
 void GradReducer::finish(size_t b, const Piece& piece, comm::Work& work) {
   const auto& B = layout_.buckets()[b];
   BucketState& st = buckets_[b];
-  const DType rd = config_.reduce_dtype;
+  const DType rd = reduce_dtype(b);
   comm::Communicator& comm = shard_order_.comm();
   const bool replicated = ownership_.is_replicated();
   // This rank's reduced share: its chunk's [begin, begin + len) (the whole bucket when replicated).
@@ -343,16 +354,16 @@ void GradReducer::finish(size_t b, const Piece& piece, comm::Work& work) {
   if (lo >= hi) return;
   const void* reduced = at(piece.cbuf, rd, mine + (lo - piece_lo));
   if (config_.accumulate) {
-    void* acc = at(accum_.data(), config_.accum_dtype, own.opt_begin + (lo - own.flat_begin));
+    void* acc = in_accum(b, own.opt_begin + (lo - own.flat_begin));
     if (accum_has_data_ || bucket_has_data_[b]) {
-      device_.accumulate(acc, config_.accum_dtype, reduced, rd, hi - lo, *stream_);
+      device_.accumulate(acc, accum_dtype(b), reduced, rd, hi - lo, *stream_);
     } else {
-      device_.convert(reduced, rd, acc, config_.accum_dtype, hi - lo, *stream_);
+      device_.convert(reduced, rd, acc, accum_dtype(b), hi - lo, *stream_);
     }
-  } else if (void* home = at(full_.data(), config_.model_dtype, lo); reduced != home) {
+  } else if (void* home = in_full(b, lo); reduced != home) {
     // Reduced in another dtype (or in a piece's buffer): store the result back in the full buffer,
     // rounded once.
-    device_.convert(reduced, rd, home, config_.model_dtype, hi - lo, *stream_);
+    device_.convert(reduced, rd, home, B.dtype, hi - lo, *stream_);
   }
 }
 
@@ -364,13 +375,12 @@ void GradReducer::complete(size_t b) {
 
   const auto& B = layout_.buckets()[b];
   BucketState& st = buckets_[b];
-  if (config_.timings) config_.timings->reduced_bytes += B.padded * dtype_size(config_.reduce_dtype);
+  if (config_.timings) config_.timings->reduced_bytes += B.padded * dtype_size(reduce_dtype(b));
   if (!st.done) finish(b, st.piece, *st.work);
   bucket_has_data_[b] = 1;  // a later round of this micro-step adds to it
   // The bucket's gradients are consumed: clear them for the next micro-step.
   if (config_.accumulate && st.from_full) {
-    device_.fill_zero(at(full_.data(), config_.model_dtype, B.offset), B.padded * dtype_size(config_.model_dtype),
-                      *stream_);
+    device_.fill_zero(in_full(b, B.offset), layout_.bucket_bytes(b), *stream_);
   }
   if (st.slot >= 0) {
     Slot& s = slot(st.slot);
@@ -416,8 +426,8 @@ void GradReducer::end_micro_step() {
 
 GradReducer::Reduced GradReducer::reduced(size_t b) const {
   const OwnedRange own = ownership_.range(b);
-  if (config_.accumulate) return {at(accum_.data(), config_.accum_dtype, own.opt_begin), config_.accum_dtype};
-  return {at(full_.data(), config_.model_dtype, own.flat_begin), config_.model_dtype};
+  if (config_.accumulate) return {in_accum(b, own.opt_begin), accum_dtype(b)};
+  return {full_.as<char>() + layout_.flat_bytes(b, own.flat_begin), layout_.buckets()[b].dtype};
 }
 
 void GradReducer::clear() {
@@ -428,9 +438,9 @@ void GradReducer::clear() {
   std::fill(bucket_has_data_.begin(), bucket_has_data_.end(), 0);
   unreduced_ = false;
   for (auto& s : scratch_) scratch_cache_.give(std::move(s), compute);
-  const DType dt = config_.model_dtype;
   for (size_t t = 0; t < user_grads_.size(); ++t) {
-    if (user_grads_[t].ptr) device_.fill_zero(user_grads_[t].ptr, layout_.tensors()[t].numel * dtype_size(dt), compute);
+    const auto& T = layout_.tensors()[t];
+    if (user_grads_[t].ptr) device_.fill_zero(user_grads_[t].ptr, T.numel * dtype_size(T.dtype), compute);
   }
   open_ = false;
   reset_buckets();

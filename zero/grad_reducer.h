@@ -27,6 +27,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -39,16 +40,18 @@
 
 namespace zero {
 
+// Gradients are written in each tensor's layout dtype (ShardLayout::Tensor::dtype; a bucket has one).
+// The reduce and accumulate dtypes are one for all buckets, or (nullopt) each bucket's own: a model
+// of bf16 matrices and fp32 biases then keeps bf16 gradients bf16 and fp32 ones fp32.
 struct ReducerConfig {
-  DType model_dtype = DType::kFloat32;   // gradients as backward writes them
-  DType reduce_dtype = DType::kFloat32;  // what the collectives sum
+  std::optional<DType> reduce_dtype = DType::kFloat32;  // what the collectives sum
   bool full_grads = true;                // keep a full flat gradient buffer for the whole run
   bool accumulate = false;               // reduced gradients accumulate into a shard accumulator
-  DType accum_dtype = DType::kFloat32;
+  std::optional<DType> accum_dtype = DType::kFloat32;
   bool deterministic = false;
   int max_inflight = 2;                  // bucket reductions in flight at once
-  // A bucket that needs a buffer of its own for the collective (a reduce dtype other than the model
-  // dtype, or deterministic mode) and holds more than this many elements is reduced in pieces of at
+  // A bucket that needs a buffer of its own for the collective (a reduce dtype other than the
+  // bucket's, or deterministic mode) and holds more than this many elements is reduced in pieces of at
   // most this many (sharded ownership only: stage 3's units, which can be far larger than a bucket),
   // so that buffer stays bounded. 0: never in pieces.
   size_t piece_numel = 0;
@@ -120,7 +123,12 @@ class GradReducer {
     size_t len = 0;
   };
 
-  void* bucket_buffer(size_t b);  // model-dtype gradients of bucket b (full buffer or staging)
+  void* bucket_buffer(size_t b);  // bucket b's gradients in its dtype (full buffer or staging)
+  void* in_full(size_t b, size_t flat);  // flat element `flat` of bucket b in the full buffer
+  DType reduce_dtype(size_t b) const { return config_.reduce_dtype.value_or(layout_.buckets()[b].dtype); }
+  DType accum_dtype(size_t b) const { return config_.accum_dtype.value_or(layout_.buckets()[b].dtype); }
+  // Optimizer-space element `opt` of bucket b in the accumulator.
+  void* in_accum(size_t b, size_t opt) const;
   bool uses_full() const { return !full_.empty() && (config_.full_grads || unreduced_ || !sync_); }
   void ensure_full();
   void stage_tensor(size_t t);
@@ -149,8 +157,8 @@ class GradReducer {
   std::vector<UserGrad> user_grads_;
   memory::BufferCache buffers_;  // staging, conversion and receive buffers (kCommBuffer)
 
-  memory::Buffer full_;   // full flat gradients, model dtype
-  memory::Buffer accum_;  // shard accumulator, accum_dtype
+  memory::Buffer full_;   // full flat gradients, each bucket in its dtype
+  memory::Buffer accum_;  // shard accumulator, each bucket's range in accum_dtype(b)
   bool accum_has_data_ = false;       // every owned range holds an earlier micro-step's sum
   std::vector<char> bucket_has_data_;  // rounds: bucket b's owned range holds an earlier round's
   memory::BufferCache scratch_cache_;      // scratch_'s memory: staging like buffers_ (kCommBuffer), its own slab

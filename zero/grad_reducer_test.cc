@@ -124,9 +124,9 @@ TEST_CASE("16-bit gradients are converted on the reduce stream after backward's 
   testing::run_thread_ranks(2, [&](comm::Communicator& comm) {
     memory::MemoryTracker tracker;
     auto device = memory::make_host_device(tracker, {.threaded_streams = true});
-    const ShardLayout layout(kNumels, 2, kLayout);
+    const ShardLayout layout(kNumels, 2, kLayout, {}, {}, std::vector<DType>(kNumels.size(), DType::kBFloat16));
     const ShardOwnership own = ShardOwnership::sharded(layout, comm.rank());
-    GradReducer red({.model_dtype = DType::kBFloat16, .reduce_dtype = DType::kFloat32, .full_grads = false,
+    GradReducer red({.reduce_dtype = DType::kFloat32, .full_grads = false,
                      .accumulate = true},
                     layout, own, {&comm}, *device, std::vector<UserGrad>(kNumels.size()));
     for (int m = 0; m < 2; ++m) {

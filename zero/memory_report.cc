@@ -16,24 +16,26 @@ MemoryPrediction predict_memory(const MemoryFormulaInputs& in) {
   const uint64_t psi = in.numel;
   const uint64_t n = static_cast<uint64_t>(in.world_size);
   MemoryPrediction p;
-  p.params = in.stage == 3 ? in.param_bytes * psi / n : in.param_bytes * psi;
+  // Bytes of Ψ elements at `per` bytes each (an average where parameters mix dtypes).
+  auto bytes = [&](double per) { return static_cast<uint64_t>(per * static_cast<double>(psi)); };
+  p.params = in.stage == 3 ? bytes(in.param_bytes) / n : bytes(in.param_bytes);
   const uint64_t sharded = (in.stage == 0) ? 1 : n;
   p.master = 4 * psi / sharded;
   p.optimizer_state = in.state_bytes * psi / sharded;
   std::string grads_term;
   if (in.stage >= 2) {
-    p.grads = in.shard_grad_bytes * psi / n;
-    grads_term = fmt::format("{}Ψ/N", in.shard_grad_bytes);
+    p.grads = bytes(in.shard_grad_bytes) / n;
+    grads_term = fmt::format("{:.3g}Ψ/N", in.shard_grad_bytes);
   } else {
-    p.grads = in.grad_bytes * psi;
-    grads_term = fmt::format("{}Ψ", in.grad_bytes);
+    p.grads = bytes(in.grad_bytes);
+    grads_term = fmt::format("{:.3g}Ψ", in.grad_bytes);
     if (in.accumulator) {
       p.grads += 4 * psi / sharded;
       grads_term += in.stage == 0 ? " + 4Ψ" : " + 4Ψ/N";
     }
   }
   const uint64_t k = 4 + in.state_bytes;
-  const std::string params_term = fmt::format("{}Ψ{}", in.param_bytes, in.stage == 3 ? "/N" : "");
+  const std::string params_term = fmt::format("{:.3g}Ψ{}", in.param_bytes, in.stage == 3 ? "/N" : "");
   const std::string optim_term = fmt::format("{}Ψ{}", k, in.stage == 0 ? "" : "/N");
   if (in.offload_params) {
     p.offload_params = std::exchange(p.params, 0);

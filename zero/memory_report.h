@@ -28,9 +28,9 @@ struct MemoryFormulaInputs {
   int stage = 0;
   int world_size = 1;
   uint64_t numel = 0;          // Ψ: trainable elements
-  uint64_t param_bytes = 2;    // p
-  uint64_t grad_bytes = 2;     // g
-  uint64_t shard_grad_bytes = 0;     // a (stage 2) or the accumulator's bytes when one is kept
+  double param_bytes = 2;      // p (an average where parameters mix dtypes)
+  double grad_bytes = 2;       // g
+  double shard_grad_bytes = 0;       // a (stage 2) or the accumulator's bytes when one is kept
   bool accumulator = false;    // stages 0/1: an fp32 accumulator for reduced micro-step gradients
   uint64_t state_bytes = 8;    // k
   bool offload_optimizer = false;  // master and state in the host tier (OffloadPipeline)

@@ -10,7 +10,7 @@
 
 namespace zero {
 OffloadPipeline::OffloadPipeline(const ApplierInputs& in, const OffloadConfig& config)
-    : model_dtype_(in.model_dtype), layout_(*in.layout), ownership_(*in.ownership), device_(*in.device),
+    : layout_(*in.layout), ownership_(*in.ownership), device_(*in.device),
       config_(config) {
   ZERO_CHECK(config_.host_tracker != nullptr, "the offload tier needs its memory tracker");
   // Planning on a meta device plans the host tier too.
@@ -23,34 +23,40 @@ OffloadPipeline::OffloadPipeline(const ApplierInputs& in, const OffloadConfig& c
   const size_t numel = ownership_.numel();
   master_ = host_->allocate_elements(static_cast<int64_t>(numel), DType::kFloat32, memory::Category::kMasterParams);
   {
-    // The registered values are device memory: bring the owned pieces over once, then widen.
-    const size_t es = dtype_size(in.initial_dtype);
+    // The registered values are device memory: bring the owned pieces over once (each element in
+    // a slot as wide as the widest registered dtype), then widen.
+    size_t es = 1;
+    for (const UpdateTensor& t : in.tensors) es = std::max(es, dtype_size(t.dtype));
     memory::Buffer initial = device_.allocate_host_staging(numel * es, memory::Category::kOffloadHost, *config_.host_tracker);
     memory::Stream& compute = device_.compute_stream();
     for (const OwnedPiece& p : ownership_.pieces()) {
+      const UpdateTensor& t = in.tensors[p.tensor];
       device_.copy(initial.as<char>() + p.opt_offset * es,
-                   static_cast<const char*>(in.tensors[p.tensor].data) + p.tensor_begin * es,
-                   (p.tensor_end - p.tensor_begin) * es, compute);
+                   static_cast<const char*>(t.data) + p.tensor_begin * dtype_size(t.dtype),
+                   (p.tensor_end - p.tensor_begin) * dtype_size(t.dtype), compute);
     }
     device_.synchronize(compute, config_.timeout);
     for (const OwnedPiece& p : ownership_.pieces()) {
-      host_->convert(initial.as<char>() + p.opt_offset * es, in.initial_dtype, master_.as<float>() + p.opt_offset,
-                     DType::kFloat32, p.tensor_end - p.tensor_begin, host_->compute_stream());
+      host_->convert(initial.as<char>() + p.opt_offset * es, in.tensors[p.tensor].dtype,
+                     master_.as<float>() + p.opt_offset, DType::kFloat32, p.tensor_end - p.tensor_begin,
+                     host_->compute_stream());
     }
   }
   // optimizer.num_threads threads, the caller's included, as for the CPU optimizer without offload.
   optimizer_ = make_shard_optimizer(*host_, in.optimizer, numel, optimizer_segments(ownership_, in.tensors), config_.timeout);
 
-  const size_t es = dtype_size(model_dtype_);
-  size_t most = 0;
-  for (size_t b = 0; b < layout_.buckets().size(); ++b) most = std::max(most, ownership_.range(b).len);
+  size_t most = 0, most_bytes = 0;  // the largest owned range, in elements and in its bucket's dtype
+  for (size_t b = 0; b < layout_.buckets().size(); ++b) {
+    most = std::max(most, ownership_.range(b).len);
+    most_bytes = std::max(most_bytes, ownership_.range(b).len * dtype_size(layout_.buckets()[b].dtype));
+  }
   // Gradient shards arrive in the reduce dtype, at most fp32 wide.
   const size_t grad_bytes = most * sizeof(float);
   for (Slot& s : slots_) {
     const auto cat = memory::Category::kOffloadHost;
     memory::MemoryTracker& tier = *config_.host_tracker;
     s.grad = config_.pinned_staging ? device_.allocate_host_staging(grad_bytes, cat, tier) : host_->allocate(grad_bytes, cat);
-    s.params = config_.pinned_staging ? device_.allocate_host_staging(most * es, cat, tier) : host_->allocate(most * es, cat);
+    s.params = config_.pinned_staging ? device_.allocate_host_staging(most_bytes, cat, tier) : host_->allocate(most_bytes, cat);
     s.grad_landed = device_.create_event();
     s.params_sent = device_.create_event();
   }
@@ -121,7 +127,7 @@ void OffloadPipeline::apply(const GradReducer& grads, float grad_scale, ParamWri
     in.grad_dtype = g.dtype;
     in.grad_scale = grad_scale;
     in.model_out = slot.params.data();
-    in.model_dtype = model_dtype_;
+    in.model_dtype = layout_.buckets()[b].dtype;
     {
       ScopedTimer updating(&cpu_s);
       optimizer_->step_range(in, own.opt_begin, own.opt_begin + own.len, host_->compute_stream());
@@ -130,7 +136,8 @@ void OffloadPipeline::apply(const GradReducer& grads, float grad_scale, ParamWri
     void* dst = writeback.owned_out(b, own);
     device_.record(*out_free_, compute);
     device_.wait(*h2d_, *out_free_);
-    time_on(*h2d_, &h2d_s_, [&] { device_.copy(dst, slot.params.data(), own.len * dtype_size(model_dtype_), *h2d_); });
+    const size_t bytes = own.len * dtype_size(in.model_dtype);
+    time_on(*h2d_, &h2d_s_, [&] { device_.copy(dst, slot.params.data(), bytes, *h2d_); });
     device_.record(*slot.params_sent, *h2d_);
     slot.sending = true;
     device_.wait(compute, *slot.params_sent);
@@ -163,9 +170,10 @@ void OffloadPipeline::publish_master(ParamWriteback& writeback) {
   Slot& slot = slots_[0];
   for (size_t b = 0; b < layout_.buckets().size(); ++b) {
     const OwnedRange own = ownership_.range(b);
-    host_->convert(master_.as<float>() + own.opt_begin, DType::kFloat32, slot.params.data(), model_dtype_, own.len,
+    const DType dt = layout_.buckets()[b].dtype;
+    host_->convert(master_.as<float>() + own.opt_begin, DType::kFloat32, slot.params.data(), dt, own.len,
                    host_->compute_stream());
-    device_.copy(writeback.owned_out(b, own), slot.params.data(), own.len * dtype_size(model_dtype_), compute);
+    device_.copy(writeback.owned_out(b, own), slot.params.data(), own.len * dtype_size(dt), compute);
     device_.synchronize(compute, config_.timeout);  // the staging is reused by the next bucket
     writeback.publish(b);
   }

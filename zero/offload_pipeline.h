@@ -61,7 +61,6 @@ class OffloadPipeline final : public UpdateApplier {
   // Copy-stream time, measured on the stream itself: starts and stops a stopwatch in stream order.
   void time_on(memory::Stream& stream, double* total, std::function<void()> work);
 
-  DType model_dtype_;
   const ShardLayout& layout_;
   const ShardOwnership& ownership_;
   memory::Device& device_;

@@ -12,43 +12,38 @@ namespace zero {
 
 ParamGatherer::ParamGatherer(const GathererConfig& config, const ShardLayout& layout,
                              const ShardOwnership& ownership, comm::Communicator& shard_comm,
-                             memory::Device& device, const std::vector<const void*>& initial)
+                             memory::Device& device, const std::vector<RegisteredValues>& initial)
     : config_(config), layout_(layout), comm_(shard_comm), device_(device), order_(device, shard_comm, config.timeout),
       window_(device, memory::Category::kGatherWindow) {
-  const DType dt = config_.model_dtype;
-  const size_t es = dtype_size(dt);
   memory::Stream& compute = device_.compute_stream();
-  const size_t shard_bytes = ownership.numel() * es;
-  if (config_.offload_tracker != nullptr) {
+  const size_t shard_bytes = layout_.shard_bytes();
+  const bool offload = config_.offload_tracker != nullptr;
+  if (offload) {
     shard_ = device_.allocate_host_staging(shard_bytes, memory::Category::kParams, *config_.offload_tracker);
     h2d_ = device_.create_stream("parameter offload h2d");
     slot_free_ = device_.create_event();
   } else {
     shard_ = device_.allocate(shard_bytes, memory::Category::kParams);
   }
-  if (config_.initial_dtype == dt) {
-    for (const OwnedPiece& p : ownership.pieces()) {
-      device_.copy(static_cast<char*>(shard_.data()) + p.opt_offset * es,
-                   static_cast<const char*>(initial[p.tensor]) + p.tensor_begin * es,
-                   (p.tensor_end - p.tensor_begin) * es, compute);
+  // The registered values, each piece converted to its bucket's dtype where that differs
+  // (param_dtype) on the device, then copied to the host shard with parameter offload.
+  memory::Buffer narrowed;
+  for (const OwnedPiece& p : ownership.pieces()) {
+    const DType dt = layout_.buckets()[p.bucket].dtype;
+    const RegisteredValues& in = initial[p.tensor];
+    const char* src = static_cast<const char*>(in.data) + p.tensor_begin * dtype_size(in.dtype);
+    const size_t at = layout_.shard_bytes(p.bucket, p.opt_offset), n = p.tensor_end - p.tensor_begin;
+    char* dst = shard_.as<char>() + at;
+    if (in.dtype == dt) {
+      device_.copy(dst, src, n * dtype_size(dt), compute);
+      continue;
     }
-  } else {
-    // param_dtype: the registered values narrowed on the device (then copied to the host shard with
-    // parameter offload).
-    memory::Buffer narrowed;
-    if (config_.offload_tracker != nullptr) narrowed = device_.allocate(shard_bytes, memory::Category::kOther);
-    char* to = static_cast<char*>(narrowed.empty() ? shard_.data() : narrowed.data());
-    const size_t initial_es = dtype_size(config_.initial_dtype);
-    for (const OwnedPiece& p : ownership.pieces()) {
-      device_.convert(static_cast<const char*>(initial[p.tensor]) + p.tensor_begin * initial_es, config_.initial_dtype,
-                      to + p.opt_offset * es, dt, p.tensor_end - p.tensor_begin, compute);
-    }
-    if (!narrowed.empty()) {
-      device_.copy(shard_.data(), narrowed.data(), shard_bytes, compute);
-      device_.synchronize(compute, config_.timeout);  // before `narrowed` is freed
-    }
+    if (offload && narrowed.empty()) narrowed = device_.allocate(shard_bytes, memory::Category::kOther);
+    device_.convert(src, in.dtype, offload ? narrowed.as<char>() + at : dst, dt, n, compute);
+    if (offload) device_.copy(dst, narrowed.as<char>() + at, n * dtype_size(dt), compute);
   }
-  const size_t largest = layout_.max_bucket_padded() * es;
+  if (!narrowed.empty()) device_.synchronize(compute, config_.timeout);  // before `narrowed` is freed
+  const size_t largest = layout_.max_bucket_bytes();
   cap_ = config_.max_live_bytes ? config_.max_live_bytes : 2 * largest;
   if (cap_ < largest) {
     ZERO_THROW(InvalidArgument,
@@ -89,11 +84,13 @@ ParamGatherer::~ParamGatherer() {
   }
 }
 
-size_t ParamGatherer::unit_bytes(size_t b) const { return layout_.buckets()[b].padded * dtype_size(config_.model_dtype); }
+size_t ParamGatherer::unit_bytes(size_t b) const { return layout_.bucket_bytes(b); }
 
 std::string ParamGatherer::unit_label(size_t b, GatherUse use) const {
   const char* what = use == GatherUse::kBackward ? "backward" : use == GatherUse::kForward ? "forward" : "evaluation";
-  return fmt::format("unit {} {}", layout_.buckets()[b].unit, what);
+  const auto& B = layout_.buckets()[b];
+  if (layout_.mixed_dtypes()) return fmt::format("unit {} {} ({} part)", B.unit, what, dtype_name(B.dtype));
+  return fmt::format("unit {} {}", B.unit, what);
 }
 
 std::string ParamGatherer::entry_label(int64_t entry) const {
@@ -163,13 +160,13 @@ bool ParamGatherer::make_prefetch_room(size_t bytes, const std::vector<size_t>& 
 void ParamGatherer::issue(size_t b, GatherUse use, bool ahead) {
   Unit& u = units_[b];
   const auto& B = layout_.buckets()[b];
-  const size_t es = dtype_size(config_.model_dtype);
+  const size_t es = dtype_size(B.dtype);
   memory::Stream& compute = device_.compute_stream();
   u.data = window_.take(unit_bytes(b), compute);
   u.use = use;
   u.issued = ++clock_;
   char* full = static_cast<char*>(u.data.data());
-  const char* send = static_cast<const char*>(shard_.data()) + B.shard_offset * es;
+  const char* send = shard_.as<char>() + B.shard_bytes;
   if (h2d_) {
     // Parameter offload: the chunk comes over into its own place in the buffer (in place all-gather)
     // once the compute stream is done with the buffer's previous unit and with the update that wrote
@@ -188,7 +185,7 @@ void ParamGatherer::issue(size_t b, GatherUse use, bool ahead) {
   // units of the same size) fail with the communicator's mismatch error, which names each rank's
   // unit, before any data is used.
   comm::CallLabel label(comm_, unit_label(b, use));
-  u.work = comm_.all_gather(send, full, B.chunk, config_.model_dtype);
+  u.work = comm_.all_gather(send, full, B.chunk, B.dtype);
   if (StepTimings* t = timings()) {
     t->gathered_bytes += B.padded * es;
     if (ahead) t->prefetched_bytes += B.padded * es;
@@ -264,6 +261,11 @@ void* ParamGatherer::acquire(size_t b, GatherUse use) {
   return u.data.data();
 }
 
+void* ParamGatherer::gathered(size_t b) {
+  ZERO_CHECK(resident(b) && units_[b].users > 0, "unit bucket {} read outside a scope", b);
+  return units_[b].data.data();
+}
+
 void ParamGatherer::release(size_t b, GatherUse use) {
   Unit& u = units_[b];
   ZERO_CHECK(resident(b) && u.users > 0, "release of unit bucket {} that no scope holds", b);
@@ -291,14 +293,16 @@ void ParamGatherer::prefetch() {
   const Follow& f = evaluating_ ? evaluation_ : training_;
   if (!order_agreed_ || f.on_demand) return;
   const std::vector<int64_t>& order = *f.order;
-  size_t ahead = 0, ahead_bytes = 0;
+  size_t ahead = 0, ahead_bytes = 0;  // units (a unit of two dtypes is two buckets) and their bytes
+  int ahead_unit = -1;
   // The units asked for before the one prefetched stay: evicting one (a kept unit may well be the
   // next one) would trade a gather needed now for one needed later.
   std::vector<size_t> sooner;
   for (size_t p = f.position; p < order.size(); ++p) {
     const size_t b = static_cast<size_t>(order[p] / 2);
     if (std::find(sooner.begin(), sooner.end(), b) != sooner.end()) continue;
-    ++ahead;
+    if (layout_.buckets()[b].unit != ahead_unit) ++ahead;
+    ahead_unit = layout_.buckets()[b].unit;
     ahead_bytes += unit_bytes(b);
     if (config_.prefetch_bytes == 0 ? ahead > 1 : ahead_bytes > config_.prefetch_bytes) break;
     sooner.push_back(b);

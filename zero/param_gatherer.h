@@ -3,10 +3,11 @@
 // holds whole units while their scopes run.
 //
 // Each unit is one bucket of the layout (ShardLayout unit_buckets): one flat parameter in N equal
-// padded chunks, all-gathered in one collective into a buffer of its own size. The window is a
-// BufferCache (memory/buffer_cache.h): each unit's buffer a range of one slab, reserved at the
-// window's limit (or every unit, when they all fit in less) and placed as planned from the first
-// steps' trace. What is live:
+// padded chunks, all-gathered in one collective into a buffer of its own size. (A unit whose
+// parameters have two dtypes is two buckets, one gather each; prefetch counts units, not buckets.)
+// The window is a BufferCache (memory/buffer_cache.h): each unit's buffer a range of one slab,
+// reserved at the window's limit (or every unit, when they all fit in less) and placed as planned
+// from the first steps' trace. What is live:
 //
 //   the units whose scopes are open
 //   + the units prefetched ahead of use (within EngineOptions.prefetch_bytes)
@@ -56,9 +57,14 @@
 
 namespace zero {
 
+// A tensor's registered values, read once for the shard (converted to its layout dtype, the one the
+// shard and the gathered units hold: param_dtype).
+struct RegisteredValues {
+  const void* data = nullptr;
+  DType dtype = DType::kFloat32;
+};
+
 struct GathererConfig {
-  DType model_dtype = DType::kFloat32;    // the shard's and the gathered units' (param_dtype)
-  DType initial_dtype = DType::kFloat32;  // the registered values' (converted into the shard once)
   bool reshard_after_forward = true;
   size_t prefetch_bytes = 0;           // 0: one unit ahead
   size_t max_live_bytes = 0;           // 0: two of the largest unit
@@ -78,24 +84,27 @@ enum class GatherUse { kForward, kBackward, kEvaluation };
 
 class ParamGatherer {
  public:
-  // `initial` holds each layout tensor's registered values (initial_dtype), read once for the shard.
+  // `initial` holds each layout tensor's registered values, read once for the shard.
   // Throws InvalidArgument naming EngineOptions.max_live_gathered_bytes when the window cannot hold
   // the largest unit.
   ParamGatherer(const GathererConfig& config, const ShardLayout& layout, const ShardOwnership& ownership,
-                comm::Communicator& shard_comm, memory::Device& device, const std::vector<const void*>& initial);
+                comm::Communicator& shard_comm, memory::Device& device, const std::vector<RegisteredValues>& initial);
   ~ParamGatherer();
   ParamGatherer(const ParamGatherer&) = delete;
   ParamGatherer& operator=(const ParamGatherer&) = delete;
 
   // Unit `b` (a bucket index) is gathered and stays until release(b): returns its full parameters
-  // (model dtype, indexed from the bucket's flat start), valid until then.
+  // (the bucket's dtype, indexed from its flat start), valid until then.
   void* acquire(size_t b, GatherUse use);
   void release(size_t b, GatherUse use);
+  // Unit `b`'s gathered parameters, between acquire(b) and release(b).
+  void* gathered(size_t b);
   // Evaluation passes between (or inside) training steps: scopes opened with GatherUse::kEvaluation
   // follow the recorded forward order; ending restores the training step's place in its order.
   void begin_evaluation();
   void end_evaluation();
-  // The rank's parameter shard (model dtype) in optimizer-space order: where the update writes.
+  // The rank's parameter shard in optimizer-space order, each bucket's chunk in its dtype
+  // (ShardLayout::shard_bytes): where the update writes.
   // Host memory with parameter offload.
   void* shard() { return shard_.data(); }
   // After the update: every gathered copy is stale. Closes the first step's order recording (a

@@ -64,8 +64,8 @@ class Rig {
       for (size_t e = 0; e < v.size(); ++e) v[e] = value(u, e);
       initial_.push_back(std::move(v));
     }
-    std::vector<const void*> initial;
-    for (const auto& v : initial_) initial.push_back(v.data());
+    std::vector<RegisteredValues> initial;
+    for (const auto& v : initial_) initial.push_back({v.data(), DType::kFloat32});
     config.timings = &timings_;
     config.timeout = 20s;
     ownership_ = std::make_unique<ShardOwnership>(ShardOwnership::sharded(layout_, comm.rank()));

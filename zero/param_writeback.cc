@@ -7,10 +7,10 @@
 namespace zero {
 namespace {
 
-// Copies bucket b (model dtype, bucket-relative) into the tensors it overlaps.
+// Copies bucket b (its dtype, bucket-relative) into the tensors it overlaps.
 void scatter_to_params(memory::Device& device, const WritebackTarget& t, size_t b, const void* bucket) {
   const auto& B = t.layout->buckets()[b];
-  const size_t es = dtype_size(t.model_dtype);
+  const size_t es = dtype_size(B.dtype);
   for (size_t i = B.first_tensor; i < B.end_tensor; ++i) {
     const auto& T = t.layout->tensors()[i];
     const size_t lo = std::max(T.offset, B.offset), hi = std::min(T.offset + T.numel, B.offset + B.numel);
@@ -21,12 +21,12 @@ void scatter_to_params(memory::Device& device, const WritebackTarget& t, size_t 
 
 // The owned range's place in a bucket-sized buffer.
 void* in_bucket(const WritebackTarget& t, size_t b, void* buf, const OwnedRange& own) {
-  return static_cast<char*>(buf) + (own.flat_begin - t.layout->buckets()[b].offset) * dtype_size(t.model_dtype);
+  const auto& B = t.layout->buckets()[b];
+  return static_cast<char*>(buf) + (own.flat_begin - B.offset) * dtype_size(B.dtype);
 }
 
 memory::Buffer bucket_buffer(memory::Device& device, const WritebackTarget& t) {
-  return device.allocate_elements(static_cast<int64_t>(t.layout->max_bucket_padded()), t.model_dtype,
-                                  memory::Category::kCommBuffer);
+  return device.allocate(t.layout->max_bucket_bytes(), memory::Category::kCommBuffer);
 }
 
 class LocalWriteback final : public ParamWriteback {
@@ -68,13 +68,12 @@ class GatherWriteback final : public ParamWriteback {
   }
   void publish(size_t b) override {
     Slot& s = slots_[b % 2];
-    const size_t chunk = target_.layout->buckets()[b].chunk;
-    const size_t es = dtype_size(target_.model_dtype);
-    void* mine = static_cast<char*>(s.buf.data()) + static_cast<size_t>(comm_.rank()) * chunk * es;
+    const auto& B = target_.layout->buckets()[b];
+    void* mine = static_cast<char*>(s.buf.data()) + static_cast<size_t>(comm_.rank()) * B.chunk * dtype_size(B.dtype);
     order_.before_issue(device_.compute_stream());
-    s.work = comm_.all_gather(mine, s.buf.data(), chunk, target_.model_dtype);
+    s.work = comm_.all_gather(mine, s.buf.data(), B.chunk, B.dtype);
     s.bucket = b;
-    if (timings_) timings_->gathered_bytes += target_.layout->buckets()[b].padded * es;
+    if (timings_) timings_->gathered_bytes += target_.layout->bucket_bytes(b);
   }
   void finish() override {
     for (auto& s : slots_) drain(s);
@@ -106,20 +105,20 @@ class GatherWriteback final : public ParamWriteback {
 
 class ShardWriteback final : public ParamWriteback {
  public:
-  ShardWriteback(void* shard, DType dtype) : shard_(static_cast<char*>(shard)), es_(dtype_size(dtype)) {}
-  void* owned_out(size_t, const OwnedRange& own) override { return shard_ + own.opt_begin * es_; }
+  ShardWriteback(void* shard, const ShardLayout& layout) : shard_(static_cast<char*>(shard)), layout_(layout) {}
+  void* owned_out(size_t b, const OwnedRange& own) override { return shard_ + layout_.shard_bytes(b, own.opt_begin); }
   void publish(size_t) override {}
   void finish() override {}
 
  private:
   char* shard_;
-  size_t es_;
+  const ShardLayout& layout_;
 };
 
 }  // namespace
 
-std::unique_ptr<ParamWriteback> make_shard_writeback(void* shard, DType model_dtype) {
-  return std::make_unique<ShardWriteback>(shard, model_dtype);
+std::unique_ptr<ParamWriteback> make_shard_writeback(void* shard, const ShardLayout& layout) {
+  return std::make_unique<ShardWriteback>(shard, layout);
 }
 
 std::unique_ptr<ParamWriteback> make_local_writeback(memory::Device& device, WritebackTarget target) {

@@ -58,7 +58,6 @@ struct Params {
   Params(const ShardLayout& layout, DType dtype) {
     for (size_t n : kNumels) storage.emplace_back(n * dtype_size(dtype), char{0x7f});
     target.layout = &layout;
-    target.model_dtype = dtype;
     for (auto& s : storage) target.tensor_data.push_back(s.data());
   }
 };
@@ -70,7 +69,7 @@ TEST_CASE("local writeback: one rank owning every bucket") {
     CAPTURE(dtype_name(dtype));
     memory::MemoryTracker tracker;
     auto device = memory::make_host_device(tracker);
-    const ShardLayout layout(kNumels, 1, kLayout);
+    const ShardLayout layout(kNumels, 1, kLayout, {}, {}, std::vector<DType>(kNumels.size(), dtype));
     const ShardOwnership own = ShardOwnership::replicated(layout);
     Params p(layout, dtype);
     auto wb = make_local_writeback(*device, p.target);
@@ -89,7 +88,7 @@ TEST_CASE("gather writeback: every rank's tensors get every rank's chunks") {
         memory::HostDeviceOptions threaded;
         threaded.threaded_streams = true;
         auto device = memory::make_host_device(tracker, threaded);
-        const ShardLayout layout(kNumels, comm.size(), kLayout);
+        const ShardLayout layout(kNumels, comm.size(), kLayout, {}, {}, std::vector<DType>(kNumels.size(), dtype));
         const ShardOwnership own = ShardOwnership::sharded(layout, comm.rank());
         Params p(layout, dtype);
         StepTimings timings;
@@ -110,7 +109,7 @@ TEST_CASE("shard writeback: new values land in the rank's shard in optimizer-spa
   for (int rank : {0, 1}) {
     const ShardOwnership own = ShardOwnership::sharded(layout, rank);
     std::vector<float> shard(own.numel(), -1.0f);
-    auto wb = make_shard_writeback(shard.data(), DType::kFloat32);
+    auto wb = make_shard_writeback(shard.data(), layout);
     write_all(*wb, layout, own, DType::kFloat32);
     for (size_t b = 0; b < layout.buckets().size(); ++b) {
       const OwnedRange r = own.range(b);

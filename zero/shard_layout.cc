@@ -14,7 +14,7 @@ size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
 ShardLayout::ShardLayout(const std::vector<size_t>& tensor_numels, int world_size,
                          const ShardLayoutOptions& options, const std::vector<int>& tensor_units,
-                         const std::vector<bool>& starts_block)
+                         const std::vector<bool>& starts_block, const std::vector<DType>& tensor_dtypes)
     : world_size_(world_size), options_(options) {
   if (world_size < 1) ZERO_THROW(InvalidArgument, "ShardLayout: world_size must be >= 1, got {}", world_size);
   if (options.alignment == 0) ZERO_THROW(InvalidArgument, "ShardLayoutOptions.alignment must be > 0");
@@ -36,8 +36,14 @@ ShardLayout::ShardLayout(const std::vector<size_t>& tensor_numels, int world_siz
     ZERO_THROW(InvalidArgument, "ShardLayout: {} block starts for {} tensors", starts_block.size(),
                tensor_numels.size());
   }
+  if (!tensor_dtypes.empty() && tensor_dtypes.size() != tensor_numels.size()) {
+    ZERO_THROW(InvalidArgument, "ShardLayout: {} tensor dtypes for {} tensors", tensor_dtypes.size(),
+               tensor_numels.size());
+  }
   auto unit_of = [&](size_t t) { return tensor_units.empty() ? 0 : tensor_units[t]; };
   auto own_block = [&](size_t t) { return !starts_block.empty() && starts_block[t]; };
+  // Whether tensor t's dtype differs from the one before it: it starts a bucket (the top comment).
+  auto new_dtype = [&](size_t t) { return !tensor_dtypes.empty() && t > 0 && tensor_dtypes[t] != tensor_dtypes[t - 1]; };
   std::set<int> finished_units;
   for (size_t t = 0; t < tensor_numels.size(); ++t) {
     if (tensor_numels[t] == 0) ZERO_THROW(InvalidArgument, "ShardLayout: tensor {} has zero elements", t);
@@ -51,11 +57,12 @@ ShardLayout::ShardLayout(const std::vector<size_t>& tensor_numels, int world_siz
   }
 
   if (options.whole_tensors) {
-    lay_out_whole_tensors(tensor_numels, tensor_units);
+    lay_out_whole_tensors(tensor_numels, tensor_units, tensor_dtypes);
+    set_dtypes(tensor_dtypes);
     return;
   }
   if (options.unit_buckets) {
-    // One padded bucket per unit, back to back.
+    // One padded bucket per unit (per dtype of the unit), back to back.
     size_t offset = 0, shard_offset = 0;
     for (size_t t = 0; t < tensor_numels.size();) {
       Bucket b;
@@ -63,7 +70,7 @@ ShardLayout::ShardLayout(const std::vector<size_t>& tensor_numels, int world_siz
       b.first_tensor = t;
       b.unit = unit_of(t);
       size_t end = offset;
-      for (; t < tensor_numels.size() && unit_of(t) == b.unit; ++t) {
+      for (; t < tensor_numels.size() && unit_of(t) == b.unit && (t == b.first_tensor || !new_dtype(t)); ++t) {
         end = round_up(end, own_block(t) ? options.block : options.alignment);
         tensors_.push_back({tensor_numels[t], end});
         end += tensor_numels[t];
@@ -79,39 +86,59 @@ ShardLayout::ShardLayout(const std::vector<size_t>& tensor_numels, int world_siz
     }
     total_numel_ = tensors_.empty() ? 0 : tensors_.back().offset + tensors_.back().numel;
     padded_numel_ = offset;
+    set_dtypes(tensor_dtypes);
     return;
   }
 
-  size_t offset = 0;
-  tensors_.reserve(tensor_numels.size());
-  for (size_t i = 0; i < tensor_numels.size(); ++i) {
-    const bool new_unit = i > 0 && unit_of(i) != unit_of(i - 1);
-    offset = round_up(offset, new_unit || own_block(i) ? options.block : options.alignment);
-    tensors_.push_back({tensor_numels[i], offset});
-    offset += tensor_numels[i];
-  }
-  total_numel_ = offset;
-
-  // Every bucket but the last is exactly `capacity` long, so no padding sits between buckets.
+  // Segments of one dtype (the whole model when there is one), each cut into buckets of exactly
+  // `capacity` but its last, so that padding sits only at a segment's end.
   const size_t capacity = round_up(options.bucket_numel, quantum);
-  size_t t = 0;
+  tensors_.reserve(tensor_numels.size());
   size_t shard_offset = 0;
-  for (size_t start = 0; start < total_numel_; start += capacity) {
-    Bucket b;
-    b.offset = start;
-    b.numel = std::min(capacity, total_numel_ - start);
-    b.padded = round_up(b.numel, quantum);
-    b.chunk = b.padded / world_size;
-    b.shard_offset = shard_offset;
-    shard_offset += b.chunk;
-    // Tensors overlapping [start, start + numel).
-    while (t < tensors_.size() && tensors_[t].offset + tensors_[t].numel <= start) ++t;
-    b.first_tensor = t;
-    size_t e = t;
-    while (e < tensors_.size() && tensors_[e].offset < start + b.numel) ++e;
-    b.end_tensor = e;
-    buckets_.push_back(b);
-    padded_numel_ += b.padded;
+  for (size_t first = 0; first < tensor_numels.size();) {
+    const size_t segment = padded_numel_;
+    size_t offset = segment;
+    size_t end = first;
+    for (; end < tensor_numels.size() && (end == first || !new_dtype(end)); ++end) {
+      const bool new_unit = end > 0 && unit_of(end) != unit_of(end - 1);
+      offset = round_up(offset, new_unit || own_block(end) ? options.block : options.alignment);
+      tensors_.push_back({tensor_numels[end], offset});
+      offset += tensor_numels[end];
+    }
+    total_numel_ = offset;
+    size_t t = first;
+    for (size_t start = segment; start < offset; start += capacity) {
+      Bucket b;
+      b.offset = start;
+      b.numel = std::min(capacity, offset - start);
+      b.padded = round_up(b.numel, quantum);
+      b.chunk = b.padded / world_size;
+      b.shard_offset = shard_offset;
+      shard_offset += b.chunk;
+      // Tensors overlapping [start, start + numel).
+      while (t < end && tensors_[t].offset + tensors_[t].numel <= start) ++t;
+      b.first_tensor = t;
+      size_t e = t;
+      while (e < end && tensors_[e].offset < start + b.numel) ++e;
+      b.end_tensor = e;
+      buckets_.push_back(b);
+      padded_numel_ += b.padded;
+    }
+    first = end;
+  }
+  set_dtypes(tensor_dtypes);
+}
+
+void ShardLayout::set_dtypes(const std::vector<DType>& tensor_dtypes) {
+  for (size_t t = 0; t < tensor_dtypes.size(); ++t) tensors_[t].dtype = tensor_dtypes[t];
+  for (Bucket& b : buckets_) {
+    if (b.first_tensor < b.end_tensor) b.dtype = tensors_[b.first_tensor].dtype;
+    for (size_t t = b.first_tensor; t < b.end_tensor; ++t) ZERO_CHECK(tensors_[t].dtype == b.dtype, "a bucket mixes dtypes");
+    b.bytes = padded_bytes_;
+    b.shard_bytes = shard_bytes_;
+    padded_bytes_ += b.padded * dtype_size(b.dtype);
+    shard_bytes_ += b.chunk * dtype_size(b.dtype);
+    mixed_dtypes_ = mixed_dtypes_ || b.dtype != buckets_.front().dtype;
   }
 }
 
@@ -149,7 +176,8 @@ size_t balanced_runs(const std::vector<size_t>& blocks, size_t runs, std::vector
 
 }  // namespace
 
-void ShardLayout::lay_out_whole_tensors(const std::vector<size_t>& tensor_numels, const std::vector<int>& tensor_units) {
+void ShardLayout::lay_out_whole_tensors(const std::vector<size_t>& tensor_numels, const std::vector<int>& tensor_units,
+                                        const std::vector<DType>& tensor_dtypes) {
   const size_t block = options_.block;
   const size_t world = static_cast<size_t>(world_size_);
   auto unit_of = [&](size_t t) { return tensor_units.empty() ? 0 : tensor_units[t]; };
@@ -164,6 +192,7 @@ void ShardLayout::lay_out_whole_tensors(const std::vector<size_t>& tensor_numels
     // ranks pads as much (5.3%) and its bucket buffers double (zero_plan --whole-tensors).
     size_t end = t + 1, numel = blocks_of(t) * block, largest = numel;
     auto more = [&] {
+      if (!tensor_dtypes.empty() && tensor_dtypes[end] != tensor_dtypes[t]) return false;
       if (options_.unit_buckets) return unit_of(end) == unit_of(t);
       return numel < options_.bucket_numel || numel < world * largest;
     };
@@ -206,6 +235,24 @@ size_t ShardLayout::max_bucket_padded() const {
   size_t m = 0;
   for (const Bucket& b : buckets_) m = std::max(m, b.padded);
   return m;
+}
+
+size_t ShardLayout::max_bucket_bytes() const {
+  size_t m = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) m = std::max(m, bucket_bytes(b));
+  return m;
+}
+
+size_t ShardLayout::flat_bytes(size_t b, size_t flat) const {
+  const Bucket& B = buckets_[b];
+  ZERO_CHECK(flat >= B.offset && flat <= B.offset + B.padded, "flat offset {} outside bucket {}", flat, b);
+  return B.bytes + (flat - B.offset) * dtype_size(B.dtype);
+}
+
+size_t ShardLayout::shard_bytes(size_t b, size_t shard) const {
+  const Bucket& B = buckets_[b];
+  ZERO_CHECK(shard >= B.shard_offset && shard <= B.shard_offset + B.chunk, "shard offset {} outside bucket {}", shard, b);
+  return B.shard_bytes + (shard - B.shard_offset) * dtype_size(B.dtype);
 }
 
 size_t ShardLayout::chunk_begin(size_t bucket, int rank) const {
@@ -253,8 +300,9 @@ std::string ShardLayout::describe() const {
                               tensors_.size(), total_numel_, padded_numel_, world_size_, buckets_.size());
   for (size_t i = 0; i < buckets_.size(); ++i) {
     const Bucket& b = buckets_[i];
-    s += fmt::format("  bucket {}: flat [{}, {}) padded {} chunk {} tensors [{}, {})\n", i, b.offset,
-                     b.offset + b.numel, b.padded, b.chunk, b.first_tensor, b.end_tensor);
+    s += fmt::format("  bucket {}: flat [{}, {}) padded {} chunk {} tensors [{}, {}){}\n", i, b.offset,
+                     b.offset + b.numel, b.padded, b.chunk, b.first_tensor, b.end_tensor,
+                     mixed_dtypes_ ? fmt::format(" {}", dtype_name(b.dtype)) : "");
   }
   return s;
 }

@@ -40,6 +40,8 @@
 #include <string>
 #include <vector>
 
+#include "base/dtype.h"
+
 namespace zero {
 
 struct ShardLayoutOptions {
@@ -55,6 +57,7 @@ class ShardLayout {
   struct Tensor {
     size_t numel = 0;
     size_t offset = 0;  // flat offset
+    DType dtype = DType::kFloat32;
   };
   struct Bucket {
     size_t offset = 0;  // flat offset of the bucket
@@ -65,6 +68,9 @@ class ShardLayout {
     size_t first_tensor = 0;  // tensors [first_tensor, end_tensor) overlap this bucket
     size_t end_tensor = 0;
     int unit = -1;            // with unit_buckets: the unit this bucket holds
+    DType dtype = DType::kFloat32;  // every tensor's in the bucket
+    size_t bytes = 0;         // where the bucket starts in a flat buffer of the tensors' own dtypes
+    size_t shard_bytes = 0;   // where its chunk starts in such a shard
   };
   // A piece of a tensor inside one rank's shard.
   struct Piece {
@@ -81,9 +87,11 @@ class ShardLayout {
   // `tensor_units`, when given, holds each tensor's unit; a unit's tensors must be consecutive.
   // `starts_block`, when given, marks tensors that start on a block even inside a unit (tensor
   // parallelism: no block mixes tensors counted once in the norm with tensors every rank counts).
+  // `tensor_dtypes`, when given, holds each tensor's dtype (the one its gradients and gathered values
+  // take); otherwise every tensor is fp32.
   ShardLayout(const std::vector<size_t>& tensor_numels, int world_size,
               const ShardLayoutOptions& options = {}, const std::vector<int>& tensor_units = {},
-              const std::vector<bool>& starts_block = {});
+              const std::vector<bool>& starts_block = {}, const std::vector<DType>& tensor_dtypes = {});
 
   int world_size() const { return world_size_; }
   const ShardLayoutOptions& options() const { return options_; }
@@ -93,6 +101,16 @@ class ShardLayout {
   size_t padded_numel() const { return padded_numel_; }  // sum of padded bucket lengths
   size_t shard_numel() const { return padded_numel_ / world_size_; }  // every rank's shard length
   size_t max_bucket_padded() const;
+  // Bytes, each bucket in its dtype: the padded flat space, a shard, bucket b padded, the largest.
+  size_t padded_bytes() const { return padded_bytes_; }
+  size_t shard_bytes() const { return shard_bytes_; }
+  size_t bucket_bytes(size_t b) const { return buckets_[b].padded * dtype_size(buckets_[b].dtype); }
+  size_t max_bucket_bytes() const;
+  // Byte offsets of flat element `flat` (in bucket b) in a flat buffer, and of shard element
+  // `shard` (in bucket b's chunk) in a shard, each bucket in its dtype.
+  size_t flat_bytes(size_t b, size_t flat) const;
+  size_t shard_bytes(size_t b, size_t shard) const;
+  bool mixed_dtypes() const { return mixed_dtypes_; }
 
   // Flat range [begin, end) of rank r inside bucket b.
   size_t chunk_begin(size_t bucket, int rank) const;
@@ -109,13 +127,19 @@ class ShardLayout {
 
  private:
   // The whole_tensors layout of the tensors (see the top comment).
-  void lay_out_whole_tensors(const std::vector<size_t>& tensor_numels, const std::vector<int>& tensor_units);
+  void lay_out_whole_tensors(const std::vector<size_t>& tensor_numels, const std::vector<int>& tensor_units,
+                             const std::vector<DType>& tensor_dtypes);
+  // Each tensor's and bucket's dtype, and the buckets' byte offsets.
+  void set_dtypes(const std::vector<DType>& tensor_dtypes);
   int world_size_ = 1;
   ShardLayoutOptions options_;
   std::vector<Tensor> tensors_;
   std::vector<Bucket> buckets_;
   size_t total_numel_ = 0;
   size_t padded_numel_ = 0;
+  size_t padded_bytes_ = 0;
+  size_t shard_bytes_ = 0;
+  bool mixed_dtypes_ = false;
 };
 
 }  // namespace zero

@@ -225,6 +225,66 @@ TEST_CASE("units start on a block; unit buckets hold one unit each; the data's b
   CHECK_THROWS_WITH_AS(ShardLayout(numels, 2, ub), doctest::Contains("needs each tensor's unit"), InvalidArgument);
 }
 
+TEST_CASE("dtypes: a bucket holds one dtype, bytes add each bucket in its own, and the data's blocks stay") {
+  const std::vector<size_t> numels{100, 7, 300, 33, 1, 500};
+  const std::vector<int> units{4, 4, 9, 9, 9, 2};
+  const DType bf16 = DType::kBFloat16, fp32 = DType::kFloat32;
+  const std::vector<DType> dtypes{bf16, fp32, bf16, bf16, fp32, fp32};
+  const ShardLayoutOptions base{.alignment = 4, .bucket_numel = 128, .block = 16};
+  const auto reference = data_blocks(ShardLayout(numels, 1, base, units, {}, dtypes));
+  for (int n : {1, 2, 3, 4}) {
+    for (bool unit_buckets : {false, true}) {
+      for (bool whole : {false, true}) {
+        CAPTURE(n);
+        CAPTURE(unit_buckets);
+        CAPTURE(whole);
+        ShardLayoutOptions o = base;
+        o.unit_buckets = unit_buckets;
+        o.whole_tensors = whole;
+        const ShardLayout l(numels, n, o, units, {}, dtypes);
+        CHECK(l.mixed_dtypes());
+        size_t bytes = 0, shard_bytes = 0;
+        for (size_t b = 0; b < l.buckets().size(); ++b) {
+          const ShardLayout::Bucket& B = l.buckets()[b];
+          for (size_t t = B.first_tensor; t < B.end_tensor; ++t) CHECK(dtypes[t] == B.dtype);
+          CHECK(B.bytes == bytes);
+          CHECK(B.shard_bytes == shard_bytes);
+          CHECK(l.bucket_bytes(b) == B.padded * dtype_size(B.dtype));
+          bytes += B.padded * dtype_size(B.dtype);
+          shard_bytes += B.chunk * dtype_size(B.dtype);
+        }
+        CHECK(l.padded_bytes() == bytes);
+        CHECK(l.shard_bytes() == shard_bytes);
+        for (size_t t = 0; t < numels.size(); ++t) {
+          const auto [first, last] = l.buckets_of_tensor(t);
+          const ShardLayout::Bucket& B = l.buckets()[first];
+          CHECK(l.tensors()[t].dtype == dtypes[t]);
+          CHECK(l.flat_bytes(first, l.tensors()[t].offset) == B.bytes + (l.tensors()[t].offset - B.offset) * dtype_size(dtypes[t]));
+          // A dtype change starts a bucket, at every stage and world size.
+          if (t > 0 && dtypes[t] != dtypes[t - 1]) {
+            CHECK(B.first_tensor == t);
+            CHECK(B.offset == l.tensors()[t].offset);
+          }
+        }
+        if (unit_buckets) {
+          REQUIRE(l.buckets().size() == 5);  // unit 4: bf16, fp32; unit 9: bf16, fp32; unit 2: fp32
+          CHECK(l.buckets()[2].unit == 9);
+          CHECK(l.buckets()[3].unit == 9);
+          CHECK(l.buckets()[3].dtype == fp32);
+        }
+        if (!whole) CHECK(data_blocks(l) == reference);
+      }
+    }
+  }
+  CHECK_THROWS_WITH_AS(ShardLayout(numels, 2, base, units, {}, {bf16}), doctest::Contains("1 tensor dtypes for 6 tensors"),
+                       InvalidArgument);
+  // One dtype: the bytes are the elements times its size.
+  const ShardLayout one(numels, 2, base, units, {}, std::vector<DType>(numels.size(), bf16));
+  CHECK(!one.mixed_dtypes());
+  CHECK(one.padded_bytes() == 2 * one.padded_numel());
+  CHECK(one.shard_bytes() == 2 * one.shard_numel());
+}
+
 TEST_CASE("whole tensors: each tensor in one rank's chunk, on its own blocks, the largest run as small as it can be") {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 200; ++trial) {

@@ -39,7 +39,7 @@ Result one_step(comm::Communicator& comm, bool sharded, float g, float max_norm,
   const ShardOwnership own = sharded ? ShardOwnership::sharded(layout, comm.rank()) : ShardOwnership::replicated(layout);
   Result res;
   std::vector<UpdateTensor> tensors;
-  WritebackTarget target{&layout, {}, DType::kFloat32};
+  WritebackTarget target{&layout, {}};
   for (size_t t = 0; t < kNumels.size(); ++t) {
     res.params.emplace_back(kNumels[t], 1.0f);
     tensors.push_back({"t" + std::to_string(t), 0, res.params.back().data()});
@@ -52,7 +52,7 @@ Result one_step(comm::Communicator& comm, bool sharded, float g, float max_norm,
   optim::OptimizerOptions oo;
   oo.kind = optim::OptimizerKind::kSgd;
   oo.groups = {optim::Hyper{.lr = 0.5f}};
-  const ApplierInputs ai{DType::kFloat32, DType::kFloat32, oo, &layout, &own, device.get(), tensors};
+  const ApplierInputs ai{oo, &layout, &own, device.get(), tensors};
   std::unique_ptr<UpdateApplier> applier;
   if (offload != Offload::kNone) {
     applier = std::make_unique<OffloadPipeline>(

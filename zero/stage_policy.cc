@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <set>
 
 #include "base/check.h"
 #include "base/logging.h"
@@ -14,69 +15,80 @@ namespace {
 // Stage 3: the registered storage stops being the parameter (the shard is), so it is filled with
 // NaN: a loop that reads it outside a scope (an evaluation written the obvious way) sees NaN at
 // once instead of training or evaluating against the initial values.
-void poison_registered_storage(memory::Device& device, const std::vector<const void*>& storage,
-                               const std::vector<size_t>& numels, DType dtype, std::chrono::milliseconds timeout) {
-  const size_t es = dtype_size(dtype);
-  const uint32_t nan_bits = dtype == DType::kFloat32 ? 0x7FC00000u : dtype == DType::kBFloat16 ? 0x7FC0u : 0x7E00u;
+void poison_registered_storage(memory::Device& device, const std::vector<RegisteredValues>& storage,
+                               const std::vector<size_t>& numels, std::chrono::milliseconds timeout) {
   constexpr size_t kPattern = 1 << 14;  // elements copied at a time
-  memory::Buffer pattern = device.allocate_host_staging(kPattern * es, memory::Category::kOther);
-  for (size_t i = 0; i < kPattern; ++i) std::memcpy(pattern.as<char>() + i * es, &nan_bits, es);
   memory::Stream& compute = device.compute_stream();
-  for (size_t t = 0; t < storage.size(); ++t) {
-    char* dst = static_cast<char*>(const_cast<void*>(storage[t]));
-    for (size_t done = 0; done < numels[t]; done += kPattern) {
-      device.copy(dst + done * es, pattern.data(), std::min(kPattern, numels[t] - done) * es, compute);
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    const size_t es = dtype_size(dtype);
+    const uint32_t nan_bits = dtype == DType::kFloat32 ? 0x7FC00000u : dtype == DType::kBFloat16 ? 0x7FC0u : 0x7E00u;
+    memory::Buffer pattern = device.allocate_host_staging(kPattern * es, memory::Category::kOther);
+    for (size_t i = 0; i < kPattern; ++i) std::memcpy(pattern.as<char>() + i * es, &nan_bits, es);
+    for (size_t t = 0; t < storage.size(); ++t) {
+      if (storage[t].dtype != dtype) continue;
+      char* dst = static_cast<char*>(const_cast<void*>(storage[t].data));
+      for (size_t done = 0; done < numels[t]; done += kPattern) {
+        device.copy(dst + done * es, pattern.data(), std::min(kPattern, numels[t] - done) * es, compute);
+      }
     }
+    device.synchronize(compute, timeout);  // the pattern is read until here
   }
-  device.synchronize(compute, timeout);  // the pattern is read until here
 }
 
 }  // namespace
 
 std::optional<ModelDtypes> check_registration(const EngineOptions& options, ParamRegistry& registry) {
   const int groups = static_cast<int>(options.optimizer.groups.size());
-  std::optional<DType> model_dtype;
+  ModelDtypes dtypes{options.param_dtype, std::nullopt};
+  std::set<DType> registered, computed;  // over the trainable parameters
   for (const ParamSpec& p : registry.params()) {
     if (p.group >= groups) {
       registry.note_error(
           fmt::format("parameter '{}': group {} but the optimizer has {} group(s)", p.name, p.group, groups));
     }
     if (!p.requires_grad) continue;
-    if (!model_dtype) model_dtype = p.dtype;
-    if (p.dtype != *model_dtype) {
-      registry.note_error(fmt::format(
-          "parameter '{}' is {} but earlier trainable parameters are {}: all trainable parameters must share one dtype",
-          p.name, dtype_name(p.dtype), dtype_name(*model_dtype)));
+    if (p.dtype != DType::kFloat32 && !is_float16_family(p.dtype)) {
+      registry.note_error(fmt::format("parameter '{}' is {}: trainable parameters must be fp32, fp16 or bf16", p.name,
+                                      dtype_name(p.dtype)));
+      continue;
+    }
+    registered.insert(p.dtype);
+    computed.insert(dtypes.compute(p));
+    if (dtypes.compute(p) == p.dtype) continue;
+    // Narrowing only: the shard in param_dtype is the master rounded, as for 16-bit registered
+    // parameters; a wider param_dtype would hold nothing the registered values do not.
+    if (p.dtype != DType::kFloat32 || dtypes.compute(p) == DType::kFloat32) {
+      registry.note_error(fmt::format("EngineOptions.param_dtype {} with parameter '{}' in {}: param_dtype must be the "
+                                      "registered dtype, or fp16 or bf16 with fp32 parameters",
+                                      dtype_name(dtypes.compute(p)), p.name, dtype_name(p.dtype)));
+    }
+    // A gradient the user owns is in the registered dtype; the engine's are in param_dtype.
+    if (p.grad.ptr != nullptr) {
+      registry.note_error(fmt::format("parameter '{}' brings its own gradient storage (ParamSpec.grad) in {}, but "
+                                      "EngineOptions.param_dtype {} writes gradients in {}: leave ParamSpec.grad empty",
+                                      p.name, dtype_name(p.dtype), dtype_name(dtypes.compute(p)),
+                                      dtype_name(dtypes.compute(p))));
     }
   }
-  if (!model_dtype) {
+  if (registered.empty()) {
     registry.note_error("no trainable parameters registered");
     return std::nullopt;
   }
-  const ModelDtypes dtypes{*model_dtype, options.param_dtype.value_or(*model_dtype)};
-  if (dtypes.compute != dtypes.storage) {
-    // Narrowing only: the shard in param_dtype is the master rounded, as for 16-bit registered
-    // parameters; a wider param_dtype would hold nothing the registered values do not.
-    if (dtypes.storage != DType::kFloat32 || dtypes.compute == DType::kFloat32) {
-      registry.note_error(fmt::format("EngineOptions.param_dtype {} with {} parameters: param_dtype must be the "
-                                      "registered dtype, or fp16 or bf16 with fp32 parameters",
-                                      dtype_name(dtypes.compute), dtype_name(dtypes.storage)));
-    }
-    // A gradient the user owns is in the registered dtype; the engine's are in param_dtype.
-    for (const ParamSpec& p : registry.params()) {
-      if (p.requires_grad && p.grad.ptr != nullptr) {
-        registry.note_error(fmt::format("parameter '{}' brings its own gradient storage (ParamSpec.grad) in {}, but "
-                                        "EngineOptions.param_dtype {} writes gradients in {}: leave ParamSpec.grad empty",
-                                        p.name, dtype_name(p.dtype), dtype_name(dtypes.compute),
-                                        dtype_name(dtypes.compute)));
-      }
-    }
-  }
+  if (registered.size() == 1) dtypes.storage = *registered.begin();
+  // Gradients are reduced and accumulated in fp32, or each in the dtype it is written in (a 16-bit
+  // reduce or accumulate dtype: fp32 gradients beside it stay fp32).
   auto fits = [&](DType t, const char* field) {
-    if (t != DType::kFloat32 && t != dtypes.compute) {
-      registry.note_error(fmt::format("EngineOptions.{} {} must be fp32 or the dtype gradients are written in, {}",
-                                      field, dtype_name(t), dtype_name(dtypes.compute)));
+    if (t == DType::kFloat32) return;
+    std::string written;
+    bool ok = true;
+    for (DType d : computed) {
+      written += fmt::format("{}{}", written.empty() ? "" : " and ", dtype_name(d));
+      ok = ok && (d == t || d == DType::kFloat32);
     }
+    if (ok && computed.count(t)) return;
+    registry.note_error(fmt::format("EngineOptions.{} {} must be fp32 or the dtype gradients are written in ({}{})",
+                                    field, dtype_name(t), written,
+                                    computed.size() > 1 ? ", beside fp32: a 16-bit one keeps each bucket's own" : ""));
   };
   fits(options.reduce_dtype, "reduce_dtype");
   fits(options.grad_accum_dtype, "grad_accum_dtype");
@@ -100,6 +112,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
 
   std::vector<size_t> numels;
   std::vector<int> units;
+  std::vector<DType> dtypes;  // each tensor's compute dtype
   // The global norm counts every element once over the model-parallel group: a tensor replicated
   // over tp is counted by tp rank 0, a tied copy by the tied group's rank 0. Tensors of different
   // classes never share a block, so that the norm can skip whole blocks.
@@ -118,6 +131,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
   for (int id : in.tensor_param) {
     numels.push_back(reg.numel(id));
     units.push_back(reg.param(id).unit);
+    dtypes.push_back(in.dtypes.compute(reg.param(id)));
     starts_block.push_back(numels.size() > 1 && norm_class(id) != norm_class(in.tensor_param[numels.size() - 2]));
     classes = classes || reg.param(id).tied;
   }
@@ -126,7 +140,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
   // Micro-batches reduced one by one: a unit's bucket is reduced each time its backward ends.
   const bool rounds = o.reduce_each_micro_batch && o.micro_batches > 1;
   lo.unit_buckets = o.stage == 3 || rounds;
-  parts.layout = std::make_unique<ShardLayout>(numels, in.shard->size(), lo, units, starts_block);
+  parts.layout = std::make_unique<ShardLayout>(numels, in.shard->size(), lo, units, starts_block, dtypes);
   ZERO_LOG_DEBUG("{}", parts.layout->describe());
   const ShardLayout& layout = *parts.layout;
 
@@ -135,11 +149,12 @@ EngineParts wire_stage(const PolicyInputs& in) {
                                                              : ShardOwnership::replicated(layout));
 
   ReducerConfig rc;
-  rc.model_dtype = in.dtypes.compute;
-  rc.reduce_dtype = o.reduce_dtype;
+  // 16-bit: each bucket's own dtype (check_registration allows no other beside fp32).
+  auto own_unless_fp32 = [](DType t) { return t == DType::kFloat32 ? std::optional<DType>(t) : std::nullopt; };
+  rc.reduce_dtype = own_unless_fp32(o.reduce_dtype);
   rc.full_grads = o.stage < 2;
   rc.accumulate = o.stage >= 2 || (o.reduce_every_micro_step && o.gradient_accumulation_steps > 1);
-  rc.accum_dtype = o.stage >= 2 ? o.grad_accum_dtype : DType::kFloat32;
+  rc.accum_dtype = o.stage >= 2 ? own_unless_fp32(o.grad_accum_dtype) : DType::kFloat32;
   rc.deterministic = o.deterministic;
   rc.max_inflight = o.max_inflight_buckets;
   // Stage 3's buckets are whole units, as large as an embedding, and whole-tensor buckets hold at
@@ -150,27 +165,31 @@ EngineParts wire_stage(const PolicyInputs& in) {
   rc.rounds = rounds;
   parts.formula.stage = o.stage;
   parts.formula.world_size = in.shard->size();
-  parts.formula.param_bytes = parts.formula.grad_bytes = dtype_size(in.dtypes.compute);
-  parts.formula.shard_grad_bytes = o.stage >= 2 ? dtype_size(rc.accum_dtype) : 4;
+  // Bytes per element, averaged over the parameters' dtypes.
+  double compute_bytes = 0, data_numel = 0;
+  for (size_t t = 0; t < numels.size(); ++t) {
+    compute_bytes += static_cast<double>(numels[t] * dtype_size(dtypes[t]));
+    data_numel += static_cast<double>(numels[t]);
+  }
+  parts.formula.param_bytes = parts.formula.grad_bytes = compute_bytes / data_numel;
+  parts.formula.shard_grad_bytes = o.stage >= 2 && !rc.accum_dtype ? parts.formula.grad_bytes : 4;
   parts.formula.accumulator = o.stage < 2 && rc.accumulate;
   std::vector<UserGrad> user_grads;
-  WritebackTarget target{&layout, {}, in.dtypes.compute};
+  WritebackTarget target{&layout, {}};
   std::vector<UpdateTensor> tensors;
-  std::vector<const void*> initial;
+  std::vector<RegisteredValues> initial;
   for (int id : in.tensor_param) {
     const ParamSpec& p = reg.param(id);
     user_grads.push_back({p.grad.ptr});
     target.tensor_data.push_back(p.data.ptr);
-    tensors.push_back({p.name, p.group, p.data.ptr});
-    initial.push_back(p.data.ptr);
+    tensors.push_back({p.name, p.group, p.data.ptr, p.dtype});
+    initial.push_back({p.data.ptr, p.dtype});
   }
   if (o.offload.optimizer) parts.offload_tracker = std::make_unique<memory::MemoryTracker>();
   parts.reducer = std::make_unique<GradReducer>(rc, layout, *parts.ownership, ReducerComms{in.shard, in.replica},
                                                 device, std::move(user_grads));
   if (o.stage == 3) {
     GathererConfig gc;
-    gc.model_dtype = in.dtypes.compute;
-    gc.initial_dtype = in.dtypes.storage;
     gc.reshard_after_forward = o.reshard_after_forward;
     gc.prefetch_bytes = o.prefetch_bytes;
     gc.max_live_bytes = o.max_live_gathered_bytes;
@@ -180,23 +199,21 @@ EngineParts wire_stage(const PolicyInputs& in) {
       // user bounds it.
       gc.persistence_bytes = std::numeric_limits<size_t>::max();
       if (gc.max_live_bytes == 0) {
-        for (const ShardLayout::Bucket& b : layout.buckets()) gc.max_live_bytes += b.padded * dtype_size(in.dtypes.compute);
+        gc.max_live_bytes = layout.padded_bytes();
       }
     }
     gc.timeout = o.timeout;
     gc.timings = in.timings;
     gc.offload_tracker = o.offload.params ? parts.offload_tracker.get() : nullptr;
     parts.gatherer = std::make_unique<ParamGatherer>(gc, layout, *parts.ownership, *in.shard, device, initial);
-    parts.writeback = make_shard_writeback(parts.gatherer->shard(), in.dtypes.compute);
+    parts.writeback = make_shard_writeback(parts.gatherer->shard(), layout);
   } else if (sharded) {
     parts.writeback = make_gather_writeback(device, std::move(target), *in.shard, o.timeout, in.timings);
   } else {
     parts.writeback = make_local_writeback(device, std::move(target));
   }
 
-  const ApplierInputs ai{.model_dtype = in.dtypes.compute,
-                         .initial_dtype = in.dtypes.storage,
-                         .optimizer = o.optimizer,
+  const ApplierInputs ai{.optimizer = o.optimizer,
                          .layout = &layout,
                          .ownership = parts.ownership.get(),
                          .device = &device,
@@ -240,7 +257,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
   const ShardOptimizer& opt = parts.update->optimizer();
   parts.formula.state_bytes = opt.state_names().size() * dtype_size(opt.state_dtype());
   // Last: the shard and the master above were read from the registered storage.
-  if (parts.gatherer) poison_registered_storage(device, initial, numels, in.dtypes.storage, o.timeout);
+  if (parts.gatherer) poison_registered_storage(device, initial, numels, o.timeout);
   return parts;
 }
 

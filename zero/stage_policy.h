@@ -44,12 +44,15 @@ struct EngineParts {
   MemoryFormulaInputs formula;  // the ZeRO formula this wiring should meet (memory report)
 };
 
-// The trainable parameters' dtypes: as registered (the user's storage, and the parameters that
-// checkpoints and exports hold) and as the engine works with them (EngineOptions.param_dtype: the
-// stage 3 shard, the gathered units, the gradients; otherwise the registered dtype).
+// The trainable parameters' dtypes: each as registered (ParamSpec.dtype: the user's storage, and the
+// parameters that checkpoints and exports hold) and as the engine works with it (the stage 3 shard,
+// the gathered units, the gradients): EngineOptions.param_dtype where set, else the registered one.
+// Parameters may mix dtypes (fp32 LayerNorm and biases beside bf16 matrices): the layout gives each
+// dtype buckets of its own.
 struct ModelDtypes {
-  DType storage = DType::kFloat32;
-  DType compute = DType::kFloat32;
+  std::optional<DType> param_dtype;  // EngineOptions.param_dtype
+  std::optional<DType> storage;      // the registered dtype, when every trainable parameter has the same
+  DType compute(const ParamSpec& p) const { return param_dtype.value_or(p.dtype); }
 };
 
 struct PolicyInputs {
@@ -67,9 +70,9 @@ struct PolicyInputs {
 };
 
 // Problems of the registration that only the options reveal (a group index past the optimizer's
-// groups, mixed trainable dtypes, a param dtype that does not fit them, reduce/accumulate dtypes that
-// do not fit the dtype gradients are written in), for the registry's cross-rank report. Returns the
-// dtypes when there are trainable parameters.
+// groups, a trainable dtype that is not a float, a param dtype that does not fit them, reduce/accumulate
+// dtypes that do not fit the dtypes gradients are written in), for the registry's cross-rank report.
+// Returns the dtypes when there are trainable parameters.
 std::optional<ModelDtypes> check_registration(const EngineOptions& options, ParamRegistry& registry);
 
 EngineParts wire_stage(const PolicyInputs& in);

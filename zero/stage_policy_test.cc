@@ -63,7 +63,7 @@ TEST_CASE("each stage wires its layout, ownership, gatherer, writeback and memor
       const std::optional<ModelDtypes> dtypes = check_registration(o, m.reg);
       REQUIRE(dtypes);
       REQUIRE(dtypes->storage == DType::kBFloat16);
-      REQUIRE(dtypes->compute == DType::kBFloat16);
+      REQUIRE(!dtypes->param_dtype);
       EngineParts parts = wire_stage({&o, &m.reg, {0, 1}, *dtypes, &comm, nullptr, device.get()});
 
       CHECK(parts.ownership->is_replicated() == (stage == 0));
@@ -221,14 +221,14 @@ TEST_CASE("param_dtype narrows fp32 parameters only, and leaves gradients to the
     const std::optional<ModelDtypes> dtypes = check_registration(o, reg);
     REQUIRE(dtypes);
     CHECK(dtypes->storage == DType::kFloat32);
-    CHECK(dtypes->compute == DType::kBFloat16);
+    CHECK(dtypes->compute(fp32) == DType::kBFloat16);
     CHECK(reg.local_error().empty());
   }
   EngineOptions wider = o;
   wider.param_dtype = DType::kFloat32;
   CHECK(error_for({.name = "b", .shape = {4}, .dtype = DType::kBFloat16, .data = {b.data(), 4}}, wider)
-            .find("EngineOptions.param_dtype fp32 with bf16 parameters: param_dtype must be the registered dtype, or "
-                  "fp16 or bf16 with fp32 parameters") != std::string::npos);
+            .find("EngineOptions.param_dtype fp32 with parameter 'b' in bf16: param_dtype must be the registered "
+                  "dtype, or fp16 or bf16 with fp32 parameters") != std::string::npos);
   ParamSpec own_grad = fp32;
   own_grad.grad = {ga.data(), 4};
   CHECK(error_for(own_grad, o).find("parameter 'a' brings its own gradient storage (ParamSpec.grad) in fp32") !=

@@ -43,13 +43,17 @@ UnitScope Engine::open_scope(int unit, bool backward, BackwardPart part) {
   UnitScope scope(this, unit, backward, part, m.evaluating);
   // Micro-batches reduced one by one: the unit's bucket takes its next micro-batch's gradients.
   if (m.writes_grads(scope) && m.each_micro_batch() && m.backward_passes[unit] > 0 && !m.tied_units.count(unit)) {
-    m.parts.reducer->begin_round(m.unit_bucket.at(unit));
+    const auto [first, end] = m.unit_buckets.at(unit);
+    for (size_t b = first; b < end; ++b) m.parts.reducer->begin_round(b);
   }
   // Below stage 3 (no gatherer) parameters stay in the user's storage; a weight-gradient scope
   // reads none.
-  const auto it = m.unit_bucket.find(unit);
-  if (m.parts.gatherer && it != m.unit_bucket.end() && m.reads_params(scope)) {
-    scope.base_ = m.parts.gatherer->acquire(it->second, m.use(scope));
+  const auto it = m.unit_buckets.find(unit);
+  if (m.parts.gatherer && it != m.unit_buckets.end() && m.reads_params(scope)) {
+    for (size_t b = it->second.first; b < it->second.second; ++b) {
+      void* gathered = m.parts.gatherer->acquire(b, m.use(scope));
+      if (b == it->second.first) scope.base_ = gathered;
+    }
   }
   if (m.writes_grads(scope)) ++m.open_backward[unit];
   return scope;
@@ -72,9 +76,9 @@ void Engine::end_scope(const UnitScope& scope) {
       }
     }
   }
-  const auto it = m.unit_bucket.find(unit);
-  if (m.parts.gatherer && it != m.unit_bucket.end() && m.reads_params(scope)) {
-    m.parts.gatherer->release(it->second, m.use(scope));
+  const auto it = m.unit_buckets.find(unit);
+  if (m.parts.gatherer && it != m.unit_buckets.end() && m.reads_params(scope)) {
+    for (size_t b = it->second.first; b < it->second.second; ++b) m.parts.gatherer->release(b, m.use(scope));
   }
 }
 
@@ -83,10 +87,11 @@ void* Engine::scope_param(void* base, int id) {
   const ParamSpec& p = m.registry.param(id);
   const int64_t t = m.param_tensor[static_cast<size_t>(id)];
   if (base == nullptr || t < 0) return p.data.ptr;  // resident: the user's storage
+  // The tensor's bucket (one of the unit's when its parameters have several dtypes), gathered.
   const ShardLayout& l = *m.parts.layout;
-  const size_t b = m.unit_bucket.at(p.unit);
-  return static_cast<char*>(base) +
-         (l.tensors()[static_cast<size_t>(t)].offset - l.buckets()[b].offset) * dtype_size(m.dtypes.compute);
+  const ShardLayout::Tensor& T = l.tensors()[static_cast<size_t>(t)];
+  const size_t b = l.buckets_of_tensor(static_cast<size_t>(t)).first;
+  return static_cast<char*>(m.parts.gatherer->gathered(b)) + (T.offset - l.buckets()[b].offset) * dtype_size(T.dtype);
 }
 
 NoSyncScope Engine::no_sync() {
@@ -173,7 +178,7 @@ size_t Engine::view_numel(int id, ViewType v) const {
   const ParamSpec& p = m.registry.param(id);  // names an unknown id
   // Trainable parameters live in the engine in its dtype once finalized; frozen ones stay the user's.
   const bool engine_dtype = m.finalized && m.param_tensor[static_cast<size_t>(id)] >= 0;
-  return checked_view_numel(m.registry, id, v, engine_dtype ? m.dtypes.compute : p.dtype);
+  return checked_view_numel(m.registry, id, v, engine_dtype ? m.dtypes.compute(p) : p.dtype);
 }
 
 void* UnitScope::grad(int id) {

@@ -18,12 +18,12 @@ namespace {
 class DeviceApplier final : public UpdateApplier {
  public:
   explicit DeviceApplier(const ApplierInputs& in)
-      : model_dtype_(in.model_dtype), layout_(*in.layout), ownership_(*in.ownership), device_(*in.device), timeout_(in.timeout) {
+      : layout_(*in.layout), ownership_(*in.ownership), device_(*in.device), timeout_(in.timeout) {
     const size_t numel = ownership_.numel();
     master_ = device_.allocate_elements(static_cast<int64_t>(numel), DType::kFloat32, memory::Category::kMasterParams);
-    const size_t es = dtype_size(in.initial_dtype);
     for (const OwnedPiece& p : ownership_.pieces()) {
-      device_.convert(static_cast<const char*>(in.tensors[p.tensor].data) + p.tensor_begin * es, in.initial_dtype,
+      const UpdateTensor& t = in.tensors[p.tensor];
+      device_.convert(static_cast<const char*>(t.data) + p.tensor_begin * dtype_size(t.dtype), t.dtype,
                       master_.as<float>() + p.opt_offset, DType::kFloat32, p.tensor_end - p.tensor_begin,
                       device_.compute_stream());
     }
@@ -41,7 +41,7 @@ class DeviceApplier final : public UpdateApplier {
       in.grad_dtype = g.dtype;
       in.grad_scale = grad_scale;
       in.model_out = writeback.owned_out(b, own);
-      in.model_dtype = model_dtype_;
+      in.model_dtype = layout_.buckets()[b].dtype;
       optimizer_->step_range(in, own.opt_begin, own.opt_begin + own.len, device_.compute_stream());
       writeback.publish(b);
     }
@@ -64,15 +64,14 @@ class DeviceApplier final : public UpdateApplier {
   void publish_master(ParamWriteback& writeback) override {
     for (size_t b = 0; b < layout_.buckets().size(); ++b) {
       const OwnedRange own = ownership_.range(b);
-      device_.convert(master_.as<float>() + own.opt_begin, DType::kFloat32, writeback.owned_out(b, own), model_dtype_,
-                      own.len, device_.compute_stream());
+      device_.convert(master_.as<float>() + own.opt_begin, DType::kFloat32, writeback.owned_out(b, own),
+                      layout_.buckets()[b].dtype, own.len, device_.compute_stream());
       writeback.publish(b);
     }
     writeback.finish();
   }
 
  private:
-  DType model_dtype_;
   const ShardLayout& layout_;
   const ShardOwnership& ownership_;
   memory::Device& device_;

@@ -22,12 +22,11 @@ namespace zero {
 struct UpdateTensor {
   std::string name;
   int group = 0;
-  const void* data = nullptr;  // the parameter's values (initial_dtype, device memory), read once for the master
+  const void* data = nullptr;  // the parameter's registered values (device memory), read once for the master
+  DType dtype = DType::kFloat32;  // theirs
 };
 
 struct ApplierInputs {
-  DType model_dtype = DType::kFloat32;    // the parameters the update writes (ParamWriteback's)
-  DType initial_dtype = DType::kFloat32;  // UpdateTensor::data's: the registered values
   optim::OptimizerOptions optimizer;
   const ShardLayout* layout = nullptr;
   const ShardOwnership* ownership = nullptr;
@@ -40,7 +39,7 @@ class UpdateApplier {
  public:
   virtual ~UpdateApplier() = default;
   // One optimizer step over every bucket's owned range with the reduced gradients times
-  // `grad_scale`, each bucket's new values (model dtype) handed to `writeback` in bucket order
+  // `grad_scale`, each bucket's new values (in its dtype) handed to `writeback` in bucket order
   // (owned_out, publish), then writeback.finish().
   virtual void apply(const GradReducer& grads, float grad_scale, ParamWriteback& writeback) = 0;
   virtual ShardOptimizer& optimizer() = 0;
@@ -51,7 +50,7 @@ class UpdateApplier {
   // The master itself when the host can read and write it (host memory), else nullptr.
   virtual float* host_master() = 0;
   virtual void write_master(size_t begin, size_t n, const float* in) = 0;
-  // Every bucket's owned master rounded to the model dtype, through `writeback` (after a load: the
+  // Every bucket's owned master rounded to its dtype, through `writeback` (after a load: the
   // parameters then hold exactly what the last step wrote).
   virtual void publish_master(ParamWriteback& writeback) = 0;
 };

@@ -99,7 +99,7 @@ const char* name(Applier a) {
 
 TEST_CASE("every applier updates the parameters and the master exactly as one optimizer over the whole model") {
   for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
-    const ShardLayout layout(kNumels, kRanks, kLayout);
+    const ShardLayout layout(kNumels, kRanks, kLayout, {}, {}, std::vector<DType>(kNumels.size(), dtype));
     const Reference ref = reference(layout, dtype);
     for (Applier kind : {Applier::kDevice, Applier::kOffloadPinned, Applier::kOffloadPageable}) {
       CAPTURE(dtype_name(dtype));
@@ -110,8 +110,8 @@ TEST_CASE("every applier updates the parameters and the master exactly as one op
         const ShardOwnership own = ShardOwnership::sharded(layout, comm.rank());
         const size_t es = dtype_size(dtype);
         std::vector<std::vector<char>> params;
-        WritebackTarget target{.layout = &layout, .model_dtype = dtype};
-        ApplierInputs in{.model_dtype = dtype, .initial_dtype = dtype, .optimizer = adamw(), .layout = &layout, .ownership = &own,
+        WritebackTarget target{.layout = &layout};
+        ApplierInputs in{.optimizer = adamw(), .layout = &layout, .ownership = &own,
                          .device = device.get(), .timeout = 10s};
         for (size_t t = 0; t < kNumels.size(); ++t) {
           params.emplace_back(kNumels[t] * es);
@@ -119,7 +119,7 @@ TEST_CASE("every applier updates the parameters and the master exactly as one op
           target.tensor_data.push_back(params[t].data());
         }
         for (size_t t = 0; t < kNumels.size(); ++t) {
-          in.tensors.push_back({.name = "t" + std::to_string(t), .group = 0, .data = params[t].data()});
+          in.tensors.push_back({.name = "t" + std::to_string(t), .group = 0, .data = params[t].data(), .dtype = dtype});
         }
         std::unique_ptr<UpdateApplier> applier;
         if (kind == Applier::kDevice) {
@@ -130,7 +130,7 @@ TEST_CASE("every applier updates the parameters and the master exactly as one op
                                 .timeout = 10s});
         }
         auto writeback = make_gather_writeback(*device, target, comm, 10s);
-        GradReducer grads({.model_dtype = dtype, .reduce_dtype = dtype, .full_grads = false, .accumulate = true,
+        GradReducer grads({.reduce_dtype = dtype, .full_grads = false, .accumulate = true,
                            .timeout = 10s},
                           layout,
                           own, {&comm}, *device, std::vector<UserGrad>(kNumels.size()));

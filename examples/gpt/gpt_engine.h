@@ -7,9 +7,11 @@
 //
 // bf16: the engine holds bf16 parameters and gradients (and the fp32 master), because they are
 // registered in bf16 or because EngineOptions.param_dtype is bf16 (stage 3, fp32 registered). The
-// model computes in fp32: entering a unit widens its parameters into fp32 copies, a backward scope
-// collects the gradients in fp32 and adds them, rounded to bf16, into the engine's buffers when it
-// closes.
+// model computes in fp32: entering a unit widens its bf16 parameters into fp32 copies, a backward
+// scope collects their gradients in fp32 and adds them, rounded to bf16, into the engine's buffers
+// when it closes. With `fp32_norms` the LayerNorm weights and every bias (the parameters without
+// weight decay) are registered in fp32 beside the bf16 matrices and embeddings, as mixed-precision
+// training keeps them: the engine holds both dtypes, and those parameters are read in place.
 #include <map>
 #include <optional>
 #include <vector>
@@ -38,24 +40,26 @@ class GptScopes {
  public:
   // Registers `model`'s parameters (call before engine.finalize()). Keeps the engine and the model by
   // reference. In bf16 the registered storage is this object's, rounded from the model's values.
-  GptScopes(Engine& engine, Gpt& model, DType dtype = DType::kFloat32)
-      : engine_(engine), model_(model), dtype_(engine.options().param_dtype.value_or(dtype)) {
+  GptScopes(Engine& engine, Gpt& model, DType dtype = DType::kFloat32, bool fp32_norms = false)
+      : engine_(engine), model_(model) {
     ZERO_CHECK(dtype == DType::kFloat32 || dtype == DType::kBFloat16, "the GPT runs in fp32 or bf16");
-    ZERO_CHECK(dtype_ == DType::kFloat32 || dtype_ == DType::kBFloat16, "the GPT computes from fp32 or bf16");
     const size_t n = model.params().size();
-    bf16_.resize(dtype == DType::kBFloat16 ? n : 0);
+    bf16_.resize(n);
     wide_.resize(n);
     wide_grad_.resize(n);
     for (size_t i = 0; i < n; ++i) {
       Gpt::Param& p = model.params()[i];
+      const DType registered = fp32_norms && !p.decay ? DType::kFloat32 : dtype;
+      compute_.push_back(engine.options().param_dtype.value_or(registered));
+      ZERO_CHECK(compute_[i] == DType::kFloat32 || compute_[i] == DType::kBFloat16, "the GPT computes from fp32 or bf16");
       StorageRef data{p.values.data(), p.values.size()};
-      if (dtype == DType::kBFloat16) {
+      if (registered == DType::kBFloat16) {
         bf16_[i].resize(p.values.size());
         for (size_t e = 0; e < p.values.size(); ++e) bf16_[i][e] = fp32_to_bf16_bits(p.values[e]);
         data = {bf16_[i].data(), bf16_[i].size()};
       }
-      ids_.push_back(engine.add_param({.name = p.name, .shape = p.shape, .dtype = dtype, .data = data, .unit = p.unit,
-                                       .group = p.decay ? 0 : 1, .tp = p.tp, .tied = p.tied}));
+      ids_.push_back(engine.add_param({.name = p.name, .shape = p.shape, .dtype = registered, .data = data,
+                                       .unit = p.unit, .group = p.decay ? 0 : 1, .tp = p.tp, .tied = p.tied}));
     }
   }
   GptScopes(const GptScopes&) = delete;
@@ -68,10 +72,10 @@ class GptScopes {
     a.enter = [this](int unit, Gpt::Pass pass) { enter(unit, pass); };
     a.leave = [this](int unit, Gpt::Pass pass) { leave(unit, pass); };
     a.param = [this](size_t i) -> const float* {
-      return dtype_ == DType::kFloat32 ? scope_of(i).param_as<float>(ids_[i]) : wide_[i].data();
+      return compute_[i] == DType::kFloat32 ? scope_of(i).param_as<float>(ids_[i]) : wide_[i].data();
     };
     a.grad = [this](size_t i) -> float* {
-      return dtype_ == DType::kFloat32 ? scope_of(i).grad_as<float>(ids_[i]) : wide_grad_[i].data();
+      return compute_[i] == DType::kFloat32 ? scope_of(i).grad_as<float>(ids_[i]) : wide_grad_[i].data();
     };
     return a;
   }
@@ -90,9 +94,8 @@ class GptScopes {
         open_[unit].emplace(engine_.gather_for_backward(unit, BackwardPart::kWeight));
         break;
     }
-    if (dtype_ == DType::kFloat32) return;
     for (size_t i = 0; i < ids_.size(); ++i) {
-      if (model_.params()[i].unit != unit) continue;
+      if (model_.params()[i].unit != unit || compute_[i] == DType::kFloat32) continue;
       wide_[i].resize(model_.params()[i].values.size());
       if (reads_params(pass)) {
         const auto* v = static_cast<const uint16_t*>(open_[unit]->param(ids_[i]));
@@ -102,9 +105,9 @@ class GptScopes {
     }
   }
   void leave(int unit, Gpt::Pass pass) {
-    if (dtype_ == DType::kBFloat16 && writes_grads(pass)) {
+    if (writes_grads(pass)) {
       for (size_t i = 0; i < ids_.size(); ++i) {
-        if (model_.params()[i].unit != unit) continue;
+        if (model_.params()[i].unit != unit || compute_[i] == DType::kFloat32) continue;
         auto* g = static_cast<uint16_t*>(open_[unit]->grad(ids_[i]));
         for (size_t e = 0; e < wide_grad_[i].size(); ++e) g[e] = fp32_to_bf16_bits(bf16_bits_to_fp32(g[e]) + wide_grad_[i][e]);
       }
@@ -115,9 +118,9 @@ class GptScopes {
 
   Engine& engine_;
   Gpt& model_;
-  DType dtype_;  // the engine's parameters and gradients
+  std::vector<DType> compute_;  // each parameter's dtype in the engine (its gradients' too)
   std::vector<int> ids_;
-  std::vector<std::vector<uint16_t>> bf16_;                // bf16: the registered storage
+  std::vector<std::vector<uint16_t>> bf16_;                // bf16 parameters: the registered storage
   std::vector<std::vector<float>> wide_, wide_grad_;       // bf16: fp32 views of the open units
   std::map<int, std::optional<UnitScope>> open_;
 };

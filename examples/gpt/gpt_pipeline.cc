@@ -61,7 +61,8 @@ std::vector<GptStage> gpt_stages(int n_layer, int virtual_stages, const std::vec
 }
 
 GptPipeline::GptPipeline(const Gpt& full, const GptParallel& parallel, comm::Communicator& pp,
-                         parallel::Schedule schedule, const std::vector<int>& layers, Engine& engine, DType dtype)
+                         parallel::Schedule schedule, const std::vector<int>& layers, Engine& engine, DType dtype,
+                         bool fp32_norms)
     : schedule_(std::move(schedule)), pp_(pp), rank_(pp.rank()) {
   parallel::check_schedule(schedule_);
   if (schedule_.ranks != pp.size()) {
@@ -74,7 +75,7 @@ GptPipeline::GptPipeline(const Gpt& full, const GptParallel& parallel, comm::Com
     chunks_.emplace_back(full, parallel, stages[static_cast<size_t>(schedule_.virtual_stage(rank_, c))]);
   }
   for (Gpt& chunk : chunks_) {
-    scopes_.push_back(std::make_unique<GptScopes>(engine, chunk, dtype));
+    scopes_.push_back(std::make_unique<GptScopes>(engine, chunk, dtype, fp32_norms));
     access_.push_back(scopes_.back()->access());
   }
   runner_ = std::make_unique<parallel::PipelineRunner>(

@@ -43,7 +43,8 @@ class GptPipeline {
   // Registers this rank's chunks (pipeline rank pp.rank(), chunks c = virtual stages c * p + rank)
   // with `engine` (before finalize). `full` is the whole model (every rank builds the same one).
   GptPipeline(const Gpt& full, const GptParallel& parallel, comm::Communicator& pp, parallel::Schedule schedule,
-              const std::vector<int>& layers, Engine& engine, DType dtype = DType::kFloat32);
+              const std::vector<int>& layers, Engine& engine, DType dtype = DType::kFloat32,
+              bool fp32_norms = false);
 
   struct StepResult {
     float loss = 0;                        // mean over the micro-batches (every pipeline rank)

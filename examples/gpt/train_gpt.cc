@@ -22,6 +22,8 @@
 // --recompute: each block keeps only its input and runs its forward again in its backward
 // (activation checkpointing; docs/strategy.md). --param-dtype bf16 (stage 3, fp32 parameters): the
 // units are gathered and computed in bf16 from fp32 storage (EngineOptions.param_dtype; docs/optim.md).
+// --fp32-norms (with --dtype bf16): LayerNorm weights and biases stay fp32 beside the bf16 matrices
+// (parameters of two dtypes; docs/mixed_precision.md).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -140,7 +142,11 @@ int run(int argc, char** argv) {
   const DType dtype =
       parse_dtype(flags.get("dtype", config.model_dtype() ? dtype_name(*config.model_dtype()) : "fp32"));
   if (flags.has("param-dtype")) opt.param_dtype = parse_dtype(flags.get("param-dtype", ""));
+  const bool fp32_norms = flags.get_bool("fp32-norms", false);
   flags.check_all_used();
+  if (fp32_norms && dtype != DType::kBFloat16) {
+    ZERO_THROW(InvalidArgument, "--fp32-norms keeps LayerNorms and biases in fp32 beside bf16 matrices: it needs --dtype bf16");
+  }
   if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
     ZERO_THROW(InvalidArgument, "the GPT runs in fp32 or bf16, got {}{}", dtype_name(dtype),
                flags.has("dtype") ? "" : " (model_dtype of " + config.config->source + ")");
@@ -205,9 +211,9 @@ int run(int argc, char** argv) {
   if (pp > 1) {
     pipe = std::make_unique<examples::GptPipeline>(
         whole, parallel, mesh.pp(), parallel::make_schedule(pp_schedule, pp, micro_batches, chunks, cfg.n_layer),
-        pp_layers, engine, dtype);
+        pp_layers, engine, dtype, fp32_norms);
   } else {
-    scopes = std::make_unique<examples::GptScopes>(engine, *model, dtype);
+    scopes = std::make_unique<examples::GptScopes>(engine, *model, dtype, fp32_norms);
   }
   if (model) model->set_recompute(recompute);
   if (pipe) {
@@ -225,7 +231,8 @@ int run(int argc, char** argv) {
     std::printf("GPT %d layers, %d heads, n_embd %d, context %d (%zu %s parameters) on %d rank(s)%s, stage %d%s%s%s\n"
                 "data: %s, %zu bytes for training, %zu held out (unigram entropy %.4f nats/byte); global batch %d x "
                 "%d tokens\n",
-                cfg.n_layer, cfg.n_head, cfg.n_embd, T, whole.num_params(), dtype_name(dtype), comm.size(),
+                cfg.n_layer, cfg.n_head, cfg.n_embd, T, whole.num_params(),
+                fp32_norms ? "bf16 (fp32 norms and biases)" : dtype_name(dtype), comm.size(),
                 tp * pp > 1 ? fmt::format(" (dp {} x tp {} x pp {}{}{})", world, tp, pp,
                                           sequence_parallel ? ", sequence parallel" : "",
                                           pipe ? fmt::format(", {} with {} micro-batches", pipe->schedule().name,

@@ -38,6 +38,8 @@ inline constexpr const char* kCheckpointMasterKind = "master";
 inline constexpr const char* kCheckpointParamsKind = "params";
 inline constexpr const char* kCheckpointFrozenKind = "frozen";
 inline constexpr const char* kCheckpointBlobKind = "user_blob";
+// The manifest's model_dtype where the trainable parameters mix dtypes (each piece says its own).
+inline constexpr const char* kCheckpointMixedDtypes = "mixed";
 
 // "state:<name>": the kind of optimizer state `name` (e.g. "state:exp_avg").
 std::string checkpoint_state_kind(const std::string& name);

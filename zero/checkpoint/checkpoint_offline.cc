@@ -34,7 +34,11 @@ CheckpointInfo info_of(const std::string& dir, const CheckpointSet& set) {
     info.offload_optimizer = l->offload_optimizer;
     info.offload_params = l->offload_params;
   }
-  info.model_dtype = parse_dtype(checkpoint_field<std::string>(doc, "model_dtype", path));
+  if (const std::string d = checkpoint_field<std::string>(doc, "model_dtype", path); d != kCheckpointMixedDtypes) {
+    info.model_dtype = parse_dtype(d);
+  } else {
+    info.model_dtype = std::nullopt;
+  }
   const json opt = checkpoint_field<json>(doc, "optimizer", path);
   info.optimizer = checkpoint_field<std::string>(opt, "kind", path);
   info.states = checkpoint_field<std::vector<std::string>>(opt, "states", path);
@@ -97,7 +101,7 @@ void export_checkpoint(const std::string& dir, const std::string& out, DType dty
   const bool from_params = dtype != DType::kFloat32;
   if (from_params && dtype != info.model_dtype) {
     checkpoint_error(path, fmt::format("export as {}: the checkpoint holds fp32 masters and {} parameters", dtype_name(dtype),
-                          dtype_name(info.model_dtype)));
+                                       info.model_dtype ? dtype_name(*info.model_dtype) : "mixed-dtype"));
   }
   SafetensorsLayout layout;
   for (const CheckpointInfo::Param& p : info.params) layout.tensors.push_back({p.name, dtype, p.shape});

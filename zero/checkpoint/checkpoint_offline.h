@@ -2,6 +2,7 @@
 // A checkpoint looked into without an engine (the zero_ckpt tool): what it holds, whether every
 // byte is intact, and its full weights as safetensors.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,7 @@ struct CheckpointInfo {
   int tp = 1, pp = 1;
   bool layout_known = false, offload_optimizer = false, offload_params = false;
   std::vector<std::string> parts;
-  DType model_dtype = DType::kFloat32;
+  std::optional<DType> model_dtype = DType::kFloat32;  // none: the parameters mix dtypes
   std::string optimizer;
   std::vector<std::string> states;
   std::vector<Param> params;

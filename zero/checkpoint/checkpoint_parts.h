@@ -4,6 +4,7 @@
 // writes which piece, the frozen parameters, and the agreement that turns one rank's failure into
 // the same error on every rank.
 #include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,7 +35,8 @@ struct CheckpointParts {
   comm::Communicator* tp = nullptr;
   comm::Communicator* model_parallel = nullptr;
   const EngineOptions* options = nullptr;
-  DType model_dtype = DType::kFloat32;
+  // The registered dtype of the trainable parameters, when they share one (else each piece says its own).
+  std::optional<DType> model_dtype = DType::kFloat32;
   memory::Device* device = nullptr;  // for the ranks' agreement on communicators that take no host memory
 };
 

@@ -72,7 +72,7 @@ ExportPlan plan_export(const CheckpointParts& p, DType dtype) {
 void export_safetensors(const CheckpointParts& p, const std::string& path, DType dtype) {
   if (dtype != DType::kFloat32 && dtype != p.model_dtype) {
     ZERO_THROW(InvalidArgument, "export_safetensors('{}'): dtype {} must be fp32 or the model dtype {}", path,
-               dtype_name(dtype), dtype_name(p.model_dtype));
+               dtype_name(dtype), p.model_dtype ? dtype_name(*p.model_dtype) : "(none: the parameters mix dtypes)");
   }
   ExportPlan plan = plan_export(p, dtype);
   SafetensorsLayout& layout = plan.layout;

@@ -83,14 +83,15 @@ void for_each_piece(const CheckpointParts& p, std::string_view blob, Sink&& sink
       const std::string kind = checkpoint_state_kind(states[s]);
       sink(PieceView{name, kind.c_str(), piece.tensor_begin, piece.tensor_end, DType::kFloat32, v, n * sizeof(float)});
     }
-    // The parameters are the master rounded to the model dtype (what every step writes).
+    // The parameters are the master rounded to their registered dtype (what every step writes).
+    const DType dt = tensor_spec(p, piece.tensor).dtype;
     const void* w = m;
-    if (p.model_dtype != DType::kFloat32) {
-      params.resize(n * dtype_size(p.model_dtype));
-      memory::host_kernels::convert(m, DType::kFloat32, params.data(), p.model_dtype, n);
+    if (dt != DType::kFloat32) {
+      params.resize(n * dtype_size(dt));
+      memory::host_kernels::convert(m, DType::kFloat32, params.data(), dt, n);
       w = params.data();
     }
-    sink(PieceView{name, kCheckpointParamsKind, piece.tensor_begin, piece.tensor_end, p.model_dtype, w, n * dtype_size(p.model_dtype)});
+    sink(PieceView{name, kCheckpointParamsKind, piece.tensor_begin, piece.tensor_end, dt, w, n * dtype_size(dt)});
   }
   // Frozen parameters are whole on every rank: rank 0 writes them.
   if (global_rank(p) == 0) {
@@ -192,7 +193,7 @@ json manifest_head(const CheckpointParts& p, const CheckpointState& state) {
           {"world_size", world_size(p)},
           {"stage", p.options->stage},
           {"layout", layout_json(p)},
-          {"model_dtype", dtype_name(p.model_dtype)},
+          {"model_dtype", p.model_dtype ? dtype_name(*p.model_dtype) : kCheckpointMixedDtypes},
           {"optimizer", {{"kind", optim::optimizer_label(p.options->optimizer)}, {"states", state_names(p)}}},
           {"loss_scaler", scaler_json(state.scaler)},
           {"params", params_json(p)},

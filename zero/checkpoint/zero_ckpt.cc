@@ -35,7 +35,7 @@ int inspect(const std::string& dir) {
   const std::string saved_by =
       info.layout_known ? "" : fmt::format(", saved by {} ranks at stage {}", info.world_size, info.stage);
   std::printf("checkpoint %s\n  step %lld%s, model dtype %s, optimizer %s (", dir.c_str(), static_cast<long long>(info.step),
-              saved_by.c_str(), dtype_name(info.model_dtype), info.optimizer.c_str());
+              saved_by.c_str(), info.model_dtype ? dtype_name(*info.model_dtype) : "mixed", info.optimizer.c_str());
   for (size_t i = 0; i < info.states.size(); ++i) std::printf("%s%s", i ? ", " : "", info.states[i].c_str());
   std::printf(")\n");
   if (info.layout_known) {
