@@ -174,7 +174,7 @@ std::string tmp_dir(const std::string& name) {
 TEST_CASE("bf16 matrices beside fp32 biases and norms train the same bits at stages 0-3, offloaded too") {
   const std::vector<Result> reference = train_on_ranks({.stage = 0});
   CHECK(reference[0].reads == reference[1].reads);
-  for (const Run run : {Run{.stage = 1}, Run{.stage = 2}, Run{.stage = 3}, Run{.stage = 2, .offload = true},
+  for (const Run& run : {Run{.stage = 1}, Run{.stage = 2}, Run{.stage = 3}, Run{.stage = 2, .offload = true},
                         Run{.stage = 3, .offload = true}}) {
     CAPTURE(run.stage);
     CAPTURE(run.offload);
@@ -240,7 +240,7 @@ TEST_CASE("what parameters of several dtypes cannot take is refused, naming the 
     CHECK_THROWS_WITH_AS(engine_with(bf16_accum, DType::kFloat16), doctest::Contains("EngineOptions.grad_accum_dtype bf16"),
                          InvalidArgument);
     CHECK_THROWS_WITH_AS(engine_with({}, DType::kInt32),
-                         doctest::Contains("parameter 'i' is int32: trainable parameters must be fp32, fp16 or bf16"),
+                         doctest::Contains("parameter 'i': dtype int32 is not fp32, fp16 or bf16"),
                          InvalidArgument);
     // A 16-bit export needs one dtype; the fp32 export (from the master) is every parameter's.
     auto engine = engine_with({}, DType::kBFloat16);

@@ -47,11 +47,6 @@ std::optional<ModelDtypes> check_registration(const EngineOptions& options, Para
           fmt::format("parameter '{}': group {} but the optimizer has {} group(s)", p.name, p.group, groups));
     }
     if (!p.requires_grad) continue;
-    if (p.dtype != DType::kFloat32 && !is_float16_family(p.dtype)) {
-      registry.note_error(fmt::format("parameter '{}' is {}: trainable parameters must be fp32, fp16 or bf16", p.name,
-                                      dtype_name(p.dtype)));
-      continue;
-    }
     registered.insert(p.dtype);
     computed.insert(dtypes.compute(p));
     if (dtypes.compute(p) == p.dtype) continue;

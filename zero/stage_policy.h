@@ -70,8 +70,8 @@ struct PolicyInputs {
 };
 
 // Problems of the registration that only the options reveal (a group index past the optimizer's
-// groups, a trainable dtype that is not a float, a param dtype that does not fit them, reduce/accumulate
-// dtypes that do not fit the dtypes gradients are written in), for the registry's cross-rank report.
+// groups, a param dtype that does not fit the registered dtypes, reduce/accumulate dtypes that do not
+// fit the dtypes gradients are written in), for the registry's cross-rank report.
 // Returns the dtypes when there are trainable parameters.
 std::optional<ModelDtypes> check_registration(const EngineOptions& options, ParamRegistry& registry);
 

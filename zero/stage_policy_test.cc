@@ -236,7 +236,7 @@ TEST_CASE("param_dtype narrows fp32 parameters only, and leaves gradients to the
   EngineOptions fp16_reduce = o;
   fp16_reduce.reduce_dtype = DType::kFloat16;
   CHECK(error_for(fp32, fp16_reduce)
-            .find("EngineOptions.reduce_dtype fp16 must be fp32 or the dtype gradients are written in, bf16") !=
+            .find("EngineOptions.reduce_dtype fp16 must be fp32 or the dtype gradients are written in (bf16)") !=
         std::string::npos);
 }
 
