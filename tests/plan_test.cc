@@ -27,6 +27,17 @@ TEST_CASE("zero_bench: the plan equals the GPT's measured memory within 2% at ev
   }
 }
 
+TEST_CASE("zero_bench: with fp32 LayerNorms and biases beside bf16 matrices, the plan equals the measured memory") {
+  const auto r = testing::launch(2, "examples/bench/zero_bench",
+                                 {"--n-layer", "2", "--n-embd", "64", "--n-head", "4", "--block-size", "32", "--batch",
+                                  "2", "--steps", "2", "--check", "0.02", "--fp32-norms", "--configs",
+                                  "0,1,2,3,2+offload,3+offload-params"});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("bf16 (fp32 norms and biases)") != std::string::npos);
+  CHECK(r.output.find("3+offload-params") != std::string::npos);
+}
+
 namespace {
 
 std::string write_cluster(const std::string& name, const std::string& memory, const std::string& bandwidth) {

@@ -121,8 +121,9 @@ void GradReducer::begin_micro_step(bool sync) {
 }
 
 int GradReducer::acquire_slot() {
-  // Bound the buffers in flight: finish the oldest reduction before opening another.
-  if (free_slots_.empty() && static_cast<int>(slots_.size()) >= config_.max_inflight && !inflight_.empty()) {
+  // Bound the buffers in flight: finish the oldest reductions until one gives its slot back (a bucket
+  // reduced in place holds none: a bucket already in the reduce dtype beside converted ones).
+  while (free_slots_.empty() && static_cast<int>(slots_.size()) >= config_.max_inflight && !inflight_.empty()) {
     complete(inflight_.front());
   }
   if (free_slots_.empty()) {

@@ -3,7 +3,8 @@
 //
 //   bazel-bin/comm/launch/zerorun --nproc-per-node 2 -- bazel-bin/examples/bench/zero_bench
 //       [--configs 0,1,2,3,0+offload,1+offload,2+offload,3+offload] [--n-layer 8 --n-embd 768
-//       --n-head 12 --block-size 64] [--batch 4] [--steps 3] [--dtype bf16] [--csv FILE] [--check 0.02]
+//       --n-head 12 --block-size 64] [--batch 4] [--steps 3] [--dtype bf16] [--fp32-norms] [--csv FILE]
+//       [--check 0.02]
 //
 // Per configuration, on a fresh communicator (so the communicator's scratch is this
 // configuration's): the GPT trained for --steps steps (the first is warm-up) by train_gpt's loop
@@ -89,6 +90,7 @@ int run(int argc, char** argv) {
   const int batch = flags.get_int("batch", 4);
   const int steps = flags.get_int("steps", 3);
   const DType dtype = parse_dtype(flags.get("dtype", "bf16"));
+  const bool fp32_norms = flags.get_bool("fp32-norms", false);  // LayerNorms and biases fp32 beside bf16
   const std::string csv = flags.get("csv", "");
   const double check = flags.get_double("check", 0.0);
   flags.check_all_used();
@@ -98,7 +100,8 @@ int run(int argc, char** argv) {
   const int rank = pg.host->rank(), world = pg.host->size();
   if (batch % world != 0) ZERO_THROW(InvalidArgument, "--batch {} is not a multiple of {} ranks", batch, world);
   const int local = batch / world, T = cfg.block_size;
-  const plan::ModelSpec spec = examples::gpt_model_spec(cfg, dtype);
+  if (fp32_norms && dtype != DType::kBFloat16) ZERO_THROW(InvalidArgument, "--fp32-norms needs --dtype bf16");
+  const plan::ModelSpec spec = examples::gpt_model_spec(cfg, dtype, 1, false, nullptr, fp32_norms);
   std::vector<Row> rows;
   for (const examples::BenchConfig& c : configs) {
     // A fresh communicator: its scratch starts from nothing, as the plan's does.
@@ -111,7 +114,7 @@ int run(int argc, char** argv) {
     {
       examples::Gpt model(cfg, 1);
       Engine engine(*comm, opt);
-      examples::GptScopes scopes(engine, model, dtype);
+      examples::GptScopes scopes(engine, model, dtype, fp32_norms);
       engine.finalize();
       const examples::Gpt::Access access = scopes.access();
       std::mt19937 rng(static_cast<unsigned>(rank + 1));
@@ -151,7 +154,8 @@ int run(int argc, char** argv) {
   if (rank == 0) {
     std::printf("zero_bench: GPT %d layers, n_embd %d, context %d, %s, %llu parameters; %d rank(s), global batch %d x %d "
                 "tokens; rank 0's peak MiB by category (measured / planned), median of %d steps\n",
-                cfg.n_layer, cfg.n_embd, T, dtype_name(dtype), static_cast<unsigned long long>(spec.numel()), world, batch, T,
+                cfg.n_layer, cfg.n_embd, T, fp32_norms ? "bf16 (fp32 norms and biases)" : dtype_name(dtype),
+                static_cast<unsigned long long>(spec.numel()), world, batch, T,
                 steps - 1);
     std::string head = fmt::format("{:<16} {:>3}", "config", "N");
     for (const auto& [col, names] : report_columns()) head += fmt::format(" {:>8}", col);

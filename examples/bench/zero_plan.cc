@@ -10,7 +10,8 @@
 // One stage and world size: the full memory report and the traffic by collective. Lists (--stages,
 // --world): one row each. Options: --dtype bf16|fp16|fp32 (the model's; a safetensors file gives its
 // own), --param-dtype bf16|fp16 (stage 3 rows: fp32 parameters gathered in that dtype,
-// EngineOptions.param_dtype), --whole-tensors (each tensor owned whole by one rank: the padding
+// EngineOptions.param_dtype), --fp32-norms (a --gpt model's LayerNorms and biases in fp32 beside
+// its 16-bit matrices), --whole-tensors (each tensor owned whole by one rank: the padding
 // it costs), --optimizer adamw, --offload, --offload-params, --bucket-m (elements), --micro-steps,
 // --prefetch-mb, --max-live-mb, --persist-kb, --rank (ranks differ by padding only), --cuda (a GPU's
 // memory: no communicator scratch accounted). With --gpt, --tp T (--world then counts the
@@ -18,6 +19,7 @@
 // stage --pp-stage K (default 0) of P even stages (--pp-layers a,b,... for others), its engine running
 // --micro-batches M (default 2P) backward passes per unit and step.
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -49,6 +51,17 @@ std::vector<int> int_list(examples::Flags& flags, const std::string& name, const
   return out;
 }
 
+// "bf16", or "bf16 (12 tensors fp32)" for a model of several dtypes.
+std::string dtypes_of(const plan::ModelSpec& model) {
+  std::map<DType, int> others;
+  for (const plan::TensorSpec& t : model.tensors) {
+    if (model.dtype_of(t) != model.dtype) ++others[model.dtype_of(t)];
+  }
+  std::string s = dtype_name(model.dtype);
+  for (const auto& [d, n] : others) s += fmt::format(" ({} tensors {})", n, dtype_name(d));
+  return s;
+}
+
 plan::ModelSpec read_model(examples::Flags& flags, int tp, bool sequence_parallel, int pp, int pp_stage,
                            const std::vector<int>& pp_layers) {
   const std::string gpt = flags.get("gpt", ""), shapes = flags.get("shapes", ""), st = flags.get("safetensors", "");
@@ -58,6 +71,10 @@ plan::ModelSpec read_model(examples::Flags& flags, int tp, bool sequence_paralle
   const double millions = flags.get_double("params-m", 0);
   const int tensors = flags.get_int("tensors", 16);
   const DType dtype = parse_dtype(flags.get("dtype", "bf16"));
+  const bool fp32_norms = flags.get_bool("fp32-norms", false);
+  if (fp32_norms && (gpt.empty() || dtype == DType::kFloat32)) {
+    ZERO_THROW(InvalidArgument, "--fp32-norms keeps a --gpt model's LayerNorms and biases in fp32: it needs --gpt and a 16-bit --dtype");
+  }
   const int given = !gpt.empty() + !shapes.empty() + !st.empty() + (millions > 0);
   if (given != 1) ZERO_THROW(InvalidArgument, "give the model one way: --params-m, --shapes, --safetensors or --gpt");
   if (!st.empty()) return plan::model_of_safetensors(st);
@@ -66,7 +83,8 @@ plan::ModelSpec read_model(examples::Flags& flags, int tp, bool sequence_paralle
   const examples::GptConfig c = examples::gpt_config_of_shape(gpt);
   if (pp_stage < 0 || pp_stage >= pp) ZERO_THROW(InvalidArgument, "--pp-stage {} outside [0, {})", pp_stage, pp);
   const std::vector<examples::GptStage> stages = examples::gpt_stages(c.n_layer, pp, pp_layers);
-  return examples::gpt_model_spec(c, dtype, tp, sequence_parallel, pp > 1 ? &stages[static_cast<size_t>(pp_stage)] : nullptr);
+  return examples::gpt_model_spec(c, dtype, tp, sequence_parallel, pp > 1 ? &stages[static_cast<size_t>(pp_stage)] : nullptr,
+                                  fp32_norms);
 }
 
 double mib(uint64_t b) { return static_cast<double>(b) / (1 << 20); }
@@ -127,7 +145,7 @@ int run(int argc, char** argv) {
               tp > 1 || pp > 1 ? fmt::format(" per rank of pipeline stage {} of {}, tp {}{}", pp_stage, pp, tp,
                                              sequence_parallel ? ", sequence parallel" : "").c_str()
                                : "",
-              dtype_name(model.dtype), optim::optimizer_name(o.optimizer.kind),
+              dtypes_of(model).c_str(), optim::optimizer_name(o.optimizer.kind),
               o.offload.params ? ", optimizer and parameters offloaded" : o.offload.optimizer ? ", optimizer offloaded" : "");
   if (stages.size() == 1 && worlds.size() == 1) {
     set_stage(stages[0]);

@@ -8,7 +8,7 @@
 namespace zero::examples {
 
 plan::ModelSpec gpt_model_spec(const GptConfig& config, DType dtype, int tp, bool sequence_parallel,
-                               const GptStage* stage) {
+                               const GptStage* stage, bool fp32_norms) {
   const GptStage whole{0, config.n_layer, true, true};
   const GptStage& part = stage != nullptr ? *stage : whole;
   ZERO_CHECK(dtype == DType::kFloat32 || dtype == DType::kBFloat16, "the GPT runs in fp32 or bf16");
@@ -31,6 +31,7 @@ plan::ModelSpec gpt_model_spec(const GptConfig& config, DType dtype, int tp, boo
       shape = local_shape(p.name, shape, placement, tp);
     }
     m.tensors.push_back({p.name, shape, p.unit, true, p.decay ? 0 : 1, placement, i == 0 && part.first != part.last});
+    if (fp32_norms && !p.decay && dtype != DType::kFloat32) m.tensors.back().dtype = DType::kFloat32;
   }
   // The same units on a model too small to cost anything.
   GptConfig tiny = config;
@@ -48,16 +49,18 @@ plan::ModelSpec gpt_model_spec(const GptConfig& config, DType dtype, int tp, boo
   };
   a.leave = [&](int unit, Gpt::Pass pass) {
     const bool backward = pass != Gpt::Pass::kForward;
-    if (backward && dtype == DType::kBFloat16) {
+    if (backward) {
       for (size_t i = 0; i < m.tensors.size(); ++i) {
-        if (m.tensors[i].unit == unit) events.push_back({plan::ScopeEvent::kGrad, unit, true, i});
+        if (m.tensors[i].unit == unit && m.dtype_of(m.tensors[i]) == DType::kBFloat16) {
+          events.push_back({plan::ScopeEvent::kGrad, unit, true, i});
+        }
       }
     }
     events.push_back({plan::ScopeEvent::kClose, unit, backward, 0});
   };
   a.param = [&](size_t i) -> const float* { return model.params()[i].values.data(); };
   a.grad = [&](size_t i) -> float* {
-    if (dtype == DType::kFloat32 && asked.insert(i).second) {
+    if (m.dtype_of(m.tensors[i]) == DType::kFloat32 && asked.insert(i).second) {
       events.push_back({plan::ScopeEvent::kGrad, m.tensors[i].unit, true, i});
     }
     return grads[i].data();

@@ -78,8 +78,8 @@ EnginePlan plan_engine(const PlanInputs& in) {
   std::vector<int> ids;
   for (const TensorSpec& t : in.model.tensors) {
     const size_t numel = shape_numel(t.shape);
-    void* data = meta->reserve_unbacked(numel * dtype_size(in.model.dtype));
-    ids.push_back(engine.add_param({.name = t.name, .shape = t.shape, .dtype = in.model.dtype, .data = {data, numel},
+    void* data = meta->reserve_unbacked(numel * dtype_size(in.model.dtype_of(t)));
+    ids.push_back(engine.add_param({.name = t.name, .shape = t.shape, .dtype = in.model.dtype_of(t), .data = {data, numel},
                                     .unit = t.unit, .group = t.group, .requires_grad = t.trainable, .tp = t.tp,
                                     .tied = t.tied}));
   }

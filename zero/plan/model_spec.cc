@@ -134,12 +134,13 @@ ModelSpec model_of_safetensors(const std::string& path) {
   ModelSpec m;
   for (size_t i = 0; i < layout.tensors.size(); ++i) {
     const SafetensorsTensor& t = layout.tensors[i];
-    if (i == 0) m.dtype = t.dtype;
-    if (t.dtype != m.dtype || !(t.dtype == DType::kFloat32 || is_float16_family(t.dtype))) {
-      ZERO_THROW(InvalidArgument, "'{}': tensor '{}' is {}: a plan needs one floating dtype (F32, F16 or BF16) for every tensor",
-                 path, t.name, dtype_name(t.dtype));
+    if (!(t.dtype == DType::kFloat32 || is_float16_family(t.dtype))) {
+      ZERO_THROW(InvalidArgument, "'{}': tensor '{}' is {}: a plan needs floating dtypes (F32, F16 or BF16)", path, t.name,
+                 dtype_name(t.dtype));
     }
+    if (i == 0) m.dtype = t.dtype;
     m.tensors.push_back({t.name, t.shape, 0, true});
+    if (t.dtype != m.dtype) m.tensors.back().dtype = t.dtype;
   }
   if (m.tensors.empty()) ZERO_THROW(InvalidArgument, "'{}': no tensors", path);
   assign_units_by_name(m.tensors);

@@ -1,7 +1,8 @@
 #pragma once
-// A model as the planner sees it: named tensors with shapes, units and a dtype, no values. Built from
+// A model as the planner sees it: named tensors with shapes, units and dtypes, no values. Built from
 // a parameter count, a list of named shapes, or a safetensors file's header.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@ struct TensorSpec {
   int group = 0;  // optimizer parameter group
   TpPlacement tp;
   bool tied = false;  // a copy another pipeline stage holds too (ParamSpec::tied)
+  std::optional<DType> dtype;  // when it differs from ModelSpec::dtype (fp32 norms beside bf16 matrices)
 };
 
 // One thing a training loop's micro-step does with the engine's unit scopes, in order: open a unit's
@@ -33,7 +35,8 @@ struct ScopeEvent {
 
 struct ModelSpec {
   std::vector<TensorSpec> tensors;
-  DType dtype = DType::kBFloat16;  // of every tensor (the engine's model dtype)
+  DType dtype = DType::kBFloat16;  // of every tensor that does not say its own
+  DType dtype_of(const TensorSpec& t) const { return t.dtype.value_or(dtype); }
   // The loop's micro-step, for a plan whose transient buffers follow it exactly. Empty: every unit's
   // forward scope in registration order, then its backward scope in reverse, each trainable gradient
   // asked for as its backward scope opens (default_schedule).
@@ -51,8 +54,9 @@ ModelSpec model_of_count(uint64_t numel, int tensors, DType dtype);
 // unit_of_name). InvalidArgument naming the line.
 ModelSpec model_of_shapes(const std::string& text, DType dtype, const std::string& source);
 
-// The header of a safetensors file: names, shapes and the dtype (every tensor must share one of
-// F32, F16, BF16), units by unit_of_name. Only the header is read.
+// The header of a safetensors file: names, shapes and dtypes (each F32, F16 or BF16; the first
+// tensor's is the model's, others say theirs where they differ), units by unit_of_name. Only the
+// header is read.
 ModelSpec model_of_safetensors(const std::string& path);
 
 // Units from names as checkpoints spell them ("h.3.attn.c_attn.weight", "layers.12.mlp.w1"): the
