@@ -2,7 +2,9 @@
 // the same units and registered interleaved. The layout gives each dtype buckets of its own (a unit
 // of both is two buckets, its tensors ordered by dtype); the deterministic training is the same bits
 // at stages 0-3, offloaded too; stage 3 gathers each dtype in its own collective; a checkpoint saved
-// at stage 3 resumes at stage 1 bit for bit; fp32 parameters keep fp32 values; and what a mix cannot
+// at stage 3 resumes at stage 1 bit for bit; fp32 parameters keep fp32 values; the same model
+// registered all fp32 with a bf16 EngineOptions.param_dtype and ParamSpec.param_dtype fp32 on the
+// biases and norms (FSDP2's per-module policy) trains the same bits at stage 3; and what a mix cannot
 // take is refused, naming the field.
 #include <doctest/doctest.h>
 
@@ -43,11 +45,19 @@ const std::vector<Tensor> kModel = {
 constexpr int kUnits = 3;
 constexpr int kSteps = 4;
 
-float initial(size_t t, size_t e) { return std::cos(0.1f * static_cast<float>(e) + static_cast<float>(t)); }
+// bf16 tensors start from values bf16 holds exactly, so that registering them in fp32 (with a bf16
+// param_dtype) starts the same master.
+float initial(size_t t, size_t e) {
+  const float v = std::cos(0.1f * static_cast<float>(e) + static_cast<float>(t));
+  return kModel[t].dtype == DType::kBFloat16 ? bf16_bits_to_fp32(fp32_to_bf16_bits(v)) : v;
+}
 
 struct Run {
   int stage = 0;
   bool offload = false;
+  // Every parameter registered fp32: EngineOptions.param_dtype bf16, ParamSpec.param_dtype fp32 on the
+  // fp32 tensors of kModel (stage 3).
+  bool fp32_storage = false;
   int first_step = 0, last_step = kSteps;  // steps [first, last)
   std::string load_dir, save_dir;          // load before the first step, save after the last
 };
@@ -72,6 +82,7 @@ EngineOptions options_for(const Run& run) {
   opt.layout = {.alignment = 4, .bucket_numel = 256, .block = 16};
   opt.offload.optimizer = run.offload;
   opt.offload.params = run.offload && run.stage == 3;
+  if (run.fp32_storage) opt.param_dtype = DType::kBFloat16;
   return opt;
 }
 
@@ -93,12 +104,14 @@ Result train(comm::Communicator& comm, const Run& run) {
   std::vector<int> ids;
   for (size_t t = 0; t < kModel.size(); ++t) {
     const Tensor& m = kModel[t];
-    ParamSpec spec{.name = m.name, .shape = {static_cast<int64_t>(m.numel)}, .dtype = m.dtype, .unit = m.unit};
+    const DType registered = run.fp32_storage ? DType::kFloat32 : m.dtype;
+    ParamSpec spec{.name = m.name, .shape = {static_cast<int64_t>(m.numel)}, .dtype = registered, .unit = m.unit};
+    if (run.fp32_storage && m.dtype == DType::kFloat32) spec.param_dtype = DType::kFloat32;
     for (size_t e = 0; e < m.numel; ++e) {
       fp32[t].push_back(initial(t, e));
       bf16[t].push_back(fp32_to_bf16_bits(initial(t, e)));
     }
-    spec.data = m.dtype == DType::kFloat32 ? StorageRef{fp32[t].data(), m.numel} : StorageRef{bf16[t].data(), m.numel};
+    spec.data = registered == DType::kFloat32 ? StorageRef{fp32[t].data(), m.numel} : StorageRef{bf16[t].data(), m.numel};
     ids.push_back(engine.add_param(spec));
   }
   engine.finalize();
@@ -200,6 +213,17 @@ TEST_CASE("bf16 matrices beside fp32 biases and norms train the same bits at sta
   CHECK(wider_than_bf16);
 }
 
+TEST_CASE("fp32 storage with a bf16 param_dtype and fp32 kept per parameter trains the mixed model's bits") {
+  const std::vector<Result> registered = train_on_ranks({.stage = 3});
+  for (bool offload : {false, true}) {
+    CAPTURE(offload);
+    const std::vector<Result> kept = train_on_ranks({.stage = 3, .offload = offload, .fp32_storage = true});
+    CHECK(kept[0].reads == registered[0].reads);
+    CHECK(kept[0].final == registered[0].final);
+    CHECK(kept[0].gather_bytes == registered[0].gather_bytes);
+  }
+}
+
 TEST_CASE("a mixed-dtype checkpoint saved at stage 3 resumes at stage 1 bit for bit") {
   const std::string dir = tmp_dir("mixed_dtype_ckpt");
   const std::vector<Result> whole = train_on_ranks({.stage = 3});
@@ -239,6 +263,24 @@ TEST_CASE("what parameters of several dtypes cannot take is refused, naming the 
     bf16_accum.grad_accum_dtype = DType::kBFloat16;
     CHECK_THROWS_WITH_AS(engine_with(bf16_accum, DType::kFloat16), doctest::Contains("EngineOptions.grad_accum_dtype bf16"),
                          InvalidArgument);
+    // ParamSpec.param_dtype: narrowing an fp32 parameter, at stage 3 only.
+    {
+      EngineOptions stage2;
+      stage2.stage = 2;
+      stage2.optimizer.groups = {optim::Hyper{.lr = 1e-2f}};
+      Engine engine(comm, stage2);
+      engine.add_param({.name = "w", .shape = {8}, .dtype = DType::kFloat32, .data = {a.data(), 8},
+                        .param_dtype = DType::kBFloat16});
+      CHECK_THROWS_WITH_AS(engine.finalize(), doctest::Contains("parameter 'w': ParamSpec.param_dtype bf16 needs stage 3"),
+                           InvalidArgument);
+      Engine other(comm, stage2);
+      other.add_param({.name = "b", .shape = {8}, .dtype = DType::kBFloat16, .data = {b.data(), 8},
+                       .param_dtype = DType::kFloat32});
+      CHECK_THROWS_WITH_AS(other.finalize(),
+                           doctest::Contains("parameter 'b': ParamSpec.param_dtype fp32 with dtype bf16: it must be "
+                                             "the registered dtype, or fp16 or bf16 for an fp32 parameter"),
+                           InvalidArgument);
+    }
     CHECK_THROWS_WITH_AS(engine_with({}, DType::kInt32),
                          doctest::Contains("parameter 'i': dtype int32 is not fp32, fp16 or bf16"),
                          InvalidArgument);

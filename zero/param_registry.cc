@@ -44,6 +44,13 @@ int ParamRegistry::add(const ParamSpec& spec) {
       ZERO_THROW(InvalidArgument, "parameter '{}': dtype {} is not fp32, fp16 or bf16", spec.name,
                  dtype_name(spec.dtype));
     }
+    if (spec.param_dtype && *spec.param_dtype != spec.dtype &&
+        (spec.dtype != DType::kFloat32 || !is_float16_family(*spec.param_dtype))) {
+      ZERO_THROW(InvalidArgument,
+                 "parameter '{}': ParamSpec.param_dtype {} with dtype {}: it must be the registered dtype, or fp16 or "
+                 "bf16 for an fp32 parameter",
+                 spec.name, dtype_name(*spec.param_dtype), dtype_name(spec.dtype));
+    }
     try {
       n = shape_numel(spec.shape);
     } catch (const InvalidArgument& e) {
@@ -100,8 +107,9 @@ std::optional<int> ParamRegistry::find(const std::string& name) const {
 std::vector<std::string> ParamRegistry::signature_lines() const {
   std::vector<std::string> lines;
   for (const ParamSpec& p : params_) {
-    lines.push_back(fmt::format("'{}' shape {} {}{} group {} unit {}{}", p.name, shape_string(p.shape),
-                                dtype_name(p.dtype), p.requires_grad ? "" : " frozen", p.group, p.unit,
+    lines.push_back(fmt::format("'{}' shape {} {}{}{} group {} unit {}{}", p.name, shape_string(p.shape),
+                                dtype_name(p.dtype), p.param_dtype ? fmt::format(" as {}", dtype_name(*p.param_dtype)) : "",
+                                p.requires_grad ? "" : " frozen", p.group, p.unit,
                                 p.tp == TpPlacement{} ? "" : " tp " + describe(p.tp)));
   }
   return lines;

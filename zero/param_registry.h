@@ -40,6 +40,10 @@ struct ParamSpec {
   // the copies' gradients are summed over EngineComms::tied before the data-parallel reduction,
   // their values start as the tied group's rank 0's, and the global norm counts them there only.
   bool tied = false;
+  // Stage 3: this parameter's dtype in the engine (its shard, gathers, views and gradients), over
+  // EngineOptions.param_dtype: fp32 keeps a LayerNorm in fp32 while the rest computes in bf16 (FSDP2's
+  // per-module MixedPrecisionPolicy). The registered dtype, or fp16 or bf16 for an fp32 parameter.
+  std::optional<DType> param_dtype;
 };
 
 size_t shape_numel(const std::vector<int64_t>& shape);  // throws InvalidArgument on overflow/<=0

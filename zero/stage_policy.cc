@@ -50,19 +50,27 @@ std::optional<ModelDtypes> check_registration(const EngineOptions& options, Para
     registered.insert(p.dtype);
     computed.insert(dtypes.compute(p));
     if (dtypes.compute(p) == p.dtype) continue;
+    if (options.stage < 3) {
+      registry.note_error(fmt::format("parameter '{}': ParamSpec.param_dtype {} needs stage 3 (got stage {}): below it "
+                                      "the parameters are your registered storage; register it in {} instead",
+                                      p.name, dtype_name(dtypes.compute(p)), options.stage,
+                                      dtype_name(dtypes.compute(p))));
+      continue;
+    }
     // Narrowing only: the shard in param_dtype is the master rounded, as for 16-bit registered
     // parameters; a wider param_dtype would hold nothing the registered values do not.
     if (p.dtype != DType::kFloat32 || dtypes.compute(p) == DType::kFloat32) {
       registry.note_error(fmt::format("EngineOptions.param_dtype {} with parameter '{}' in {}: param_dtype must be the "
-                                      "registered dtype, or fp16 or bf16 with fp32 parameters",
+                                      "registered dtype, or fp16 or bf16 with fp32 parameters (ParamSpec.param_dtype "
+                                      "sets one parameter's)",
                                       dtype_name(dtypes.compute(p)), p.name, dtype_name(p.dtype)));
     }
     // A gradient the user owns is in the registered dtype; the engine's are in param_dtype.
     if (p.grad.ptr != nullptr) {
       registry.note_error(fmt::format("parameter '{}' brings its own gradient storage (ParamSpec.grad) in {}, but "
-                                      "EngineOptions.param_dtype {} writes gradients in {}: leave ParamSpec.grad empty",
-                                      p.name, dtype_name(p.dtype), dtype_name(dtypes.compute(p)),
-                                      dtype_name(dtypes.compute(p))));
+                                      "{}.param_dtype {} writes gradients in {}: leave ParamSpec.grad empty",
+                                      p.name, dtype_name(p.dtype), p.param_dtype ? "ParamSpec" : "EngineOptions",
+                                      dtype_name(dtypes.compute(p)), dtype_name(dtypes.compute(p))));
     }
   }
   if (registered.empty()) {

@@ -46,13 +46,14 @@ struct EngineParts {
 
 // The trainable parameters' dtypes: each as registered (ParamSpec.dtype: the user's storage, and the
 // parameters that checkpoints and exports hold) and as the engine works with it (the stage 3 shard,
-// the gathered units, the gradients): EngineOptions.param_dtype where set, else the registered one.
+// the gathered units, the gradients): ParamSpec.param_dtype, else EngineOptions.param_dtype, else the
+// registered one.
 // Parameters may mix dtypes (fp32 LayerNorm and biases beside bf16 matrices): the layout gives each
 // dtype buckets of its own.
 struct ModelDtypes {
   std::optional<DType> param_dtype;  // EngineOptions.param_dtype
   std::optional<DType> storage;      // the registered dtype, when every trainable parameter has the same
-  DType compute(const ParamSpec& p) const { return param_dtype.value_or(p.dtype); }
+  DType compute(const ParamSpec& p) const { return p.param_dtype.value_or(param_dtype.value_or(p.dtype)); }
 };
 
 struct PolicyInputs {

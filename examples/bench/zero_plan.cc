@@ -72,8 +72,8 @@ plan::ModelSpec read_model(examples::Flags& flags, int tp, bool sequence_paralle
   const int tensors = flags.get_int("tensors", 16);
   const DType dtype = parse_dtype(flags.get("dtype", "bf16"));
   const bool fp32_norms = flags.get_bool("fp32-norms", false);
-  if (fp32_norms && (gpt.empty() || dtype == DType::kFloat32)) {
-    ZERO_THROW(InvalidArgument, "--fp32-norms keeps a --gpt model's LayerNorms and biases in fp32: it needs --gpt and a 16-bit --dtype");
+  if (fp32_norms && gpt.empty()) {
+    ZERO_THROW(InvalidArgument, "--fp32-norms keeps a --gpt model's LayerNorms and biases in fp32: it needs --gpt");
   }
   const int given = !gpt.empty() + !shapes.empty() + !st.empty() + (millions > 0);
   if (given != 1) ZERO_THROW(InvalidArgument, "give the model one way: --params-m, --shapes, --safetensors or --gpt");

@@ -10,8 +10,9 @@
 // model computes in fp32: entering a unit widens its bf16 parameters into fp32 copies, a backward
 // scope collects their gradients in fp32 and adds them, rounded to bf16, into the engine's buffers
 // when it closes. With `fp32_norms` the LayerNorm weights and every bias (the parameters without
-// weight decay) are registered in fp32 beside the bf16 matrices and embeddings, as mixed-precision
-// training keeps them: the engine holds both dtypes, and those parameters are read in place.
+// weight decay) stay fp32 beside the bf16 matrices and embeddings, as mixed-precision training keeps
+// them: registered in fp32 (a bf16 model), or kept fp32 over EngineOptions.param_dtype by their
+// ParamSpec.param_dtype (an fp32 model). The engine holds both dtypes; those are read in place.
 #include <map>
 #include <optional>
 #include <vector>
@@ -49,8 +50,11 @@ class GptScopes {
     wide_grad_.resize(n);
     for (size_t i = 0; i < n; ++i) {
       Gpt::Param& p = model.params()[i];
-      const DType registered = fp32_norms && !p.decay ? DType::kFloat32 : dtype;
-      compute_.push_back(engine.options().param_dtype.value_or(registered));
+      const bool fp32_kept = fp32_norms && !p.decay;
+      const DType registered = fp32_kept ? DType::kFloat32 : dtype;
+      const std::optional<DType> own = fp32_kept && engine.options().param_dtype ? std::optional(DType::kFloat32)
+                                                                                  : std::nullopt;
+      compute_.push_back(own.value_or(engine.options().param_dtype.value_or(registered)));
       ZERO_CHECK(compute_[i] == DType::kFloat32 || compute_[i] == DType::kBFloat16, "the GPT computes from fp32 or bf16");
       StorageRef data{p.values.data(), p.values.size()};
       if (registered == DType::kBFloat16) {
@@ -59,7 +63,8 @@ class GptScopes {
         data = {bf16_[i].data(), bf16_[i].size()};
       }
       ids_.push_back(engine.add_param({.name = p.name, .shape = p.shape, .dtype = registered, .data = data,
-                                       .unit = p.unit, .group = p.decay ? 0 : 1, .tp = p.tp, .tied = p.tied}));
+                                       .unit = p.unit, .group = p.decay ? 0 : 1, .tp = p.tp, .tied = p.tied,
+                                       .param_dtype = own}));
     }
   }
   GptScopes(const GptScopes&) = delete;

@@ -13,8 +13,9 @@ namespace zero::examples {
 // `tp` > 1: one tensor-parallel rank's parts (Gpt(full, parallel)'s shapes and placements; the
 // vocabulary padded to a multiple of tp); `sequence_parallel`: replicated ones with partial gradients.
 // `stage` (not null): one pipeline stage's tensors (Gpt(full, parallel, stage)'s, the tied wte copy
-// marked) and that stage's scope schedule for one micro-batch. `fp32_norms` (bf16): LayerNorm
-// weights and biases in fp32, as GptScopes registers them.
+// marked) and that stage's scope schedule for one micro-batch. `fp32_norms`: LayerNorm weights and
+// biases in fp32, as GptScopes keeps them (registered fp32 in a bf16 model, ParamSpec.param_dtype
+// fp32 in an fp32 one).
 plan::ModelSpec gpt_model_spec(const GptConfig& config, DType dtype, int tp = 1, bool sequence_parallel = false,
                                const GptStage* stage = nullptr, bool fp32_norms = false);
 

@@ -22,8 +22,8 @@
 // --recompute: each block keeps only its input and runs its forward again in its backward
 // (activation checkpointing; docs/strategy.md). --param-dtype bf16 (stage 3, fp32 parameters): the
 // units are gathered and computed in bf16 from fp32 storage (EngineOptions.param_dtype; docs/optim.md).
-// --fp32-norms (with --dtype bf16): LayerNorm weights and biases stay fp32 beside the bf16 matrices
-// (parameters of two dtypes; docs/mixed_precision.md).
+// --fp32-norms (with --dtype bf16, or --param-dtype bf16): LayerNorm weights and biases stay fp32
+// beside the bf16 matrices (parameters of two dtypes; docs/mixed_precision.md).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -144,8 +144,9 @@ int run(int argc, char** argv) {
   if (flags.has("param-dtype")) opt.param_dtype = parse_dtype(flags.get("param-dtype", ""));
   const bool fp32_norms = flags.get_bool("fp32-norms", false);
   flags.check_all_used();
-  if (fp32_norms && dtype != DType::kBFloat16) {
-    ZERO_THROW(InvalidArgument, "--fp32-norms keeps LayerNorms and biases in fp32 beside bf16 matrices: it needs --dtype bf16");
+  if (fp32_norms && dtype != DType::kBFloat16 && !opt.param_dtype) {
+    ZERO_THROW(InvalidArgument,
+               "--fp32-norms keeps LayerNorms and biases in fp32 beside bf16 matrices: it needs --dtype bf16 or --param-dtype bf16");
   }
   if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
     ZERO_THROW(InvalidArgument, "the GPT runs in fp32 or bf16, got {}{}", dtype_name(dtype),
@@ -232,7 +233,7 @@ int run(int argc, char** argv) {
                 "data: %s, %zu bytes for training, %zu held out (unigram entropy %.4f nats/byte); global batch %d x "
                 "%d tokens\n",
                 cfg.n_layer, cfg.n_head, cfg.n_embd, T, whole.num_params(),
-                fp32_norms ? "bf16 (fp32 norms and biases)" : dtype_name(dtype), comm.size(),
+                fp32_norms && dtype != DType::kFloat32 ? "bf16 (fp32 norms and biases)" : dtype_name(dtype), comm.size(),
                 tp * pp > 1 ? fmt::format(" (dp {} x tp {} x pp {}{}{})", world, tp, pp,
                                           sequence_parallel ? ", sequence parallel" : "",
                                           pipe ? fmt::format(", {} with {} micro-batches", pipe->schedule().name,

@@ -81,7 +81,7 @@ EnginePlan plan_engine(const PlanInputs& in) {
     void* data = meta->reserve_unbacked(numel * dtype_size(in.model.dtype_of(t)));
     ids.push_back(engine.add_param({.name = t.name, .shape = t.shape, .dtype = in.model.dtype_of(t), .data = {data, numel},
                                     .unit = t.unit, .group = t.group, .requires_grad = t.trainable, .tp = t.tp,
-                                    .tied = t.tied}));
+                                    .tied = t.tied, .param_dtype = t.param_dtype}));
   }
   const std::vector<ScopeEvent> schedule =
       in.model.schedule.empty() ? default_schedule(in.model.tensors) : in.model.schedule;

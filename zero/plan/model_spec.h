@@ -20,6 +20,7 @@ struct TensorSpec {
   TpPlacement tp;
   bool tied = false;  // a copy another pipeline stage holds too (ParamSpec::tied)
   std::optional<DType> dtype;  // when it differs from ModelSpec::dtype (fp32 norms beside bf16 matrices)
+  std::optional<DType> param_dtype;  // ParamSpec::param_dtype (fp32 norms kept over a bf16 param_dtype)
 };
 
 // One thing a training loop's micro-step does with the engine's unit scopes, in order: open a unit's
