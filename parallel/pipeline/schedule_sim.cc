@@ -1,6 +1,7 @@
 #include "parallel/pipeline/schedule_sim.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 #include <tuple>
@@ -25,7 +26,118 @@ double ActionCosts::of(Op op, int k) const {
   }
 }
 
-SimResult simulate(const Schedule& s, const ActionCosts& costs) {
+namespace {
+
+using Channel = std::tuple<int, int, bool>;  // (from, to, gradients?)
+
+// Step time, idle times and the bubble fraction from the busy times and each rank's end.
+void finish_result(SimResult& r, const std::vector<double>& end) {
+  const size_t p = end.size();
+  for (size_t rank = 0; rank < p; ++rank) r.step_time = std::max(r.step_time, end[rank]);
+  double idle = 0;
+  for (size_t rank = 0; rank < p; ++rank) {
+    r.idle[rank] = r.step_time - r.busy[rank];
+    idle += r.idle[rank];
+  }
+  r.bubble_fraction = r.step_time > 0 ? idle / (static_cast<double>(p) * r.step_time) : 0.0;
+}
+
+// Processor sharing (the header): one clock for all ranks, advanced from event to event (a compute
+// action's end, a message's arrival), every running compute action progressing at the shared rate.
+SimResult simulate_shared(const Schedule& s, const ActionCosts& costs, double cores) {
+  const auto p = static_cast<size_t>(s.ranks);
+  SimResult r;
+  r.busy.assign(p, 0.0);
+  r.idle.assign(p, 0.0);
+  r.peak_in_flight.assign(p, 0);
+  r.timeline.resize(p);
+  struct Running {
+    bool on = false;
+    Action action;
+    double left = 0, cost = 0, start = 0;  // work left (in time alone on a core)
+  };
+  std::vector<Running> running(p);
+  std::vector<size_t> pc(p, 0);
+  std::vector<double> end(p, 0.0);
+  std::vector<std::set<std::pair<int, int>>> in_flight(p);
+  std::map<Channel, std::vector<double>> arrivals;
+  std::map<Channel, size_t> taken;
+  double t = 0;
+  while (true) {
+    // Every rank not computing goes through what takes no time: sends, receives whose data is here,
+    // and the start of its next compute action. A receive whose send is not posted, or whose data
+    // arrives later, waits.
+    double next_arrival = std::numeric_limits<double>::infinity();
+    for (bool progress = true; progress;) {
+      progress = false;
+      next_arrival = std::numeric_limits<double>::infinity();
+      for (size_t rank = 0; rank < p; ++rank) {
+        const int rk = static_cast<int>(rank);
+        const auto& actions = s.actions[rank];
+        while (!running[rank].on && pc[rank] < actions.size()) {
+          const Action& a = actions[pc[rank]];
+          if (is_compute(a.op)) {
+            const double cost = costs.of(a.op, s.virtual_stage(rk, a.chunk));
+            running[rank] = {true, a, cost, cost, t};
+            if (a.op == Op::kF) in_flight[rank].insert({a.mb, a.chunk});
+            if (a.op == Op::kB || a.op == Op::kBW) in_flight[rank].erase({a.mb, a.chunk});
+            r.peak_in_flight[rank] = std::max(r.peak_in_flight[rank], static_cast<int>(in_flight[rank].size()));
+            ++pc[rank];
+            progress = true;
+            break;
+          }
+          const bool grads = a.op == Op::kSendB || a.op == Op::kRecvB;
+          const int peer = s.peer(rk, a);
+          if (a.op == Op::kSendF || a.op == Op::kSendB) {
+            arrivals[{rk, peer, grads}].push_back(t + costs.transfer);
+            ++pc[rank];
+            progress = true;
+            continue;
+          }
+          const Channel channel{peer, rk, grads};
+          const std::vector<double>& posted = arrivals[channel];
+          size_t& n = taken[channel];
+          if (n == posted.size()) break;  // not posted yet
+          if (posted[n] > t) {
+            next_arrival = std::min(next_arrival, posted[n]);
+            break;
+          }
+          ++n;
+          ++pc[rank];
+          progress = true;
+          end[rank] = t;
+        }
+      }
+    }
+    size_t active = 0;
+    double soonest = std::numeric_limits<double>::infinity();  // work left of the shortest running
+    for (const Running& run : running) {
+      if (!run.on) continue;
+      ++active;
+      soonest = std::min(soonest, run.left);
+    }
+    if (active == 0 && next_arrival == std::numeric_limits<double>::infinity()) break;  // every rank done
+    const double rate = std::min(1.0, cores / static_cast<double>(active));
+    const double dt = active == 0 ? next_arrival - t : std::min(soonest / rate, next_arrival - t);
+    t += dt;
+    for (size_t rank = 0; rank < p; ++rank) {
+      Running& run = running[rank];
+      if (!run.on) continue;
+      run.left -= rate * dt;
+      if (run.left > 1e-12 * std::max(1.0, run.cost)) continue;
+      r.timeline[rank].push_back({run.action, run.start, t});
+      r.busy[rank] += t - run.start;
+      end[rank] = t;
+      run.on = false;
+    }
+  }
+  finish_result(r, end);
+  return r;
+}
+
+}  // namespace
+
+SimResult simulate(const Schedule& s, const ActionCosts& costs, double cores) {
   check_schedule(s);
   for (const auto* v : {&costs.forward, &costs.backward, &costs.weight}) {
     if (v->size() != 1 && v->size() != static_cast<size_t>(s.virtual_stages())) {
@@ -33,6 +145,8 @@ SimResult simulate(const Schedule& s, const ActionCosts& costs) {
                  s.virtual_stages(), s.virtual_stages());
     }
   }
+  if (cores < 0) ZERO_THROW(InvalidArgument, "pipeline simulation: {} cores", cores);
+  if (cores > 0 && cores < static_cast<double>(s.ranks)) return simulate_shared(s, costs, cores);
   const auto p = static_cast<size_t>(s.ranks);
   SimResult r;
   r.busy.assign(p, 0.0);
@@ -44,8 +158,8 @@ SimResult simulate(const Schedule& s, const ActionCosts& costs) {
   std::vector<std::set<std::pair<int, int>>> in_flight(p);  // (mb, chunk) forwarded, no B yet
   // Per channel (from, to, gradients?): when each posted send's data arrives, in order; how many
   // receives took theirs.
-  std::map<std::tuple<int, int, bool>, std::vector<double>> arrivals;
-  std::map<std::tuple<int, int, bool>, size_t> taken;
+  std::map<Channel, std::vector<double>> arrivals;
+  std::map<Channel, size_t> taken;
   for (bool progress = true; progress;) {
     progress = false;
     for (size_t rank = 0; rank < p; ++rank) {
@@ -78,13 +192,7 @@ SimResult simulate(const Schedule& s, const ActionCosts& costs) {
       }
     }
   }
-  for (size_t rank = 0; rank < p; ++rank) r.step_time = std::max(r.step_time, now[rank]);
-  double idle = 0;
-  for (size_t rank = 0; rank < p; ++rank) {
-    r.idle[rank] = r.step_time - r.busy[rank];
-    idle += r.idle[rank];
-  }
-  r.bubble_fraction = r.step_time > 0 ? idle / (static_cast<double>(p) * r.step_time) : 0.0;
+  finish_result(r, now);
   return r;
 }
 

@@ -6,6 +6,11 @@
 // and idle time, the bubble fraction (all idle time / (ranks x step time)), the peak number of
 // micro-batches in flight per rank (forwarded, input gradient not yet computed: the activations it
 // holds), and the timeline, which timeline_svg.h draws.
+//
+// Shared cores (ranks that are processes on a CPU with fewer cores than ranks): given `cores`, the
+// compute actions running at one moment progress at min(1, cores / running) of their speed each
+// (processor sharing), so a rank waiting in the bubble frees its share for the others. A compute
+// action's cost is then its time alone on a core; its span is the wall time it took.
 #include <vector>
 
 #include "parallel/pipeline/schedule.h"
@@ -33,7 +38,9 @@ struct SimResult {
   std::vector<std::vector<Span>> timeline;  // per rank, the compute actions
 };
 
-// The schedule must pass check_schedule (a deadlocking one is refused the same way).
-SimResult simulate(const Schedule& schedule, const ActionCosts& costs);
+// The schedule must pass check_schedule (a deadlocking one is refused the same way). `cores`: the
+// cores the ranks share (may be fractional: a pipeline among others on the same cores); 0, or at
+// least one per rank: each rank has its own.
+SimResult simulate(const Schedule& schedule, const ActionCosts& costs, double cores = 0);
 
 }  // namespace zero::parallel

@@ -107,6 +107,56 @@ TEST_CASE("uneven stages and transfer costs move the step as they should") {
   CHECK(simulate(one_f_one_b(4, 8), t).step_time >= simulate(one_f_one_b(4, 8), unit()).step_time + 2 * 3 * 0.5);
 }
 
+// Shared cores (processor sharing): with one core and free transfers some rank can always run, so
+// the step is all ranks' work end to end; a schedule that keeps one rank busy at a time (GPipe with
+// one micro-batch) costs what it costs unshared; otherwise the step is at least the unshared one
+// (no action runs faster) and at least the work divided by the cores.
+TEST_CASE("shared cores: one core runs all the work end to end; a rank in its bubble frees its share") {
+  for (int p : {2, 3, 4}) {
+    for (int m : {1, 4, 8}) {
+      CAPTURE(p);
+      CAPTURE(m);
+      std::vector<Schedule> schedules{gpipe(p, m), one_f_one_b(p, m), make_schedule("zb-h1", p, m)};
+      if (m % p == 0) schedules.push_back(interleaved_1f1b(p, m, 2));
+      for (const Schedule& s : schedules) {
+        CAPTURE(s.name);
+        ActionCosts c;
+        c.forward = {1.0};
+        c.backward = {2.0};
+        c.weight = {0.5};
+        const SimResult alone = simulate(s, c);
+        double work = 0;
+        for (double b : alone.busy) work += b;
+        const SimResult one = simulate(s, c, 1.0);
+        CHECK(one.step_time == doctest::Approx(work).epsilon(1e-9));
+        for (double cores : {1.5, p / 2.0}) {
+          if (cores >= p) continue;
+          CAPTURE(cores);
+          const SimResult shared = simulate(s, c, cores);
+          CHECK(shared.step_time >= alone.step_time * (1 - 1e-9));
+          CHECK(shared.step_time >= work / cores * (1 - 1e-9));
+          for (size_t r = 0; r < shared.timeline.size(); ++r) {
+            double busy = 0, last = 0;
+            for (const Span& span : shared.timeline[r]) {
+              CHECK(span.start >= last - 1e-9);
+              busy += span.end - span.start;
+              last = span.end;
+            }
+            CHECK(busy == doctest::Approx(shared.busy[r]).epsilon(1e-9));
+            CHECK(shared.peak_in_flight[r] == alone.peak_in_flight[r]);
+          }
+        }
+        // As many cores as ranks: each has its own.
+        CHECK(simulate(s, c, p).step_time == alone.step_time);
+      }
+    }
+  }
+  // One micro-batch through GPipe: one rank computes at a time, so one core is enough.
+  const SimResult chain = simulate(gpipe(4, 1), unit(), 1.0);
+  CHECK(chain.step_time == doctest::Approx(simulate(gpipe(4, 1), unit()).step_time));
+  CHECK_THROWS_WITH_AS(simulate(gpipe(2, 2), unit(), -1.0), doctest::Contains("-1 cores"), InvalidArgument);
+}
+
 TEST_CASE("bad parameters are refused naming them") {
   CHECK_THROWS_WITH_AS(interleaved_1f1b(4, 6, 2),
                        doctest::Contains("6 micro-batches are not a multiple of the 4 pipeline ranks"), InvalidArgument);

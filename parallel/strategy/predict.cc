@@ -234,7 +234,12 @@ PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stage
                            const Cluster& cluster) {
   PipelineTime out;
   // More ranks than devices on a machine whose ranks share its cores: each runs that much slower.
+  // In a pipeline the simulator shares the cores instead (a rank in its bubble frees its share):
+  // each pipeline gets devices / (dp x tp) of them.
   const double slow = cluster.shared_cores ? std::max(1.0, static_cast<double>(l.world()) / cluster.devices()) : 1.0;
+  const double pipeline_cores =
+      cluster.shared_cores ? static_cast<double>(cluster.devices()) / static_cast<double>(l.dp * l.tp) : 0.0;
+  const double compute_slow = l.pp > 1 ? 1.0 : slow;  // the simulator's cores slow a pipeline's compute
   const Link& tp_link = link_for(cluster, l.tp);
   const Link& pp_link = link_for(cluster, l.world());
   parallel::ActionCosts& costs = out.costs;
@@ -246,9 +251,9 @@ PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stage
     const StageCosts& c = stages[k];
     const size_t rank = k % static_cast<size_t>(l.pp);
     const double tf = tp_time(c.tp_forward, l.tp, tp_link), tb = tp_time(c.tp_backward, l.tp, tp_link);
-    costs.forward[k] = c.forward * slow + tf;
-    costs.backward[k] = c.backward_input * slow + tb;
-    costs.weight[k] = c.backward_weight * slow;
+    costs.forward[k] = c.forward * compute_slow + tf;
+    costs.backward[k] = c.backward_input * compute_slow + tb;
+    costs.weight[k] = c.backward_weight * compute_slow;
     out.tp[rank] += (tf + tb) * l.micro_batches;
     costs.transfer = std::max(costs.transfer, l.pp > 1 ? pp_link.time(c.send_bytes) : 0.0);
   }
@@ -264,7 +269,7 @@ PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stage
     }
   }
   if (l.pp > 1) {
-    const parallel::SimResult sim = parallel::simulate(schedule, costs);
+    const parallel::SimResult sim = parallel::simulate(schedule, costs, pipeline_cores);
     const size_t busiest = static_cast<size_t>(std::max_element(sim.busy.begin(), sim.busy.end()) - sim.busy.begin());
     out.time.compute = sim.busy[busiest];
     out.time.bubble = sim.step_time - sim.busy[busiest];

@@ -217,7 +217,7 @@ TEST_CASE("asked for the first k exactly, the search ranks them as planning ever
   }
 }
 
-TEST_CASE("tensor-parallel collectives by the ring formula; ranks beyond a machine's shared cores run slower") {
+TEST_CASE("tensor-parallel collectives by the ring formula; ranks beyond a machine's shared cores run slower, a pipeline's less") {
   const ToyCosts toy;
   const Prediction tp = predict(toy, {.tp = 2}, cluster(), settings());
   // Per layer and direction: an all-reduce of 4096 bytes over 2 ranks at 1e9 bytes/s.
@@ -229,6 +229,17 @@ TEST_CASE("tensor-parallel collectives by the ring formula; ranks beyond a machi
   const Prediction two = predict(toy, {.dp = 2}, shared, settings());
   CHECK(four.time.compute == doctest::Approx(2 * two.time.compute));
   CHECK(four.time.dp_exposed == four.time.dp_comm);  // nothing overlaps on shared cores
+  // A pipeline shares the cores instead: a rank in its bubble frees its share, so 4 stages on 2
+  // cores cost more than on 4 devices but less than every action at half speed.
+  Cluster own = shared;
+  own.devices_per_node = 4;
+  own.shared_cores = false;
+  const Layout pp4{.pp = 4, .micro_batches = 4};
+  const Prediction on_two = predict(toy, pp4, shared, settings());
+  const Prediction on_four = predict(toy, pp4, own, settings());
+  const double step2 = on_two.time.compute + on_two.time.bubble, step4 = on_four.time.compute + on_four.time.bubble;
+  CHECK(step2 > step4);
+  CHECK(step2 < 2 * step4);
 }
 
 TEST_CASE("the search: every supported layout, those that fit first; none fitting names the smallest") {
