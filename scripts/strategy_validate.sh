@@ -11,8 +11,15 @@
 # Selected: the planner's first 8 choices, and every layout without offload whose micro-batches are
 # pp or 2 pp (at N = 4 also only ZeRO stages 1 and 3), so that each (dp, tp, pp), schedule and
 # sequence-parallel choice is run.
+#
+# Drift: this machine's speed moves by more than 20% within a sweep. The planner's first choice is
+# the reference: it runs again after every REF_EVERY (default 6) layouts, and each layout's
+# measured time is also compared to the reference's measured next to it (interpolated between the
+# runs before and after), as a ratio against the same ratio predicted. That comparison does not
+# move with the machine's speed (nor with an error the calibration makes on every layout alike).
 # Output under $OUT (default /tmp/strategy_validate): cluster.json, plan_N.tsv, runs/, results.tsv,
-# noise.tsv, strategy_frontier_n2.svg (docs/images/ holds the one docs/strategy.md shows).
+# reference.tsv, noise.tsv, strategy_frontier_n2.svg (docs/images/ holds the one docs/strategy.md
+# shows).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bazel build -c opt //comm/launch:zerorun //examples/gpt:train_gpt //examples/gpt:calibrate_gpt //examples/bench:zero_plan >&2
@@ -20,6 +27,7 @@ bin=$(bazel info -c opt bazel-bin 2>/dev/null)
 out=${OUT:-/tmp/strategy_validate}
 steps=${STEPS:-25}
 ns=${NS:-1 2 4}
+ref_every=${REF_EVERY:-6}
 mkdir -p "$out/runs"
 gpt=4,64,4,256,64
 batch=16
@@ -53,8 +61,10 @@ run_layout() {  # N, flags, log
 
 : >"$out/results.tsv"
 : >"$out/noise.tsv"
+: >"$out/reference.tsv"
 first=()
 for n in $ns; do
+  seq=0  # runs at this N, the reference's included
   "$bin/examples/bench/zero_plan" --auto --list --gpt "$gpt" --batch "$batch" --world "$n" \
     --cluster "$out/cluster.json" >"$out/plan_$n.tsv"
   rank=0
@@ -73,11 +83,29 @@ for n in $ns; do
       continue
     fi
     read -r measured measured_act < <(measure "$log")
-    ((${#first[@]} > 0)) || first=("$key" "$flags" "$measured")  # the planner's first choice that ran
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$n" "$rank" "$key" "$ms" "$measured" "$act" "$measured_act" >>"$out/results.tsv"
+    seq=$((seq + 1))
+    if ((${#first[@]} == 0)); then  # the planner's first choice that ran: the reference
+      first=("$key" "$flags" "$measured" "$ms")
+      printf '%s\t%s\t%s\t%s\n' "$n" "$seq" "$measured" "$ms" >>"$out/reference.tsv"
+    fi
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$n" "$rank" "$key" "$ms" "$measured" "$act" "$measured_act" "$seq" \
+      >>"$out/results.tsv"
     printf '%-36s predicted %8.2f ms  measured %8.2f ms  ratio %.3f  activations %s / %s\n' "$key" "$ms" "$measured" \
       "$(awk -v a="$ms" -v b="$measured" 'BEGIN { print a / b }')" "$act" "$measured_act" >&2
+    if ((seq % ref_every == 0)); then
+      seq=$((seq + 1))
+      run_layout "$n" "${first[1]}" "$out/runs/${first[0]}.ref$seq.log" &&
+        printf '%s\t%s\t%s\t%s\n' "$n" "$seq" "$(measure "$out/runs/${first[0]}.ref$seq.log" | cut -d' ' -f1)" "${first[3]}" \
+          >>"$out/reference.tsv"
+    fi
   done <"$out/plan_$n.tsv"
+  # The reference once more at the end, so that the last layouts sit between two of its runs.
+  if ((${#first[@]} > 0)); then
+    seq=$((seq + 1))
+    run_layout "$n" "${first[1]}" "$out/runs/${first[0]}.ref$seq.log" &&
+      printf '%s\t%s\t%s\t%s\n' "$n" "$seq" "$(measure "$out/runs/${first[0]}.ref$seq.log" | cut -d' ' -f1)" "${first[3]}" \
+        >>"$out/reference.tsv"
+  fi
   # The machine's own noise: the first choice again, twice, after the sweep (the same work; what
   # differs between its three medians is this machine's load over time).
   if ((${#first[@]} == 3)); then
@@ -95,22 +123,36 @@ done
   --svg "$out/strategy_frontier_n2.svg" >/dev/null
 bash scripts/screenshot_check.sh "$out/strategy_frontier_n2.svg" "$out/strategy_frontier_n2.png" 900,560 >&2
 
-# Per N: the table, Kendall tau between the predicted and measured orders, the first choice.
+# Per N: the table, Kendall tau between the predicted and measured orders, the first choice; and
+# against the reference run next to each layout (interpolated between the runs before and after).
 awk -F'\t' '
-  { n = $1; c[n]++; i = c[n]; key[n, i] = $3; p[n, i] = $4; m[n, i] = $5; pa[n, i] = $6; ma[n, i] = $7 }
+  FNR == NR { rn[$1]++; rs[$1, rn[$1]] = $2; rm[$1, rn[$1]] = $3; rp[$1] = $4; next }
+  { n = $1; c[n]++; i = c[n]; key[n, i] = $3; p[n, i] = $4; m[n, i] = $5; pa[n, i] = $6; ma[n, i] = $7; sq[n, i] = $8 }
+  function reference(n, s,   j, a, b) {  # the reference measured at run s: interpolated
+    a = 0; b = 0
+    for (j = 1; j <= rn[n]; j++) { if (rs[n, j] <= s) a = j; if (rs[n, j] >= s && b == 0) b = j }
+    if (a == 0) return rm[n, b]
+    if (b == 0 || rs[n, b] == rs[n, a]) return rm[n, a]
+    return rm[n, a] + (rm[n, b] - rm[n, a]) * (s - rs[n, a]) / (rs[n, b] - rs[n, a])
+  }
   END {
     for (n = 1; n <= 64; n++) {
       if (!(n in c)) continue
-      printf "\nN = %d: %d layouts\n%-36s %12s %12s %8s %14s %14s\n", n, c[n], "layout", "predicted ms", "measured ms", "ratio", "act. planned", "act. measured"
-      within = 0; exact = 0; best = 1; worst = 0
+      printf "\nN = %d: %d layouts\n%-36s %12s %12s %8s %10s %14s %14s\n", n, c[n], "layout", "predicted ms", "measured ms", "ratio", "vs ref.", "act. planned", "act. measured"
+      within = 0; exact = 0; best = 1; worst = 0; rwithin = 0; rworst = 0
       for (i = 1; i <= c[n]; i++) {
         r = p[n, i] / m[n, i]
-        printf "%-36s %12.2f %12.2f %8.3f %14s %14s\n", key[n, i], p[n, i], m[n, i], r, pa[n, i], ma[n, i]
+        rr = (p[n, i] / rp[n]) / (m[n, i] / reference(n, sq[n, i]))
+        printf "%-36s %12.2f %12.2f %8.3f %10.3f %14s %14s\n", key[n, i], p[n, i], m[n, i], r, rr, pa[n, i], ma[n, i]
         if (r >= 0.8 && r <= 1.2) within++
+        if (rr >= 0.8 && rr <= 1.2) rwithin++
         if (pa[n, i] == ma[n, i]) exact++
         if (m[n, i] < m[n, best]) best = i
         e = (r > 1 ? r - 1 : 1 - r); if (e > worst) worst = e
+        e = (rr > 1 ? rr - 1 : 1 - rr); if (e > rworst) rworst = e
       }
+      lo = rm[n, 1]; hi = rm[n, 1]
+      for (j = 1; j <= rn[n]; j++) { if (rm[n, j] < lo) lo = rm[n, j]; if (rm[n, j] > hi) hi = rm[n, j] }
       conc = 0; disc = 0
       for (i = 1; i <= c[n]; i++) for (j = i + 1; j <= c[n]; j++) {
         s = (p[n, i] - p[n, j]) * (m[n, i] - m[n, j])
@@ -118,9 +160,10 @@ awk -F'\t' '
       }
       tau = (conc + disc) > 0 ? (conc - disc) / (conc + disc) : 1
       printf "within 20%%: %d of %d (largest error %.1f%%); activations exact: %d of %d; Kendall tau %.3f\n", within, c[n], 100 * worst, exact, c[n], tau
+      printf "against the reference next to each: within 20%%: %d of %d (largest error %.1f%%); the reference (%s) ran %d times, %.2f-%.2f ms (%.1f%% apart)\n", rwithin, c[n], 100 * rworst, key[n, 1], rn[n], lo, hi, 100 * (hi / lo - 1)
       printf "first choice %s measured %.2f ms; fastest measured %s at %.2f ms (first choice %+.1f%%)\n", key[n, 1], m[n, 1], key[n, best], m[n, best], 100 * (m[n, 1] / m[n, best] - 1)
     }
-  }' "$out/results.tsv"
+  }' "$out/reference.tsv" "$out/results.tsv"
 awk -F'\t' '{
   split($3 " " $4, v, " "); lo = v[1]; hi = v[1]
   for (i in v) { if (v[i] < lo) lo = v[i]; if (v[i] > hi) hi = v[i] }
