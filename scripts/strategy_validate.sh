@@ -18,8 +18,8 @@
 # runs before and after), as a ratio against the same ratio predicted. That comparison does not
 # move with the machine's speed (nor with an error the calibration makes on every layout alike).
 # Output under $OUT (default /tmp/strategy_validate): cluster.json, plan_N.tsv, runs/, results.tsv,
-# reference.tsv, noise.tsv, strategy_frontier_n2.svg (docs/images/ holds the one docs/strategy.md
-# shows).
+# reference.tsv (the reference's runs: how far apart the same work's medians fall here),
+# strategy_frontier_n2.svg (docs/images/ holds the one docs/strategy.md shows).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bazel build -c opt //comm/launch:zerorun //examples/gpt:train_gpt //examples/gpt:calibrate_gpt //examples/bench:zero_plan >&2
@@ -60,7 +60,6 @@ run_layout() {  # N, flags, log
 }
 
 : >"$out/results.tsv"
-: >"$out/noise.tsv"
 : >"$out/reference.tsv"
 first=()
 for n in $ns; do
@@ -105,15 +104,6 @@ for n in $ns; do
     run_layout "$n" "${first[1]}" "$out/runs/${first[0]}.ref$seq.log" &&
       printf '%s\t%s\t%s\t%s\n' "$n" "$seq" "$(measure "$out/runs/${first[0]}.ref$seq.log" | cut -d' ' -f1)" "${first[3]}" \
         >>"$out/reference.tsv"
-  fi
-  # The machine's own noise: the first choice again, twice, after the sweep (the same work; what
-  # differs between its three medians is this machine's load over time).
-  if ((${#first[@]} == 3)); then
-    again=()
-    for k in 1 2; do
-      run_layout "$n" "${first[1]}" "$out/runs/${first[0]}.again$k.log" && again+=("$(measure "$out/runs/${first[0]}.again$k.log" | cut -d' ' -f1)")
-    done
-    printf '%s\t%s\t%s\t%s\n' "$n" "${first[0]}" "${first[2]}" "${again[*]}" >>"$out/noise.tsv"
   fi
   first=()
 done
@@ -164,8 +154,3 @@ awk -F'\t' '
       printf "first choice %s measured %.2f ms; fastest measured %s at %.2f ms (first choice %+.1f%%)\n", key[n, 1], m[n, 1], key[n, best], m[n, best], 100 * (m[n, 1] / m[n, best] - 1)
     }
   }' "$out/reference.tsv" "$out/results.tsv"
-awk -F'\t' '{
-  split($3 " " $4, v, " "); lo = v[1]; hi = v[1]
-  for (i in v) { if (v[i] < lo) lo = v[i]; if (v[i] > hi) hi = v[i] }
-  printf "N = %d: the first choice %s measured %s ms, then %s ms (three runs %.1f%% apart)\n", $1, $2, $3, $4, 100 * (hi / lo - 1)
-}' "$out/noise.tsv"
