@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "base/check.h"
@@ -33,9 +34,20 @@ std::string join(const std::vector<std::string>& names) {
 
 c10::StorageImpl& storage_of(const torch::Tensor& t) { return *t.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl(); }
 
-// A non-owning view of the engine's fp32 memory with `like`'s shape.
+// A non-owning view of the engine's memory with `like`'s shape and dtype.
 torch::Tensor view_of(void* ptr, const torch::Tensor& like) {
-  return at::from_blob(ptr, like.sizes(), at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
+  return at::from_blob(ptr, like.sizes(), at::TensorOptions().dtype(like.scalar_type()).device(at::kCPU));
+}
+
+// The engine's dtype of a parameter's scalar type: fp32, bf16 or fp16 (each parameter its own: a
+// module kept in fp32 beside bf16 ones), or none.
+std::optional<DType> engine_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return DType::kFloat32;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kHalf: return DType::kFloat16;
+    default: return std::nullopt;
+  }
 }
 
 }  // namespace
@@ -43,12 +55,13 @@ torch::Tensor view_of(void* ptr, const torch::Tensor& like) {
 TorchEngine::TorchEngine(Engine& engine, torch::nn::Module& model, TorchEngineOptions options)
     : engine_(engine), model_(model), options_(std::move(options)) {
   if (engine.finalized()) ZERO_THROW(InvalidArgument, "TorchEngine: the engine is already finalized; register first");
-  // The modules' tensors are fp32 views of the engine's memory; a narrower param_dtype would have them
-  // read bf16 bits as floats.
-  if (engine.options().param_dtype && *engine.options().param_dtype != DType::kFloat32) {
+  // The modules' tensors are views of the engine's memory in their own dtypes; a param_dtype would
+  // have them read another dtype's bits.
+  if (engine.options().param_dtype) {
     ZERO_THROW(InvalidArgument,
-               "TorchEngine: EngineOptions.param_dtype {} is not supported: the adapter's modules compute on fp32 views "
-               "of the parameters (leave param_dtype unset)",
+               "TorchEngine: EngineOptions.param_dtype {} is not supported: the adapter's modules compute on views of "
+               "the parameters in their own dtypes (leave param_dtype unset, and convert the modules to compute in "
+               "another dtype: module->to(torch::kBFloat16))",
                dtype_name(*engine.options().param_dtype));
   }
   const bool stage3 = engine.options().stage == 3;
@@ -86,12 +99,14 @@ TorchEngine::TorchEngine(Engine& engine, torch::nn::Module& model, TorchEngineOp
     const std::string& name = item.key();
     const torch::Tensor& t = item.value();
     if (!first_name.emplace(t.unsafeGetTensorImpl(), name).second) continue;
-    if (t.scalar_type() != at::kFloat || !t.device().is_cpu() || !t.is_contiguous()) {
-      ZERO_THROW(InvalidArgument, "TorchEngine: parameter '{}' is {} on {}{}: the adapter takes fp32 CPU contiguous tensors",
+    if (!engine_dtype(t.scalar_type()) || !t.device().is_cpu() || !t.is_contiguous()) {
+      ZERO_THROW(InvalidArgument,
+                 "TorchEngine: parameter '{}' is {} on {}{}: the adapter takes CPU contiguous tensors of float, bfloat16 "
+                 "or half",
                  name, c10::toString(t.scalar_type()), t.device().str(), t.is_contiguous() ? "" : ", not contiguous");
     }
     if (stage3 && t.requires_grad() &&
-        (t.storage_offset() != 0 || storage_of(t).nbytes() != static_cast<size_t>(t.numel()) * sizeof(float))) {
+        (t.storage_offset() != 0 || storage_of(t).nbytes() != static_cast<size_t>(t.numel() * t.element_size()))) {
       ZERO_THROW(InvalidArgument,
                  "TorchEngine: parameter '{}' shares its storage with other tensors (offset {}, {} bytes for {} "
                  "elements); stage 3 points each parameter's storage at its gathered copy, so each needs its own",
@@ -126,7 +141,7 @@ TorchEngine::TorchEngine(Engine& engine, torch::nn::Module& model, TorchEngineOp
       if (shape.empty()) shape = {1};  // a 0-d parameter is one element
       p.id = engine.add_param({.name = p.name,
                                .shape = shape,
-                               .dtype = DType::kFloat32,
+                               .dtype = *engine_dtype(p.tensor.scalar_type()),
                                .data = {p.tensor.data_ptr(), static_cast<size_t>(p.tensor.numel())},
                                .unit = static_cast<int>(u),
                                .group = group,

@@ -11,8 +11,9 @@
 //     zt.step();                                             // instead of optimizer.step()/zero_grad()
 //   }
 //
-// Registration. Every parameter of the module (named_parameters(), fp32, CPU, contiguous) is
-// registered by pointer: the engine reads and updates the tensor's own storage below stage 3. Units
+// Registration. Every parameter of the module (named_parameters(): float, bfloat16 or half, each its
+// own, as a model converted to bf16 but for some layers; CPU, contiguous) is registered by pointer, in
+// its dtype: the engine reads and updates the tensor's own storage below stage 3. Units
 // (what stage 3 gathers at once) are module paths or parameter names; each parameter joins the unit
 // whose name is its longest dot-boundary prefix. By default each direct child module is a unit (in
 // registration order), and the root's own parameters, if it has any, one more unit named "", first.
@@ -73,8 +74,8 @@ struct TorchEngineOptions {
 class TorchEngine {
  public:
   // Registers every parameter of `model` with `engine` (before engine.finalize()); keeps both by
-  // reference. Throws InvalidArgument naming the parameter that is not fp32, CPU and contiguous with
-  // storage of its own, or that no unit claims.
+  // reference. Throws InvalidArgument naming the parameter that is not float, bfloat16 or half, CPU and
+  // contiguous with storage of its own, or that no unit claims.
   TorchEngine(Engine& engine, torch::nn::Module& model, TorchEngineOptions options = {});
   ~TorchEngine();
   TorchEngine(const TorchEngine&) = delete;

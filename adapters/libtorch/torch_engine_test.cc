@@ -297,5 +297,72 @@ TEST_CASE("TorchEngine::forward runs a Sequential unit by unit; a child with par
   });
 }
 
+// A bf16 projection beside an fp32 head, as a model converted to bf16 but for its last layer: the
+// adapter registers each parameter in its own dtype.
+struct MixedImpl : torch::nn::Module {
+  MixedImpl() : in(register_module("in", torch::nn::Linear(kIn, kD))), head(register_module("head", torch::nn::Linear(kD, kIn))) {
+    in->to(torch::kBFloat16);
+  }
+  torch::nn::Linear in, head;
+};
+TORCH_MODULE(Mixed);
+
+// One rank's training of Mixed at `stage`: the losses and the final parameters.
+Trace mixed_rank(comm::Communicator& comm, int stage) {
+  Mixed m = [] {
+    static std::mutex mutex;
+    std::lock_guard<std::mutex> lock(mutex);
+    torch::manual_seed(5);
+    return Mixed();
+  }();
+  EngineOptions o = options_for(stage);
+  o.deterministic = true;
+  o.grad_accum_dtype = DType::kBFloat16;  // bf16 gradients stay bf16 at every stage, fp32 ones fp32
+  Engine engine(comm, o);
+  TorchEngine zt(engine, *m);
+  zt.finalize();
+  Trace t;
+  const int64_t local = kBatch / comm.size();
+  for (int s = 0; s < kSteps; ++s) {
+    const Batch b = batch_of(s);
+    torch::Tensor x = b.x.narrow(0, comm.rank() * local, local), y = b.labels.narrow(0, comm.rank() * local, local);
+    torch::Tensor h = zt.forward_unit(zt.unit("in"), x, [&](const torch::Tensor& v) {
+      return m->in(v.to(torch::kBFloat16)).to(torch::kFloat);
+    });
+    torch::Tensor logits = zt.forward_unit(zt.unit("head"), torch::gelu(h), [&](const torch::Tensor& v) { return m->head(v); });
+    torch::Tensor loss = torch::nn::functional::cross_entropy(logits, y);
+    zt.backward(loss);
+    zt.step();
+    double l = loss.item<double>();
+    comm.all_reduce(&l, 1, DType::kFloat64, comm::ReduceOp::kAvg)->wait();
+    t.losses.push_back(l);
+  }
+  t.params = zt.full_parameters();
+  return t;
+}
+
+TEST_CASE("TorchEngine: a bf16 module beside an fp32 one trains the same bits at stages 0-3") {
+  torch::set_num_threads(1);
+  std::vector<Trace> first(2);
+  for (int stage : {0, 1, 2, 3}) {
+    CAPTURE(stage);
+    std::vector<Trace> got(2);
+    testing::run_thread_ranks(2, [&](comm::Communicator& comm) { got[static_cast<size_t>(comm.rank())] = mixed_rank(comm, stage); });
+    REQUIRE(got[0].params.size() == 4);
+    CHECK((got[0].params[0].second.scalar_type() == torch::kBFloat16));  // in.weight
+    CHECK((got[0].params[2].second.scalar_type() == torch::kFloat));     // head.weight
+    CHECK(got[0].losses.back() < got[0].losses.front());
+    if (stage == 0) {
+      first = got;
+      continue;
+    }
+    CHECK(got[0].losses == first[0].losses);
+    for (size_t i = 0; i < got[0].params.size(); ++i) {
+      CAPTURE(got[0].params[i].first);
+      CHECK(torch::equal(got[0].params[i].second, first[0].params[i].second));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zero::libtorch
