@@ -97,10 +97,9 @@ void GradReducer::ensure_full() {
 
 void* GradReducer::in_full(size_t b, size_t flat) { return full_.as<char>() + layout_.flat_bytes(b, flat); }
 
-void* GradReducer::in_accum(size_t b, size_t opt) const {
-  char* base = const_cast<char*>(accum_.as<char>());
-  if (config_.accum_dtype) return base + opt * dtype_size(*config_.accum_dtype);
-  return base + (ownership_.is_replicated() ? layout_.flat_bytes(b, opt) : layout_.shard_bytes(b, opt));
+size_t GradReducer::accum_offset(size_t b, size_t opt) const {
+  if (config_.accum_dtype) return opt * dtype_size(*config_.accum_dtype);
+  return ownership_.is_replicated() ? layout_.flat_bytes(b, opt) : layout_.shard_bytes(b, opt);
 }
 
 void GradReducer::reset_buckets() {
@@ -355,7 +354,7 @@ void GradReducer::finish(size_t b, const Piece& piece, comm::Work& work) {
   if (lo >= hi) return;
   const void* reduced = at(piece.cbuf, rd, mine + (lo - piece_lo));
   if (config_.accumulate) {
-    void* acc = in_accum(b, own.opt_begin + (lo - own.flat_begin));
+    void* acc = accum_.as<char>() + accum_offset(b, own.opt_begin + (lo - own.flat_begin));
     if (accum_has_data_ || bucket_has_data_[b]) {
       device_.accumulate(acc, accum_dtype(b), reduced, rd, hi - lo, *stream_);
     } else {
@@ -427,7 +426,7 @@ void GradReducer::end_micro_step() {
 
 GradReducer::Reduced GradReducer::reduced(size_t b) const {
   const OwnedRange own = ownership_.range(b);
-  if (config_.accumulate) return {in_accum(b, own.opt_begin), accum_dtype(b)};
+  if (config_.accumulate) return {accum_.as<char>() + accum_offset(b, own.opt_begin), accum_dtype(b)};
   return {full_.as<char>() + layout_.flat_bytes(b, own.flat_begin), layout_.buckets()[b].dtype};
 }
 

@@ -127,8 +127,8 @@ class GradReducer {
   void* in_full(size_t b, size_t flat);  // flat element `flat` of bucket b in the full buffer
   DType reduce_dtype(size_t b) const { return config_.reduce_dtype.value_or(layout_.buckets()[b].dtype); }
   DType accum_dtype(size_t b) const { return config_.accum_dtype.value_or(layout_.buckets()[b].dtype); }
-  // Optimizer-space element `opt` of bucket b in the accumulator.
-  void* in_accum(size_t b, size_t opt) const;
+  // Where optimizer-space element `opt` of bucket b sits in the accumulator, in bytes.
+  size_t accum_offset(size_t b, size_t opt) const;
   bool uses_full() const { return !full_.empty() && (config_.full_grads || unreduced_ || !sync_); }
   void ensure_full();
   void stage_tensor(size_t t);
