@@ -30,6 +30,15 @@ namespace {
 
 using Channel = std::tuple<int, int, bool>;  // (from, to, gradients?)
 
+SimResult empty_result(size_t ranks) {
+  SimResult r;
+  r.busy.assign(ranks, 0.0);
+  r.idle.assign(ranks, 0.0);
+  r.peak_in_flight.assign(ranks, 0);
+  r.timeline.resize(ranks);
+  return r;
+}
+
 // Step time, idle times and the bubble fraction from the busy times and each rank's end.
 void finish_result(SimResult& r, const std::vector<double>& end) {
   const size_t p = end.size();
@@ -46,11 +55,7 @@ void finish_result(SimResult& r, const std::vector<double>& end) {
 // action's end, a message's arrival), every running compute action progressing at the shared rate.
 SimResult simulate_shared(const Schedule& s, const ActionCosts& costs, double cores) {
   const auto p = static_cast<size_t>(s.ranks);
-  SimResult r;
-  r.busy.assign(p, 0.0);
-  r.idle.assign(p, 0.0);
-  r.peak_in_flight.assign(p, 0);
-  r.timeline.resize(p);
+  SimResult r = empty_result(p);
   struct Running {
     bool on = false;
     Action action;
@@ -148,11 +153,7 @@ SimResult simulate(const Schedule& s, const ActionCosts& costs, double cores) {
   if (cores < 0) ZERO_THROW(InvalidArgument, "pipeline simulation: {} cores", cores);
   if (cores > 0 && cores < static_cast<double>(s.ranks)) return simulate_shared(s, costs, cores);
   const auto p = static_cast<size_t>(s.ranks);
-  SimResult r;
-  r.busy.assign(p, 0.0);
-  r.idle.assign(p, 0.0);
-  r.peak_in_flight.assign(p, 0);
-  r.timeline.resize(p);
+  SimResult r = empty_result(p);
   std::vector<double> now(p, 0.0);
   std::vector<size_t> pc(p, 0);
   std::vector<std::set<std::pair<int, int>>> in_flight(p);  // (mb, chunk) forwarded, no B yet
