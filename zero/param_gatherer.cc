@@ -187,8 +187,8 @@ void ParamGatherer::issue(size_t b, GatherUse use, bool ahead) {
   comm::CallLabel label(comm_, unit_label(b, use));
   u.work = comm_.all_gather(send, full, B.chunk, B.dtype);
   if (StepTimings* t = timings()) {
-    t->gathered_bytes += B.padded * es;
-    if (ahead) t->prefetched_bytes += B.padded * es;
+    t->gathered_bytes += unit_bytes(b);
+    if (ahead) t->prefetched_bytes += unit_bytes(b);
   }
 }
 

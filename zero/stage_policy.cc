@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "base/check.h"
@@ -19,20 +20,22 @@ void poison_registered_storage(memory::Device& device, const std::vector<Registe
                                const std::vector<size_t>& numels, std::chrono::milliseconds timeout) {
   constexpr size_t kPattern = 1 << 14;  // elements copied at a time
   memory::Stream& compute = device.compute_stream();
-  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+  std::map<DType, memory::Buffer> patterns;  // one per dtype the parameters have
+  for (size_t t = 0; t < storage.size(); ++t) {
+    const DType dtype = storage[t].dtype;
     const size_t es = dtype_size(dtype);
-    const uint32_t nan_bits = dtype == DType::kFloat32 ? 0x7FC00000u : dtype == DType::kBFloat16 ? 0x7FC0u : 0x7E00u;
-    memory::Buffer pattern = device.allocate_host_staging(kPattern * es, memory::Category::kOther);
-    for (size_t i = 0; i < kPattern; ++i) std::memcpy(pattern.as<char>() + i * es, &nan_bits, es);
-    for (size_t t = 0; t < storage.size(); ++t) {
-      if (storage[t].dtype != dtype) continue;
-      char* dst = static_cast<char*>(const_cast<void*>(storage[t].data));
-      for (size_t done = 0; done < numels[t]; done += kPattern) {
-        device.copy(dst + done * es, pattern.data(), std::min(kPattern, numels[t] - done) * es, compute);
-      }
+    memory::Buffer& pattern = patterns[dtype];
+    if (pattern.empty()) {
+      const uint32_t nan_bits = dtype == DType::kFloat32 ? 0x7FC00000u : dtype == DType::kBFloat16 ? 0x7FC0u : 0x7E00u;
+      pattern = device.allocate_host_staging(kPattern * es, memory::Category::kOther);
+      for (size_t i = 0; i < kPattern; ++i) std::memcpy(pattern.as<char>() + i * es, &nan_bits, es);
     }
-    device.synchronize(compute, timeout);  // the pattern is read until here
+    char* dst = static_cast<char*>(const_cast<void*>(storage[t].data));
+    for (size_t done = 0; done < numels[t]; done += kPattern) {
+      device.copy(dst + done * es, pattern.data(), std::min(kPattern, numels[t] - done) * es, compute);
+    }
   }
+  device.synchronize(compute, timeout);  // the patterns are read until here
 }
 
 }  // namespace

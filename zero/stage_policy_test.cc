@@ -63,7 +63,7 @@ TEST_CASE("each stage wires its layout, ownership, gatherer, writeback and memor
       const std::optional<ModelDtypes> dtypes = check_registration(o, m.reg);
       REQUIRE(dtypes);
       REQUIRE(dtypes->storage == DType::kBFloat16);
-      REQUIRE(!dtypes->param_dtype);
+      REQUIRE(dtypes->compute(m.reg.param(0)) == DType::kBFloat16);
       EngineParts parts = wire_stage({&o, &m.reg, {0, 1}, *dtypes, &comm, nullptr, device.get()});
 
       CHECK(parts.ownership->is_replicated() == (stage == 0));

@@ -50,21 +50,18 @@ class GptScopes {
     wide_grad_.resize(n);
     for (size_t i = 0; i < n; ++i) {
       Gpt::Param& p = model.params()[i];
-      const bool fp32_kept = fp32_norms && !p.decay;
-      const DType registered = fp32_kept ? DType::kFloat32 : dtype;
-      const std::optional<DType> own = fp32_kept && engine.options().param_dtype ? std::optional(DType::kFloat32)
-                                                                                  : std::nullopt;
-      compute_.push_back(own.value_or(engine.options().param_dtype.value_or(registered)));
+      const GptParamDtypes d = gpt_param_dtypes(p.decay, dtype, fp32_norms);
+      compute_.push_back(d.param_dtype.value_or(engine.options().param_dtype.value_or(d.registered)));
       ZERO_CHECK(compute_[i] == DType::kFloat32 || compute_[i] == DType::kBFloat16, "the GPT computes from fp32 or bf16");
       StorageRef data{p.values.data(), p.values.size()};
-      if (registered == DType::kBFloat16) {
+      if (d.registered == DType::kBFloat16) {
         bf16_[i].resize(p.values.size());
         for (size_t e = 0; e < p.values.size(); ++e) bf16_[i][e] = fp32_to_bf16_bits(p.values[e]);
         data = {bf16_[i].data(), bf16_[i].size()};
       }
-      ids_.push_back(engine.add_param({.name = p.name, .shape = p.shape, .dtype = registered, .data = data,
+      ids_.push_back(engine.add_param({.name = p.name, .shape = p.shape, .dtype = d.registered, .data = data,
                                        .unit = p.unit, .group = p.decay ? 0 : 1, .tp = p.tp, .tied = p.tied,
-                                       .param_dtype = own}));
+                                       .param_dtype = d.param_dtype}));
     }
   }
   GptScopes(const GptScopes&) = delete;

@@ -30,9 +30,11 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "base/dtype.h"
 #include "comm/communicator.h"
 #include "parallel/tensor/tp_regions.h"
 #include "parallel/tensor/vocab_parallel.h"
@@ -265,5 +267,18 @@ class Gpt {
   bool recompute_ = false;
   size_t peak_activation_bytes_ = 0;
 };
+
+// The dtypes one GPT parameter is registered and kept in, as GptScopes registers them and the
+// planner's model (gpt_model_spec) mirrors them: `dtype` (fp32 or bf16), except that with
+// `fp32_norms` the LayerNorm weights and biases (the parameters without decay) are registered fp32
+// and kept fp32 over EngineOptions.param_dtype (ParamSpec.param_dtype).
+struct GptParamDtypes {
+  DType registered = DType::kFloat32;
+  std::optional<DType> param_dtype;
+};
+inline GptParamDtypes gpt_param_dtypes(bool decay, DType dtype, bool fp32_norms) {
+  if (fp32_norms && !decay) return {DType::kFloat32, DType::kFloat32};
+  return {dtype, std::nullopt};
+}
 
 }  // namespace zero::examples

@@ -31,11 +31,9 @@ plan::ModelSpec gpt_model_spec(const GptConfig& config, DType dtype, int tp, boo
       shape = local_shape(p.name, shape, placement, tp);
     }
     m.tensors.push_back({p.name, shape, p.unit, true, p.decay ? 0 : 1, placement, i == 0 && part.first != part.last});
-    // As GptScopes keeps them: registered fp32 in a bf16 model, fp32 over param_dtype in an fp32 one.
-    if (fp32_norms && !p.decay) {
-      if (dtype != DType::kFloat32) m.tensors.back().dtype = DType::kFloat32;
-      if (dtype == DType::kFloat32) m.tensors.back().param_dtype = DType::kFloat32;
-    }
+    const GptParamDtypes d = gpt_param_dtypes(p.decay, dtype, fp32_norms);  // as GptScopes registers it
+    if (d.registered != dtype) m.tensors.back().dtype = d.registered;
+    m.tensors.back().param_dtype = d.param_dtype;
   }
   // The same units on a model too small to cost anything.
   GptConfig tiny = config;
