@@ -1,6 +1,6 @@
 // calibrate_gpt on 2 ranks: it writes a cluster file the planner reads back, with every kernel the
 // planner will look up for the layouts of 1 and 2 ranks (measured, positive), a measured link and
-// optimizer rate; a bad flag fails with a message naming it.
+// optimizer rate and the wait for the slowest rank; a bad flag fails with a message naming it.
 #include <doctest/doctest.h>
 
 #include <cstdlib>
@@ -48,6 +48,9 @@ TEST_CASE("calibrate_gpt writes every kernel the planner looks up, a link and an
   CHECK(c.optimizer_rate > 0);
   CHECK(c.peak_flops > 0);
   CHECK(c.shared_cores);
+  // The wait for the slowest rank, measured and fitted (the parser keeps the fraction in [0, 1)).
+  CHECK(r.output.find("sync wait") != std::string::npos);
+  CHECK(c.sync.latency + c.sync.fraction > 0);
   examples::GptConfig cfg;
   cfg.n_layer = 2;
   cfg.n_embd = 32;

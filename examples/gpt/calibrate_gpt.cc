@@ -14,6 +14,7 @@
 //                   warm-up, mean over the ranks, under GptCosts::kernel_key;
 //   intra / inter   the ring model fitted to all-reduces over the launched ranks (1 KiB .. 4 MiB);
 //                   point-to-point between ranks 0 and 1 is fitted and printed beside it;
+//   sync            the wait for the slowest rank at a collective after compute (measure_sync);
 //   optimizer_rate  parameters per second of the engine's AdamW step on one rank (all ranks at once),
 //                   and host_optimizer_rate the same with the optimizer offloaded;
 //   the rest        cores as devices, MemAvailable per core, a float GEMM's rate as peak_flops.
@@ -392,6 +393,60 @@ LinkResult measure_link(comm::Communicator& world, int repeats_flag) {
   return out;
 }
 
+// The wait for the slowest rank at a collective the ranks' compute waits on (strategy::SyncWait):
+// every rank runs kSyncSegments segments of the same compute (float products, the model's kind),
+// once with a 4-byte all-reduce after each segment and once with none between. Per segment, the
+// difference less the link's own time for that all-reduce is the wait; at four segment lengths
+// (about 0.5 to 35 ms here) it is fitted to latency + fraction x segment.
+struct SyncResult {
+  strategy::SyncWait sync;
+  std::vector<double> segment_s, wait_s;  // measured, per segment length
+};
+
+constexpr int kSyncSegments = 6;
+constexpr int kSyncSamples = 7;  // the four lengths' segments add up to about 50 ms here
+
+SyncResult measure_sync(comm::Communicator& world, int repeats_flag, const strategy::Link& link) {
+  SyncResult out;
+  const int n = world.size();
+  if (n == 1) return out;
+  const int repeats = std::max(repeats_flag, kSyncSamples);
+  const Eigen::MatrixXf a = Eigen::MatrixXf::Random(192, 192);
+  Eigen::MatrixXf prod(192, 192);
+  float word = 0.0f;
+  // The ring all-reduce's 2 (n - 1) messages of (almost) nothing: the link's part of each wait.
+  const double link_time = 2.0 * (n - 1) * link.time(0.0);
+  for (int products : {1, 4, 16, 64}) {
+    auto segment = [&] {
+      for (int k = 0; k < products; ++k) prod.noalias() = a * a;
+    };
+    std::vector<double> alone, synced;
+    for (int r = 0; r <= repeats; ++r) {  // r 0 warms up
+      world.barrier()->wait();
+      auto t0 = Clock::now();
+      for (int k = 0; k < kSyncSegments; ++k) segment();
+      if (r > 0) alone.push_back(since(t0));
+      world.barrier()->wait();
+      t0 = Clock::now();
+      for (int k = 0; k < kSyncSegments; ++k) {
+        segment();
+        world.all_reduce(&word, 1, DType::kFloat32, comm::ReduceOp::kSum)->wait();
+      }
+      if (r > 0) synced.push_back(since(t0));
+    }
+    const std::vector<double> m = mean_over_ranks(world, {median(alone), median(synced)});
+    out.segment_s.push_back(m[0] / kSyncSegments);
+    out.wait_s.push_back((m[1] - m[0]) / kSyncSegments - link_time);
+  }
+  // The fit weighs by relative residuals: a wait at or below nothing (noise) counts as 1 us.
+  std::vector<double> waits = out.wait_s;
+  for (double& w : waits) w = std::max(w, 1e-6);
+  const strategy::Link fit = fit_link(out.segment_s, waits);
+  out.sync.latency = fit.latency;
+  out.sync.fraction = std::min(1.0 / fit.bandwidth, 0.99);  // the cluster file's range: below 1
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------------------
 // 3. The optimizer.
 
@@ -507,6 +562,8 @@ int run(int argc, char** argv) {
   // the ranks share (the idle fit is printed beside it).
   cluster.intra = link.measured ? link.busy : kDefaultLink;
   cluster.inter = cluster.intra;
+  const SyncResult sync = measure_sync(world, repeats, cluster.intra);
+  cluster.sync = sync.sync;
   cluster.optimizer_rate = optimizer_rate(world, repeats, false);
   cluster.host_optimizer_rate = optimizer_rate(world, repeats, true);
   cluster.peak_flops = gemm_flops(world, repeats);
@@ -540,6 +597,15 @@ int run(int argc, char** argv) {
     } else {
       std::printf("  link            one rank: not measured, default latency %.2f us, bandwidth %.3g GB/s\n",
                   1e6 * kDefaultLink.latency, 1e-9 * kDefaultLink.bandwidth);
+    }
+    if (link.measured) {
+      std::string measured;
+      for (size_t i = 0; i < sync.segment_s.size(); ++i) {
+        measured += fmt::format("{}{:.1f} ms: {:.0f}us", i > 0 ? ", " : "", 1e3 * sync.segment_s[i], 1e6 * sync.wait_s[i]);
+      }
+      std::printf("  sync wait       %.2f us per synchronization + %.3f of the compute between (the slowest rank)\n",
+                  1e6 * cluster.sync.latency, cluster.sync.fraction);
+      std::printf("                  measured after segments of %s\n", measured.c_str());
     }
     std::printf("  optimizer_rate  %.3g parameters/s (offloaded: %.3g)\n", cluster.optimizer_rate,
                 cluster.host_optimizer_rate);

@@ -31,17 +31,34 @@ double positive(ObjectReader& r, const std::string& key) {
   return v;
 }
 
+// A finite number >= 0 (and below `below`, when given).
+double non_negative(ObjectReader& r, const std::string& key, double below = INFINITY) {
+  const std::string path = r.path(key);
+  const double v = config_internal::read_number(require(r, key), path, r.ctx());
+  if (!std::isfinite(v) || v < 0) fail(r.ctx(), fmt::format("{} must be >= 0, got {}", path, v));
+  if (!(v < below)) fail(r.ctx(), fmt::format("{} must be below {}, got {}", path, below, v));
+  return v;
+}
+
 Link read_link(ObjectReader& parent, const std::string& key) {
   const json& j = require(parent, key);
   if (!j.is_object()) config_internal::fail_type(j, parent.path(key), parent.ctx(), "an object");
   ObjectReader r(j, parent.path(key), parent.ctx());
   Link l;
   l.bandwidth = positive(r, "bandwidth");
-  const std::string lat = r.path("latency");
-  l.latency = config_internal::read_number(require(r, "latency"), lat, r.ctx());
-  if (!std::isfinite(l.latency) || l.latency < 0) fail(r.ctx(), fmt::format("{} must be >= 0, got {}", lat, l.latency));
+  l.latency = non_negative(r, "latency");
   r.finish();
   return l;
+}
+
+SyncWait read_sync(ObjectReader& parent, const json& j) {
+  if (!j.is_object()) config_internal::fail_type(j, parent.path("sync"), parent.ctx(), "an object");
+  ObjectReader r(j, parent.path("sync"), parent.ctx());
+  SyncWait s;
+  s.latency = non_negative(r, "latency");
+  s.fraction = non_negative(r, "fraction", 1.0);
+  r.finish();
+  return s;
 }
 
 json link_json(const Link& l) { return {{"bandwidth", l.bandwidth}, {"latency", l.latency}}; }
@@ -67,6 +84,7 @@ Cluster parse_cluster(std::string_view text, const std::string& source) {
   if (r.find("host_link") != nullptr) c.host_link = read_link(r, "host_link");
   if (r.find("host_optimizer_rate") != nullptr) c.host_optimizer_rate = positive(r, "host_optimizer_rate");
   if (const json* j = r.find("shared_cores")) c.shared_cores = config_internal::read_bool(*j, "shared_cores", ctx);
+  if (const json* j = r.find("sync")) c.sync = read_sync(r, *j);
   if (const json* j = r.find("kernels")) {
     if (!j->is_object()) config_internal::fail_type(*j, "kernels", ctx, "an object");
     for (const auto& [key, value] : j->items()) {
@@ -101,6 +119,7 @@ std::string to_json(const Cluster& c) {
             {"shared_cores", c.shared_cores}};
   if (c.host_link) j["host_link"] = link_json(*c.host_link);
   if (c.host_optimizer_rate > 0) j["host_optimizer_rate"] = c.host_optimizer_rate;
+  if (c.sync.latency > 0 || c.sync.fraction > 0) j["sync"] = {{"latency", c.sync.latency}, {"fraction", c.sync.fraction}};
   if (!c.kernels.empty()) j["kernels"] = c.kernels;
   return j.dump(2) + "\n";
 }

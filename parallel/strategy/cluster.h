@@ -20,6 +20,8 @@
 //     "shared_cores": false,                  // optional: ranks of a node share its cores (a CPU
 //                                             // machine), so more ranks than devices run slower and
 //                                             // communication does not overlap compute
+//     "sync": {"latency": 2e-4, "fraction": 0.1},  // optional: what a synchronizing collective
+//                                             // waits for the slowest rank (SyncWait); absent: nothing
 //     "kernels": {"gpt/f/...": 0.0012, ...}   // optional: measured seconds by kernel key (calibrated)
 //   }
 // A missing field, a negative or zero count, size or rate, a fraction outside (0, 1], or an unknown
@@ -38,6 +40,18 @@ struct Link {
   double time(double bytes) const { return latency + bytes / bandwidth; }
 };
 
+// Ranks given the same work do not finish it together (on shared cores the peers' communication
+// threads and the OS take turns on the cores, and the turns differ per rank), so a collective that
+// the ranks' compute waits on also waits for the slowest rank: `latency` per such synchronization,
+// plus `fraction` of the compute since the previous one (the ranks drift apart in proportion to it).
+// Beyond the link's own time for the collective's bytes and messages.
+struct SyncWait {
+  double latency = 0;   // seconds per synchronization
+  double fraction = 0;  // of the compute between synchronizations, in [0, 1)
+  // The waits of `syncs` synchronizations spread over `compute` seconds of compute.
+  double time(double syncs, double compute) const { return syncs > 0 ? syncs * latency + fraction * compute : 0.0; }
+};
+
 struct Cluster {
   std::string name;
   int devices_per_node = 1, nodes = 1;
@@ -49,6 +63,7 @@ struct Cluster {
   std::optional<Link> host_link;
   double host_optimizer_rate = 0;  // 0: optimizer_rate
   bool shared_cores = false;
+  SyncWait sync;  // zero unless given or calibrated
   std::map<std::string, double> kernels;
 
   int devices() const { return devices_per_node * nodes; }

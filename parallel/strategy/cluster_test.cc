@@ -14,6 +14,7 @@ const char* kGood = R"({
   "matmul_efficiency": 0.5, "intra": {"bandwidth": 1e9, "latency": 1e-5},
   "inter": {"bandwidth": 1e8, "latency": 1e-4}, "optimizer_rate": 1e8, "shared_cores": true,
   "host_link": {"bandwidth": 2e9, "latency": 0}, "host_optimizer_rate": 5e7,
+  "sync": {"latency": 2e-4, "fraction": 0.125},
   "kernels": {"gpt/f/x": 0.25}
 })";
 
@@ -43,6 +44,10 @@ TEST_CASE("a cluster file reads back from its own JSON") {
   REQUIRE(c.host_link);
   CHECK(c.host_link->bandwidth == 2e9);
   CHECK(c.host_optimizer_rate == 5e7);
+  CHECK(c.sync.latency == 2e-4);
+  CHECK(c.sync.fraction == 0.125);
+  CHECK(c.sync.time(3, 0.5) == doctest::Approx(3 * 2e-4 + 0.0625));
+  CHECK(c.sync.time(0, 0.5) == 0);  // nothing synchronizes: no wait
   const Cluster back = parse_cluster(to_json(c), "again.json");
   CHECK(to_json(back) == to_json(c));
 }
@@ -61,6 +66,13 @@ TEST_CASE("a missing, negative, out-of-range, mistyped or unknown field is named
   CHECK(error_of(with(R"("peak_flops")", R"("peak_flop")")).find("missing field peak_flops") != std::string::npos);
   CHECK(error_of(with(R"("nodes": 1)", R"("nodes": 1, "node": 2)")).find("unknown key node (did you mean nodes?)") !=
         std::string::npos);
+  // The synchronization wait: both fields, each >= 0, the fraction below 1.
+  CHECK(error_of(with(R"("fraction": 0.125)", R"("fraction": 1.5)")).find("sync.fraction must be below 1, got 1.5") !=
+        std::string::npos);
+  CHECK(error_of(with(R"("latency": 2e-4)", R"("latency": -2e-4)")).find("sync.latency must be >= 0") !=
+        std::string::npos);
+  CHECK(error_of(with(R"(, "fraction": 0.125)", "")).find("missing field sync.fraction") != std::string::npos);
+  CHECK(Cluster{}.sync.time(5, 1.0) == 0);  // absent: no wait
   CHECK(error_of(with("0.25", "0")).find("kernels.gpt/f/x must be positive") != std::string::npos);
   CHECK(error_of("[1]").find("a cluster description is a JSON object") != std::string::npos);
   CHECK_THROWS_AS(load_cluster("/nonexistent/cluster.json"), IoError);

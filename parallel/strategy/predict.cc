@@ -222,6 +222,8 @@ const plan::EnginePlan& engine_plan(const Layout& l, const std::vector<StageCost
 struct PipelineTime {
   parallel::ActionCosts costs;        // per virtual stage
   std::vector<double> tp, optimizer;  // per pipeline rank and step
+  std::vector<double> busy;           // per pipeline rank: its compute per step
+  std::vector<double> tp_syncs;       // per pipeline rank: its tp collectives priced from the link
   TimeParts time;                     // compute, tp_comm and bubble
   double bubble_fraction = 0;
   // The slowest rank's optimizer: the step waits for it.
@@ -246,7 +248,7 @@ PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stage
   costs.forward.assign(stages.size(), 0.0);
   costs.backward = costs.weight = costs.forward;
   out.tp.assign(static_cast<size_t>(l.pp), 0.0);
-  out.optimizer = out.tp;
+  out.optimizer = out.busy = out.tp_syncs = out.tp;
   for (size_t k = 0; k < stages.size(); ++k) {
     const StageCosts& c = stages[k];
     const size_t rank = k % static_cast<size_t>(l.pp);
@@ -255,6 +257,7 @@ PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stage
     costs.backward[k] = c.backward_input * compute_slow + tb;
     costs.weight[k] = c.backward_weight * compute_slow;
     out.tp[rank] += (tf + tb) * l.micro_batches;
+    out.tp_syncs[rank] += static_cast<double>(c.tp_forward.size() + c.tp_backward.size()) * l.micro_batches;
     costs.transfer = std::max(costs.transfer, l.pp > 1 ? pp_link.time(c.send_bytes) : 0.0);
   }
   for (int r = 0; r < l.pp; ++r) {
@@ -275,9 +278,11 @@ PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stage
     out.time.bubble = sim.step_time - sim.busy[busiest];
     out.time.tp_comm = out.tp[busiest];
     out.bubble_fraction = sim.bubble_fraction;
+    out.busy = sim.busy;
   } else {
     out.time.compute = (costs.forward[0] + costs.backward[0] + costs.weight[0]) * l.micro_batches;
     out.time.tp_comm = out.tp[0];  // the one stage
+    out.busy = {out.time.compute};
   }
   return out;
 }
@@ -319,12 +324,24 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
     // The last unit's reduction (and at stage 3 the first unit's gather) waits for nothing to hide
     // behind, so one unit's share is exposed at least.
     const double exposed = std::max(dp - window, dp / std::max(1, stages.front().units));
+    // Its waits for the slowest rank: with dp above 1 the step's end (the last reduction), and at
+    // stage 3 each all-gather (the compute waits on each unit's); each tp collective priced from
+    // the link. One drift over the rank's compute, whatever the count.
+    double syncs = pipe.tp_syncs[static_cast<size_t>(r)];
+    if (l.dp > 1) {
+      syncs += 1;
+      const auto gathers = p.traffic.find("all_gather");
+      if (l.zero_stage == 3 && gathers != p.traffic.end()) syncs += static_cast<double>(gathers->second.calls);
+    }
+    const double sync = cluster.sync.time(syncs, pipe.busy[static_cast<size_t>(r)]);
     const double optimizer = pipe.optimizer[static_cast<size_t>(r)];
-    if (exposed + optimizer >= after_pipeline) {
-      after_pipeline = exposed + optimizer;
+    if (exposed + sync + optimizer >= after_pipeline) {
+      after_pipeline = exposed + sync + optimizer;
       out.time.dp_comm = dp;
       out.time.engine_tp = engine_tp;
       out.time.dp_exposed = exposed;
+      out.time.sync = sync;
+      out.time.syncs = syncs;
       out.time.optimizer = optimizer;
     }
   }
@@ -551,6 +568,9 @@ std::string explain(const Prediction& p) {
   s += fmt::format("    pipeline bubble {:.3f} ms ({:.1f}% of the pipeline)\n", 1e3 * t.bubble, 100 * p.bubble_fraction);
   s += fmt::format("    the engine's collectives {:.3f} ms (dp, and {:.3f} ms its own over tp), exposed {:.3f} ms\n",
                    1e3 * t.dp_comm, 1e3 * t.engine_tp, 1e3 * t.dp_exposed);
+  if (t.sync > 0) {
+    s += fmt::format("    waits for the slowest rank {:.3f} ms ({:.0f} synchronizations)\n", 1e3 * t.sync, t.syncs);
+  }
   s += fmt::format("    optimizer {:.3f} ms\n", 1e3 * t.optimizer);
   return s;
 }

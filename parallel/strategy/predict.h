@@ -31,7 +31,12 @@ struct TimeParts {
   double engine_tp = 0;      // of which over the tp group (sp's partial gradients, the norm's sum)
   double dp_exposed = 0;     // the part of them not hidden behind the backward
   double optimizer = 0;      // the update of the rank's shard
-  double step() const { return compute + bubble + dp_exposed + optimizer; }
+  // The waits for the slowest rank at the collectives the compute waits on (Cluster::sync), and how
+  // many there are per step: the step's end with dp above 1, each all-gather at ZeRO-3, each tp
+  // collective priced from the link (those timed with the kernels hold their waits already).
+  double sync = 0;
+  double syncs = 0;
+  double step() const { return compute + bubble + dp_exposed + sync + optimizer; }
 };
 
 // How far the search took a layout.

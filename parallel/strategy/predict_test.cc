@@ -242,6 +242,39 @@ TEST_CASE("tensor-parallel collectives by the ring formula; ranks beyond a machi
   CHECK(step2 < 2 * step4);
 }
 
+TEST_CASE("waits for the slowest rank: at the step's end with dp, at each ZeRO-3 gather, at each tp collective") {
+  const ToyCosts toy;
+  Cluster c = cluster();
+  c.sync = {.latency = 1e-4, .fraction = 0.1};
+  auto both = [&](const Layout& l) { return std::make_pair(predict(toy, l, cluster(), settings()), predict(toy, l, c, settings())); };
+  {
+    // One rank, or a pipeline alone: nothing synchronizes the ranks' compute.
+    for (const Layout& l : {Layout{}, Layout{.pp = 2, .micro_batches = 2}}) {
+      const auto [without, with] = both(l);
+      CHECK(with.time.syncs == 0);
+      CHECK(with.time.sync == 0);
+      CHECK(with.time.step() == without.time.step());
+    }
+  }
+  // dp 2 below stage 3: the last reduction, once per step, after the whole compute.
+  const auto [z1_without, z1] = both(Layout{.dp = 2, .zero_stage = 1});
+  CHECK(z1.time.syncs == 1);
+  CHECK(z1.time.sync == doctest::Approx(1e-4 + 0.1 * z1.time.compute));
+  CHECK(z1.time.step() == doctest::Approx(z1_without.time.step() + z1.time.sync));
+  CHECK(explain(z1).find("waits for the slowest rank") != std::string::npos);
+  CHECK(explain(z1_without).find("waits for the slowest rank") == std::string::npos);
+  // Stage 3: and each unit's all-gather, forward and backward (4 units, the one the backward starts
+  // with kept from the forward or not: at least 7 gathers).
+  const Prediction z3 = predict(toy, {.dp = 2, .zero_stage = 3}, c, settings());
+  CHECK(z3.time.syncs >= 1 + 7);
+  CHECK(z3.time.sync == doctest::Approx(1e-4 * z3.time.syncs + 0.1 * z3.time.compute));
+  CHECK(z3.time.sync > z1.time.sync);
+  // tp 2 priced from the link: each of its 8 collectives (4 layers, forward and backward).
+  const auto [tp_without, tp] = both(Layout{.tp = 2});
+  CHECK(tp.time.syncs == 8);
+  CHECK(tp.time.step() == doctest::Approx(tp_without.time.step() + 8e-4 + 0.1 * tp.time.compute));
+}
+
 TEST_CASE("the search: every supported layout, those that fit first; none fitting names the smallest") {
   const ToyCosts toy;
   const std::vector<Layout> all = enumerate_layouts(toy, 4, 16);
