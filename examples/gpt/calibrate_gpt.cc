@@ -403,6 +403,31 @@ struct SyncResult {
   std::vector<double> segment_s, wait_s;  // measured, per segment length
 };
 
+// wait = latency + fraction x segment by plain least squares on seconds: unlike the link's fit, not
+// on relative residuals, since a short segment's wait is mostly noise and can come out at or below
+// zero, and the long segments' waits are the ones a step meets. A negative latency is clamped at 0
+// (the fraction refitted through the origin); the fraction is kept in [0, 1), the cluster file's
+// range.
+strategy::SyncWait fit_sync(const std::vector<double>& x, const std::vector<double>& t) {
+  const double n = static_cast<double>(x.size());
+  double sx = 0, sxx = 0, st = 0, sxt = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    sx += x[i];
+    sxx += x[i] * x[i];
+    st += t[i];
+    sxt += x[i] * t[i];
+  }
+  strategy::SyncWait s;
+  s.fraction = (n * sxt - sx * st) / (n * sxx - sx * sx);
+  s.latency = (st - s.fraction * sx) / n;
+  if (!(s.latency >= 0)) {
+    s.latency = 0;
+    s.fraction = sxt / sxx;
+  }
+  s.fraction = std::clamp(s.fraction, 0.0, 0.99);
+  return s;
+}
+
 constexpr int kSyncSegments = 6;
 constexpr int kSyncSamples = 7;  // the four lengths' segments add up to about 50 ms here
 
@@ -438,12 +463,7 @@ SyncResult measure_sync(comm::Communicator& world, int repeats_flag, const strat
     out.segment_s.push_back(m[0] / kSyncSegments);
     out.wait_s.push_back((m[1] - m[0]) / kSyncSegments - link_time);
   }
-  // The fit weighs by relative residuals: a wait at or below nothing (noise) counts as 1 us.
-  std::vector<double> waits = out.wait_s;
-  for (double& w : waits) w = std::max(w, 1e-6);
-  const strategy::Link fit = fit_link(out.segment_s, waits);
-  out.sync.latency = fit.latency;
-  out.sync.fraction = std::min(1.0 / fit.bandwidth, 0.99);  // the cluster file's range: below 1
+  out.sync = fit_sync(out.segment_s, out.wait_s);
   return out;
 }
 
