@@ -11,7 +11,8 @@
 //                   ranks runs (strategy::enumerate_layouts), each of the three parts (one block, the
 //                   embeddings, the head with the loss) x three passes (forward, the backward's input
 //                   part, its weight part), timed on every rank at once, median of --repeats after a
-//                   warm-up, mean over the ranks, under GptCosts::kernel_key;
+//                   warm-up, mean over the ranks, under GptCosts::kernel_key; at tp 1 also by one
+//                   rank alone, the others idle (GptCosts::alone_key: what a one-rank run meets);
 //   intra / inter   the ring model fitted to all-reduces over the launched ranks (1 KiB .. 4 MiB);
 //                   point-to-point between ranks 0 and 1 is fitted and printed beside it;
 //   sync            the wait for the slowest rank at a collective after compute (measure_sync);
@@ -192,6 +193,25 @@ std::vector<double> time_part(PartRun& part, int repeats, comm::Communicator& wo
   return {median(samples[0]), median(samples[1]), median(samples[2])};
 }
 
+// The same, run by rank 0 alone while the others wait in a collective (their cores idle): what a
+// one-rank run meets on a machine whose ranks share the cores. Rank 0's medians, on every rank.
+std::vector<double> time_part_alone(PartRun& part, int repeats, comm::Communicator& world) {
+  std::vector<double> t(3, 0.0);
+  if (world.rank() == 0) {
+    std::vector<std::vector<double>> samples(3);
+    for (int r = 0; r <= repeats; ++r) {
+      for (size_t p = 0; p < 3; ++p) {
+        const auto t0 = Clock::now();
+        part.run(kPasses[p]);
+        if (r > 0) samples[p].push_back(since(t0));
+      }
+    }
+    for (size_t p = 0; p < 3; ++p) t[p] = median(samples[p]);
+  }
+  world.all_reduce(t.data(), t.size(), DType::kFloat64, comm::ReduceOp::kSum)->wait();
+  return t;
+}
+
 // Every kernel the planner looks up for layouts of 1..world ranks, in seconds by kernel key.
 std::map<std::string, double> time_kernels(const GptConfig& cfg, DType dtype, int world_max, int batch, int repeats,
                                            comm::Communicator& world) {
@@ -223,6 +243,15 @@ std::map<std::string, double> time_kernels(const GptConfig& cfg, DType dtype, in
       for (size_t p = 0; p < 3; ++p) {
         keys.push_back(costs.kernel_key(part, kPasses[p], s.batch, s.tp, s.sp));
         times.push_back(t[p]);
+      }
+      // The shapes a one-rank layout runs (tp 1), timed alone too when other ranks share the cores.
+      if (s.tp == 1 && !s.sp && world.size() > 1) {
+        const std::vector<double> u = time_part_alone(*run, repeats, world);
+        line += fmt::format(" [{:.3g}/{:.3g}/{:.3g} alone]", 1e3 * u[0], 1e3 * u[1], 1e3 * u[2]);
+        for (size_t p = 0; p < 3; ++p) {
+          keys.push_back(costs.alone_key(part, kPasses[p], s.batch));
+          times.push_back(u[p]);
+        }
       }
       // Where the launched ranks hold whole tp groups: the same part on a real group, its
       // collectives included as a run meets them (the ranks' waits for each other, the

@@ -51,6 +51,10 @@ std::string GptCosts::kernel_key(GptPart part, GptPass pass, int batch, int tp, 
                      collectives ? "+tp" : "");
 }
 
+std::string GptCosts::alone_key(GptPart part, GptPass pass, int batch) const {
+  return kernel_key(part, pass, batch, 1, false) + "+alone";
+}
+
 double GptCosts::flops(GptPart part, GptPass pass, int batch, int tp) const {
   const double C = config_.n_embd, T = config_.block_size, R = static_cast<double>(batch) * T;
   switch (part) {
@@ -79,6 +83,10 @@ bool GptCosts::measured_with_collectives(GptPart part, int batch, const Layout& 
 }
 
 double GptCosts::seconds(GptPart part, GptPass pass, int batch, const Layout& l, const strategy::Cluster& cluster) const {
+  if (cluster.shared_cores && l.world() == 1) {
+    const auto alone = cluster.kernels.find(alone_key(part, pass, batch));
+    if (alone != cluster.kernels.end()) return alone->second;
+  }
   const bool with = measured_with_collectives(part, batch, l, cluster);
   const auto it = cluster.kernels.find(kernel_key(part, pass, batch, l.tp, l.sequence_parallel, with));
   if (it != cluster.kernels.end()) return it->second;

@@ -42,6 +42,10 @@ class GptCosts : public strategy::ModelCosts {
   // (waits, the communicator's threads on shared cores); where the cluster has those, they are used.
   std::string kernel_key(GptPart part, GptPass pass, int batch, int tp, bool sequence_parallel,
                          bool collectives = false) const;
+  // The same kernel at tp 1 timed with no other rank computing ("...f+alone"): what a layout of one
+  // rank meets on a machine whose ranks share the cores, the other cores idle (memory bandwidth and
+  // caches its own). Where the cluster has it, a one-rank layout uses it.
+  std::string alone_key(GptPart part, GptPass pass, int batch) const;
   // Matrix FLOPs of one part's pass for `batch` sequences on one tp rank.
   double flops(GptPart part, GptPass pass, int batch, int tp) const;
   const GptConfig& config() const { return config_; }

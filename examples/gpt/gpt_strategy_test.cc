@@ -102,6 +102,14 @@ TEST_CASE("calibrated kernels take the place of the FLOP estimate") {
   CHECK(gpt.kernel_key(GptPart::kBlock, GptPass::kForward, 16, 1, false) == "gpt/4,64,4,256,64/block/b16/tp1/sp0/f");
   const strategy::StageCosts s = gpt.stage({}, 0, 16, c);
   CHECK(s.forward == doctest::Approx(4 * 0.5 + 0.25));  // the embedding's lookups cost no FLOPs
+  // Timed alone too: one rank on a machine whose ranks share the cores uses those; more ranks, or
+  // ranks with their own devices, do not.
+  c.kernels[gpt.alone_key(GptPart::kBlock, GptPass::kForward, 16)] = 0.375;
+  CHECK(gpt.alone_key(GptPart::kBlock, GptPass::kForward, 16) == "gpt/4,64,4,256,64/block/b16/tp1/sp0/f+alone");
+  CHECK(gpt.stage({}, 0, 16, c).forward == doctest::Approx(4 * 0.5 + 0.25));
+  c.shared_cores = true;
+  CHECK(gpt.stage({}, 0, 16, c).forward == doctest::Approx(4 * 0.375 + 0.25));
+  CHECK(gpt.stage({.pp = 2}, 0, 16, c).forward == doctest::Approx(2 * 0.5));  // two ranks: two blocks each
 }
 
 TEST_CASE("the planner ranks the GPT's layouts of 8 ranks, each within its memory") {
