@@ -177,14 +177,14 @@ class PartRun {
 
 constexpr GptPass kPasses[] = {GptPass::kForward, GptPass::kInput, GptPass::kWeight};
 
-// This rank's median seconds of the part's three passes, every rank running the same kernel at the
-// same moment (a barrier before each): a real run of that many ranks computes concurrently, so the
-// contention for cores and memory bandwidth is part of the measurement.
-std::vector<double> time_part(PartRun& part, int repeats, comm::Communicator& world) {
+// The median seconds of the part's three passes over `repeats` runs after a warm-up, `before` called
+// before each pass.
+template <typename Before>
+std::vector<double> pass_medians(PartRun& part, int repeats, Before before) {
   std::vector<std::vector<double>> samples(3);
   for (int r = 0; r <= repeats; ++r) {  // r 0 warms up (allocations, caches)
     for (size_t p = 0; p < 3; ++p) {
-      world.barrier()->wait();
+      before();
       const auto t0 = Clock::now();
       part.run(kPasses[p]);
       if (r > 0) samples[p].push_back(since(t0));
@@ -193,21 +193,18 @@ std::vector<double> time_part(PartRun& part, int repeats, comm::Communicator& wo
   return {median(samples[0]), median(samples[1]), median(samples[2])};
 }
 
+// This rank's median seconds of the part's three passes, every rank running the same kernel at the
+// same moment (a barrier before each): a real run of that many ranks computes concurrently, so the
+// contention for cores and memory bandwidth is part of the measurement.
+std::vector<double> time_part(PartRun& part, int repeats, comm::Communicator& world) {
+  return pass_medians(part, repeats, [&] { world.barrier()->wait(); });
+}
+
 // The same, run by rank 0 alone while the others wait in a collective (their cores idle): what a
 // one-rank run meets on a machine whose ranks share the cores. Rank 0's medians, on every rank.
 std::vector<double> time_part_alone(PartRun& part, int repeats, comm::Communicator& world) {
   std::vector<double> t(3, 0.0);
-  if (world.rank() == 0) {
-    std::vector<std::vector<double>> samples(3);
-    for (int r = 0; r <= repeats; ++r) {
-      for (size_t p = 0; p < 3; ++p) {
-        const auto t0 = Clock::now();
-        part.run(kPasses[p]);
-        if (r > 0) samples[p].push_back(since(t0));
-      }
-    }
-    for (size_t p = 0; p < 3; ++p) t[p] = median(samples[p]);
-  }
+  if (world.rank() == 0) t = pass_medians(part, repeats, [] {});
   world.all_reduce(t.data(), t.size(), DType::kFloat64, comm::ReduceOp::kSum)->wait();
   return t;
 }
