@@ -7,8 +7,10 @@
 #                                          for libc, libstdc++, the driver and NCCL) and this script
 #                                          into DIR (default gpu_pack/, ignored by git), which must stay
 #                                          under 64 MiB.
-#   bash DIR/gpu_check.sh run [DIR]        there: runs every step with a 50 s timeout (the whole under
-#                                          8 minutes), prints what each did and one summary line.
+#   bash DIR/gpu_check.sh run [DIR]        there: runs every step with a 50 s timeout (90 s under
+#                                          compute-sanitizer; steps left at 7 minutes are skipped, so
+#                                          the whole stays under 8), prints what each did and one
+#                                          summary line.
 #   bash scripts/gpu_check.sh              both, on one machine with a GPU and Bazel.
 #
 # A step that needs a GPU and finds none says it skipped and why, so `run` on a machine without a GPU
@@ -18,12 +20,18 @@
 # users run) the same command runs them too. The packed binaries need the GPU machine's driver
 # (libcuda.so.1), NCCL (libnccl.so.2, 200 MiB) and cuBLAS (libcublas.so, libcublasLt.so, 600 MiB):
 # those are not packed; a step whose libraries are missing fails and names them.
+#
+# Where the GPU machine has NVIDIA's compute-sanitizer, the kernel and engine tests run again under
+# it: memcheck (out-of-bounds and misaligned device accesses, device memory leaked at exit) and
+# racecheck (shared-memory races in the reduction kernels). A machine without it skips those steps
+# and says so; a report from the tool fails its step.
 set -uo pipefail
 
 mode=${1:-all}
 here=$(cd "$(dirname "$0")" && pwd)
 
-# name | binary and arguments | what it shows | may skip with one GPU (the multi-rank cases)
+# name | binary and arguments | what it shows | may skip with one GPU (the multi-rank cases) |
+# compute-sanitizer tool to run it under (none: plain)
 steps=(
   "memory kernels|cuda_test|the CUDA layer: streams, events, timeouts, errors|no"
   "CUDA device|cuda_device_test|the Device's kernels against the host path, bit for bit|no"
@@ -34,6 +42,13 @@ steps=(
   "optimizer speed|gpu_optim_bench|AdamW's GB/s against the device's copy bandwidth|no"
   "CUDA example|cuda_mlp_test|the MLP on cuBLAS at stages 0-3 against the host MLP's loss curve|no"
   "step times|train_mlp_cuda --stages 0,1,2,3 --steps 20|the CUDA MLP's mean step time at stages 0-3|no"
+  "memcheck: CUDA device|cuda_device_test|the Device's kernels' accesses|no|memcheck"
+  "memcheck: optimizer kernels|multi_tensor_step_test|the multi-tensor step's accesses|no|memcheck"
+  "memcheck: CUDA optimizer|cuda_optimizer_test|the shard optimizer's accesses|no|memcheck"
+  "memcheck: engine on CUDA|engine_cuda_test|the engine's copies, kernels and NCCL buffers|no|memcheck"
+  "memcheck: CUDA example|cuda_mlp_test|the MLP's kernels and cuBLAS calls|no|memcheck"
+  "racecheck: CUDA device|cuda_device_test|shared memory in the Device's reductions|no|racecheck"
+  "racecheck: optimizer kernels|multi_tensor_step_test|shared memory in the norm's lane tree|no|racecheck"
 )
 targets=(//memory:cuda_test //memory:cuda_device_test //optim/cuda:multi_tensor_step_test
          //optim/cuda:cuda_optimizer_test //comm/nccl:nccl_communicator_test //zero:engine_cuda_test
@@ -83,13 +98,33 @@ run() {
     nvidia-smi -L
   fi
   echo "gpu_check run: $gpus GPU(s) visible; packed from commit $(cat COMMIT 2>/dev/null || echo unknown)"
+  local sanitizer
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
   local passed=0 failed=0 skipped=0 start=$SECONDS
   mkdir -p logs
   for s in "${steps[@]}"; do
-    IFS='|' read -r name command what multi <<<"$s"
+    local tool=
+    IFS='|' read -r name command what multi tool <<<"$s"
     local binary=${command%% *} args=
     [[ $command == *" "* ]] && args=${command#* }
-    local log="logs/$binary.log"
+    local log="logs/$binary${tool:+.$tool}.log" limit=50 wrapper=()
+    if ((SECONDS - start > 420)); then
+      echo "SKIPPED  $name: the run is past 7 minutes"
+      skipped=$((skipped + 1))
+      continue
+    fi
+    if [[ -n $tool ]]; then
+      if [[ -z $sanitizer ]]; then
+        echo "SKIPPED  $name: no compute-sanitizer on this machine"
+        skipped=$((skipped + 1))
+        continue
+      fi
+      limit=90
+      # API errors are not reported: the tests provoke some on purpose (an allocation past the
+      # device's memory) and NCCL probes for kernel images it may lack; our code checks every call.
+      wrapper=("$sanitizer" --tool "$tool" --error-exitcode 86 --report-api-errors no)
+      [[ $tool == memcheck ]] && wrapper+=(--leak-check full)
+    fi
     if [[ ! -x $binary ]]; then
       echo "FAILED   $name: $binary is not in the pack"
       failed=$((failed + 1))
@@ -109,11 +144,14 @@ run() {
     fi
     local t0=$SECONDS status
     # shellcheck disable=SC2086  # the arguments are words
-    timeout 50 "./$binary" $args >"$log" 2>&1
+    timeout "$limit" "${wrapper[@]}" "./$binary" $args >"$log" 2>&1
     status=$?
     local took=$((SECONDS - t0))
     if ((status != 0)); then
-      echo "FAILED   $name: exit $status after $took s; the end of $dir/$log:"
+      local why="exit $status"
+      ((status == 86)) && why="compute-sanitizer $tool reported errors"
+      ((status == 124)) && why="timed out"
+      echo "FAILED   $name: $why after $took s; the end of $dir/$log:"
       tail -n 20 "$log" | sed 's/^/    /'
       failed=$((failed + 1))
     elif grep -q '^ZERO_TEST_SKIPPED' "$log"; then

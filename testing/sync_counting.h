@@ -25,6 +25,11 @@
 
 namespace zero::testing {
 
+// The steps that set the engine's transient buffers up, in which it may allocate and wait: the
+// first (each transient buffer on its own until the step's end sizes the slabs) and the second
+// (stage 3's first with prefetch places its units anew). The contracts hold from the third step on.
+constexpr size_t kEngineWarmUpSteps = 2;
+
 class CountingDevice final : public memory::Device {
  public:
   explicit CountingDevice(memory::Device& inner) : inner_(inner) {}

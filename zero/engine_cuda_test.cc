@@ -77,12 +77,15 @@ Params train(comm::Communicator& comm, memory::Device& device, int stage, int fi
     engine.step();
     if (step == ckpt.save_after_step) engine.save(ckpt.save_to);
   }
+  // Read through scopes: at stage 3 the registered storage is no longer the parameter (it holds NaN).
   Params out;
+  EvaluationScope evaluation = engine.evaluation();
   for (size_t i = 0; i < kSizes.size(); ++i) {
+    UnitScope scope = engine.gather(static_cast<int>(i));
     out.emplace_back(kSizes[i]);
-    device.copy(out.back().data(), params[i].data(), kSizes[i] * sizeof(float), compute);
+    device.copy(out.back().data(), scope.param(ids[i]), kSizes[i] * sizeof(float), compute);
+    device.synchronize(compute, 60s);  // before the scope's close lets the window reuse the memory
   }
-  device.synchronize(compute, 60s);
   return out;
 }
 
@@ -154,7 +157,7 @@ TEST_CASE("on the GPU the forward and backward make the host wait for nothing; s
   }
   auto nccl = comm::make_nccl_communicator(std::make_shared<comm::MemoryStore>(), 0, 1, {.device = 0});
   constexpr size_t kNumel = 3000;  // three units of one size: the window reuses their buffers
-  constexpr int kUnits = 3, kSteps = 4, kMicro = 2;
+  constexpr int kUnits = 3, kSteps = 5, kMicro = 2;
   for (int stage : {0, 1, 2, 3}) {
     CAPTURE(stage);
     memory::MemoryTracker tracker;
@@ -202,7 +205,8 @@ TEST_CASE("on the GPU the forward and backward make the host wait for nothing; s
       std::printf("stage %d step %d on the GPU: forward+backward %lld host waits, step %lld\n", stage, step,
                   static_cast<long long>(w1 - w0), static_cast<long long>(w2 - w1));
       CAPTURE(step);
-      if (step > 0 || stage < 3) CHECK(w1 - w0 == 0);
+      if (static_cast<size_t>(step) < testing::kEngineWarmUpSteps) continue;
+      CHECK(w1 - w0 == 0);
       CHECK(w2 - w1 == (stage == 3 ? 2 : 1));
     }
     gpu->synchronize(compute, 60s);

@@ -124,10 +124,6 @@ std::vector<StepCount> count_waits(comm::Communicator& gloo, const Setup& s, siz
   return counts;
 }
 
-// The steps that set the buffers up: the first (each transient buffer on its own until the step's
-// end sizes the slabs) and the second (stage 3's first with prefetch places its units anew).
-constexpr size_t kWarmUpSteps = 2;
-
 void check_waits(const Setup& s, int64_t step_waits) {
   testing::run_thread_ranks(2, [&](comm::Communicator& c) {
     size_t max_buckets = 0;
@@ -144,7 +140,7 @@ void check_waits(const Setup& s, int64_t step_waits) {
                   static_cast<long long>(sc.backward.allocations), static_cast<long long>(sc.step.waits),
                   static_cast<long long>(sc.step.calls), static_cast<long long>(sc.step.allocations));
       CHECK(sc.backward.calls > 0);
-      if (step < kWarmUpSteps) continue;
+      if (step < testing::kEngineWarmUpSteps) continue;
       CHECK(sc.backward.own() == 0);
       // Nothing allocated, so nothing freed (a cudaFree synchronizes the device).
       CHECK(sc.backward.allocations == 0);

@@ -26,6 +26,7 @@ void NcclOptions::validate() const {
 #include <map>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "base/logging.h"
@@ -591,18 +592,23 @@ class NcclCommunicator final : public Communicator {
     throw_if_failed("split");
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    ncclComm_t child = nullptr;
+    // Non-blocking, NCCL initializes the child on its own thread and writes the child's handle into
+    // split_child_ when that completes (null until then), so the slot is a member, not a local the
+    // write could outlive. Until then the parent reports ncclInProgress, and that is the only sign:
+    // ncclCommSplit itself may answer ncclSuccess at once (NCCL 2.28 does), so settle() polls the
+    // parent whatever the split answered.
+    split_child_ = nullptr;
     const ncclResult_t r = ncclCommSplit(shared_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color,
-                                         key, &child, &config);
+                                         key, &split_child_, &config);
     const std::string what = fmt::format("nccl rank {}: split({}, {})", rank(), color, key);
     // Every rank counts the split, those left out too, so that the children's prefixes agree.
     const std::string child_prefix = fmt::format("{}/split{}/color{}", p2p_prefix_, splits_++, color);
-    if (color < 0 || child == nullptr || (r != ncclSuccess && r != ncclInProgress)) {
-      shared_->settle(r, what);  // throws on an error
-      return nullptr;
-    }
-    // The child settles (non-blocking init) in its constructor and reports its own rank and size.
-    return std::make_unique<NcclCommunicator>(child, r, -1, -1, options_, check_, store_, child_prefix);
+    shared_->settle(r == ncclSuccess ? ncclInProgress : r, what);  // throws on an error or at the timeout
+    ncclComm_t child = std::exchange(split_child_, nullptr);
+    if (color < 0) return nullptr;
+    if (child == nullptr) ZERO_THROW(CommError, "{}: NCCL reported success but gave no communicator", what);
+    // The child reports its own rank and size.
+    return std::make_unique<NcclCommunicator>(child, ncclSuccess, -1, -1, options_, check_, store_, child_prefix);
   }
 
  private:
@@ -833,6 +839,7 @@ class NcclCommunicator final : public Communicator {
   const std::shared_ptr<Store> store_;  // the p2p stall check's exchange
   const std::string p2p_prefix_;
   int splits_ = 0;  // guarded by issue_mu_
+  ncclComm_t split_child_ = nullptr;  // guarded by issue_mu_; written by NCCL during split()
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;
   void* device_scratch_ = nullptr;  // size * kCallRecordBytes of records + the barrier word
