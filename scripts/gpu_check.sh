@@ -70,16 +70,9 @@ build() {
     install -m 755 "$bin/$path" "$dir/" || exit 1
     strip --strip-all "$dir/$(basename "$path")"
   done
-  # The shared libraries the binaries need, but for the C/C++ runtime every Linux has, the driver
-  # (libcuda), NCCL and cuBLAS (200 and 600 MiB: the GPU machine's own): the GPU machine may lack
-  # the Debian packages (Gloo, fmt, spdlog and theirs) and cannot install them.
-  local base='^(linux-vdso|libc|libm|libstdc\+\+|libgcc_s|libpthread|librt|libdl|ld-linux-x86-64|libcuda|libnccl|libcublas|libcublasLt)\.so'
-  for f in "$dir"/*; do
-    [[ -x $f && ! -d $f ]] || continue
-    ldd "$f" 2>/dev/null | awk '$3 ~ /^\// {print $1, $3}'
-  done | sort -u | while read -r name path; do
-    [[ $name =~ $base ]] || cp -L "$path" "$dir/lib/$name"
-  done
+  # Not the driver (libcuda), NCCL and cuBLAS (200 and 600 MiB): the GPU machine's own; the rest
+  # (Gloo, fmt, spdlog and theirs) it may lack and cannot install.
+  bash "$here/pack_libs.sh" "$dir" '^(libcuda|libnccl|libcublas|libcublasLt)\.so' || exit 1
   install -m 755 "$here/gpu_check.sh" "$dir/gpu_check.sh"
   git rev-parse HEAD > "$dir/COMMIT" 2>/dev/null
   local kib

@@ -24,10 +24,90 @@
 # Output under $OUT (default /tmp/strategy_validate): cluster.json, plan_N.tsv, runs/, results.tsv,
 # reference.tsv (the reference's runs: how far apart the same work's medians fall here),
 # strategy_frontier_n2.svg (docs/images/ holds the one docs/strategy.md shows).
+#
+# The calibration runs on CORES ranks (default: this machine's cores). On a machine without Bazel
+# (no network there), in two halves:
+#   bash scripts/strategy_validate.sh pack DIR         here: builds the four programs and packs them,
+#                                                      their shared libraries and this script into DIR
+#   BIN=DIR bash DIR/strategy_validate.sh              there
+# and `bash scripts/strategy_validate.sh summary OUT` prints the tables again from a run's output
+# (one cut short too: the layouts it measured).
 set -euo pipefail
+[[ ${1:-} == summary ]] && summary_of=$(realpath "${2:?usage: strategy_validate.sh summary DIR}")
 cd "$(dirname "$0")/.."
-bazel build -c opt //comm/launch:zerorun //examples/gpt:train_gpt //examples/gpt:calibrate_gpt //examples/bench:zero_plan >&2
-bin=$(bazel info -c opt bazel-bin 2>/dev/null)
+# Per N: the table, Kendall tau between the predicted and measured orders, the first choice; and
+# against the reference run next to each layout (interpolated between the runs before and after).
+summarize() {  # output folder
+  awk -F'\t' '
+  FNR == NR { rn[$1]++; rs[$1, rn[$1]] = $2; rm[$1, rn[$1]] = $3; rp[$1] = $4; next }
+  { n = $1; c[n]++; i = c[n]; key[n, i] = $3; p[n, i] = $4; m[n, i] = $5; pa[n, i] = $6; ma[n, i] = $7; sq[n, i] = $8 }
+  function reference(n, s,   j, a, b) {  # the reference measured at run s: interpolated
+    a = 0; b = 0
+    for (j = 1; j <= rn[n]; j++) { if (rs[n, j] <= s) a = j; if (rs[n, j] >= s && b == 0) b = j }
+    if (a == 0) return rm[n, b]
+    if (b == 0 || rs[n, b] == rs[n, a]) return rm[n, a]
+    return rm[n, a] + (rm[n, b] - rm[n, a]) * (s - rs[n, a]) / (rs[n, b] - rs[n, a])
+  }
+  END {
+    for (n = 1; n <= 64; n++) {
+      if (!(n in c)) continue
+      printf "\nN = %d: %d layouts\n%-36s %12s %12s %8s %10s %14s %14s\n", n, c[n], "layout", "predicted ms", "measured ms", "ratio", "vs ref.", "act. planned", "act. measured"
+      within = 0; exact = 0; best = 1; worst = 0; rwithin = 0; rworst = 0
+      for (i = 1; i <= c[n]; i++) {
+        r = p[n, i] / m[n, i]
+        rr = (p[n, i] / rp[n]) / (m[n, i] / reference(n, sq[n, i]))
+        printf "%-36s %12.2f %12.2f %8.3f %10.3f %14s %14s\n", key[n, i], p[n, i], m[n, i], r, rr, pa[n, i], ma[n, i]
+        if (r >= 0.8 && r <= 1.2) within++
+        if (rr >= 0.8 && rr <= 1.2) rwithin++
+        if (pa[n, i] == ma[n, i]) exact++
+        if (m[n, i] < m[n, best]) best = i
+        e = (r > 1 ? r - 1 : 1 - r); if (e > worst) worst = e
+        e = (rr > 1 ? rr - 1 : 1 - rr); if (e > rworst) rworst = e
+      }
+      lo = rm[n, 1]; hi = rm[n, 1]
+      for (j = 1; j <= rn[n]; j++) { if (rm[n, j] < lo) lo = rm[n, j]; if (rm[n, j] > hi) hi = rm[n, j] }
+      conc = 0; disc = 0
+      for (i = 1; i <= c[n]; i++) for (j = i + 1; j <= c[n]; j++) {
+        s = (p[n, i] - p[n, j]) * (m[n, i] - m[n, j])
+        if (s > 0) conc++; else if (s < 0) disc++
+      }
+      tau = (conc + disc) > 0 ? (conc - disc) / (conc + disc) : 1
+      printf "within 20%%: %d of %d (largest error %.1f%%); activations exact: %d of %d; Kendall tau %.3f\n", within, c[n], 100 * worst, exact, c[n], tau
+      printf "against the reference next to each: within 20%%: %d of %d (largest error %.1f%%); the reference (%s) ran %d times, %.2f-%.2f ms (%.1f%% apart)\n", rwithin, c[n], 100 * rworst, key[n, 1], rn[n], lo, hi, 100 * (hi / lo - 1)
+      printf "first choice %s measured %.2f ms; fastest measured %s at %.2f ms (first choice %+.1f%%)\n", key[n, 1], m[n, 1], key[n, best], m[n, best], 100 * (m[n, 1] / m[n, best] - 1)
+    }
+  }' "$1/reference.tsv" "$1/results.tsv"
+}
+
+targets=(//comm/launch:zerorun //examples/gpt:train_gpt //examples/gpt:calibrate_gpt //examples/bench:zero_plan)
+if [[ ${1:-} == summary ]]; then
+  summarize "$summary_of"
+  exit 0
+fi
+if [[ ${1:-} == pack ]]; then
+  dir=${2:?usage: strategy_validate.sh pack DIR}
+  bazel build -c opt "${targets[@]}" >&2
+  bin=$(bazel info -c opt bazel-bin 2>/dev/null)
+  rm -rf "$dir" && mkdir -p "$dir"
+  for t in "${targets[@]}"; do
+    path=${t#//}
+    install -m 755 "$bin/${path/://}" "$dir/"
+    strip --strip-all "$dir/$(basename "${path/://}")"
+  done
+  bash scripts/pack_libs.sh "$dir"
+  install -m 755 scripts/strategy_validate.sh "$dir/"
+  exit 0
+fi
+if [[ -n ${BIN:-} ]]; then
+  bin=$(realpath "$BIN")
+  zerorun=$bin/zerorun train_gpt=$bin/train_gpt calibrate_gpt=$bin/calibrate_gpt zero_plan=$bin/zero_plan
+  export LD_LIBRARY_PATH=$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+else
+  bazel build -c opt "${targets[@]}" >&2
+  bin=$(bazel info -c opt bazel-bin 2>/dev/null)
+  zerorun=$bin/comm/launch/zerorun train_gpt=$bin/examples/gpt/train_gpt calibrate_gpt=$bin/examples/gpt/calibrate_gpt
+  zero_plan=$bin/examples/bench/zero_plan
+fi
 out=${OUT:-/tmp/strategy_validate}
 steps=${STEPS:-25}
 ns=${NS:-1 2 4}
@@ -37,10 +117,10 @@ mkdir -p "$out/runs"
 gpt=4,64,4,256,64
 batch=16
 model=(--n-layer 4 --n-embd 64 --n-head 4 --block-size 64)
-cores=$(nproc)
+cores=${CORES:-$(nproc)}
 
 echo "== calibrating on $cores ranks" >&2
-"$bin/comm/launch/zerorun" --nproc-per-node "$cores" -- "$bin/examples/gpt/calibrate_gpt" --gpt "$gpt" --batch "$batch" \
+"$zerorun" --nproc-per-node "$cores" -- "$calibrate_gpt" --gpt "$gpt" --batch "$batch" \
   --world 4 --out "$out/cluster.json" >&2
 
 # The median of the step times after the first 5 steps, and the last activation peak (bytes).
@@ -60,7 +140,7 @@ measure() {
 # train_gpt on N ranks with a layout's flags, every step logged.
 run_layout() {  # N, flags, log
   # shellcheck disable=SC2086
-  "$bin/comm/launch/zerorun" --nproc-per-node "$1" -- "$bin/examples/gpt/train_gpt" "${model[@]}" --batch "$batch" \
+  "$zerorun" --nproc-per-node "$1" -- "$train_gpt" "${model[@]}" --batch "$batch" \
     --steps "$steps" --val-every 0 --sample-tokens 0 --log-every 1 --exact-bytes $2 >"$3" 2>&1
 }
 
@@ -69,7 +149,7 @@ run_layout() {  # N, flags, log
 first=()
 for n in $ns; do
   seq=0  # runs at this N, the reference's included
-  "$bin/examples/bench/zero_plan" --auto --list --gpt "$gpt" --batch "$batch" --world "$n" \
+  "$zero_plan" --auto --list --gpt "$gpt" --batch "$batch" --world "$n" \
     --cluster "$out/cluster.json" >"$out/plan_$n.tsv"
   rank=0
   while IFS=$'\t' read -r key flags ranks ms bytes act fits; do
@@ -121,48 +201,8 @@ for n in $ns; do
 done
 
 # The N = 2 search as a chart (time against memory, the frontier), viewed in headless Chromium.
-"$bin/examples/bench/zero_plan" --auto --gpt "$gpt" --batch "$batch" --world 2 --cluster "$out/cluster.json" --top 0 \
+"$zero_plan" --auto --gpt "$gpt" --batch "$batch" --world 2 --cluster "$out/cluster.json" --top 0 \
   --svg "$out/strategy_frontier_n2.svg" >/dev/null
-bash scripts/screenshot_check.sh "$out/strategy_frontier_n2.svg" "$out/strategy_frontier_n2.png" 900,560 >&2
+[[ -f scripts/screenshot_check.sh ]] && bash scripts/screenshot_check.sh "$out/strategy_frontier_n2.svg" "$out/strategy_frontier_n2.png" 900,560 >&2
 
-# Per N: the table, Kendall tau between the predicted and measured orders, the first choice; and
-# against the reference run next to each layout (interpolated between the runs before and after).
-awk -F'\t' '
-  FNR == NR { rn[$1]++; rs[$1, rn[$1]] = $2; rm[$1, rn[$1]] = $3; rp[$1] = $4; next }
-  { n = $1; c[n]++; i = c[n]; key[n, i] = $3; p[n, i] = $4; m[n, i] = $5; pa[n, i] = $6; ma[n, i] = $7; sq[n, i] = $8 }
-  function reference(n, s,   j, a, b) {  # the reference measured at run s: interpolated
-    a = 0; b = 0
-    for (j = 1; j <= rn[n]; j++) { if (rs[n, j] <= s) a = j; if (rs[n, j] >= s && b == 0) b = j }
-    if (a == 0) return rm[n, b]
-    if (b == 0 || rs[n, b] == rs[n, a]) return rm[n, a]
-    return rm[n, a] + (rm[n, b] - rm[n, a]) * (s - rs[n, a]) / (rs[n, b] - rs[n, a])
-  }
-  END {
-    for (n = 1; n <= 64; n++) {
-      if (!(n in c)) continue
-      printf "\nN = %d: %d layouts\n%-36s %12s %12s %8s %10s %14s %14s\n", n, c[n], "layout", "predicted ms", "measured ms", "ratio", "vs ref.", "act. planned", "act. measured"
-      within = 0; exact = 0; best = 1; worst = 0; rwithin = 0; rworst = 0
-      for (i = 1; i <= c[n]; i++) {
-        r = p[n, i] / m[n, i]
-        rr = (p[n, i] / rp[n]) / (m[n, i] / reference(n, sq[n, i]))
-        printf "%-36s %12.2f %12.2f %8.3f %10.3f %14s %14s\n", key[n, i], p[n, i], m[n, i], r, rr, pa[n, i], ma[n, i]
-        if (r >= 0.8 && r <= 1.2) within++
-        if (rr >= 0.8 && rr <= 1.2) rwithin++
-        if (pa[n, i] == ma[n, i]) exact++
-        if (m[n, i] < m[n, best]) best = i
-        e = (r > 1 ? r - 1 : 1 - r); if (e > worst) worst = e
-        e = (rr > 1 ? rr - 1 : 1 - rr); if (e > rworst) rworst = e
-      }
-      lo = rm[n, 1]; hi = rm[n, 1]
-      for (j = 1; j <= rn[n]; j++) { if (rm[n, j] < lo) lo = rm[n, j]; if (rm[n, j] > hi) hi = rm[n, j] }
-      conc = 0; disc = 0
-      for (i = 1; i <= c[n]; i++) for (j = i + 1; j <= c[n]; j++) {
-        s = (p[n, i] - p[n, j]) * (m[n, i] - m[n, j])
-        if (s > 0) conc++; else if (s < 0) disc++
-      }
-      tau = (conc + disc) > 0 ? (conc - disc) / (conc + disc) : 1
-      printf "within 20%%: %d of %d (largest error %.1f%%); activations exact: %d of %d; Kendall tau %.3f\n", within, c[n], 100 * worst, exact, c[n], tau
-      printf "against the reference next to each: within 20%%: %d of %d (largest error %.1f%%); the reference (%s) ran %d times, %.2f-%.2f ms (%.1f%% apart)\n", rwithin, c[n], 100 * rworst, key[n, 1], rn[n], lo, hi, 100 * (hi / lo - 1)
-      printf "first choice %s measured %.2f ms; fastest measured %s at %.2f ms (first choice %+.1f%%)\n", key[n, 1], m[n, 1], key[n, best], m[n, best], 100 * (m[n, 1] / m[n, best] - 1)
-    }
-  }' "$out/reference.tsv" "$out/results.tsv"
+summarize "$out"
