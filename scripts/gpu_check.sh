@@ -19,7 +19,9 @@
 # skipped, with the count of GPUs seen, where there is one. On a 2-GPU runner (the CI the library's
 # users run) the same command runs them too. The packed binaries need the GPU machine's driver
 # (libcuda.so.1), NCCL (libnccl.so.2, 200 MiB) and cuBLAS (libcublas.so, libcublasLt.so, 600 MiB):
-# those are not packed; a step whose libraries are missing fails and names them.
+# those are not packed. Where the loader does not find them, `run` looks in the usual places (a
+# Python environment's nvidia-* wheels among them) and says what it used; a step whose libraries
+# are still missing fails and names them.
 #
 # Where the GPU machine has NVIDIA's compute-sanitizer, the kernel and engine tests run again under
 # it: memcheck (out-of-bounds and misaligned device accesses, device memory leaked at exit) and
@@ -81,10 +83,25 @@ build() {
   ((kib < 64 * 1024)) || { echo "gpu_check build: $dir is over 64 MiB" >&2; exit 1; }
 }
 
+# The libraries the pack leaves to the machine (NCCL, cuBLAS) that the loader cannot find, looked
+# for where a machine without them installed system-wide often has them: a Python environment's
+# nvidia-* wheels (PyTorch's images), /opt, /usr/local. Each folder found joins LD_LIBRARY_PATH.
+find_missing_libraries() {
+  local name found
+  for name in $(for f in ./*; do [[ -f $f && -x $f ]] && ldd "$f" 2>/dev/null; done | awk '/not found/ {print $1}' | sort -u); do
+    found=$(find /opt /usr/local /usr/lib /usr/lib64 "$HOME/.local" -name "$name" 2>/dev/null | head -n 1)
+    if [[ -n $found ]]; then
+      echo "gpu_check run: $name from $(dirname "$found")"
+      export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$found")"
+    fi
+  done
+}
+
 run() {
   local dir=$1
   cd "$dir" || { echo "gpu_check run: no folder $dir (run the build half first)" >&2; exit 1; }
   export LD_LIBRARY_PATH="$PWD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  find_missing_libraries
   local gpus=0
   if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
     gpus=$(nvidia-smi -L | grep -c '^GPU')
