@@ -18,6 +18,7 @@
 //   sync            the wait for the slowest rank at a collective after compute (measure_sync);
 //   optimizer_rate  parameters per second of the engine's AdamW step on one rank (all ranks at once),
 //                   and host_optimizer_rate the same with the optimizer offloaded;
+//   copy_bandwidth  bytes per second an all-gather over one rank copies (ZeRO-3 at dp 1);
 //   the rest        cores as devices, MemAvailable per core, a float GEMM's rate as peak_flops.
 // Rank 0 writes the JSON to --out and prints a summary.
 #include <Eigen/Dense>
@@ -529,6 +530,23 @@ double optimizer_rate(comm::Communicator& world, int repeats, bool offload) {
   return mean_over_ranks(world, {static_cast<double>(n) / median(samples)})[0];
 }
 
+// Bytes per second an all-gather over one rank copies into its output: what ZeRO-3 over one
+// data-parallel rank pays at every gather to fill its window. A unit-sized 1 MiB at a time, median,
+// every rank at once (the mean over ranks).
+double copy_bandwidth(comm::Communicator& world, int repeats) {
+  const std::unique_ptr<comm::Communicator> alone = world.split(world.rank(), 0);
+  const size_t n = size_t{1} << 18;
+  std::vector<float> in(n, 1.0f), out(n);
+  std::vector<double> samples;
+  for (int r = 0; r <= 4 * std::max(repeats, 3); ++r) {
+    world.barrier()->wait();
+    const auto t0 = Clock::now();
+    alone->all_gather(in.data(), out.data(), n, DType::kFloat32)->wait();
+    if (r > 0) samples.push_back(since(t0));
+  }
+  return mean_over_ranks(world, {static_cast<double>(n * sizeof(float)) / median(samples)})[0];
+}
+
 // ---------------------------------------------------------------------------------------------------
 // 4. The rest.
 
@@ -612,6 +630,7 @@ int run(int argc, char** argv) {
   cluster.sync = sync.sync;
   cluster.optimizer_rate = optimizer_rate(world, repeats, false);
   cluster.host_optimizer_rate = optimizer_rate(world, repeats, true);
+  cluster.copy_bandwidth = copy_bandwidth(world, repeats);
   cluster.peak_flops = gemm_flops(world, repeats);
   // On a CPU machine the devices are its cores, which the ranks share.
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -655,6 +674,7 @@ int run(int argc, char** argv) {
     }
     std::printf("  optimizer_rate  %.3g parameters/s (offloaded: %.3g)\n", cluster.optimizer_rate,
                 cluster.host_optimizer_rate);
+    std::printf("  copy_bandwidth  %.3g GB/s (an all-gather over one rank, 1 MiB)\n", 1e-9 * cluster.copy_bandwidth);
     std::printf("  peak_flops      %.3g FLOP/s (512^3 float GEMM, per rank)\n", cluster.peak_flops);
     std::printf("  device_memory   %.3g GB per core x %d cores\n", 1e-9 * cluster.device_memory, cores);
     std::printf("  took            %.1f s\n", since(t0));

@@ -275,6 +275,31 @@ TEST_CASE("waits for the slowest rank: at the step's end with dp, at each ZeRO-3
   CHECK(tp.time.step() == doctest::Approx(tp_without.time.step() + 8e-4 + 0.1 * tp.time.compute));
 }
 
+TEST_CASE("over one data-parallel rank an all-gather or a reduce-scatter still copies its payload") {
+  const ToyCosts toy;
+  Cluster c = cluster();
+  c.shared_cores = true;  // nothing hides the copies: the step pays them whole
+  auto copies = [&](int stage, double bandwidth) {
+    c.copy_bandwidth = bandwidth;
+    return predict(toy, {.zero_stage = stage}, c, settings());
+  };
+  // Absent from the cluster file: free, as before.
+  CHECK(copies(3, 0).time.dp_comm == 0);
+  // Stage 0's all-reduce works in place: nothing to copy.
+  CHECK(copies(0, 1e9).time.dp_comm == 0);
+  // Stage 3 fills its window from the shard at every gather (4 units of 64 x 64 floats, each gathered
+  // at least once a step) and reduce-scatters each unit's gradients: each payload once, at the
+  // bandwidth.
+  const Prediction z3 = copies(3, 1e9), z3_fast = copies(3, 2e9), z0 = copies(0, 1e9);
+  CHECK(z3.time.dp_comm >= (4 + 4) * 64 * 64 * 4 / 1e9);
+  CHECK(z3_fast.time.dp_comm == doctest::Approx(z3.time.dp_comm / 2));
+  CHECK(z3.time.dp_exposed == doctest::Approx(z3.time.dp_comm));
+  CHECK(z3.time.step() == doctest::Approx(z0.time.step() + z3.time.dp_comm));
+  // Over two ranks the link prices them, the copy bandwidth nothing.
+  CHECK(predict(toy, {.dp = 2, .zero_stage = 3}, c, settings()).time.dp_comm ==
+        doctest::Approx(predict(toy, {.dp = 2, .zero_stage = 3}, cluster(), settings()).time.dp_comm));
+}
+
 TEST_CASE("the search: every supported layout, those that fit first; none fitting names the smallest") {
   const ToyCosts toy;
   const std::vector<Layout> all = enumerate_layouts(toy, 4, 16);
