@@ -18,7 +18,7 @@
 //   sync            the wait for the slowest rank at a collective after compute (measure_sync);
 //   optimizer_rate  parameters per second of the engine's AdamW step on one rank (all ranks at once),
 //                   and host_optimizer_rate the same with the optimizer offloaded;
-//   copy_bandwidth  bytes per second an all-gather over one rank copies (ZeRO-3 at dp 1);
+//   copy            an all-gather over one rank (ZeRO-3 at dp 1 filling its window), fitted as a link;
 //   the rest        cores as devices, MemAvailable per core, a float GEMM's rate as peak_flops.
 // Rank 0 writes the JSON to --out and prints a summary.
 #include <Eigen/Dense>
@@ -346,6 +346,8 @@ struct LinkResult {
   std::vector<double> busy_s;
   std::vector<double> all_reduce_s, p2p_s;  // measured, per size from kMinBytes by 4
   bool measured = false;
+  strategy::Link copy;  // an all-gather over one rank (measured at every world size)
+  std::vector<double> copy_s;
 };
 
 // "1K 52us 4K 60us ..." against the fit: how well the two-parameter model holds.
@@ -369,8 +371,24 @@ LinkResult measure_link(comm::Communicator& world, int repeats_flag) {
   const int repeats = std::max(repeats_flag, kLinkSamples);
   LinkResult out;
   const int n = world.size(), rank = world.rank();
-  if (n == 1) return out;
   std::vector<float> buf(kMaxBytes / sizeof(float), 0.0f);  // zeros: sums stay finite however often repeated
+  // A collective over one rank copies its payload into its output: what ZeRO-3 over one
+  // data-parallel rank pays at every gather to fill its window. Every rank at once, on a group of its
+  // own; the mean over ranks.
+  {
+    const std::unique_ptr<comm::Communicator> alone = world.split(rank, 0);
+    std::vector<float> gathered(kMaxBytes / sizeof(float));
+    std::vector<double> x;
+    for (size_t bytes = kMinBytes; bytes <= kMaxBytes; bytes *= 4) {
+      out.copy_s.push_back(time_op(world, bytes, repeats, [&] {
+        alone->all_gather(buf.data(), gathered.data(), bytes / sizeof(float), DType::kFloat32)->wait();
+      }));
+      x.push_back(static_cast<double>(bytes));
+    }
+    out.copy_s = mean_over_ranks(world, out.copy_s);
+    out.copy = fit_link(x, out.copy_s);
+  }
+  if (n == 1) return out;
   std::vector<double> ring_x, ring_t, p2p_x, p2p_t;
   for (size_t bytes = kMinBytes; bytes <= kMaxBytes; bytes *= 4) {
     const size_t count = bytes / sizeof(float);
@@ -530,23 +548,6 @@ double optimizer_rate(comm::Communicator& world, int repeats, bool offload) {
   return mean_over_ranks(world, {static_cast<double>(n) / median(samples)})[0];
 }
 
-// Bytes per second an all-gather over one rank copies into its output: what ZeRO-3 over one
-// data-parallel rank pays at every gather to fill its window. A unit-sized 1 MiB at a time, median,
-// every rank at once (the mean over ranks).
-double copy_bandwidth(comm::Communicator& world, int repeats) {
-  const std::unique_ptr<comm::Communicator> alone = world.split(world.rank(), 0);
-  const size_t n = size_t{1} << 18;
-  std::vector<float> in(n, 1.0f), out(n);
-  std::vector<double> samples;
-  for (int r = 0; r <= 4 * std::max(repeats, 3); ++r) {
-    world.barrier()->wait();
-    const auto t0 = Clock::now();
-    alone->all_gather(in.data(), out.data(), n, DType::kFloat32)->wait();
-    if (r > 0) samples.push_back(since(t0));
-  }
-  return mean_over_ranks(world, {static_cast<double>(n * sizeof(float)) / median(samples)})[0];
-}
-
 // ---------------------------------------------------------------------------------------------------
 // 4. The rest.
 
@@ -626,11 +627,11 @@ int run(int argc, char** argv) {
   // the ranks share (the idle fit is printed beside it).
   cluster.intra = link.measured ? link.busy : kDefaultLink;
   cluster.inter = cluster.intra;
+  cluster.copy = link.copy;
   const SyncResult sync = measure_sync(world, repeats, cluster.intra);
   cluster.sync = sync.sync;
   cluster.optimizer_rate = optimizer_rate(world, repeats, false);
   cluster.host_optimizer_rate = optimizer_rate(world, repeats, true);
-  cluster.copy_bandwidth = copy_bandwidth(world, repeats);
   cluster.peak_flops = gemm_flops(world, repeats);
   // On a CPU machine the devices are its cores, which the ranks share.
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -674,7 +675,9 @@ int run(int argc, char** argv) {
     }
     std::printf("  optimizer_rate  %.3g parameters/s (offloaded: %.3g)\n", cluster.optimizer_rate,
                 cluster.host_optimizer_rate);
-    std::printf("  copy_bandwidth  %.3g GB/s (an all-gather over one rank, 1 MiB)\n", 1e-9 * cluster.copy_bandwidth);
+    std::printf("  copy            all-gather over one rank: latency %.2f us, bandwidth %.3g GB/s\n",
+                1e6 * link.copy.latency, 1e-9 * link.copy.bandwidth);
+    std::printf("                  measured %s\n", describe_times(link.copy_s).c_str());
     std::printf("  peak_flops      %.3g FLOP/s (512^3 float GEMM, per rank)\n", cluster.peak_flops);
     std::printf("  device_memory   %.3g GB per core x %d cores\n", 1e-9 * cluster.device_memory, cores);
     std::printf("  took            %.1f s\n", since(t0));

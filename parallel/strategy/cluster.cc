@@ -83,7 +83,7 @@ Cluster parse_cluster(std::string_view text, const std::string& source) {
   c.optimizer_rate = positive(r, "optimizer_rate");
   if (r.find("host_link") != nullptr) c.host_link = read_link(r, "host_link");
   if (r.find("host_optimizer_rate") != nullptr) c.host_optimizer_rate = positive(r, "host_optimizer_rate");
-  if (r.find("copy_bandwidth") != nullptr) c.copy_bandwidth = positive(r, "copy_bandwidth");
+  if (r.find("copy") != nullptr) c.copy = read_link(r, "copy");
   if (const json* j = r.find("shared_cores")) c.shared_cores = config_internal::read_bool(*j, "shared_cores", ctx);
   if (const json* j = r.find("sync")) c.sync = read_sync(r, *j);
   if (const json* j = r.find("kernels")) {
@@ -120,7 +120,7 @@ std::string to_json(const Cluster& c) {
             {"shared_cores", c.shared_cores}};
   if (c.host_link) j["host_link"] = link_json(*c.host_link);
   if (c.host_optimizer_rate > 0) j["host_optimizer_rate"] = c.host_optimizer_rate;
-  if (c.copy_bandwidth > 0) j["copy_bandwidth"] = c.copy_bandwidth;
+  if (c.copy) j["copy"] = link_json(*c.copy);
   if (c.sync.latency > 0 || c.sync.fraction > 0) j["sync"] = {{"latency", c.sync.latency}, {"fraction", c.sync.fraction}};
   if (!c.kernels.empty()) j["kernels"] = c.kernels;
   return j.dump(2) + "\n";

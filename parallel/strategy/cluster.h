@@ -17,9 +17,9 @@
 //     "host_link": {"bandwidth": 2.5e10, "latency": 1e-5},  // optional: device <-> host memory (offload's
 //                                             // gradients down and parameters up); absent: free
 //     "host_optimizer_rate": 2e9,             // optional: the CPU optimizer's (offload); absent: optimizer_rate
-//     "copy_bandwidth": 2e12,                 // optional: bytes per second a collective over one rank
-//                                             // copies into its output (ZeRO-3 over one data-parallel
-//                                             // rank filling its window); absent: free
+//     "copy": {"bandwidth": 2e12, "latency": 5e-6},  // optional: a collective over one rank copying
+//                                             // its payload into its output (ZeRO-3 over one data-
+//                                             // parallel rank filling its window); absent: free
 //     "shared_cores": false,                  // optional: ranks of a node share its cores (a CPU
 //                                             // machine), so more ranks than devices run slower and
 //                                             // communication does not overlap compute
@@ -65,7 +65,7 @@ struct Cluster {
   double optimizer_rate = 0;
   std::optional<Link> host_link;
   double host_optimizer_rate = 0;  // 0: optimizer_rate
-  double copy_bandwidth = 0;       // 0: copies are free
+  std::optional<Link> copy;        // absent: copies are free
   bool shared_cores = false;
   SyncWait sync;  // zero unless given or calibrated
   std::map<std::string, double> kernels;

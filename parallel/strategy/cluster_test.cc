@@ -13,7 +13,8 @@ const char* kGood = R"({
   "name": "2 x test", "devices_per_node": 2, "nodes": 1, "device_memory": 1e9, "peak_flops": 1e11,
   "matmul_efficiency": 0.5, "intra": {"bandwidth": 1e9, "latency": 1e-5},
   "inter": {"bandwidth": 1e8, "latency": 1e-4}, "optimizer_rate": 1e8, "shared_cores": true,
-  "host_link": {"bandwidth": 2e9, "latency": 0}, "host_optimizer_rate": 5e7, "copy_bandwidth": 4e9,
+  "host_link": {"bandwidth": 2e9, "latency": 0}, "host_optimizer_rate": 5e7,
+  "copy": {"bandwidth": 4e9, "latency": 1e-6},
   "sync": {"latency": 2e-4, "fraction": 0.125},
   "kernels": {"gpt/f/x": 0.25}
 })";
@@ -44,7 +45,8 @@ TEST_CASE("a cluster file reads back from its own JSON") {
   REQUIRE(c.host_link);
   CHECK(c.host_link->bandwidth == 2e9);
   CHECK(c.host_optimizer_rate == 5e7);
-  CHECK(c.copy_bandwidth == 4e9);
+  REQUIRE(c.copy);
+  CHECK(c.copy->time(4e9) == doctest::Approx(1.0 + 1e-6));
   CHECK(c.sync.latency == 2e-4);
   CHECK(c.sync.fraction == 0.125);
   CHECK(c.sync.time(3, 0.5) == doctest::Approx(3 * 2e-4 + 0.0625));
@@ -74,8 +76,8 @@ TEST_CASE("a missing, negative, out-of-range, mistyped or unknown field is named
         std::string::npos);
   CHECK(error_of(with(R"(, "fraction": 0.125)", "")).find("missing field sync.fraction") != std::string::npos);
   CHECK(Cluster{}.sync.time(5, 1.0) == 0);  // absent: no wait
-  CHECK(error_of(with("4e9", "0")).find("copy_bandwidth must be positive, got 0") != std::string::npos);
-  CHECK(Cluster{}.copy_bandwidth == 0);  // absent: copies are free
+  CHECK(error_of(with("4e9", "0")).find("copy.bandwidth must be positive, got 0") != std::string::npos);
+  CHECK(!Cluster{}.copy);  // absent: copies are free
   CHECK(error_of(with("0.25", "0")).find("kernels.gpt/f/x must be positive") != std::string::npos);
   CHECK(error_of("[1]").find("a cluster description is a JSON object") != std::string::npos);
   CHECK_THROWS_AS(load_cluster("/nonexistent/cluster.json"), IoError);

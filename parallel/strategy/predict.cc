@@ -40,15 +40,17 @@ double tp_time(const std::vector<TpCollective>& cs, int tp, const Link& link) {
 }
 
 // The engine's collectives of one step over a group of n ranks, from its plan's tallies (wire bytes
-// per rank; each call's messages). Over one rank nothing crosses a link, but an all-gather or a
-// reduce-scatter still copies its payload into its output (ZeRO-3 filling its window, say), at
-// `copy_bandwidth` (0: free).
+// per rank; each call's messages). Over one rank nothing crosses a link, but each all-gather or
+// reduce-scatter still copies its payload into its output (ZeRO-3 filling its window, say): the
+// cluster's `copy` per call (absent: free).
 double engine_collectives_time(const std::map<std::string, comm::CollectiveTally>& tallies, int n, const Link& link,
-                               double copy_bandwidth) {
+                               const std::optional<Link>& copy) {
   double t = 0;
   for (const auto& [op, tally] : tallies) {
     if (n <= 1) {
-      if (copy_bandwidth > 0 && op != "all_reduce") t += static_cast<double>(tally.payload_bytes) / copy_bandwidth;
+      if (copy && op != "all_reduce") {
+        t += static_cast<double>(tally.calls) * copy->latency + static_cast<double>(tally.payload_bytes) / copy->bandwidth;
+      }
       continue;
     }
     const double messages = (op == "all_reduce" ? 2.0 : 1.0) * (n - 1.0) * static_cast<double>(tally.calls);
@@ -317,8 +319,8 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
     }
     // Its data-parallel collectives, and its own over the tp group (the partial gradients of the
     // parameters sequence parallelism replicates, the norm's sum).
-    const double engine_tp = engine_collectives_time(p.tp_traffic, l.tp, link_for(cluster, l.tp), cluster.copy_bandwidth);
-    const double dp = engine_collectives_time(p.traffic, l.dp, dp_link, cluster.copy_bandwidth) + engine_tp;
+    const double engine_tp = engine_collectives_time(p.tp_traffic, l.tp, link_for(cluster, l.tp), cluster.copy);
+    const double dp = engine_collectives_time(p.traffic, l.dp, dp_link, cluster.copy) + engine_tp;
     // What they can hide behind: on separate engines, the backward that follows a gradient's
     // completion (and at stage 3 the forward the gathers are prefetched into), over every chunk of
     // the rank; on shared cores, nothing.

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "base/error.h"
@@ -279,20 +280,24 @@ TEST_CASE("over one data-parallel rank an all-gather or a reduce-scatter still c
   const ToyCosts toy;
   Cluster c = cluster();
   c.shared_cores = true;  // nothing hides the copies: the step pays them whole
-  auto copies = [&](int stage, double bandwidth) {
-    c.copy_bandwidth = bandwidth;
+  auto copies = [&](int stage, std::optional<Link> copy) {
+    c.copy = copy;
     return predict(toy, {.zero_stage = stage}, c, settings());
   };
   // Absent from the cluster file: free, as before.
-  CHECK(copies(3, 0).time.dp_comm == 0);
+  CHECK(copies(3, std::nullopt).time.dp_comm == 0);
   // Stage 0's all-reduce works in place: nothing to copy.
-  CHECK(copies(0, 1e9).time.dp_comm == 0);
+  CHECK(copies(0, Link{1e9, 1e-6}).time.dp_comm == 0);
   // Stage 3 fills its window from the shard at every gather (4 units of 64 x 64 floats, each gathered
-  // at least once a step) and reduce-scatters each unit's gradients: each payload once, at the
-  // bandwidth.
-  const Prediction z3 = copies(3, 1e9), z3_fast = copies(3, 2e9), z0 = copies(0, 1e9);
+  // at least once a step) and reduce-scatters each unit's gradients: each payload once at the
+  // bandwidth, each call its latency.
+  const Prediction z3 = copies(3, Link{1e9, 0}), z3_fast = copies(3, Link{2e9, 0});
   CHECK(z3.time.dp_comm >= (4 + 4) * 64 * 64 * 4 / 1e9);
   CHECK(z3_fast.time.dp_comm == doctest::Approx(z3.time.dp_comm / 2));
+  const double calls = (copies(3, Link{1e9, 1e-6}).time.dp_comm - z3.time.dp_comm) / 1e-6;
+  CHECK(calls == doctest::Approx(std::round(calls)));
+  CHECK(calls >= 4 + 4);
+  const Prediction z0 = copies(0, Link{1e9, 0});
   CHECK(z3.time.dp_exposed == doctest::Approx(z3.time.dp_comm));
   CHECK(z3.time.step() == doctest::Approx(z0.time.step() + z3.time.dp_comm));
   // Over two ranks the link prices them, the copy bandwidth nothing.
