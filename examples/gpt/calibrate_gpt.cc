@@ -346,8 +346,6 @@ struct LinkResult {
   std::vector<double> busy_s;
   std::vector<double> all_reduce_s, p2p_s;  // measured, per size from kMinBytes by 4
   bool measured = false;
-  strategy::Link copy;  // an all-gather over one rank (measured at every world size)
-  std::vector<double> copy_s;
 };
 
 // "1K 52us 4K 60us ..." against the fit: how well the two-parameter model holds.
@@ -371,24 +369,8 @@ LinkResult measure_link(comm::Communicator& world, int repeats_flag) {
   const int repeats = std::max(repeats_flag, kLinkSamples);
   LinkResult out;
   const int n = world.size(), rank = world.rank();
-  std::vector<float> buf(kMaxBytes / sizeof(float), 0.0f);  // zeros: sums stay finite however often repeated
-  // A collective over one rank copies its payload into its output: what ZeRO-3 over one
-  // data-parallel rank pays at every gather to fill its window. Every rank at once, on a group of its
-  // own; the mean over ranks.
-  {
-    const std::unique_ptr<comm::Communicator> alone = world.split(rank, 0);
-    std::vector<float> gathered(kMaxBytes / sizeof(float));
-    std::vector<double> x;
-    for (size_t bytes = kMinBytes; bytes <= kMaxBytes; bytes *= 4) {
-      out.copy_s.push_back(time_op(world, bytes, repeats, [&] {
-        alone->all_gather(buf.data(), gathered.data(), bytes / sizeof(float), DType::kFloat32)->wait();
-      }));
-      x.push_back(static_cast<double>(bytes));
-    }
-    out.copy_s = mean_over_ranks(world, out.copy_s);
-    out.copy = fit_link(x, out.copy_s);
-  }
   if (n == 1) return out;
+  std::vector<float> buf(kMaxBytes / sizeof(float), 0.0f);  // zeros: sums stay finite however often repeated
   std::vector<double> ring_x, ring_t, p2p_x, p2p_t;
   for (size_t bytes = kMinBytes; bytes <= kMaxBytes; bytes *= 4) {
     const size_t count = bytes / sizeof(float);
@@ -435,6 +417,31 @@ LinkResult measure_link(comm::Communicator& world, int repeats_flag) {
   out.all_reduce.latency /= 2.0 * (n - 1);
   out.p2p = fit_link(p2p_x, p2p_t);  // rank 0's, which prints it
   out.measured = true;
+  return out;
+}
+
+// A collective over one rank copies its payload into its output: what ZeRO-3 over one data-parallel
+// rank pays at every gather to fill its window. All-gathers of kMinBytes..kMaxBytes, every rank at
+// once on a group of its own (measured at every world size), the mean over ranks, fitted as a link.
+struct CopyResult {
+  strategy::Link copy;
+  std::vector<double> seconds;  // per size from kMinBytes by 4
+};
+
+CopyResult measure_copy(comm::Communicator& world, int repeats_flag) {
+  const int repeats = std::max(repeats_flag, kLinkSamples);
+  const std::unique_ptr<comm::Communicator> alone = world.split(world.rank(), 0);
+  std::vector<float> buf(kMaxBytes / sizeof(float), 0.0f), gathered(kMaxBytes / sizeof(float));
+  CopyResult out;
+  std::vector<double> x;
+  for (size_t bytes = kMinBytes; bytes <= kMaxBytes; bytes *= 4) {
+    out.seconds.push_back(time_op(world, bytes, repeats, [&] {
+      alone->all_gather(buf.data(), gathered.data(), bytes / sizeof(float), DType::kFloat32)->wait();
+    }));
+    x.push_back(static_cast<double>(bytes));
+  }
+  out.seconds = mean_over_ranks(world, out.seconds);
+  out.copy = fit_link(x, out.seconds);
   return out;
 }
 
@@ -627,7 +634,8 @@ int run(int argc, char** argv) {
   // the ranks share (the idle fit is printed beside it).
   cluster.intra = link.measured ? link.busy : kDefaultLink;
   cluster.inter = cluster.intra;
-  cluster.copy = link.copy;
+  const CopyResult copy = measure_copy(world, repeats);
+  cluster.copy = copy.copy;
   const SyncResult sync = measure_sync(world, repeats, cluster.intra);
   cluster.sync = sync.sync;
   cluster.optimizer_rate = optimizer_rate(world, repeats, false);
@@ -676,8 +684,8 @@ int run(int argc, char** argv) {
     std::printf("  optimizer_rate  %.3g parameters/s (offloaded: %.3g)\n", cluster.optimizer_rate,
                 cluster.host_optimizer_rate);
     std::printf("  copy            all-gather over one rank: latency %.2f us, bandwidth %.3g GB/s\n",
-                1e6 * link.copy.latency, 1e-9 * link.copy.bandwidth);
-    std::printf("                  measured %s\n", describe_times(link.copy_s).c_str());
+                1e6 * copy.copy.latency, 1e-9 * copy.copy.bandwidth);
+    std::printf("                  measured %s\n", describe_times(copy.seconds).c_str());
     std::printf("  peak_flops      %.3g FLOP/s (512^3 float GEMM, per rank)\n", cluster.peak_flops);
     std::printf("  device_memory   %.3g GB per core x %d cores\n", 1e-9 * cluster.device_memory, cores);
     std::printf("  took            %.1f s\n", since(t0));
