@@ -29,7 +29,7 @@ std::string tmp_path(const std::string& name) {
 
 testing::LaunchResult calibrate(const std::vector<std::string>& extra, const std::string& out) {
   std::vector<std::string> args{"--gpt", "2,32,2,64,16", "--batch", std::to_string(kBatch), "--world", "2",
-                                "--repeats", "1", "--out", out};
+                                "--repeats", "1", "--rounds", "2", "--out", out};
   args.insert(args.end(), extra.begin(), extra.end());
   return testing::launch(2, "examples/gpt/calibrate_gpt", args);
 }
@@ -48,6 +48,8 @@ TEST_CASE("calibrate_gpt writes every kernel the planner looks up, a link and an
   CHECK(c.optimizer_rate > 0);
   CHECK(c.peak_flops > 0);
   CHECK(c.shared_cores);
+  // Each kernel's median over the rounds, and how far they fell apart.
+  CHECK(r.output.find("kernels: the median of 2 rounds") != std::string::npos);
   // The wait for the slowest rank, measured and fitted (the parser keeps the fraction in [0, 1)).
   CHECK(r.output.find("sync wait") != std::string::npos);
   CHECK(c.sync.latency + c.sync.fraction > 0);
@@ -100,7 +102,8 @@ TEST_CASE("a bad flag fails and names the flag") {
   // the error's).
   for (const Case& k : {Case{{"--batch", "0"}, "calibrate_gpt: --batch 0"}, Case{{"--bogus", "1"}, "unknown flag --bogus"},
                         Case{{"--gpt", "2,32"}, "calibrate_gpt: --gpt '2,32'"},
-                        Case{{"--repeats", "0"}, "calibrate_gpt: --repeats 0"}}) {
+                        Case{{"--repeats", "0"}, "calibrate_gpt: --repeats 0"},
+                        Case{{"--rounds", "0"}, "calibrate_gpt: --rounds 0"}}) {
     CAPTURE(k.named);
     testing::LaunchResult r = calibrate(k.extra, out);
     INFO(r.output);

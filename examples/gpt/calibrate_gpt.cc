@@ -3,7 +3,7 @@
 // the sizes its layouts use rather than a FLOP count at a guessed efficiency:
 //
 //   bazel-bin/comm/launch/zerorun --nproc-per-node 2 -- bazel-bin/examples/gpt/calibrate_gpt
-//       --gpt 4,64,4,256,64 --batch 16 --world 4 --out cluster.json [--repeats 5] [--dtype fp32]
+//       --gpt 4,64,4,256,64 --batch 16 --world 4 --out cluster.json [--repeats 5] [--rounds 3] [--dtype fp32]
 //
 // --gpt L,C,H[,V,T] is the model (n_layer, n_embd, n_head, vocabulary, context), --batch the global
 // batch the planner will be asked about, --world the largest world it will plan for. What it measures:
@@ -13,6 +13,7 @@
 //                   part, its weight part), timed on every rank at once, median of --repeats after a
 //                   warm-up, mean over the ranks, under GptCosts::kernel_key; at tp 1 also by one
 //                   rank alone, the others idle (GptCosts::alone_key: what a one-rank run meets);
+//                   the whole set --rounds times, one round after another, the median round kept;
 //   intra / inter   the ring model fitted to all-reduces over the launched ranks (1 KiB .. 4 MiB);
 //                   point-to-point between ranks 0 and 1 is fitted and printed beside it;
 //   sync            the wait for the slowest rank at a collective after compute (measure_sync);
@@ -210,10 +211,11 @@ std::vector<double> time_part_alone(PartRun& part, int repeats, comm::Communicat
   return t;
 }
 
-// Every kernel the planner looks up for layouts of 1..world ranks, in seconds by kernel key.
+// Every kernel the planner looks up for layouts of 1..world ranks, in seconds by kernel key; rank 0
+// prints each shape's times where `verbose`.
 std::map<std::string, double> time_kernels(const GptConfig& cfg, DType dtype, int world_max, int batch, int repeats,
-                                           comm::Communicator& world) {
-  const bool print = world.rank() == 0;
+                                           comm::Communicator& world, bool verbose) {
+  const bool print = verbose && world.rank() == 0;
   const GptCosts costs(cfg, dtype);
   const std::vector<KernelShape> shapes = kernel_shapes(costs, world_max, batch, print);
   if (shapes.empty()) ZERO_THROW(InvalidArgument, "--batch {}: no layout of 1..{} ranks runs it", batch, world_max);
@@ -275,6 +277,31 @@ std::map<std::string, double> time_kernels(const GptConfig& cfg, DType dtype, in
   std::map<std::string, double> out;
   // The cluster file requires positive times; a pass below the clock's resolution counts as 1 ns.
   for (size_t i = 0; i < keys.size(); ++i) out[keys[i]] = std::max(times[i], 1e-9);
+  return out;
+}
+
+// The kernels timed in `rounds` rounds, one after another, each kernel's median over the rounds.
+// This machine's speed moves from one second to the next, so a kernel timed once carries the moment
+// it was timed in; a slow moment now moves one round's time, not the median. Rank 0 prints the first
+// round's times and how far the rounds fell apart.
+std::map<std::string, double> time_kernel_rounds(const GptConfig& cfg, DType dtype, int world_max, int batch,
+                                                 int repeats, int rounds, comm::Communicator& world) {
+  std::vector<std::map<std::string, double>> per_round;
+  for (int r = 0; r < rounds; ++r) per_round.push_back(time_kernels(cfg, dtype, world_max, batch, repeats, world, r == 0));
+  std::map<std::string, double> out;
+  std::vector<double> spreads;  // per kernel: slowest round over fastest, less 1
+  for (const auto& [key, first] : per_round.front()) {
+    std::vector<double> t;
+    for (const auto& round : per_round) t.push_back(round.at(key));
+    out[key] = median(t);
+    spreads.push_back(*std::max_element(t.begin(), t.end()) / *std::min_element(t.begin(), t.end()) - 1);
+  }
+  if (world.rank() == 0 && rounds > 1) {
+    std::printf("kernels: the median of %d rounds (above: the first); the rounds of a kernel fell %.0f%% apart at the "
+                "median kernel, %.0f%% at most\n",
+                rounds, 100 * median(spreads), 100 * *std::max_element(spreads.begin(), spreads.end()));
+    std::fflush(stdout);
+  }
   return out;
 }
 
@@ -603,12 +630,14 @@ int run(int argc, char** argv) {
   const int batch = flags.get_int("batch", 16);
   const int world_flag = flags.get_int("world", 0);  // 0: the launched ranks
   const int repeats = flags.get_int("repeats", 5);
+  const int rounds = flags.get_int("rounds", 3);
   const std::string out_path = flags.get("out", "cluster.json");
   const std::string dtype_flag = flags.get("dtype", "fp32");
   flags.check_all_used();
   if (batch < 1) ZERO_THROW(InvalidArgument, "--batch {} is not positive", batch);
   if (world_flag < 0) ZERO_THROW(InvalidArgument, "--world {} is negative", world_flag);
   if (repeats < 1) ZERO_THROW(InvalidArgument, "--repeats {} is not positive", repeats);
+  if (rounds < 1) ZERO_THROW(InvalidArgument, "--rounds {} is not positive", rounds);
   if (out_path.empty()) ZERO_THROW(InvalidArgument, "--out is empty");
   if (dtype_flag != "fp32" && dtype_flag != "bf16") {
     ZERO_THROW(InvalidArgument, "--dtype '{}': the GPT runs in fp32 or bf16", dtype_flag);
@@ -627,7 +656,7 @@ int run(int argc, char** argv) {
   }
 
   strategy::Cluster cluster;
-  cluster.kernels = time_kernels(cfg, dtype, world_max, batch, repeats, world);
+  cluster.kernels = time_kernel_rounds(cfg, dtype, world_max, batch, repeats, rounds, world);
   const LinkResult link = measure_link(world, repeats);
   // The cluster has one link inside a node and one across; this machine is one node, so one fit is
   // both: the all-reduce between computing ranks, as a training step meets its collectives on cores
