@@ -232,6 +232,7 @@ struct PipelineTime {
   std::vector<double> tp, optimizer;  // per pipeline rank and step
   std::vector<double> busy;           // per pipeline rank: its compute per step
   std::vector<double> tp_syncs;       // per pipeline rank: its tp collectives priced from the link
+  std::vector<double> receives;       // per pipeline rank: the activations and gradients it waits for
   TimeParts time;                     // compute, tp_comm and bubble
   double bubble_fraction = 0;
   // The slowest rank's optimizer: the step waits for it.
@@ -256,7 +257,7 @@ PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stage
   costs.forward.assign(stages.size(), 0.0);
   costs.backward = costs.weight = costs.forward;
   out.tp.assign(static_cast<size_t>(l.pp), 0.0);
-  out.optimizer = out.busy = out.tp_syncs = out.tp;
+  out.optimizer = out.busy = out.tp_syncs = out.receives = out.tp;
   for (size_t k = 0; k < stages.size(); ++k) {
     const StageCosts& c = stages[k];
     const size_t rank = k % static_cast<size_t>(l.pp);
@@ -280,6 +281,11 @@ PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stage
     }
   }
   if (l.pp > 1) {
+    for (size_t r = 0; r < out.receives.size(); ++r) {
+      for (const parallel::Action& a : schedule.actions[r]) {
+        if (a.op == parallel::Op::kRecvF || a.op == parallel::Op::kRecvB) out.receives[r] += 1;
+      }
+    }
     const parallel::SimResult sim = parallel::simulate(schedule, costs, pipeline_cores);
     const size_t busiest = static_cast<size_t>(std::max_element(sim.busy.begin(), sim.busy.end()) - sim.busy.begin());
     out.time.compute = sim.busy[busiest];
@@ -334,8 +340,10 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
     const double exposed = std::max(dp - window, dp / std::max(1, stages.front().units));
     // Its waits for the slowest rank: with dp above 1 the step's end (the last reduction), and at
     // stage 3 each all-gather (the compute waits on each unit's); each tp collective priced from
-    // the link. One drift over the rank's compute, whatever the count.
-    double syncs = pipe.tp_syncs[static_cast<size_t>(r)];
+    // the link; in a pipeline each receive (the simulator makes a stage wait for its sender's
+    // planned time, not for the sender's own delays). One drift over the rank's compute, whatever
+    // the count.
+    double syncs = pipe.tp_syncs[static_cast<size_t>(r)] + pipe.receives[static_cast<size_t>(r)];
     if (l.dp > 1) {
       syncs += 1;
       const auto gathers = p.traffic.find("all_gather");

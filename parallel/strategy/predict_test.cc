@@ -243,19 +243,27 @@ TEST_CASE("tensor-parallel collectives by the ring formula; ranks beyond a machi
   CHECK(step2 < 2 * step4);
 }
 
-TEST_CASE("waits for the slowest rank: at the step's end with dp, at each ZeRO-3 gather, at each tp collective") {
+TEST_CASE("waits for the slowest rank: at the step's end with dp, at each ZeRO-3 gather, at each tp collective, at each pipeline receive") {
   const ToyCosts toy;
   Cluster c = cluster();
   c.sync = {.latency = 1e-4, .fraction = 0.1};
   auto both = [&](const Layout& l) { return std::make_pair(predict(toy, l, cluster(), settings()), predict(toy, l, c, settings())); };
   {
-    // One rank, or a pipeline alone: nothing synchronizes the ranks' compute.
-    for (const Layout& l : {Layout{}, Layout{.pp = 2, .micro_batches = 2}}) {
-      const auto [without, with] = both(l);
-      CHECK(with.time.syncs == 0);
-      CHECK(with.time.sync == 0);
-      CHECK(with.time.step() == without.time.step());
-    }
+    // One rank: nothing synchronizes its compute.
+    const auto [without, with] = both(Layout{});
+    CHECK(with.time.syncs == 0);
+    CHECK(with.time.sync == 0);
+    CHECK(with.time.step() == without.time.step());
+  }
+  {
+    // A pipeline of 2 stages and 2 micro-batches: each stage waits for 2 receives (the second its
+    // activations, the first their gradients), and for its sender's delays over its own compute.
+    const Layout pp2{.pp = 2, .micro_batches = 2};
+    const auto [without, with] = both(pp2);
+    CHECK(with.time.syncs == 2);
+    CHECK(with.time.sync > 2e-4);
+    CHECK(with.time.sync < 2e-4 + 0.1 * with.time.compute + 1e-12);
+    CHECK(with.time.step() == doctest::Approx(without.time.step() + with.time.sync));
   }
   // dp 2 below stage 3: the last reduction, once per step, after the whole compute.
   const auto [z1_without, z1] = both(Layout{.dp = 2, .zero_stage = 1});
