@@ -48,6 +48,7 @@
 #include "comm/launch/process_group.h"
 #include "comm/planning_communicator.h"
 #include "examples/flags.h"
+#include "examples/heap.h"
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_flags.h"
 #include "examples/gpt/gpt_model.h"
@@ -625,6 +626,7 @@ std::string today() {
 constexpr strategy::Link kDefaultLink{1e10, 1e-5};
 
 int run(int argc, char** argv) {
+  examples::keep_freed_memory();
   examples::Flags flags(argc, argv);
   const GptConfig cfg = examples::gpt_config_of_shape(flags.get("gpt", "2,64,4,256,64"));  // train_gpt's default model
   const int batch = flags.get_int("batch", 16);

@@ -38,6 +38,7 @@
 #include "comm/launch/process_group.h"
 #include "comm/mesh.h"
 #include "examples/flags.h"
+#include "examples/heap.h"
 #include "examples/gpt/gpt_flags.h"
 #include "examples/process_memory.h"
 #include "examples/run_flags.h"
@@ -103,6 +104,7 @@ EngineOptions gpt_defaults() {
 }
 
 int run(int argc, char** argv) {
+  examples::keep_freed_memory();
   examples::Flags flags(argc, argv);
   const examples::ConfigFlag config = examples::ConfigFlag::read(flags);
   const int steps = flags.get_int("steps", 400);
