@@ -213,7 +213,7 @@ for n in $ns; do
   "$zero_plan" --auto --list --gpt "$gpt" --batch "$batch" --world "$n" \
     --cluster "$out/cluster.json" >"$out/plan_$n.tsv"
   rank=0
-  while IFS=$'\t' read -r key flags ranks ms bytes act fits; do
+  while IFS=$'\t' read -r key flags _ ms _ act fits; do
     rank=$((rank + 1))
     [[ $fits == 1 ]] || continue
     if ((rank > 8)); then
