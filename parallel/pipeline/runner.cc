@@ -33,7 +33,7 @@ class Step {
       : s_(s), rank_(rank), acts_(acts), grads_(grads), numel_(numel) {
     // Each channel's receives in the order this rank takes them: (peer, gradients?) -> keys.
     for (const Action& a : s.actions[static_cast<size_t>(rank)]) {
-      if (a.op == Op::kRecvF || a.op == Op::kRecvB) {
+      if (is_receive(a.op)) {
         channels_[{s.peer(rank, a), a.op == Op::kRecvB}].todo.push_back({a.mb, a.chunk});
       }
     }

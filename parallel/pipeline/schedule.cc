@@ -20,6 +20,7 @@ const char* op_name(Op op) {
 
 bool is_compute(Op op) { return op == Op::kF || op == Op::kB || op == Op::kW || op == Op::kBW; }
 bool is_transfer(Op op) { return !is_compute(op); }
+bool is_receive(Op op) { return op == Op::kRecvF || op == Op::kRecvB; }
 
 std::string describe(const Action& a, int chunks) {
   return chunks > 1 ? fmt::format("{}{}c{}", op_name(a.op), a.mb, a.chunk) : fmt::format("{}{}", op_name(a.op), a.mb);

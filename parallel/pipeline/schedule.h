@@ -30,6 +30,7 @@ enum class Op { kF, kB, kW, kBW, kSendF, kRecvF, kSendB, kRecvB };
 const char* op_name(Op op);
 bool is_compute(Op op);
 bool is_transfer(Op op);
+bool is_receive(Op op);  // RecvF or RecvB: where a stage waits for its peer
 
 struct Action {
   Op op = Op::kF;

@@ -283,7 +283,7 @@ PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stage
   if (l.pp > 1) {
     for (size_t r = 0; r < out.receives.size(); ++r) {
       for (const parallel::Action& a : schedule.actions[r]) {
-        if (a.op == parallel::Op::kRecvF || a.op == parallel::Op::kRecvB) out.receives[r] += 1;
+        if (parallel::is_receive(a.op)) out.receives[r] += 1;
       }
     }
     const parallel::SimResult sim = parallel::simulate(schedule, costs, pipeline_cores);
