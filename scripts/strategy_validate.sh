@@ -39,6 +39,11 @@
 set -euo pipefail
 [[ ${1:-} == summary ]] && summary_of=$(realpath "${2:?usage: strategy_validate.sh summary DIR}")
 cd "$(dirname "$0")/.."
+# An awk function for the programs below: the median of a[1..m] (sorting a in place).
+awk_median='function median(a, m,   i, j, v) {
+  for (i = 2; i <= m; i++) { v = a[i]; for (j = i - 1; j >= 1 && a[j] > v; j--) a[j+1] = a[j]; a[j+1] = v }
+  return (m % 2) ? a[(m+1)/2] : (a[m/2] + a[m/2+1]) / 2
+}'
 # Per N: the table, Kendall tau between the predicted and measured orders, the first choice; and
 # against the reference run next to each layout (interpolated between the runs before and after).
 summarize() {  # output folder
@@ -84,18 +89,17 @@ summarize() {  # output folder
   [[ -s $1/final.tsv ]] || return 0
   # The final round (final.tsv: N, layout, measured ms, steal): each finalist's median over its
   # runs; the first listed at each N is the planner's first choice.
-  awk -F'\t' '
+  awk -F'\t' "$awk_median"'
   { n = $1; if (!((n, $2) in idx)) { idx[n, $2] = ++c[n]; name[n, c[n]] = $2 }; i = idx[n, $2]; t[n, i, ++k[n, i]] = $3 }
-  function median(n, i,   a, j, l, v, m) {
-    m = k[n, i]; for (j = 1; j <= m; j++) a[j] = t[n, i, j]
-    for (j = 2; j <= m; j++) { v = a[j]; for (l = j - 1; l >= 1 && a[l] > v; l--) a[l+1] = a[l]; a[l+1] = v }
-    return (m % 2) ? a[(m+1)/2] : (a[m/2] + a[m/2+1]) / 2
+  function finalist_median(n, i,   a, j) {
+    for (j = 1; j <= k[n, i]; j++) a[j] = t[n, i, j]
+    return median(a, k[n, i])
   }
   END {
     for (n = 1; n <= 64; n++) {
       if (!(n in c)) continue
       best = 1
-      for (i = 1; i <= c[n]; i++) { med[i] = median(n, i); if (med[i] < med[best]) best = i }
+      for (i = 1; i <= c[n]; i++) { med[i] = finalist_median(n, i); if (med[i] < med[best]) best = i }
       printf "\nN = %d, the final round (each finalist run %d times, taking turns; median):\n", n, k[n, 1]
       for (i = 1; i <= c[n]; i++) printf "  %-36s %10.2f ms%s\n", name[n, i], med[i], (i == 1 ? "  (first choice)" : "")
       printf "first choice %+.1f%% against the fastest finalist (%s)\n", 100 * (med[1] / med[best] - 1), name[n, best]
@@ -164,15 +168,14 @@ echo "== the calibration ran with steal $(cat "$out/calibration.steal")" >&2
 
 # The median of the step times after the first 5 steps, and the last activation peak (bytes).
 measure() {
-  awk '/\] step +[0-9]+ \| loss/ {
+  awk "$awk_median"'
+       /\] step +[0-9]+ \| loss/ {
          n++; for (i = 1; i <= NF; i++) { if ($i == "ms" && $(i+1) ~ /^\(/) ms = $(i-1); if ($i == "activations") act = $(i+1) }
          if (n > 5) t[++k] = ms
        }
        END {
          if (k == 0) { print "nan", "nan"; exit }
-         for (i = 2; i <= k; i++) { v = t[i]; for (j = i - 1; j >= 1 && t[j] > v; j--) t[j+1] = t[j]; t[j+1] = v }
-         m = (k % 2) ? t[(k+1)/2] : (t[k/2] + t[k/2+1]) / 2
-         print m, act
+         print median(t, k), act
        }' "$1"
 }
 
