@@ -13,6 +13,8 @@
 //                   part, its weight part), timed on every rank at once, median of --repeats after a
 //                   warm-up, mean over the ranks, under GptCosts::kernel_key; at tp 1 also by one
 //                   rank alone, the others idle (GptCosts::alone_key: what a one-rank run meets);
+//                   where the ranks hold whole tp groups, also on a real group with its collectives,
+//                   the passes back to back as a step runs them and their mean (at least 30 repeats);
 //                   the whole set --rounds times, one round after another, the median round kept;
 //   intra / inter   the ring model fitted to all-reduces over the launched ranks (1 KiB .. 4 MiB);
 //                   point-to-point between ranks 0 and 1 is fitted and printed beside it;
@@ -179,6 +181,8 @@ class PartRun {
 };
 
 constexpr GptPass kPasses[] = {GptPass::kForward, GptPass::kInput, GptPass::kWeight};
+// Repeats of a part on a real tp group at least: its mean carries the collectives' rare long waits.
+constexpr int kTpSamples = 30;
 
 // The median seconds of the part's three passes over `repeats` runs after a warm-up, `before` called
 // before each pass.
@@ -201,6 +205,28 @@ std::vector<double> pass_medians(PartRun& part, int repeats, Before before) {
 // contention for cores and memory bandwidth is part of the measurement.
 std::vector<double> time_part(PartRun& part, int repeats, comm::Communicator& world) {
   return pass_medians(part, repeats, [&] { world.barrier()->wait(); });
+}
+
+// A part whose passes hold collectives (a tp group's), timed as a step runs it: the three passes back
+// to back `repeats` times after a warm-up, with one barrier before them all (none between, so the
+// ranks drift apart as in a run and each collective waits for the later one), and each pass's mean
+// seconds. The mean, not the median: a collective between ranks that share the cores usually
+// completes within a link latency but now and then waits a scheduler slice for a core (more often
+// the more compute lies between collectives; docs/strategy.md), and a step pays every such wait,
+// where a median over repeats leaves them out.
+std::vector<double> time_part_in_sequence(PartRun& part, int repeats, comm::Communicator& world) {
+  for (GptPass pass : kPasses) part.run(pass);  // warm-up (allocations, caches)
+  world.barrier()->wait();
+  std::vector<double> sums(3, 0.0);
+  for (int r = 0; r < repeats; ++r) {
+    for (size_t p = 0; p < 3; ++p) {
+      const auto t0 = Clock::now();
+      part.run(kPasses[p]);
+      sums[p] += since(t0);
+    }
+  }
+  for (double& t : sums) t /= repeats;
+  return sums;
 }
 
 // The same, run by rank 0 alone while the others wait in a collective (their cores idle): what a
@@ -261,7 +287,7 @@ std::map<std::string, double> time_kernels(const GptConfig& cfg, DType dtype, in
         auto& group = groups[s.tp];
         if (!group) group = world.split(world.rank() / s.tp, world.rank() % s.tp);
         PartRun real(whole, part, s, 7, group.get());
-        const std::vector<double> u = time_part(real, repeats, world);
+        const std::vector<double> u = time_part_in_sequence(real, std::max(repeats, kTpSamples), world);
         line += fmt::format(" [{:.3g}/{:.3g}/{:.3g} with tp]", 1e3 * u[0], 1e3 * u[1], 1e3 * u[2]);
         for (size_t p = 0; p < 3; ++p) {
           keys.push_back(costs.kernel_key(part, kPasses[p], s.batch, s.tp, s.sp, true));
@@ -474,10 +500,14 @@ CopyResult measure_copy(comm::Communicator& world, int repeats_flag) {
 }
 
 // The wait for the slowest rank at a collective the ranks' compute waits on (strategy::SyncWait):
-// every rank runs kSyncSegments segments of the same compute (float products, the model's kind),
-// once with a 4-byte all-reduce after each segment and once with none between. Per segment, the
-// difference less the link's own time for that all-reduce is the wait; at four segment lengths
-// (about 0.5 to 35 ms here) it is fitted to latency + fraction x segment.
+// every rank runs segments of the same compute (float products, the model's kind), once with a
+// 4-byte all-reduce after each segment and once with none between, taking turns over kSyncRounds
+// rounds. Per segment, the difference of the totals less the link's own time for that all-reduce is
+// the mean wait. The mean, not a median: the wait is mostly short but now and then a scheduler slice
+// (a communication thread waiting for a core that a rank computes on), and a step pays every one, so
+// each length runs segments for about kSyncSeconds for the rare long waits to average out. Five
+// lengths, from a tenth of a millisecond (the compute between a pipeline's or a block's
+// collectives) to tens of milliseconds (a step's), fitted to latency + fraction x segment.
 struct SyncResult {
   strategy::SyncWait sync;
   std::vector<double> segment_s, wait_s;  // measured, per segment length
@@ -508,40 +538,50 @@ strategy::SyncWait fit_sync(const std::vector<double>& x, const std::vector<doub
   return s;
 }
 
-constexpr int kSyncSegments = 6;
-constexpr int kSyncSamples = 7;  // the four lengths' segments add up to about 50 ms here
+constexpr double kSyncSeconds = 0.25;  // of segments per length and kind (alone, synchronized)
+constexpr int kSyncRounds = 2;
+constexpr int kSyncMinSegments = 8;  // per round
 
-SyncResult measure_sync(comm::Communicator& world, int repeats_flag, const strategy::Link& link) {
+SyncResult measure_sync(comm::Communicator& world, const strategy::Link& link) {
   SyncResult out;
   const int n = world.size();
   if (n == 1) return out;
-  const int repeats = std::max(repeats_flag, kSyncSamples);
-  const Eigen::MatrixXf a = Eigen::MatrixXf::Random(192, 192);
-  Eigen::MatrixXf prod(192, 192);
+  const Eigen::MatrixXf a = Eigen::MatrixXf::Random(96, 96);
+  Eigen::MatrixXf prod(96, 96);
   float word = 0.0f;
+  auto segment = [&](int products) {
+    for (int k = 0; k < products; ++k) prod.noalias() = a * a;
+  };
+  // One product's seconds (every rank at once, the mean over them, so that all run as many segments).
+  segment(20);
+  world.barrier()->wait();
+  const auto t0 = Clock::now();
+  segment(100);
+  const double product = mean_over_ranks(world, {since(t0) / 100}).front();
   // The ring all-reduce's 2 (n - 1) messages of (almost) nothing: the link's part of each wait.
   const double link_time = 2.0 * (n - 1) * link.time(0.0);
-  for (int products : {1, 4, 16, 64}) {
-    auto segment = [&] {
-      for (int k = 0; k < products; ++k) prod.noalias() = a * a;
-    };
-    std::vector<double> alone, synced;
-    for (int r = 0; r <= repeats; ++r) {  // r 0 warms up
+  for (int products : {4, 16, 64, 256, 1024}) {
+    const int segments = std::max(kSyncMinSegments, static_cast<int>(kSyncSeconds / kSyncRounds /
+                                                                      (products * product + link_time)));
+    double alone = 0, synced = 0;
+    segment(products);  // warm
+    for (int r = 0; r < kSyncRounds; ++r) {
       world.barrier()->wait();
-      auto t0 = Clock::now();
-      for (int k = 0; k < kSyncSegments; ++k) segment();
-      if (r > 0) alone.push_back(since(t0));
+      auto start = Clock::now();
+      for (int k = 0; k < segments; ++k) segment(products);
+      alone += since(start);
       world.barrier()->wait();
-      t0 = Clock::now();
-      for (int k = 0; k < kSyncSegments; ++k) {
-        segment();
+      start = Clock::now();
+      for (int k = 0; k < segments; ++k) {
+        segment(products);
         world.all_reduce(&word, 1, DType::kFloat32, comm::ReduceOp::kSum)->wait();
       }
-      if (r > 0) synced.push_back(since(t0));
+      synced += since(start);
     }
-    const std::vector<double> m = mean_over_ranks(world, {median(alone), median(synced)});
-    out.segment_s.push_back(m[0] / kSyncSegments);
-    out.wait_s.push_back((m[1] - m[0]) / kSyncSegments - link_time);
+    const std::vector<double> m = mean_over_ranks(world, {alone, synced});
+    const double count = static_cast<double>(segments) * kSyncRounds;
+    out.segment_s.push_back(m[0] / count);
+    out.wait_s.push_back((m[1] - m[0]) / count - link_time);
   }
   out.sync = fit_sync(out.segment_s, out.wait_s);
   return out;
@@ -667,7 +707,7 @@ int run(int argc, char** argv) {
   cluster.inter = cluster.intra;
   const CopyResult copy = measure_copy(world, repeats);
   cluster.copy = copy.copy;
-  const SyncResult sync = measure_sync(world, repeats, cluster.intra);
+  const SyncResult sync = measure_sync(world, cluster.intra);
   cluster.sync = sync.sync;
   cluster.optimizer_rate = optimizer_rate(world, repeats, false);
   cluster.host_optimizer_rate = optimizer_rate(world, repeats, true);
@@ -706,7 +746,7 @@ int run(int argc, char** argv) {
     if (link.measured) {
       std::string measured;
       for (size_t i = 0; i < sync.segment_s.size(); ++i) {
-        measured += fmt::format("{}{:.1f} ms: {:.0f}us", i > 0 ? ", " : "", 1e3 * sync.segment_s[i], 1e6 * sync.wait_s[i]);
+        measured += fmt::format("{}{:.2g} ms: {:.0f}us", i > 0 ? ", " : "", 1e3 * sync.segment_s[i], 1e6 * sync.wait_s[i]);
       }
       std::printf("  sync wait       %.2f us per synchronization + %.3f of the compute between (the slowest rank)\n",
                   1e6 * cluster.sync.latency, cluster.sync.fraction);
