@@ -224,6 +224,13 @@ const plan::EnginePlan& engine_plan(const Layout& l, const std::vector<StageCost
   return cache.emplace(key, plan::plan_engine(in)).first->second;
 }
 
+// The micro-steps of a step whose gradients are reduced at their end: without a pipeline each
+// micro-batch is a micro-step, and each reduces unless the options defer all but the last
+// (reduce_every_micro_step false); a pipeline's micro-batches are one micro-step.
+int reducing_micro_steps(const Layout& l, const EngineOptions& options) {
+  return l.pp == 1 && options.reduce_every_micro_step ? l.micro_batches : 1;
+}
+
 // The part of a layout's step that needs no engine plan: each virtual stage's forward, input and
 // weight parts with their tp collectives, through the pipeline simulator (or the one stage's
 // micro-batches one after another), and each pipeline rank's optimizer over its shard.
@@ -338,14 +345,14 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
     // The last unit's reduction (and at stage 3 the first unit's gather) waits for nothing to hide
     // behind, so one unit's share is exposed at least.
     const double exposed = std::max(dp - window, dp / std::max(1, stages.front().units));
-    // Its waits for the slowest rank: with dp above 1 the step's end (the last reduction), and at
-    // stage 3 each all-gather (the compute waits on each unit's); each tp collective priced from
-    // the link; in a pipeline each receive (the simulator makes a stage wait for its sender's
-    // planned time, not for the sender's own delays). One drift over the rank's compute, whatever
-    // the count.
+    // Its waits for the slowest rank: with dp above 1 the end of each micro-step that reduces
+    // (Engine::finish_backward completes its reductions before the next compute), and at stage 3
+    // each all-gather (the compute waits on each unit's); each tp collective priced from the link;
+    // in a pipeline each receive (the simulator makes a stage wait for its sender's planned time,
+    // not for the sender's own delays). One drift over the rank's compute, whatever the count.
     double syncs = pipe.tp_syncs[static_cast<size_t>(r)] + pipe.receives[static_cast<size_t>(r)];
     if (l.dp > 1) {
-      syncs += 1;
+      syncs += reducing_micro_steps(l, settings.engine);
       const auto gathers = p.traffic.find("all_gather");
       if (l.zero_stage == 3 && gathers != p.traffic.end()) syncs += static_cast<double>(gathers->second.calls);
     }

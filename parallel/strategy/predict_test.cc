@@ -265,13 +265,20 @@ TEST_CASE("waits for the slowest rank: at the step's end with dp, at each ZeRO-3
     CHECK(with.time.sync < 2e-4 + 0.1 * with.time.compute + 1e-12);
     CHECK(with.time.step() == doctest::Approx(without.time.step() + with.time.sync));
   }
-  // dp 2 below stage 3: the last reduction, once per step, after the whole compute.
+  // dp 2 below stage 3, one micro-batch: its reduction, once per step, after the whole compute.
   const auto [z1_without, z1] = both(Layout{.dp = 2, .zero_stage = 1});
   CHECK(z1.time.syncs == 1);
   CHECK(z1.time.sync == doctest::Approx(1e-4 + 0.1 * z1.time.compute));
   CHECK(z1.time.step() == doctest::Approx(z1_without.time.step() + z1.time.sync));
   CHECK(explain(z1).find("waits for the slowest rank") != std::string::npos);
   CHECK(explain(z1_without).find("waits for the slowest rank") == std::string::npos);
+  // Micro-steps: each reduces at its end (the engine's default), and the compute waits for it.
+  const Prediction m4 = predict(toy, {.dp = 2, .zero_stage = 1, .micro_batches = 4}, c, settings());
+  CHECK(m4.time.syncs == 4);
+  CHECK(m4.time.sync == doctest::Approx(4e-4 + 0.1 * m4.time.compute));
+  PlanSettings deferred = settings();
+  deferred.engine.reduce_every_micro_step = false;  // only the last micro-step reduces
+  CHECK(predict(toy, {.dp = 2, .zero_stage = 1, .micro_batches = 4}, c, deferred).time.syncs == 1);
   // Stage 3: and each unit's all-gather, forward and backward (4 units, the one the backward starts
   // with kept from the forward or not: at least 7 gathers).
   const Prediction z3 = predict(toy, {.dp = 2, .zero_stage = 3}, c, settings());
