@@ -346,15 +346,17 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
     // behind, so one unit's share is exposed at least.
     const double exposed = std::max(dp - window, dp / std::max(1, stages.front().units));
     // Its waits for the slowest rank: with dp above 1 the end of each micro-step that reduces
-    // (Engine::finish_backward completes its reductions before the next compute), and at stage 3
-    // each all-gather (the compute waits on each unit's); each tp collective priced from the link;
-    // in a pipeline each receive (the simulator makes a stage wait for its sender's planned time,
-    // not for the sender's own delays). One drift over the rank's compute, whatever the count.
+    // (Engine::finish_backward completes its reductions before the next compute) and each
+    // all-gather (what follows waits for it: at stage 3 each unit's parameters before its compute,
+    // from stage 1 the update's block sums before the norm and, below stage 3, the updated
+    // parameters before the next forward); each tp collective priced from the link; in a pipeline
+    // each receive (the simulator makes a stage wait for its sender's planned time, not for the
+    // sender's own delays). One drift over the rank's compute, whatever the count.
     double syncs = pipe.tp_syncs[static_cast<size_t>(r)] + pipe.receives[static_cast<size_t>(r)];
     if (l.dp > 1) {
       syncs += reducing_micro_steps(l, settings.engine);
       const auto gathers = p.traffic.find("all_gather");
-      if (l.zero_stage == 3 && gathers != p.traffic.end()) syncs += static_cast<double>(gathers->second.calls);
+      if (gathers != p.traffic.end()) syncs += static_cast<double>(gathers->second.calls);
     }
     const double sync = cluster.sync.time(syncs, pipe.busy[static_cast<size_t>(r)]);
     const double optimizer = pipe.optimizer[static_cast<size_t>(r)];

@@ -243,7 +243,7 @@ TEST_CASE("tensor-parallel collectives by the ring formula; ranks beyond a machi
   CHECK(step2 < 2 * step4);
 }
 
-TEST_CASE("waits for the slowest rank: at the step's end with dp, at each ZeRO-3 gather, at each tp collective, at each pipeline receive") {
+TEST_CASE("waits for the slowest rank: at each reducing micro-step and each all-gather with dp, at each tp collective, at each pipeline receive") {
   const ToyCosts toy;
   Cluster c = cluster();
   c.sync = {.latency = 1e-4, .fraction = 0.1};
@@ -265,24 +265,30 @@ TEST_CASE("waits for the slowest rank: at the step's end with dp, at each ZeRO-3
     CHECK(with.time.sync < 2e-4 + 0.1 * with.time.compute + 1e-12);
     CHECK(with.time.step() == doctest::Approx(without.time.step() + with.time.sync));
   }
-  // dp 2 below stage 3, one micro-batch: its reduction, once per step, after the whole compute.
+  // dp 2 at stage 0, one micro-batch: its reduction, once per step, after the whole compute.
+  const auto [z0_without, z0] = both(Layout{.dp = 2, .zero_stage = 0});
+  CHECK(z0.time.syncs == 1);
+  CHECK(z0.time.sync == doctest::Approx(1e-4 + 0.1 * z0.time.compute));
+  CHECK(z0.time.step() == doctest::Approx(z0_without.time.step() + z0.time.sync));
+  CHECK(explain(z0).find("waits for the slowest rank") != std::string::npos);
+  CHECK(explain(z0_without).find("waits for the slowest rank") == std::string::npos);
+  // Stage 1: and the update's two all-gathers (the block sums before the norm, the updated
+  // parameters before the next forward: the toy's one bucket).
   const auto [z1_without, z1] = both(Layout{.dp = 2, .zero_stage = 1});
-  CHECK(z1.time.syncs == 1);
-  CHECK(z1.time.sync == doctest::Approx(1e-4 + 0.1 * z1.time.compute));
+  CHECK(z1.time.syncs == 3);
+  CHECK(z1.time.sync == doctest::Approx(3e-4 + 0.1 * z1.time.compute));
   CHECK(z1.time.step() == doctest::Approx(z1_without.time.step() + z1.time.sync));
-  CHECK(explain(z1).find("waits for the slowest rank") != std::string::npos);
-  CHECK(explain(z1_without).find("waits for the slowest rank") == std::string::npos);
   // Micro-steps: each reduces at its end (the engine's default), and the compute waits for it.
   const Prediction m4 = predict(toy, {.dp = 2, .zero_stage = 1, .micro_batches = 4}, c, settings());
-  CHECK(m4.time.syncs == 4);
-  CHECK(m4.time.sync == doctest::Approx(4e-4 + 0.1 * m4.time.compute));
+  CHECK(m4.time.syncs == 4 + 2);
+  CHECK(m4.time.sync == doctest::Approx(6e-4 + 0.1 * m4.time.compute));
   PlanSettings deferred = settings();
   deferred.engine.reduce_every_micro_step = false;  // only the last micro-step reduces
-  CHECK(predict(toy, {.dp = 2, .zero_stage = 1, .micro_batches = 4}, c, deferred).time.syncs == 1);
-  // Stage 3: and each unit's all-gather, forward and backward (4 units, the one the backward starts
-  // with kept from the forward or not: at least 7 gathers).
+  CHECK(predict(toy, {.dp = 2, .zero_stage = 1, .micro_batches = 4}, c, deferred).time.syncs == 1 + 2);
+  // Stage 3: each unit's all-gather, forward and backward (4 units, the one the backward starts
+  // with kept from the forward or not: at least 7 gathers), and the block sums'.
   const Prediction z3 = predict(toy, {.dp = 2, .zero_stage = 3}, c, settings());
-  CHECK(z3.time.syncs >= 1 + 7);
+  CHECK(z3.time.syncs >= 1 + 7 + 1);
   CHECK(z3.time.sync == doctest::Approx(1e-4 * z3.time.syncs + 0.1 * z3.time.compute));
   CHECK(z3.time.sync > z1.time.sync);
   // tp 2 priced from the link: each of its 8 collectives (4 layers, forward and backward).
