@@ -539,8 +539,11 @@ strategy::SyncWait fit_sync(const std::vector<double>& x, const std::vector<doub
 }
 
 constexpr double kSyncSeconds = 0.25;  // of segments per length and kind (alone, synchronized)
-constexpr int kSyncRounds = 2;
-constexpr int kSyncMinSegments = 8;  // per round
+// Many short rounds rather than two long ones: the wait is a difference of two totals, and the
+// machine's speed moving between a run and its twin by a few percent of the run is, at the longest
+// segments, as much as the wait itself.
+constexpr int kSyncRounds = 8;
+constexpr int kSyncMinSegments = 6;  // per round
 
 SyncResult measure_sync(comm::Communicator& world, const strategy::Link& link) {
   SyncResult out;
