@@ -59,6 +59,17 @@ std::vector<std::string> Flags::get_list(const std::string& name, const std::str
   }
 }
 
+std::vector<int> Flags::get_count_list(const std::string& name, const std::string& fallback) {
+  std::vector<int> out;
+  for (const std::string& s : get_list(name, fallback)) {
+    char* end = nullptr;
+    const long v = std::strtol(s.c_str(), &end, 10);
+    if (*end != '\0' || v < 0) ZERO_THROW(InvalidArgument, "--{}: '{}' is not a non-negative integer", name, s);
+    out.push_back(static_cast<int>(v));
+  }
+  return out;
+}
+
 bool Flags::get_bool(const std::string& name, bool fallback) {
   const std::string v = get(name, fallback ? "true" : "false");
   if (v == "true" || v == "1") return true;

@@ -16,6 +16,8 @@ class Flags {
   bool get_bool(const std::string& name, bool fallback);
   // A comma-separated list ("2,3" -> {"2", "3"}); an empty item is an error naming the flag.
   std::vector<std::string> get_list(const std::string& name, const std::string& fallback);
+  // A comma-separated list of integers >= 0 ("1,4,16"); anything else is an error naming the flag.
+  std::vector<int> get_count_list(const std::string& name, const std::string& fallback);
   // Whether the flag was given on the command line (asking does not count as using it), for values
   // that default to something a flag overrides only when given.
   bool has(const std::string& name) const;

@@ -23,6 +23,7 @@
 #include "base/error.h"
 #include "comm/gloo/gloo_communicator.h"
 #include "comm/launch/dist_env.h"
+#include "examples/flags.h"
 
 namespace {
 
@@ -32,48 +33,19 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-struct Flags {
+struct Settings {
   int calls = 2000;
-  std::vector<int> products = {0, 1, 4, 16, 64, 256};
+  std::vector<int> products;
 };
 
-std::vector<int> parse_list(const std::string& flag, const std::string& v) {
-  std::vector<int> out;
-  size_t start = 0;
-  while (start <= v.size()) {
-    const size_t comma = v.find(',', start);
-    const std::string item = v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    size_t used = 0;
-    int n = -1;
-    try {
-      n = std::stoi(item, &used);
-    } catch (const std::exception&) {
-    }
-    if (used != item.size() || n < 0) ZERO_THROW(InvalidArgument, "{} '{}': '{}' is not a count >= 0", flag, v, item);
-    out.push_back(n);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
-Flags parse_flags(int argc, char** argv) {
-  Flags f;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (i + 1 >= argc) ZERO_THROW(InvalidArgument, "{} needs a value", a);
-    const std::string v = argv[++i];
-    if (a == "--calls") {
-      const std::vector<int> n = parse_list(a, v);
-      if (n.size() != 1 || n[0] < 1) ZERO_THROW(InvalidArgument, "--calls '{}': one count >= 1", v);
-      f.calls = n[0];
-    } else if (a == "--products") {
-      f.products = parse_list(a, v);
-    } else {
-      ZERO_THROW(InvalidArgument, "unknown flag '{}'", a);
-    }
-  }
-  return f;
+Settings read_settings(int argc, char** argv) {
+  examples::Flags flags(argc, argv);
+  Settings s;
+  s.calls = flags.get_int("calls", 2000);
+  if (s.calls < 1) ZERO_THROW(InvalidArgument, "--calls {}: one call at least", s.calls);
+  s.products = flags.get_count_list("products", "0,1,4,16,64,256");
+  flags.check_all_used();
+  return s;
 }
 
 double percentile(const std::vector<double>& sorted, double p) {
@@ -81,7 +53,7 @@ double percentile(const std::vector<double>& sorted, double p) {
 }
 
 int run(int argc, char** argv) {
-  const Flags flags = parse_flags(argc, argv);
+  const Settings flags = read_settings(argc, argv);
   const DistEnv env = read_dist_env();
   auto store = connect_store(env, std::chrono::seconds(120));
   GlooOptions options;
@@ -137,11 +109,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "collective_tail: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return zero::examples::run_program("collective_tail", run, argc, argv); }

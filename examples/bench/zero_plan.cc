@@ -40,17 +40,6 @@
 namespace zero {
 namespace {
 
-std::vector<int> int_list(examples::Flags& flags, const std::string& name, const std::string& fallback) {
-  std::vector<int> out;
-  for (const std::string& s : flags.get_list(name, fallback)) {
-    char* end = nullptr;
-    const long v = std::strtol(s.c_str(), &end, 10);
-    if (*end != '\0' || v < 0) ZERO_THROW(InvalidArgument, "--{}: '{}' is not a non-negative integer", name, s);
-    out.push_back(static_cast<int>(v));
-  }
-  return out;
-}
-
 // "bf16", or "bf16 (12 tensors fp32)" for a model of several dtypes.
 std::string dtypes_of(const plan::ModelSpec& model) {
   std::map<DType, int> others;
@@ -102,8 +91,8 @@ int run(int argc, char** argv) {
     ZERO_THROW(InvalidArgument, "--tp {}, --pp {} and --micro-batches {} must be positive", tp, pp, micro_batches);
   }
   const plan::ModelSpec model = read_model(flags, tp, sequence_parallel, pp, pp_stage, pp_layers);
-  const std::vector<int> stages = int_list(flags, "stages", std::to_string(flags.get_int("stage", 2)));
-  const std::vector<int> worlds = int_list(flags, "world", "1");
+  const std::vector<int> stages = flags.get_count_list("stages", std::to_string(flags.get_int("stage", 2)));
+  const std::vector<int> worlds = flags.get_count_list("world", "1");
   plan::PlanInputs in;
   in.model = model;
   in.tp = tp;
