@@ -1,6 +1,7 @@
 // The engine under tensor parallelism, every rank a thread (Gloo over one in-memory store), on a
 // comm::Mesh of dp x tp: parameters registered as their tp parts (split rows, split columns, q|k|v
-// blocks, replicated, replicated with partial gradients) train exactly as the whole tensors do on
+// blocks, replicated, replicated with partial gradients, several of them in different buckets: their
+// sums over tp go packed into one call) train exactly as the whole tensors do on
 // one rank: the same global gradient norm (each element counted once), the same clipped AdamW
 // steps, at every stage. Also: replicated parameters take tp rank 0's values, and ranks that
 // disagree on a placement fail at finalize() naming the parameter; a checkpoint saved at one (dp, tp)
@@ -42,11 +43,13 @@ struct TensorDef {
 const std::vector<TensorDef>& model() {
   static const std::vector<TensorDef> m = {
       {"fc.w", {8, 6}, TpPlacement::split(0), 0},
+      {"fc.norm", {5}, TpPlacement::replicated_partial(), 0},
       {"fc.b", {8}, TpPlacement::split(0), 0},
       {"attn.qkv", {12, 6}, TpPlacement::split(0, 3), 0},
       {"proj.w", {6, 8}, TpPlacement::split(1), 1},
       {"proj.b", {6}, TpPlacement::replicated(), 1},
       {"ln.w", {6}, TpPlacement::replicated_partial(), 1},
+      {"ln.b", {6}, TpPlacement::replicated_partial(), 1},
   };
   return m;
 }

@@ -426,8 +426,8 @@ void GradReducer::end_micro_step() {
 
 GradReducer::Reduced GradReducer::reduced(size_t b) const {
   const OwnedRange own = ownership_.range(b);
-  if (config_.accumulate) return {accum_.as<char>() + accum_offset(b, own.opt_begin), accum_dtype(b)};
-  return {full_.as<char>() + layout_.flat_bytes(b, own.flat_begin), layout_.buckets()[b].dtype};
+  if (config_.accumulate) return {accum_.as<char>() + accum_offset(b, own.opt_begin), reduced_dtype(b)};
+  return {full_.as<char>() + layout_.flat_bytes(b, own.flat_begin), reduced_dtype(b)};
 }
 
 void GradReducer::clear() {

@@ -11,10 +11,11 @@
 namespace zero {
 ShardedUpdate::ShardedUpdate(const UpdateConfig& config, const ShardLayout& layout, const ShardOwnership& ownership,
                              comm::Communicator& shard_comm, memory::Device& device,
-                             std::unique_ptr<UpdateApplier> applier, ParamWriteback& writeback)
+                             std::unique_ptr<UpdateApplier> applier, ParamWriteback& writeback,
+                             std::unique_ptr<PartialGradSum> partial_sum)
     : config_(config), layout_(layout), ownership_(ownership), comm_(shard_comm), device_(device),
       writeback_(writeback), order_(device, shard_comm, config.timeout), applier_(std::move(applier)),
-      sums_ready_(device.create_event()) {
+      sums_ready_(device.create_event()), partial_sum_(std::move(partial_sum)) {
   const size_t block = layout_.options().block;
   for (size_t b = 0; b < layout_.buckets().size(); ++b) owned_blocks_ += ownership_.range(b).len / block;
   const size_t world = ownership_.is_replicated() ? 1 : static_cast<size_t>(comm_.size());
@@ -24,9 +25,6 @@ ShardedUpdate::ShardedUpdate(const UpdateConfig& config, const ShardLayout& layo
     gathered_sums_ = device_.allocate_elements(static_cast<int64_t>(owned_blocks_ * world), DType::kFloat64, cat);
   }
   host_sums_ = device_.allocate_host_staging(owned_blocks_ * world * sizeof(double), cat);
-  if (config_.tp != nullptr && !config_.partial_pieces.empty()) {
-    tp_order_ = std::make_unique<CollectiveOrder>(device, *config_.tp, config.timeout);
-  }
   int64_t units = 1;
   for (int u : config_.block_unit) units = std::max<int64_t>(units, int64_t{u} + 1);
   if (config_.model_parallel != nullptr && config_.model_parallel->size() > 1) {
@@ -46,20 +44,6 @@ ShardedUpdate::ShardedUpdate(const UpdateConfig& config, const ShardLayout& layo
   units_ = static_cast<size_t>(units);
   mp_total_ = device_.allocate_elements(static_cast<int64_t>(units_), DType::kFloat64, cat);
   mp_host_ = device_.allocate_host_staging(units_ * sizeof(double), cat);
-}
-
-void ShardedUpdate::sum_partial_gradients(const GradReducer& grads) {
-  if (!tp_order_) return;
-  memory::Stream& compute = device_.compute_stream();
-  for (const OwnedPiece& p : config_.partial_pieces) {
-    const GradReducer::Reduced g = grads.reduced(p.bucket);
-    const size_t offset = p.opt_offset - ownership_.range(p.bucket).opt_begin;
-    // The reduced gradient is the update's to finish: the partial parts are summed in place.
-    void* at = static_cast<uint8_t*>(const_cast<void*>(g.ptr)) + offset * dtype_size(g.dtype);
-    tp_order_->before_issue(compute);
-    tp_order_->after(*config_.tp->all_reduce(at, p.tensor_end - p.tensor_begin, g.dtype, comm::ReduceOp::kSum),
-                     compute);
-  }
 }
 
 double ShardedUpdate::add_over_model_parallel() {
@@ -131,7 +115,7 @@ StepResult ShardedUpdate::step(const GradReducer& grads, float loss_scale, doubl
   StepResult r;
   r.loss_scale = loss_scale;
   r.step = steps_taken;
-  sum_partial_gradients(grads);
+  if (partial_sum_) partial_sum_->run(grads);
   const double total = global_sum_of_squares(grads);
   const bool found_inf = !std::isfinite(total);
   const double unscale = 1.0 / (static_cast<double>(loss_scale) * divisor);

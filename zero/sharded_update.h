@@ -1,6 +1,8 @@
 #pragma once
 // ShardedUpdate: the optimizer step over the rank's owned ranges.
 //
+//   0. under tensor parallelism, the gradients that are partial sums over tp completed
+//      (PartialGradSum), before anything reads them;
 //   1. the global gradient norm: sums of squares per block of the flat space, each rank computing
 //      the blocks it owns, gathered and added in global block order, so the norm has the same bits
 //      at every stage and world size (see ShardLayout);
@@ -22,6 +24,7 @@
 #include "zero/collective_order.h"
 #include "zero/grad_reducer.h"
 #include "zero/param_writeback.h"
+#include "zero/partial_grad_sum.h"
 #include "zero/shard_optimizer.h"
 #include "zero/update_applier.h"
 #include "zero/shard_ownership.h"
@@ -32,13 +35,10 @@ namespace zero {
 struct UpdateConfig {
   float max_grad_norm = 0.0f;  // 0: no clipping
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-  // Tensor parallelism (none without it). The gradients of `partial_pieces` (this rank's pieces of
-  // parameters whose gradient is a partial sum over tp) are summed over `tp` before anything reads
-  // them; the sum of squares counts the blocks `counted` marks (per block of the flat space; empty:
-  // all) and is then added over `model_parallel`, so that every element of the model counts once.
-  comm::Communicator* tp = nullptr;
+  // Tensor or pipeline parallelism (none without either): the sum of squares counts the blocks
+  // `counted` marks (per block of the flat space; empty: all) and is then added over
+  // `model_parallel`, so that every element of the model counts once.
   comm::Communicator* model_parallel = nullptr;
-  std::vector<OwnedPiece> partial_pieces;
   std::vector<bool> counted;
   // The unit of every block of the flat space (empty: all unit 0). The sum of squares is kept per
   // unit and the units are added in id order after the sum over `model_parallel`, so the norm's
@@ -51,7 +51,7 @@ class ShardedUpdate {
  public:
   ShardedUpdate(const UpdateConfig& config, const ShardLayout& layout, const ShardOwnership& ownership,
                 comm::Communicator& shard_comm, memory::Device& device, std::unique_ptr<UpdateApplier> applier,
-                ParamWriteback& writeback);
+                ParamWriteback& writeback, std::unique_ptr<PartialGradSum> partial_sum = nullptr);
 
   // Steps with the reduced gradients. `divisor` turns reduced sums into means (ranks x micro-steps)
   // and `loss_scale` is the scale the loss carried; with a scaler, an overflow skips the step. On
@@ -64,7 +64,6 @@ class ShardedUpdate {
 
  private:
   double global_sum_of_squares(const GradReducer& grads);
-  void sum_partial_gradients(const GradReducer& grads);
   double add_over_model_parallel();
 
   UpdateConfig config_;
@@ -80,7 +79,8 @@ class ShardedUpdate {
   memory::Buffer host_sums_;      // host staging of the above
   std::unique_ptr<memory::Event> sums_ready_;
   size_t owned_blocks_ = 0;
-  std::unique_ptr<CollectiveOrder> tp_order_, mp_order_;  // with tensor parallelism
+  std::unique_ptr<PartialGradSum> partial_sum_;           // with tensor parallelism
+  std::unique_ptr<CollectiveOrder> mp_order_;             // with tensor or pipeline parallelism
   memory::Buffer mp_total_, mp_host_;                     // the per-unit sums of squares, added over mp
   size_t units_ = 1;                                      // unit ids below this, on every mp rank
 };

@@ -239,11 +239,17 @@ EngineParts wire_stage(const PolicyInputs& in) {
   UpdateConfig uc;
   uc.max_grad_norm = o.max_grad_norm;
   uc.timeout = o.timeout;
+  std::unique_ptr<PartialGradSum> partial_sum;
   if (tensor_parallel) {
-    uc.tp = in.tp;
+    std::vector<PartialGradSum::Piece> partial;
     for (const OwnedPiece& piece : parts.ownership->pieces()) {
-      if (reg.param(in.tensor_param[piece.tensor]).tp.partial_grad) uc.partial_pieces.push_back(piece);
+      if (!reg.param(in.tensor_param[piece.tensor]).tp.partial_grad) continue;
+      partial.push_back({.bucket = piece.bucket,
+                         .offset = piece.opt_offset - parts.ownership->range(piece.bucket).opt_begin,
+                         .len = piece.tensor_end - piece.tensor_begin,
+                         .dtype = parts.reducer->reduced_dtype(piece.bucket)});
     }
+    if (!partial.empty()) partial_sum = std::make_unique<PartialGradSum>(device, *in.tp, partial, o.timeout);
   }
   uc.model_parallel = in.model_parallel != nullptr ? in.model_parallel : in.tp;  // null without tp or pp
   // Each block's unit (the norm's per-unit sums) and, with classes, whether this rank counts it.
@@ -259,7 +265,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
     }
   }
   parts.update = std::make_unique<ShardedUpdate>(uc, layout, *parts.ownership, *in.shard, device, std::move(applier),
-                                                 *parts.writeback);
+                                                 *parts.writeback, std::move(partial_sum));
   const ShardOptimizer& opt = parts.update->optimizer();
   parts.formula.state_bytes = opt.state_names().size() * dtype_size(opt.state_dtype());
   // Last: the shard and the master above were read from the registered storage.
