@@ -31,7 +31,8 @@
 # reference.tsv (the reference's runs: how far apart the same work's medians fall here),
 # strategy_frontier_n2.svg (docs/images/ holds the one docs/strategy.md shows).
 #
-# The calibration runs on CORES ranks (default: this machine's cores). On a machine without Bazel
+# The calibration runs on CORES ranks (default: this machine's cores); for each N above CORES the
+# tp parts are timed again on N ranks. On a machine without Bazel
 # (no network there), in two halves:
 #   bash scripts/strategy_validate.sh pack DIR         here: builds the four programs and packs them,
 #                                                      their shared libraries and this script into DIR
@@ -185,6 +186,15 @@ for ((try = 1; try <= cal_tries; try++)); do
   ((spread <= cal_spread_max)) && break
 done
 echo "== kept the calibration with its rounds $best_spread% apart (steal $(cat "$out/calibration.steal"))" >&2
+
+# An N above the cores crowds them: its tp parts are timed again on N ranks (calibrate_gpt
+# --add-tp-parts), where the tp groups' waits meet that crowding (calibration.crowded.N.log).
+for n in $ns; do
+  ((n > cores)) || continue
+  echo "== timing the tp parts on $n ranks" >&2
+  "$zerorun" --nproc-per-node "$n" -- "$calibrate_gpt" --gpt "$gpt" --batch "$batch" \
+    --world 4 --add-tp-parts "$out/cluster.json" 2>&1 | tee "$out/calibration.crowded.$n.log" >&2
+done
 
 # The median of the step times after the first 5 steps, and the last activation peak (bytes).
 measure() {

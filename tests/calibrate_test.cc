@@ -1,10 +1,16 @@
 // calibrate_gpt on 2 ranks: it writes a cluster file the planner reads back, with every kernel the
 // planner will look up for the layouts of 1 and 2 ranks (measured, positive), a measured link and
-// optimizer rate and the wait for the slowest rank; a bad flag fails with a message naming it.
+// optimizer rate and the wait for the slowest rank; a bad flag fails with a message naming it. With
+// --add-tp-parts on more ranks than cores it adds the tp parts timed at that crowding to a file.
 #include <doctest/doctest.h>
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/dtype.h"
@@ -90,6 +96,85 @@ TEST_CASE("calibrate_gpt writes every kernel the planner looks up, a link and an
   const strategy::Prediction p = strategy::predict(gpt, strategy::Layout{.dp = 2}, c, settings);
   CHECK(p.unsupported.empty());
   CHECK(p.time.step() > 0);
+}
+
+// A cluster file as calibrate_gpt writes it on this machine (its cores as shared devices), with no
+// kernels: what --add-tp-parts adds to.
+strategy::Cluster this_machine(int devices) {
+  strategy::Cluster c;
+  c.name = "test";
+  c.devices_per_node = devices;
+  c.shared_cores = true;
+  c.device_memory = 1e9;
+  c.peak_flops = 1e10;
+  c.intra = c.inter = {1e9, 1e-5};
+  c.optimizer_rate = 1e8;
+  c.kernels["kept"] = 1.0;
+  return c;
+}
+
+void write(const std::string& path, const strategy::Cluster& c) {
+  std::ofstream(path, std::ios::binary) << strategy::to_json(c);
+}
+
+testing::LaunchResult add_tp_parts(int ranks, const std::string& file) {
+  return testing::launch(ranks, "examples/gpt/calibrate_gpt",
+                         {"--gpt", "2,32,2,64,16", "--batch", std::to_string(kBatch), "--world", std::to_string(ranks),
+                          "--repeats", "1", "--rounds", "1", "--add-tp-parts", file});
+}
+
+TEST_CASE("--add-tp-parts times the tp parts on more ranks than cores and adds them to the cluster file") {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int ranks = cores + (cores % 2 == 0 ? 2 : 1);  // whole tp groups of 2
+  if (ranks > 8) {
+    MESSAGE("skipped: crowding " << cores << " cores takes " << ranks << " ranks");
+    return;
+  }
+  const std::string file = tmp_path("crowded.json");
+  write(file, this_machine(cores));
+  const testing::LaunchResult r = add_tp_parts(ranks, file);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const strategy::Cluster c = strategy::load_cluster(file);
+  CHECK(c.kernels.count("kept") == 1);  // what the file had stays
+  examples::GptConfig cfg;
+  cfg.n_layer = 2;
+  cfg.n_embd = 32;
+  cfg.n_head = 2;
+  cfg.vocab_size = 64;
+  cfg.block_size = 16;
+  const GptCosts gpt(cfg, DType::kFloat32);
+  // Every part of every tp 2 layout of that many ranks, timed at that crowding (and nothing else).
+  size_t added = 0;
+  for (const strategy::Layout& l : strategy::enumerate_layouts(gpt, ranks, kBatch)) {
+    if (l.tp != 2) continue;
+    const int b = GptCosts::micro_batch_size(l, kBatch);
+    for (GptPart part : {GptPart::kBlock, GptPart::kEmbedding, GptPart::kHead}) {
+      for (GptPass pass : {GptPass::kForward, GptPass::kInput, GptPass::kWeight}) {
+        const std::string key = gpt.crowded_key(part, pass, b, 2, l.sequence_parallel, ranks);
+        CAPTURE(key);
+        REQUIRE(c.kernels.count(key) == 1);
+        CHECK(c.kernels.at(key) > 0);
+        CHECK(c.kernels.count(gpt.kernel_key(part, pass, b, 2, l.sequence_parallel)) == 0);
+        ++added;
+      }
+    }
+  }
+  CHECK(added > 0);
+}
+
+TEST_CASE("--add-tp-parts refuses a launch that does not crowd the cores, and another machine's file") {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const std::string file = tmp_path("not_crowded.json");
+  write(file, this_machine(cores));
+  testing::LaunchResult r = add_tp_parts(1, file);
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find(fmt::format("--add-tp-parts: 1 rank(s) launched, not more than the {} cores", cores)) !=
+        std::string::npos);
+  write(file, this_machine(cores + 1));
+  r = add_tp_parts(1, file);
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("--add-tp-parts '" + file + "': not this machine's calibration") != std::string::npos);
 }
 
 TEST_CASE("a bad flag fails and names the flag") {

@@ -24,6 +24,9 @@
 //   copy            an all-gather over one rank (ZeRO-3 at dp 1 filling its window), fitted as a link;
 //   the rest        cores as devices, MemAvailable per core, a float GEMM's rate as peak_flops.
 // Rank 0 writes the JSON to --out and prints a summary.
+//
+// With --add-tp-parts FILE (launched on more ranks than the machine has cores) it only times the tp
+// parts on real groups at that crowding and adds them to FILE (GptCosts::crowded_key).
 #include <Eigen/Dense>
 #include <fmt/format.h>
 
@@ -239,12 +242,14 @@ std::vector<double> time_part_alone(PartRun& part, int repeats, comm::Communicat
 }
 
 // Every kernel the planner looks up for layouts of 1..world ranks, in seconds by kernel key; rank 0
-// prints each shape's times where `verbose`.
+// prints each shape's times where `verbose`. `crowded`: only the parts on real tp groups, under
+// GptCosts::crowded_key for the launched ranks (more than the machine's cores).
 std::map<std::string, double> time_kernels(const GptConfig& cfg, DType dtype, int world_max, int batch, int repeats,
-                                           comm::Communicator& world, bool verbose) {
+                                           comm::Communicator& world, bool verbose, bool crowded) {
   const bool print = verbose && world.rank() == 0;
   const GptCosts costs(cfg, dtype);
-  const std::vector<KernelShape> shapes = kernel_shapes(costs, world_max, batch, print);
+  std::vector<KernelShape> shapes = kernel_shapes(costs, world_max, batch, print);
+  if (crowded) std::erase_if(shapes, [&](const KernelShape& s) { return s.tp == 1 || world.size() % s.tp != 0; });
   if (shapes.empty()) ZERO_THROW(InvalidArgument, "--batch {}: no layout of 1..{} ranks runs it", batch, world_max);
   if (print) {
     std::printf("kernels: %zu shapes (micro-batch, tp, sp) x 3 parts x 3 passes, %d repeat(s) on %d rank(s) at once\n",
@@ -265,14 +270,17 @@ std::map<std::string, double> time_kernels(const GptConfig& cfg, DType dtype, in
         if (print) std::printf("note: %s at b %d tp %d sp %d skipped: %s\n", gpt_part_name(part), s.batch, s.tp, s.sp, e.what());
         continue;
       }
-      const std::vector<double> t = time_part(*run, repeats, world);
-      line += fmt::format("  {} {:.3g}/{:.3g}/{:.3g} ms", gpt_part_name(part), 1e3 * t[0], 1e3 * t[1], 1e3 * t[2]);
-      for (size_t p = 0; p < 3; ++p) {
-        keys.push_back(costs.kernel_key(part, kPasses[p], s.batch, s.tp, s.sp));
-        times.push_back(t[p]);
+      line += fmt::format("  {}", gpt_part_name(part));
+      if (!crowded) {
+        const std::vector<double> t = time_part(*run, repeats, world);
+        line += fmt::format(" {:.3g}/{:.3g}/{:.3g} ms", 1e3 * t[0], 1e3 * t[1], 1e3 * t[2]);
+        for (size_t p = 0; p < 3; ++p) {
+          keys.push_back(costs.kernel_key(part, kPasses[p], s.batch, s.tp, s.sp));
+          times.push_back(t[p]);
+        }
       }
       // The shapes a one-rank layout runs (tp 1), timed alone too when other ranks share the cores.
-      if (s.tp == 1 && !s.sp && world.size() > 1) {
+      if (s.tp == 1 && !s.sp && world.size() > 1 && !crowded) {
         const std::vector<double> u = time_part_alone(*run, repeats, world);
         line += fmt::format(" [{:.3g}/{:.3g}/{:.3g} alone]", 1e3 * u[0], 1e3 * u[1], 1e3 * u[2]);
         for (size_t p = 0; p < 3; ++p) {
@@ -290,7 +298,8 @@ std::map<std::string, double> time_kernels(const GptConfig& cfg, DType dtype, in
         const std::vector<double> u = time_part_in_sequence(real, std::max(repeats, kTpSamples), world);
         line += fmt::format(" [{:.3g}/{:.3g}/{:.3g} with tp]", 1e3 * u[0], 1e3 * u[1], 1e3 * u[2]);
         for (size_t p = 0; p < 3; ++p) {
-          keys.push_back(costs.kernel_key(part, kPasses[p], s.batch, s.tp, s.sp, true));
+          keys.push_back(crowded ? costs.crowded_key(part, kPasses[p], s.batch, s.tp, s.sp, world.size())
+                                 : costs.kernel_key(part, kPasses[p], s.batch, s.tp, s.sp, true));
           times.push_back(u[p]);
         }
       }
@@ -312,9 +321,11 @@ std::map<std::string, double> time_kernels(const GptConfig& cfg, DType dtype, in
 // it was timed in; a slow moment now moves one round's time, not the median. Rank 0 prints the first
 // round's times and how far the rounds fell apart.
 std::map<std::string, double> time_kernel_rounds(const GptConfig& cfg, DType dtype, int world_max, int batch,
-                                                 int repeats, int rounds, comm::Communicator& world) {
+                                                 int repeats, int rounds, comm::Communicator& world, bool crowded) {
   std::vector<std::map<std::string, double>> per_round;
-  for (int r = 0; r < rounds; ++r) per_round.push_back(time_kernels(cfg, dtype, world_max, batch, repeats, world, r == 0));
+  for (int r = 0; r < rounds; ++r) {
+    per_round.push_back(time_kernels(cfg, dtype, world_max, batch, repeats, world, r == 0, crowded));
+  }
   std::map<std::string, double> out;
   std::vector<double> spreads;  // per kernel: slowest round over fastest, less 1
   for (const auto& [key, first] : per_round.front()) {
@@ -668,6 +679,38 @@ std::string today() {
 // guess of 10 GB/s and 10 us stands in.
 constexpr strategy::Link kDefaultLink{1e10, 1e-5};
 
+// --add-tp-parts FILE: the tp parts on real groups, timed by the launched ranks (more than the
+// machine's cores: two tp groups of 2 on 2 cores, a tp group of 4), added to the cluster FILE that a
+// calibration on one rank per core wrote. A layout with more ranks than cores meets its tp
+// collectives' waits at that crowding, which scaling the one-rank-per-core times does not give.
+void add_crowded_tp_parts(const std::string& path, const GptConfig& cfg, DType dtype, int world_max, int batch,
+                          int repeats, int rounds, comm::Communicator& world) {
+  strategy::Cluster cluster = strategy::load_cluster(path);  // every rank: a bad file fails them all here
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (!cluster.shared_cores || cluster.devices() != cores) {
+    ZERO_THROW(InvalidArgument, "--add-tp-parts '{}': not this machine's calibration (shared_cores {}, {} devices; "
+               "this machine has {} cores)", path, cluster.shared_cores, cluster.devices(), cores);
+  }
+  if (world.size() <= cores) {
+    ZERO_THROW(InvalidArgument, "--add-tp-parts: {} rank(s) launched, not more than the {} cores (with one rank per "
+               "core the calibration itself times the tp parts)", world.size(), cores);
+  }
+  const auto t0 = Clock::now();
+  const std::map<std::string, double> parts =
+      time_kernel_rounds(cfg, dtype, world_max, batch, repeats, rounds, world, /*crowded=*/true);
+  for (const auto& [key, seconds] : parts) cluster.kernels[key] = seconds;
+  if (world.rank() == 0) {
+    std::ofstream out(path, std::ios::binary);
+    out << strategy::to_json(cluster);
+    out.close();
+    if (!out) ZERO_THROW(IoError, "--add-tp-parts: cannot write '{}'", path);
+    std::printf("added %zu tp part times on %d ranks to %s (%.1f s)\n", parts.size(), world.size(), path.c_str(),
+                since(t0));
+    std::fflush(stdout);
+  }
+  world.barrier()->wait();
+}
+
 int run(int argc, char** argv) {
   examples::keep_freed_memory();
   examples::Flags flags(argc, argv);
@@ -678,6 +721,7 @@ int run(int argc, char** argv) {
   const int rounds = flags.get_int("rounds", 3);
   const std::string out_path = flags.get("out", "cluster.json");
   const std::string dtype_flag = flags.get("dtype", "fp32");
+  const std::string add_to = flags.get("add-tp-parts", "");
   flags.check_all_used();
   if (batch < 1) ZERO_THROW(InvalidArgument, "--batch {} is not positive", batch);
   if (world_flag < 0) ZERO_THROW(InvalidArgument, "--world {} is negative", world_flag);
@@ -693,6 +737,10 @@ int run(int argc, char** argv) {
   comm::Communicator& world = *pg.host;
   const int rank = world.rank();
   const int world_max = world_flag > 0 ? world_flag : world.size();
+  if (!add_to.empty()) {
+    add_crowded_tp_parts(add_to, cfg, dtype, world_max, batch, repeats, rounds, world);
+    return 0;
+  }
   const auto t0 = Clock::now();
   if (rank == 0) {
     std::printf("calibrating for %s, batch %d, worlds 1..%d, on %d rank(s)\n", GptCosts(cfg, dtype).name().c_str(),
@@ -701,7 +749,7 @@ int run(int argc, char** argv) {
   }
 
   strategy::Cluster cluster;
-  cluster.kernels = time_kernel_rounds(cfg, dtype, world_max, batch, repeats, rounds, world);
+  cluster.kernels = time_kernel_rounds(cfg, dtype, world_max, batch, repeats, rounds, world, /*crowded=*/false);
   const LinkResult link = measure_link(world, repeats);
   // The cluster has one link inside a node and one across; this machine is one node, so one fit is
   // both: the all-reduce between computing ranks, as a training step meets its collectives on cores

@@ -51,6 +51,10 @@ std::string GptCosts::kernel_key(GptPart part, GptPass pass, int batch, int tp, 
                      collectives ? "+tp" : "");
 }
 
+std::string GptCosts::crowded_key(GptPart part, GptPass pass, int batch, int tp, bool sp, int ranks) const {
+  return fmt::format("{}@{}", kernel_key(part, pass, batch, tp, sp, true), ranks);
+}
+
 std::string GptCosts::alone_key(GptPart part, GptPass pass, int batch) const {
   return kernel_key(part, pass, batch, 1, false) + "+alone";
 }
@@ -74,12 +78,33 @@ double GptCosts::flops(GptPart part, GptPass pass, int batch, int tp) const {
   return 0;
 }
 
-bool GptCosts::measured_with_collectives(GptPart part, int batch, const Layout& l, const strategy::Cluster& cluster) const {
-  if (l.tp == 1) return false;
-  for (GptPass pass : {GptPass::kForward, GptPass::kInput, GptPass::kWeight}) {
-    if (!cluster.kernels.count(kernel_key(part, pass, batch, l.tp, l.sequence_parallel, true))) return false;
+namespace {
+
+// Ranks per core when a layout has more ranks than a shared-core machine has cores; else 0.
+double crowding(const Layout& l, const strategy::Cluster& cluster) {
+  const double per_core = static_cast<double>(l.world()) / cluster.devices();
+  return cluster.shared_cores && per_core > 1 ? per_core : 0.0;
+}
+
+}  // namespace
+
+GptCosts::Timed GptCosts::timed_as(GptPart part, int batch, const Layout& l, const strategy::Cluster& cluster) const {
+  if (l.tp == 1) return Timed::kCompute;
+  auto all_passes = [&](auto key) {
+    for (GptPass pass : {GptPass::kForward, GptPass::kInput, GptPass::kWeight}) {
+      if (!cluster.kernels.count(key(pass))) return false;
+    }
+    return true;
+  };
+  const bool sp = l.sequence_parallel;
+  if (crowding(l, cluster) > 0 &&
+      all_passes([&](GptPass pass) { return crowded_key(part, pass, batch, l.tp, sp, l.world()); })) {
+    return Timed::kCrowded;
   }
-  return true;
+  if (all_passes([&](GptPass pass) { return kernel_key(part, pass, batch, l.tp, sp, true); })) {
+    return Timed::kWithCollectives;
+  }
+  return Timed::kCompute;
 }
 
 double GptCosts::seconds(GptPart part, GptPass pass, int batch, const Layout& l, const strategy::Cluster& cluster) const {
@@ -87,8 +112,13 @@ double GptCosts::seconds(GptPart part, GptPass pass, int batch, const Layout& l,
     const auto alone = cluster.kernels.find(alone_key(part, pass, batch));
     if (alone != cluster.kernels.end()) return alone->second;
   }
-  const bool with = measured_with_collectives(part, batch, l, cluster);
-  const auto it = cluster.kernels.find(kernel_key(part, pass, batch, l.tp, l.sequence_parallel, with));
+  const Timed how = timed_as(part, batch, l, cluster);
+  if (how == Timed::kCrowded) {
+    return cluster.kernels.at(crowded_key(part, pass, batch, l.tp, l.sequence_parallel, l.world())) /
+           crowding(l, cluster);
+  }
+  const auto it = cluster.kernels.find(kernel_key(part, pass, batch, l.tp, l.sequence_parallel,
+                                                  how == Timed::kWithCollectives));
   if (it != cluster.kernels.end()) return it->second;
   return flops(part, pass, batch, l.tp) / (cluster.peak_flops * cluster.matmul_efficiency);
 }

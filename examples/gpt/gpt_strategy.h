@@ -42,6 +42,13 @@ class GptCosts : public strategy::ModelCosts {
   // (waits, the communicator's threads on shared cores); where the cluster has those, they are used.
   std::string kernel_key(GptPart part, GptPass pass, int batch, int tp, bool sequence_parallel,
                          bool collectives = false) const;
+  // The same with the collectives, timed by `ranks` processes on a machine whose ranks share fewer
+  // cores than that ("...f+tp@4"), every tp group of them running the part at once
+  // (calibrate_gpt --add-tp-parts): what a layout of that many ranks meets, its waits included,
+  // which do not grow with the crowding as the compute does. Where the cluster has them, such a
+  // layout uses them, scaled to one rank per core: the planner slows the compute by ranks / cores
+  // (or shares the cores in a pipeline's simulation) itself.
+  std::string crowded_key(GptPart part, GptPass pass, int batch, int tp, bool sequence_parallel, int ranks) const;
   // The same kernel at tp 1 timed with no other rank computing ("...f+alone"): what a layout of one
   // rank meets on a machine whose ranks share the cores, the other cores idle (memory bandwidth and
   // caches its own). Where the cluster has it, a one-rank layout uses it.
@@ -51,9 +58,14 @@ class GptCosts : public strategy::ModelCosts {
   const GptConfig& config() const { return config_; }
 
  private:
-  // Whether the cluster has the part's three passes timed with their collectives at this layout.
+  // How the cluster has the part's three passes timed at this layout: compute alone, with their
+  // collectives, or with them by as many ranks as the layout has on too few cores.
+  enum class Timed { kCompute, kWithCollectives, kCrowded };
+  Timed timed_as(GptPart part, int batch, const strategy::Layout& layout, const strategy::Cluster& cluster) const;
   bool measured_with_collectives(GptPart part, int batch, const strategy::Layout& layout,
-                                 const strategy::Cluster& cluster) const;
+                                 const strategy::Cluster& cluster) const {
+    return timed_as(part, batch, layout, cluster) != Timed::kCompute;
+  }
   double seconds(GptPart part, GptPass pass, int batch, const strategy::Layout& layout,
                  const strategy::Cluster& cluster) const;
   GptConfig config_;

@@ -100,6 +100,35 @@ TEST_CASE("the engine's own tp collectives are in the step: sequence parallelism
   CHECK(sp.time.dp_exposed == doctest::Approx(sp.time.engine_tp / 6).epsilon(1e-9));  // one unit's share at least
 }
 
+TEST_CASE("more ranks than a shared-core machine's cores: the tp parts timed at that crowding, per core") {
+  const GptCosts gpt(config(), DType::kFloat32);
+  strategy::Cluster c = cluster();
+  c.devices_per_node = 2;
+  c.shared_cores = true;
+  // dp 2 x tp 2 on 2 cores: 2 ranks per core; micro-batches of 8 sequences, as tp 2 x 2 micro-batches.
+  const strategy::Layout crowded{.dp = 2, .tp = 2, .micro_batches = 1}, alone{.tp = 2, .micro_batches = 2};
+  for (GptPart part : {GptPart::kBlock, GptPart::kEmbedding, GptPart::kHead}) {
+    for (GptPass pass : {GptPass::kForward, GptPass::kInput, GptPass::kWeight}) {
+      c.kernels[gpt.kernel_key(part, pass, 8, 2, false, true)] = 1.0;
+      c.kernels[gpt.crowded_key(part, pass, 8, 2, false, 4)] = 3.0;
+    }
+  }
+  CHECK(gpt.crowded_key(GptPart::kBlock, GptPass::kForward, 8, 2, false, 4) == "gpt/4,64,4,256,64/block/b8/tp2/sp0/f+tp@4");
+  // 4 blocks, the embedding and the head: each 3.0 at 2 ranks per core, 1.5 per core (the
+  // planner slows the compute by the crowding itself); their collectives are in those times.
+  const strategy::StageCosts s = gpt.stage(crowded, 0, 16, c);
+  CHECK(s.forward == doctest::Approx(6 * 1.5));
+  CHECK(s.tp_forward.empty());
+  // Two ranks do not crowd two cores: the "+tp" times.
+  CHECK(gpt.stage(alone, 0, 16, c).forward == doctest::Approx(6 * 1.0));
+  // A part missing one of its passes at that crowding falls back to "+tp" whole.
+  c.kernels.erase(gpt.crowded_key(GptPart::kHead, GptPass::kWeight, 8, 2, false, 4));
+  CHECK(gpt.stage(crowded, 0, 16, c).forward == doctest::Approx(5 * 1.5 + 1.0));
+  // Ranks with their own devices are never crowded.
+  c.shared_cores = false;
+  CHECK(gpt.stage(crowded, 0, 16, c).forward == doctest::Approx(6 * 1.0));
+}
+
 TEST_CASE("calibrated kernels take the place of the FLOP estimate") {
   const GptCosts gpt(config(), DType::kFloat32);
   strategy::Cluster c = cluster();
