@@ -45,8 +45,6 @@ class PartialGradSum {
   // Sums the pieces over the tp group in place; the compute stream's later work sees the sums.
   void run(const GradReducer& grads);
 
-  size_t collectives_per_step() const { return groups_.size(); }
-
  private:
   struct Group {  // the pieces of one dtype
     DType dtype = DType::kFloat32;
