@@ -33,6 +33,17 @@ std::string tmp_path(const std::string& name) {
   return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
 }
 
+// The model the calibrations below time (--gpt 2,32,2,64,16).
+examples::GptConfig small_gpt() {
+  examples::GptConfig cfg;
+  cfg.n_layer = 2;
+  cfg.n_embd = 32;
+  cfg.n_head = 2;
+  cfg.vocab_size = 64;
+  cfg.block_size = 16;
+  return cfg;
+}
+
 testing::LaunchResult calibrate(const std::vector<std::string>& extra, const std::string& out) {
   std::vector<std::string> args{"--gpt", "2,32,2,64,16", "--batch", std::to_string(kBatch), "--world", "2",
                                 "--repeats", "1", "--rounds", "2", "--out", out};
@@ -59,13 +70,7 @@ TEST_CASE("calibrate_gpt writes every kernel the planner looks up, a link and an
   // The wait for the slowest rank, measured and fitted (the parser keeps the fraction in [0, 1)).
   CHECK(r.output.find("sync wait") != std::string::npos);
   CHECK(c.sync.latency + c.sync.fraction > 0);
-  examples::GptConfig cfg;
-  cfg.n_layer = 2;
-  cfg.n_embd = 32;
-  cfg.n_head = 2;
-  cfg.vocab_size = 64;
-  cfg.block_size = 16;
-  const GptCosts gpt(cfg, DType::kFloat32);
+  const GptCosts gpt(small_gpt(), DType::kFloat32);
   size_t looked_up = 0;
   for (int world : {1, 2}) {
     const std::vector<strategy::Layout> layouts = strategy::enumerate_layouts(gpt, world, kBatch);
@@ -137,13 +142,7 @@ TEST_CASE("--add-tp-parts times the tp parts on more ranks than cores and adds t
   REQUIRE(r.exit_code == 0);
   const strategy::Cluster c = strategy::load_cluster(file);
   CHECK(c.kernels.count("kept") == 1);  // what the file had stays
-  examples::GptConfig cfg;
-  cfg.n_layer = 2;
-  cfg.n_embd = 32;
-  cfg.n_head = 2;
-  cfg.vocab_size = 64;
-  cfg.block_size = 16;
-  const GptCosts gpt(cfg, DType::kFloat32);
+  const GptCosts gpt(small_gpt(), DType::kFloat32);
   // Every part of every tp 2 layout of that many ranks, timed at that crowding (and nothing else).
   size_t added = 0;
   for (const strategy::Layout& l : strategy::enumerate_layouts(gpt, ranks, kBatch)) {
