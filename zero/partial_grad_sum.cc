@@ -3,15 +3,6 @@
 #include <cstdint>
 
 namespace zero {
-namespace {
-
-void* piece_address(const GradReducer& grads, const PartialGradSum::Piece& p) {
-  const GradReducer::Reduced g = grads.reduced(p.bucket);
-  // The reduced gradient is the update's to finish: the partial parts are summed in place.
-  return static_cast<uint8_t*>(const_cast<void*>(g.ptr)) + p.offset * dtype_size(g.dtype);
-}
-
-}  // namespace
 
 PartialGradSum::PartialGradSum(memory::Device& device, comm::Communicator& tp, const std::vector<Piece>& pieces,
                                std::chrono::milliseconds timeout)
@@ -32,15 +23,16 @@ PartialGradSum::PartialGradSum(memory::Device& device, comm::Communicator& tp, c
   }
 }
 
-void PartialGradSum::run(const GradReducer& grads) {
+void PartialGradSum::run(const BucketBase& bucket_base) {
   memory::Stream& compute = device_.compute_stream();
   for (Group& g : groups_) {
     const size_t esize = dtype_size(g.dtype);
-    void* buffer = g.pack.empty() ? piece_address(grads, g.pieces.front()) : g.pack.data();
+    auto piece_address = [&](const Piece& p) { return static_cast<uint8_t*>(bucket_base(p.bucket)) + p.offset * esize; };
+    void* buffer = g.pack.empty() ? piece_address(g.pieces.front()) : g.pack.data();
     if (!g.pack.empty()) {
       size_t at = 0;
       for (const Piece& p : g.pieces) {
-        device_.copy(g.pack.as<uint8_t>() + at * esize, piece_address(grads, p), p.len * esize, compute);
+        device_.copy(g.pack.as<uint8_t>() + at * esize, piece_address(p), p.len * esize, compute);
         at += p.len;
       }
     }
@@ -49,7 +41,7 @@ void PartialGradSum::run(const GradReducer& grads) {
     if (!g.pack.empty()) {
       size_t at = 0;
       for (const Piece& p : g.pieces) {
-        device_.copy(piece_address(grads, p), g.pack.as<uint8_t>() + at * esize, p.len * esize, compute);
+        device_.copy(piece_address(p), g.pack.as<uint8_t>() + at * esize, p.len * esize, compute);
         at += p.len;
       }
     }

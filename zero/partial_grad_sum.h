@@ -18,6 +18,7 @@
 // peers share their data-parallel coordinate, hence their ownership), so the packs line up.
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -25,7 +26,6 @@
 #include "comm/communicator.h"
 #include "memory/device.h"
 #include "zero/collective_order.h"
-#include "zero/grad_reducer.h"
 
 namespace zero {
 
@@ -33,7 +33,7 @@ class PartialGradSum {
  public:
   struct Piece {
     size_t bucket = 0;
-    size_t offset = 0;  // elements into the bucket's reduced gradient (GradReducer::reduced)
+    size_t offset = 0;  // elements into the bucket's reduced gradient
     size_t len = 0;
     DType dtype = DType::kFloat32;  // the reduced gradient's
   };
@@ -42,8 +42,10 @@ class PartialGradSum {
   PartialGradSum(memory::Device& device, comm::Communicator& tp, const std::vector<Piece>& pieces,
                  std::chrono::milliseconds timeout);
 
-  // Sums the pieces over the tp group in place; the compute stream's later work sees the sums.
-  void run(const GradReducer& grads);
+  // Sums the pieces over the tp group in place, bucket b's reduced gradient at bucket_base(b)
+  // (GradReducer::reduced); the compute stream's later work sees the sums.
+  using BucketBase = std::function<void*(size_t bucket)>;
+  void run(const BucketBase& bucket_base);
 
  private:
   struct Group {  // the pieces of one dtype

@@ -115,7 +115,10 @@ StepResult ShardedUpdate::step(const GradReducer& grads, float loss_scale, doubl
   StepResult r;
   r.loss_scale = loss_scale;
   r.step = steps_taken;
-  if (partial_sum_) partial_sum_->run(grads);
+  if (partial_sum_) {
+    // The reduced gradients are the update's to finish: the partial parts are summed in place.
+    partial_sum_->run([&](size_t b) { return const_cast<void*>(grads.reduced(b).ptr); });
+  }
   const double total = global_sum_of_squares(grads);
   const bool found_inf = !std::isfinite(total);
   const double unscale = 1.0 / (static_cast<double>(loss_scale) * divisor);
