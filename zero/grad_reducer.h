@@ -107,6 +107,7 @@ class GradReducer {
     DType dtype = DType::kFloat32;
   };
   Reduced reduced(size_t b) const;
+  // The dtype of reduced(b), known before any step (the accumulator's, else the bucket's).
   DType reduced_dtype(size_t b) const { return config_.accumulate ? accum_dtype(b) : layout_.buckets()[b].dtype; }
   // Zeroes every gradient (buffers and user storage) on the compute stream, for the next step.
   void clear();

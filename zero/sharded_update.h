@@ -49,6 +49,7 @@ struct UpdateConfig {
 
 class ShardedUpdate {
  public:
+  // `partial_sum`: the tp sums to complete before the norm (null: none, as without tp).
   ShardedUpdate(const UpdateConfig& config, const ShardLayout& layout, const ShardOwnership& ownership,
                 comm::Communicator& shard_comm, memory::Device& device, std::unique_ptr<UpdateApplier> applier,
                 ParamWriteback& writeback, std::unique_ptr<PartialGradSum> partial_sum = nullptr);
