@@ -103,6 +103,9 @@ TEST_CASE("calibrate_gpt writes every kernel the planner looks up, a link and an
   CHECK(p.time.step() > 0);
 }
 
+// The cores calibrate_gpt counts as this machine's devices.
+int machine_cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
 // A cluster file as calibrate_gpt writes it on this machine (its cores as shared devices), with no
 // kernels: what --add-tp-parts adds to.
 strategy::Cluster this_machine(int devices) {
@@ -129,7 +132,7 @@ testing::LaunchResult add_tp_parts(int ranks, const std::string& file) {
 }
 
 TEST_CASE("--add-tp-parts times the tp parts on more ranks than cores and adds them to the cluster file") {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = machine_cores();
   const int ranks = cores + (cores % 2 == 0 ? 2 : 1);  // whole tp groups of 2
   if (ranks > 8) {
     MESSAGE("skipped: crowding " << cores << " cores takes " << ranks << " ranks");
@@ -163,7 +166,7 @@ TEST_CASE("--add-tp-parts times the tp parts on more ranks than cores and adds t
 }
 
 TEST_CASE("--add-tp-parts refuses a launch that does not crowd the cores, and another machine's file") {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = machine_cores();
   const std::string file = tmp_path("not_crowded.json");
   write(file, this_machine(cores));
   testing::LaunchResult r = add_tp_parts(1, file);

@@ -679,6 +679,17 @@ std::string today() {
 // guess of 10 GB/s and 10 us stands in.
 constexpr strategy::Link kDefaultLink{1e10, 1e-5};
 
+// This machine's cores (at least one): its devices, which the ranks share.
+int machine_cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+// The cluster as JSON to `path` (rank 0's job); `flag` names where the path came from.
+void write_cluster(const std::string& path, const strategy::Cluster& cluster, const std::string& flag) {
+  std::ofstream out(path, std::ios::binary);
+  out << strategy::to_json(cluster);
+  out.close();
+  if (!out) ZERO_THROW(IoError, "{}: cannot write '{}'", flag, path);
+}
+
 // --add-tp-parts FILE: the tp parts on real groups, timed by the launched ranks (more than the
 // machine's cores: two tp groups of 2 on 2 cores, a tp group of 4), added to the cluster FILE that a
 // calibration on one rank per core wrote. A layout with more ranks than cores meets its tp
@@ -686,7 +697,7 @@ constexpr strategy::Link kDefaultLink{1e10, 1e-5};
 void add_crowded_tp_parts(const std::string& path, const GptConfig& cfg, DType dtype, int world_max, int batch,
                           int repeats, int rounds, comm::Communicator& world) {
   strategy::Cluster cluster = strategy::load_cluster(path);  // every rank: a bad file fails them all here
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = machine_cores();
   if (!cluster.shared_cores || cluster.devices() != cores) {
     ZERO_THROW(InvalidArgument, "--add-tp-parts '{}': not this machine's calibration (shared_cores {}, {} devices; "
                "this machine has {} cores)", path, cluster.shared_cores, cluster.devices(), cores);
@@ -700,10 +711,7 @@ void add_crowded_tp_parts(const std::string& path, const GptConfig& cfg, DType d
       time_kernel_rounds(cfg, dtype, world_max, batch, repeats, rounds, world, /*crowded=*/true);
   for (const auto& [key, seconds] : parts) cluster.kernels[key] = seconds;
   if (world.rank() == 0) {
-    std::ofstream out(path, std::ios::binary);
-    out << strategy::to_json(cluster);
-    out.close();
-    if (!out) ZERO_THROW(IoError, "--add-tp-parts: cannot write '{}'", path);
+    write_cluster(path, cluster, "--add-tp-parts");
     std::printf("added %zu tp part times on %d ranks to %s (%.1f s)\n", parts.size(), world.size(), path.c_str(),
                 since(t0));
     std::fflush(stdout);
@@ -764,7 +772,7 @@ int run(int argc, char** argv) {
   cluster.host_optimizer_rate = optimizer_rate(world, repeats, true);
   cluster.peak_flops = gemm_flops(world, repeats);
   // On a CPU machine the devices are its cores, which the ranks share.
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = machine_cores();
   cluster.devices_per_node = cores;
   cluster.nodes = 1;
   cluster.shared_cores = true;
@@ -774,10 +782,7 @@ int run(int argc, char** argv) {
   cluster.name = fmt::format("this machine ({} cores), calibrated {}", cores, today());
 
   if (rank == 0) {
-    std::ofstream out(out_path, std::ios::binary);
-    out << strategy::to_json(cluster);
-    out.close();
-    if (!out) ZERO_THROW(IoError, "--out: cannot write '{}'", out_path);
+    write_cluster(out_path, cluster, "--out");
     std::printf("wrote %s: %s\n", out_path.c_str(), cluster.name.c_str());
     std::printf("  kernels         %zu\n", cluster.kernels.size());
     if (link.measured) {
