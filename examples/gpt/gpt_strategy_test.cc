@@ -12,6 +12,7 @@
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_pipeline.h"
 #include "parallel/pipeline/schedules.h"
+#include "parallel/strategy/described_model.h"
 #include "parallel/strategy/predict.h"
 #include "testing/thread_ranks.h"
 #include "zero/engine.h"
@@ -238,6 +239,66 @@ TEST_CASE("planned pipeline ranks equal GptPipeline's: activation peaks and engi
       }
     }
   }
+}
+
+// examples/models/gpt_4layer.json describes this GPT; the planner must see the same model through
+// it as through GptCosts (on a cluster without calibrated kernels, where both cost FLOPs): the
+// engine's tensors, the compute, the tp collectives, the sends and the activations of every stage
+// of every layout of 1, 2 and 4 ranks, and so the same memory and step.
+TEST_CASE("the GPT described in JSON is planned as the GPT itself") {
+  const GptCosts gpt(config(), DType::kFloat32);
+  const strategy::DescribedModel described(strategy::load_model_description("examples/models/gpt_4layer.json"),
+                                           DType::kFloat32);
+  CHECK(described.name() == gpt.name());
+  strategy::PlanSettings settings;
+  settings.engine = gpt_engine_options(3e-3f);
+  settings.engine.grad_accum_dtype = DType::kFloat32;
+  settings.global_batch = 16;
+  auto sorted = [](std::vector<TpCollective> v) {
+    std::vector<std::pair<int, double>> out;
+    for (const TpCollective& c : v) out.emplace_back(static_cast<int>(c.kind), c.bytes);
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  size_t layouts = 0;
+  for (int world : {1, 2, 4}) {
+    const std::vector<Layout> ls = strategy::enumerate_layouts(gpt, world, 16);
+    CHECK(strategy::enumerate_layouts(described, world, 16) == ls);
+    for (const Layout& l : ls) {
+      CAPTURE(strategy::describe(l));
+      REQUIRE(described.unsupported(l, 16) == gpt.unsupported(l, 16));
+      for (int s = 0; s < l.virtual_stages(); ++s) {
+        const strategy::StageCosts a = gpt.stage(l, s, 16, cluster()), b = described.stage(l, s, 16, cluster());
+        CAPTURE(s);
+        REQUIRE(a.engine->tensors.size() == b.engine->tensors.size());
+        for (size_t i = 0; i < a.engine->tensors.size(); ++i) {
+          const plan::TensorSpec &x = a.engine->tensors[i], &y = b.engine->tensors[i];
+          CAPTURE(x.name);
+          CHECK(x.shape == y.shape);
+          CHECK(x.unit == y.unit);
+          CHECK(x.group == y.group);
+          CHECK(x.tp == y.tp);
+          CHECK(x.tied == y.tied);
+        }
+        CHECK(a.units == b.units);
+        CHECK(a.forward == doctest::Approx(b.forward).epsilon(1e-12));
+        CHECK(a.backward_input == doctest::Approx(b.backward_input).epsilon(1e-12));
+        CHECK(a.backward_weight == doctest::Approx(b.backward_weight).epsilon(1e-12));
+        CHECK(sorted(a.tp_forward) == sorted(b.tp_forward));
+        CHECK(sorted(a.tp_backward) == sorted(b.tp_backward));
+        CHECK(a.send_bytes == b.send_bytes);
+        CHECK(a.activation_bytes == b.activation_bytes);
+        CHECK(a.weight_work_bytes == b.weight_work_bytes);
+        CHECK(a.rebuilt_bytes == b.rebuilt_bytes);
+      }
+      const strategy::Prediction p = strategy::predict(gpt, l, cluster(), settings),
+                                 q = strategy::predict(described, l, cluster(), settings);
+      CHECK(p.memory.device() == q.memory.device());
+      CHECK(p.time.step() == doctest::Approx(q.time.step()).epsilon(1e-9));
+      ++layouts;
+    }
+  }
+  CHECK(layouts > 100);
 }
 
 }  // namespace

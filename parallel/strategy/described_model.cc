@@ -1,0 +1,486 @@
+#include "parallel/strategy/described_model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <set>
+#include <utility>
+
+#include "base/check.h"
+#include "base/error.h"
+#include "parallel/tensor/vocab_parallel.h"
+#include "zero/config/json_reading.h"
+
+namespace zero::strategy {
+namespace {
+
+using config_internal::Context;
+using config_internal::fail;
+using config_internal::json;
+using config_internal::ObjectReader;
+
+const json& require(ObjectReader& r, const std::string& key) {
+  const json* j = r.find(key);
+  if (j == nullptr) fail(r.ctx(), fmt::format("missing field {}", r.path(key)));
+  return *j;
+}
+
+double non_negative(const json& j, const std::string& path, const Context& ctx) {
+  const double v = config_internal::read_number(j, path, ctx);
+  if (!std::isfinite(v) || v < 0) fail(ctx, fmt::format("{} must be >= 0, got {}", path, v));
+  return v;
+}
+
+const json& array_at(ObjectReader& r, const std::string& key) {
+  const json& j = require(r, key);
+  if (!j.is_array()) config_internal::fail_type(j, r.path(key), r.ctx(), "a list");
+  return j;
+}
+
+// One of `names` (their index), else an error listing them.
+int choice(const json& j, const std::string& path, const Context& ctx, const std::vector<std::string>& names) {
+  const std::string s = config_internal::read_string(j, path, ctx, "a string");
+  for (size_t k = 0; k < names.size(); ++k) {
+    if (s == names[k]) return static_cast<int>(k);
+  }
+  fail(ctx, fmt::format("{} must be one of {}, got \"{}\"", path, fmt::join(names, ", "), s));
+}
+
+DescribedTensor read_tensor(const json& j, const std::string& path, const Context& ctx) {
+  if (!j.is_object()) config_internal::fail_type(j, path, ctx, "an object");
+  ObjectReader r(j, path, ctx);
+  DescribedTensor t;
+  t.name = config_internal::read_string(require(r, "name"), r.path("name"), ctx, "a string");
+  const json& shape = require(r, "shape");
+  if (!shape.is_array() || shape.empty()) config_internal::fail_type(shape, r.path("shape"), ctx, "a list of sizes");
+  for (size_t d = 0; d < shape.size(); ++d) {
+    t.shape.push_back(config_internal::read_integer(shape[d], fmt::format("{}[{}]", r.path("shape"), d), ctx, 1, INT64_MAX));
+  }
+  if (const json* s = r.find("split")) {
+    const std::string spath = r.path("split");
+    if (s->is_object()) {
+      ObjectReader sr(*s, spath, ctx);
+      const int dim = config_internal::read_int(require(sr, "dim"), sr.path("dim"), ctx, 0);
+      const int blocks = sr.find("blocks") ? config_internal::read_int(*sr.find("blocks"), sr.path("blocks"), ctx, 1) : 1;
+      sr.finish();
+      t.tp = TpPlacement::split(dim, blocks);
+    } else {
+      switch (choice(*s, spath, ctx, {"replicated", "column", "row", "vocab"})) {
+        case 1: t.tp = TpPlacement::split(0); break;
+        case 2: t.tp = TpPlacement::split(1); break;
+        case 3: t.tp = TpPlacement::split(0), t.vocab = true; break;
+        default: break;
+      }
+    }
+    if (t.tp.is_split() && t.tp.dim >= static_cast<int>(t.shape.size())) {
+      fail(ctx, fmt::format("{} splits dimension {} of a {}-dimensional tensor", spath, t.tp.dim, t.shape.size()));
+    }
+  }
+  if (const json* d = r.find("dtype")) {
+    t.dtype = config_internal::read_name(*d, r.path("dtype"), ctx, "a dtype name", parse_dtype);
+  }
+  if (const json* d = r.find("no_decay")) t.no_decay = config_internal::read_bool(*d, r.path("no_decay"), ctx);
+  if (const json* d = r.find("tied_to")) t.tied_to = config_internal::read_string(*d, r.path("tied_to"), ctx, "a string");
+  r.finish();
+  return t;
+}
+
+ActivationTerm read_term(const json& j, const std::string& path, const Context& ctx) {
+  if (!j.is_object()) config_internal::fail_type(j, path, ctx, "an object");
+  ObjectReader r(j, path, ctx);
+  ActivationTerm t;
+  const json* token = r.find("per_token");
+  const json* micro = r.find("per_micro_batch");
+  if ((token == nullptr) == (micro == nullptr)) {
+    fail(ctx, fmt::format("{} needs one of per_token and per_micro_batch", path));
+  }
+  t.per = token ? ActivationTerm::Per::kToken : ActivationTerm::Per::kMicroBatch;
+  t.bytes = non_negative(token ? *token : *micro, r.path(token ? "per_token" : "per_micro_batch"), ctx);
+  if (const json* s = r.find("split")) {
+    t.split = static_cast<ActivationTerm::Split>(choice(*s, r.path("split"), ctx, {"none", "tp", "sequence"}));
+  }
+  if (const json* w = r.find("when")) {
+    t.when = static_cast<ActivationTerm::When>(choice(*w, r.path("when"), ctx, {"any", "tp1", "tp>1"}));
+  }
+  r.finish();
+  return t;
+}
+
+std::vector<ActivationTerm> read_terms(ObjectReader& r, const std::string& key) {
+  std::vector<ActivationTerm> out;
+  if (r.find(key) == nullptr) return out;
+  const json& list = array_at(r, key);
+  for (size_t k = 0; k < list.size(); ++k) out.push_back(read_term(list[k], fmt::format("{}[{}]", r.path(key), k), r.ctx()));
+  return out;
+}
+
+DescribedLayer read_layer(ObjectReader& parent, const std::string& key) {
+  const json& j = require(parent, key);
+  const Context& ctx = parent.ctx();
+  if (!j.is_object()) config_internal::fail_type(j, parent.path(key), ctx, "an object");
+  ObjectReader r(j, parent.path(key), ctx);
+  DescribedLayer l;
+  if (r.find("tensors")) {
+    const json& list = array_at(r, "tensors");
+    for (size_t k = 0; k < list.size(); ++k) l.tensors.push_back(read_tensor(list[k], fmt::format("{}[{}]", r.path("tensors"), k), ctx));
+  }
+  if (const json* f = r.find("flops_per_token")) {
+    if (!f->is_object()) config_internal::fail_type(*f, r.path("flops_per_token"), ctx, "an object");
+    ObjectReader fr(*f, r.path("flops_per_token"), ctx);
+    l.forward = non_negative(require(fr, "forward"), fr.path("forward"), ctx);
+    l.backward_input = non_negative(require(fr, "backward_input"), fr.path("backward_input"), ctx);
+    l.backward_weight = non_negative(require(fr, "backward_weight"), fr.path("backward_weight"), ctx);
+    fr.finish();
+  }
+  if (const json* t = r.find("tp")) {
+    if (!t->is_object()) config_internal::fail_type(*t, r.path("tp"), ctx, "an object");
+    ObjectReader tr(*t, r.path("tp"), ctx);
+    if (const json* e = tr.find("enter")) l.enter = config_internal::read_int(*e, tr.path("enter"), ctx, 0);
+    if (const json* e = tr.find("leave")) l.leave = config_internal::read_int(*e, tr.path("leave"), ctx, 0);
+    if (tr.find("all_reduces_per_token")) {
+      const json& list = array_at(tr, "all_reduces_per_token");
+      for (size_t k = 0; k < list.size(); ++k) {
+        l.all_reduces_per_token.push_back(non_negative(list[k], fmt::format("{}[{}]", tr.path("all_reduces_per_token"), k), ctx));
+      }
+    }
+    tr.finish();
+  }
+  l.activations = read_terms(r, "activations");
+  l.weight_work = read_terms(r, "weight_work");
+  r.finish();
+  return l;
+}
+
+}  // namespace
+
+ModelDescription parse_model_description(std::string_view text, const std::string& source) {
+  const Context ctx{source};
+  const json root = config_internal::parse_json(text, source);
+  if (!root.is_object()) fail(ctx, "a model description is a JSON object");
+  ObjectReader r(root, "", ctx);
+  ModelDescription m;
+  m.name = config_internal::read_string(require(r, "name"), "name", ctx, "a string");
+  if (const json* c = r.find("comment")) config_internal::read_string(*c, "comment", ctx, "a string");
+  m.sequence_length = config_internal::read_int(require(r, "sequence_length"), "sequence_length", ctx, 1);
+  m.hidden = config_internal::read_int(require(r, "hidden"), "hidden", ctx, 1);
+  m.heads = config_internal::read_int(require(r, "heads"), "heads", ctx, 1);
+  m.blocks = config_internal::read_int(require(r, "blocks"), "blocks", ctx, 1);
+  if (const json* d = r.find("activation_dtype")) {
+    m.activation_dtype = config_internal::read_name(*d, "activation_dtype", ctx, "a dtype name", parse_dtype);
+    if (m.activation_dtype != DType::kFloat32 && m.activation_dtype != DType::kBFloat16 &&
+        m.activation_dtype != DType::kFloat16) {
+      fail(ctx, fmt::format("activation_dtype must be fp32, bf16 or fp16, got {}", dtype_name(m.activation_dtype)));
+    }
+  }
+  m.embedding = read_layer(r, "embedding");
+  m.block = read_layer(r, "block");
+  m.head = read_layer(r, "head");
+  r.finish();
+  // Names once each (the engine keys its tensors by name); a tie names an embedding tensor of the
+  // same shape, and only the head ties.
+  std::set<std::string> names;
+  const std::pair<const char*, const DescribedLayer*> layers[] = {
+      {"embedding", &m.embedding}, {"block", &m.block}, {"head", &m.head}};
+  for (const auto& [layer, l] : layers) {
+    for (size_t k = 0; k < l->tensors.size(); ++k) {
+      const DescribedTensor& t = l->tensors[k];
+      const std::string path = fmt::format("{}.tensors[{}]", layer, k);
+      if (!names.insert(fmt::format("{}/{}", l == &m.block ? "block" : "", t.name)).second) {
+        fail(ctx, fmt::format("{}: a second tensor named {}", path, t.name));
+      }
+      if (t.tied_to.empty()) continue;
+      if (l != &m.head) fail(ctx, fmt::format("{}.tied_to: only the head's tensors tie to the embedding's", path));
+      const DescribedTensor* to = nullptr;
+      for (const DescribedTensor& e : m.embedding.tensors) {
+        if (e.name == t.tied_to) to = &e;
+      }
+      if (to == nullptr) fail(ctx, fmt::format("{}.tied_to: no embedding tensor named {}", path, t.tied_to));
+      if (to->shape != t.shape || to->tp != t.tp || to->vocab != t.vocab) {
+        fail(ctx, fmt::format("{}.tied_to: {} has another shape or split than the embedding's {}", path, t.name, t.tied_to));
+      }
+    }
+  }
+  return m;
+}
+
+ModelDescription load_model_description(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) ZERO_THROW(IoError, "cannot open model description '{}': {}", path, std::strerror(errno));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) ZERO_THROW(IoError, "cannot read model description '{}': {}", path, std::strerror(errno));
+  return parse_model_description(text, path);
+}
+
+namespace {
+
+// One tp rank's shape of `t` (the vocabulary padded first).
+std::vector<int64_t> rank_shape(const DescribedTensor& t, int tp) {
+  if (tp == 1) return t.shape;
+  std::vector<int64_t> shape = t.shape;
+  if (t.vocab) shape[0] = parallel::padded_vocab(shape[0], tp);
+  return local_shape(t.name, shape, t.tp, tp);
+}
+
+// Why `t` cannot split over tp ("" when it can).
+std::string indivisible(const DescribedTensor& t, int tp) {
+  if (!t.tp.is_split() || t.vocab || tp == 1) return "";
+  const int64_t n = t.shape[static_cast<size_t>(t.tp.dim)];
+  if (n % (static_cast<int64_t>(t.tp.blocks) * tp) == 0) return "";
+  return t.tp.blocks > 1 ? fmt::format("tp {} does not divide the {} blocks of dimension {} ({}) of {}", tp, t.tp.blocks,
+                                       t.tp.dim, n, t.name)
+                         : fmt::format("tp {} does not divide dimension {} ({}) of {}", tp, t.tp.dim, n, t.name);
+}
+
+// 2 x the elements of the layer's matrices on one tp rank: each pass's FLOPs per token by default.
+double default_flops(const DescribedLayer& l, int tp) {
+  double n = 0;
+  for (const DescribedTensor& t : l.tensors) {
+    if (t.shape.size() < 2) continue;
+    double e = 1;
+    for (int64_t d : rank_shape(t, tp)) e *= static_cast<double>(d);
+    n += e;
+  }
+  return 2 * n;
+}
+
+// The bytes of `terms` for a micro-batch of `tokens` on one tp rank.
+uint64_t term_bytes(const std::vector<ActivationTerm>& terms, uint64_t tokens, int tp, bool sequence_parallel) {
+  uint64_t sum = 0;
+  for (const ActivationTerm& t : terms) {
+    if ((t.when == ActivationTerm::When::kTp1 && tp != 1) || (t.when == ActivationTerm::When::kAboveTp1 && tp == 1)) continue;
+    const double whole = t.per == ActivationTerm::Per::kToken ? t.bytes * static_cast<double>(tokens) : t.bytes;
+    const bool divided = t.split == ActivationTerm::Split::kTp ||
+                         (t.split == ActivationTerm::Split::kSequence && sequence_parallel);
+    sum += static_cast<uint64_t>(std::llround(divided ? whole / tp : whole));
+  }
+  return sum;
+}
+
+// (first block, end block) of virtual stage `s` of `stages`: as even as they go, the first stages
+// one more (gpt_stages' rule).
+std::pair<int, int> block_range(int blocks, int stages, int s) {
+  int first = 0;
+  for (int k = 0; k < s; ++k) first += blocks / stages + (k < blocks % stages ? 1 : 0);
+  return {first, first + blocks / stages + (s < blocks % stages ? 1 : 0)};
+}
+
+// The scopes of one micro-step as a training loop of this shape opens them (examples/gpt's does):
+// the forward in order, the tied head in the embedding's unit after its own; the backward in
+// reverse, the tied head's unit first, held open through the whole backward when this stage is also
+// the first (the embedding's gradient completes there). An fp32 gradient is asked for once, when
+// its layer's backward first needs it; bf16 ones as their unit's backward scope closes (where the
+// loop mirrors them into the engine).
+std::vector<plan::ScopeEvent> micro_step(const plan::ModelSpec& spec, int blocks, bool first, bool last, int begin,
+                                         int end, const std::vector<bool>& head_uses) {
+  using plan::ScopeEvent;
+  std::vector<ScopeEvent> events;
+  const int head = blocks + 1;
+  const bool tied = std::find(head_uses.begin(), head_uses.end(), true) != head_uses.end();
+  auto scope = [&](int unit) {
+    events.push_back({ScopeEvent::kOpen, unit, false, 0});
+    events.push_back({ScopeEvent::kClose, unit, false, 0});
+  };
+  if (first) scope(0);
+  for (int b = begin; b < end; ++b) scope(b + 1);
+  if (last) {
+    scope(head);
+    if (tied) scope(0);
+  }
+  std::vector<bool> asked(spec.tensors.size(), false);
+  auto ask = [&](int unit, bool head_only = false) {
+    for (size_t i = 0; i < spec.tensors.size(); ++i) {
+      if (head_only && !head_uses[i]) continue;
+      if (spec.tensors[i].unit == unit && spec.dtype_of(spec.tensors[i]) == DType::kFloat32 && !asked[i]) {
+        asked[i] = true;
+        events.push_back({ScopeEvent::kGrad, unit, true, i});
+      }
+    }
+  };
+  auto open = [&](int unit) { events.push_back({ScopeEvent::kOpen, unit, true, 0}); };
+  auto close = [&](int unit) {
+    for (size_t i = 0; i < spec.tensors.size(); ++i) {
+      if (spec.tensors[i].unit == unit && spec.dtype_of(spec.tensors[i]) == DType::kBFloat16) {
+        events.push_back({ScopeEvent::kGrad, unit, true, i});
+      }
+    }
+    events.push_back({ScopeEvent::kClose, unit, true, 0});
+  };
+  bool unit0_open = false;
+  if (last) {
+    if (tied) {
+      open(0);
+      ask(0, true);
+      if (first) {
+        unit0_open = true;
+      } else {
+        close(0);
+      }
+    }
+    open(head);
+    ask(head);
+    close(head);
+  }
+  for (int b = end - 1; b >= begin; --b) {
+    open(b + 1);
+    ask(b + 1);
+    close(b + 1);
+  }
+  if (first) {
+    if (!unit0_open) open(0);
+    ask(0);
+    close(0);
+  }
+  return events;
+}
+
+}  // namespace
+
+DescribedModel::DescribedModel(ModelDescription description, DType dtype)
+    : description_(std::move(description)), dtype_(dtype) {}
+
+std::string DescribedModel::unsupported(const Layout& l, int global_batch) const {
+  const ModelDescription& m = description_;
+  if (m.heads % l.tp != 0) return fmt::format("tp {} does not divide the {} heads", l.tp, m.heads);
+  for (const DescribedLayer* layer : {&m.embedding, &m.block, &m.head}) {
+    for (const DescribedTensor& t : layer->tensors) {
+      if (const std::string why = indivisible(t, l.tp); !why.empty()) return why;
+    }
+  }
+  if (l.sequence_parallel && m.sequence_length % l.tp != 0) {
+    return fmt::format("sequence parallelism: tp {} does not divide the sequence length {}", l.tp, m.sequence_length);
+  }
+  if (l.virtual_stages() > m.blocks) {
+    return l.chunks > 1 ? fmt::format("pp {} x {} chunks is more stages than the {} blocks", l.pp, l.chunks, m.blocks)
+                        : fmt::format("pp {} is more stages than the {} blocks", l.pp, m.blocks);
+  }
+  if (l.chunks > 1 && l.micro_batches % l.pp != 0) {
+    return fmt::format("interleaved: {} micro-batches are not a multiple of pp {}", l.micro_batches, l.pp);
+  }
+  if (global_batch % (l.dp * l.micro_batches) != 0) {
+    return fmt::format("the batch {} does not divide into dp {} x {} micro-batches", global_batch, l.dp, l.micro_batches);
+  }
+  return "";
+}
+
+std::shared_ptr<const plan::ModelSpec> DescribedModel::spec(int tp, bool sp, int stages, int s) const {
+  const auto key = std::make_tuple(tp, sp, stages, s);
+  if (auto it = specs_.find(key); it != specs_.end()) return it->second;
+  const ModelDescription& m = description_;
+  const bool first = s == 0, last = s == stages - 1;
+  const auto [begin, end] = block_range(m.blocks, stages, s);
+  auto spec = std::make_shared<plan::ModelSpec>();
+  spec->dtype = dtype_;
+  auto add = [&](const DescribedTensor& t, const std::string& name, int unit, bool tied) {
+    plan::TensorSpec out;
+    out.name = name;
+    out.shape = rank_shape(t, tp);
+    out.unit = unit;
+    out.group = t.no_decay ? 1 : 0;
+    out.tp = tp > 1 && sp && !t.tp.is_split() ? TpPlacement::replicated_partial() : tp > 1 ? t.tp : TpPlacement();
+    out.tied = tied;
+    out.dtype = t.dtype;
+    spec->tensors.push_back(std::move(out));
+  };
+  // A tied embedding tensor is held by the first and the last stage, each copy marked.
+  auto tied_away = [&](const DescribedTensor& e) {
+    for (const DescribedTensor& h : m.head.tensors) {
+      if (h.tied_to == e.name) return stages > 1;
+    }
+    return false;
+  };
+  if (first) {
+    for (const DescribedTensor& t : m.embedding.tensors) add(t, t.name, 0, tied_away(t));
+  } else if (last) {
+    // The tied copies first, in the embedding's place in the registration order.
+    for (const DescribedTensor& e : m.embedding.tensors) {
+      if (tied_away(e)) add(e, e.name, 0, true);
+    }
+  }
+  for (int b = begin; b < end; ++b) {
+    for (const DescribedTensor& t : m.block.tensors) add(t, fmt::format("blocks.{}.{}", b, t.name), b + 1, false);
+  }
+  if (last) {
+    for (const DescribedTensor& t : m.head.tensors) {
+      if (t.tied_to.empty()) add(t, t.name, m.blocks + 1, false);
+    }
+  }
+  // The embedding tensors the head uses (its tied ones), as this stage holds them.
+  std::vector<bool> head_uses(spec->tensors.size(), false);
+  for (size_t i = 0; i < spec->tensors.size(); ++i) {
+    for (const DescribedTensor& h : m.head.tensors) {
+      if (last && spec->tensors[i].unit == 0 && h.tied_to == spec->tensors[i].name) head_uses[i] = true;
+    }
+  }
+  spec->schedule = micro_step(*spec, m.blocks, first, last, begin, end, head_uses);
+  return specs_.emplace(key, std::move(spec)).first->second;
+}
+
+StageCosts DescribedModel::stage(const Layout& l, int s, int global_batch, const Cluster& cluster) const {
+  const ModelDescription& m = description_;
+  const int stages = l.virtual_stages();
+  const bool first = s == 0, last = s == stages - 1, sp = l.sequence_parallel;
+  const auto [begin, end] = block_range(m.blocks, stages, s);
+  const int blocks = end - begin;
+  const uint64_t tokens = static_cast<uint64_t>(global_batch / (l.dp * l.micro_batches)) * m.sequence_length;
+  const double rate = cluster.peak_flops * cluster.matmul_efficiency;
+  StageCosts out;
+  out.engine = spec(l.tp, sp, stages, s);
+  out.units = m.blocks + 2;
+
+  struct Part {
+    const DescribedLayer* layer;
+    int count;
+  };
+  const Part parts[] = {{&m.embedding, first ? 1 : 0}, {&m.block, blocks}, {&m.head, last ? 1 : 0}};
+  const double act = static_cast<double>(dtype_size(m.activation_dtype));
+  const double stream = act * static_cast<double>(tokens) * m.hidden;  // the residual stream, whole
+  for (const auto& [layer, count] : parts) {
+    if (count == 0) continue;
+    const double flops = default_flops(*layer, l.tp);
+    auto seconds = [&](const std::optional<double>& given) {
+      return count * static_cast<double>(tokens) * (given ? *given / l.tp : flops) / rate;
+    };
+    out.forward += seconds(layer->forward);
+    out.backward_input += seconds(layer->backward_input);
+    out.backward_weight += seconds(layer->backward_weight);
+    if (layer == &m.block && l.recompute) out.backward_input += seconds(layer->forward);
+    if (l.tp > 1) {
+      for (int k = 0; k < count; ++k) {
+        std::vector<TpCollective> f;
+        for (int e = 0; e < layer->enter; ++e) {
+          if (sp) f.push_back({TpCollective::kAllGather, stream});
+          out.tp_backward.push_back({sp ? TpCollective::kReduceScatter : TpCollective::kAllReduce, stream});
+        }
+        for (int g = 0; g < layer->leave; ++g) {
+          f.push_back({sp ? TpCollective::kReduceScatter : TpCollective::kAllReduce, stream});
+          if (sp) out.tp_backward.push_back({TpCollective::kAllGather, stream});
+        }
+        for (double bytes : layer->all_reduces_per_token) f.push_back({TpCollective::kAllReduce, bytes * tokens});
+        out.tp_forward.insert(out.tp_forward.end(), f.begin(), f.end());
+        // Recompute runs the block's forward, collectives and all, again in the backward.
+        if (layer == &m.block && l.recompute) out.tp_backward.insert(out.tp_backward.end(), f.begin(), f.end());
+      }
+    }
+    const uint64_t held = term_bytes(layer->activations, tokens, l.tp, sp);
+    const uint64_t work = term_bytes(layer->weight_work, tokens, l.tp, sp);
+    out.weight_work_bytes += count * work;
+    if (layer == &m.block && l.recompute) {
+      // Each block keeps its input (the stream's rows this rank holds); one block rebuilt at a time
+      // in a whole backward, every one kept for a split backward's weight part.
+      out.activation_bytes += count * static_cast<uint64_t>(std::llround(sp ? stream / l.tp : stream));
+      out.weight_work_bytes += count * held;
+      out.rebuilt_bytes = held;
+    } else {
+      out.activation_bytes += count * held;
+    }
+  }
+  out.send_bytes = last ? 0.0 : sp ? stream / l.tp : stream;
+  return out;
+}
+
+}  // namespace zero::strategy

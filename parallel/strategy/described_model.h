@@ -1,0 +1,120 @@
+#pragma once
+// A decoder-only transformer described in JSON, for the strategy planner (zero_plan --auto --model
+// FILE): what a model's checkpoint cannot say and the planner needs. A safetensors header gives names
+// and shapes, but not how each tensor splits under tensor parallelism, which tensors a pipeline's
+// first and last stage hold, the collectives of the tp regions, the compute per token, or the
+// activations a micro-batch keeps. The description gives these for three layers, the Megatron-LM
+// shape every GPT, LLaMA or Mistral has:
+//
+//   embedding            on the first pipeline stage (unit 0)
+//   block x blocks       cut into the pipeline's stages as evenly as they go, the first stages
+//                        taking one more (units 1 .. blocks); what recompute runs again
+//   head                 the final norm, the output layer and the loss, on the last stage (unit
+//                        blocks + 1); a tensor "tied_to" an embedding tensor is that tensor (its
+//                        copy, marked tied, on the last stage when the pipeline has several)
+//
+// A layer (each field optional):
+//   "tensors":         [{"name", "shape" (whole, unsplit), "split", "dtype", "no_decay", "tied_to"}]
+//                      split: "replicated" (the default; under sequence parallelism its gradient is
+//                      a partial sum over tp), "column" (dim 0: a column-parallel [out, in] weight
+//                      and its bias), "row" (dim 1), "vocab" (dim 0 padded to a multiple of tp, as
+//                      Megatron pads its vocabulary), or {"dim": d, "blocks": k} (parallel/tensor's
+//                      fused blocks, q|k|v along one dimension)
+//   "flops_per_token": {"forward", "backward_input", "backward_weight"} at tp 1 (divided by tp);
+//                      without it, 2 x the elements of the layer's matrices on one tp rank (tensors
+//                      of two or more dimensions, a tied one included) for each pass
+//   "tp":              {"enter": n, "leave": n, "all_reduces_per_token": [bytes, ...]}: Megatron's f
+//                      and g. Entering a region is the identity forward and an all-reduce of the
+//                      residual stream backward, leaving one the converse; under sequence
+//                      parallelism an all-gather and a reduce-scatter. The extra forward
+//                      all-reduces are the loss's (a vocabulary-parallel cross entropy's three).
+//   "activations":     what a micro-batch holds from its forward to its backward, a list of terms
+//   "weight_work":     what a split backward (ZB-H1) holds from its input part to its weight part
+//     term:            {"per_token": bytes | "per_micro_batch": bytes, "split": "none" | "tp" |
+//                      "sequence", "when": "any" | "tp1" | "tp>1"}: "tp" divided by tp, "sequence"
+//                      divided by tp under sequence parallelism (the residual stream's rows);
+//                      "when" a term the layer holds only unsplit or only split
+// Top level: "name", "sequence_length", "hidden" (the residual stream's width: the tp collectives,
+// the stages' sends, the input recompute keeps), "heads" (tp must divide them), "blocks",
+// "activation_dtype" ("fp32", "bf16" or "fp16"; default fp32), "embedding", "block", "head", and a
+// "comment" the planner does not read.
+//
+// The memory of the parameters, gradients, optimizer state and buffers is the engine's plan of the
+// tensors on the meta device, exact whatever the description; the activations are what the
+// description says. Compute comes from the FLOPs at the cluster's peak rate times its matmul
+// efficiency (a described model has no calibrated kernels).
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "base/dtype.h"
+#include "parallel/strategy/model_costs.h"
+#include "zero/tp_placement.h"
+
+namespace zero::strategy {
+
+struct DescribedTensor {
+  std::string name;
+  std::vector<int64_t> shape;  // whole
+  TpPlacement tp;
+  bool vocab = false;  // split(0) with dim 0 padded to a multiple of tp
+  std::optional<DType> dtype;
+  bool no_decay = false;  // optimizer group 1
+  std::string tied_to;    // a head tensor that is this embedding tensor
+};
+
+// Bytes a micro-batch holds.
+struct ActivationTerm {
+  enum class Per { kToken, kMicroBatch };
+  enum class Split { kNone, kTp, kSequence };
+  enum class When { kAny, kTp1, kAboveTp1 };
+  Per per = Per::kToken;
+  double bytes = 0;
+  Split split = Split::kNone;
+  When when = When::kAny;
+};
+
+struct DescribedLayer {
+  std::vector<DescribedTensor> tensors;
+  std::optional<double> forward, backward_input, backward_weight;  // FLOPs per token at tp 1
+  int enter = 0, leave = 0;
+  std::vector<double> all_reduces_per_token;
+  std::vector<ActivationTerm> activations, weight_work;
+};
+
+struct ModelDescription {
+  std::string name;
+  int sequence_length = 0, hidden = 0, heads = 0, blocks = 0;
+  DType activation_dtype = DType::kFloat32;
+  DescribedLayer embedding, block, head;
+};
+
+// InvalidArgument naming `source` and the field ("block.tensors[2].split: ...") for a missing,
+// mistyped, negative or unknown field, a tied_to naming no embedding tensor, a duplicate name.
+ModelDescription parse_model_description(std::string_view text, const std::string& source);
+ModelDescription load_model_description(const std::string& path);  // IoError when unreadable
+
+class DescribedModel : public ModelCosts {
+ public:
+  // `dtype`: the parameters' (a tensor's "dtype" overrides it).
+  DescribedModel(ModelDescription description, DType dtype);
+  std::string name() const override { return description_.name; }
+  int sequence_length() const override { return description_.sequence_length; }
+  std::string unsupported(const Layout& layout, int global_batch) const override;
+  StageCosts stage(const Layout& layout, int stage, int global_batch, const Cluster& cluster) const override;
+  const ModelDescription& description() const { return description_; }
+
+ private:
+  std::shared_ptr<const plan::ModelSpec> spec(int tp, bool sequence_parallel, int stages, int stage) const;
+  ModelDescription description_;
+  DType dtype_;
+  // The engine's tensors by (tp, sp, virtual stages, stage), shared by the layouts that differ in
+  // the rest (a GptCosts-like cache; used from one thread, as rank_layouts does).
+  mutable std::map<std::tuple<int, bool, int, int>, std::shared_ptr<const plan::ModelSpec>> specs_;
+};
+
+}  // namespace zero::strategy
