@@ -88,4 +88,26 @@ TEST_CASE("zero_plan --auto ranks the GPT's layouts on a cluster; --explain brea
   CHECK(r.output.find("is 3 ranks but --world is 4") != std::string::npos);
 }
 
+TEST_CASE("zero_plan --auto --model plans a described model; the GPT's description ranks as the GPT") {
+  const std::string cluster = write_cluster("d.json", "1e10", "1e10");
+  auto plan = [&](std::vector<std::string> args) { return testing::run("examples/bench/zero_plan", args); };
+  const std::vector<std::string> common{"--batch", "16", "--cluster", cluster, "--top", "3", "--dtype", "fp32"};
+  std::vector<std::string> a{"--auto", "--gpt", "4,64,4,256,64"}, b{"--auto", "--model", "examples/models/gpt_4layer.json"};
+  a.insert(a.end(), common.begin(), common.end());
+  b.insert(b.end(), common.begin(), common.end());
+  const auto by_gpt = plan(a), by_model = plan(b);
+  INFO(by_model.output);
+  CHECK(by_model.exit_code == 0);
+  // The same table, choice and all.
+  CHECK(by_model.output == by_gpt.output);
+  // Bad input names its culprit.
+  auto r = plan({"--auto", "--gpt", "4,64,4", "--model", "examples/models/gpt_4layer.json", "--batch", "16",
+                 "--cluster", cluster});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("--gpt L,C,H[,V,T] or --model FILE") != std::string::npos);
+  r = plan({"--auto", "--model", "no_such.json", "--batch", "16", "--cluster", cluster});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("cannot open model description 'no_such.json'") != std::string::npos);
+}
+
 }  // namespace zero

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_flags.h"
 #include "examples/gpt/gpt_strategy.h"
+#include "parallel/strategy/described_model.h"
 #include "parallel/strategy/chart.h"
 #include "parallel/strategy/cluster.h"
 #include "parallel/strategy/predict.h"
@@ -36,9 +38,10 @@ std::string train_flags(const strategy::Layout& l) {
 }  // namespace
 
 int run_strategy(examples::Flags& flags) {
-  const std::string gpt = flags.get("gpt", "");
-  if (gpt.empty()) ZERO_THROW(InvalidArgument, "--auto and --explain plan a --gpt L,C,H[,V,T] model");
-  const examples::GptConfig config = examples::gpt_config_of_shape(gpt);
+  const std::string gpt = flags.get("gpt", ""), model_path = flags.get("model", "");
+  if (gpt.empty() == model_path.empty()) {
+    ZERO_THROW(InvalidArgument, "--auto and --explain plan one model: --gpt L,C,H[,V,T] or --model FILE (a model description)");
+  }
   const std::string cluster_path = flags.get("cluster", "");
   if (cluster_path.empty()) ZERO_THROW(InvalidArgument, "--auto and --explain need --cluster FILE (a cluster description)");
   const strategy::Cluster cluster = strategy::load_cluster(cluster_path);
@@ -46,7 +49,8 @@ int run_strategy(examples::Flags& flags) {
   if (batch < 1) ZERO_THROW(InvalidArgument, "--batch (sequences per step) must be positive, got {}", batch);
   const int world = flags.get_int("world", cluster.devices());
   if (world < 1) ZERO_THROW(InvalidArgument, "--world must be positive, got {}", world);
-  const DType dtype = parse_dtype(flags.get("dtype", "fp32"));
+  // The parameters' dtype: train_gpt's fp32 for the GPT, bf16 for a described model.
+  const DType dtype = parse_dtype(flags.get("dtype", gpt.empty() ? "bf16" : "fp32"));
   const int top = flags.get_int("top", 20);
   const std::string svg = flags.get("svg", "");
   const bool list = flags.get_bool("list", false);
@@ -54,12 +58,20 @@ int run_strategy(examples::Flags& flags) {
   flags.get_bool("auto", false);
   flags.check_all_used();
   if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
-    ZERO_THROW(InvalidArgument, "--dtype: the GPT runs in fp32 or bf16, got {}", dtype_name(dtype));
+    ZERO_THROW(InvalidArgument, "--dtype: the planner's models run in fp32 or bf16, got {}", dtype_name(dtype));
   }
 
-  const examples::GptCosts model(config, dtype);
+  std::unique_ptr<strategy::ModelCosts> costs;
+  if (!gpt.empty()) {
+    costs = std::make_unique<examples::GptCosts>(examples::gpt_config_of_shape(gpt), dtype);
+  } else {
+    costs = std::make_unique<strategy::DescribedModel>(strategy::load_model_description(model_path), dtype);
+  }
+  const strategy::ModelCosts& model = *costs;
   strategy::PlanSettings settings;
-  settings.engine = examples::gpt_engine_options(3e-3f);  // train_gpt's
+  // train_gpt's optimizer: AdamW, weight decay on group 0 and none on group 1 (a description's
+  // no_decay tensors).
+  settings.engine = examples::gpt_engine_options(3e-3f);
   settings.engine.grad_accum_dtype = dtype;
   settings.global_batch = batch;
 

@@ -1,11 +1,13 @@
 #pragma once
-// zero_plan's strategy mode (parallel/strategy/): every layout of a GPT on a cluster, ranked.
+// zero_plan's strategy mode (parallel/strategy/): every layout of a model on a cluster, ranked.
 //
 //   zero_plan --auto --gpt L,C,H[,V,T] --batch B --cluster CLUSTER.json [--world N] [--dtype fp32|bf16]
 //             [--top K] [--svg FILE] [--list]
+//   zero_plan --auto --model MODEL.json ...   (a model description: parallel/strategy/described_model.h)
 //   zero_plan --explain "dp=2,tp=2,pp=2,stage=3,m=4,schedule=1f1b" --gpt ... --batch B --cluster ...
 //
-// --world defaults to the cluster's devices. The table lists the layouts that fit first, fastest
+// --world defaults to the cluster's devices; --dtype (the parameters') to fp32 for --gpt (train_gpt's)
+// and bf16 for --model. The table lists the layouts that fit first, fastest
 // first (memory per rank by category, predicted step time, tokens/s, bubble, exposed data-parallel
 // communication), then those that do not, smallest first; a line says why the first is chosen. Only
 // the first K (default 20) are planned exactly: a layout whose time floor cannot rank among them is
