@@ -169,6 +169,7 @@ ModelDescription parse_model_description(std::string_view text, const std::strin
   m.sequence_length = config_internal::read_int(require(r, "sequence_length"), "sequence_length", ctx, 1);
   m.hidden = config_internal::read_int(require(r, "hidden"), "hidden", ctx, 1);
   m.heads = config_internal::read_int(require(r, "heads"), "heads", ctx, 1);
+  m.kv_heads = r.find("kv_heads") ? config_internal::read_int(*r.find("kv_heads"), "kv_heads", ctx, 1, m.heads) : m.heads;
   m.blocks = config_internal::read_int(require(r, "blocks"), "blocks", ctx, 1);
   if (const json* d = r.find("activation_dtype")) {
     m.activation_dtype = config_internal::read_name(*d, "activation_dtype", ctx, "a dtype name", parse_dtype);
@@ -346,6 +347,7 @@ DescribedModel::DescribedModel(ModelDescription description, DType dtype)
 std::string DescribedModel::unsupported(const Layout& l, int global_batch) const {
   const ModelDescription& m = description_;
   if (m.heads % l.tp != 0) return fmt::format("tp {} does not divide the {} heads", l.tp, m.heads);
+  if (m.kv_heads % l.tp != 0) return fmt::format("tp {} does not divide the {} key and value heads", l.tp, m.kv_heads);
   for (const DescribedLayer* layer : {&m.embedding, &m.block, &m.head}) {
     for (const DescribedTensor& t : layer->tensors) {
       if (const std::string why = indivisible(t, l.tp); !why.empty()) return why;

@@ -35,7 +35,8 @@
 //                      divided by tp under sequence parallelism (the residual stream's rows);
 //                      "when" a term the layer holds only unsplit or only split
 // Top level: "name", "sequence_length", "hidden" (the residual stream's width: the tp collectives,
-// the stages' sends, the input recompute keeps), "heads" (tp must divide them), "blocks",
+// the stages' sends, the input recompute keeps), "heads" (tp must divide them; and "kv_heads", the
+// key and value heads of grouped-query attention, when fewer), "blocks",
 // "activation_dtype" ("fp32", "bf16" or "fp16"; default fp32), "embedding", "block", "head", and a
 // "comment" the planner does not read.
 //
@@ -88,7 +89,7 @@ struct DescribedLayer {
 
 struct ModelDescription {
   std::string name;
-  int sequence_length = 0, hidden = 0, heads = 0, blocks = 0;
+  int sequence_length = 0, hidden = 0, heads = 0, kv_heads = 0, blocks = 0;
   DType activation_dtype = DType::kFloat32;
   DescribedLayer embedding, block, head;
 };

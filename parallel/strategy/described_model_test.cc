@@ -166,5 +166,15 @@ TEST_CASE("LLaMA-2 7B described: 6.74 billion parameters, planned on 8 x 80 GB")
   CHECK(ranked.front().memory.device() <= 80e9);
 }
 
+// LLaMA-2 70B: grouped-query attention's 8 key and value heads bound tp.
+TEST_CASE("LLaMA-2 70B described: 68.98 billion parameters, tp bounded by its key and value heads") {
+  const DescribedModel m(load_model_description("examples/models/llama2_70b.json"), DType::kBFloat16);
+  CHECK(m.stage({}, 0, 1, cluster()).engine->numel() == 68976648192ull);
+  CHECK(m.unsupported({.tp = 8}, 8).empty());
+  CHECK(m.unsupported({.tp = 16}, 8) == "tp 16 does not divide the 8 key and value heads");
+  // tp 8: each rank holds one key and value head (128 of wk's 1024 rows).
+  CHECK(m.stage({.tp = 8}, 0, 8, cluster()).engine->tensors[3].shape == std::vector<int64_t>{128, 8192});
+}
+
 }  // namespace
 }  // namespace zero::strategy
