@@ -1,10 +1,6 @@
 #include "parallel/strategy/cluster.h"
 
-#include <cerrno>
 #include <cmath>
-#include <cstring>
-#include <fstream>
-#include <iterator>
 
 #include "base/check.h"
 #include "base/error.h"
@@ -17,12 +13,7 @@ using config_internal::Context;
 using config_internal::fail;
 using config_internal::json;
 using config_internal::ObjectReader;
-
-const json& require(ObjectReader& r, const std::string& key) {
-  const json* j = r.find(key);
-  if (j == nullptr) fail(r.ctx(), fmt::format("missing field {}", r.path(key)));
-  return *j;
-}
+using config_internal::require;
 
 // A positive finite number.
 double positive(ObjectReader& r, const std::string& key) {
@@ -100,11 +91,7 @@ Cluster parse_cluster(std::string_view text, const std::string& source) {
 }
 
 Cluster load_cluster(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) ZERO_THROW(IoError, "cannot open cluster file '{}': {}", path, std::strerror(errno));
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) ZERO_THROW(IoError, "cannot read cluster file '{}': {}", path, std::strerror(errno));
-  return parse_cluster(text, path);
+  return parse_cluster(config_internal::read_text_file(path, "cluster file"), path);
 }
 
 std::string to_json(const Cluster& c) {

@@ -3,11 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
-#include <fstream>
-#include <iterator>
 #include <set>
 #include <utility>
 
@@ -23,12 +19,7 @@ using config_internal::Context;
 using config_internal::fail;
 using config_internal::json;
 using config_internal::ObjectReader;
-
-const json& require(ObjectReader& r, const std::string& key) {
-  const json* j = r.find(key);
-  if (j == nullptr) fail(r.ctx(), fmt::format("missing field {}", r.path(key)));
-  return *j;
-}
+using config_internal::require;
 
 double non_negative(const json& j, const std::string& path, const Context& ctx) {
   const double v = config_internal::read_number(j, path, ctx);
@@ -210,11 +201,7 @@ ModelDescription parse_model_description(std::string_view text, const std::strin
 }
 
 ModelDescription load_model_description(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) ZERO_THROW(IoError, "cannot open model description '{}': {}", path, std::strerror(errno));
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) ZERO_THROW(IoError, "cannot read model description '{}': {}", path, std::strerror(errno));
-  return parse_model_description(text, path);
+  return parse_model_description(config_internal::read_text_file(path, "model description"), path);
 }
 
 namespace {

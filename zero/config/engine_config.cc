@@ -3,13 +3,8 @@
 // The public front: format detection and the entry points. The parts each have their own file:
 // json_reading (the strict text and key reading both formats share), native_format (ours),
 // deepspeed_format (DeepSpeed's translated), config_validation (the checks every result passes).
-#include <cerrno>
 #include <climits>
 #include <cstdint>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 
 #include "base/check.h"
 #include "zero/config/config_validation.h"
@@ -60,13 +55,7 @@ EngineConfig parse_deepspeed_config(std::string_view json_text, const std::strin
 }
 
 EngineConfig load_engine_config(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) ZERO_THROW(IoError, "cannot read config file '{}': a directory", path);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) ZERO_THROW(IoError, "cannot open config file '{}': {}", path, std::strerror(errno));
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) ZERO_THROW(IoError, "cannot read config file '{}': {}", path, std::strerror(errno));
-  return parse_engine_config(text, path);
+  return parse_engine_config(config_internal::read_text_file(path, "config file"), path);
 }
 
 std::string to_native_json(const EngineConfig& config) { return config_internal::write_native(config).dump(2) + "\n"; }

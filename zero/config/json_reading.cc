@@ -3,8 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <utility>
 
@@ -194,6 +199,22 @@ json parse_json(std::string_view text, const std::string& source) {
     // E.g. a number beyond a double's range (1e999): the parser's out_of_range, not a parse_error.
     fail(ctx, fmt::format("unreadable JSON: {}", e.what()));
   }
+}
+
+const json& require(ObjectReader& r, const std::string& key) {
+  const json* j = r.find(key);
+  if (j == nullptr) fail(r.ctx(), fmt::format("missing field {}", r.path(key)));
+  return *j;
+}
+
+std::string read_text_file(const std::string& path, std::string_view what) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) ZERO_THROW(IoError, "cannot read {} '{}': a directory", what, path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) ZERO_THROW(IoError, "cannot open {} '{}': {}", what, path, std::strerror(errno));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) ZERO_THROW(IoError, "cannot read {} '{}': {}", what, path, std::strerror(errno));
+  return text;
 }
 
 }  // namespace zero::config_internal

@@ -49,6 +49,9 @@ class ObjectReader {
   std::vector<std::string> known_;
 };
 
+// The value of `key`; "missing field <path>" when the object has none.
+const json& require(ObjectReader& r, const std::string& key);
+
 bool read_bool(const json& j, const std::string& path, const Context& ctx);
 double read_number(const json& j, const std::string& path, const Context& ctx);
 float read_float(const json& j, const std::string& path, const Context& ctx);
@@ -67,6 +70,10 @@ auto read_name(const json& j, const std::string& path, const Context& ctx, std::
     fail(ctx, fmt::format("{}: {}", path, e.what()));
   }
 }
+
+// A JSON file's whole text; IoError "cannot open <what> '<path>': <reason>" when it cannot be
+// opened, "cannot read ..." when it cannot be read or is a directory.
+std::string read_text_file(const std::string& path, std::string_view what);
 
 // The parsed text; malformed JSON and a key repeated in one object are errors naming `source`.
 json parse_json(std::string_view text, const std::string& source);
