@@ -104,10 +104,33 @@ TEST_CASE("zero_plan --auto --model plans a described model; the GPT's descripti
   auto r = plan({"--auto", "--gpt", "4,64,4", "--model", "examples/models/gpt_4layer.json", "--batch", "16",
                  "--cluster", cluster});
   CHECK(r.exit_code != 0);
-  CHECK(r.output.find("--gpt L,C,H[,V,T] or --model FILE") != std::string::npos);
+  CHECK(r.output.find("--gpt L,C,H[,V,T], --model FILE (a model description) or --hf-config FILE") != std::string::npos);
   r = plan({"--auto", "--model", "no_such.json", "--batch", "16", "--cluster", cluster});
   CHECK(r.exit_code != 0);
   CHECK(r.output.find("cannot open model description 'no_such.json'") != std::string::npos);
+
+  // A LLaMA-family HuggingFace config: described (the JSON a user can edit and pass as --model),
+  // and planned.
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string hf = std::string(tmp != nullptr ? tmp : "/tmp") + "/config.json";
+  std::ofstream(hf) << R"({"model_type": "llama", "hidden_size": 256, "intermediate_size": 688,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 4, "vocab_size": 1000,
+    "max_position_embeddings": 2048, "rope_theta": 10000.0})";
+  r = plan({"--describe", "--hf-config", hf, "--seq-len", "128"});
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find(R"("kv_heads": 2)") != std::string::npos);
+  CHECK(r.output.find(R"("sequence_length": 128)") != std::string::npos);
+  const std::string described = std::string(tmp != nullptr ? tmp : "/tmp") + "/described.json";
+  std::ofstream(described) << r.output;
+  std::vector<std::string> c{"--auto", "--hf-config", hf, "--seq-len", "128"}, d{"--auto", "--model", described};
+  for (std::vector<std::string>* v : {&c, &d}) v->insert(v->end(), {"--batch", "16", "--cluster", cluster, "--top", "3"});
+  const auto from_config = plan(c), from_file = plan(d);
+  CHECK(from_config.exit_code == 0);
+  CHECK(from_config.output.find("choice: ") != std::string::npos);
+  CHECK(from_file.output == from_config.output);
+  r = plan({"--auto", "--model", described, "--seq-len", "64", "--batch", "16", "--cluster", cluster});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("--seq-len 64: the sequence length of a --hf-config model") != std::string::npos);
 }
 
 }  // namespace zero

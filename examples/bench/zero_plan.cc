@@ -80,7 +80,7 @@ double mib(uint64_t b) { return static_cast<double>(b) / (1 << 20); }
 
 int run(int argc, char** argv) {
   examples::Flags flags(argc, argv);
-  if (flags.has("auto") || flags.has("explain")) return run_strategy(flags);
+  if (flags.has("auto") || flags.has("explain") || flags.has("describe")) return run_strategy(flags);
   const int tp = flags.get_int("tp", 1);
   const bool sequence_parallel = flags.get_bool("sequence-parallel", false);
   const int pp = flags.get_int("pp", 1);

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "examples/gpt/gpt_flags.h"
 #include "examples/gpt/gpt_strategy.h"
 #include "parallel/strategy/described_model.h"
+#include "parallel/strategy/hf_llama.h"
 #include "parallel/strategy/chart.h"
 #include "parallel/strategy/cluster.h"
 #include "parallel/strategy/predict.h"
@@ -38,9 +40,24 @@ std::string train_flags(const strategy::Layout& l) {
 }  // namespace
 
 int run_strategy(examples::Flags& flags) {
-  const std::string gpt = flags.get("gpt", ""), model_path = flags.get("model", "");
-  if (gpt.empty() == model_path.empty()) {
-    ZERO_THROW(InvalidArgument, "--auto and --explain plan one model: --gpt L,C,H[,V,T] or --model FILE (a model description)");
+  const std::string gpt = flags.get("gpt", ""), model_path = flags.get("model", ""), hf = flags.get("hf-config", "");
+  if (!gpt.empty() + !model_path.empty() + !hf.empty() != 1) {
+    ZERO_THROW(InvalidArgument,
+               "--auto, --explain and --describe plan one model: --gpt L,C,H[,V,T], --model FILE (a model "
+               "description) or --hf-config FILE (a LLaMA-family HuggingFace config.json)");
+  }
+  const int seq_len = flags.get_int("seq-len", 0);
+  if (seq_len < 0 || (seq_len > 0 && hf.empty())) {
+    ZERO_THROW(InvalidArgument, "--seq-len {}: the sequence length of a --hf-config model, positive", seq_len);
+  }
+  std::optional<strategy::ModelDescription> description;
+  if (!model_path.empty()) description = strategy::load_model_description(model_path);
+  if (!hf.empty()) description = strategy::load_llama_description(hf, seq_len);
+  if (flags.get_bool("describe", false)) {
+    if (!description) ZERO_THROW(InvalidArgument, "--describe writes a --model or --hf-config model's description");
+    flags.check_all_used();
+    std::printf("%s", strategy::to_json(*description).c_str());
+    return 0;
   }
   const std::string cluster_path = flags.get("cluster", "");
   if (cluster_path.empty()) ZERO_THROW(InvalidArgument, "--auto and --explain need --cluster FILE (a cluster description)");
@@ -65,7 +82,7 @@ int run_strategy(examples::Flags& flags) {
   if (!gpt.empty()) {
     costs = std::make_unique<examples::GptCosts>(examples::gpt_config_of_shape(gpt), dtype);
   } else {
-    costs = std::make_unique<strategy::DescribedModel>(strategy::load_model_description(model_path), dtype);
+    costs = std::make_unique<strategy::DescribedModel>(std::move(*description), dtype);
   }
   const strategy::ModelCosts& model = *costs;
   strategy::PlanSettings settings;

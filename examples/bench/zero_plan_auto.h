@@ -4,7 +4,9 @@
 //   zero_plan --auto --gpt L,C,H[,V,T] --batch B --cluster CLUSTER.json [--world N] [--dtype fp32|bf16]
 //             [--top K] [--svg FILE] [--list]
 //   zero_plan --auto --model MODEL.json ...   (a model description: parallel/strategy/described_model.h)
+//   zero_plan --auto --hf-config config.json [--seq-len T] ...   (a LLaMA-family model: hf_llama.h)
 //   zero_plan --explain "dp=2,tp=2,pp=2,stage=3,m=4,schedule=1f1b" --gpt ... --batch B --cluster ...
+//   zero_plan --describe --hf-config config.json [--seq-len T] > MODEL.json   (its description, to edit)
 //
 // --world defaults to the cluster's devices; --dtype (the parameters') to fp32 for --gpt (train_gpt's)
 // and bf16 for --model. The table lists the layouts that fit first, fastest

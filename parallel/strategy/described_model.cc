@@ -206,6 +206,87 @@ ModelDescription load_model_description(const std::string& path) {
 
 namespace {
 
+// The writer keeps the fields in the order the header lists them.
+using ojson = nlohmann::ordered_json;
+
+// A whole number as an integer (bytes and FLOPs read better so), anything else as it is.
+ojson number(double v) {
+  if (v == std::floor(v) && std::fabs(v) < 9e15) return static_cast<int64_t>(v);
+  return v;
+}
+
+ojson tensor_json(const DescribedTensor& t) {
+  ojson j = {{"name", t.name}, {"shape", t.shape}};
+  if (t.vocab) {
+    j["split"] = "vocab";
+  } else if (t.tp.is_split() && t.tp.blocks == 1 && t.tp.dim <= 1) {
+    j["split"] = t.tp.dim == 0 ? "column" : "row";
+  } else if (t.tp.is_split()) {
+    j["split"] = {{"dim", t.tp.dim}, {"blocks", t.tp.blocks}};
+  }
+  if (t.dtype) j["dtype"] = dtype_name(*t.dtype);
+  if (t.no_decay) j["no_decay"] = true;
+  if (!t.tied_to.empty()) j["tied_to"] = t.tied_to;
+  return j;
+}
+
+ojson terms_json(const std::vector<ActivationTerm>& terms) {
+  ojson out = ojson::array();
+  for (const ActivationTerm& t : terms) {
+    ojson j = {{t.per == ActivationTerm::Per::kToken ? "per_token" : "per_micro_batch", number(t.bytes)}};
+    static const char* splits[] = {"none", "tp", "sequence"};
+    static const char* whens[] = {"any", "tp1", "tp>1"};
+    if (t.split != ActivationTerm::Split::kNone) j["split"] = splits[static_cast<int>(t.split)];
+    if (t.when != ActivationTerm::When::kAny) j["when"] = whens[static_cast<int>(t.when)];
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+ojson layer_json(const DescribedLayer& l) {
+  ojson j = ojson::object();
+  if (!l.tensors.empty()) {
+    j["tensors"] = ojson::array();
+    for (const DescribedTensor& t : l.tensors) j["tensors"].push_back(tensor_json(t));
+  }
+  if (l.forward) {
+    j["flops_per_token"] = {{"forward", number(*l.forward)}, {"backward_input", number(*l.backward_input)},
+                            {"backward_weight", number(*l.backward_weight)}};
+  }
+  if (l.enter > 0 || l.leave > 0 || !l.all_reduces_per_token.empty()) {
+    ojson tp = ojson::object();
+    if (l.enter > 0) tp["enter"] = l.enter;
+    if (l.leave > 0) tp["leave"] = l.leave;
+    if (!l.all_reduces_per_token.empty()) {
+      tp["all_reduces_per_token"] = ojson::array();
+      for (double b : l.all_reduces_per_token) tp["all_reduces_per_token"].push_back(number(b));
+    }
+    j["tp"] = std::move(tp);
+  }
+  if (!l.activations.empty()) j["activations"] = terms_json(l.activations);
+  if (!l.weight_work.empty()) j["weight_work"] = terms_json(l.weight_work);
+  return j;
+}
+
+}  // namespace
+
+std::string to_json(const ModelDescription& m, const std::string& comment) {
+  ojson j = {{"name", m.name}};
+  if (!comment.empty()) j["comment"] = comment;
+  j["sequence_length"] = m.sequence_length;
+  j["hidden"] = m.hidden;
+  j["heads"] = m.heads;
+  if (m.kv_heads != m.heads) j["kv_heads"] = m.kv_heads;
+  j["blocks"] = m.blocks;
+  j["activation_dtype"] = dtype_name(m.activation_dtype);
+  j["embedding"] = layer_json(m.embedding);
+  j["block"] = layer_json(m.block);
+  j["head"] = layer_json(m.head);
+  return j.dump(1) + "\n";
+}
+
+namespace {
+
 // One tp rank's shape of `t` (the vocabulary padded first).
 std::vector<int64_t> rank_shape(const DescribedTensor& t, int tp) {
   if (tp == 1) return t.shape;

@@ -98,6 +98,9 @@ struct ModelDescription {
 // mistyped, negative or unknown field, a tied_to naming no embedding tensor, a duplicate name.
 ModelDescription parse_model_description(std::string_view text, const std::string& source);
 ModelDescription load_model_description(const std::string& path);  // IoError when unreadable
+// The JSON above; parse_model_description reads it back to the same description. `comment` goes in
+// as the description's comment when not empty.
+std::string to_json(const ModelDescription& description, const std::string& comment = "");
 
 class DescribedModel : public ModelCosts {
  public:

@@ -1,0 +1,85 @@
+#include "parallel/strategy/hf_llama.h"
+
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "base/error.h"
+
+namespace zero::strategy {
+namespace {
+
+// meta-llama/Llama-2-7b-hf's config.json as published.
+const char* kLlama2_7b = R"({"architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+  "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 11008,
+  "max_position_embeddings": 4096, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+  "num_key_value_heads": 32, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": null,
+  "tie_word_embeddings": false, "torch_dtype": "float16", "transformers_version": "4.31.0.dev0",
+  "use_cache": true, "vocab_size": 32000})";
+
+// The two descriptions' fields, their names aside.
+std::string fields(ModelDescription m) {
+  m.name.clear();
+  return to_json(m);
+}
+
+std::string error_of(const std::string& text) {
+  try {
+    describe_llama(text, "config.json");
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string with(const std::string& from, const std::string& to) {
+  std::string s = kLlama2_7b;
+  const size_t at = s.find(from);
+  REQUIRE(at != std::string::npos);
+  return s.replace(at, from.size(), to);
+}
+
+TEST_CASE("LLaMA-2's HuggingFace configs give the descriptions examples/models holds") {
+  const ModelDescription seven = describe_llama(kLlama2_7b, "config.json");
+  CHECK(seven.sequence_length == 4096);
+  CHECK(seven.name == "llama (32 layers, hidden 4096, 32 heads, from config.json)");
+  CHECK(fields(seven) == fields(load_model_description("examples/models/llama2_7b.json")));
+  const ModelDescription seventy =
+      describe_llama(R"({"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672,
+                         "num_attention_heads": 64, "num_key_value_heads": 8, "num_hidden_layers": 80,
+                         "vocab_size": 32000, "max_position_embeddings": 4096})",
+                     "70b/config.json");
+  CHECK(fields(seventy) == fields(load_model_description("examples/models/llama2_70b.json")));
+  // The files written back read the same.
+  for (const ModelDescription& m : {seven, seventy}) CHECK(to_json(parse_model_description(to_json(m), "m")) == to_json(m));
+}
+
+TEST_CASE("Mistral 7B: 7.24 billion parameters, grouped-query attention, the sequence length given") {
+  const DescribedModel m(describe_llama(R"({"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
+                                            "num_attention_heads": 32, "num_key_value_heads": 8,
+                                            "num_hidden_layers": 32, "vocab_size": 32000,
+                                            "max_position_embeddings": 32768, "sliding_window": 4096})",
+                                        "config.json", 8192),
+                         DType::kBFloat16);
+  CHECK(m.sequence_length() == 8192);
+  CHECK(m.stage({}, 0, 1, Cluster{}).engine->numel() == 7241732096ull);
+  CHECK(m.unsupported({.tp = 16}, 8) == "tp 16 does not divide the 8 key and value heads");
+}
+
+TEST_CASE("a tied config ties the output layer; what is not LLaMA's shape is refused by name") {
+  const ModelDescription tied = describe_llama(with(R"("tie_word_embeddings": false)", R"("tie_word_embeddings": true)"),
+                                               "config.json");
+  CHECK(tied.head.tensors.back().tied_to == "tok_embeddings.weight");
+  CHECK(DescribedModel(tied, DType::kBFloat16).stage({}, 0, 1, Cluster{}).engine->numel() == 6738415616ull - 131072000);
+  CHECK(error_of(with(R"("model_type": "llama")", R"("model_type": "gpt2")")).find("model_type \"gpt2\"") !=
+        std::string::npos);
+  CHECK(error_of(with(R"("hidden_size": 4096, )", "")) == "config.json: missing field hidden_size");
+  CHECK(error_of(with(R"("num_key_value_heads": 32)", R"("num_key_value_heads": 5)")) ==
+        "config.json: num_key_value_heads 5 does not divide num_attention_heads 32");
+  CHECK(error_of(with(R"("use_cache": true)", R"("attention_bias": true)")) ==
+        "config.json: attention_bias is true: projections with biases are not described here");
+  CHECK(error_of(with(R"("vocab_size": 32000)", R"("vocab_size": "32000")")).find("vocab_size") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace zero::strategy
