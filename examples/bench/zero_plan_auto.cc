@@ -46,8 +46,9 @@ int run_strategy(examples::Flags& flags) {
                "--auto, --explain and --describe plan one model: --gpt L,C,H[,V,T], --model FILE (a model "
                "description) or --hf-config FILE (a LLaMA-family HuggingFace config.json)");
   }
+  const bool has_seq_len = flags.has("seq-len");
   const int seq_len = flags.get_int("seq-len", 0);
-  if (seq_len < 0 || (seq_len > 0 && hf.empty())) {
+  if (has_seq_len && (seq_len < 1 || hf.empty())) {
     ZERO_THROW(InvalidArgument, "--seq-len {}: the sequence length of a --hf-config model, positive", seq_len);
   }
   std::optional<strategy::ModelDescription> description;
@@ -66,7 +67,7 @@ int run_strategy(examples::Flags& flags) {
   if (batch < 1) ZERO_THROW(InvalidArgument, "--batch (sequences per step) must be positive, got {}", batch);
   const int world = flags.get_int("world", cluster.devices());
   if (world < 1) ZERO_THROW(InvalidArgument, "--world must be positive, got {}", world);
-  // The parameters' dtype: train_gpt's fp32 for the GPT, bf16 for a described model.
+  // The parameters' dtype: train_gpt's fp32 for the GPT, bf16 for a described one (--model, --hf-config).
   const DType dtype = parse_dtype(flags.get("dtype", gpt.empty() ? "bf16" : "fp32"));
   const int top = flags.get_int("top", 20);
   const std::string svg = flags.get("svg", "");

@@ -9,7 +9,7 @@
 //   zero_plan --describe --hf-config config.json [--seq-len T] > MODEL.json   (its description, to edit)
 //
 // --world defaults to the cluster's devices; --dtype (the parameters') to fp32 for --gpt (train_gpt's)
-// and bf16 for --model. The table lists the layouts that fit first, fastest
+// and bf16 for --model and --hf-config. The table lists the layouts that fit first, fastest
 // first (memory per rank by category, predicted step time, tokens/s, bubble, exposed data-parallel
 // communication), then those that do not, smallest first; a line says why the first is chosen. Only
 // the first K (default 20) are planned exactly: a layout whose time floor cannot rank among them is

@@ -57,7 +57,7 @@ json link_json(const Link& l) { return {{"bandwidth", l.bandwidth}, {"latency", 
 }  // namespace
 
 Cluster parse_cluster(std::string_view text, const std::string& source) {
-  const Context ctx{source};
+  const Context ctx{source, "parallel/strategy/cluster.h"};
   const json root = config_internal::parse_json(text, source);
   if (!root.is_object()) fail(ctx, "a cluster description is a JSON object");
   ObjectReader r(root, "", ctx);

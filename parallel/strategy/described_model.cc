@@ -7,8 +7,6 @@
 #include <set>
 #include <utility>
 
-#include "base/check.h"
-#include "base/error.h"
 #include "parallel/tensor/vocab_parallel.h"
 #include "zero/config/json_reading.h"
 
@@ -21,9 +19,13 @@ using config_internal::json;
 using config_internal::ObjectReader;
 using config_internal::require;
 
+// Bytes, FLOPs and element counts above 2^53 lose their units in a double; no model comes near.
+constexpr double kLargest = 9007199254740992.0;
+
 double non_negative(const json& j, const std::string& path, const Context& ctx) {
   const double v = config_internal::read_number(j, path, ctx);
   if (!std::isfinite(v) || v < 0) fail(ctx, fmt::format("{} must be >= 0, got {}", path, v));
+  if (v > kLargest) fail(ctx, fmt::format("{} must be at most 2^53, got {}", path, v));
   return v;
 }
 
@@ -43,21 +45,30 @@ int choice(const json& j, const std::string& path, const Context& ctx, const std
 }
 
 DescribedTensor read_tensor(const json& j, const std::string& path, const Context& ctx) {
-  if (!j.is_object()) config_internal::fail_type(j, path, ctx, "an object");
   ObjectReader r(j, path, ctx);
   DescribedTensor t;
   t.name = config_internal::read_string(require(r, "name"), r.path("name"), ctx, "a string");
+  if (t.name.empty()) fail(ctx, fmt::format("{} is empty", r.path("name")));
   const json& shape = require(r, "shape");
-  if (!shape.is_array() || shape.empty()) config_internal::fail_type(shape, r.path("shape"), ctx, "a list of sizes");
+  if (!shape.is_array()) config_internal::fail_type(shape, r.path("shape"), ctx, "a list of sizes");
+  if (shape.empty()) fail(ctx, fmt::format("{} needs at least one dimension", r.path("shape")));
+  double elements = 1;
   for (size_t d = 0; d < shape.size(); ++d) {
-    t.shape.push_back(config_internal::read_integer(shape[d], fmt::format("{}[{}]", r.path("shape"), d), ctx, 1, INT64_MAX));
+    const std::string dpath = fmt::format("{}[{}]", r.path("shape"), d);
+    t.shape.push_back(config_internal::read_integer(shape[d], dpath, ctx, 1, INT64_MAX));
+    elements *= static_cast<double>(t.shape.back());
   }
+  if (elements > kLargest) fail(ctx, fmt::format("{}: more than 2^53 elements", r.path("shape")));
   if (const json* s = r.find("split")) {
     const std::string spath = r.path("split");
+    if (!s->is_object() && !s->is_string()) {
+      config_internal::fail_type(*s, spath, ctx, "a name (replicated, column, row, vocab) or {\"dim\", \"blocks\"}");
+    }
     if (s->is_object()) {
       ObjectReader sr(*s, spath, ctx);
       const int dim = config_internal::read_int(require(sr, "dim"), sr.path("dim"), ctx, 0);
-      const int blocks = sr.find("blocks") ? config_internal::read_int(*sr.find("blocks"), sr.path("blocks"), ctx, 1) : 1;
+      const json* b = sr.find("blocks");
+      const int blocks = b != nullptr ? config_internal::read_int(*b, sr.path("blocks"), ctx, 1) : 1;
       sr.finish();
       t.tp = TpPlacement::split(dim, blocks);
     } else {
@@ -74,15 +85,19 @@ DescribedTensor read_tensor(const json& j, const std::string& path, const Contex
   }
   if (const json* d = r.find("dtype")) {
     t.dtype = config_internal::read_name(*d, r.path("dtype"), ctx, "a dtype name", parse_dtype);
+    if (*t.dtype != DType::kFloat32 && *t.dtype != DType::kBFloat16 && *t.dtype != DType::kFloat16) {
+      fail(ctx, fmt::format("{} must be fp32, bf16 or fp16, got {}", r.path("dtype"), dtype_name(*t.dtype)));
+    }
   }
   if (const json* d = r.find("no_decay")) t.no_decay = config_internal::read_bool(*d, r.path("no_decay"), ctx);
-  if (const json* d = r.find("tied_to")) t.tied_to = config_internal::read_string(*d, r.path("tied_to"), ctx, "a string");
+  if (const json* d = r.find("tied_to")) {
+    t.tied_to = config_internal::read_string(*d, r.path("tied_to"), ctx, "a string");
+  }
   r.finish();
   return t;
 }
 
 ActivationTerm read_term(const json& j, const std::string& path, const Context& ctx) {
-  if (!j.is_object()) config_internal::fail_type(j, path, ctx, "an object");
   ObjectReader r(j, path, ctx);
   ActivationTerm t;
   const json* token = r.find("per_token");
@@ -93,7 +108,7 @@ ActivationTerm read_term(const json& j, const std::string& path, const Context& 
   t.per = token ? ActivationTerm::Per::kToken : ActivationTerm::Per::kMicroBatch;
   t.bytes = non_negative(token ? *token : *micro, r.path(token ? "per_token" : "per_micro_batch"), ctx);
   if (const json* s = r.find("split")) {
-    t.split = static_cast<ActivationTerm::Split>(choice(*s, r.path("split"), ctx, {"none", "tp", "sequence"}));
+    t.split = static_cast<ActivationTerm::Split>(choice(*s, r.path("split"), ctx, {"none", "tp", "sequence", "vocab"}));
   }
   if (const json* w = r.find("when")) {
     t.when = static_cast<ActivationTerm::When>(choice(*w, r.path("when"), ctx, {"any", "tp1", "tp>1"}));
@@ -106,14 +121,15 @@ std::vector<ActivationTerm> read_terms(ObjectReader& r, const std::string& key) 
   std::vector<ActivationTerm> out;
   if (r.find(key) == nullptr) return out;
   const json& list = array_at(r, key);
-  for (size_t k = 0; k < list.size(); ++k) out.push_back(read_term(list[k], fmt::format("{}[{}]", r.path(key), k), r.ctx()));
+  for (size_t k = 0; k < list.size(); ++k) {
+    out.push_back(read_term(list[k], fmt::format("{}[{}]", r.path(key), k), r.ctx()));
+  }
   return out;
 }
 
 DescribedLayer read_layer(ObjectReader& parent, const std::string& key) {
   const json& j = require(parent, key);
   const Context& ctx = parent.ctx();
-  if (!j.is_object()) config_internal::fail_type(j, parent.path(key), ctx, "an object");
   ObjectReader r(j, parent.path(key), ctx);
   DescribedLayer l;
   if (r.find("tensors")) {
@@ -121,7 +137,6 @@ DescribedLayer read_layer(ObjectReader& parent, const std::string& key) {
     for (size_t k = 0; k < list.size(); ++k) l.tensors.push_back(read_tensor(list[k], fmt::format("{}[{}]", r.path("tensors"), k), ctx));
   }
   if (const json* f = r.find("flops_per_token")) {
-    if (!f->is_object()) config_internal::fail_type(*f, r.path("flops_per_token"), ctx, "an object");
     ObjectReader fr(*f, r.path("flops_per_token"), ctx);
     l.forward = non_negative(require(fr, "forward"), fr.path("forward"), ctx);
     l.backward_input = non_negative(require(fr, "backward_input"), fr.path("backward_input"), ctx);
@@ -129,10 +144,10 @@ DescribedLayer read_layer(ObjectReader& parent, const std::string& key) {
     fr.finish();
   }
   if (const json* t = r.find("tp")) {
-    if (!t->is_object()) config_internal::fail_type(*t, r.path("tp"), ctx, "an object");
     ObjectReader tr(*t, r.path("tp"), ctx);
-    if (const json* e = tr.find("enter")) l.enter = config_internal::read_int(*e, tr.path("enter"), ctx, 0);
-    if (const json* e = tr.find("leave")) l.leave = config_internal::read_int(*e, tr.path("leave"), ctx, 0);
+    // A layer enters and leaves a few regions (a transformer block two); more is a typo.
+    if (const json* e = tr.find("enter")) l.enter = config_internal::read_int(*e, tr.path("enter"), ctx, 0, 64);
+    if (const json* e = tr.find("leave")) l.leave = config_internal::read_int(*e, tr.path("leave"), ctx, 0, 64);
     if (tr.find("all_reduces_per_token")) {
       const json& list = array_at(tr, "all_reduces_per_token");
       for (size_t k = 0; k < list.size(); ++k) {
@@ -149,8 +164,17 @@ DescribedLayer read_layer(ObjectReader& parent, const std::string& key) {
 
 }  // namespace
 
+int64_t vocabulary(const ModelDescription& m) {
+  for (const DescribedLayer* l : {&m.embedding, &m.head}) {
+    for (const DescribedTensor& t : l->tensors) {
+      if (t.vocab) return t.shape[0];
+    }
+  }
+  return 0;
+}
+
 ModelDescription parse_model_description(std::string_view text, const std::string& source) {
-  const Context ctx{source};
+  const Context ctx{source, "parallel/strategy/described_model.h"};
   const json root = config_internal::parse_json(text, source);
   if (!root.is_object()) fail(ctx, "a model description is a JSON object");
   ObjectReader r(root, "", ctx);
@@ -161,7 +185,8 @@ ModelDescription parse_model_description(std::string_view text, const std::strin
   m.hidden = config_internal::read_int(require(r, "hidden"), "hidden", ctx, 1);
   m.heads = config_internal::read_int(require(r, "heads"), "heads", ctx, 1);
   m.kv_heads = r.find("kv_heads") ? config_internal::read_int(*r.find("kv_heads"), "kv_heads", ctx, 1, m.heads) : m.heads;
-  m.blocks = config_internal::read_int(require(r, "blocks"), "blocks", ctx, 1);
+  if (m.heads % m.kv_heads != 0) fail(ctx, fmt::format("kv_heads {} does not divide heads {}", m.kv_heads, m.heads));
+  m.blocks = config_internal::read_int(require(r, "blocks"), "blocks", ctx, 1, 1 << 20);
   if (const json* d = r.find("activation_dtype")) {
     m.activation_dtype = config_internal::read_name(*d, "activation_dtype", ctx, "a dtype name", parse_dtype);
     if (m.activation_dtype != DType::kFloat32 && m.activation_dtype != DType::kBFloat16 &&
@@ -174,8 +199,8 @@ ModelDescription parse_model_description(std::string_view text, const std::strin
   m.head = read_layer(r, "head");
   r.finish();
   // Names once each (the engine keys its tensors by name); a tie names an embedding tensor of the
-  // same shape, and only the head ties.
-  std::set<std::string> names;
+  // same shape, once, and only the head ties (the tensor is the embedding's: its dtype and group too).
+  std::set<std::string> names, tied;
   const std::pair<const char*, const DescribedLayer*> layers[] = {
       {"embedding", &m.embedding}, {"block", &m.block}, {"head", &m.head}};
   for (const auto& [layer, l] : layers) {
@@ -194,6 +219,18 @@ ModelDescription parse_model_description(std::string_view text, const std::strin
       if (to == nullptr) fail(ctx, fmt::format("{}.tied_to: no embedding tensor named {}", path, t.tied_to));
       if (to->shape != t.shape || to->tp != t.tp || to->vocab != t.vocab) {
         fail(ctx, fmt::format("{}.tied_to: {} has another shape or split than the embedding's {}", path, t.name, t.tied_to));
+      }
+      if (t.dtype || t.no_decay) {
+        fail(ctx, fmt::format("{}: a tied tensor is {}, whose dtype and no_decay it takes", path, t.tied_to));
+      }
+      if (!tied.insert(t.tied_to).second) fail(ctx, fmt::format("{}.tied_to: {} is tied twice", path, t.tied_to));
+    }
+    for (const auto* terms : {&l->activations, &l->weight_work}) {
+      for (size_t k = 0; k < terms->size(); ++k) {
+        if ((*terms)[k].split == ActivationTerm::Split::kVocab && vocabulary(m) == 0) {
+          fail(ctx, fmt::format("{}.{}[{}].split: \"vocab\" needs a tensor split \"vocab\"", layer,
+                                terms == &l->activations ? "activations" : "weight_work", k));
+        }
       }
     }
   }
@@ -234,7 +271,7 @@ ojson terms_json(const std::vector<ActivationTerm>& terms) {
   ojson out = ojson::array();
   for (const ActivationTerm& t : terms) {
     ojson j = {{t.per == ActivationTerm::Per::kToken ? "per_token" : "per_micro_batch", number(t.bytes)}};
-    static const char* splits[] = {"none", "tp", "sequence"};
+    static const char* splits[] = {"none", "tp", "sequence", "vocab"};
     static const char* whens[] = {"any", "tp1", "tp>1"};
     if (t.split != ActivationTerm::Split::kNone) j["split"] = splits[static_cast<int>(t.split)];
     if (t.when != ActivationTerm::When::kAny) j["when"] = whens[static_cast<int>(t.when)];
@@ -249,7 +286,7 @@ ojson layer_json(const DescribedLayer& l) {
     j["tensors"] = ojson::array();
     for (const DescribedTensor& t : l.tensors) j["tensors"].push_back(tensor_json(t));
   }
-  if (l.forward) {
+  if (l.forward && l.backward_input && l.backward_weight) {
     j["flops_per_token"] = {{"forward", number(*l.forward)}, {"backward_input", number(*l.backward_input)},
                             {"backward_weight", number(*l.backward_weight)}};
   }
@@ -317,15 +354,20 @@ double default_flops(const DescribedLayer& l, int tp) {
   return 2 * n;
 }
 
-// The bytes of `terms` for a micro-batch of `tokens` on one tp rank.
-uint64_t term_bytes(const std::vector<ActivationTerm>& terms, uint64_t tokens, int tp, bool sequence_parallel) {
+// The bytes of `terms` for a micro-batch of `tokens` on one tp rank (`vocab`: the vocabulary's rows).
+uint64_t term_bytes(const std::vector<ActivationTerm>& terms, uint64_t tokens, int tp, bool sequence_parallel,
+                    int64_t vocab) {
+  using Split = ActivationTerm::Split;
   uint64_t sum = 0;
   for (const ActivationTerm& t : terms) {
     if ((t.when == ActivationTerm::When::kTp1 && tp != 1) || (t.when == ActivationTerm::When::kAboveTp1 && tp == 1)) continue;
-    const double whole = t.per == ActivationTerm::Per::kToken ? t.bytes * static_cast<double>(tokens) : t.bytes;
-    const bool divided = t.split == ActivationTerm::Split::kTp ||
-                         (t.split == ActivationTerm::Split::kSequence && sequence_parallel);
-    sum += static_cast<uint64_t>(std::llround(divided ? whole / tp : whole));
+    double part = t.per == ActivationTerm::Per::kToken ? t.bytes * static_cast<double>(tokens) : t.bytes;
+    if (t.split == Split::kTp || (t.split == Split::kSequence && sequence_parallel)) part /= tp;
+    // A rank's rows of the padded vocabulary, of the whole's.
+    if (t.split == Split::kVocab) {
+      part = part * static_cast<double>(parallel::padded_vocab(vocab, tp)) / (static_cast<double>(vocab) * tp);
+    }
+    sum += static_cast<uint64_t>(std::llround(part));
   }
   return sum;
 }
@@ -373,7 +415,7 @@ std::vector<plan::ScopeEvent> micro_step(const plan::ModelSpec& spec, int blocks
   auto open = [&](int unit) { events.push_back({ScopeEvent::kOpen, unit, true, 0}); };
   auto close = [&](int unit) {
     for (size_t i = 0; i < spec.tensors.size(); ++i) {
-      if (spec.tensors[i].unit == unit && spec.dtype_of(spec.tensors[i]) == DType::kBFloat16) {
+      if (spec.tensors[i].unit == unit && spec.dtype_of(spec.tensors[i]) != DType::kFloat32) {
         events.push_back({ScopeEvent::kGrad, unit, true, i});
       }
     }
@@ -511,7 +553,8 @@ StageCosts DescribedModel::stage(const Layout& l, int s, int global_batch, const
   const double stream = act * static_cast<double>(tokens) * m.hidden;  // the residual stream, whole
   for (const auto& [layer, count] : parts) {
     if (count == 0) continue;
-    const double flops = default_flops(*layer, l.tp);
+    // By default a matrix costs 2 FLOPs per element and token a pass; the embedding's are lookups.
+    const double flops = layer == &m.embedding ? 0.0 : default_flops(*layer, l.tp);
     auto seconds = [&](const std::optional<double>& given) {
       return count * static_cast<double>(tokens) * (given ? *given / l.tp : flops) / rate;
     };
@@ -536,8 +579,8 @@ StageCosts DescribedModel::stage(const Layout& l, int s, int global_batch, const
         if (layer == &m.block && l.recompute) out.tp_backward.insert(out.tp_backward.end(), f.begin(), f.end());
       }
     }
-    const uint64_t held = term_bytes(layer->activations, tokens, l.tp, sp);
-    const uint64_t work = term_bytes(layer->weight_work, tokens, l.tp, sp);
+    const uint64_t held = term_bytes(layer->activations, tokens, l.tp, sp, vocabulary(m));
+    const uint64_t work = term_bytes(layer->weight_work, tokens, l.tp, sp, vocabulary(m));
     out.weight_work_bytes += count * work;
     if (layer == &m.block && l.recompute) {
       // Each block keeps its input (the stream's rows this rank holds); one block rebuilt at a time

@@ -14,7 +14,8 @@
 //                        copy, marked tied, on the last stage when the pipeline has several)
 //
 // A layer (each field optional):
-//   "tensors":         [{"name", "shape" (whole, unsplit), "split", "dtype", "no_decay", "tied_to"}]
+//   "tensors":         [{"name", "shape" (whole, unsplit), "split", "dtype" (fp32, bf16 or fp16),
+//                      "no_decay", "tied_to"}]
 //                      split: "replicated" (the default; under sequence parallelism its gradient is
 //                      a partial sum over tp), "column" (dim 0: a column-parallel [out, in] weight
 //                      and its bias), "row" (dim 1), "vocab" (dim 0 padded to a multiple of tp, as
@@ -22,7 +23,8 @@
 //                      fused blocks, q|k|v along one dimension)
 //   "flops_per_token": {"forward", "backward_input", "backward_weight"} at tp 1 (divided by tp);
 //                      without it, 2 x the elements of the layer's matrices on one tp rank (tensors
-//                      of two or more dimensions, a tied one included) for each pass
+//                      of two or more dimensions, a tied one included) for each pass, and none for
+//                      the embedding (lookups)
 //   "tp":              {"enter": n, "leave": n, "all_reduces_per_token": [bytes, ...]}: Megatron's f
 //                      and g. Entering a region is the identity forward and an all-reduce of the
 //                      residual stream backward, leaving one the converse; under sequence
@@ -31,9 +33,11 @@
 //   "activations":     what a micro-batch holds from its forward to its backward, a list of terms
 //   "weight_work":     what a split backward (ZB-H1) holds from its input part to its weight part
 //     term:            {"per_token": bytes | "per_micro_batch": bytes, "split": "none" | "tp" |
-//                      "sequence", "when": "any" | "tp1" | "tp>1"}: "tp" divided by tp, "sequence"
-//                      divided by tp under sequence parallelism (the residual stream's rows);
-//                      "when" a term the layer holds only unsplit or only split
+//                      "sequence" | "vocab", "when": "any" | "tp1" | "tp>1"}: "tp" divided by tp,
+//                      "sequence" divided by tp under sequence parallelism (the residual stream's
+//                      rows), "vocab" as the vocabulary splits (a rank's rows of it padded to a
+//                      multiple of tp: the logits); "when" a term the layer holds only unsplit or
+//                      only split
 // Top level: "name", "sequence_length", "hidden" (the residual stream's width: the tp collectives,
 // the stages' sends, the input recompute keeps), "heads" (tp must divide them; and "kv_heads", the
 // key and value heads of grouped-query attention, when fewer), "blocks",
@@ -71,7 +75,7 @@ struct DescribedTensor {
 // Bytes a micro-batch holds.
 struct ActivationTerm {
   enum class Per { kToken, kMicroBatch };
-  enum class Split { kNone, kTp, kSequence };
+  enum class Split { kNone, kTp, kSequence, kVocab };
   enum class When { kAny, kTp1, kAboveTp1 };
   Per per = Per::kToken;
   double bytes = 0;
@@ -95,9 +99,12 @@ struct ModelDescription {
 };
 
 // InvalidArgument naming `source` and the field ("block.tensors[2].split: ...") for a missing,
-// mistyped, negative or unknown field, a tied_to naming no embedding tensor, a duplicate name.
+// mistyped, negative, too large or unknown field, a tied_to naming no embedding tensor (or one tied
+// twice), a duplicate name, a "vocab" term with no vocabulary.
 ModelDescription parse_model_description(std::string_view text, const std::string& source);
 ModelDescription load_model_description(const std::string& path);  // IoError when unreadable
+// The rows of the description's vocabulary-split tensor (0 when it has none).
+int64_t vocabulary(const ModelDescription& description);
 // The JSON above; parse_model_description reads it back to the same description. `comment` goes in
 // as the description's comment when not empty.
 std::string to_json(const ModelDescription& description, const std::string& comment = "");

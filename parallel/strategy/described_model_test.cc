@@ -48,13 +48,14 @@ std::string error_of(const std::string& text) {
   return "";
 }
 
-// kSmall with `from` replaced by `to` (once).
-std::string with(const std::string& from, const std::string& to) {
-  std::string s = kSmall;
-  const size_t at = s.find(from);
+// `text` with `from` replaced by `to` (once).
+std::string with_in(std::string text, const std::string& from, const std::string& to) {
+  const size_t at = text.find(from);
   REQUIRE(at != std::string::npos);
-  return s.replace(at, from.size(), to);
+  return text.replace(at, from.size(), to);
 }
+
+std::string with(const std::string& from, const std::string& to) { return with_in(kSmall, from, to); }
 
 TEST_CASE("a model description's tensors as each stage and tp rank holds them") {
   const DescribedModel m(parse_model_description(kSmall, "m.json"), DType::kBFloat16);
@@ -98,6 +99,25 @@ TEST_CASE("a model description's tensors as each stage and tp rank holds them") 
   CHECK(first.weight_work_bytes == 16 * 4);
 }
 
+TEST_CASE("a term split as the vocabulary counts a rank's rows of the padded vocabulary") {
+  // The head's logits, 4 bytes per token and vocabulary entry: at tp 4 a rank holds 3 of the 12
+  // padded rows, 12 bytes per token; at tp 2, 5 of 10.
+  const std::string text = with(R"("heads": 2)", R"("heads": 4)");
+  const DescribedModel without(parse_model_description(text, "m.json"), DType::kFloat32);
+  const DescribedModel with_logits(parse_model_description(with_in(text, R"("all_reduces_per_token": [4]})",
+                                                                   R"("all_reduces_per_token": [4]},
+                                         "activations": [{"per_token": 40, "split": "vocab"}])"),
+                                                           "m.json"),
+                                   DType::kFloat32);
+  for (const auto& [tp, per_token] : {std::pair{4, 12}, std::pair{2, 20}, std::pair{1, 40}}) {
+    CAPTURE(tp);
+    const Layout l{.tp = tp};
+    CHECK(with_logits.unsupported(l, 4).empty());
+    CHECK(with_logits.stage(l, 0, 4, cluster()).activation_bytes - without.stage(l, 0, 4, cluster()).activation_bytes ==
+          static_cast<uint64_t>(per_token) * 4 * 8);
+  }
+}
+
 TEST_CASE("a described model's tp collectives and activations under tp, sp and recompute") {
   const DescribedModel m(parse_model_description(kSmall, "m.json"), DType::kFloat32);
   const double stream = 16.0 * 4 * 4;  // 16 tokens of 4 fp32
@@ -137,7 +157,26 @@ TEST_CASE("a model description's errors name the field") {
   CHECK(error_of(with(R"("shape": [8, 4], "split": "column")", R"("shape": [8, 4], "split": {"dim": 2})")) ==
         "m.json: block.tensors[1].split splits dimension 2 of a 2-dimensional tensor");
   CHECK(error_of(with(R"("name": "down")", R"("name": "up")")) == "m.json: block.tensors[2]: a second tensor named up");
-  CHECK(error_of(with(R"("leave": 1}},)", R"("leav": 1}},)")).find("unknown key") != std::string::npos);
+  CHECK(error_of(with(R"("leave": 1}},)", R"("leav": 1}},)")).find(
+            "unknown key embedding.tp.leav (did you mean embedding.tp.leave?); parallel/strategy/described_model.h "
+            "lists the keys") != std::string::npos);
+  CHECK(error_of(with(R"("split": "column")", R"("split": "column", "dtype": "int32")")) ==
+        "m.json: block.tensors[1].dtype must be fp32, bf16 or fp16, got int32");
+  CHECK(error_of(with(R"("shape": [8, 4])", R"("shape": [])")) == "m.json: block.tensors[1].shape needs at least one dimension");
+  CHECK(error_of(with(R"("split": "column")", R"("split": 3)")).find("block.tensors[1].split must be a name") !=
+        std::string::npos);
+  CHECK(error_of(with(R"("tied_to": "wte")", R"("tied_to": "wte", "no_decay": true)")) ==
+        "m.json: head.tensors[0]: a tied tensor is wte, whose dtype and no_decay it takes");
+  CHECK(error_of(with(R"("heads": 2)", R"("heads": 4, "kv_heads": 3)")) == "m.json: kv_heads 3 does not divide heads 4");
+  CHECK(error_of(with(R"("blocks": 2)", R"("blocks": 2000000)")).find("blocks") != std::string::npos);
+  // A term split as the vocabulary needs a vocabulary.
+  std::string columns = kSmall;
+  for (size_t at; (at = columns.find(R"("split": "vocab")")) != std::string::npos;) {
+    columns.replace(at, 16, R"("split": "column")");
+  }
+  columns = with_in(columns, R"("all_reduces_per_token": [4]})", R"("all_reduces_per_token": [4]},
+                    "activations": [{"per_token": 40, "split": "vocab"}])");
+  CHECK(error_of(columns) == R"(m.json: head.activations[0].split: "vocab" needs a tensor split "vocab")");
   // A split that does not divide is a layout the model cannot run, named.
   std::string text = with(R"("heads": 2)", R"("heads": 4)");
   text.replace(text.find("[8, 4]"), 6, "[6, 4]");

@@ -19,6 +19,12 @@ int positive_int(ObjectReader& r, const std::string& key) {
   return config_internal::read_int(require(r, key), key, r.ctx(), 1);
 }
 
+// HuggingFace writes null for a field left to its default.
+const json* given(ObjectReader& r, const std::string& key) {
+  const json* j = r.find(key);
+  return j != nullptr && !j->is_null() ? j : nullptr;
+}
+
 ActivationTerm per_token(double bytes, ActivationTerm::Split split = ActivationTerm::Split::kNone,
                          ActivationTerm::When when = ActivationTerm::When::kAny) {
   return {ActivationTerm::Per::kToken, bytes, split, when};
@@ -49,16 +55,16 @@ ModelDescription describe_llama(std::string_view text, const std::string& source
   const int64_t h = positive_int(r, "hidden_size"), f = positive_int(r, "intermediate_size");
   const int heads = positive_int(r, "num_attention_heads"), blocks = positive_int(r, "num_hidden_layers");
   const int64_t V = positive_int(r, "vocab_size");
-  const int kv = r.find("num_key_value_heads") ? positive_int(r, "num_key_value_heads") : heads;
+  const int kv = given(r, "num_key_value_heads") ? positive_int(r, "num_key_value_heads") : heads;
   if (heads % kv != 0) fail(ctx, fmt::format("num_key_value_heads {} does not divide num_attention_heads {}", kv, heads));
-  if (!r.find("head_dim") && h % heads != 0) {
+  if (!given(r, "head_dim") && h % heads != 0) {
     fail(ctx, fmt::format("num_attention_heads {} does not divide hidden_size {}", heads, h));
   }
-  const int64_t d = r.find("head_dim") ? positive_int(r, "head_dim") : h / heads;
-  const bool tied = r.find("tie_word_embeddings") && config_internal::read_bool(*r.find("tie_word_embeddings"),
-                                                                                  "tie_word_embeddings", ctx);
+  const int64_t d = given(r, "head_dim") ? positive_int(r, "head_dim") : h / heads;
+  const json* tie = given(r, "tie_word_embeddings");
+  const bool tied = tie != nullptr && config_internal::read_bool(*tie, "tie_word_embeddings", ctx);
   for (const char* bias : {"attention_bias", "mlp_bias"}) {
-    if (r.find(bias) && config_internal::read_bool(*r.find(bias), bias, ctx)) {
+    if (given(r, bias) && config_internal::read_bool(*given(r, bias), bias, ctx)) {
       fail(ctx, fmt::format("{} is true: projections with biases are not described here", bias));
     }
   }
@@ -112,8 +118,8 @@ ModelDescription describe_llama(std::string_view text, const std::string& source
   m.head.tensors = {tensor("norm.weight", {h}, {}, true), out};
   m.head.enter = 1;
   m.head.all_reduces_per_token = {4, 4, 4};  // the vocabulary-parallel loss: maximum, sum, target logit
-  m.head.activations = {per_token(h * b16, Split::kSequence), per_token(h * b16), per_token(4.0 * V, Split::kTp)};
-  m.head.weight_work = {per_token(V * b16, Split::kTp), per_token(h * b16, Split::kSequence)};
+  m.head.activations = {per_token(h * b16, Split::kSequence), per_token(h * b16), per_token(4.0 * V, Split::kVocab)};
+  m.head.weight_work = {per_token(V * b16, Split::kVocab), per_token(h * b16, Split::kSequence)};
   return m;
 }
 

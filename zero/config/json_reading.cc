@@ -93,7 +93,7 @@ void ObjectReader::finish() const {
     if (std::find(known_.begin(), known_.end(), item.key()) != known_.end()) continue;
     std::string message = fmt::format("unknown key {}", path(item.key()));
     if (const std::string* near = nearest(item.key())) message += fmt::format(" (did you mean {}?)", path(*near));
-    fail(ctx_, message + "; docs/config.md lists the keys");
+    fail(ctx_, fmt::format("{}; {} lists the keys", message, ctx_.keys_doc));
   }
 }
 

@@ -22,6 +22,7 @@ using json = nlohmann::json;
 // What every error of one parse starts with: the file, and once known its format.
 struct Context {
   std::string source;
+  std::string keys_doc = "docs/config.md";  // where an unknown key's error sends the reader
 };
 
 [[noreturn]] void fail(const Context& ctx, const std::string& message);
