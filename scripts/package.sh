@@ -107,6 +107,11 @@ for tool in comm/launch/zerorun zero/checkpoint/zero_ckpt examples/bench/zero_pl
   install -D -m 755 "$bin/$tool" "$root/usr/bin/$(basename "$tool")"
   strip --strip-unneeded "$root/usr/bin/$(basename "$tool")"
 done
+# What zero_plan --model and --cluster read: the model descriptions and the hand-written clusters.
+for f in examples/models/*.json; do install -D -m 644 "$f" "$root/usr/share/zero/models/$(basename "$f")"; done
+for f in docs/strategy_cluster_8x80gb.json docs/strategy_cluster_64x80gb.json; do
+  install -D -m 644 "$f" "$root/usr/share/zero/clusters/${f#docs/strategy_cluster_}"
+done
 fill tools/package/zeroConfig.cmake.in "$root/$libdir/cmake/zero/zeroConfig.cmake"
 fill tools/package/zeroConfigVersion.cmake.in "$root/$libdir/cmake/zero/zeroConfigVersion.cmake"
 install -d "$root/usr/lib/pkgconfig"

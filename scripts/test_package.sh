@@ -2,7 +2,8 @@
 # The installable library, checked as a user outside this tree meets it (docs/install.md):
 #   1. scripts/package.sh builds the .deb files;
 #   2. they are unpacked with dpkg-deb -x into a scratch folder (not installed), and the unpacked
-#      libzero.so is checked: soname, and namespace zero only in its dynamic symbols;
+#      libzero.so is checked: soname, and namespace zero only in its dynamic symbols; the unpacked
+#      zero_plan plans a packaged model description on a packaged cluster;
 #   3. examples/external/cmake (find_package(zero)) is configured and built against the scratch
 #      copy, with no include path into this source tree, and trains on 2 ranks under the packaged
 #      zerorun;
@@ -44,6 +45,11 @@ check "dpkg-deb -x into a scratch folder" "$status"
 ((status == 0)) || finish
 bash tools/package/libzero_exports_test.sh "$lib/libzero.so.$version"
 check "the packaged libzero.so's soname and exports" $?
+# The packaged planner on a packaged model description and cluster.
+share=$root/usr/share/zero
+LD_LIBRARY_PATH=$lib timeout 120 "$root/usr/bin/zero_plan" --auto --model "$share/models/llama2_7b.json" --batch 256 \
+  --cluster "$share/clusters/8x80gb.json" --top 3 > "$scratch/plan.log" 2>&1 && grep "^choice: " "$scratch/plan.log"
+check "zero_plan plans the packaged LLaMA-2 7B on the packaged 8 x 80 GB cluster" $?
 
 # Copies of the projects, built outside the tree. Every include path a build uses must lie outside
 # this source tree: the packaged headers, or the system's.

@@ -111,7 +111,7 @@ int run_strategy(examples::Flags& flags) {
   if (list) {
     for (const strategy::Prediction& p : ranked) {
       std::printf("%s\t%s\t%d\t%.4f\t%llu\t%llu\t%d\n", strategy::layout_key(p.layout).c_str(),
-                  train_flags(p.layout).c_str(), p.layout.world(), 1e3 * p.time.step(),
+                  gpt.empty() ? "-" : train_flags(p.layout).c_str(), p.layout.world(), 1e3 * p.time.step(),
                   static_cast<unsigned long long>(p.memory.device()),
                   static_cast<unsigned long long>(p.largest_activations), p.fits ? 1 : 0);
     }

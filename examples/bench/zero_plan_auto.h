@@ -15,7 +15,8 @@
 // the first K (default 20) are planned exactly: a layout whose time floor cannot rank among them is
 // listed by that floor ("slower (at least)"), which keeps a search over thousands of layouts short.
 // --svg (which plans every layout) draws time against memory with the frontier; --list plans every
-// layout and prints one tab-separated line per layout for scripts (key, train_gpt flags, ranks, predicted ms, device bytes of the largest stage, the largest
+// layout and prints one tab-separated line per layout for scripts (key, train_gpt flags ("-" for a
+// model other than --gpt), ranks, predicted ms, device bytes of the largest stage, the largest
 // activation peak of any stage in bytes, fits).
 #include "examples/flags.h"
 
