@@ -159,34 +159,22 @@ strategy::StageCosts GptCosts::stage(const Layout& l, int s, int global_batch, c
     auto& bw = out.tp_backward;
     const bool measured_block = measured_with_collectives(GptPart::kBlock, b, l, cluster);
     for (int k = 0; k < blocks && !measured_block; ++k) {
-      // Attention and the MLP: f (enter) and g (leave). Without sp f is the identity forward and an
-      // all-reduce backward, g the converse; with sp f all-gathers and g reduce-scatters, and the
-      // backward swaps them.
+      // Attention and the MLP: each entered (f) and left (g).
       for (int region = 0; region < 2; ++region) {
+        const size_t before = f.size();
+        strategy::add_region_collectives(1, 1, sp, stream, f, bw);
         // Recompute runs the forward's again in the backward.
-        if (sp) {
-          f.push_back({TpCollective::kAllGather, stream});
-          f.push_back({TpCollective::kReduceScatter, stream});
-          bw.push_back({TpCollective::kReduceScatter, stream});
-          bw.push_back({TpCollective::kAllGather, stream});
-          if (l.recompute) bw.insert(bw.end(), f.end() - 2, f.end());
-        } else {
-          f.push_back({TpCollective::kAllReduce, stream});
-          bw.push_back({TpCollective::kAllReduce, stream});
-          if (l.recompute) bw.push_back(f.back());
-        }
+        if (l.recompute) bw.insert(bw.end(), f.begin() + static_cast<std::ptrdiff_t>(before), f.end());
       }
     }
     if (st.first && !measured_with_collectives(GptPart::kEmbedding, b, l, cluster)) {
       // The vocabulary-parallel embedding leaves a region.
-      f.push_back({sp ? TpCollective::kReduceScatter : TpCollective::kAllReduce, stream});
-      if (sp) bw.push_back({TpCollective::kAllGather, stream});
+      strategy::add_region_collectives(0, 1, sp, stream, f, bw);
     }
     if (st.last && !measured_with_collectives(GptPart::kHead, b, l, cluster)) {
       // The head enters one; the loss sums its maximum, exponentials and target logits.
-      if (sp) f.push_back({TpCollective::kAllGather, stream});
+      strategy::add_region_collectives(1, 0, sp, stream, f, bw);
       for (int k = 0; k < 3; ++k) f.push_back({TpCollective::kAllReduce, 4.0 * b * T});
-      bw.push_back({sp ? TpCollective::kReduceScatter : TpCollective::kAllReduce, stream});
     }
   }
   const int rows = l.sequence_parallel ? b * T / l.tp : b * T;

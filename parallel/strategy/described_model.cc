@@ -201,6 +201,7 @@ ModelDescription parse_model_description(std::string_view text, const std::strin
   // Names once each (the engine keys its tensors by name); a tie names an embedding tensor of the
   // same shape, once, and only the head ties (the tensor is the embedding's: its dtype and group too).
   std::set<std::string> names, tied;
+  const int64_t vocab = vocabulary(m);
   const std::pair<const char*, const DescribedLayer*> layers[] = {
       {"embedding", &m.embedding}, {"block", &m.block}, {"head", &m.head}};
   for (const auto& [layer, l] : layers) {
@@ -227,7 +228,7 @@ ModelDescription parse_model_description(std::string_view text, const std::strin
     }
     for (const auto* terms : {&l->activations, &l->weight_work}) {
       for (size_t k = 0; k < terms->size(); ++k) {
-        if ((*terms)[k].split == ActivationTerm::Split::kVocab && vocabulary(m) == 0) {
+        if ((*terms)[k].split == ActivationTerm::Split::kVocab && vocab == 0) {
           fail(ctx, fmt::format("{}.{}[{}].split: \"vocab\" needs a tensor split \"vocab\"", layer,
                                 terms == &l->activations ? "activations" : "weight_work", k));
         }
@@ -323,6 +324,12 @@ std::string to_json(const ModelDescription& m, const std::string& comment) {
 }
 
 namespace {
+
+// Whether a head tensor is tied to the embedding tensor `name`.
+bool head_ties(const ModelDescription& m, const std::string& name) {
+  return std::any_of(m.head.tensors.begin(), m.head.tensors.end(),
+                     [&](const DescribedTensor& h) { return h.tied_to == name; });
+}
 
 // One tp rank's shape of `t` (the vocabulary padded first).
 std::vector<int64_t> rank_shape(const DescribedTensor& t, int tp) {
@@ -499,18 +506,12 @@ std::shared_ptr<const plan::ModelSpec> DescribedModel::spec(int tp, bool sp, int
     spec->tensors.push_back(std::move(out));
   };
   // A tied embedding tensor is held by the first and the last stage, each copy marked.
-  auto tied_away = [&](const DescribedTensor& e) {
-    for (const DescribedTensor& h : m.head.tensors) {
-      if (h.tied_to == e.name) return stages > 1;
-    }
-    return false;
-  };
   if (first) {
-    for (const DescribedTensor& t : m.embedding.tensors) add(t, t.name, 0, tied_away(t));
+    for (const DescribedTensor& t : m.embedding.tensors) add(t, t.name, 0, stages > 1 && head_ties(m, t.name));
   } else if (last) {
     // The tied copies first, in the embedding's place in the registration order.
     for (const DescribedTensor& e : m.embedding.tensors) {
-      if (tied_away(e)) add(e, e.name, 0, true);
+      if (head_ties(m, e.name)) add(e, e.name, 0, true);
     }
   }
   for (int b = begin; b < end; ++b) {
@@ -524,9 +525,7 @@ std::shared_ptr<const plan::ModelSpec> DescribedModel::spec(int tp, bool sp, int
   // The embedding tensors the head uses (its tied ones), as this stage holds them.
   std::vector<bool> head_uses(spec->tensors.size(), false);
   for (size_t i = 0; i < spec->tensors.size(); ++i) {
-    for (const DescribedTensor& h : m.head.tensors) {
-      if (last && spec->tensors[i].unit == 0 && h.tied_to == spec->tensors[i].name) head_uses[i] = true;
-    }
+    head_uses[i] = last && spec->tensors[i].unit == 0 && head_ties(m, spec->tensors[i].name);
   }
   spec->schedule = micro_step(*spec, m.blocks, first, last, begin, end, head_uses);
   return specs_.emplace(key, std::move(spec)).first->second;
@@ -540,6 +539,7 @@ StageCosts DescribedModel::stage(const Layout& l, int s, int global_batch, const
   const int blocks = end - begin;
   const uint64_t tokens = static_cast<uint64_t>(global_batch / (l.dp * l.micro_batches)) * m.sequence_length;
   const double rate = cluster.peak_flops * cluster.matmul_efficiency;
+  const int64_t vocab = vocabulary(m);
   StageCosts out;
   out.engine = spec(l.tp, sp, stages, s);
   out.units = m.blocks + 2;
@@ -565,22 +565,15 @@ StageCosts DescribedModel::stage(const Layout& l, int s, int global_batch, const
     if (l.tp > 1) {
       for (int k = 0; k < count; ++k) {
         std::vector<TpCollective> f;
-        for (int e = 0; e < layer->enter; ++e) {
-          if (sp) f.push_back({TpCollective::kAllGather, stream});
-          out.tp_backward.push_back({sp ? TpCollective::kReduceScatter : TpCollective::kAllReduce, stream});
-        }
-        for (int g = 0; g < layer->leave; ++g) {
-          f.push_back({sp ? TpCollective::kReduceScatter : TpCollective::kAllReduce, stream});
-          if (sp) out.tp_backward.push_back({TpCollective::kAllGather, stream});
-        }
+        add_region_collectives(layer->enter, layer->leave, sp, stream, f, out.tp_backward);
         for (double bytes : layer->all_reduces_per_token) f.push_back({TpCollective::kAllReduce, bytes * tokens});
         out.tp_forward.insert(out.tp_forward.end(), f.begin(), f.end());
         // Recompute runs the block's forward, collectives and all, again in the backward.
         if (layer == &m.block && l.recompute) out.tp_backward.insert(out.tp_backward.end(), f.begin(), f.end());
       }
     }
-    const uint64_t held = term_bytes(layer->activations, tokens, l.tp, sp, vocabulary(m));
-    const uint64_t work = term_bytes(layer->weight_work, tokens, l.tp, sp, vocabulary(m));
+    const uint64_t held = term_bytes(layer->activations, tokens, l.tp, sp, vocab);
+    const uint64_t work = term_bytes(layer->weight_work, tokens, l.tp, sp, vocab);
     out.weight_work_bytes += count * work;
     if (layer == &m.block && l.recompute) {
       // Each block keeps its input (the stream's rows this rank holds); one block rebuilt at a time

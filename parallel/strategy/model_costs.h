@@ -23,6 +23,23 @@ struct TpCollective {
   double bytes = 0;
 };
 
+// Megatron's f and g for a layer that enters `enter` tensor-parallel regions and leaves `leave`,
+// over a residual stream of `bytes` (whole): entering is the identity forward and an all-reduce
+// backward, leaving the converse; under sequence parallelism entering all-gathers forward and
+// reduce-scatters backward, leaving the converse. Appended to `forward` and `backward`.
+inline void add_region_collectives(int enter, int leave, bool sequence_parallel, double bytes,
+                                   std::vector<TpCollective>& forward, std::vector<TpCollective>& backward) {
+  const bool sp = sequence_parallel;
+  for (int k = 0; k < enter; ++k) {
+    if (sp) forward.push_back({TpCollective::kAllGather, bytes});
+    backward.push_back({sp ? TpCollective::kReduceScatter : TpCollective::kAllReduce, bytes});
+  }
+  for (int k = 0; k < leave; ++k) {
+    forward.push_back({sp ? TpCollective::kReduceScatter : TpCollective::kAllReduce, bytes});
+    if (sp) backward.push_back({TpCollective::kAllGather, bytes});
+  }
+}
+
 struct StageCosts {
   // The stage's tensors as tp rank 0 holds them, its scope schedule: they may depend on the mesh,
   // sequence parallelism and the stage only (the search shares plans across the rest). Shared, since
