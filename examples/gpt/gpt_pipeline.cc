@@ -9,6 +9,7 @@
 
 #include "base/check.h"
 #include "parallel/pipeline/pipeline_check.h"
+#include "parallel/pipeline/stage_cut.h"
 
 namespace zero::examples {
 
@@ -38,10 +39,7 @@ std::vector<int> parse_layer_counts(const std::string& text) {
 
 std::vector<GptStage> gpt_stages(int n_layer, int virtual_stages, const std::vector<int>& layers) {
   ZERO_CHECK(virtual_stages >= 1, "virtual stages {} not positive", virtual_stages);
-  std::vector<int> counts = layers;
-  if (counts.empty()) {
-    for (int k = 0; k < virtual_stages; ++k) counts.push_back(n_layer / virtual_stages + (k < n_layer % virtual_stages ? 1 : 0));
-  }
+  const std::vector<int> counts = layers.empty() ? parallel::even_stage_cut(n_layer, virtual_stages) : layers;
   if (static_cast<int>(counts.size()) != virtual_stages) {
     ZERO_THROW(InvalidArgument, "--pp-layers lists {} stages but the pipeline has {} (pp x chunks)", counts.size(),
                virtual_stages);

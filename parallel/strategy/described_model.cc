@@ -7,6 +7,7 @@
 #include <set>
 #include <utility>
 
+#include "parallel/pipeline/stage_cut.h"
 #include "parallel/tensor/vocab_parallel.h"
 #include "zero/config/json_reading.h"
 
@@ -379,14 +380,6 @@ uint64_t term_bytes(const std::vector<ActivationTerm>& terms, uint64_t tokens, i
   return sum;
 }
 
-// (first block, end block) of virtual stage `s` of `stages`: as even as they go, the first stages
-// one more (gpt_stages' rule).
-std::pair<int, int> block_range(int blocks, int stages, int s) {
-  int first = 0;
-  for (int k = 0; k < s; ++k) first += blocks / stages + (k < blocks % stages ? 1 : 0);
-  return {first, first + blocks / stages + (s < blocks % stages ? 1 : 0)};
-}
-
 // The scopes of one micro-step as a training loop of this shape opens them (examples/gpt's does):
 // the forward in order, the tied head in the embedding's unit after its own; the backward in
 // reverse, the tied head's unit first, held open through the whole backward when this stage is also
@@ -491,7 +484,7 @@ std::shared_ptr<const plan::ModelSpec> DescribedModel::spec(int tp, bool sp, int
   if (auto it = specs_.find(key); it != specs_.end()) return it->second;
   const ModelDescription& m = description_;
   const bool first = s == 0, last = s == stages - 1;
-  const auto [begin, end] = block_range(m.blocks, stages, s);
+  const auto [begin, end] = parallel::even_stage_range(m.blocks, stages, s);
   auto spec = std::make_shared<plan::ModelSpec>();
   spec->dtype = dtype_;
   auto add = [&](const DescribedTensor& t, const std::string& name, int unit, bool tied) {
@@ -535,7 +528,7 @@ StageCosts DescribedModel::stage(const Layout& l, int s, int global_batch, const
   const ModelDescription& m = description_;
   const int stages = l.virtual_stages();
   const bool first = s == 0, last = s == stages - 1, sp = l.sequence_parallel;
-  const auto [begin, end] = block_range(m.blocks, stages, s);
+  const auto [begin, end] = parallel::even_stage_range(m.blocks, stages, s);
   const int blocks = end - begin;
   const uint64_t tokens = static_cast<uint64_t>(global_batch / (l.dp * l.micro_batches)) * m.sequence_length;
   const double rate = cluster.peak_flops * cluster.matmul_efficiency;
