@@ -59,6 +59,18 @@ void validate_config(const EngineConfig& c, const Context& ctx, const Origins& o
           std::pair{"global_batch_size", c.loop.global_batch_size}, std::pair{"log_every", c.loop.log_every}}) {
       if (value && *value < 1) ZERO_THROW(InvalidArgument, "loop.{} must be >= 1, got {}", name, *value);
     }
+    const ParallelConfig& p = c.parallel;
+    for (const auto& [name, value] :
+         {std::pair{"dp", p.dp}, std::pair{"tp", p.tp}, std::pair{"pp", p.pp}, std::pair{"chunks", p.chunks}}) {
+      if (value && *value < 1) ZERO_THROW(InvalidArgument, "parallel.{} must be >= 1, got {}", name, *value);
+    }
+    if (p.sequence_parallel.value_or(false) && p.tp.value_or(1) == 1) {
+      ZERO_THROW(InvalidArgument, "parallel.sequence_parallel needs parallel.tp above 1 (it splits the sequence over "
+                                  "the tp ranks)");
+    }
+    if ((p.schedule || p.chunks.value_or(1) != 1) && p.pp.value_or(1) == 1) {
+      ZERO_THROW(InvalidArgument, "parallel.schedule and parallel.chunks need parallel.pp above 1 (a pipeline's)");
+    }
     if (const std::optional<int> size = c.hybrid.shard_group_size) {
       if (*size < 1) ZERO_THROW(InvalidArgument, "hybrid.shard_group_size must be >= 1, got {}", *size);
       // The engine refuses a replica communicator at stage 0 too; said here, it names the key.

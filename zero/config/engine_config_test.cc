@@ -412,6 +412,26 @@ TEST_CASE("ZeRO++ hpZ is refused, pointing to the hybrid sharding keys") {
             .empty());
 }
 
+TEST_CASE("the parallel layout: sizes below 1, sequence parallelism without tp, a schedule without a pipeline are "
+          "refused naming the key") {
+  const EngineConfig c = ours(R"({"parallel": {"tp": 2, "sequence_parallel": true, "pp": 4, "schedule": "zb-h1"}})");
+  CHECK(c.parallel.tp == 2);
+  CHECK(c.parallel.pp == 4);
+  CHECK(c.parallel.schedule == "zb-h1");
+  CHECK(!c.parallel.dp);
+  CHECK(!c.parallel.recompute);
+  CHECK(!ours("{}").parallel.tp);
+  CHECK(contains(our_error(R"({"parallel": {"tp": 0}})"), "ours.json (ours): parallel.tp must be >= 1, got 0"));
+  CHECK(contains(our_error(R"({"parallel": {"dp": -2}})"), "parallel.dp must be >= 1, got -2"));
+  CHECK(contains(our_error(R"({"parallel": {"pp": 2, "chunks": 0}})"), "parallel.chunks must be >= 1, got 0"));
+  CHECK(contains(our_error(R"({"parallel": {"sequence_parallel": true}})"),
+                 "parallel.sequence_parallel needs parallel.tp above 1"));
+  CHECK(contains(our_error(R"({"parallel": {"schedule": "1f1b"}})"),
+                 "parallel.schedule and parallel.chunks need parallel.pp above 1"));
+  CHECK(contains(our_error(R"({"parallel": {"schedule": 3, "pp": 2}})"), "parallel.schedule must be a string, got 3"));
+  CHECK(contains(our_error(R"({"parallel": {"tensor_parallel": 2}})"), "parallel.tensor_parallel"));
+}
+
 TEST_CASE("hybrid sharding: a shard group size < 1, or with stage 0, is refused naming the key") {
   CHECK(contains(our_error(R"({"hybrid": {"shard_group_size": 0}})"),
                  "ours.json (ours): hybrid.shard_group_size must be >= 1, got 0"));
@@ -632,6 +652,8 @@ EngineConfig every_field_changed() {
   c.model_dtype = DType::kBFloat16;
   c.loop = {.micro_batch_size = 4, .global_batch_size = 64, .log_every = 10};
   c.hybrid.shard_group_size = 2;
+  c.parallel = {.dp = 2, .tp = 2, .sequence_parallel = true, .pp = 2, .schedule = "interleaved", .chunks = 2,
+                .recompute = true};
   return c;
 }
 
@@ -663,6 +685,13 @@ TEST_CASE("our format round-trips every field") {
   CHECK(back.loop.global_batch_size == 64);
   CHECK(back.loop.log_every == 10);
   CHECK(back.hybrid.shard_group_size == 2);
+  CHECK(back.parallel.dp == 2);
+  CHECK(back.parallel.tp == 2);
+  CHECK(back.parallel.sequence_parallel == true);
+  CHECK(back.parallel.pp == 2);
+  CHECK(back.parallel.schedule == "interleaved");
+  CHECK(back.parallel.chunks == 2);
+  CHECK(back.parallel.recompute == true);
   CHECK(back.engine.optimizer.groups.size() == 2);
   CHECK(back.engine.optimizer.groups[1].dampening == 0.1f);
   // Every key of the format differs from the default config, so none is written without being read.

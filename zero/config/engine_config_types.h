@@ -30,6 +30,21 @@ struct HybridConfig {
   std::optional<int> shard_group_size;
 };
 
+// The model-parallel layout: the mesh and pipeline the program builds around the engine (zero_plan
+// --auto --write-config writes the layout it chooses). Not engine options: the engine takes the
+// communicators (EngineComms) the program splits from the world by these sizes (comm/mesh.h), and the
+// schedule is the pipeline runner's (parallel/pipeline/schedules.h names them and refuses others).
+// Unset: the program's default (one rank of each, no pipeline, no recompute).
+struct ParallelConfig {
+  std::optional<int> dp;                   // data-parallel ranks: the world must be dp x tp x pp
+  std::optional<int> tp;                   // tensor-parallel ranks per group (Megatron's split)
+  std::optional<bool> sequence_parallel;   // the tp groups also split the residual stream's rows
+  std::optional<int> pp;                   // pipeline stages
+  std::optional<std::string> schedule;     // the pipeline's: gpipe, 1f1b, interleaved, zb-h1
+  std::optional<int> chunks;               // model chunks per pipeline rank (interleaved)
+  std::optional<bool> recompute;           // activation recompute: a block's forward again in its backward
+};
+
 enum class ConfigFormat { kNative, kDeepSpeed };
 
 struct EngineConfig {
@@ -39,6 +54,7 @@ struct EngineConfig {
   std::optional<DType> model_dtype;
   LoopConfig loop;
   HybridConfig hybrid;
+  ParallelConfig parallel;
   ConfigFormat format = ConfigFormat::kNative;
   std::string source;  // "<name> (ours)" or "<name> (deepspeed)"
   // Keys accepted without effect, each with the reason ("zero_optimization.sub_group_size: ...").

@@ -42,6 +42,9 @@ void read_value(const json& j, const std::string& p, const Context& c, LossScali
 void read_value(const json& j, const std::string& p, const Context& c, SimdPath& v) {
   v = read_name(j, p, c, "scalar, avx2 or avx512", parse_simd_path);
 }
+void read_value(const json& j, const std::string& p, const Context& c, std::string& v) {
+  v = read_string(j, p, c, "a string");
+}
 void read_value(const json& j, const std::string& p, const Context& c, std::chrono::milliseconds& v) {
   v = std::chrono::milliseconds(read_integer(j, p, c, 1, INT64_MAX));
 }
@@ -68,6 +71,7 @@ ordered_json write_value(DType v) { return dtype_name(v); }
 ordered_json write_value(optim::OptimizerKind v) { return optim::optimizer_name(v); }
 ordered_json write_value(LossScaling v) { return loss_scaling_name(v); }
 ordered_json write_value(SimdPath v) { return simd_path_name(v); }
+ordered_json write_value(const std::string& v) { return v; }
 ordered_json write_value(std::chrono::milliseconds v) { return static_cast<int64_t>(v.count()); }
 
 // ---------------------------------------------------------------------------------------------
@@ -145,6 +149,16 @@ void visit_native(V& v, EngineConfig& c) {
     v.field("log_every", c.loop.log_every);
   });
   v.object("hybrid", [&] { v.field("shard_group_size", c.hybrid.shard_group_size); });
+  v.object("parallel", [&] {
+    ParallelConfig& p = c.parallel;
+    v.field("dp", p.dp);
+    v.field("tp", p.tp);
+    v.field("sequence_parallel", p.sequence_parallel);
+    v.field("pp", p.pp);
+    v.field("schedule", p.schedule);
+    v.field("chunks", p.chunks);
+    v.field("recompute", p.recompute);
+  });
 }
 
 class NativeReader {
