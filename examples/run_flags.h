@@ -27,6 +27,21 @@
 
 namespace zero::examples {
 
+// The examples put decayed weights in optimizer group 0 and the rest in group 1 (as zero_plan's
+// described models do with their no_decay tensors), so a single group (a DeepSpeed file has one)
+// gets the second as a copy without decay; any other count is refused naming `source`.
+inline void two_optimizer_groups(EngineOptions& o, const std::string& source, const char* program) {
+  std::vector<optim::Hyper>& groups = o.optimizer.groups;
+  if (groups.size() == 1) {
+    groups.push_back(groups[0]);
+    groups[1].weight_decay = 0.0f;
+  }
+  if (groups.size() != 2) {
+    ZERO_THROW(InvalidArgument, "{} has {} optimizer groups; {} uses two (decayed weights, then the rest)", source,
+               groups.size(), program);
+  }
+}
+
 // --config FILE. The file replaces the example's built-in defaults (a key it leaves out has
 // EngineOptions' default, not the example's), and a flag given on the command line overrides the
 // file, so a run can start from a shared config and change one thing.
@@ -40,20 +55,12 @@ struct ConfigFlag {
     return f;
   }
 
-  // The file's options, or the example's without --config; then the engine flags both examples
-  // have, each only when given. The examples put decayed weights in group 0 and the rest in group 1,
-  // so a file's single group (a DeepSpeed file has one) gets the second as a copy without decay.
+  // The file's options, or the example's without --config, in two optimizer groups (above); then
+  // the engine flags both examples have, each only when given.
   EngineOptions engine_options(Flags& flags, const EngineOptions& example_defaults, const char* program) const {
     EngineOptions o = config ? config->engine : example_defaults;
+    two_optimizer_groups(o, config ? config->source : "the example's options", program);
     std::vector<optim::Hyper>& groups = o.optimizer.groups;
-    if (groups.size() == 1) {
-      groups.push_back(groups[0]);
-      groups[1].weight_decay = 0.0f;
-    }
-    if (groups.size() != 2) {
-      ZERO_THROW(InvalidArgument, "{} has {} optimizer groups; {} uses two (decayed weights, then the rest)",
-                 config ? config->source : "the example's options", groups.size(), program);
-    }
     o.stage = flags.get_int("stage", o.stage);
     o.gradient_accumulation_steps = flags.get_int("micro-steps", o.gradient_accumulation_steps);
     o.deterministic = flags.get_bool("deterministic", o.deterministic);

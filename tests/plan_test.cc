@@ -133,4 +133,82 @@ TEST_CASE("zero_plan --auto --model plans a described model; the GPT's descripti
   CHECK(r.output.find("--seq-len 64: the sequence length of a --hf-config model") != std::string::npos);
 }
 
+namespace {
+
+// The number before " B" after `label` in train_gpt's or zero_plan's output ("activations 123 B").
+std::string field_after(const std::string& output, const std::string& label) {
+  const size_t at = output.find(label);
+  if (at == std::string::npos) return "";
+  const size_t begin = at + label.size();
+  return output.substr(begin, output.find_first_not_of("0123456789", begin) - begin);
+}
+
+}  // namespace
+
+TEST_CASE("zero_plan --write-config: train_gpt --config runs the planned layout, its activations the plan's to the "
+          "byte") {
+  const std::string cluster = write_cluster("w.json", "1e10", "1e10");
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = tmp != nullptr ? tmp : "/tmp";
+  const std::vector<std::string> gpt{"--gpt", "4,64,4,256,64", "--batch", "16", "--world", "2", "--cluster", cluster};
+  const std::vector<std::string> model{"--n-layer", "4", "--n-embd", "64", "--n-head", "4", "--block-size", "64"};
+  // Every layout's planned activation peak, by key (zero_plan --list: key, flags, ranks, ms, bytes,
+  // activations, fits).
+  std::vector<std::string> list_args{"--auto", "--list"};
+  list_args.insert(list_args.end(), gpt.begin(), gpt.end());
+  const auto list = testing::run("examples/bench/zero_plan", list_args);
+  REQUIRE(list.exit_code == 0);
+  auto planned_activations = [&](const std::string& key) {
+    const size_t at = list.output.find(key + "\t");
+    REQUIRE(at != std::string::npos);
+    std::string line = list.output.substr(at, list.output.find('\n', at) - at);
+    for (int column = 0; column < 5; ++column) line = line.substr(line.find('\t') + 1);
+    return line.substr(0, line.find('\t'));
+  };
+  struct Case {
+    std::string explain, key, banner;
+  };
+  for (const Case& c : {Case{"pp=2,stage=2,m=4,schedule=interleaved,chunks=2,recompute",
+                             "dp1.tp1.pp2.z2.m4.interleaved.v2.rc",
+                             "(dp 1 x tp 1 x pp 2, interleaved with 4 micro-batches), stage 2, blocks recomputed"},
+                        Case{"tp=2,sp,stage=3,m=2,offload", "dp1.tp2.pp1.z3.m2.sp.off",
+                             "(dp 1 x tp 2 x pp 1, sequence parallel), stage 3, optimizer offloaded"}}) {
+    CAPTURE(c.key);
+    const std::string path = dir + "/" + c.key + ".json";
+    std::vector<std::string> args{"--explain", c.explain, "--write-config", path};
+    args.insert(args.end(), gpt.begin(), gpt.end());
+    const auto written = testing::run("examples/bench/zero_plan", args);
+    INFO(written.output);
+    REQUIRE(written.exit_code == 0);
+    CHECK(written.output.find("wrote " + path + ": " + c.key + " on 2 ranks") != std::string::npos);
+    std::vector<std::string> train{"--config", path, "--steps", "2", "--val-every", "0", "--sample-tokens", "0",
+                                   "--exact-bytes"};
+    train.insert(train.end(), model.begin(), model.end());
+    const auto run = testing::launch(2, "examples/gpt/train_gpt", train);
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    CHECK(run.output.find(c.banner) != std::string::npos);
+    CHECK(run.output.find("global batch 16 x 64 tokens") != std::string::npos);
+    const std::string measured = field_after(run.output, "activations ");
+    CHECK(!measured.empty());
+    CHECK(measured == planned_activations(c.key));
+    // Launched on other than the planned world, it is refused naming the key.
+    const auto wrong = testing::launch(4, "examples/gpt/train_gpt", train);
+    CHECK(wrong.exit_code != 0);
+    CHECK(wrong.output.find("parallel.dp 1 x tp") != std::string::npos);
+    CHECK(wrong.output.find("is 2 ranks, but 4 were launched") != std::string::npos);
+  }
+  // --auto writes its first choice; nothing fitting writes nothing.
+  std::vector<std::string> args{"--auto", "--top", "3", "--write-config", dir + "/first.json"};
+  args.insert(args.end(), gpt.begin(), gpt.end());
+  auto r = testing::run("examples/bench/zero_plan", args);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("wrote " + dir + "/first.json") != std::string::npos);
+  r = testing::run("examples/bench/zero_plan", {"--auto", "--gpt", "4,64,4,256,64", "--batch", "16", "--cluster",
+                                               write_cluster("tiny.json", "1000", "1e10"), "--write-config",
+                                               dir + "/none.json"});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("no layout fits, so none was written") != std::string::npos);
+}
+
 }  // namespace zero

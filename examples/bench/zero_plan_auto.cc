@@ -13,6 +13,7 @@
 
 #include "base/check.h"
 #include "examples/gpt/gpt_engine.h"
+#include "examples/run_flags.h"
 #include "examples/gpt/gpt_flags.h"
 #include "examples/gpt/gpt_strategy.h"
 #include "parallel/strategy/described_model.h"
@@ -20,6 +21,7 @@
 #include "parallel/strategy/chart.h"
 #include "parallel/strategy/cluster.h"
 #include "parallel/strategy/predict.h"
+#include "zero/config/engine_config.h"
 
 namespace zero {
 namespace {
@@ -35,6 +37,53 @@ std::string train_flags(const strategy::Layout& l) {
   if (l.offload) s += " --offload";
   if (l.recompute) s += " --recompute";
   return s;
+}
+
+// The engine options the search plans with: train_gpt's (AdamW, weight decay on group 0 and none on
+// group 1, a description's no_decay tensors), or a --config file's (its optimizer, dtypes, buckets,
+// windows), in two groups. The stage, offload and micro-batches are each layout's.
+EngineOptions base_options(const std::optional<EngineConfig>& file, DType dtype) {
+  if (!file) {
+    EngineOptions o = examples::gpt_engine_options(3e-3f);
+    o.grad_accum_dtype = dtype;
+    return o;
+  }
+  if (file->hybrid.shard_group_size) {
+    ZERO_THROW(InvalidArgument, "{}: hybrid.shard_group_size: the planner shards over every data-parallel rank "
+                                "(hybrid sharding is not searched); leave it out", file->source);
+  }
+  EngineOptions o = file->engine;
+  examples::two_optimizer_groups(o, file->source, "zero_plan");
+  return o;
+}
+
+// The config a run of layout `l` reads (docs/config.md): the planned engine options, the model's
+// dtype, the global batch and the layout; a --config file's other keys (log interval) kept.
+EngineConfig layout_config(const strategy::Layout& l, const EngineOptions& base, DType dtype, int batch,
+                           const std::optional<EngineConfig>& file) {
+  EngineConfig c = file.value_or(EngineConfig{});
+  c.engine = strategy::engine_options(l, base);
+  c.model_dtype = dtype;
+  c.loop.global_batch_size = batch;
+  c.loop.micro_batch_size.reset();  // follows from the batch and the layout
+  c.parallel = {.dp = l.dp,
+                .tp = l.tp,
+                .sequence_parallel = l.sequence_parallel,
+                .pp = l.pp,
+                .schedule = l.pp > 1 ? std::optional<std::string>(l.schedule) : std::nullopt,
+                .chunks = l.chunks > 1 ? std::optional<int>(l.chunks) : std::nullopt,
+                .recompute = l.recompute};
+  return c;
+}
+
+void write_config(const std::string& path, const EngineConfig& c, const strategy::Layout& l) {
+  std::ofstream out(path);
+  out << to_native_json(c);
+  out.close();
+  if (!out) ZERO_THROW(IoError, "--write-config {}: cannot write it", path);
+  std::printf("wrote %s: %s on %d ranks (train_gpt --config %s; a loop of its own reads it with "
+              "zero::load_engine_config)\n",
+              path.c_str(), strategy::layout_key(l).c_str(), l.world(), path.c_str());
 }
 
 }  // namespace
@@ -60,15 +109,20 @@ int run_strategy(examples::Flags& flags) {
     std::printf("%s", strategy::to_json(*description).c_str());
     return 0;
   }
+  const std::string config_path = flags.get("config", "");
+  std::optional<EngineConfig> file;
+  if (!config_path.empty()) file = load_engine_config(config_path);
+  const std::string write_path = flags.get("write-config", "");
   const std::string cluster_path = flags.get("cluster", "");
   if (cluster_path.empty()) ZERO_THROW(InvalidArgument, "--auto and --explain need --cluster FILE (a cluster description)");
   const strategy::Cluster cluster = strategy::load_cluster(cluster_path);
-  const int batch = flags.get_int("batch", 0);
+  const int batch = flags.get_int("batch", file && file->loop.global_batch_size ? *file->loop.global_batch_size : 0);
   if (batch < 1) ZERO_THROW(InvalidArgument, "--batch (sequences per step) must be positive, got {}", batch);
   const int world = flags.get_int("world", cluster.devices());
   if (world < 1) ZERO_THROW(InvalidArgument, "--world must be positive, got {}", world);
   // The parameters' dtype: train_gpt's fp32 for the GPT, bf16 for a described one (--model, --hf-config).
-  const DType dtype = parse_dtype(flags.get("dtype", gpt.empty() ? "bf16" : "fp32"));
+  const DType dtype = parse_dtype(
+      flags.get("dtype", file && file->model_dtype ? dtype_name(*file->model_dtype) : gpt.empty() ? "bf16" : "fp32"));
   const int top = flags.get_int("top", 20);
   const std::string svg = flags.get("svg", "");
   const bool list = flags.get_bool("list", false);
@@ -78,6 +132,7 @@ int run_strategy(examples::Flags& flags) {
   if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
     ZERO_THROW(InvalidArgument, "--dtype: the planner's models run in fp32 or bf16, got {}", dtype_name(dtype));
   }
+  if (!write_path.empty() && list) ZERO_THROW(InvalidArgument, "--write-config writes one layout: not with --list");
 
   std::unique_ptr<strategy::ModelCosts> costs;
   if (!gpt.empty()) {
@@ -87,10 +142,7 @@ int run_strategy(examples::Flags& flags) {
   }
   const strategy::ModelCosts& model = *costs;
   strategy::PlanSettings settings;
-  // train_gpt's optimizer: AdamW, weight decay on group 0 and none on group 1 (a description's
-  // no_decay tensors).
-  settings.engine = examples::gpt_engine_options(3e-3f);
-  settings.engine.grad_accum_dtype = dtype;
+  settings.engine = base_options(file, dtype);
   settings.global_batch = batch;
 
   if (!explain_text.empty()) {
@@ -100,6 +152,7 @@ int run_strategy(examples::Flags& flags) {
     }
     std::printf("%s on %s, global batch %d\n%s", model.name().c_str(), cluster.name.c_str(), batch,
                 strategy::explain(strategy::predict(model, l, cluster, settings)).c_str());
+    if (!write_path.empty()) write_config(write_path, layout_config(l, settings.engine, dtype, batch, file), l);
     return 0;
   }
   const std::vector<strategy::Layout> layouts = strategy::enumerate_layouts(model, world, batch);
@@ -122,6 +175,13 @@ int run_strategy(examples::Flags& flags) {
               ranked.size());
   std::printf("%s", strategy::table(ranked, static_cast<size_t>(top)).c_str());
   std::printf("choice: %s\n", strategy::reason(ranked).c_str());
+  if (!write_path.empty()) {
+    if (ranked.empty() || !ranked.front().fits) {
+      ZERO_THROW(InvalidArgument, "--write-config {}: no layout fits, so none was written", write_path);
+    }
+    const strategy::Layout& l = ranked.front().layout;
+    write_config(write_path, layout_config(l, settings.engine, dtype, batch, file), l);
+  }
   if (!svg.empty()) {
     std::ofstream(svg) << strategy::frontier_svg(ranked, cluster.device_memory,
                                                  fmt::format("{}: predicted step time against memory per rank, {} ranks",

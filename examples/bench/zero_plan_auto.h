@@ -7,6 +7,14 @@
 //   zero_plan --auto --hf-config config.json [--seq-len T] ...   (a LLaMA-family model: hf_llama.h)
 //   zero_plan --explain "dp=2,tp=2,pp=2,stage=3,m=4,schedule=1f1b" --gpt ... --batch B --cluster ...
 //   zero_plan --describe --hf-config config.json [--seq-len T] > MODEL.json   (its description, to edit)
+//   zero_plan --auto ... [--config BASE.json] --write-config RUN.json   (the first choice, to run)
+//
+// --config BASE.json: the engine options to plan with (ours or DeepSpeed's: the optimizer, dtypes,
+// buckets and windows; its model_dtype and loop.global_batch_size stand in for --dtype and --batch);
+// without it, train_gpt's. --write-config RUN.json (with --auto: the first choice; with --explain: that
+// layout) writes what the plan runs in our format (docs/config.md): those options with the layout's
+// stage, offload and micro-batches, the model dtype, the global batch and the parallel section
+// (dp, tp, sequence_parallel, pp, schedule, chunks, recompute); train_gpt --config RUN.json runs it.
 //
 // --world defaults to the cluster's devices; --dtype (the parameters') to fp32 for --gpt (train_gpt's)
 // and bf16 for --model and --hf-config. The table lists the layouts that fit first, fastest

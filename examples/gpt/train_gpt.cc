@@ -7,8 +7,9 @@
 // rate (warm-up then cosine), tokens/s, the step time with the engine's split (gather and reduce
 // waits, the update) and the memory of the largest rank; the validation loss every --val-every
 // steps; every rank's memory report; and a sample generated from the model (top-k with --top-k and
-// --seed; --top-k 0: greedy). Checkpoints, offload and --config FILE (the engine options, batch and
-// log interval from a JSON file, ours or a DeepSpeed config; docs/config.md) and hybrid sharding
+// --seed; --top-k 0: greedy). Checkpoints, offload and --config FILE (the engine options, batch, log
+// interval and our format's parallel layout from a JSON file, ours or a DeepSpeed config;
+// docs/config.md; zero_plan --auto --write-config writes one) and hybrid sharding
 // (--shard-group-size N): examples/run_flags.h. Tensor parallelism: --tp T splits the model over
 // groups of T consecutive ranks (the engine's data parallelism runs across the groups), with
 // --sequence-parallel the residual stream too (docs/parallel.md); --mesh-order (default pp,dp,tp,
@@ -127,14 +128,17 @@ int run(int argc, char** argv) {
   const bool exact_bytes = flags.get_bool("exact-bytes", false);  // the strategy validation compares bytes
   const examples::RunFlags run_flags = examples::RunFlags::read(flags, opt);
   const examples::HybridFlag hybrid = examples::HybridFlag::read(flags, config, opt);
-  const int tp = flags.get_int("tp", 1);
-  const bool sequence_parallel = flags.get_bool("sequence-parallel", false);
-  const bool recompute = flags.get_bool("recompute", false);
-  const int pp = flags.get_int("pp", 1);
+  // The layout: a --config file's parallel section (zero_plan --write-config), each flag overriding it.
+  const ParallelConfig layout = config.config ? config.config->parallel : ParallelConfig{};
+  const int tp = flags.get_int("tp", layout.tp.value_or(1));
+  const bool sequence_parallel = flags.get_bool("sequence-parallel", layout.sequence_parallel.value_or(false));
+  const bool recompute = flags.get_bool("recompute", layout.recompute.value_or(false));
+  const int pp = flags.get_int("pp", layout.pp.value_or(1));
   const bool micro_batches_given = flags.has("micro-batches");
-  const int micro_batches_flag = flags.get_int("micro-batches", 2 * pp);
-  const std::string pp_schedule = flags.get("pp-schedule", "1f1b");
-  const int chunks = flags.get_int("chunks", 1);
+  // A file's pipeline runs its micro_batches (a file replaces the example's defaults: 2 per stage).
+  const int micro_batches_flag = flags.get_int("micro-batches", config.config && pp > 1 ? opt.micro_batches : 2 * pp);
+  const std::string pp_schedule = flags.get("pp-schedule", layout.schedule.value_or("1f1b"));
+  const int chunks = flags.get_int("chunks", layout.chunks.value_or(1));
   const std::vector<int> pp_layers = examples::parse_layer_counts(flags.get("pp-layers", ""));
   const std::string timeline = flags.get("timeline", "");
   const bool regather = flags.get_bool("regather-per-micro-batch", false);
@@ -182,6 +186,10 @@ int run(int argc, char** argv) {
   comm::Communicator& comm = *pg.host;
   if (comm.size() % (tp * pp) != 0) {
     ZERO_THROW(InvalidArgument, "--tp {} x --pp {} does not divide the {} ranks", tp, pp, comm.size());
+  }
+  if (layout.dp && *layout.dp * tp * pp != comm.size()) {
+    ZERO_THROW(InvalidArgument, "parallel.dp {} x tp {} x pp {} of {} is {} ranks, but {} were launched", *layout.dp, tp,
+               pp, config.config->source, *layout.dp * tp * pp, comm.size());
   }
   // Groups of tp consecutive ranks hold one stage's part between them, pipeline stages outermost;
   // data parallelism runs across the copies of each stage.

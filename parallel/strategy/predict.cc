@@ -198,6 +198,20 @@ RankModel rank_model(const Layout& l, const std::vector<StageCosts>& stages, con
   return m;
 }
 
+}  // namespace
+
+EngineOptions engine_options(const Layout& l, const EngineOptions& base) {
+  EngineOptions o = base;
+  o.stage = l.zero_stage;
+  o.offload.optimizer = l.offload;
+  o.offload.params = false;  // not searched
+  o.micro_batches = l.pp > 1 ? l.micro_batches : 1;
+  o.gradient_accumulation_steps = l.pp > 1 ? 1 : l.micro_batches;
+  return o;
+}
+
+namespace {
+
 const plan::EnginePlan& engine_plan(const Layout& l, const std::vector<StageCosts>& stages,
                                     const parallel::Schedule& schedule, int rank, const PlanSettings& settings,
                                     PlanCache& cache) {
@@ -209,14 +223,7 @@ const plan::EnginePlan& engine_plan(const Layout& l, const std::vector<StageCost
   RankModel model = rank_model(l, stages, schedule, rank);
   in.model = std::move(model.spec);
   in.step_schedule = std::move(model.step);
-  in.options = settings.engine;
-  in.options.stage = l.zero_stage;
-  in.options.offload.optimizer = l.offload;
-  if (l.pp > 1) {
-    in.options.micro_batches = l.micro_batches;
-  } else {
-    in.options.gradient_accumulation_steps = l.micro_batches;
-  }
+  in.options = engine_options(l, settings.engine);
   in.world_size = l.dp;
   in.tp = l.tp;
   in.pp = l.pp;
