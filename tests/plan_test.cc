@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -198,6 +199,30 @@ TEST_CASE("zero_plan --write-config: train_gpt --config runs the planned layout,
     CHECK(wrong.output.find("parallel.dp 1 x tp") != std::string::npos);
     CHECK(wrong.output.find("is 2 ranks, but 4 were launched") != std::string::npos);
   }
+  // --config: the engine options planned with (Lion keeps one state to AdamW's two) are written back.
+  const std::string base = dir + "/lion.json", lion_run = dir + "/lion_run.json";
+  std::ofstream(base) << R"({"optimizer": {"kind": "lion", "groups": [{"lr": 1e-4, "weight_decay": 0.1}]},
+                             "loop": {"log_every": 5}})";
+  auto explain = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args{"--explain", "dp=2,stage=1"};
+    args.insert(args.end(), gpt.begin(), gpt.end());
+    args.insert(args.end(), extra.begin(), extra.end());
+    return testing::run("examples/bench/zero_plan", args);
+  };
+  const auto adamw = explain({}), lion = explain({"--config", base, "--write-config", lion_run});
+  REQUIRE(lion.exit_code == 0);
+  CHECK(field_after(lion.output, "optimizer ") != field_after(adamw.output, "optimizer "));
+  std::ifstream in(lion_run);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text.find(R"("kind": "lion")") != std::string::npos);
+  CHECK(text.find(R"("log_every": 5)") != std::string::npos);
+  CHECK(text.find(R"("global_batch_size": 16)") != std::string::npos);
+  std::ofstream(dir + "/hybrid.json") << R"({"stage": 3, "hybrid": {"shard_group_size": 2}})";
+  const auto hybrid = explain({"--config", dir + "/hybrid.json"});
+  CHECK(hybrid.exit_code != 0);
+  CHECK(hybrid.output.find("hybrid.shard_group_size: the planner shards over every data-parallel rank") !=
+        std::string::npos);
+
   // --auto writes its first choice; nothing fitting writes nothing.
   std::vector<std::string> args{"--auto", "--top", "3", "--write-config", dir + "/first.json"};
   args.insert(args.end(), gpt.begin(), gpt.end());
