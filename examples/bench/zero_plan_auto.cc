@@ -13,9 +13,9 @@
 
 #include "base/check.h"
 #include "examples/gpt/gpt_engine.h"
-#include "examples/run_flags.h"
 #include "examples/gpt/gpt_flags.h"
 #include "examples/gpt/gpt_strategy.h"
+#include "examples/run_flags.h"
 #include "parallel/strategy/described_model.h"
 #include "parallel/strategy/hf_llama.h"
 #include "parallel/strategy/chart.h"

@@ -141,8 +141,9 @@ int run(int argc, char** argv) {
   const int chunks = flags.get_int("chunks", layout.chunks.value_or(1));
   const std::vector<int> pp_layers = examples::parse_layer_counts(flags.get("pp-layers", ""));
   const std::string timeline = flags.get("timeline", "");
-  const bool regather = flags.get_bool("regather-per-micro-batch", false);
-  const bool reduce_each = flags.get_bool("reduce-each-micro-batch", false);
+  // A file's own settings stand unless a flag is given (they are what zero_plan planned with).
+  const bool regather = flags.get_bool("regather-per-micro-batch", opt.regather_per_micro_batch);
+  const bool reduce_each = flags.get_bool("reduce-each-micro-batch", opt.reduce_each_micro_batch);
   const std::string mesh_order = flags.get("mesh-order", "pp,dp,tp");  // slowest-varying first
   // The parameters: fp32 or bf16.
   const DType dtype =
