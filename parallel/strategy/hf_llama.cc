@@ -47,9 +47,9 @@ ModelDescription describe_llama(std::string_view text, const std::string& source
   if (!root.is_object()) fail(ctx, "a HuggingFace config is a JSON object");
   ObjectReader r(root, "", ctx);
   const std::string type = config_internal::read_string(require(r, "model_type"), "model_type", ctx, "a string");
-  if (type != "llama" && type != "mistral") {
-    fail(ctx, fmt::format("model_type \"{}\": only LLaMA-family configs (llama, mistral) are described; write a "
-                          "model description for others (parallel/strategy/described_model.h)",
+  if (type != "llama" && type != "mistral" && type != "qwen2") {
+    fail(ctx, fmt::format("model_type \"{}\": only LLaMA-family configs (llama, mistral, qwen2) are described; "
+                          "write a model description for others (parallel/strategy/described_model.h)",
                           type));
   }
   const int64_t h = positive_int(r, "hidden_size"), f = positive_int(r, "intermediate_size");
@@ -63,11 +63,11 @@ ModelDescription describe_llama(std::string_view text, const std::string& source
   const int64_t d = given(r, "head_dim") ? positive_int(r, "head_dim") : h / heads;
   const json* tie = given(r, "tie_word_embeddings");
   const bool tied = tie != nullptr && config_internal::read_bool(*tie, "tie_word_embeddings", ctx);
-  for (const char* bias : {"attention_bias", "mlp_bias"}) {
-    if (given(r, bias) && config_internal::read_bool(*given(r, bias), bias, ctx)) {
-      fail(ctx, fmt::format("{} is true: projections with biases are not described here", bias));
-    }
-  }
+  auto flag = [&](const char* key) { return given(r, key) && config_internal::read_bool(*given(r, key), key, ctx); };
+  // Qwen2's q, k and v projections always have biases (its config has no key for them); LLaMA's
+  // attention_bias puts them on all four, mlp_bias on the MLP's three.
+  const bool qkv_bias = type == "qwen2" || flag("attention_bias"), out_bias = flag("attention_bias");
+  const bool mlp_bias = flag("mlp_bias");
   const int T = sequence_length > 0 ? sequence_length : positive_int(r, "max_position_embeddings");
 
   const int64_t q = heads * d, k = kv * d;  // the query and the key/value widths
@@ -92,15 +92,23 @@ ModelDescription describe_llama(std::string_view text, const std::string& source
   m.embedding.weight_work = {per_token(h * b16, Split::kNone, ActivationTerm::When::kAboveTp1)};
 
   const TpPlacement column = TpPlacement::split(0), row = TpPlacement::split(1);
-  m.block.tensors = {tensor("attention_norm.weight", {h}, {}, true),
-                     tensor("attention.wq.weight", {q, h}, column),
-                     tensor("attention.wk.weight", {k, h}, column),
-                     tensor("attention.wv.weight", {k, h}, column),
-                     tensor("attention.wo.weight", {h, q}, row),
-                     tensor("ffn_norm.weight", {h}, {}, true),
-                     tensor("feed_forward.w1.weight", {f, h}, column),
-                     tensor("feed_forward.w3.weight", {f, h}, column),
-                     tensor("feed_forward.w2.weight", {h, f}, row)};
+  // A projection's weight and, where the config gives it one, its bias (no weight decay): split with
+  // a column-parallel layer's outputs, whole beside a row-parallel one (added after its all-reduce,
+  // so under sequence parallelism its gradient is a partial sum, as a norm's).
+  std::vector<DescribedTensor>& block = m.block.tensors;
+  auto projection = [&](const std::string& name, int64_t out, int64_t in, bool split_rows, bool bias) {
+    block.push_back(tensor(name + ".weight", {out, in}, split_rows ? row : column));
+    if (bias) block.push_back(tensor(name + ".bias", {out}, split_rows ? TpPlacement() : column, true));
+  };
+  block.push_back(tensor("attention_norm.weight", {h}, {}, true));
+  projection("attention.wq", q, h, false, qkv_bias);
+  projection("attention.wk", k, h, false, qkv_bias);
+  projection("attention.wv", k, h, false, qkv_bias);
+  projection("attention.wo", h, q, true, out_bias);
+  block.push_back(tensor("ffn_norm.weight", {h}, {}, true));
+  projection("feed_forward.w1", f, h, false, mlp_bias);
+  projection("feed_forward.w3", f, h, false, mlp_bias);
+  projection("feed_forward.w2", h, f, true, mlp_bias);
   const double linear = 2.0 * static_cast<double>(2 * q * h + 2 * k * h + 3 * h * f);
   const double attention = 4.0 * T * static_cast<double>(q);
   m.block.forward = linear + attention;

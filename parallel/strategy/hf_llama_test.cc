@@ -76,9 +76,44 @@ TEST_CASE("a tied config ties the output layer; what is not LLaMA's shape is ref
   CHECK(error_of(with(R"("hidden_size": 4096, )", "")) == "config.json: missing field hidden_size");
   CHECK(error_of(with(R"("num_key_value_heads": 32)", R"("num_key_value_heads": 5)")) ==
         "config.json: num_key_value_heads 5 does not divide num_attention_heads 32");
-  CHECK(error_of(with(R"("use_cache": true)", R"("attention_bias": true)")) ==
-        "config.json: attention_bias is true: projections with biases are not described here");
   CHECK(error_of(with(R"("vocab_size": 32000)", R"("vocab_size": "32000")")).find("vocab_size") != std::string::npos);
+}
+
+TEST_CASE("Qwen2's q, k and v biases, and LLaMA's attention_bias and mlp_bias, are tensors of their own") {
+  // Qwen/Qwen2-7B's config.json: 7,615,616,512 parameters, as its model card gives (7.62 B).
+  const ModelDescription qwen = describe_llama(
+      R"({"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+          "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02,
+          "intermediate_size": 18944, "max_position_embeddings": 131072, "max_window_layers": 28,
+          "model_type": "qwen2", "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4,
+          "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": false,
+          "torch_dtype": "bfloat16", "transformers_version": "4.37.2", "use_cache": true,
+          "use_sliding_window": false, "vocab_size": 152064})",
+      "config.json", 4096);
+  CHECK(fields(qwen) == fields(load_model_description("examples/models/qwen2_7b.json")));
+  const DescribedModel q(qwen, DType::kBFloat16);
+  CHECK(q.stage({}, 0, 1, Cluster{}).engine->numel() == 7615616512ull);
+  // Split with their projections' outputs: tp 4 holds a quarter of each (q 3584, k and v 512 wide).
+  const auto at_tp4 = q.stage({.tp = 4}, 0, 4, Cluster{}).engine;
+  uint64_t biases = 0;
+  for (const plan::TensorSpec& t : at_tp4->tensors) {
+    if (t.name.find(".bias") != std::string::npos) {
+      CHECK(t.group == 1);  // no weight decay
+      biases += static_cast<uint64_t>(t.shape.at(0));
+    }
+  }
+  CHECK(biases == 28 * (3584 + 2 * 512) / 4);
+  // LLaMA's flags: four attention biases (the output's whole beside its row-parallel weight), three MLP ones.
+  const ModelDescription biased =
+      describe_llama(with(R"("use_cache": true)", R"("attention_bias": true, "mlp_bias": true)"), "config.json");
+  CHECK(DescribedModel(biased, DType::kBFloat16).stage({}, 0, 1, Cluster{}).engine->numel() ==
+        6738415616ull + 32ull * (4 * 4096 + 2 * 11008 + 4096));
+  const auto biased_tp2 = DescribedModel(biased, DType::kBFloat16).stage({.tp = 2}, 0, 2, Cluster{}).engine;
+  for (const plan::TensorSpec& t : biased_tp2->tensors) {
+    if (t.name == "blocks.0.attention.wo.bias") CHECK(t.shape.at(0) == 4096);
+    if (t.name == "blocks.0.feed_forward.w1.bias") CHECK(t.shape.at(0) == 11008 / 2);
+  }
+  CHECK(error_of(with(R"("use_cache": true)", R"("mlp_bias": "yes")")).find("mlp_bias") != std::string::npos);
 }
 
 }  // namespace
