@@ -186,7 +186,9 @@ int run(int argc, char** argv) {
   comm::ProcessGroup pg = comm::init_process_group();
   comm::Communicator& comm = *pg.host;
   if (comm.size() % (tp * pp) != 0) {
-    ZERO_THROW(InvalidArgument, "--tp {} x --pp {} does not divide the {} ranks", tp, pp, comm.size());
+    ZERO_THROW(InvalidArgument, "--tp {} x --pp {} does not divide the {} ranks{}", tp, pp, comm.size(),
+               layout.tp || layout.pp ? " (parallel.tp and parallel.pp of " + config.config->source + " unless given)"
+                                      : "");
   }
   if (layout.dp && *layout.dp * tp * pp != comm.size()) {
     ZERO_THROW(InvalidArgument, "parallel.dp {} x tp {} x pp {} of {} is {} ranks, but {} were launched", *layout.dp, tp,
