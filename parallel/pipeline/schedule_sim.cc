@@ -144,6 +144,10 @@ SimResult simulate_shared(const Schedule& s, const ActionCosts& costs, double co
 
 SimResult simulate(const Schedule& s, const ActionCosts& costs, double cores) {
   check_schedule(s);
+  return simulate_checked(s, costs, cores);
+}
+
+SimResult simulate_checked(const Schedule& s, const ActionCosts& costs, double cores) {
   for (const auto* v : {&costs.forward, &costs.backward, &costs.weight}) {
     if (v->size() != 1 && v->size() != static_cast<size_t>(s.virtual_stages())) {
       ZERO_THROW(InvalidArgument, "pipeline simulation: {} costs given for {} virtual stages (give 1 or {})", v->size(),

@@ -42,5 +42,9 @@ struct SimResult {
 // cores the ranks share (may be fractional: a pipeline among others on the same cores); 0, or at
 // least one per rank: each rank has its own.
 SimResult simulate(const Schedule& schedule, const ActionCosts& costs, double cores = 0);
+// The same for a schedule that already passed check_schedule, which is not run again: for a caller
+// that simulates one schedule under many costs (the strategy planner, where checking every time
+// took a third of a search). The costs are still checked.
+SimResult simulate_checked(const Schedule& checked_schedule, const ActionCosts& costs, double cores = 0);
 
 }  // namespace zero::parallel

@@ -148,6 +148,13 @@ TEST_CASE("shared cores: one core runs all the work end to end; a rank in its bu
         }
         // As many cores as ranks: each has its own.
         CHECK(simulate(s, c, p).step_time == alone.step_time);
+        // The planner's path for a schedule it checked once: the same result, shared cores or not.
+        for (double cores : {0.0, 1.5}) {
+          const SimResult checked = simulate_checked(s, c, cores), full = simulate(s, c, cores);
+          CHECK(checked.step_time == full.step_time);
+          CHECK(checked.busy == full.busy);
+          CHECK(checked.peak_in_flight == full.peak_in_flight);
+        }
       }
     }
   }
@@ -155,6 +162,7 @@ TEST_CASE("shared cores: one core runs all the work end to end; a rank in its bu
   const SimResult chain = simulate(gpipe(4, 1), unit(), 1.0);
   CHECK(chain.step_time == doctest::Approx(simulate(gpipe(4, 1), unit()).step_time));
   CHECK_THROWS_WITH_AS(simulate(gpipe(2, 2), unit(), -1.0), doctest::Contains("-1 cores"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(simulate_checked(gpipe(2, 2), unit(), -1.0), doctest::Contains("-1 cores"), InvalidArgument);
 }
 
 TEST_CASE("bad parameters are refused naming them") {

@@ -6,13 +6,16 @@
 #include <cmath>
 #include <map>
 #include <queue>
+#include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "base/check.h"
 #include "base/error.h"
 #include "memory/tracker.h"
+#include "parallel/pipeline/pipeline_check.h"
 #include "parallel/pipeline/schedule_sim.h"
 #include "parallel/pipeline/schedules.h"
 #include "zero/plan/engine_plan.h"
@@ -126,10 +129,23 @@ std::vector<int> divisors(int n) {
 // and micro-batches determine).
 using PlanCache = std::map<std::string, plan::EnginePlan>;
 
-parallel::Schedule schedule_of(const Layout& l) {
-  // pp 1: one micro-batch at a time.
-  return parallel::make_schedule(l.pp > 1 ? l.schedule : "1f1b", l.pp, l.micro_batches, l.chunks);
-}
+// The layouts' schedules, each kind checked (check_schedule) the first time it is made: a search
+// simulates one schedule under the costs of thousands of layouts, and checking it every time took a
+// third of the search. Only which kinds were checked is kept (at many ranks and micro-batches the
+// action lists themselves would be gigabytes).
+class Schedules {
+ public:
+  parallel::Schedule of(const Layout& l) {
+    // pp 1: one micro-batch at a time.
+    const std::string name = l.pp > 1 ? l.schedule : "1f1b";
+    parallel::Schedule s = parallel::make_schedule(name, l.pp, l.micro_batches, l.chunks);
+    if (checked_.insert({name, l.pp, l.micro_batches, l.chunks}).second) parallel::check_schedule(s);
+    return s;
+  }
+
+ private:
+  std::set<std::tuple<std::string, int, int, int>> checked_;
+};
 
 std::vector<StageCosts> stage_costs(const ModelCosts& model, const Layout& l, const Cluster& cluster,
                                     const PlanSettings& settings) {
@@ -300,7 +316,7 @@ PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stage
         if (parallel::is_receive(a.op)) out.receives[r] += 1;
       }
     }
-    const parallel::SimResult sim = parallel::simulate(schedule, costs, pipeline_cores);
+    const parallel::SimResult sim = parallel::simulate_checked(schedule, costs, pipeline_cores);
     const size_t busiest = static_cast<size_t>(std::max_element(sim.busy.begin(), sim.busy.end()) - sim.busy.begin());
     out.time.compute = sim.busy[busiest];
     out.time.bubble = sim.step_time - sim.busy[busiest];
@@ -391,7 +407,7 @@ Prediction predict(const ModelCosts& model, const Layout& l, const Cluster& clus
   if (!out.unsupported.empty()) return out;
   PlanCache cache;
   const std::vector<StageCosts> stages = stage_costs(model, l, cluster, settings);
-  const parallel::Schedule schedule = schedule_of(l);
+  const parallel::Schedule schedule = Schedules().of(l);
   return predict_stages(l, stages, schedule, pipeline_time(l, stages, schedule, cluster), model, cluster, settings, cache);
 }
 
@@ -447,6 +463,7 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
     PipelineTime pipe;
   };
   std::vector<Candidate> candidates, too_large;
+  Schedules schedules;
   const uint64_t device = static_cast<uint64_t>(cluster.device_memory);
   for (const Layout& l : layouts) {
     if (!model.unsupported(l, settings.global_batch).empty()) {
@@ -454,13 +471,13 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
       continue;
     }
     Candidate c{l, stage_costs(model, l, cluster, settings), {}, {}};
-    const parallel::Schedule schedule = schedule_of(l);
+    const parallel::Schedule schedule = schedules.of(l);
     c.floor = memory_floor(l, c.stages, schedule);
     c.pipe = pipeline_time(l, c.stages, schedule, cluster);
     (c.floor.device <= device ? candidates : too_large).push_back(std::move(c));
   }
   auto plan = [&](const Candidate& c) {
-    return predict_stages(c.layout, c.stages, schedule_of(c.layout), c.pipe, model, cluster, settings, cache);
+    return predict_stages(c.layout, c.stages, schedules.of(c.layout), c.pipe, model, cluster, settings, cache);
   };
   // Plan the candidates in the order of their time floors; once `exact` fit, a floor above the
   // slowest of them cannot rank among them, nor can any after it.
