@@ -26,6 +26,15 @@ class AddressSpace {
   // `bytes` of address space that reads as zeros (the kernel's shared zero page: no memory) and
   // faults when written.
   void* reserve(size_t bytes) {
+    {
+      std::lock_guard lock(mu_);
+      const auto it = pooled_.find(bytes);
+      if (it != pooled_.end()) {
+        void* p = reinterpret_cast<void*>(it->second);
+        pooled_.erase(it);
+        return p;
+      }
+    }
     void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
       ZERO_THROW(AllocationError, "meta device: cannot reserve {} bytes of address space: {}", bytes,
@@ -35,16 +44,13 @@ class AddressSpace {
     ranges_[reinterpret_cast<uintptr_t>(p)] = bytes;
     return p;
   }
+  // The range stays reserved for the next reserve() of its size: an engine takes and gives back the
+  // same buffers many times in a plan, and a map and an unmap each time were a third of a strategy
+  // search. It still reads as zeros (it was never writable); the device unmaps it at the end.
   void release(void* p) {
-    size_t bytes = 0;
-    {
-      std::lock_guard lock(mu_);
-      auto it = ranges_.find(reinterpret_cast<uintptr_t>(p));
-      if (it == ranges_.end()) return;
-      bytes = it->second;
-      ranges_.erase(it);
-    }
-    ::munmap(p, bytes);
+    std::lock_guard lock(mu_);
+    const auto it = ranges_.find(reinterpret_cast<uintptr_t>(p));
+    if (it != ranges_.end()) pooled_.emplace(it->second, it->first);
   }
   bool overlaps(const void* p, size_t bytes) const {
     if (bytes == 0) return false;
@@ -62,7 +68,8 @@ class AddressSpace {
 
  private:
   mutable std::mutex mu_;
-  std::map<uintptr_t, size_t> ranges_;
+  std::map<uintptr_t, size_t> ranges_;         // every range mapped: start, bytes
+  std::multimap<size_t, uintptr_t> pooled_;    // those released: bytes, start
 };
 
 // A buffer of the meta device: real and zeroed when small, address space otherwise; accounted in

@@ -33,6 +33,28 @@ TEST_CASE("64 GiB are accounted without being backed, and operations on them are
   CHECK(tracker.usage(Category::kOptimizerState).peak == tb);
 }
 
+TEST_CASE("a released large buffer's address space serves the next of its size, accounted anew") {
+  MemoryTracker tracker;
+  auto meta = make_meta_device(tracker);
+  const size_t big = size_t{64} << 20;
+  const void* first = nullptr;
+  {
+    Buffer a = meta->allocate(big, Category::kGrads);
+    first = a.data();
+  }
+  CHECK(tracker.current_total() == 0);
+  CHECK_FALSE(meta->addressable(first, 1));  // still the device's unbacked space, not real memory
+  Buffer b = meta->allocate(big, Category::kCommBuffer);
+  CHECK(b.data() == first);  // reused, not mapped again
+  CHECK(tracker.usage(Category::kCommBuffer, Location::host()).current == big);
+  CHECK(static_cast<const char*>(b.data())[big - 1] == 0);
+  Buffer c = meta->allocate(big, Category::kCommBuffer);  // the pooled range is taken: a new one
+  CHECK(c.data() != b.data());
+  Buffer d = meta->allocate(2 * big, Category::kCommBuffer);  // another size: a new one
+  CHECK(d.data() != first);
+  CHECK_FALSE(meta->addressable(d.data(), 2 * big));
+}
+
 TEST_CASE("small buffers are real: copies and kernels run on them") {
   MemoryTracker tracker;
   auto meta = make_meta_device(tracker);
