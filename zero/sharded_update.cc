@@ -1,6 +1,7 @@
 #include "zero/sharded_update.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 
 #include "base/check.h"
@@ -42,6 +43,17 @@ ShardedUpdate::ShardedUpdate(const UpdateConfig& config, const ShardLayout& layo
     units = *host.as<int64_t>();
   }
   units_ = static_cast<size_t>(units);
+  const std::vector<bool>& counted = config_.counted;
+  const std::vector<int>& unit = config_.block_unit;
+  for (size_t k = 0; k < std::max(counted.size(), unit.size()); ++k) {
+    const BlockRun r{k + 1, k < unit.size() ? unit[k] : 0, counted.empty() || (k < counted.size() && counted[k])};
+    if (!runs_.empty() && runs_.back().unit == r.unit && runs_.back().counted == r.counted) {
+      runs_.back().end = r.end;
+    } else {
+      runs_.push_back(r);
+    }
+  }
+  runs_.push_back({SIZE_MAX, 0, counted.empty()});  // past both lists: unit 0, counted when all are
   mp_total_ = device_.allocate_elements(static_cast<int64_t>(units_), DType::kFloat64, cat);
   mp_host_ = device_.allocate_host_staging(units_ * sizeof(double), cat);
 }
@@ -89,8 +101,6 @@ double ShardedUpdate::global_sum_of_squares(const GradReducer& grads) {
   // order); under tensor parallelism only the blocks this rank counts.
   const double* sums = host_sums_.as<double>();
   const size_t world = gather ? static_cast<size_t>(comm_.size()) : 1;
-  const std::vector<bool>& counted = config_.counted;
-  const std::vector<int>& unit = config_.block_unit;
   double* per_unit = mp_host_.as<double>();
   std::fill(per_unit, per_unit + units_, 0.0);
   size_t base = 0;
@@ -98,10 +108,19 @@ double ShardedUpdate::global_sum_of_squares(const GradReducer& grads) {
     const size_t blocks = ownership_.range(b).len / block;
     for (size_t q = 0; q < world; ++q) {
       const double* x = sums + q * owned_blocks_ + base;
-      const size_t flat = gather ? layout_.chunk_begin(b, static_cast<int>(q)) : ownership_.range(b).flat_begin;
-      for (size_t j = 0; j < blocks; ++j) {
-        const size_t k = flat / block + j;
-        if (counted.empty() || counted[k]) per_unit[unit.empty() || k >= unit.size() ? 0 : unit[k]] += x[j];
+      const size_t first = (gather ? layout_.chunk_begin(b, static_cast<int>(q)) : ownership_.range(b).flat_begin) / block;
+      // Block by block in flat order into its unit's sum, a run at a time (the same additions in the
+      // same order as one block at a time: the same bits).
+      auto run = std::upper_bound(runs_.begin(), runs_.end(), first,
+                                  [](size_t k, const BlockRun& r) { return k < r.end; });
+      for (size_t j = 0; j < blocks; ++run) {
+        const size_t stop = std::min(blocks, run->end - first);
+        if (run->counted) {
+          double sum = per_unit[run->unit];
+          for (; j < stop; ++j) sum += x[j];
+          per_unit[run->unit] = sum;
+        }
+        j = stop;
       }
     }
     base += blocks;

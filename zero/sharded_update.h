@@ -84,6 +84,14 @@ class ShardedUpdate {
   std::unique_ptr<CollectiveOrder> mp_order_;             // with tensor or pipeline parallelism
   memory::Buffer mp_total_, mp_host_;                     // the per-unit sums of squares, added over mp
   size_t units_ = 1;                                      // unit ids below this, on every mp rank
+  // The flat space's blocks in runs of one unit and one `counted` state, in order, the last open-
+  // ended: the step's host sum adds a run's blocks in a register instead of looking each block up.
+  struct BlockRun {
+    size_t end = 0;  // one past the run's last block (it starts where the previous one ends)
+    int unit = 0;
+    bool counted = true;
+  };
+  std::vector<BlockRun> runs_;
 };
 
 }  // namespace zero
