@@ -47,9 +47,9 @@ ModelDescription describe_llama(std::string_view text, const std::string& source
   if (!root.is_object()) fail(ctx, "a HuggingFace config is a JSON object");
   ObjectReader r(root, "", ctx);
   const std::string type = config_internal::read_string(require(r, "model_type"), "model_type", ctx, "a string");
-  if (type != "llama" && type != "mistral" && type != "qwen2") {
-    fail(ctx, fmt::format("model_type \"{}\": only LLaMA-family configs (llama, mistral, qwen2) are described; "
-                          "write a model description for others (parallel/strategy/described_model.h)",
+  if (type != "llama" && type != "mistral" && type != "qwen2" && type != "gemma") {
+    fail(ctx, fmt::format("model_type \"{}\": only LLaMA-family configs (llama, mistral, qwen2, gemma) are "
+                          "described; write a model description for others (parallel/strategy/described_model.h)",
                           type));
   }
   const int64_t h = positive_int(r, "hidden_size"), f = positive_int(r, "intermediate_size");
@@ -61,8 +61,10 @@ ModelDescription describe_llama(std::string_view text, const std::string& source
     fail(ctx, fmt::format("num_attention_heads {} does not divide hidden_size {}", heads, h));
   }
   const int64_t d = given(r, "head_dim") ? positive_int(r, "head_dim") : h / heads;
+  // Gemma ties its output layer to the embedding unless told otherwise (its config usually leaves the
+  // key out); the others do not.
   const json* tie = given(r, "tie_word_embeddings");
-  const bool tied = tie != nullptr && config_internal::read_bool(*tie, "tie_word_embeddings", ctx);
+  const bool tied = tie != nullptr ? config_internal::read_bool(*tie, "tie_word_embeddings", ctx) : type == "gemma";
   auto flag = [&](const char* key) { return given(r, key) && config_internal::read_bool(*given(r, key), key, ctx); };
   // Qwen2's q, k and v projections always have biases (its config has no key for them); LLaMA's
   // attention_bias puts them on all four, mlp_bias on the MLP's three.

@@ -1,6 +1,6 @@
 #pragma once
-// A LLaMA-family model (LLaMA, Mistral, Qwen2: RMSNorm, SwiGLU, rotary positions, grouped-query
-// attention where num_key_value_heads < num_attention_heads) described for the planner from its HuggingFace
+// A LLaMA-family model (LLaMA, Mistral, Qwen2, Gemma: RMSNorm, a gated MLP, rotary positions,
+// grouped-query attention where num_key_value_heads < num_attention_heads) described for the planner from its HuggingFace
 // config.json, the file every such checkpoint ships beside its weights. The config gives the shapes;
 // the rest is how such a model is trained, the assumptions examples/models/llama2_7b.json states:
 // Megatron's tensor-parallel split (q, k, v and the MLP's gate and up projections column-parallel,
@@ -10,9 +10,9 @@
 // the MLP's three products; the head keeps fp32 logits. FLOPs: 2 per matrix element and token a pass,
 // attention's 4 T (heads x head_dim) forward and twice that backward.
 //
-// Read: model_type ("llama", "mistral" or "qwen2"), hidden_size, intermediate_size,
+// Read: model_type ("llama", "mistral", "qwen2" or "gemma"), hidden_size, intermediate_size,
 // num_attention_heads, num_hidden_layers, vocab_size; num_key_value_heads (default: the attention
-// heads), head_dim (default: hidden_size / heads), tie_word_embeddings (default false),
+// heads), head_dim (default: hidden_size / heads), tie_word_embeddings (default false; Gemma's true),
 // max_position_embeddings (the sequence length when none is given), attention_bias (biases on q, k,
 // v and the output projection; Qwen2 has them on q, k and v always) and mlp_bias (on the MLP's three).
 // A bias is a tensor without weight decay, split as its projection's outputs; its FLOPs and

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <vector>
 
 #include "base/error.h"
 
@@ -77,6 +78,24 @@ TEST_CASE("a tied config ties the output layer; what is not LLaMA's shape is ref
   CHECK(error_of(with(R"("num_key_value_heads": 32)", R"("num_key_value_heads": 5)")) ==
         "config.json: num_key_value_heads 5 does not divide num_attention_heads 32");
   CHECK(error_of(with(R"("vocab_size": 32000)", R"("vocab_size": "32000")")).find("vocab_size") != std::string::npos);
+}
+
+TEST_CASE("Gemma 7B: 8.54 billion parameters, its output tied by default, heads wider than hidden / heads") {
+  // google/gemma-7b's config.json (it leaves tie_word_embeddings out: Gemma ties by default).
+  const std::string gemma = R"({"architectures": ["GemmaForCausalLM"], "attention_bias": false,
+    "attention_dropout": 0.0, "bos_token_id": 2, "eos_token_id": 1, "head_dim": 256, "hidden_act": "gelu",
+    "hidden_size": 3072, "initializer_range": 0.02, "intermediate_size": 24576, "max_position_embeddings": 8192,
+    "model_type": "gemma", "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 16,
+    "pad_token_id": 0, "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 10000.0,
+    "torch_dtype": "bfloat16", "transformers_version": "4.38.0.dev0", "use_cache": true, "vocab_size": 256000})";
+  const ModelDescription m = describe_llama(gemma, "config.json", 4096);
+  CHECK(m.head.tensors.back().tied_to == "tok_embeddings.weight");
+  CHECK(m.block.tensors[1].shape == std::vector<int64_t>{16 * 256, 3072});  // q: 4096 wide from 3072
+  CHECK(DescribedModel(m, DType::kBFloat16).stage({}, 0, 1, Cluster{}).engine->numel() == 8537680896ull);
+  // Told otherwise, it is untied.
+  std::string untied = gemma;
+  untied.replace(untied.find(R"("use_cache": true)"), 17, R"("tie_word_embeddings": false)");
+  CHECK(describe_llama(untied, "config.json", 4096).head.tensors.back().tied_to.empty());
 }
 
 TEST_CASE("Qwen2's q, k and v biases, and LLaMA's attention_bias and mlp_bias, are tensors of their own") {
