@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cmath>
+#include <utility>
 
 #include "base/check.h"
 #include "base/fault_injection.h"
@@ -10,12 +11,12 @@
 #include "optim/grad_utils.h"
 
 namespace zero {
-ShardedUpdate::ShardedUpdate(const UpdateConfig& config, const ShardLayout& layout, const ShardOwnership& ownership,
+ShardedUpdate::ShardedUpdate(UpdateConfig config, const ShardLayout& layout, const ShardOwnership& ownership,
                              comm::Communicator& shard_comm, memory::Device& device,
                              std::unique_ptr<UpdateApplier> applier, ParamWriteback& writeback,
                              std::unique_ptr<PartialGradSum> partial_sum)
-    : config_(config), layout_(layout), ownership_(ownership), comm_(shard_comm), device_(device),
-      writeback_(writeback), order_(device, shard_comm, config.timeout), applier_(std::move(applier)),
+    : config_(std::move(config)), layout_(layout), ownership_(ownership), comm_(shard_comm), device_(device),
+      writeback_(writeback), order_(device, shard_comm, config_.timeout), applier_(std::move(applier)),
       sums_ready_(device.create_event()), partial_sum_(std::move(partial_sum)) {
   const size_t block = layout_.options().block;
   for (size_t b = 0; b < layout_.buckets().size(); ++b) owned_blocks_ += ownership_.range(b).len / block;
@@ -26,23 +27,7 @@ ShardedUpdate::ShardedUpdate(const UpdateConfig& config, const ShardLayout& layo
     gathered_sums_ = device_.allocate_elements(static_cast<int64_t>(owned_blocks_ * world), DType::kFloat64, cat);
   }
   host_sums_ = device_.allocate_host_staging(owned_blocks_ * world * sizeof(double), cat);
-  int64_t units = 1;
-  for (int u : config_.block_unit) units = std::max<int64_t>(units, int64_t{u} + 1);
-  if (config_.model_parallel != nullptr && config_.model_parallel->size() > 1) {
-    mp_order_ = std::make_unique<CollectiveOrder>(device, *config_.model_parallel, config.timeout);
-    // Every rank's per-unit vector has the same length: the largest unit id over the group.
-    memory::Buffer n = device_.allocate_elements(1, DType::kInt64, cat);
-    memory::Buffer host = device_.allocate_host_staging(sizeof(int64_t), cat);
-    memory::Stream& compute = device_.compute_stream();
-    *host.as<int64_t>() = units;
-    device_.copy(n.data(), host.data(), sizeof(int64_t), compute);
-    mp_order_->before_issue(compute);
-    mp_order_->after(*config_.model_parallel->all_reduce(n.data(), 1, DType::kInt64, comm::ReduceOp::kMax), compute);
-    device_.copy(host.data(), n.data(), sizeof(int64_t), compute);
-    device_.synchronize(compute, config.timeout);
-    units = *host.as<int64_t>();
-  }
-  units_ = static_cast<size_t>(units);
+  // The per-block lists as runs, then released: nothing else reads them.
   const std::vector<bool>& counted = config_.counted;
   const std::vector<int>& unit = config_.block_unit;
   for (size_t k = 0; k < std::max(counted.size(), unit.size()); ++k) {
@@ -54,6 +39,25 @@ ShardedUpdate::ShardedUpdate(const UpdateConfig& config, const ShardLayout& layo
     }
   }
   runs_.push_back({SIZE_MAX, 0, counted.empty()});  // past both lists: unit 0, counted when all are
+  config_.counted = {};
+  config_.block_unit = {};
+  int64_t units = 1;
+  for (const BlockRun& r : runs_) units = std::max<int64_t>(units, int64_t{r.unit} + 1);
+  if (config_.model_parallel != nullptr && config_.model_parallel->size() > 1) {
+    mp_order_ = std::make_unique<CollectiveOrder>(device, *config_.model_parallel, config_.timeout);
+    // Every rank's per-unit vector has the same length: the largest unit id over the group.
+    memory::Buffer n = device_.allocate_elements(1, DType::kInt64, cat);
+    memory::Buffer host = device_.allocate_host_staging(sizeof(int64_t), cat);
+    memory::Stream& compute = device_.compute_stream();
+    *host.as<int64_t>() = units;
+    device_.copy(n.data(), host.data(), sizeof(int64_t), compute);
+    mp_order_->before_issue(compute);
+    mp_order_->after(*config_.model_parallel->all_reduce(n.data(), 1, DType::kInt64, comm::ReduceOp::kMax), compute);
+    device_.copy(host.data(), n.data(), sizeof(int64_t), compute);
+    device_.synchronize(compute, config_.timeout);
+    units = *host.as<int64_t>();
+  }
+  units_ = static_cast<size_t>(units);
   mp_total_ = device_.allocate_elements(static_cast<int64_t>(units_), DType::kFloat64, cat);
   mp_host_ = device_.allocate_host_staging(units_ * sizeof(double), cat);
 }

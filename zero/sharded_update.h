@@ -49,8 +49,9 @@ struct UpdateConfig {
 
 class ShardedUpdate {
  public:
-  // `partial_sum`: the tp sums to complete before the norm (null: none, as without tp).
-  ShardedUpdate(const UpdateConfig& config, const ShardLayout& layout, const ShardOwnership& ownership,
+  // `partial_sum`: the tp sums to complete before the norm (null: none, as without tp). `config`'s
+  // per-block lists are turned into runs_ and not kept (pass it moved: they are a value per block).
+  ShardedUpdate(UpdateConfig config, const ShardLayout& layout, const ShardOwnership& ownership,
                 comm::Communicator& shard_comm, memory::Device& device, std::unique_ptr<UpdateApplier> applier,
                 ParamWriteback& writeback, std::unique_ptr<PartialGradSum> partial_sum = nullptr);
 
@@ -67,7 +68,7 @@ class ShardedUpdate {
   double global_sum_of_squares(const GradReducer& grads);
   double add_over_model_parallel();
 
-  UpdateConfig config_;
+  UpdateConfig config_;  // without its per-block lists (runs_ holds them)
   const ShardLayout& layout_;
   const ShardOwnership& ownership_;
   comm::Communicator& comm_;

@@ -264,7 +264,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
       if (!counted) uc.counted[k] = false;
     }
   }
-  parts.update = std::make_unique<ShardedUpdate>(uc, layout, *parts.ownership, *in.shard, device, std::move(applier),
+  parts.update = std::make_unique<ShardedUpdate>(std::move(uc), layout, *parts.ownership, *in.shard, device, std::move(applier),
                                                  *parts.writeback, std::move(partial_sum));
   const ShardOptimizer& opt = parts.update->optimizer();
   parts.formula.state_bytes = opt.state_names().size() * dtype_size(opt.state_dtype());
