@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <initializer_list>
 #include <optional>
+#include <utility>
 
 #include "base/check.h"
 #include "optim/loss_scaler.h"
@@ -54,16 +56,18 @@ void validate_config(const EngineConfig& c, const Context& ctx, const Origins& o
     if (c.model_dtype && *c.model_dtype != DType::kFloat32 && !is_float16_family(*c.model_dtype)) {
       ZERO_THROW(InvalidArgument, "model_dtype must be fp32, fp16 or bf16, got {}", dtype_name(*c.model_dtype));
     }
-    for (const auto& [name, value] :
-         {std::pair{"micro_batch_size", c.loop.micro_batch_size},
-          std::pair{"global_batch_size", c.loop.global_batch_size}, std::pair{"log_every", c.loop.log_every}}) {
-      if (value && *value < 1) ZERO_THROW(InvalidArgument, "loop.{} must be >= 1, got {}", name, *value);
-    }
+    // The program's counts: each at least 1 when given.
+    using Count = std::pair<const char*, std::optional<int>>;
+    auto at_least_one = [](const char* section, std::initializer_list<Count> counts) {
+      for (const auto& [name, value] : counts) {
+        if (value && *value < 1) ZERO_THROW(InvalidArgument, "{}.{} must be >= 1, got {}", section, name, *value);
+      }
+    };
+    at_least_one("loop", {{"micro_batch_size", c.loop.micro_batch_size},
+                          {"global_batch_size", c.loop.global_batch_size},
+                          {"log_every", c.loop.log_every}});
     const ParallelConfig& p = c.parallel;
-    for (const auto& [name, value] :
-         {std::pair{"dp", p.dp}, std::pair{"tp", p.tp}, std::pair{"pp", p.pp}, std::pair{"chunks", p.chunks}}) {
-      if (value && *value < 1) ZERO_THROW(InvalidArgument, "parallel.{} must be >= 1, got {}", name, *value);
-    }
+    at_least_one("parallel", {{"dp", p.dp}, {"tp", p.tp}, {"pp", p.pp}, {"chunks", p.chunks}});
     if (p.sequence_parallel.value_or(false) && p.tp.value_or(1) == 1) {
       ZERO_THROW(InvalidArgument, "parallel.sequence_parallel needs parallel.tp above 1 (it splits the sequence over "
                                   "the tp ranks)");
