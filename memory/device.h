@@ -57,6 +57,9 @@ class Device {
   virtual Location location() const = 0;  // where allocate()'s bytes are accounted ("host", "cuda:0")
   virtual std::string name() const = 0;
   virtual MemoryTracker& tracker() = 0;
+  // Whether buffers hold the values written to them (false on the planning device, where large
+  // ones are unbacked and no work is done): checks of values have nothing to read there.
+  virtual bool holds_values() const { return true; }
 
   // Zero-filled memory of this device, accounted under `category`. Throws AllocationError naming the
   // size, the category and the device (never returns an empty buffer for bytes > 0).

@@ -121,6 +121,7 @@ class MetaDeviceImpl final : public MetaDevice {
       : tracker_(tracker), location_(location), space_(std::make_shared<AddressSpace>()) {}
 
   DeviceKind kind() const override { return location_.kind; }
+  bool holds_values() const override { return false; }
   Location location() const override { return location_; }
   std::string name() const override { return std::string(kDeviceName) + " (" + location_.name() + ")"; }
   MemoryTracker& tracker() override { return tracker_; }

@@ -169,21 +169,17 @@ int run(int argc, char** argv) {
   } else {
     opt.gradient_accumulation_steps = micro;
   }
-  Engine engine(EngineComms{.shard = &comm,
-                            .tp = tp > 1 ? &mesh.tp() : nullptr,
-                            .model_parallel = tp * pp > 1 ? &mesh.model_parallel() : nullptr,
-                            .tied = pp > 1 ? mesh.embedding() : nullptr},
-                opt);
+  Engine engine(mesh, opt);
   std::unique_ptr<examples::GptScopes> scopes;
   std::unique_ptr<examples::GptPipeline> pipe;
   if (pp > 1) {
     pipe = std::make_unique<examples::GptPipeline>(
-        full_model, parallel, mesh.pp(),
+        full_model, parallel, mesh,
         parallel::make_schedule(pp_schedule, pp, micro_batches, chunks, full_model.config().n_layer), pp_layers, engine);
   } else {
     scopes = std::make_unique<examples::GptScopes>(engine, model);
   }
-  engine.finalize();
+  pipe ? pipe->finalize() : engine.finalize();
   // Every (model, its engine ids) this rank holds: the whole tp part, or its pipeline chunks.
   std::vector<std::pair<examples::Gpt*, const std::vector<int>*>> held;
   if (pipe) {

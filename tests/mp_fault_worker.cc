@@ -46,22 +46,18 @@ int train(comm::Communicator& world, int tp, int pp, int stage, int steps, std::
   opt.layout = {.alignment = 4, .bucket_numel = 1024, .block = 16};
   opt.timeout = timeout;
   if (pp > 1) opt.micro_batches = kMicroBatches;
-  Engine engine(EngineComms{.shard = &mesh.dp(),
-                            .tp = parallel.tp,
-                            .model_parallel = &mesh.model_parallel(),
-                            .tied = pp > 1 ? mesh.embedding() : nullptr},
-                opt);
+  Engine engine(mesh, opt);
   std::optional<examples::Gpt> model;
   std::unique_ptr<examples::GptScopes> scopes;
   std::unique_ptr<examples::GptPipeline> pipe;
   if (pp > 1) {
-    pipe = std::make_unique<examples::GptPipeline>(whole, parallel, mesh.pp(),
+    pipe = std::make_unique<examples::GptPipeline>(whole, parallel, mesh,
                                                    parallel::one_f_one_b(pp, kMicroBatches), std::vector<int>{}, engine);
   } else {
     model.emplace(whole, parallel);
     scopes = std::make_unique<examples::GptScopes>(engine, *model);
   }
-  engine.finalize();
+  pipe ? pipe->finalize() : engine.finalize();
   if (!fault.empty() && world.rank() == fault_rank) fault::arm(fault::parse_plan(fault));
   std::vector<int> tokens(2 * 16), targets(2 * 16);
   for (int s = 0; s < steps; ++s) {

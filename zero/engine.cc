@@ -14,6 +14,7 @@
 #include "zero/collective_order.h"
 #include "zero/engine_impl.h"
 #include "zero/rank_agreement.h"
+#include "zero/tp_replica_check.h"
 
 namespace zero {
 
@@ -71,6 +72,7 @@ void Engine::Impl::complete_tied() {
 }
 
 Engine::Engine(comm::Communicator& comm, EngineOptions options) : Engine(EngineComms{&comm}, std::move(options)) {}
+Engine::Engine(const comm::Mesh& mesh, EngineOptions options) : Engine(EngineComms::from_mesh(mesh), std::move(options)) {}
 
 Engine::Engine(const EngineComms& comms, EngineOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
@@ -103,6 +105,15 @@ int Engine::add_param(const ParamSpec& spec) {
   return impl_->registry.add(spec);
 }
 
+void Engine::set_micro_batches(int micro_batches) {
+  Impl& m = *impl_;
+  if (m.finalized) ZERO_THROW(InvalidArgument, "set_micro_batches({}) after finalize()", micro_batches);
+  EngineOptions o = m.options;
+  o.micro_batches = micro_batches;
+  validate(o);
+  m.options.micro_batches = micro_batches;
+}
+
 void Engine::finalize() {
   Impl& m = *impl_;
   if (m.finalized) ZERO_THROW(InvalidArgument, "finalize() called twice");
@@ -110,14 +121,18 @@ void Engine::finalize() {
   // every rank instead of leaving the others waiting in a collective.
   const std::optional<ModelDtypes> dtypes = check_registration(m.options, m.registry);
   m.check_tied();
+  if (m.comms.tp == nullptr) {
+    if (std::string e = split_without_tp_group(m.registry); !e.empty()) m.registry.note_error(e);
+  }
   std::vector<AgreementEntry> fp;
   for (auto& [field, value] : fingerprint(m.options)) fp.push_back({field, value});
   // The mesh: every rank of every group must see the same group sizes.
   auto size_of = [](const comm::Communicator* c) { return std::to_string(c ? c->size() : 1); };
   fp.push_back({"tensor-parallel group size", size_of(m.comms.tp)});
   fp.push_back({"model-parallel group size", size_of(m.comms.model_parallel ? m.comms.model_parallel : m.comms.tp)});
+  // (A tp group of one rank, which split placements need even at tp 1, has no one to disagree with.)
   for (comm::Communicator* c : {m.comms.shard, m.comms.replica, m.comms.tp}) {
-    if (c == nullptr) continue;
+    if (c == nullptr || (c == m.comms.tp && c->size() == 1)) continue;
     m.registry.verify_across_ranks(*c, m.options.timeout, m.device);
     check_agreement(*c, {.what = "engine options", .verb = "has"}, fp, "", m.options.timeout, m.device);
   }
@@ -147,15 +162,16 @@ void Engine::finalize() {
   // Rank 0's initial values everywhere: within the shard group, then from replica 0 to the others.
   // The parameters were written on the compute stream.
   memory::Stream& compute = m.device->compute_stream();
-  for (comm::Communicator* c : {m.comms.shard, m.comms.replica, m.comms.tp}) {
+  for (comm::Communicator* c : {m.comms.shard, m.comms.replica}) {
     if (c == nullptr) continue;
     CollectiveOrder order(*m.device, *c, m.options.timeout);
     for (const ParamSpec& p : m.registry.params()) {
-      if (c == m.comms.tp && p.tp.is_split()) continue;  // each tp rank holds its own part
       order.before_issue(compute);
       order.after(*c->broadcast(p.data.ptr, p.data.numel, p.dtype, 0), compute);
     }
   }
+  // Across tp the replicated parameters are compared, not overwritten (zero/tp_replica_check.h).
+  if (m.comms.tp != nullptr) check_tp_replicas(*m.comms.tp, m.registry, *m.device, m.options.timeout);
   // Tied copies start as the tied group's rank 0's.
   for (const ParamSpec& p : m.registry.params()) {
     if (!p.tied) continue;
@@ -221,7 +237,7 @@ void Engine::finish_backward() {
   m.parts.reducer->begin_micro_step(m.syncs());
   m.complete_tied();
   m.parts.reducer->end_micro_step();
-  m.backward_passes.clear();
+  m.clear_passes();
   ++m.micro_steps;
 }
 
@@ -243,7 +259,7 @@ StepResult Engine::step() {
     r = m.parts.update->step(*m.parts.reducer, loss_scale(), divisor, m.scaler ? &*m.scaler : nullptr, m.steps_taken);
   } catch (...) {
     m.parts.reducer->clear();
-    m.backward_passes.clear();
+    m.clear_passes();
     m.micro_steps = 0;
     throw;
   }
@@ -272,7 +288,7 @@ void Engine::zero_grad() {
     m.parts.reducer->end_micro_step();
   }
   m.parts.reducer->clear();
-  m.backward_passes.clear();
+  m.clear_passes();
   m.micro_steps = 0;
 }
 
@@ -303,6 +319,7 @@ optim::Hyper& Engine::param_group(int group) {
 
 const ParamRegistry& Engine::registry() const { return impl_->registry; }
 const EngineOptions& Engine::options() const { return impl_->options; }
+const EngineComms& Engine::comms() const { return impl_->comms; }
 memory::Device& Engine::device() { return *impl_->device; }
 int64_t Engine::steps_taken() const { return impl_->steps_taken; }
 const StepTimings& Engine::step_timings() const { return impl_->last_timings; }

@@ -52,6 +52,8 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/hybrid_groups.h"
+#include "comm/mesh.h"
 #include "memory/device.h"
 #include "optim/optimizer.h"
 #include "zero/checkpoint/checkpoint_types.h"
@@ -194,6 +196,13 @@ struct EngineComms {
   // it at the end of each reducing micro-step, before their data-parallel reduction. Every rank of
   // it must register the same tied names and shapes.
   comm::Communicator* tied = nullptr;
+
+  // Every group derived from this rank's place in `mesh`, so that none can be left out: the
+  // data-parallel group (split by `hybrid`, built over mesh.dp(), into shard and replica groups for
+  // HSDP), tp, the norm group (model-parallel: tp x pp) and the tied group (the first and the last
+  // pipeline stage). The mesh (and `hybrid`, `device`) must outlive the engine.
+  static EngineComms from_mesh(const comm::Mesh& mesh, const comm::HybridGroups* hybrid = nullptr,
+                               memory::Device* device = nullptr);
 };
 
 class Engine {
@@ -202,12 +211,16 @@ class Engine {
   // collectives.
   Engine(comm::Communicator& comm, EngineOptions options);
   Engine(const EngineComms& comms, EngineOptions options);
+  // Engine(EngineComms::from_mesh(mesh), options).
+  Engine(const comm::Mesh& mesh, EngineOptions options);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
   // Registers a parameter (before finalize). Local problems are raised by finalize() on every rank.
   int add_param(const ParamSpec& spec);
+  // EngineOptions::micro_batches, before finalize(): what a pipeline sets from its schedule's m.
+  void set_micro_batches(int micro_batches);
   // Collective: checks that all ranks registered the same parameters and options, wires the stage,
   // allocates the shards, broadcasts rank 0's initial values into every rank's parameters.
   void finalize();
@@ -218,6 +231,7 @@ class Engine {
   UnitScope gather_for_backward(int unit, BackwardPart part = BackwardPart::kAll);
   NoSyncScope no_sync();
   EvaluationScope evaluation();
+  bool evaluating() const;  // an evaluation scope is open
 
   // Whether every trainable parameter's registered storage holds its current values (stages 0-2).
   // False at stage 3: the parameters live in the shards and are read through an open scope
@@ -258,6 +272,7 @@ class Engine {
   optim::Hyper& param_group(int group);
   const ParamRegistry& registry() const;
   const EngineOptions& options() const;
+  const EngineComms& comms() const;
   memory::Device& device();
   int rank() const;        // in the whole data-parallel group (replica-major with hybrid sharding)
   int world_size() const;  // shard group size x replicas

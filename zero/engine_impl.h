@@ -40,6 +40,13 @@ struct Engine::Impl {
   std::map<int, std::pair<size_t, size_t>> unit_buckets;
   std::map<int, int> open_backward;   // unit id -> its open scopes that write gradients
   std::map<int, int> backward_passes;  // unit id -> its backward passes closed this micro-step
+  // unit id -> its input-gradient (kInput) and weight-gradient (kWeight) scopes opened this
+  // micro-step: a W follows its B.
+  std::map<int, std::pair<int, int>> split_passes;
+  void clear_passes() {
+    backward_passes.clear();
+    split_passes.clear();
+  }
   std::vector<size_t> tied_tensors;    // layout tensors of ParamSpec::tied parameters
   std::set<int> tied_units;            // units holding one
   // EngineOptions::reduce_each_micro_batch with micro-batches: every backward pass of a unit (but

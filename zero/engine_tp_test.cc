@@ -3,8 +3,9 @@
 // blocks, replicated, replicated with partial gradients, several of them in different buckets: their
 // sums over tp go packed into one call) train exactly as the whole tensors do on
 // one rank: the same global gradient norm (each element counted once), the same clipped AdamW
-// steps, at every stage. Also: replicated parameters take tp rank 0's values, and ranks that
-// disagree on a placement fail at finalize() naming the parameter; a checkpoint saved at one (dp, tp)
+// steps, at every stage. Also: replicated parameters whose values differ across tp (the sign of a
+// split tensor registered without its placement) and ranks that disagree on a placement fail at
+// finalize() naming the parameter; a checkpoint saved at one (dp, tp)
 // layout and stage loads at another (its pieces are tensor-parallel parts) and training goes on.
 #include <doctest/doctest.h>
 
@@ -114,7 +115,7 @@ Run train(const EngineComms& comms, int stage, int r, int tp, bool skew_replicat
     std::vector<float> part(numel(ls));
     const std::vector<float> full = initial(t);
     shard(full.data(), d.shape, d.tp, r, tp, part.data());
-    if (skew_replicated && !d.tp.is_split() && r > 0) part.assign(part.size(), 99.0f);  // must be overwritten
+    if (skew_replicated && !d.tp.is_split() && r > 0) part.assign(part.size(), 99.0f);  // must be refused
     run.params.push_back(std::move(part));
     ids.push_back(engine.add_param({.name = d.name, .shape = ls, .dtype = DType::kFloat32,
                                     .data = {run.params.back().data(), run.params.back().size()}, .unit = d.unit,
@@ -163,8 +164,9 @@ Run train(const EngineComms& comms, int stage, int r, int tp, bool skew_replicat
 Run reference(int stage) {
   Run ref;
   testing::run_thread_ranks(1, [&](comm::Communicator& world) {
-    EngineComms c{&world};
-    // Without tp every placement is the whole tensor: train() with tp = 1.
+    // A tp group of one rank: every placement is the whole tensor (train() with tp = 1). Split
+    // placements need a tp group, even of one rank.
+    EngineComms c{.shard = &world, .tp = &world};
     ref = train(c, stage, 0, 1);
   });
   return ref;
@@ -199,8 +201,7 @@ TEST_CASE("dp x tp trains like one rank with the whole tensors, stages 0-3") {
       testing::run_thread_ranks(dp * tp, [&](comm::Communicator& world) {
         comm::Mesh mesh(world, {.pp = 1, .dp = dp, .tp = tp});
         const int r = mesh.coord().tp;
-        const Run run = train(EngineComms{.shard = &mesh.dp(), .tp = &mesh.tp(), .model_parallel = &mesh.model_parallel()},
-                              stage, r, tp, /*skew_replicated=*/true);
+        const Run run = train(EngineComms::from_mesh(mesh), stage, r, tp);
         check_matches(run, ref, r, tp);
       });
     }
@@ -294,6 +295,25 @@ TEST_CASE("ranks that disagree on a placement fail at finalize, naming the param
       CHECK(m.find("'fc.b'") != std::string::npos);
       CHECK(m.find("split(0)") != std::string::npos);
     }
+  });
+}
+
+TEST_CASE("replicated parameters whose values differ across tp are refused at finalize, naming the first") {
+  testing::run_thread_ranks(4, [&](comm::Communicator& world) {
+    comm::Mesh mesh(world, {.pp = 1, .dp = 2, .tp = 2});
+    CHECK_THROWS_WITH_AS(train(EngineComms::from_mesh(mesh), 1, mesh.coord().tp, 2, /*skew_replicated=*/true),
+                         doctest::Contains("differs across ranks (ranks differing from rank 0: 1): parameter 'fc.norm': "
+                                           "rank 0 holds values of digest"),
+                         InvalidArgument);
+  });
+}
+
+TEST_CASE("split placements without a tp group are refused at finalize, naming the parameter") {
+  testing::run_thread_ranks(1, [&](comm::Communicator& world) {
+    CHECK_THROWS_WITH_AS(train(EngineComms{.shard = &world}, 1, 0, 1),
+                         doctest::Contains("parameter 'fc.w' is split over tensor parallelism (ParamSpec.tp = split(0)) "
+                                           "but EngineComms.tp is null"),
+                         InvalidArgument);
   });
 }
 

@@ -39,6 +39,18 @@ UnitScope Engine::open_scope(int unit, bool backward, BackwardPart part) {
                "(EngineOptions.micro_batches is {}); call finish_backward() or step()",
                unit, unit, m.backward_passes[unit], m.options.micro_batches);
   }
+  if (backward && part != BackwardPart::kAll) {
+    auto& [inputs, weights] = m.split_passes[unit];
+    if (part == BackwardPart::kWeight && weights >= inputs) {
+      ZERO_THROW(InvalidArgument,
+                 "gather_for_backward({}, BackwardPart::kWeight): unit {} has no input-gradient scope "
+                 "(BackwardPart::kInput) before this weight-gradient scope in this micro-step ({} input, {} weight "
+                 "scopes so far): where a schedule splits the backward, its B opens kInput and its W kWeight; a "
+                 "whole backward (kAll) in B runs the weights' part twice",
+                 unit, unit, inputs, weights);
+    }
+    ++(part == BackwardPart::kWeight ? weights : inputs);
+  }
   if (backward) m.parts.reducer->begin_micro_step(m.syncs());
   UnitScope scope(this, unit, backward, part, m.evaluating);
   // Micro-batches reduced one by one: the unit's bucket takes its next micro-batch's gradients.
@@ -105,6 +117,8 @@ NoSyncScope Engine::no_sync() {
   ++m.no_sync_depth;
   return NoSyncScope(this);
 }
+
+bool Engine::evaluating() const { return impl_->evaluating; }
 
 void Engine::end_no_sync() { --impl_->no_sync_depth; }
 

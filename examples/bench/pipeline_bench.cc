@@ -114,10 +114,9 @@ int run(int argc, char** argv) {
       EngineOptions opt = examples::gpt_engine_options(1e-3f);
       opt.stage = stage;
       opt.micro_batches = m;
-      Engine engine(EngineComms{.shard = &mesh.dp(), .model_parallel = &mesh.model_parallel(), .tied = mesh.embedding()},
-                    opt);
-      examples::GptPipeline pipe(whole, {}, mesh.pp(), parallel::make_schedule(name, p, m, chunks, cfg.n_layer), {}, engine);
-      engine.finalize();
+      Engine engine(mesh, opt);
+      examples::GptPipeline pipe(whole, {}, mesh, parallel::make_schedule(name, p, m, chunks, cfg.n_layer), {}, engine);
+      pipe.finalize();
       size_t per_mb = 0;
       {
         EvaluationScope evaluating = engine.evaluation();

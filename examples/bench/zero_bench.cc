@@ -106,6 +106,7 @@ int run(int argc, char** argv) {
   for (const examples::BenchConfig& c : configs) {
     // A fresh communicator: its scratch starts from nothing, as the plan's does.
     std::unique_ptr<comm::Communicator> comm = pg.host->split(0, rank);
+    const std::unique_ptr<comm::Communicator> alone = pg.host->split(rank, 0);  // tp 1 (the GPT's placements)
     memory::MemoryTracker::global().reset_peaks();
     EngineOptions opt = examples::gpt_engine_options(1e-4f);
     c.apply(opt);
@@ -113,7 +114,7 @@ int run(int argc, char** argv) {
     Row row{c.name, world};
     {
       examples::Gpt model(cfg, 1);
-      Engine engine(*comm, opt);
+      Engine engine(EngineComms{.shard = comm.get(), .tp = alone.get()}, opt);
       examples::GptScopes scopes(engine, model, dtype, fp32_norms);
       engine.finalize();
       const examples::Gpt::Access access = scopes.access();

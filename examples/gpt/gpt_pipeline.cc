@@ -8,7 +8,6 @@
 #include <utility>
 
 #include "base/check.h"
-#include "parallel/pipeline/pipeline_check.h"
 #include "parallel/pipeline/stage_cut.h"
 
 namespace zero::examples {
@@ -58,79 +57,97 @@ std::vector<GptStage> gpt_stages(int n_layer, int virtual_stages, const std::vec
   return stages;
 }
 
-GptPipeline::GptPipeline(const Gpt& full, const GptParallel& parallel, comm::Communicator& pp,
-                         parallel::Schedule schedule, const std::vector<int>& layers, Engine& engine, DType dtype,
-                         bool fp32_norms)
-    : schedule_(std::move(schedule)), pp_(pp), rank_(pp.rank()) {
-  parallel::check_schedule(schedule_);
-  if (schedule_.ranks != pp.size()) {
-    ZERO_THROW(InvalidArgument, "the schedule '{}' has {} pipeline ranks but the pipeline group has {}", schedule_.name,
-               schedule_.ranks, pp.size());
-  }
-  const std::vector<GptStage> stages = gpt_stages(full.config().n_layer, schedule_.virtual_stages(), layers);
-  chunks_.reserve(static_cast<size_t>(schedule_.chunks));  // the scopes keep references to the chunks
-  for (int c = 0; c < schedule_.chunks; ++c) {
-    chunks_.emplace_back(full, parallel, stages[static_cast<size_t>(schedule_.virtual_stage(rank_, c))]);
+namespace {
+
+// The cut, checked as the GPT's flags name it (--pp-layers) before the stage checks it again.
+parallel::PipelineOptions cut_of(const Gpt& full, const parallel::Schedule& schedule, const std::vector<int>& layers) {
+  gpt_stages(full.config().n_layer, schedule.virtual_stages(), layers);
+  return {.layers = full.config().n_layer, .layer_counts = layers};
+}
+
+}  // namespace
+
+GptPipeline::GptPipeline(const Gpt& full, const GptParallel& parallel, const comm::Mesh& mesh, parallel::Schedule schedule,
+                         const std::vector<int>& layers, Engine& engine, DType dtype, bool fp32_norms)
+    : rank_(mesh.pp().rank()), stage_(mesh, engine, schedule, cut_of(full, schedule, layers)) {
+  chunks_.reserve(static_cast<size_t>(stage_.chunks()));  // the scopes keep references to the chunks
+  for (int c = 0; c < stage_.chunks(); ++c) {
+    const parallel::LayerRange l = stage_.layers(c);
+    chunks_.emplace_back(full, parallel, GptStage{l.first, l.end, stage_.is_first(c), stage_.is_last(c)});
   }
   for (Gpt& chunk : chunks_) {
     scopes_.push_back(std::make_unique<GptScopes>(engine, chunk, dtype, fp32_norms));
     access_.push_back(scopes_.back()->access());
   }
-  runner_ = std::make_unique<parallel::PipelineRunner>(
-      schedule_, rank_, pp, [this](int, int) { return chunks_.front().activation_numel(B_, T_); });
 }
 
-bool GptPipeline::holds_last_stage() const { return chunks_.back().stage().last; }
+void GptPipeline::finalize() { stage_.finalize(functions()); }
 
-GptPipeline::StepResult GptPipeline::train_step(const std::vector<MicroBatch>& micro_batches, float loss_scale) {
-  ZERO_CHECK_EQ(static_cast<int>(micro_batches.size()), schedule_.microbatches);
-  B_ = micro_batches.front().B;
-  T_ = micro_batches.front().T;
-  for (const MicroBatch& m : micro_batches) {
-    ZERO_CHECK(m.B == B_ && m.T == T_, "micro-batches of different shapes ({}x{} and {}x{})", B_, T_, m.B, m.T);
-  }
+parallel::StageModel GptPipeline::functions() {
   // The rank's activation peak over its chunks at once: an action changes only its own chunk's
   // bytes, so the peak during it is the others' bytes plus that chunk's peak within the action.
-  size_t peak = 0;
-  auto tracked = [&](int chunk, auto&& action) {
+  auto tracked = [this](int chunk, auto&& action) {
     Gpt& model = chunks_[static_cast<size_t>(chunk)];
     size_t others = 0;
     for (const Gpt& c : chunks_) others += &c == &model ? 0 : c.activation_bytes();
     model.reset_peak_activation_bytes();
     action(model);
-    peak = std::max(peak, others + model.peak_activation_bytes());
+    peak_ = std::max(peak_, others + model.peak_activation_bytes());
   };
-  std::vector<float> losses(micro_batches.size(), 0.0f);
-  parallel::StageFunctions fns;
-  fns.forward = [&](int mb, int chunk, const std::vector<float>& input, std::vector<float>& output) {
-    const MicroBatch& m = micro_batches[static_cast<size_t>(mb)];
-    tracked(chunk, [&](Gpt& model) {
-      const float loss = model.forward_micro_batch(mb, m.inputs, m.targets, m.B, m.T,
-                                                   input.empty() ? nullptr : input.data(), &output,
-                                                   access_[static_cast<size_t>(chunk)]);
-      if (model.stage().last) losses[static_cast<size_t>(mb)] = loss;
+  parallel::StageModel fns;
+  fns.forward = [this, tracked](const parallel::StageCall& call, const parallel::StageTensor& input,
+                                parallel::StageTensor& output) {
+    const MicroBatch& m = (*batches_)[static_cast<size_t>(call.mb)];
+    const Gpt::Access& access = access_[static_cast<size_t>(call.chunk)];
+    float loss = 0;
+    tracked(call.chunk, [&](Gpt& model) {
+      loss = model.forward_micro_batch(call.mb, m.inputs, m.targets, m.B, m.T,
+                                       input.empty() ? nullptr : input.span<float>().data(), &scratch_, access);
+      if (!call.training && call.last && logits_ != nullptr) *logits_ = model.last_position_logits(call.mb, access);
+      if (!call.training) model.forget(call.mb);
     });
+    if (!call.last) std::copy(scratch_.begin(), scratch_.end(), output.span<float>().begin());
+    return loss;
   };
-  fns.backward = [&](int mb, int chunk, bool with_weight, const std::vector<float>& grad_output,
-                     std::vector<float>& grad_input) {
-    tracked(chunk, [&](Gpt& model) {
-      model.backward_micro_batch(mb, loss_scale, grad_output.empty() ? nullptr : grad_output.data(), &grad_input,
-                                 with_weight, access_[static_cast<size_t>(chunk)]);
+  fns.backward = [this, tracked](const parallel::StageCall& call, const parallel::StageTensor& grad_output,
+                                 parallel::StageTensor& grad_input) {
+    tracked(call.chunk, [&](Gpt& model) {
+      model.backward_micro_batch(call.mb, call.loss_scale, grad_output.empty() ? nullptr : grad_output.span<float>().data(),
+                                 &scratch_, call.part == BackwardPart::kAll, access_[static_cast<size_t>(call.chunk)]);
     });
+    if (!call.first) std::copy(scratch_.begin(), scratch_.end(), grad_input.span<float>().begin());
   };
-  fns.weight = [&](int mb, int chunk) {
-    tracked(chunk, [&](Gpt& model) { model.weight_micro_batch(mb, access_[static_cast<size_t>(chunk)]); });
+  fns.weight = [this, tracked](const parallel::StageCall& call) {
+    tracked(call.chunk, [&](Gpt& model) { model.weight_micro_batch(call.mb, access_[static_cast<size_t>(call.chunk)]); });
   };
+  fns.activation = [this](int, int) {
+    const MicroBatch& m = batches_->front();
+    return parallel::TensorSpec{chunks_.front().activation_numel(m.B, m.T)};
+  };
+  return fns;
+}
+
+GptPipeline::StepResult GptPipeline::train_step(const std::vector<MicroBatch>& micro_batches, float loss_scale) {
+  ZERO_CHECK_EQ(static_cast<int>(micro_batches.size()), stage_.schedule().microbatches);
+  for (const MicroBatch& m : micro_batches) {
+    ZERO_CHECK(m.B == micro_batches.front().B && m.T == micro_batches.front().T,
+               "micro-batches of different shapes ({}x{} and {}x{})", micro_batches.front().B, micro_batches.front().T,
+               m.B, m.T);
+  }
+  batches_ = &micro_batches;
+  peak_ = 0;
+  // The stage slices samples into micro-batches; here a micro-batch is one MicroBatch, whatever its B.
+  parallel::PipelineStage::StepResult s = stage_.train_step(static_cast<int>(micro_batches.size()), loss_scale);
+  batches_ = nullptr;
   StepResult r;
-  r.spans = runner_->run(fns);
-  from_last_stage(losses);
   // The mean in micro-batch order (every schedule sums the same way).
   double sum = 0;
-  for (float l : losses) sum += l;
-  r.loss = static_cast<float>(sum / static_cast<double>(losses.size()));
-  r.losses = std::move(losses);
-  r.peak_activation_bytes = peak;
-  r.start_s = std::chrono::duration<double>(runner_->last_start().time_since_epoch()).count();
+  for (float l : s.losses) sum += l;
+  r.loss = static_cast<float>(sum / static_cast<double>(s.losses.size()));
+  r.losses = std::move(s.losses);
+  r.spans = std::move(s.spans);
+  r.peak_activation_bytes = peak_;
+  r.start_s = std::chrono::duration<double>(stage_.last_start().time_since_epoch()).count();
   return r;
 }
 
@@ -151,60 +168,32 @@ size_t GptPipeline::activation_bytes_per_micro_batch(int B, int T) {
   return bytes;
 }
 
-void GptPipeline::from_last_stage(std::vector<float>& values) {
-  if (pp_.size() == 1) return;
-  pp_.broadcast(values.data(), values.size(), DType::kFloat32, schedule_.rank_of(schedule_.virtual_stages() - 1))->wait();
-}
-
-float GptPipeline::forward_only(int mb, const MicroBatch& batch, std::vector<float>* logits) {
-  const int V = schedule_.virtual_stages();
-  std::vector<float> x, out;
-  float loss = 0;
-  for (int k = 0; k < V; ++k) {
-    if (schedule_.rank_of(k) != rank_) continue;
-    const int c = schedule_.chunk_of(k);
-    Gpt& model = chunks_[static_cast<size_t>(c)];
-    const size_t numel = model.activation_numel(batch.B, batch.T);
-    if (k > 0 && schedule_.rank_of(k - 1) != rank_) {
-      x.resize(numel);
-      pp_.recv(x.data(), numel, DType::kFloat32, schedule_.rank_of(k - 1))->wait();
-    }
-    loss = model.forward_micro_batch(mb, batch.inputs, batch.targets, batch.B, batch.T, k > 0 ? x.data() : nullptr, &out,
-                                     access_[static_cast<size_t>(c)]);
-    if (model.stage().last && logits != nullptr) *logits = model.last_position_logits(mb, access_[static_cast<size_t>(c)]);
-    model.forget(mb);
-    if (k + 1 < V && schedule_.rank_of(k + 1) != rank_) {
-      pp_.send(out.data(), out.size(), DType::kFloat32, schedule_.rank_of(k + 1))->wait();
-    }
-    x = std::move(out);
-    out.clear();
-  }
-  return loss;
-}
-
 float GptPipeline::evaluate(const std::vector<MicroBatch>& micro_batches) {
-  constexpr int kEvaluation = -2;  // apart from the training micro-batches' activations
-  std::vector<float> mean(1, 0.0f);
+  batches_ = &micro_batches;
+  const int m = static_cast<int>(micro_batches.size());
+  const parallel::PipelineStage::EvalResult e = stage_.evaluate(m, m);
+  batches_ = nullptr;
   double sum = 0;
-  for (const MicroBatch& m : micro_batches) sum += forward_only(kEvaluation, m, nullptr);
-  mean[0] = static_cast<float>(sum / static_cast<double>(micro_batches.size()));
-  from_last_stage(mean);
-  return mean[0];
+  for (float l : e.losses) sum += l;
+  return static_cast<float>(sum / static_cast<double>(m));
 }
 
 std::vector<float> GptPipeline::next_logits(const std::vector<int>& context) {
   ZERO_CHECK(!context.empty(), "an empty context");
   const GptConfig& c = chunks_.front().config();
   const size_t T = std::min(context.size(), static_cast<size_t>(c.block_size));
-  MicroBatch m;
-  m.inputs.assign(context.end() - static_cast<std::ptrdiff_t>(T), context.end());
-  m.targets.assign(T, 0);
-  m.B = 1;
-  m.T = static_cast<int>(T);
+  std::vector<MicroBatch> one(1);
+  one[0].inputs.assign(context.end() - static_cast<std::ptrdiff_t>(T), context.end());
+  one[0].targets.assign(T, 0);
+  one[0].B = 1;
+  one[0].T = static_cast<int>(T);
   std::vector<float> logits(static_cast<size_t>(c.vocab_size), 0.0f);
-  constexpr int kSampling = -1;
-  forward_only(kSampling, m, &logits);
-  from_last_stage(logits);
+  batches_ = &one;
+  logits_ = &logits;
+  stage_.evaluate(1, 1);
+  batches_ = nullptr;
+  logits_ = nullptr;
+  stage_.from_last_stage(logits.data(), logits.size());
   return logits;
 }
 

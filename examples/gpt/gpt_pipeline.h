@@ -1,25 +1,26 @@
 #pragma once
-// The GPT over a pipeline (parallel/pipeline): this rank's chunks of the model (one Gpt stage model
-// per virtual stage it holds) registered in one engine, and the runner's stage functions over them.
+// The GPT over a pipeline: this rank's chunks of the model (one Gpt stage model per virtual stage it
+// holds) registered in one engine, run by the library's parallel::PipelineStage, which owns the
+// cut, the activations between stages, the schedule's run, the loss off the last stage and
+// forward-only passes. What is left here is the GPT's: its chunks, their calls, its micro-batches
+// of tokens, and the activation peak its chunks report.
 //
-//   GptPipeline pipe(full, {tp, sp}, mesh.pp(), schedule, layers, engine);   // registers the chunks
-//   engine.finalize();
+//   GptPipeline pipe(full, {tp, sp}, mesh, schedule, layers, engine);   // registers the chunks
+//   pipe.finalize();                                                    // and the engine
 //   const GptPipeline::StepResult r = pipe.train_step(micro_batches, engine.loss_scale());
 //   engine.step();
 //
-// The engine runs with EngineOptions::micro_batches = the schedule's m (a unit's gradients complete
-// after its last micro-batch's backward), the tied wte copies over the mesh's embedding group. The
-// loss is the mean over the micro-batches, computed by the last stage and given to every pipeline
-// rank. Validation and sampling run forward-only passes through the stages in model order (blocking
-// transfers: slow is fine there).
+// The engine must be built from the mesh (Engine(mesh, options)): the tied wte copies sum over its
+// embedding group, the norm over its model-parallel group. The loss is the mean over the
+// micro-batches, computed by the last stage and given to every pipeline rank.
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/mesh.h"
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_model.h"
-#include "parallel/pipeline/runner.h"
+#include "parallel/pipeline/pipeline_stage.h"
 #include "parallel/pipeline/schedule.h"
 
 namespace zero::examples {
@@ -40,11 +41,12 @@ struct MicroBatch {
 
 class GptPipeline {
  public:
-  // Registers this rank's chunks (pipeline rank pp.rank(), chunks c = virtual stages c * p + rank)
-  // with `engine` (before finalize). `full` is the whole model (every rank builds the same one).
-  GptPipeline(const Gpt& full, const GptParallel& parallel, comm::Communicator& pp, parallel::Schedule schedule,
-              const std::vector<int>& layers, Engine& engine, DType dtype = DType::kFloat32,
-              bool fp32_norms = false);
+  // Registers this rank's chunks (pipeline rank mesh.pp().rank(), chunks c = virtual stages c * p +
+  // rank) with `engine` (before finalize). `full` is the whole model (every rank builds the same one).
+  GptPipeline(const Gpt& full, const GptParallel& parallel, const comm::Mesh& mesh, parallel::Schedule schedule,
+              const std::vector<int>& layers, Engine& engine, DType dtype = DType::kFloat32, bool fp32_norms = false);
+  // Collective: the stage's checks, then engine.finalize() (parallel::PipelineStage::finalize).
+  void finalize();
 
   struct StepResult {
     float loss = 0;                        // mean over the micro-batches (every pipeline rank)
@@ -56,35 +58,35 @@ class GptPipeline {
   // One step's forwards and backwards of `micro_batches` (the schedule's m of them) by the schedule;
   // the caller calls engine.step() after.
   StepResult train_step(const std::vector<MicroBatch>& micro_batches, float loss_scale);
-  // Forward only (inside an engine.evaluation() scope): the mean loss, on every pipeline rank.
+  // Forward only: the mean loss over `micro_batches`, on every pipeline rank.
   float evaluate(const std::vector<MicroBatch>& micro_batches);
   // The next-token log-probabilities after `context`, on every pipeline rank (sampling).
   std::vector<float> next_logits(const std::vector<int>& context);
 
-  const parallel::Schedule& schedule() const { return schedule_; }
+  const parallel::Schedule& schedule() const { return stage_.schedule(); }
   int rank() const { return rank_; }
   // This rank's chunks (virtual stage c * p + rank for chunk c) and their engine ids.
   std::vector<Gpt>& chunks() { return chunks_; }
   const std::vector<int>& ids(int chunk) const { return scopes_[static_cast<size_t>(chunk)]->ids(); }
-  bool holds_last_stage() const;
+  bool holds_last_stage() const { return stage_.holds_last_stage(); }
   // The activation bytes one B x T micro-batch leaves in this rank's chunks after its forward.
   size_t activation_bytes_per_micro_batch(int B, int T);
 
  private:
-  // A forward-only pass of one micro-batch through every stage in model order; the loss (last stage)
-  // or, with `logits`, the last position's log-probabilities, on the last stage.
-  float forward_only(int mb, const MicroBatch& batch, std::vector<float>* logits);
-  // The last stage's values on every pipeline rank.
-  void from_last_stage(std::vector<float>& values);
+  // The stage functions over `batches` (the step's micro-batches); `losses` and `logits` (the
+  // last position's log-probabilities, sampling) filled on the last stage.
+  parallel::StageModel functions();
 
-  parallel::Schedule schedule_;
-  comm::Communicator& pp_;
-  int rank_;
+  const int rank_;
   std::vector<Gpt> chunks_;
   std::vector<std::unique_ptr<GptScopes>> scopes_;
   std::vector<Gpt::Access> access_;
-  std::unique_ptr<parallel::PipelineRunner> runner_;
-  int B_ = 0, T_ = 0;  // the micro-batch shape the runner's buffers are sized for
+  parallel::PipelineStage stage_;
+  // The pass in progress: its micro-batches, the activation peak, and (sampling) the logits.
+  const std::vector<MicroBatch>* batches_ = nullptr;
+  size_t peak_ = 0;
+  std::vector<float>* logits_ = nullptr;
+  std::vector<float> scratch_;
 };
 
 }  // namespace zero::examples

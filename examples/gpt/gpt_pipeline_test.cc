@@ -55,14 +55,10 @@ double norm_at(int pp, int dp, int tp, int stage, const std::vector<int>& layers
     comm::Mesh mesh(world, {.pp = pp, .dp = dp, .tp = tp});
     const Gpt whole(kConfig, 3);
     const int m = kMicroBatches / dp;
-    Engine engine(EngineComms{.shard = &mesh.dp(),
-                              .tp = tp > 1 ? &mesh.tp() : nullptr,
-                              .model_parallel = &mesh.model_parallel(),
-                              .tied = pp > 1 ? mesh.embedding() : nullptr},
-                  options(stage, m));
-    GptPipeline pipe(whole, {tp > 1 ? &mesh.tp() : nullptr, false}, mesh.pp(), parallel::one_f_one_b(pp, m), layers,
+    Engine engine(mesh, options(stage, m));
+    GptPipeline pipe(whole, {tp > 1 ? &mesh.tp() : nullptr, false}, mesh, parallel::one_f_one_b(pp, m), layers,
                      engine);
-    engine.finalize();
+    pipe.finalize();
     pipe.train_step(micro_batches(mesh.coord().dp, dp), engine.loss_scale());
     const double n = engine.step().grad_norm;
     std::lock_guard<std::mutex> lock(mu);

@@ -180,11 +180,11 @@ std::vector<RankMeasured> run_pipeline(const GptConfig& c, const Layout& l, int 
     EngineOptions o = base;
     o.stage = l.zero_stage;
     o.micro_batches = l.micro_batches;
-    Engine engine(EngineComms{.shard = &mesh.dp(), .model_parallel = &mesh.model_parallel(), .tied = mesh.embedding()}, o);
-    GptPipeline pipe(whole, {}, mesh.pp(), parallel::make_schedule(l.schedule, l.pp, l.micro_batches, l.chunks, c.n_layer),
+    Engine engine(mesh, o);
+    GptPipeline pipe(whole, {}, mesh, parallel::make_schedule(l.schedule, l.pp, l.micro_batches, l.chunks, c.n_layer),
                      {}, engine);
     for (Gpt& chunk : pipe.chunks()) chunk.set_recompute(l.recompute);
-    engine.finalize();
+    pipe.finalize();
     std::vector<MicroBatch> batches;
     for (int q = 0; q < l.micro_batches; ++q) {
       MicroBatch m{{}, {}, B, c.block_size};

@@ -214,17 +214,13 @@ int run(int argc, char** argv) {
   if (pp == 1) model.emplace(tp > 1 ? examples::Gpt(whole, parallel) : whole);
 
   const std::unique_ptr<comm::HybridGroups> groups = hybrid.groups(mesh.dp());
-  EngineComms comms = examples::engine_comms(mesh.dp(), groups.get());
-  if (tp > 1) comms.tp = &mesh.tp();
-  if (tp * pp > 1) comms.model_parallel = &mesh.model_parallel();
-  if (pp > 1) comms.tied = mesh.embedding();
-  Engine engine(comms, opt);
+  Engine engine(EngineComms::from_mesh(mesh, groups.get()), opt);
   // The whole model (tp part) in one set of scopes, or this rank's pipeline chunks.
   std::unique_ptr<examples::GptScopes> scopes;
   std::unique_ptr<examples::GptPipeline> pipe;
   if (pp > 1) {
     pipe = std::make_unique<examples::GptPipeline>(
-        whole, parallel, mesh.pp(), parallel::make_schedule(pp_schedule, pp, micro_batches, chunks, cfg.n_layer),
+        whole, parallel, mesh, parallel::make_schedule(pp_schedule, pp, micro_batches, chunks, cfg.n_layer),
         pp_layers, engine, dtype, fp32_norms);
   } else {
     scopes = std::make_unique<examples::GptScopes>(engine, *model, dtype, fp32_norms);
@@ -233,7 +229,7 @@ int run(int argc, char** argv) {
   if (pipe) {
     for (examples::Gpt& chunk : pipe->chunks()) chunk.set_recompute(recompute);
   }
-  engine.finalize();
+  pipe ? pipe->finalize() : engine.finalize();
   const examples::Gpt::Access access = scopes ? scopes->access() : examples::Gpt::Access{};
   // The schedule peaks at group 0's lr; other groups keep their ratio to it.
   std::vector<float> base_lr;

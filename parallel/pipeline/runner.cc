@@ -29,8 +29,8 @@ std::string label_of(bool grads, int mb, int from_stage) {
 class Step {
  public:
   Step(const Schedule& s, int rank, comm::Communicator& acts, comm::Communicator& grads,
-       const std::function<size_t(int, int)>& numel)
-      : s_(s), rank_(rank), acts_(acts), grads_(grads), numel_(numel) {
+       const std::function<TensorSpec(int, int)>& spec, memory::Device& device)
+      : s_(s), rank_(rank), acts_(acts), grads_(grads), spec_(spec), device_(device) {
     // Each channel's receives in the order this rank takes them: (peer, gradients?) -> keys.
     for (const Action& a : s.actions[static_cast<size_t>(rank)]) {
       if (is_receive(a.op)) {
@@ -66,7 +66,7 @@ class Step {
     fault::point("pipeline_action");
     const double start = seconds();
     if (a.op == Op::kF) {
-      std::vector<float> out;
+      StageTensor out = k + 1 < s_.virtual_stages() ? allocate(a.mb, k) : StageTensor();
       fns.forward(a.mb, a.chunk, input_[key], out);
       input_.erase(key);
       if (k + 1 < s_.virtual_stages() && s_.rank_of(k + 1) == rank_) {
@@ -75,7 +75,7 @@ class Step {
         output_[key] = std::move(out);
       }
     } else if (a.op == Op::kB || a.op == Op::kBW) {
-      std::vector<float> grad_in;
+      StageTensor grad_in = k > 0 ? allocate(a.mb, k - 1) : StageTensor();
       fns.backward(a.mb, a.chunk, a.op == Op::kBW, grad_out_[key], grad_in);
       grad_out_.erase(key);
       if (k > 0 && s_.rank_of(k - 1) == rank_) {
@@ -97,7 +97,7 @@ class Step {
  private:
   struct Posted {
     Key key;
-    std::vector<float> buf;
+    StageTensor buf;
     comm::WorkHandle work;
   };
   struct Channel {
@@ -105,7 +105,7 @@ class Step {
     std::deque<Posted> posted;  // posted, in order
   };
   struct Sent {
-    std::vector<float> buf;
+    StageTensor buf;
     comm::WorkHandle work;
   };
 
@@ -116,14 +116,14 @@ class Step {
     c.todo.pop_front();
     const int k = s_.virtual_stage(rank_, key.second);
     const int from = grads ? k + 1 : k - 1;  // the sending virtual stage
-    Posted p{key, std::vector<float>(numel_(key.first, grads ? k : from)), nullptr};
+    Posted p{key, allocate(key.first, grads ? k : from), nullptr};
     comm::Communicator& comm = grads ? grads_ : acts_;
     comm::CallLabel label(comm, label_of(grads, key.first, from));
-    p.work = comm.recv(p.buf.data(), p.buf.size(), DType::kFloat32, peer);
+    p.work = comm.recv(p.buf.data(), p.buf.numel(), p.buf.dtype(), peer);
     c.posted.push_back(std::move(p));
   }
 
-  std::vector<float> take(const std::pair<int, bool>& channel, const Key& key) {
+  StageTensor take(const std::pair<int, bool>& channel, const Key& key) {
     Channel& c = channels_.at(channel);
     ZERO_CHECK(!c.posted.empty() && c.posted.front().key == key, "receive of micro-batch {} chunk {} not posted first",
                key.first, key.second);
@@ -134,16 +134,11 @@ class Step {
     return std::move(p.buf);
   }
 
-  void send(const Action& a, bool grads, std::vector<float> buf, int k) {
-    const size_t want = numel_(a.mb, grads ? k - 1 : k);
-    if (buf.size() != want) {
-      ZERO_THROW(InvalidArgument, "the stage function produced {} elements where virtual stage {} expects {}",
-                 buf.size(), grads ? k - 1 : k + 1, want);
-    }
+  void send(const Action& a, bool grads, StageTensor buf, int k) {
     comm::Communicator& comm = grads ? grads_ : acts_;
     comm::CallLabel label(comm, label_of(grads, a.mb, k));
     Sent x{std::move(buf), nullptr};
-    x.work = comm.send(x.buf.data(), x.buf.size(), DType::kFloat32, s_.peer(rank_, a));
+    x.work = comm.send(x.buf.data(), x.buf.numel(), x.buf.dtype(), s_.peer(rank_, a));
     sent_.push_back(std::move(x));
   }
 
@@ -158,17 +153,41 @@ class Step {
   const int rank_;
   comm::Communicator& acts_;
   comm::Communicator& grads_;
-  const std::function<size_t(int, int)>& numel_;
+  // The tensor of micro-batch `mb` leaving virtual stage `k` (or its gradient), as the spec says.
+  StageTensor allocate(int mb, int k) {
+    const TensorSpec spec = spec_(mb, k);
+    return StageTensor(device_.allocate(spec.numel * dtype_size(spec.dtype), memory::Category::kOther), spec);
+  }
+
+  const std::function<TensorSpec(int, int)>& spec_;
+  memory::Device& device_;
   std::map<std::pair<int, bool>, Channel> channels_;
-  std::map<Key, std::vector<float>> input_, output_, grad_out_, grad_in_;
+  std::map<Key, StageTensor> input_, output_, grad_out_, grad_in_;
   std::deque<Sent> sent_;
 };
 
 }  // namespace
 
+void check_functions(const StageFunctions& fns, const Schedule& schedule) {
+  if (!fns.forward) ZERO_THROW(InvalidArgument, "pipeline stage functions: no forward (StageFunctions::forward)");
+  if (!fns.backward) ZERO_THROW(InvalidArgument, "pipeline stage functions: no backward (StageFunctions::backward)");
+  if (schedule.split_backward && !fns.weight) {
+    ZERO_THROW(InvalidArgument,
+               "pipeline stage functions: the schedule '{}' splits the backward into B and W but no weight "
+               "function was given (StageFunctions::weight)",
+               schedule.name);
+  }
+}
+
 PipelineRunner::PipelineRunner(Schedule schedule, int rank, comm::Communicator& pp,
-                               std::function<size_t(int mb, int virtual_stage)> activation_numel)
-    : schedule_(std::move(schedule)), rank_(rank), pp_(pp), numel_(std::move(activation_numel)) {
+                               std::function<TensorSpec(int mb, int virtual_stage)> activation,
+                               memory::Device* device)
+    : schedule_(std::move(schedule)), rank_(rank), pp_(pp), spec_(std::move(activation)), device_(device) {
+  if (device_ == nullptr) {
+    own_tracker_ = std::make_unique<memory::MemoryTracker>();
+    own_device_ = memory::make_host_device(*own_tracker_);
+    device_ = own_device_.get();
+  }
   check_schedule(schedule_);
   if (pp.size() != schedule_.ranks || rank < 0 || rank >= schedule_.ranks || pp.rank() != rank) {
     ZERO_THROW(InvalidArgument, "pipeline runner: rank {} of a {}-rank schedule on a pipeline group of {} (its rank {})",
@@ -178,10 +197,11 @@ PipelineRunner::PipelineRunner(Schedule schedule, int rank, comm::Communicator& 
 }
 
 std::vector<Span> PipelineRunner::run(const StageFunctions& fns) {
+  check_functions(fns, schedule_);
   const auto t0 = Clock::now();
   last_start_ = t0;
   std::vector<Span> spans;
-  Step step(schedule_, rank_, pp_, *grads_, numel_);
+  Step step(schedule_, rank_, pp_, *grads_, spec_, *device_);
   for (const Action& a : schedule_.actions[static_cast<size_t>(rank_)]) {
     try {
       step.run(a, fns, spans, t0);

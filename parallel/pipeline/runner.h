@@ -2,8 +2,9 @@
 // The pipeline runner: one rank's part of a checked schedule (schedule.h) executed with the user's
 // stage functions over the pipeline group (comm::Mesh::pp(): pipeline rank r is its rank r).
 //
-// Activations and their gradients are float buffers the stage functions fill; the runner moves them:
-// to the next rank with a send, or in place to the rank's own next chunk. Activations travel on the
+// Activations and their gradients are typed buffers (stage_tensor.h) on the runner's device, which
+// the runner allocates, sized by the caller's TensorSpec, before each stage function fills one; it
+// moves them: to the next rank with a send, or in place to the rank's own next chunk. Activations travel on the
 // pipeline group, gradients on a communicator split from it (one per kind: send/recv match in order
 // per pair of ranks, and the checker pairs them per direction and kind). Receives are posted ahead
 // (two per channel, the next one as soon as one is taken), so a transfer overlaps the compute before
@@ -22,35 +23,41 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "memory/device.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/schedule_sim.h"
+#include "parallel/pipeline/stage_tensor.h"
 
 namespace zero::parallel {
 
 struct StageFunctions {
   // Forward of (mb, chunk): `input` is the previous virtual stage's activation (empty on the first
-  // virtual stage); fills `output` (the next virtual stage's input; free-form on the last).
-  std::function<void(int mb, int chunk, const std::vector<float>& input, std::vector<float>& output)> forward;
+  // virtual stage); fills `output`, allocated to the activation's spec (empty on the last).
+  std::function<void(int mb, int chunk, const StageTensor& input, StageTensor& output)> forward;
   // Input gradient of (mb, chunk), and with `with_weight` its weight gradient too (a BW): from
-  // `grad_output` (empty on the last virtual stage, which starts from its loss); fills `grad_input`
-  // (ignored on the first virtual stage).
-  std::function<void(int mb, int chunk, bool with_weight, const std::vector<float>& grad_output,
-                     std::vector<float>& grad_input)>
+  // `grad_output` (empty on the last virtual stage, which starts from its loss); fills `grad_input`,
+  // allocated to the input activation's spec (empty on the first virtual stage).
+  std::function<void(int mb, int chunk, bool with_weight, const StageTensor& grad_output, StageTensor& grad_input)>
       backward;
-  // The weight gradient of (mb, chunk) after its B (split schedules only).
+  // The weight gradient of (mb, chunk) after its B (schedules that split the backward; required there).
   std::function<void(int mb, int chunk)> weight;
 };
 
+// Throws InvalidArgument naming the missing function: forward and backward always, weight where
+// `schedule` splits the backward.
+void check_functions(const StageFunctions& fns, const Schedule& schedule);
+
 class PipelineRunner {
  public:
-  // `schedule` must pass check_schedule (checked here). `activation_numel(mb, k)`: the elements of
-  // the activation leaving virtual stage k (and of its gradient), which a receive must know ahead.
-  // Collective over `pp` (it splits the gradients' communicator from it).
+  // `schedule` must pass check_schedule (checked here). `activation(mb, k)`: the activation leaving
+  // virtual stage k (and its gradient), which a receive must know ahead. Tensors live on `device`
+  // (a host device of the runner's own when null; it must outlive the runner). Collective over `pp`
+  // (it splits the gradients' communicator from it).
   PipelineRunner(Schedule schedule, int rank, comm::Communicator& pp,
-                 std::function<size_t(int mb, int virtual_stage)> activation_numel);
+                 std::function<TensorSpec(int mb, int virtual_stage)> activation, memory::Device* device = nullptr);
 
-  // One step: every action of this rank, in order. Returns the compute actions' spans (seconds
-  // since the step began on this rank).
+  // One step: every action of this rank, in order (check_functions first). Returns the compute
+  // actions' spans (seconds since the step began on this rank).
   std::vector<Span> run(const StageFunctions& fns);
   // When the last run() began (steady clock: comparable across the processes of one machine).
   std::chrono::steady_clock::time_point last_start() const { return last_start_; }
@@ -60,7 +67,10 @@ class PipelineRunner {
   const int rank_;
   comm::Communicator& pp_;                    // activations
   std::unique_ptr<comm::Communicator> grads_;  // their gradients
-  const std::function<size_t(int, int)> numel_;
+  const std::function<TensorSpec(int, int)> spec_;
+  std::unique_ptr<memory::MemoryTracker> own_tracker_;
+  std::unique_ptr<memory::Device> own_device_;
+  memory::Device* device_ = nullptr;
   std::chrono::steady_clock::time_point last_start_{};
 };
 

@@ -8,6 +8,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -63,6 +64,11 @@ Grads reference(int stages, int microbatches) {
 }
 
 // This rank's stage functions over the same chain, recording into `g`.
+std::vector<float> values(const StageTensor& t) {
+  const std::span<const float> v = t.span<float>();
+  return {v.begin(), v.end()};
+}
+
 struct Stages {
   const Schedule& s;
   int rank;
@@ -73,26 +79,32 @@ struct Stages {
 
   StageFunctions functions() {
     StageFunctions f;
-    f.forward = [this](int mb, int chunk, const std::vector<float>& in, std::vector<float>& out) {
+    f.forward = [this](int mb, int chunk, const StageTensor& in, StageTensor& out) {
       if (mb == throw_at_mb) throw std::runtime_error("boom");
       const int k = s.virtual_stage(rank, chunk);
-      out = k == 0 ? input_of(mb) : in;
-      x[{mb, chunk}] = out;
-      for (float& v : out) v = a_of(k) * v + b_of(k);
+      std::vector<float> y = k == 0 ? input_of(mb) : values(in);
+      x[{mb, chunk}] = y;
+      for (float& v : y) v = a_of(k) * v + b_of(k);
       if (k == s.virtual_stages() - 1) {
+        CHECK(out.empty());
         float loss = 0;
-        for (float v : out) loss += 0.5f * v * v;
+        for (float v : y) loss += 0.5f * v * v;
         g.loss[mb] = loss;
-        y_last[{mb, chunk}] = out;
+        y_last[{mb, chunk}] = y;
+      } else {
+        REQUIRE(out.numel() == kWidth);
+        std::copy(y.begin(), y.end(), out.span<float>().begin());
       }
     };
-    f.backward = [this](int mb, int chunk, bool with_weight, const std::vector<float>& grad_out,
-                        std::vector<float>& grad_in) {
+    f.backward = [this](int mb, int chunk, bool with_weight, const StageTensor& grad_out, StageTensor& grad_in) {
       const int k = s.virtual_stage(rank, chunk);
-      const std::vector<float> d = k == s.virtual_stages() - 1 ? y_last.at({mb, chunk}) : grad_out;
+      const std::vector<float> d = k == s.virtual_stages() - 1 ? y_last.at({mb, chunk}) : values(grad_out);
       dy[{mb, chunk}] = d;
-      grad_in = d;
-      for (float& v : grad_in) v *= a_of(k);
+      if (k > 0) {
+        for (size_t j = 0; j < kWidth; ++j) grad_in.span<float>()[j] = d[j] * a_of(k);
+      } else {
+        CHECK(grad_in.empty());
+      }
       if (with_weight) weight(mb, chunk);
     };
     f.weight = [this](int mb, int chunk) { weight(mb, chunk); };
@@ -124,7 +136,7 @@ TEST_CASE("every schedule computes, over real transfers, exactly what one rank c
       testing::run_thread_ranks(p, [&](comm::Communicator& comm) {
         Grads mine;
         Stages stages{s, comm.rank(), mine};
-        PipelineRunner runner(s, comm.rank(), comm, [](int, int) { return kWidth; });
+        PipelineRunner runner(s, comm.rank(), comm, [](int, int) { return TensorSpec{kWidth}; });
         const std::vector<Span> spans = runner.run(stages.functions());
         size_t compute = 0;
         for (const Action& a : s.actions[static_cast<size_t>(comm.rank())]) compute += is_compute(a.op);
@@ -150,7 +162,7 @@ TEST_CASE("a stage function that throws ends its rank naming the action, and the
         Grads mine;
         Stages stages{s, comm.rank(), mine};
         if (comm.rank() == 1) stages.throw_at_mb = 2;
-        PipelineRunner runner(s, comm.rank(), comm, [](int, int) { return kWidth; });
+        PipelineRunner runner(s, comm.rank(), comm, [](int, int) { return TensorSpec{kWidth}; });
         try {
           runner.run(stages.functions());
           FAIL("the step completed");
@@ -164,6 +176,21 @@ TEST_CASE("a stage function that throws ends its rank naming the action, and the
       },
       std::chrono::seconds(20));
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+}
+
+TEST_CASE("a schedule that splits the backward refuses stage functions without a weight function, naming it") {
+  const Schedule s = zb_h1(2, 4);
+  testing::run_thread_ranks(2, [&](comm::Communicator& comm) {
+    Grads mine;
+    Stages stages{s, comm.rank(), mine};
+    StageFunctions f = stages.functions();
+    f.weight = nullptr;
+    PipelineRunner runner(s, comm.rank(), comm, [](int, int) { return TensorSpec{kWidth}; });
+    CHECK_THROWS_WITH_AS(runner.run(f),
+                         "pipeline stage functions: the schedule 'zb-h1' splits the backward into B and W but no "
+                         "weight function was given (StageFunctions::weight)",
+                         InvalidArgument);
+  });
 }
 
 }  // namespace

@@ -69,7 +69,8 @@ EnginePlan plan_engine(const PlanInputs& in) {
   if (in.model_parallel_units > 0) mp_comm.set_peer_int64_max(in.model_parallel_units);
   EngineOptions options = in.options;
   EngineComms comms{&comm, nullptr, meta.get()};
-  if (in.tp > 1) comms.tp = comms.model_parallel = &tp_comm;
+  comms.tp = &tp_comm;
+  if (in.tp > 1) comms.model_parallel = &tp_comm;
   if (in.pp > 1) comms.model_parallel = &mp_comm;
   for (const TensorSpec& t : in.model.tensors) {
     if (t.tied) comms.tied = &tied_comm;

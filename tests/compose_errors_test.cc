@@ -1,0 +1,174 @@
+// The wirings that used to train silently wrong, and the bad input that used to be named the wrong
+// way, each made on purpose with the residual MLP (tests/residual_mlp.h): every rank gets the same
+// error naming the culprit, before anything trains, and none is left waiting.
+#include <doctest/doctest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "comm/mesh.h"
+#include "parallel/pipeline/pipeline_stage.h"
+#include "parallel/pipeline/schedules.h"
+#include "testing/thread_ranks.h"
+#include "tests/residual_mlp.h"
+#include "zero/engine.h"
+
+namespace zero::testing {
+namespace {
+
+using parallel::StageCall;
+using parallel::StageTensor;
+
+constexpr MlpShape kShape{.dim = 4, .hidden = 8, .layers = 4};
+
+EngineOptions options() {
+  EngineOptions o;
+  o.optimizer.groups = {optim::Hyper{.lr = 1e-2f}};
+  o.timeout = std::chrono::seconds(30);
+  return o;
+}
+
+// The chunks of a pipeline stage and their functions; `whole_backward`: the backward ignores the
+// part the schedule asks for and runs whole.
+struct Chunks {
+  std::vector<std::unique_ptr<ResidualMlp>> chunks;
+  Chunks(parallel::PipelineStage& pipe, comm::Communicator& tp, Engine& engine) {
+    for (int c = 0; c < pipe.chunks(); ++c) chunks.push_back(std::make_unique<ResidualMlp>(kShape, tp, engine, pipe.layers(c)));
+  }
+  parallel::StageModel model(bool whole_backward = false) {
+    auto at = [this](const StageCall& c) -> ResidualMlp& { return *chunks[static_cast<size_t>(c.chunk)]; };
+    return {.forward = [at](const StageCall& c, const StageTensor& in, StageTensor& out) { return at(c).forward(c, in, out, 0); },
+            .backward =
+                [at, whole_backward](const StageCall& c, const StageTensor& dy, StageTensor& dx) {
+                  StageCall call = c;
+                  if (whole_backward) call.part = BackwardPart::kAll;
+                  at(c).backward(call, dy, dx);
+                },
+            .weight = [at](const StageCall& c) { at(c).weight(c); },
+            .activation = [](int, int samples) { return parallel::TensorSpec{static_cast<size_t>(samples * kShape.dim)}; }};
+  }
+};
+
+TEST_CASE("a pipeline whose engine has no norm group is refused: each stage would clip by its own norm") {
+  run_thread_ranks(2, [](comm::Communicator& world) {
+    comm::Mesh mesh(world, {.pp = 2});
+    Engine engine(EngineComms{.shard = &mesh.dp()}, options());
+    CHECK_THROWS_WITH_AS(parallel::PipelineStage(mesh, engine, parallel::one_f_one_b(2, 4), {.layers = 4}),
+                         "PipelineStage: the engine adds the gradient norm over 1 rank(s) (EngineComms.model_parallel is "
+                         "null) but the model is split over tp x pp = 2: each stage would clip by its own norm; build the "
+                         "engine from the mesh (Engine(mesh, options) or EngineComms::from_mesh)",
+                         InvalidArgument);
+  });
+}
+
+TEST_CASE("a tensor-parallel layout whose engine has no tp group is refused by the pipeline stage") {
+  run_thread_ranks(2, [](comm::Communicator& world) {
+    comm::Mesh mesh(world, {.tp = 2});
+    Engine engine(EngineComms{.shard = &mesh.dp(), .model_parallel = &mesh.model_parallel()}, options());
+    CHECK_THROWS_WITH_AS(parallel::PipelineStage(mesh, engine, parallel::one_f_one_b(1, 2), {.layers = 4}),
+                         doctest::Contains("the engine's tensor-parallel group (EngineComms.tp) is null but the mesh's tp is 2"),
+                         InvalidArgument);
+  });
+}
+
+TEST_CASE("split placements without a tp group are refused at finalize, naming the parameter") {
+  run_thread_ranks(2, [](comm::Communicator& world) {
+    comm::Mesh mesh(world, {.tp = 2});
+    Engine engine(EngineComms{.shard = &mesh.dp()}, options());
+    ResidualMlp model(kShape, mesh.tp(), engine, {0, 1});
+    CHECK_THROWS_WITH_AS(engine.finalize(),
+                         doctest::Contains("parameter 'block0.w1' is split over tensor parallelism (ParamSpec.tp = "
+                                           "split(0)) but EngineComms.tp is null"),
+                         InvalidArgument);
+  });
+}
+
+TEST_CASE("a tensor split across tp but registered replicated is refused at finalize, naming it and the tp ranks") {
+  run_thread_ranks(4, [](comm::Communicator& world) {
+    comm::Mesh mesh(world, {.dp = 2, .tp = 2});
+    Engine engine(mesh, options());
+    // Each tp rank's half of a [4, 2] matrix, registered without its split placement; the other
+    // tensor really is replicated.
+    std::vector<float> part(4), norm(2, 1.0f);
+    for (size_t e = 0; e < part.size(); ++e) part[e] = static_cast<float>(mesh.coord().tp * 4 + static_cast<int>(e));
+    engine.add_param({.name = "norm.weight", .shape = {2}, .data = {norm.data(), 2}});
+    engine.add_param({.name = "fc.weight", .shape = {2, 2}, .data = {part.data(), 4}});
+    CHECK_THROWS_WITH_AS(engine.finalize(),
+                         doctest::Contains("differs across ranks (ranks differing from rank 0: 1): parameter 'fc.weight': "
+                                           "rank 0 holds values of digest"),
+                         InvalidArgument);
+  });
+}
+
+TEST_CASE("a whole backward where the schedule asks for its input part is named at the weight pass") {
+  run_thread_ranks(2, [](comm::Communicator& world) {
+    comm::Mesh mesh(world, {.pp = 2});
+    Engine engine(mesh, options());
+    parallel::PipelineStage pipe(mesh, engine, parallel::zb_h1(2, 4), {.layers = 4});
+    Chunks chunks(pipe, mesh.tp(), engine);
+    pipe.finalize(chunks.model(/*whole_backward=*/true));
+    CHECK_THROWS_WITH_AS(pipe.train_step(8, 1.0f),
+                         doctest::Contains("has no input-gradient scope (BackwardPart::kInput) before this weight-gradient "
+                                           "scope in this micro-step"),
+                         Error);
+  });
+}
+
+TEST_CASE("a missing stage function is named") {
+  run_thread_ranks(2, [](comm::Communicator& world) {
+    comm::Mesh mesh(world, {.pp = 2});
+    Engine engine(mesh, options());
+    parallel::PipelineStage pipe(mesh, engine, parallel::zb_h1(2, 4), {.layers = 4});
+    Chunks chunks(pipe, mesh.tp(), engine);
+    parallel::StageModel model = chunks.model();
+    model.weight = nullptr;
+    CHECK_THROWS_WITH_AS(pipe.finalize(model),
+                         "PipelineStage::finalize(): the schedule 'zb-h1' splits the backward into B and W but no weight "
+                         "function was given (StageModel::weight)",
+                         InvalidArgument);
+    model = chunks.model();
+    model.activation = nullptr;
+    CHECK_THROWS_WITH_AS(pipe.finalize(model), "PipelineStage::finalize(): no StageModel::activation was given",
+                         InvalidArgument);
+  });
+}
+
+TEST_CASE("stages left without a layer are named by virtual stage and world rank on every rank") {
+  run_thread_ranks(6, [](comm::Communicator& world) {
+    comm::Mesh mesh(world, {.pp = 6});
+    Engine engine(mesh, options());
+    parallel::PipelineStage pipe(mesh, engine, parallel::one_f_one_b(6, 6), {.layers = 4});
+    Chunks chunks(pipe, mesh.tp(), engine);
+    CHECK_THROWS_WITH_AS(pipe.finalize(chunks.model()),
+                         "PipelineStage: stages registered no trainable parameters: virtual stage 4 (pipeline rank 4, "
+                         "world rank 4: layers [4, 4)); virtual stage 5 (pipeline rank 5, world rank 5: layers [4, 4)); 6 "
+                         "virtual stages over 4 layers (pp x chunks, or PipelineOptions.layer_counts, leaves a stage "
+                         "without a layer)",
+                         InvalidArgument);
+  });
+}
+
+TEST_CASE("a batch the micro-batches do not divide, and a cut that does not fit, are named") {
+  run_thread_ranks(2, [](comm::Communicator& world) {
+    comm::Mesh mesh(world, {.dp = 2});
+    Engine engine(mesh, options());
+    CHECK_THROWS_WITH_AS(parallel::PipelineStage(mesh, engine, parallel::one_f_one_b(1, 4), {.layers = 4, .layer_counts = {3}}),
+                         "PipelineOptions.layer_counts sums to 3 layers but PipelineOptions.layers is 4", InvalidArgument);
+    parallel::PipelineStage pipe(mesh, engine, parallel::one_f_one_b(1, 8), {.layers = 4});
+    CHECK_THROWS_WITH_AS(pipe.data_parallel_slice(7),
+                         "PipelineStage: a global batch of 7 samples does not divide among 2 data-parallel ranks",
+                         InvalidArgument);
+    Chunks chunks(pipe, mesh.tp(), engine);
+    pipe.finalize(chunks.model());
+    CHECK(engine.options().micro_batches == 8);  // the schedule's m
+    CHECK_THROWS_WITH_AS(pipe.train_step(12, 1.0f),
+                         "PipelineStage::train_step: this data-parallel rank's batch of 12 samples does not divide into 8 "
+                         "micro-batches",
+                         InvalidArgument);
+  });
+}
+
+}  // namespace
+}  // namespace zero::testing
