@@ -2,7 +2,9 @@
 # Deterministic runs of the working tree against an earlier commit (default: the parent of HEAD),
 # built in a worktree beside it: train_mlp and train_gpt at every ZeRO stage (and with offload), each
 # on 2 ranks with --deterministic, must print the same loss lines and export byte-identical
-# safetensors. For refactors that must not change a bit.
+# safetensors; and train_gpt over 2 pipeline stages under every schedule (at one layout every schedule
+# gives the same bits: the last lines compare them with each other). For refactors that must not
+# change a bit.
 #
 #   bash scripts/bitwise_compare.sh [BASE_COMMIT]
 #
@@ -38,6 +40,12 @@ cases=(
   "mlp3p examples/train_mlp --stage 3 --offload-params"
   "gpt2 examples/gpt/train_gpt --stage 2"
   "gpt3 examples/gpt/train_gpt --stage 3"
+  "gpipe3 examples/gpt/train_gpt --stage 3 --n-layer 4 --pp 2 --micro-batches 4 --pp-schedule gpipe"
+  "1f1b3 examples/gpt/train_gpt --stage 3 --n-layer 4 --pp 2 --micro-batches 4 --pp-schedule 1f1b"
+  "inter3 examples/gpt/train_gpt --stage 3 --n-layer 4 --pp 2 --micro-batches 4 --pp-schedule interleaved --chunks 2"
+  "zbh1_3 examples/gpt/train_gpt --stage 3 --n-layer 4 --pp 2 --micro-batches 4 --pp-schedule zb-h1"
+  "1f1b1 examples/gpt/train_gpt --stage 1 --n-layer 4 --pp 2 --micro-batches 4 --pp-schedule 1f1b"
+  "zbh1_1 examples/gpt/train_gpt --stage 1 --n-layer 4 --pp 2 --micro-batches 4 --pp-schedule zb-h1"
 )
 printf '%-8s %-40s %s\n' case "loss lines" export
 failed=0
@@ -54,5 +62,15 @@ for c in "${cases[@]}"; do
   if cmp -s "$out/new-$name.safetensors" "$out/base-$name.safetensors"; then export="identical"
   else export="DIFFER"; failed=1; fi
   printf '%-8s %-40s %s\n' "$name" "$losses" "$export"
+done
+# Across schedules at one layout and stage: the same loss lines.
+for stage in 3 1; do
+  first=""
+  for name in "gpipe$stage" "1f1b$stage" "inter$stage" "zbh1_$stage"; do
+    [[ -f "$out/new-$name.log" ]] || continue
+    if [[ -z $first ]]; then first=$name; continue; fi
+    if cmp -s "$out/new-$first.log" "$out/new-$name.log"; then echo "stage $stage: $name's losses = $first's"
+    else echo "stage $stage: $name's losses DIFFER from $first's"; failed=1; fi
+  done
 done
 exit $failed

@@ -11,9 +11,8 @@
 #include "base/check.h"
 #include "base/env.h"
 #include "optim/custom_optimizer.h"
-#include "zero/collective_order.h"
+#include "zero/engine_groups.h"
 #include "zero/engine_impl.h"
-#include "zero/rank_agreement.h"
 #include "zero/tp_replica_check.h"
 
 namespace zero {
@@ -30,46 +29,6 @@ memory::HostDeviceOptions own_device_options() {
 }
 
 }  // namespace
-
-// Tied parameters need their group, and the group's ranks must tie the same tensors (first and last
-// pipeline stage: different models otherwise). Errors go to the registry's cross-rank report, the
-// tied group's disagreement is raised on its ranks.
-void Engine::Impl::check_tied() {
-  Impl& m = *this;
-  std::vector<AgreementEntry> tied;
-  for (const ParamSpec& p : m.registry.params()) {
-    if (!p.tied) continue;
-    if (m.comms.tied == nullptr) {
-      m.registry.note_error(fmt::format("parameter '{}' is tied (ParamSpec.tied) but EngineComms.tied is null", p.name));
-    }
-    tied.push_back({"tied parameter '" + p.name + "'", fmt::format("{} {}", shape_string(p.shape), dtype_name(p.dtype))});
-  }
-  if (m.comms.tied == nullptr) return;
-  tied.push_back({"tied parameters", std::to_string(tied.size())});
-  check_agreement(*m.comms.tied, {.what = "tied parameters", .verb = "registers"}, tied, "", m.options.timeout,
-                  m.device);
-}
-
-// The end of a micro-step's backward: each tied copy's gradient summed over the tied group (in
-// place, where backward accumulated it), then marked complete. Only when the micro-step reduces: a
-// no_sync micro-step keeps accumulating the local part.
-void Engine::Impl::complete_tied() {
-  Impl& m = *this;
-  GradReducer& reducer = *m.parts.reducer;
-  for (size_t t : m.tied_tensors) {
-    if (reducer.is_ready(t)) continue;
-    if (reducer.micro_step_syncs()) {
-      const ParamSpec& p = m.registry.param(m.tensor_param[t]);
-      void* g = p.grad.ptr != nullptr ? p.grad.ptr : reducer.grad(t);
-      memory::Stream& compute = m.device->compute_stream();
-      m.tied_order->before_issue(compute);
-      comm::CallLabel label(*m.comms.tied, "tied " + p.name);
-      m.tied_order->after(*m.comms.tied->all_reduce(g, p.data.numel, m.dtypes.compute(p), comm::ReduceOp::kSum),
-                         compute);
-    }
-    reducer.tensor_ready(t);
-  }
-}
 
 Engine::Engine(comm::Communicator& comm, EngineOptions options) : Engine(EngineComms{&comm}, std::move(options)) {}
 Engine::Engine(const comm::Mesh& mesh, EngineOptions options) : Engine(EngineComms::from_mesh(mesh), std::move(options)) {}
@@ -88,11 +47,8 @@ Engine::Engine(const EngineComms& comms, EngineOptions options) : impl_(std::mak
     m.device = m.own_device.get();
   }
   // The pairing is checked now, not at the first collective.
-  CollectiveOrder check_shard(*m.device, *comms.shard, m.options.timeout);
-  if (comms.replica) CollectiveOrder check_replica(*m.device, *comms.replica, m.options.timeout);
-  if (comms.tp) CollectiveOrder check_tp(*m.device, *comms.tp, m.options.timeout);
-  if (comms.model_parallel) CollectiveOrder check_mp(*m.device, *comms.model_parallel, m.options.timeout);
-  if (comms.tied) m.tied_order = std::make_unique<CollectiveOrder>(*m.device, *comms.tied, m.options.timeout);
+  check_group_pairing(comms, *m.device, m.options.timeout);
+  m.tied = std::make_unique<TiedGrads>(comms.tied, *m.device, m.options.timeout);
   if (m.options.loss_scaling == LossScaling::kDynamic) m.scaler.emplace(m.options.dynamic_loss_scaler);
 }
 
@@ -120,72 +76,20 @@ void Engine::finalize() {
   // Problems that need the options are recorded as local errors, so verification reports them on
   // every rank instead of leaving the others waiting in a collective.
   const std::optional<ModelDtypes> dtypes = check_registration(m.options, m.registry);
-  m.check_tied();
+  m.tied->check(m.registry);
   if (m.comms.tp == nullptr) {
     if (std::string e = split_without_tp_group(m.registry); !e.empty()) m.registry.note_error(e);
   }
-  std::vector<AgreementEntry> fp;
-  for (auto& [field, value] : fingerprint(m.options)) fp.push_back({field, value});
-  // The mesh: every rank of every group must see the same group sizes.
-  auto size_of = [](const comm::Communicator* c) { return std::to_string(c ? c->size() : 1); };
-  fp.push_back({"tensor-parallel group size", size_of(m.comms.tp)});
-  fp.push_back({"model-parallel group size", size_of(m.comms.model_parallel ? m.comms.model_parallel : m.comms.tp)});
-  // (A tp group of one rank, which split placements need even at tp 1, has no one to disagree with.)
-  for (comm::Communicator* c : {m.comms.shard, m.comms.replica, m.comms.tp}) {
-    if (c == nullptr || (c == m.comms.tp && c->size() == 1)) continue;
-    m.registry.verify_across_ranks(*c, m.options.timeout, m.device);
-    check_agreement(*c, {.what = "engine options", .verb = "has"}, fp, "", m.options.timeout, m.device);
-  }
+  check_groups_agree(m.comms, m.registry, fingerprint(m.options), *m.device, m.options.timeout);
   m.dtypes = *dtypes;
-  // Trainable tensors grouped by unit (units in order of first registration), and within a unit by
-  // the dtype the engine works in (dtypes in order of first appearance in the unit), so that a unit
-  // of two dtypes is two buckets, not one per dtype change (ShardLayout).
+  m.tensor_param = layout_tensor_order(m.registry, m.dtypes);
   m.param_tensor.assign(m.registry.params().size(), -1);
-  for (int unit : m.registry.units()) {
-    std::vector<int> ids;
-    for (int id : m.registry.params_of_unit(unit)) {
-      if (m.registry.param(id).requires_grad) ids.push_back(id);
-    }
-    std::vector<DType> order;
-    for (int id : ids) {
-      const DType d = m.dtypes.compute(m.registry.param(id));
-      if (std::find(order.begin(), order.end(), d) == order.end()) order.push_back(d);
-    }
-    for (DType d : order) {
-      for (int id : ids) {
-        if (m.dtypes.compute(m.registry.param(id)) != d) continue;
-        m.param_tensor[static_cast<size_t>(id)] = static_cast<int64_t>(m.tensor_param.size());
-        m.tensor_param.push_back(id);
-      }
-    }
-  }
-  // Rank 0's initial values everywhere: within the shard group, then from replica 0 to the others.
-  // The parameters were written on the compute stream.
-  memory::Stream& compute = m.device->compute_stream();
-  for (comm::Communicator* c : {m.comms.shard, m.comms.replica}) {
-    if (c == nullptr) continue;
-    CollectiveOrder order(*m.device, *c, m.options.timeout);
-    for (const ParamSpec& p : m.registry.params()) {
-      order.before_issue(compute);
-      order.after(*c->broadcast(p.data.ptr, p.data.numel, p.dtype, 0), compute);
-    }
-  }
-  // Across tp the replicated parameters are compared, not overwritten (zero/tp_replica_check.h).
-  if (m.comms.tp != nullptr) check_tp_replicas(*m.comms.tp, m.registry, *m.device, m.options.timeout);
-  // Tied copies start as the tied group's rank 0's.
-  for (const ParamSpec& p : m.registry.params()) {
-    if (!p.tied) continue;
-    m.tied_order->before_issue(compute);
-    m.tied_order->after(*m.comms.tied->broadcast(p.data.ptr, p.data.numel, p.dtype, 0), compute);
-  }
+  for (size_t t = 0; t < m.tensor_param.size(); ++t) m.param_tensor[static_cast<size_t>(m.tensor_param[t])] = static_cast<int64_t>(t);
+  broadcast_initial_values(m.comms, m.registry, *m.device, m.options.timeout);
+  m.tied->broadcast_initial(m.registry);  // tied copies start as the tied group's rank 0's
   m.parts = wire_stage({&m.options, &m.registry, m.tensor_param, m.dtypes, m.comms.shard, m.comms.replica,
                         m.device, &m.timings, m.comms.tp, m.comms.model_parallel, m.comms.tied});
-  for (size_t t = 0; t < m.tensor_param.size(); ++t) {
-    if (m.registry.param(m.tensor_param[t]).tied) {
-      m.tied_tensors.push_back(t);
-      m.tied_units.insert(m.registry.param(m.tensor_param[t]).unit);
-    }
-  }
+  m.tied->attach(m.registry, m.tensor_param);
   for (size_t b = 0; b < m.parts.layout->buckets().size(); ++b) {
     const int unit = m.parts.layout->buckets()[b].unit;
     if (unit < 0) continue;
@@ -235,7 +139,7 @@ void Engine::finish_backward() {
     }
   }
   m.parts.reducer->begin_micro_step(m.syncs());
-  m.complete_tied();
+  m.tied->complete(*m.parts.reducer, m.registry, m.tensor_param, m.dtypes);
   m.parts.reducer->end_micro_step();
   m.clear_passes();
   ++m.micro_steps;
@@ -266,12 +170,7 @@ StepResult Engine::step() {
   r.micro_steps = m.micro_steps;
   // The step's end, past its one host wait: the ranks compare the calls each group issued (a
   // backend that checks every call as it is issued has nothing to do; NCCL compares here).
-  std::vector<comm::Communicator*> verified;
-  for (comm::Communicator* c : {m.comms.shard, m.comms.replica, m.comms.tp, m.comms.model_parallel, m.comms.tied}) {
-    if (c == nullptr || std::find(verified.begin(), verified.end(), c) != verified.end()) continue;
-    c->verify_schedule();
-    verified.push_back(c);
-  }
+  verify_group_schedules(m.comms);
   if (m.parts.gatherer) m.parts.gatherer->after_step();
   m.parts.reducer->clear();
   m.micro_steps = 0;

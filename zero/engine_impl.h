@@ -15,6 +15,7 @@
 #include "zero/collective_order.h"
 #include "zero/engine.h"
 #include "zero/stage_policy.h"
+#include "zero/tied_grads.h"
 
 namespace zero {
 
@@ -47,12 +48,10 @@ struct Engine::Impl {
     backward_passes.clear();
     split_passes.clear();
   }
-  std::vector<size_t> tied_tensors;    // layout tensors of ParamSpec::tied parameters
-  std::set<int> tied_units;            // units holding one
   // EngineOptions::reduce_each_micro_batch with micro-batches: every backward pass of a unit (but
   // the tied ones) completes its gradients for that micro-batch.
   bool each_micro_batch() const { return options.reduce_each_micro_batch && options.micro_batches > 1; }
-  std::unique_ptr<CollectiveOrder> tied_order;  // EngineComms::tied
+  std::unique_ptr<TiedGrads> tied;  // ParamSpec::tied copies over EngineComms::tied
   bool evaluating = false;            // an EvaluationScope is open
   StepTimings timings, last_timings;  // the step in progress, the last one completed
   SaveStaging save_staging;                   // save_async's copy; kept between saves
@@ -90,8 +89,6 @@ struct Engine::Impl {
     }
     return t;
   }
-  void check_tied();     // finalize(): tied parameters and their group agree
-  void complete_tied();  // finish_backward(): tied gradients summed over the group, then complete
   static bool reads_params(const UnitScope& scope) {
     return !scope.backward() || scope.part() != BackwardPart::kWeight;
   }

@@ -110,6 +110,27 @@ void check_topology(const EngineOptions& options, bool has_replica) {
   }
 }
 
+std::vector<int> layout_tensor_order(const ParamRegistry& registry, const ModelDtypes& dtypes) {
+  std::vector<int> order;
+  for (int unit : registry.units()) {
+    std::vector<int> ids;
+    for (int id : registry.params_of_unit(unit)) {
+      if (registry.param(id).requires_grad) ids.push_back(id);
+    }
+    std::vector<DType> kinds;
+    for (int id : ids) {
+      const DType d = dtypes.compute(registry.param(id));
+      if (std::find(kinds.begin(), kinds.end(), d) == kinds.end()) kinds.push_back(d);
+    }
+    for (DType d : kinds) {
+      for (int id : ids) {
+        if (dtypes.compute(registry.param(id)) == d) order.push_back(id);
+      }
+    }
+  }
+  return order;
+}
+
 EngineParts wire_stage(const PolicyInputs& in) {
   const EngineOptions& o = *in.options;
   const ParamRegistry& reg = *in.registry;

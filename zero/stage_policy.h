@@ -76,6 +76,12 @@ struct PolicyInputs {
 // Returns the dtypes when there are trainable parameters.
 std::optional<ModelDtypes> check_registration(const EngineOptions& options, ParamRegistry& registry);
 
+// The layout's order of the trainable parameters (layout tensor -> parameter id): grouped by unit
+// (units in order of first registration), and within a unit by the dtype the engine works in
+// (dtypes in order of first appearance in the unit), so that a unit of two dtypes is two buckets,
+// not one per dtype change (ShardLayout).
+std::vector<int> layout_tensor_order(const ParamRegistry& registry, const ModelDtypes& dtypes);
+
 EngineParts wire_stage(const PolicyInputs& in);
 
 // Throws InvalidArgument when the stage cannot run on the given communicators (hybrid sharding needs
