@@ -1,6 +1,7 @@
 // Composing the parallelisms with a model of one's own: the residual MLP (tests/residual_mlp.h)
 // trained at one (dp, tp, pp) layout, at ZeRO stages 0-3 under every schedule, against the same
-// code on one rank: every step's loss within 1e-6 (relative) and every final parameter within 1e-6.
+// code on one rank: every step's loss and the trained model's forward-only loss within 1e-6
+// (relative), and every final parameter within 1e-6.
 //
 // Built once per layout (COMPOSE_DP, COMPOSE_TP, COMPOSE_PP; tests/BUILD): the three targets are the
 // whole matrix of layouts x stages x schedules, small enough to run whole in CI and under the
@@ -48,6 +49,7 @@ EngineOptions options(int stage) {
 
 struct Trained {
   std::vector<float> losses;              // per step
+  float evaluated = 0;                    // the trained model's loss, forward only
   std::vector<std::vector<float>> params;  // per (layer, tensor): this rank's part
   std::vector<std::unique_ptr<ResidualMlp>> chunks;  // to cut the reference's tensors as this rank holds them
 };
@@ -76,6 +78,7 @@ Trained train(comm::Communicator& world, const comm::MeshShape& shape, int stage
     r.losses.push_back(pipe.train_step(kBatch / shape.dp, engine.loss_scale()).loss);
     engine.step();
   }
+  r.evaluated = pipe.evaluate(kBatch / shape.dp).loss;
   for (int c = 0; c < pipe.chunks(); ++c) {
     for (int l = pipe.layers(c).first; l < pipe.layers(c).end; ++l) {
       for (int t = 0; t < 4; ++t) r.params.push_back(r.chunks[static_cast<size_t>(c)]->param(l, t));
@@ -104,6 +107,8 @@ void check_layout(const comm::MeshShape& shape, const std::vector<int>& stages) 
           CHECK(std::abs(got.losses[static_cast<size_t>(s)] - want.losses[static_cast<size_t>(s)]) <=
                 1e-6 * std::abs(want.losses[static_cast<size_t>(s)]));
         }
+        CHECK(std::abs(got.evaluated - want.evaluated) <= 1e-6 * std::abs(want.evaluated));
+        CHECK(got.evaluated < want.losses.back());  // it evaluates the trained parameters
         // This rank's parts, against the same parts of the reference's whole tensors.
         size_t i = 0;
         double worst = 0;
