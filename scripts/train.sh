@@ -8,5 +8,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bazel build -c opt --config=native //comm/launch:zerorun //examples/gpt:train_gpt
+# The build in one line: its log is kept (and named) only where it failed or warned.
+echo "train.sh: building the launcher and train_gpt (bazel build -c opt --config=native; minutes the first time)"
+log=$(mktemp /tmp/zero_train_build.XXXXXX.log)
+start=$(date +%s)
+if ! bazel build -c opt --config=native //comm/launch:zerorun //examples/gpt:train_gpt >"$log" 2>&1; then
+  tail -n 80 "$log"
+  echo "train.sh: the build failed (whole log: $log)" >&2
+  exit 1
+fi
+warnings=$(grep -c "warning:" "$log" || true)
+if ((warnings > 0)); then
+  echo "train.sh: built in $(($(date +%s) - start)) s with $warnings compiler warnings (log: $log)"
+else
+  echo "train.sh: built in $(($(date +%s) - start)) s"
+  rm -f "$log"
+fi
 exec bazel-bin/comm/launch/zerorun --nproc-per-node "${NPROC:-2}" -- bazel-bin/examples/gpt/train_gpt "$@"

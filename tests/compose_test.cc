@@ -4,8 +4,8 @@
 // (relative), and every final parameter within 1e-6.
 //
 // Built once per layout (COMPOSE_DP, COMPOSE_TP, COMPOSE_PP; tests/BUILD): the three targets are the
-// whole matrix of layouts x stages x schedules, small enough to run whole in CI and under the
-// sanitizers.
+// whole matrix of layouts x stages x schedules, which the plain suite runs whole; the sanitizer runs
+// take the (2,2,2) target, which runs both the tp and the pp paths (.ci/run).
 //
 // What a user writes beside the model's math, its data and the loop is the "glue" below: the mesh,
 // the engine built from it, the pipeline stage, the model's chunks and their functions.
