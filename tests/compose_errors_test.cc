@@ -3,6 +3,7 @@
 // error naming the culprit, before anything trains, and none is left waiting.
 #include <doctest/doctest.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -102,12 +103,19 @@ TEST_CASE("a tensor split across tp but registered replicated is refused at fina
   });
 }
 
-TEST_CASE("a whole backward where the schedule asks for its input part is named at the weight pass") {
-  run_thread_ranks(2, [](comm::Communicator& world) {
+// Two pipeline ranks under zb-h1 with the residual MLP's chunks registered, not yet finalized.
+void on_zb_h1_pipeline(const std::function<void(parallel::PipelineStage&, Chunks&)>& body) {
+  run_thread_ranks(2, [&](comm::Communicator& world) {
     comm::Mesh mesh(world, {.pp = 2});
     Engine engine(mesh, options());
     parallel::PipelineStage pipe(mesh, engine, parallel::zb_h1(2, 4), {.layers = 4});
     Chunks chunks(pipe, mesh.tp(), engine);
+    body(pipe, chunks);
+  });
+}
+
+TEST_CASE("a whole backward where the schedule asks for its input part is named at the weight pass") {
+  on_zb_h1_pipeline([](parallel::PipelineStage& pipe, Chunks& chunks) {
     pipe.finalize(chunks.model(/*whole_backward=*/true));
     CHECK_THROWS_WITH_AS(pipe.train_step(8, 1.0f),
                          doctest::Contains("has no input-gradient scope (BackwardPart::kInput) before this weight-gradient "
@@ -117,11 +125,7 @@ TEST_CASE("a whole backward where the schedule asks for its input part is named 
 }
 
 TEST_CASE("a missing stage function is named") {
-  run_thread_ranks(2, [](comm::Communicator& world) {
-    comm::Mesh mesh(world, {.pp = 2});
-    Engine engine(mesh, options());
-    parallel::PipelineStage pipe(mesh, engine, parallel::zb_h1(2, 4), {.layers = 4});
-    Chunks chunks(pipe, mesh.tp(), engine);
+  on_zb_h1_pipeline([](parallel::PipelineStage& pipe, Chunks& chunks) {
     parallel::StageModel model = chunks.model();
     model.weight = nullptr;
     CHECK_THROWS_WITH_AS(pipe.finalize(model),
