@@ -103,10 +103,10 @@ int run(int argc, char** argv) {
   if (fp32_norms && dtype != DType::kBFloat16) ZERO_THROW(InvalidArgument, "--fp32-norms needs --dtype bf16");
   const plan::ModelSpec spec = examples::gpt_model_spec(cfg, dtype, 1, false, nullptr, fp32_norms);
   std::vector<Row> rows;
+  const std::unique_ptr<comm::Communicator> alone = pg.host->split(rank, 0);  // tp 1 (the GPT's placements)
   for (const examples::BenchConfig& c : configs) {
     // A fresh communicator: its scratch starts from nothing, as the plan's does.
     std::unique_ptr<comm::Communicator> comm = pg.host->split(0, rank);
-    const std::unique_ptr<comm::Communicator> alone = pg.host->split(rank, 0);  // tp 1 (the GPT's placements)
     memory::MemoryTracker::global().reset_peaks();
     EngineOptions opt = examples::gpt_engine_options(1e-4f);
     c.apply(opt);

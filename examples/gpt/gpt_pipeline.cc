@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <string>
-#include <numeric>
 #include <utility>
 
 #include "base/check.h"
@@ -38,21 +37,10 @@ std::vector<int> parse_layer_counts(const std::string& text) {
 
 std::vector<GptStage> gpt_stages(int n_layer, int virtual_stages, const std::vector<int>& layers) {
   ZERO_CHECK(virtual_stages >= 1, "virtual stages {} not positive", virtual_stages);
-  const std::vector<int> counts = layers.empty() ? parallel::even_stage_cut(n_layer, virtual_stages) : layers;
-  if (static_cast<int>(counts.size()) != virtual_stages) {
-    ZERO_THROW(InvalidArgument, "--pp-layers lists {} stages but the pipeline has {} (pp x chunks)", counts.size(),
-               virtual_stages);
-  }
-  for (int c : counts) {
-    if (c < 0) ZERO_THROW(InvalidArgument, "--pp-layers: a negative layer count {}", c);
-  }
-  const int sum = std::accumulate(counts.begin(), counts.end(), 0);
-  if (sum != n_layer) ZERO_THROW(InvalidArgument, "--pp-layers sums to {} layers but the model has n_layer {}", sum, n_layer);
   std::vector<GptStage> stages;
-  int first = 0;
-  for (int k = 0; k < virtual_stages; ++k) {
-    stages.push_back({first, first + counts[static_cast<size_t>(k)], k == 0, k == virtual_stages - 1});
-    first += counts[static_cast<size_t>(k)];
+  for (const auto& [first, end] :
+       parallel::stage_ranges(n_layer, virtual_stages, layers, "--pp-layers", "the model has n_layer")) {
+    stages.push_back({first, end, stages.empty(), static_cast<int>(stages.size()) == virtual_stages - 1});
   }
   return stages;
 }

@@ -1,7 +1,6 @@
 #include "parallel/pipeline/pipeline_stage.h"
 
 #include <cstdint>
-#include <numeric>
 #include <optional>
 #include <string>
 
@@ -16,21 +15,10 @@ namespace {
 
 std::vector<LayerRange> cut_layers(const PipelineOptions& o, int stages) {
   if (o.layers < 1) ZERO_THROW(InvalidArgument, "PipelineOptions.layers is {}: a pipelined model has layers to cut", o.layers);
-  const std::vector<int> counts = o.layer_counts.empty() ? even_stage_cut(o.layers, stages) : o.layer_counts;
-  if (static_cast<int>(counts.size()) != stages) {
-    ZERO_THROW(InvalidArgument, "PipelineOptions.layer_counts lists {} stages but the pipeline has {} (pp x chunks)",
-               counts.size(), stages);
-  }
   std::vector<LayerRange> cut;
-  int first = 0;
-  for (int c : counts) {
-    if (c < 0) ZERO_THROW(InvalidArgument, "PipelineOptions.layer_counts: a negative layer count {}", c);
-    cut.push_back({first, first + c});
-    first += c;
-  }
-  if (first != o.layers) {
-    ZERO_THROW(InvalidArgument, "PipelineOptions.layer_counts sums to {} layers but PipelineOptions.layers is {}", first,
-               o.layers);
+  for (const auto& [first, end] :
+       stage_ranges(o.layers, stages, o.layer_counts, "PipelineOptions.layer_counts", "PipelineOptions.layers is")) {
+    cut.push_back({first, end});
   }
   return cut;
 }
@@ -72,15 +60,9 @@ PipelineStage::PipelineStage(const comm::Mesh& mesh, Engine& engine, Schedule sc
   cut_ = cut_layers(options, schedule_.virtual_stages());
   check_engine(mesh, engine);
   engine.set_micro_batches(schedule_.microbatches);
-  device_ = options.device;
-  if (device_ == nullptr) {
-    own_tracker_ = std::make_unique<memory::MemoryTracker>();
-    own_device_ = memory::make_host_device(*own_tracker_);
-    device_ = own_device_.get();
-  }
   loss_comm_ = mesh.dp().split(0, mesh.dp().rank());
   runner_ = std::make_unique<PipelineRunner>(
-      schedule_, rank_, mesh.pp(), [this](int, int k) { return model_.activation(k, mb_samples_); }, device_);
+      schedule_, rank_, mesh.pp(), [this](int, int k) { return model_.activation(k, mb_samples_); }, options.device);
 }
 
 PipelineStage::~PipelineStage() = default;
@@ -192,10 +174,7 @@ PipelineStage::StepResult PipelineStage::train_step(int samples, float loss_scal
   }
   StepResult r;
   r.spans = runner_->run(fns);
-  from_last_stage(losses.data(), losses.size());
-  double sum = 0;  // in micro-batch order: every schedule adds the same way
-  for (float l : losses) sum += l;
-  r.loss = mean_over_data_parallel(static_cast<float>(sum / m));
+  r.loss = global_mean(losses);
   r.losses = std::move(losses);
   return r;
 }
@@ -208,10 +187,7 @@ PipelineStage::EvalResult PipelineStage::evaluate(int samples, int micro_batches
   if (!engine_.evaluating()) evaluating.emplace(engine_.evaluation());
   comm::Communicator& pp = mesh_.pp();
   const int V = schedule_.virtual_stages();
-  auto allocate = [&](int k) {
-    const TensorSpec spec = model_.activation(k, per);
-    return StageTensor(device_->allocate(spec.numel * dtype_size(spec.dtype), memory::Category::kOther), spec);
-  };
+  auto allocate = [&](int k) { return StageTensor::allocate(runner_->device(), model_.activation(k, per)); };
   EvalResult r;
   r.losses.assign(static_cast<size_t>(m), 0.0f);
   for (int mb = 0; mb < m; ++mb) {
@@ -235,10 +211,7 @@ PipelineStage::EvalResult PipelineStage::evaluate(int samples, int micro_batches
     }
   }
   if (evaluating) evaluating->close();
-  from_last_stage(r.losses.data(), r.losses.size());
-  double sum = 0;
-  for (float l : r.losses) sum += l;
-  r.loss = mean_over_data_parallel(static_cast<float>(sum / m));
+  r.loss = global_mean(r.losses);
   return r;
 }
 
@@ -247,10 +220,14 @@ void PipelineStage::from_last_stage(float* values, size_t count) {
   mesh_.pp().broadcast(values, count, DType::kFloat32, schedule_.rank_of(schedule_.virtual_stages() - 1))->wait();
 }
 
-float PipelineStage::mean_over_data_parallel(float local) {
-  if (loss_comm_->size() == 1) return local;
-  loss_comm_->all_reduce(&local, 1, DType::kFloat32, comm::ReduceOp::kSum)->wait();
-  return local / static_cast<float>(loss_comm_->size());
+float PipelineStage::global_mean(std::vector<float>& losses) {
+  from_last_stage(losses.data(), losses.size());
+  double sum = 0;  // in micro-batch order: every schedule adds the same way
+  for (float l : losses) sum += l;
+  float mean = static_cast<float>(sum / static_cast<double>(losses.size()));
+  if (loss_comm_->size() == 1) return mean;
+  loss_comm_->all_reduce(&mean, 1, DType::kFloat32, comm::ReduceOp::kSum)->wait();
+  return mean / static_cast<float>(loss_comm_->size());
 }
 
 }  // namespace zero::parallel

@@ -91,7 +91,7 @@ struct StageModel {
 struct PipelineOptions {
   int layers = 0;                 // the model's repeated layers, cut over the virtual stages
   std::vector<int> layer_counts;  // one count per virtual stage (summing to layers); empty: even
-  memory::Device* device = nullptr;  // where activations live; a host device of the stage's own if null
+  memory::Device* device = nullptr;  // where activations live; a host device of the runner's own if null
 };
 
 class PipelineStage {
@@ -145,16 +145,15 @@ class PipelineStage {
 
  private:
   StageCall call(int mb, int chunk, std::any& context, int samples_per_mb) const;
-  float mean_over_data_parallel(float local);
+  // The last stage's micro-batch `losses` given to every pipeline rank (in place), and their mean over
+  // the global batch (the data-parallel ranks' means averaged).
+  float global_mean(std::vector<float>& losses);
 
   const comm::Mesh& mesh_;
   Engine& engine_;
   const Schedule schedule_;
   const int rank_;
   std::vector<LayerRange> cut_;  // per virtual stage
-  std::unique_ptr<memory::MemoryTracker> own_tracker_;
-  std::unique_ptr<memory::Device> own_device_;
-  memory::Device* device_ = nullptr;
   std::unique_ptr<comm::Communicator> loss_comm_;  // the data-parallel loss mean, apart from the engine's
   std::unique_ptr<PipelineRunner> runner_;
   StageModel model_;

@@ -154,10 +154,7 @@ class Step {
   comm::Communicator& acts_;
   comm::Communicator& grads_;
   // The tensor of micro-batch `mb` leaving virtual stage `k` (or its gradient), as the spec says.
-  StageTensor allocate(int mb, int k) {
-    const TensorSpec spec = spec_(mb, k);
-    return StageTensor(device_.allocate(spec.numel * dtype_size(spec.dtype), memory::Category::kOther), spec);
-  }
+  StageTensor allocate(int mb, int k) { return StageTensor::allocate(device_, spec_(mb, k)); }
 
   const std::function<TensorSpec(int, int)>& spec_;
   memory::Device& device_;

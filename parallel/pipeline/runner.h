@@ -59,6 +59,8 @@ class PipelineRunner {
   // One step: every action of this rank, in order (check_functions first). Returns the compute
   // actions' spans (seconds since the step began on this rank).
   std::vector<Span> run(const StageFunctions& fns);
+  // Where the tensors live.
+  memory::Device& device() { return *device_; }
   // When the last run() began (steady clock: comparable across the processes of one machine).
   std::chrono::steady_clock::time_point last_start() const { return last_start_; }
 

@@ -22,4 +22,24 @@ std::vector<int> even_stage_cut(int layers, int stages) {
   return counts;
 }
 
+std::vector<std::pair<int, int>> stage_ranges(int layers, int stages, const std::vector<int>& counts,
+                                              const std::string& counts_name, const std::string& layers_name) {
+  const std::vector<int> cut = counts.empty() ? even_stage_cut(layers, stages) : counts;
+  if (static_cast<int>(cut.size()) != stages) {
+    ZERO_THROW(InvalidArgument, "{} lists {} stages but the pipeline has {} (pp x chunks)", counts_name, cut.size(),
+               stages);
+  }
+  std::vector<std::pair<int, int>> ranges;
+  int first = 0;
+  for (int c : cut) {
+    if (c < 0) ZERO_THROW(InvalidArgument, "{}: a negative layer count {}", counts_name, c);
+    ranges.emplace_back(first, first + c);
+    first += c;
+  }
+  if (first != layers) {
+    ZERO_THROW(InvalidArgument, "{} sums to {} layers but {} {}", counts_name, first, layers_name, layers);
+  }
+  return ranges;
+}
+
 }  // namespace zero::parallel

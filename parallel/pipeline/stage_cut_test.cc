@@ -4,6 +4,10 @@
 
 #include <cstddef>
 #include <numeric>
+#include <utility>
+#include <vector>
+
+#include "base/error.h"
 
 namespace zero::parallel {
 
@@ -27,6 +31,18 @@ TEST_CASE("the even cut gives the first stages one more layer and covers every l
       CHECK(end == layers);
     }
   }
+}
+
+TEST_CASE("stage_ranges: the even cut or the given counts, and bad counts named as the caller names them") {
+  using Ranges = std::vector<std::pair<int, int>>;
+  CHECK(stage_ranges(5, 2, {}, "counts", "layers") == Ranges{{0, 3}, {3, 5}});
+  CHECK(stage_ranges(4, 3, {0, 4, 0}, "counts", "layers") == Ranges{{0, 0}, {0, 4}, {4, 4}});
+  CHECK_THROWS_WITH_AS(stage_ranges(4, 3, {2, 2}, "--pp-layers", "n_layer is"),
+                       "--pp-layers lists 2 stages but the pipeline has 3 (pp x chunks)", InvalidArgument);
+  CHECK_THROWS_WITH_AS(stage_ranges(4, 2, {5, -1}, "--pp-layers", "n_layer is"), "--pp-layers: a negative layer count -1",
+                       InvalidArgument);
+  CHECK_THROWS_WITH_AS(stage_ranges(4, 2, {1, 2}, "--pp-layers", "n_layer is"),
+                       "--pp-layers sums to 3 layers but n_layer is 4", InvalidArgument);
 }
 
 }  // namespace zero::parallel

@@ -14,6 +14,7 @@
 #include "base/check.h"
 #include "base/dtype.h"
 #include "memory/buffer.h"
+#include "memory/device.h"
 
 namespace zero::parallel {
 
@@ -30,6 +31,11 @@ class StageTensor {
   StageTensor(memory::Buffer buffer, TensorSpec spec) : buffer_(std::move(buffer)), spec_(spec) {
     ZERO_CHECK(buffer_.size_bytes() == spec_.numel * dtype_size(spec_.dtype), "stage tensor of {} bytes for {} x {}",
                buffer_.size_bytes(), spec_.numel, dtype_name(spec_.dtype));
+  }
+
+  // A tensor of `spec` in memory of `device` (zero-filled; empty for no elements).
+  static StageTensor allocate(memory::Device& device, const TensorSpec& spec) {
+    return StageTensor(device.allocate(spec.numel * dtype_size(spec.dtype), memory::Category::kOther), spec);
   }
 
   const TensorSpec& spec() const { return spec_; }
