@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "base/error.h"
+#include "comm/hybrid_groups.h"
 #include "comm/mesh.h"
+#include "memory/device.h"
 #include "parallel/pipeline/pipeline_stage.h"
 #include "parallel/pipeline/schedules.h"
 #include "testing/thread_ranks.h"
@@ -172,6 +174,51 @@ TEST_CASE("a batch the micro-batches do not divide, and a cut that does not fit,
                          "micro-batches",
                          InvalidArgument);
   });
+}
+
+TEST_CASE("a schedule, an engine or a call that does not fit the mesh is named before anything runs") {
+  run_thread_ranks(4, [](comm::Communicator& world) {
+    comm::Mesh mesh(world, {.pp = 2, .dp = 2});
+    {  // a schedule for another pipeline size
+      Engine engine(mesh, options());
+      CHECK_THROWS_WITH_AS(parallel::PipelineStage(mesh, engine, parallel::one_f_one_b(4, 4), {.layers = 4}),
+                           "PipelineStage: the schedule '1f1b' has 4 pipeline ranks but the mesh's pp is 2",
+                           InvalidArgument);
+      CHECK_THROWS_WITH_AS(parallel::PipelineStage(mesh, engine, parallel::one_f_one_b(2, 4), {.layers = 0}),
+                           "PipelineOptions.layers is 0: a pipelined model has layers to cut", InvalidArgument);
+    }
+    {  // an engine over the whole world, not the mesh's data-parallel group
+      Engine engine(world, options());
+      CHECK_THROWS_WITH_AS(parallel::PipelineStage(mesh, engine, parallel::one_f_one_b(2, 4), {.layers = 4}),
+                           doctest::Contains("the engine's data-parallel group has 4 ranks but the mesh's dp is 2"),
+                           InvalidArgument);
+    }
+    {  // hybrid groups built over the world instead of the mesh's dp group
+      comm::HybridGroups hybrid(world, 2);
+      CHECK_THROWS_WITH_AS(EngineComms::from_mesh(mesh, &hybrid),
+                           "EngineComms::from_mesh: the hybrid groups (2 shard groups of 2 ranks) are not over the "
+                           "mesh's 2 data-parallel ranks",
+                           InvalidArgument);
+    }
+    {  // a stage built on a finalized engine; a step before the stage's finalize
+      Engine engine(mesh, options());
+      parallel::PipelineStage pipe(mesh, engine, parallel::one_f_one_b(2, 4), {.layers = 4});
+      CHECK_THROWS_WITH_AS(pipe.train_step(8, 1.0f), "PipelineStage::train_step() before finalize()", InvalidArgument);
+      Chunks chunks(pipe, mesh.tp(), engine);
+      pipe.finalize(chunks.model());
+      CHECK_THROWS_WITH_AS(pipe.finalize(chunks.model()), "PipelineStage::finalize() called twice", InvalidArgument);
+      CHECK_THROWS_WITH_AS(parallel::PipelineStage(mesh, engine, parallel::one_f_one_b(2, 4), {.layers = 4}),
+                           "PipelineStage: the engine is finalized; build the stage first", InvalidArgument);
+    }
+  });
+}
+
+TEST_CASE("a stage tensor read as another type is named") {
+  memory::MemoryTracker tracker;
+  const std::unique_ptr<memory::Device> device = memory::make_host_device(tracker);
+  parallel::StageTensor t = parallel::StageTensor::allocate(*device, {.numel = 6, .dtype = DType::kFloat32});
+  CHECK(t.span<float>().size() == 6);
+  CHECK_THROWS_WITH_AS(t.span<double>(), "a fp64 view of a stage tensor of 6 elements of fp32", InvalidArgument);
 }
 
 }  // namespace
