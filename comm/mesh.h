@@ -6,7 +6,7 @@
 // their neighbours over pp(); the global gradient norm sums over model_parallel().
 //
 //   comm::Mesh mesh(*pg.host, {.pp = 2, .dp = 2, .tp = 2});
-//   zero::Engine engine(mesh.dp(), options);
+//   zero::Engine engine(zero::parallel::engine_comms(mesh), options);  // parallel/engine_comms.h
 //   mesh.tp().all_reduce(partial, n, DType::kFloat32, comm::ReduceOp::kSum);
 #include <memory>
 

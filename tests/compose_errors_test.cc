@@ -12,6 +12,7 @@
 #include "comm/hybrid_groups.h"
 #include "comm/mesh.h"
 #include "memory/device.h"
+#include "parallel/engine_comms.h"
 #include "parallel/pipeline/pipeline_stage.h"
 #include "parallel/pipeline/schedules.h"
 #include "testing/thread_ranks.h"
@@ -61,29 +62,49 @@ TEST_CASE("a pipeline whose engine has no norm group is refused: each stage woul
     CHECK_THROWS_WITH_AS(parallel::PipelineStage(mesh, engine, parallel::one_f_one_b(2, 4), {.layers = 4}),
                          "PipelineStage: the engine adds the gradient norm over 1 rank(s) (EngineComms.model_parallel is "
                          "null) but the model is split over tp x pp = 2: each stage would clip by its own norm; build the "
-                         "engine from the mesh (Engine(mesh, options) or EngineComms::from_mesh)",
+                         "engine's groups from the mesh (parallel::engine_comms)",
                          InvalidArgument);
   });
 }
 
-TEST_CASE("a tensor-parallel layout whose engine has no tp group is refused by the pipeline stage") {
+TEST_CASE("a tensor-parallel layout whose engine has no tensor-parallel finalizer is refused by the pipeline stage") {
   run_thread_ranks(2, [](comm::Communicator& world) {
     comm::Mesh mesh(world, {.tp = 2});
     Engine engine(EngineComms{.shard = &mesh.dp(), .model_parallel = &mesh.model_parallel()}, options());
     CHECK_THROWS_WITH_AS(parallel::PipelineStage(mesh, engine, parallel::one_f_one_b(1, 2), {.layers = 4}),
-                         doctest::Contains("the engine's tensor-parallel group (EngineComms.tp) is null but the mesh's tp is 2"),
+                         doctest::Contains("no gradient finalizer of the engine (EngineComms.finalizers) works over the "
+                                           "mesh's tensor-parallel group of 2 ranks"),
                          InvalidArgument);
   });
 }
 
-TEST_CASE("split placements without a tp group are refused at finalize, naming the parameter") {
+TEST_CASE("split placements without tensor parallelism's finalizer are refused at finalize, naming the parameter") {
   run_thread_ranks(2, [](comm::Communicator& world) {
     comm::Mesh mesh(world, {.tp = 2});
     Engine engine(EngineComms{.shard = &mesh.dp()}, options());
     ResidualMlp model(kShape, mesh.tp(), engine, {0, 1});
     CHECK_THROWS_WITH_AS(engine.finalize(),
                          doctest::Contains("parameter 'block0.w1' is split over tensor parallelism (ParamSpec.tp = "
-                                           "split(0)) but EngineComms.tp is null"),
+                                           "split(0)) but no gradient finalizer of the engine takes it "
+                                           "(EngineComms.finalizers): build the engine's groups from the mesh "
+                                           "(parallel::engine_comms)"),
+                         InvalidArgument);
+  });
+}
+
+TEST_CASE("a finalizer over more ranks than the norm group, or serving a second engine, is refused") {
+  run_thread_ranks(2, [](comm::Communicator& world) {
+    comm::Mesh mesh(world, {.tp = 2});
+    CHECK_THROWS_WITH_AS(
+        Engine(EngineComms{.shard = &mesh.dp(), .finalizers = parallel::model_parallel_finalizers(mesh.tp(), nullptr)},
+               options()),
+        "the tensor-parallel gradient finalizer works over 2 ranks but the norm group (EngineComms.model_parallel) is "
+        "null: each rank would clip by the norm of its own part; build the engine's groups from the mesh "
+        "(parallel::engine_comms)",
+        InvalidArgument);
+    const EngineComms comms = parallel::engine_comms(mesh);
+    Engine first(comms, options());
+    CHECK_THROWS_WITH_AS(Engine(comms, options()), doctest::Contains("serves one engine; it is bound already"),
                          InvalidArgument);
   });
 }
@@ -91,7 +112,7 @@ TEST_CASE("split placements without a tp group are refused at finalize, naming t
 TEST_CASE("a tensor split across tp but registered replicated is refused at finalize, naming it and the tp ranks") {
   run_thread_ranks(4, [](comm::Communicator& world) {
     comm::Mesh mesh(world, {.dp = 2, .tp = 2});
-    Engine engine(mesh, options());
+    Engine engine(parallel::engine_comms(mesh), options());
     // Each tp rank's half of a [4, 2] matrix, registered without its split placement; the other
     // tensor really is replicated.
     std::vector<float> part(4), norm(2, 1.0f);
@@ -109,7 +130,7 @@ TEST_CASE("a tensor split across tp but registered replicated is refused at fina
 void on_zb_h1_pipeline(const std::function<void(parallel::PipelineStage&, Chunks&)>& body) {
   run_thread_ranks(2, [&](comm::Communicator& world) {
     comm::Mesh mesh(world, {.pp = 2});
-    Engine engine(mesh, options());
+    Engine engine(parallel::engine_comms(mesh), options());
     parallel::PipelineStage pipe(mesh, engine, parallel::zb_h1(2, 4), {.layers = 4});
     Chunks chunks(pipe, mesh.tp(), engine);
     body(pipe, chunks);
@@ -144,7 +165,7 @@ TEST_CASE("a missing stage function is named") {
 TEST_CASE("stages left without a layer are named by virtual stage and world rank on every rank") {
   run_thread_ranks(6, [](comm::Communicator& world) {
     comm::Mesh mesh(world, {.pp = 6});
-    Engine engine(mesh, options());
+    Engine engine(parallel::engine_comms(mesh), options());
     parallel::PipelineStage pipe(mesh, engine, parallel::one_f_one_b(6, 6), {.layers = 4});
     Chunks chunks(pipe, mesh.tp(), engine);
     CHECK_THROWS_WITH_AS(pipe.finalize(chunks.model()),
@@ -159,7 +180,7 @@ TEST_CASE("stages left without a layer are named by virtual stage and world rank
 TEST_CASE("a batch the micro-batches do not divide, and a cut that does not fit, are named") {
   run_thread_ranks(2, [](comm::Communicator& world) {
     comm::Mesh mesh(world, {.dp = 2});
-    Engine engine(mesh, options());
+    Engine engine(parallel::engine_comms(mesh), options());
     CHECK_THROWS_WITH_AS(parallel::PipelineStage(mesh, engine, parallel::one_f_one_b(1, 4), {.layers = 4, .layer_counts = {3}}),
                          "PipelineOptions.layer_counts sums to 3 layers but PipelineOptions.layers is 4", InvalidArgument);
     parallel::PipelineStage pipe(mesh, engine, parallel::one_f_one_b(1, 8), {.layers = 4});
@@ -180,7 +201,7 @@ TEST_CASE("a schedule, an engine or a call that does not fit the mesh is named b
   run_thread_ranks(4, [](comm::Communicator& world) {
     comm::Mesh mesh(world, {.pp = 2, .dp = 2});
     {  // a schedule for another pipeline size
-      Engine engine(mesh, options());
+      Engine engine(parallel::engine_comms(mesh), options());
       CHECK_THROWS_WITH_AS(parallel::PipelineStage(mesh, engine, parallel::one_f_one_b(4, 4), {.layers = 4}),
                            "PipelineStage: the schedule '1f1b' has 4 pipeline ranks but the mesh's pp is 2",
                            InvalidArgument);
@@ -195,13 +216,13 @@ TEST_CASE("a schedule, an engine or a call that does not fit the mesh is named b
     }
     {  // hybrid groups built over the world instead of the mesh's dp group
       comm::HybridGroups hybrid(world, 2);
-      CHECK_THROWS_WITH_AS(EngineComms::from_mesh(mesh, &hybrid),
-                           "EngineComms::from_mesh: the hybrid groups (2 shard groups of 2 ranks) are not over the "
+      CHECK_THROWS_WITH_AS(parallel::engine_comms(mesh, &hybrid),
+                           "engine_comms: the hybrid groups (2 shard groups of 2 ranks) are not over the "
                            "mesh's 2 data-parallel ranks",
                            InvalidArgument);
     }
     {  // a stage built on a finalized engine; a step before the stage's finalize
-      Engine engine(mesh, options());
+      Engine engine(parallel::engine_comms(mesh), options());
       parallel::PipelineStage pipe(mesh, engine, parallel::one_f_one_b(2, 4), {.layers = 4});
       CHECK_THROWS_WITH_AS(pipe.train_step(8, 1.0f), "PipelineStage::train_step() before finalize()", InvalidArgument);
       Chunks chunks(pipe, mesh.tp(), engine);

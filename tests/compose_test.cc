@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/mesh.h"
+#include "parallel/engine_comms.h"
 #include "parallel/pipeline/pipeline_stage.h"
 #include "parallel/pipeline/schedules.h"
 #include "testing/thread_ranks.h"
@@ -58,7 +59,7 @@ Trained train(comm::Communicator& world, const comm::MeshShape& shape, int stage
   Trained r;
   // --- glue ---
   comm::Mesh mesh(world, shape);
-  Engine engine(mesh, options(stage));
+  Engine engine(parallel::engine_comms(mesh), options(stage));
   const int chunks = schedule == "interleaved" ? 2 : 1;
   parallel::PipelineStage pipe(mesh, engine, parallel::make_schedule(schedule, shape.pp, kMicro, chunks),
                                {.layers = kShape.layers});

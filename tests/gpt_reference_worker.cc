@@ -32,6 +32,7 @@
 #include "examples/gpt/gpt_model.h"
 #include "examples/gpt/gpt_pipeline.h"
 #include "examples/gpt/gpt_reference.h"
+#include "parallel/engine_comms.h"
 #include "parallel/pipeline/schedules.h"
 #include "zero/engine.h"
 #include "zero/tp_placement.h"
@@ -169,7 +170,7 @@ int run(int argc, char** argv) {
   } else {
     opt.gradient_accumulation_steps = micro;
   }
-  Engine engine(mesh, opt);
+  Engine engine(parallel::engine_comms(mesh), opt);
   std::unique_ptr<examples::GptScopes> scopes;
   std::unique_ptr<examples::GptPipeline> pipe;
   if (pp > 1) {

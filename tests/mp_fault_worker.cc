@@ -23,6 +23,7 @@
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_model.h"
 #include "examples/gpt/gpt_pipeline.h"
+#include "parallel/engine_comms.h"
 #include "parallel/pipeline/schedules.h"
 #include "zero/engine.h"
 
@@ -46,7 +47,7 @@ int train(comm::Communicator& world, int tp, int pp, int stage, int steps, std::
   opt.layout = {.alignment = 4, .bucket_numel = 1024, .block = 16};
   opt.timeout = timeout;
   if (pp > 1) opt.micro_batches = kMicroBatches;
-  Engine engine(mesh, opt);
+  Engine engine(parallel::engine_comms(mesh), opt);
   std::optional<examples::Gpt> model;
   std::unique_ptr<examples::GptScopes> scopes;
   std::unique_ptr<examples::GptPipeline> pipe;

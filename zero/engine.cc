@@ -13,7 +13,6 @@
 #include "optim/custom_optimizer.h"
 #include "zero/engine_groups.h"
 #include "zero/engine_impl.h"
-#include "zero/tp_replica_check.h"
 
 namespace zero {
 
@@ -31,7 +30,6 @@ memory::HostDeviceOptions own_device_options() {
 }  // namespace
 
 Engine::Engine(comm::Communicator& comm, EngineOptions options) : Engine(EngineComms{&comm}, std::move(options)) {}
-Engine::Engine(const comm::Mesh& mesh, EngineOptions options) : Engine(EngineComms::from_mesh(mesh), std::move(options)) {}
 
 Engine::Engine(const EngineComms& comms, EngineOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
@@ -47,8 +45,7 @@ Engine::Engine(const EngineComms& comms, EngineOptions options) : impl_(std::mak
     m.device = m.own_device.get();
   }
   // The pairing is checked now, not at the first collective.
-  check_group_pairing(comms, *m.device, m.options.timeout);
-  m.tied = std::make_unique<TiedGrads>(comms.tied, *m.device, m.options.timeout);
+  bind_groups(comms, *m.device, m.options.timeout);
   if (m.options.loss_scaling == LossScaling::kDynamic) m.scaler.emplace(m.options.dynamic_loss_scaler);
 }
 
@@ -76,20 +73,18 @@ void Engine::finalize() {
   // Problems that need the options are recorded as local errors, so verification reports them on
   // every rank instead of leaving the others waiting in a collective.
   const std::optional<ModelDtypes> dtypes = check_registration(m.options, m.registry);
-  m.tied->check(m.registry);
-  if (m.comms.tp == nullptr) {
-    if (std::string e = split_without_tp_group(m.registry); !e.empty()) m.registry.note_error(e);
-  }
+  check_claimed(m.comms.finalizers, m.registry);
+  for (const auto& f : m.comms.finalizers) f->check(m.registry);
   check_groups_agree(m.comms, m.registry, fingerprint(m.options), *m.device, m.options.timeout);
   m.dtypes = *dtypes;
   m.tensor_param = layout_tensor_order(m.registry, m.dtypes);
   m.param_tensor.assign(m.registry.params().size(), -1);
   for (size_t t = 0; t < m.tensor_param.size(); ++t) m.param_tensor[static_cast<size_t>(m.tensor_param[t])] = static_cast<int64_t>(t);
   broadcast_initial_values(m.comms, m.registry, *m.device, m.options.timeout);
-  m.tied->broadcast_initial(m.registry);  // tied copies start as the tied group's rank 0's
+  for (const auto& f : m.comms.finalizers) f->initial_values(m.registry);
   m.parts = wire_stage({&m.options, &m.registry, m.tensor_param, m.dtypes, m.comms.shard, m.comms.replica,
-                        m.device, &m.timings, m.comms.tp, m.comms.model_parallel, m.comms.tied});
-  m.tied->attach(m.registry, m.tensor_param);
+                        m.device, &m.timings, m.comms.model_parallel, m.comms.finalizers});
+  m.held = HeldGrads(m.comms.finalizers, m.registry, m.tensor_param);
   for (size_t b = 0; b < m.parts.layout->buckets().size(); ++b) {
     const int unit = m.parts.layout->buckets()[b].unit;
     if (unit < 0) continue;
@@ -115,7 +110,7 @@ void* Engine::grad(int id) {
 
 void Engine::grad_ready(int id) {
   const size_t t = impl_->tensor_of(id, "grad_ready");
-  if (impl_->registry.param(id).tied) return;  // completed by finish_backward(), after the tied sum
+  if (impl_->held.param(id)) return;  // completed by finish_backward(), by its finalizer
   impl_->parts.reducer->tensor_ready(t);
 }
 
@@ -139,7 +134,7 @@ void Engine::finish_backward() {
     }
   }
   m.parts.reducer->begin_micro_step(m.syncs());
-  m.tied->complete(*m.parts.reducer, m.registry, m.tensor_param, m.dtypes);
+  m.held.complete(*m.parts.reducer, m.registry, m.dtypes);
   m.parts.reducer->end_micro_step();
   m.clear_passes();
   ++m.micro_steps;

@@ -52,12 +52,11 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/hybrid_groups.h"
-#include "comm/mesh.h"
 #include "memory/device.h"
 #include "optim/optimizer.h"
 #include "zero/checkpoint/checkpoint_types.h"
 #include "zero/engine_options.h"
+#include "zero/grad_finalizer.h"
 #include "zero/memory_report.h"
 #include "zero/param_registry.h"
 #include "zero/step_result.h"
@@ -184,25 +183,18 @@ struct EngineComms {
   // Where the engine's buffers live and its kernels run; nullptr: a host device of the engine's own.
   // Must outlive the engine; its memory kind must be one the communicators accept.
   memory::Device* device = nullptr;
-  // Tensor parallelism (comm::Mesh::tp()): the parameters' placements (ParamSpec::tp) say how they
-  // lie on it. Replicated parameters get rank 0's values at finalize(); partial gradients are
-  // summed over it. Every rank of it must register the same names, placements and parts' shapes.
-  comm::Communicator* tp = nullptr;
-  // The global gradient norm and the overflow check are added over it (comm::Mesh::model_parallel(),
-  // tp x pp), each element counted once; nullptr: tp.
+  // The global gradient norm and the overflow check are added over it (model parallelism:
+  // comm::Mesh::model_parallel(), tp x pp), each element counted once (a finalizer's copies on its
+  // group's rank 0 only); nullptr: over the data-parallel ranks alone.
   comm::Communicator* model_parallel = nullptr;
-  // Pipeline parallelism with a tied embedding and output head (comm::Mesh::embedding(): the first
-  // and the last stage): parameters registered with ParamSpec::tied have their gradients summed over
-  // it at the end of each reducing micro-step, before their data-parallel reduction. Every rank of
-  // it must register the same tied names and shapes.
-  comm::Communicator* tied = nullptr;
-
-  // Every group derived from this rank's place in `mesh`, so that none can be left out: the
-  // data-parallel group (split by `hybrid`, built over mesh.dp(), into shard and replica groups for
-  // HSDP), tp, the norm group (model-parallel: tp x pp) and the tied group (the first and the last
-  // pipeline stage). The mesh (and `hybrid`, `device`) must outlive the engine.
-  static EngineComms from_mesh(const comm::Mesh& mesh, const comm::HybridGroups* hybrid = nullptr,
-                               memory::Device* device = nullptr);
+  // Model parallelism's gradient finalizers (zero/grad_finalizer.h), run in this order: tensor
+  // parallelism's partial sums and replicated copies, the tied copies' sums across pipeline stages.
+  // A parameter that needs one (a split placement, ParamSpec::tied) and finds none is refused at
+  // finalize(). Each serves one engine.
+  //
+  // parallel::engine_comms(mesh) (parallel/engine_comms.h) builds every field from the rank's
+  // place in the device mesh, so that none can be left out.
+  GradFinalizers finalizers;
 };
 
 class Engine {
@@ -211,8 +203,6 @@ class Engine {
   // collectives.
   Engine(comm::Communicator& comm, EngineOptions options);
   Engine(const EngineComms& comms, EngineOptions options);
-  // Engine(EngineComms::from_mesh(mesh), options).
-  Engine(const comm::Mesh& mesh, EngineOptions options);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

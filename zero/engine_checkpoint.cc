@@ -3,6 +3,7 @@
 #include "base/logging.h"
 #include "zero/checkpoint/checkpoint.h"
 #include "zero/engine.h"
+#include "zero/engine_groups.h"
 #include "zero/engine_impl.h"
 
 namespace zero {
@@ -24,7 +25,7 @@ CheckpointParts Engine::checkpoint_parts() {
           m.parts.writeback.get(),
           m.comms.shard,
           m.comms.replica,
-          m.comms.tp,
+          split_group(m.comms),
           m.comms.model_parallel,
           &m.options,
           m.dtypes.storage,

@@ -2,15 +2,51 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
+#include "base/check.h"
 #include "zero/collective_order.h"
 #include "zero/rank_agreement.h"
-#include "zero/tp_replica_check.h"
 
 namespace zero {
 
-void check_group_pairing(const EngineComms& comms, memory::Device& device, std::chrono::milliseconds timeout) {
-  for (comm::Communicator* c : {comms.shard, comms.replica, comms.tp, comms.model_parallel}) {
+void bind_groups(const EngineComms& comms, memory::Device& device, std::chrono::milliseconds timeout) {
+  for (comm::Communicator* c : {comms.shard, comms.replica, comms.model_parallel}) {
     if (c != nullptr) CollectiveOrder check(device, *c, timeout);
+  }
+  for (const auto& f : comms.finalizers) {
+    if (f == nullptr) ZERO_THROW(InvalidArgument, "EngineComms.finalizers holds a null finalizer");
+    // The finalizer's group splits the model: the norm must be added over at least its ranks.
+    const int group = f->group()->size();
+    if (group > 1 && (comms.model_parallel == nullptr || comms.model_parallel->size() < group)) {
+      ZERO_THROW(InvalidArgument,
+                 "the {} gradient finalizer works over {} ranks but the norm group (EngineComms.model_parallel) is {}: "
+                 "each rank would clip by the norm of its own part; build the engine's groups from the mesh "
+                 "(parallel::engine_comms)",
+                 f->name(), group, comms.model_parallel ? fmt::format("{} rank(s)", comms.model_parallel->size()) : "null");
+    }
+    f->bind(device, timeout);
+  }
+}
+
+comm::Communicator* split_group(const EngineComms& comms) {
+  for (const auto& f : comms.finalizers) {
+    if (f->splits_over() != nullptr) return f->splits_over();
+  }
+  return nullptr;
+}
+
+void check_claimed(const GradFinalizers& finalizers, ParamRegistry& registry) {
+  for (const ParamSpec& p : registry.params()) {
+    const std::string need = needs_finalizer(p);
+    if (need.empty()) continue;
+    if (std::none_of(finalizers.begin(), finalizers.end(), [&](const auto& f) { return f->claims(p); })) {
+      registry.note_error(fmt::format("parameter '{}' is {} but no gradient finalizer of the engine takes it "
+                                      "(EngineComms.finalizers): build the engine's groups from the mesh "
+                                      "(parallel::engine_comms)",
+                                      p.name, need));
+      return;
+    }
   }
 }
 
@@ -21,11 +57,16 @@ void check_groups_agree(const EngineComms& comms, ParamRegistry& registry,
   for (const auto& [field, value] : fingerprint) fp.push_back({field, value});
   // The mesh: every rank of every group must see the same group sizes.
   auto size_of = [](const comm::Communicator* c) { return std::to_string(c ? c->size() : 1); };
-  fp.push_back({"tensor-parallel group size", size_of(comms.tp)});
-  fp.push_back({"model-parallel group size", size_of(comms.model_parallel ? comms.model_parallel : comms.tp)});
-  // (A tp group of one rank, which split placements need even at tp 1, has no one to disagree with.)
-  for (comm::Communicator* c : {comms.shard, comms.replica, comms.tp}) {
-    if (c == nullptr || (c == comms.tp && c->size() == 1)) continue;
+  std::vector<comm::Communicator*> groups{comms.shard, comms.replica};
+  for (const auto& f : comms.finalizers) {
+    if (!f->same_registration()) continue;
+    fp.push_back({f->name() + " group size", size_of(f->group())});
+    // (A group of one rank, which split placements need even at tp 1, has no one to disagree with.)
+    if (f->group() != nullptr && f->group()->size() > 1) groups.push_back(f->group());
+  }
+  fp.push_back({"model-parallel group size", size_of(comms.model_parallel)});
+  for (comm::Communicator* c : groups) {
+    if (c == nullptr) continue;
     registry.verify_across_ranks(*c, timeout, &device);
     check_agreement(*c, {.what = "engine options", .verb = "has"}, fp, "", timeout, &device);
   }
@@ -43,12 +84,14 @@ void broadcast_initial_values(const EngineComms& comms, const ParamRegistry& reg
       order.after(*c->broadcast(p.data.ptr, p.data.numel, p.dtype, 0), compute);
     }
   }
-  if (comms.tp != nullptr) check_tp_replicas(*comms.tp, registry, device, timeout);
 }
 
 void verify_group_schedules(const EngineComms& comms) {
+  std::vector<comm::Communicator*> groups{comms.shard, comms.replica};
+  for (const auto& f : comms.finalizers) groups.push_back(f->group());
+  groups.push_back(comms.model_parallel);
   std::vector<comm::Communicator*> verified;
-  for (comm::Communicator* c : {comms.shard, comms.replica, comms.tp, comms.model_parallel, comms.tied}) {
+  for (comm::Communicator* c : groups) {
     if (c == nullptr || std::find(verified.begin(), verified.end(), c) != verified.end()) continue;
     c->verify_schedule();
     verified.push_back(c);

@@ -14,7 +14,8 @@
 #include "zero/collective_order.h"
 #include "zero/engine.h"
 #include "zero/stage_policy.h"
-#include "zero/tied_grads.h"
+#include "zero/grad_finalizer.h"
+#include "zero/held_grads.h"
 
 namespace zero {
 
@@ -48,9 +49,9 @@ struct Engine::Impl {
     split_passes.clear();
   }
   // EngineOptions::reduce_each_micro_batch with micro-batches: every backward pass of a unit (but
-  // the tied ones) completes its gradients for that micro-batch.
+  // those holding a finalizer's held gradients) completes its gradients for that micro-batch.
   bool each_micro_batch() const { return options.reduce_each_micro_batch && options.micro_batches > 1; }
-  std::unique_ptr<TiedGrads> tied;  // ParamSpec::tied copies over EngineComms::tied
+  HeldGrads held;  // the finalizers' (EngineComms::finalizers) held gradients
   bool evaluating = false;            // an EvaluationScope is open
   StepTimings timings, last_timings;  // the step in progress, the last one completed
   SaveStaging save_staging;                   // save_async's copy; kept between saves

@@ -20,6 +20,12 @@ size_t shape_numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
+std::string needs_finalizer(const ParamSpec& p) {
+  if (p.tp.is_split()) return fmt::format("split over tensor parallelism (ParamSpec.tp = {})", describe(p.tp));
+  if (p.tied) return "tied (ParamSpec.tied)";
+  return "";
+}
+
 std::string shape_string(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += fmt::format("{}{}", i ? ", " : "", shape[i]);

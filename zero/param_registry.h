@@ -32,19 +32,24 @@ struct ParamSpec {
   int unit = 0;                   // the unit (a layer or block) it belongs to; see Engine::gather
   int group = 0;                  // optimizer parameter group
   bool requires_grad = true;      // frozen parameters get no reduction and no optimizer state
-  // How it lies on the tensor-parallel group (EngineComms::tp): `shape` and the storage are this
-  // rank's part. Replicated parameters count once in the global norm; partial_grad ones have their
-  // gradient summed over tp.
+  // How it lies on the tensor-parallel group: `shape` and the storage are this rank's part.
+  // Replicated parameters count once in the global norm; partial_grad ones have their gradient
+  // summed over tp (tensor parallelism's finalizer, parallel/tensor/tp_grads.h).
   TpPlacement tp;
   // A copy of a weight that another pipeline stage holds too (a tied embedding and output head):
-  // the copies' gradients are summed over EngineComms::tied before the data-parallel reduction,
-  // their values start as the tied group's rank 0's, and the global norm counts them there only.
+  // the copies' gradients are summed over the tied group before the data-parallel reduction, their
+  // values start as the tied group's rank 0's, and the global norm counts them there only (the tied
+  // copies' finalizer, parallel/pipeline/tied_grads.h).
   bool tied = false;
   // Stage 3: this parameter's dtype in the engine (its shard, gathers, views and gradients), over
   // EngineOptions.param_dtype: fp32 keeps a LayerNorm in fp32 while the rest computes in bf16 (FSDP2's
   // per-module MixedPrecisionPolicy). The registered dtype, or fp16 or bf16 for an fp32 parameter.
   std::optional<DType> param_dtype;
 };
+
+// What about `p` needs a gradient finalizer (zero/grad_finalizer.h) to claim it ("split over tensor
+// parallelism (ParamSpec.tp = split(0))", "tied (ParamSpec.tied)"); "" when nothing does.
+std::string needs_finalizer(const ParamSpec& p);
 
 size_t shape_numel(const std::vector<int64_t>& shape);  // throws InvalidArgument on overflow/<=0
 std::string shape_string(const std::vector<int64_t>& shape);

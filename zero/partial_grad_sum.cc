@@ -4,9 +4,9 @@
 
 namespace zero {
 
-PartialGradSum::PartialGradSum(memory::Device& device, comm::Communicator& tp, const std::vector<Piece>& pieces,
+PartialGradSum::PartialGradSum(memory::Device& device, comm::Communicator& group, const std::vector<Piece>& pieces,
                                std::chrono::milliseconds timeout)
-    : device_(device), tp_(tp), order_(device, tp, timeout) {
+    : device_(device), group_(group), order_(device, group, timeout) {
   for (const Piece& p : pieces) {
     Group* g = nullptr;
     for (Group& existing : groups_) {
@@ -37,7 +37,7 @@ void PartialGradSum::run(const BucketBase& bucket_base) {
       }
     }
     order_.before_issue(compute);
-    order_.after(*tp_.all_reduce(buffer, g.numel, g.dtype, comm::ReduceOp::kSum), compute);
+    order_.after(*group_.all_reduce(buffer, g.numel, g.dtype, comm::ReduceOp::kSum), compute);
     if (!g.pack.empty()) {
       size_t at = 0;
       for (const Piece& p : g.pieces) {

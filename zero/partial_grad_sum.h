@@ -1,8 +1,9 @@
 #pragma once
-// PartialGradSum: completes, over the tensor-parallel group, the reduced gradients of the
-// parameters each tp rank holds whole but whose gradient it holds only in part (sequence
-// parallelism's layer norms and the row-parallel biases: each rank's backward saw only its own
-// tokens), before the update reads them.
+// PartialGradSum: completes, over a finalizer's group (zero/grad_finalizer.h: its "summed"
+// parameters), the reduced gradients of the parameters each rank of it holds whole but whose
+// gradient it holds only in part (under tensor parallelism, sequence parallelism's layer norms and
+// the row-parallel biases: each rank's backward saw only its own tokens), before the update reads
+// them.
 //
 // The pieces go out packed, one all-reduce per gradient dtype, as Megatron-LM flattens its layer
 // norms' gradients into one call: a GPT's layer norms and biases are dozens of pieces of a few
@@ -39,7 +40,7 @@ class PartialGradSum {
   };
 
   // The pack buffers are allocated here (communication buffers), so the memory plan sees them.
-  PartialGradSum(memory::Device& device, comm::Communicator& tp, const std::vector<Piece>& pieces,
+  PartialGradSum(memory::Device& device, comm::Communicator& group, const std::vector<Piece>& pieces,
                  std::chrono::milliseconds timeout);
 
   // Sums the pieces over the tp group in place, bucket b's reduced gradient at bucket_base(b)
@@ -56,7 +57,7 @@ class PartialGradSum {
   };
 
   memory::Device& device_;
-  comm::Communicator& tp_;
+  comm::Communicator& group_;
   CollectiveOrder order_;
   std::vector<Group> groups_;
 };

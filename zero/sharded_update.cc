@@ -14,10 +14,10 @@ namespace zero {
 ShardedUpdate::ShardedUpdate(UpdateConfig config, const ShardLayout& layout, const ShardOwnership& ownership,
                              comm::Communicator& shard_comm, memory::Device& device,
                              std::unique_ptr<UpdateApplier> applier, ParamWriteback& writeback,
-                             std::unique_ptr<PartialGradSum> partial_sum)
+                             std::vector<std::unique_ptr<PartialGradSum>> partial_sums)
     : config_(std::move(config)), layout_(layout), ownership_(ownership), comm_(shard_comm), device_(device),
       writeback_(writeback), order_(device, shard_comm, config_.timeout), applier_(std::move(applier)),
-      sums_ready_(device.create_event()), partial_sum_(std::move(partial_sum)) {
+      sums_ready_(device.create_event()), partial_sums_(std::move(partial_sums)) {
   const size_t block = layout_.options().block;
   for (size_t b = 0; b < layout_.buckets().size(); ++b) owned_blocks_ += ownership_.range(b).len / block;
   const size_t world = ownership_.is_replicated() ? 1 : static_cast<size_t>(comm_.size());
@@ -138,10 +138,8 @@ StepResult ShardedUpdate::step(const GradReducer& grads, float loss_scale, doubl
   StepResult r;
   r.loss_scale = loss_scale;
   r.step = steps_taken;
-  if (partial_sum_) {
-    // The reduced gradients are the update's to finish: the partial parts are summed in place.
-    partial_sum_->run([&](size_t b) { return const_cast<void*>(grads.reduced(b).ptr); });
-  }
+  // The reduced gradients are the update's to finish: the partial parts are summed in place.
+  for (const auto& sum : partial_sums_) sum->run([&](size_t b) { return const_cast<void*>(grads.reduced(b).ptr); });
   const double total = global_sum_of_squares(grads);
   const bool found_inf = !std::isfinite(total);
   const double unscale = 1.0 / (static_cast<double>(loss_scale) * divisor);

@@ -1,8 +1,8 @@
 #pragma once
 // ShardedUpdate: the optimizer step over the rank's owned ranges.
 //
-//   0. under tensor parallelism, the gradients that are partial sums over tp completed
-//      (PartialGradSum), before anything reads them;
+//   0. the gradients that are partial sums over a finalizer's group (tensor parallelism's layer
+//      norms under sequence parallelism) completed (PartialGradSum), before anything reads them;
 //   1. the global gradient norm: sums of squares per block of the flat space, each rank computing
 //      the blocks it owns, gathered and added in global block order, so the norm has the same bits
 //      at every stage and world size (see ShardLayout);
@@ -49,11 +49,11 @@ struct UpdateConfig {
 
 class ShardedUpdate {
  public:
-  // `partial_sum`: the tp sums to complete before the norm (null: none, as without tp). `config`'s
+  // `partial_sums`: the sums to complete before the norm (zero/grad_finalizer.h). `config`'s
   // per-block lists are turned into runs_ and not kept (pass it moved: they are a value per block).
   ShardedUpdate(UpdateConfig config, const ShardLayout& layout, const ShardOwnership& ownership,
                 comm::Communicator& shard_comm, memory::Device& device, std::unique_ptr<UpdateApplier> applier,
-                ParamWriteback& writeback, std::unique_ptr<PartialGradSum> partial_sum = nullptr);
+                ParamWriteback& writeback, std::vector<std::unique_ptr<PartialGradSum>> partial_sums = {});
 
   // Steps with the reduced gradients. `divisor` turns reduced sums into means (ranks x micro-steps)
   // and `loss_scale` is the scale the loss carried; with a scaler, an overflow skips the step. On
@@ -81,7 +81,7 @@ class ShardedUpdate {
   memory::Buffer host_sums_;      // host staging of the above
   std::unique_ptr<memory::Event> sums_ready_;
   size_t owned_blocks_ = 0;
-  std::unique_ptr<PartialGradSum> partial_sum_;           // with tensor parallelism
+  std::vector<std::unique_ptr<PartialGradSum>> partial_sums_;
   std::unique_ptr<CollectiveOrder> mp_order_;             // with tensor or pipeline parallelism
   memory::Buffer mp_total_, mp_host_;                     // the per-unit sums of squares, added over mp
   size_t units_ = 1;                                      // unit ids below this, on every mp rank

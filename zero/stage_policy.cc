@@ -140,27 +140,29 @@ EngineParts wire_stage(const PolicyInputs& in) {
   std::vector<size_t> numels;
   std::vector<int> units;
   std::vector<DType> dtypes;  // each tensor's compute dtype
-  // The global norm counts every element once over the model-parallel group: a tensor replicated
-  // over tp is counted by tp rank 0, a tied copy by the tied group's rank 0. Tensors of different
-  // classes never share a block, so that the norm can skip whole blocks.
-  const bool tensor_parallel = in.tp != nullptr && in.tp->size() > 1;
+  // The global norm counts every element once over the norm group: a copy that a finalizer's group
+  // holds whole (zero/grad_finalizer.h) is counted by that group's rank 0. Tensors of different
+  // classes (which finalizers copy them) never share a block, so that the norm can skip whole blocks.
+  const GradFinalizers& finalizers = in.finalizers;
   auto norm_class = [&](int id) {
-    const ParamSpec& p = reg.param(id);
-    return (tensor_parallel && !p.tp.is_split() ? 1 : 0) | (p.tied ? 2 : 0);
+    unsigned c = 0;
+    for (size_t i = 0; i < finalizers.size(); ++i) c |= (finalizers[i]->copies(reg.param(id)) ? 1u : 0u) << i;
+    return c;
   };
   auto counted_here = [&](int id) {
-    const ParamSpec& p = reg.param(id);
-    if (tensor_parallel && !p.tp.is_split() && in.tp->rank() != 0) return false;
-    return !(p.tied && in.tied != nullptr && in.tied->rank() != 0);
+    for (const auto& f : finalizers) {
+      if (f->copies(reg.param(id)) && f->group() != nullptr && f->group()->rank() != 0) return false;
+    }
+    return true;
   };
-  bool classes = tensor_parallel;
+  bool classes = false;
   std::vector<bool> starts_block;
   for (int id : in.tensor_param) {
     numels.push_back(reg.numel(id));
     units.push_back(reg.param(id).unit);
     dtypes.push_back(in.dtypes.compute(reg.param(id)));
     starts_block.push_back(numels.size() > 1 && norm_class(id) != norm_class(in.tensor_param[numels.size() - 2]));
-    classes = classes || reg.param(id).tied;
+    classes = classes || norm_class(id) != 0;
   }
   if (!classes) starts_block.clear();
   ShardLayoutOptions lo = o.layout;
@@ -260,19 +262,20 @@ EngineParts wire_stage(const PolicyInputs& in) {
   UpdateConfig uc;
   uc.max_grad_norm = o.max_grad_norm;
   uc.timeout = o.timeout;
-  std::unique_ptr<PartialGradSum> partial_sum;
-  if (tensor_parallel) {
+  // The finalizers' partial sums over their groups, one PartialGradSum each (none without pieces).
+  std::vector<std::unique_ptr<PartialGradSum>> partial_sums;
+  for (const auto& f : finalizers) {
     std::vector<PartialGradSum::Piece> partial;
     for (const OwnedPiece& piece : parts.ownership->pieces()) {
-      if (!reg.param(in.tensor_param[piece.tensor]).tp.partial_grad) continue;
+      if (!f->sums_reduced(reg.param(in.tensor_param[piece.tensor]))) continue;
       partial.push_back({.bucket = piece.bucket,
                          .offset = piece.opt_offset - parts.ownership->range(piece.bucket).opt_begin,
                          .len = piece.tensor_end - piece.tensor_begin,
                          .dtype = parts.reducer->reduced_dtype(piece.bucket)});
     }
-    if (!partial.empty()) partial_sum = std::make_unique<PartialGradSum>(device, *in.tp, partial, o.timeout);
+    if (!partial.empty()) partial_sums.push_back(std::make_unique<PartialGradSum>(device, *f->group(), partial, o.timeout));
   }
-  uc.model_parallel = in.model_parallel != nullptr ? in.model_parallel : in.tp;  // null without tp or pp
+  uc.model_parallel = in.norm_group;
   // Each block's unit (the norm's per-unit sums) and, with classes, whether this rank counts it.
   uc.block_unit.assign(layout.num_blocks(), 0);
   if (classes) uc.counted.assign(layout.num_blocks(), true);
@@ -286,7 +289,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
     }
   }
   parts.update = std::make_unique<ShardedUpdate>(std::move(uc), layout, *parts.ownership, *in.shard, device, std::move(applier),
-                                                 *parts.writeback, std::move(partial_sum));
+                                                 *parts.writeback, std::move(partial_sums));
   const ShardOptimizer& opt = parts.update->optimizer();
   parts.formula.state_bytes = opt.state_names().size() * dtype_size(opt.state_dtype());
   // Last: the shard and the master above were read from the registered storage.

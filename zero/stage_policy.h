@@ -19,6 +19,7 @@
 #include "comm/communicator.h"
 #include "memory/device.h"
 #include "zero/engine_options.h"
+#include "zero/grad_finalizer.h"
 #include "zero/grad_reducer.h"
 #include "zero/memory_report.h"
 #include "zero/offload_pipeline.h"
@@ -65,9 +66,8 @@ struct PolicyInputs {
   comm::Communicator* replica = nullptr;
   memory::Device* device = nullptr;
   StepTimings* timings = nullptr;
-  comm::Communicator* tp = nullptr;              // EngineComms::tp (size 1 or null: none)
-  comm::Communicator* model_parallel = nullptr;  // EngineComms::model_parallel
-  comm::Communicator* tied = nullptr;            // EngineComms::tied
+  comm::Communicator* norm_group = nullptr;  // the global norm's sum (null: the data-parallel ranks')
+  GradFinalizers finalizers;  // EngineComms::finalizers
 };
 
 // Problems of the registration that only the options reveal (a group index past the optimizer's

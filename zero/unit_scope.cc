@@ -54,7 +54,7 @@ UnitScope Engine::open_scope(int unit, bool backward, BackwardPart part) {
   if (backward) m.parts.reducer->begin_micro_step(m.syncs());
   UnitScope scope(this, unit, backward, part, m.evaluating);
   // Micro-batches reduced one by one: the unit's bucket takes its next micro-batch's gradients.
-  if (m.writes_grads(scope) && m.each_micro_batch() && m.backward_passes[unit] > 0 && !m.tied->holds_unit(unit)) {
+  if (m.writes_grads(scope) && m.each_micro_batch() && m.backward_passes[unit] > 0 && !m.held.unit(unit)) {
     const auto [first, end] = m.unit_buckets.at(unit);
     for (size_t b = first; b < end; ++b) m.parts.reducer->begin_round(b);
   }
@@ -77,13 +77,13 @@ void Engine::end_scope(const UnitScope& scope) {
   if (m.writes_grads(scope)) {
     --m.open_backward[unit];
     // The unit's last backward pass of the micro-step (or, reducing each micro-batch, every one):
-    // its gradients are complete. Tied copies wait for finish_backward(), which first sums them
-    // over the tied group.
+    // its gradients are complete. Held ones (a finalizer's: the tied copies) wait for
+    // finish_backward(), where their finalizer completes them first.
     const bool last = ++m.backward_passes[unit] == m.options.micro_batches;
-    if (last || (m.each_micro_batch() && !m.tied->holds_unit(unit))) {
+    if (last || (m.each_micro_batch() && !m.held.unit(unit))) {
       for (int id : m.registry.params_of_unit(unit)) {
         const int64_t t = m.param_tensor[static_cast<size_t>(id)];
-        if (t < 0 || m.registry.param(id).tied) continue;
+        if (t < 0 || m.held.param(id)) continue;
         if (!m.parts.reducer->is_ready(static_cast<size_t>(t))) m.parts.reducer->tensor_ready(static_cast<size_t>(t));
       }
     }

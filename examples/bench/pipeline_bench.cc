@@ -29,6 +29,7 @@
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_flags.h"
 #include "examples/gpt/gpt_pipeline.h"
+#include "parallel/engine_comms.h"
 #include "parallel/pipeline/measured.h"
 #include "parallel/pipeline/schedule_sim.h"
 #include "parallel/pipeline/schedules.h"
@@ -114,7 +115,7 @@ int run(int argc, char** argv) {
       EngineOptions opt = examples::gpt_engine_options(1e-3f);
       opt.stage = stage;
       opt.micro_batches = m;
-      Engine engine(mesh, opt);
+      Engine engine(parallel::engine_comms(mesh), opt);
       examples::GptPipeline pipe(whole, {}, mesh, parallel::make_schedule(name, p, m, chunks, cfg.n_layer), {}, engine);
       pipe.finalize();
       size_t per_mb = 0;

@@ -35,6 +35,7 @@
 #include "examples/gpt/gpt_flags.h"
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_plan.h"
+#include "parallel/engine_comms.h"
 #include "zero/engine.h"
 #include "zero/plan/engine_plan.h"
 
@@ -114,7 +115,7 @@ int run(int argc, char** argv) {
     Row row{c.name, world};
     {
       examples::Gpt model(cfg, 1);
-      Engine engine(EngineComms{.shard = comm.get(), .tp = alone.get()}, opt);
+      Engine engine(EngineComms{.shard = comm.get(), .finalizers = parallel::model_parallel_finalizers(*alone, nullptr)}, opt);
       examples::GptScopes scopes(engine, model, dtype, fp32_norms);
       engine.finalize();
       const examples::Gpt::Access access = scopes.access();
@@ -144,7 +145,8 @@ int run(int argc, char** argv) {
       row.tokens_per_s = batch * T / median(times);
       row.exposed_ms = 1e3 * median(exposed);
     }
-    const plan::EnginePlan planned = plan::plan_engine({.model = spec, .options = opt, .world_size = world, .rank = rank});
+    const plan::EnginePlan planned = plan::plan_engine(
+        {.model = spec, .options = opt, .world_size = world, .rank = rank, .finalizers = parallel::model_parallel_finalizers});
     row.planned = report_column_peaks(planned.memory);
     row.sent_per_step = planned.wire_bytes();
     row.worst = worst_difference(row.measured, row.planned);

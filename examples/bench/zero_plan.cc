@@ -34,6 +34,7 @@
 #include "examples/gpt/gpt_flags.h"
 #include "examples/gpt/gpt_pipeline.h"
 #include "examples/gpt/gpt_plan.h"
+#include "parallel/engine_comms.h"
 #include "zero/checkpoint/file_io.h"
 #include "zero/plan/engine_plan.h"
 
@@ -97,6 +98,7 @@ int run(int argc, char** argv) {
   in.model = model;
   in.tp = tp;
   in.pp = pp;
+  in.finalizers = parallel::model_parallel_finalizers;
   // The norm's per-unit sums are sized by the largest unit count over the stages.
   for (int k = 0; k < pp && pp > 1; ++k) {
     for (const plan::TensorSpec& t : read_model(flags, tp, sequence_parallel, pp, k, pp_layers).tensors) {

@@ -10,8 +10,8 @@
 //   const GptPipeline::StepResult r = pipe.train_step(micro_batches, engine.loss_scale());
 //   engine.step();
 //
-// The engine must be built from the mesh (Engine(mesh, options)): the tied wte copies sum over its
-// embedding group, the norm over its model-parallel group. The loss is the mean over the
+// The engine must be built from the mesh (parallel::engine_comms(mesh)): the tied wte copies sum
+// over its embedding group, the norm over its model-parallel group. The loss is the mean over the
 // micro-batches, computed by the last stage and given to every pipeline rank.
 #include <memory>
 #include <string>

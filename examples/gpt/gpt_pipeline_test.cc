@@ -13,6 +13,7 @@
 
 #include "base/error.h"
 #include "comm/mesh.h"
+#include "parallel/engine_comms.h"
 #include "parallel/pipeline/schedules.h"
 #include "testing/thread_ranks.h"
 #include "zero/engine.h"
@@ -55,7 +56,7 @@ double norm_at(int pp, int dp, int tp, int stage, const std::vector<int>& layers
     comm::Mesh mesh(world, {.pp = pp, .dp = dp, .tp = tp});
     const Gpt whole(kConfig, 3);
     const int m = kMicroBatches / dp;
-    Engine engine(mesh, options(stage, m));
+    Engine engine(parallel::engine_comms(mesh), options(stage, m));
     GptPipeline pipe(whole, {tp > 1 ? &mesh.tp() : nullptr, false}, mesh, parallel::one_f_one_b(pp, m), layers,
                      engine);
     pipe.finalize();

@@ -13,6 +13,7 @@
 #include "comm/mesh.h"
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_pipeline.h"
+#include "parallel/engine_comms.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/strategy/described_model.h"
 #include "parallel/strategy/predict.h"
@@ -180,7 +181,7 @@ std::vector<RankMeasured> run_pipeline(const GptConfig& c, const Layout& l, int 
     EngineOptions o = base;
     o.stage = l.zero_stage;
     o.micro_batches = l.micro_batches;
-    Engine engine(mesh, o);
+    Engine engine(parallel::engine_comms(mesh), o);
     GptPipeline pipe(whole, {}, mesh, parallel::make_schedule(l.schedule, l.pp, l.micro_batches, l.chunks, c.n_layer),
                      {}, engine);
     for (Gpt& chunk : pipe.chunks()) chunk.set_recompute(l.recompute);

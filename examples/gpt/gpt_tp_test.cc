@@ -15,6 +15,7 @@
 #include "comm/mesh.h"
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_model.h"
+#include "parallel/engine_comms.h"
 #include "testing/thread_ranks.h"
 #include "zero/tp_placement.h"
 
@@ -134,7 +135,8 @@ TEST_CASE("a vocabulary tp does not divide trains through the engine as the whol
     std::vector<std::vector<float>> want;
     testing::run_thread_ranks(1, [&](comm::Communicator& comm) {
       Gpt whole = full;
-      want = train(whole, EngineComms{.shard = &comm, .tp = &comm}, stage);  // tp 1: the same lone rank
+      want = train(whole, EngineComms{.shard = &comm, .finalizers = parallel::model_parallel_finalizers(comm, nullptr)},
+                   stage);  // tp 1: the same lone rank
     });
     for (bool sp : {false, true}) {
       CAPTURE(stage);
@@ -142,7 +144,7 @@ TEST_CASE("a vocabulary tp does not divide trains through the engine as the whol
       testing::run_thread_ranks(2, [&](comm::Communicator& comm) {
         comm::Mesh mesh(comm, {.pp = 1, .dp = 1, .tp = 2});
         Gpt part(full, GptParallel{&mesh.tp(), sp});
-        const auto got = train(part, EngineComms::from_mesh(mesh), stage);
+        const auto got = train(part, parallel::engine_comms(mesh), stage);
         double worst = 0;
         for (size_t i = 0; i < got.size(); ++i) {
           const Gpt::Param& p = part.params()[i];

@@ -47,6 +47,7 @@
 #include "examples/gpt/gpt_model.h"
 #include "examples/gpt/gpt_pipeline.h"
 #include "examples/gpt/text_data.h"
+#include "parallel/engine_comms.h"
 #include "parallel/pipeline/measured.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/pipeline/timeline_svg.h"
@@ -214,7 +215,7 @@ int run(int argc, char** argv) {
   if (pp == 1) model.emplace(tp > 1 ? examples::Gpt(whole, parallel) : whole);
 
   const std::unique_ptr<comm::HybridGroups> groups = hybrid.groups(mesh.dp());
-  Engine engine(EngineComms::from_mesh(mesh, groups.get()), opt);
+  Engine engine(parallel::engine_comms(mesh, groups.get()), opt);
   // The whole model (tp part) in one set of scopes, or this rank's pipeline chunks.
   std::unique_ptr<examples::GptScopes> scopes;
   std::unique_ptr<examples::GptPipeline> pipe;

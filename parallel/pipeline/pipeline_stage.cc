@@ -1,5 +1,6 @@
 #include "parallel/pipeline/pipeline_stage.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -29,17 +30,20 @@ void check_engine(const comm::Mesh& mesh, const Engine& engine) {
   if (engine.finalized()) ZERO_THROW(InvalidArgument, "PipelineStage: the engine is finalized; build the stage first");
   const EngineComms& c = engine.comms();
   const comm::MeshShape& s = mesh.shape();
-  const char* fix = "build the engine from the mesh (Engine(mesh, options) or EngineComms::from_mesh)";
+  const char* fix = "build the engine's groups from the mesh (parallel::engine_comms)";
   if (engine.world_size() != s.dp) {
     ZERO_THROW(InvalidArgument, "PipelineStage: the engine's data-parallel group has {} ranks but the mesh's dp is {}: {}",
                engine.world_size(), s.dp, fix);
   }
-  if (s.tp > 1 && (c.tp == nullptr || c.tp->size() != s.tp)) {
-    ZERO_THROW(InvalidArgument, "PipelineStage: the engine's tensor-parallel group (EngineComms.tp) is {} but the mesh's tp is {}: {}",
-               c.tp ? fmt::format("of {} ranks", c.tp->size()) : "null", s.tp, fix);
+  const bool splits_over_tp = std::any_of(c.finalizers.begin(), c.finalizers.end(),
+                                          [&](const auto& f) { return f->splits_over() == &mesh.tp(); });
+  if (s.tp > 1 && !splits_over_tp) {
+    ZERO_THROW(InvalidArgument,
+               "PipelineStage: no gradient finalizer of the engine (EngineComms.finalizers) works over the mesh's "
+               "tensor-parallel group of {} ranks: {}",
+               s.tp, fix);
   }
-  const comm::Communicator* norm = c.model_parallel ? c.model_parallel : c.tp;
-  const int norm_size = norm ? norm->size() : 1;
+  const int norm_size = c.model_parallel ? c.model_parallel->size() : 1;
   if (norm_size != s.tp * s.pp) {
     ZERO_THROW(InvalidArgument,
                "PipelineStage: the engine adds the gradient norm over {} rank(s) (EngineComms.model_parallel{}) but "

@@ -8,7 +8,7 @@
 // the activation's size) over the chunk's layers.
 //
 //   comm::Mesh mesh(world, {.pp = 2, .dp = 2, .tp = 2});
-//   zero::Engine engine(mesh, options);                   // every group from the rank's place
+//   zero::Engine engine(parallel::engine_comms(mesh), options);  // every group from the mesh
 //   parallel::PipelineStage pipe(mesh, engine, parallel::make_schedule("1f1b", 2, 8), {.layers = 8});
 //   for (int c = 0; c < pipe.chunks(); ++c) register_layers(engine, pipe.layers(c));
 //   pipe.finalize(model);                                 // checks, then engine.finalize()

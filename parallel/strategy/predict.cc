@@ -15,6 +15,7 @@
 #include "base/check.h"
 #include "base/error.h"
 #include "memory/tracker.h"
+#include "parallel/engine_comms.h"
 #include "parallel/pipeline/pipeline_check.h"
 #include "parallel/pipeline/schedule_sim.h"
 #include "parallel/pipeline/schedules.h"
@@ -243,6 +244,7 @@ const plan::EnginePlan& engine_plan(const Layout& l, const std::vector<StageCost
   in.world_size = l.dp;
   in.tp = l.tp;
   in.pp = l.pp;
+  in.finalizers = parallel::model_parallel_finalizers;
   if (l.pp > 1) in.model_parallel_units = stages.front().units;
   return cache.emplace(key, plan::plan_engine(in)).first->second;
 }

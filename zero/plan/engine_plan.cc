@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <vector>
@@ -69,11 +70,13 @@ EnginePlan plan_engine(const PlanInputs& in) {
   if (in.model_parallel_units > 0) mp_comm.set_peer_int64_max(in.model_parallel_units);
   EngineOptions options = in.options;
   EngineComms comms{&comm, nullptr, meta.get()};
-  comms.tp = &tp_comm;
   if (in.tp > 1) comms.model_parallel = &tp_comm;
   if (in.pp > 1) comms.model_parallel = &mp_comm;
-  for (const TensorSpec& t : in.model.tensors) {
-    if (t.tied) comms.tied = &tied_comm;
+  if (in.finalizers) {
+    const bool tied = std::any_of(in.model.tensors.begin(), in.model.tensors.end(), [](const TensorSpec& t) { return t.tied; });
+    comms.finalizers = in.finalizers(tp_comm, tied ? &tied_comm : nullptr);
+  } else if (in.tp > 1) {
+    ZERO_THROW(InvalidArgument, "plan: tp {} without PlanInputs.finalizers (parallel::model_parallel_finalizers)", in.tp);
   }
   Engine engine(comms, options);
   std::vector<int> ids;

@@ -14,6 +14,7 @@
 // What it leaves out: the model's activations and the loop's own buffers (not the engine's), and on
 // CUDA, NCCL's internal buffers.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "comm/gloo/gloo_communicator.h"
 #include "comm/planning_communicator.h"
 #include "zero/engine_options.h"
+#include "zero/grad_finalizer.h"
 #include "zero/memory_report.h"
 #include "zero/plan/model_spec.h"
 
@@ -39,6 +41,10 @@ struct PlanInputs {
   // group of tp x pp, tied tensors are summed over an embedding group of 2, and each micro-step runs
   // the schedule EngineOptions::micro_batches times (every unit's backward that many times).
   int pp = 1;
+  // Model parallelism's gradient finalizers over the planned tp group and, where the model has tied
+  // tensors, the planned tied group (else null): parallel::model_parallel_finalizers. Required for a
+  // model with split or tied tensors (zero/ plans what parallel/ registers, without knowing it).
+  std::function<GradFinalizers(comm::Communicator& tp, comm::Communicator* tied)> finalizers;
   // The largest unit count over the model-parallel group (the norm's per-unit sums are sized by it):
   // other stages may hold more units than this one. 0: this stage's own.
   int model_parallel_units = 0;

@@ -4,7 +4,7 @@
 //   scopes, train bit for bit as the same micro-batches accumulated one micro-step after another
 //   (no_sync) do, at every stage; at stage 3 a unit is gathered once per step by default and once
 //   per use with regather_per_micro_batch;
-// - tied copies (ParamSpec::tied over EngineComms::tied): two pipeline stages holding a copy of one
+// - tied copies (ParamSpec::tied, the tied copies' finalizer over the mesh's tied group): two pipeline stages holding a copy of one
 //   weight train as one rank holding it once (its gradient the sum of both parts, counted once in
 //   the norm), and the copies stay bitwise equal, at dp 1 and 2 and every stage;
 // - misuse named: a unit with fewer backward passes than micro-batches, one too many, a gradient
@@ -20,6 +20,7 @@
 #include "base/error.h"
 #include "comm/mesh.h"
 #include "memory/device.h"
+#include "parallel/engine_comms.h"
 #include "testing/thread_ranks.h"
 #include "zero/engine.h"
 
@@ -219,8 +220,7 @@ constexpr size_t kEmb = 20, kOwn = 12;
 
 Run run_tied_stage(const comm::Mesh& mesh, int stage) {
   EngineOptions o = options(stage);
-  Engine engine(EngineComms{.shard = &mesh.dp(), .model_parallel = &mesh.model_parallel(), .tied = mesh.embedding()},
-                o);
+  Engine engine(parallel::engine_comms(mesh), o);
   const int s = mesh.coord().pp, r = mesh.coord().dp;
   Run run;
   run.params = {initial("emb", kEmb), initial(s == 0 ? "s0.w" : "s1.w", kOwn)};
@@ -347,7 +347,8 @@ TEST_CASE("micro-batch misuse is named") {
     Engine engine(world, options(1));
     std::vector<float> w(4, 1.0f);
     engine.add_param({.name = "lm_head", .shape = {4}, .data = {w.data(), w.size()}, .tied = true});
-    CHECK_THROWS_WITH_AS(engine.finalize(), doctest::Contains("'lm_head' is tied (ParamSpec.tied) but EngineComms.tied is null"),
+    CHECK_THROWS_WITH_AS(engine.finalize(), doctest::Contains("parameter 'lm_head' is tied (ParamSpec.tied) but no gradient finalizer of "
+                                                           "the engine takes it (EngineComms.finalizers)"),
                          InvalidArgument);
   });
 }

@@ -25,6 +25,7 @@
 #include "comm/hybrid_groups.h"
 #include "comm/mesh.h"
 #include "memory/device.h"
+#include "parallel/engine_comms.h"
 #include "testing/thread_ranks.h"
 #include "zero/engine.h"
 #include "zero/tp_placement.h"
@@ -165,8 +166,8 @@ Run reference(int stage) {
   Run ref;
   testing::run_thread_ranks(1, [&](comm::Communicator& world) {
     // A tp group of one rank: every placement is the whole tensor (train() with tp = 1). Split
-    // placements need a tp group, even of one rank.
-    EngineComms c{.shard = &world, .tp = &world};
+    // placements need tensor parallelism's finalizer, even over one rank.
+    EngineComms c{.shard = &world, .finalizers = parallel::model_parallel_finalizers(world, nullptr)};
     ref = train(c, stage, 0, 1);
   });
   return ref;
@@ -201,7 +202,7 @@ TEST_CASE("dp x tp trains like one rank with the whole tensors, stages 0-3") {
       testing::run_thread_ranks(dp * tp, [&](comm::Communicator& world) {
         comm::Mesh mesh(world, {.pp = 1, .dp = dp, .tp = tp});
         const int r = mesh.coord().tp;
-        const Run run = train(EngineComms::from_mesh(mesh), stage, r, tp);
+        const Run run = train(parallel::engine_comms(mesh), stage, r, tp);
         check_matches(run, ref, r, tp);
       });
     }
@@ -216,9 +217,7 @@ TEST_CASE("hybrid sharding across the tp groups: dp 4 = 2 shards x 2 replicas, t
       comm::Mesh mesh(world, {.pp = 1, .dp = 4, .tp = 2});
       comm::HybridGroups hybrid(mesh.dp(), 2);
       const int r = mesh.coord().tp;
-      const Run run = train(EngineComms{.shard = hybrid.shard(), .replica = hybrid.replica(), .tp = &mesh.tp(),
-                                        .model_parallel = &mesh.model_parallel()},
-                            stage, r, 2);
+      const Run run = train(parallel::engine_comms(mesh, &hybrid), stage, r, 2);
       check_matches(run, ref, r, 2);
     });
   }
@@ -235,13 +234,8 @@ void train_at(const Layout& l, const Checkpointing& ck, const std::function<void
   testing::run_thread_ranks(l.dp * l.tp, [&](comm::Communicator& world) {
     comm::Mesh mesh(world, {.pp = 1, .dp = l.dp, .tp = l.tp});
     std::unique_ptr<comm::HybridGroups> hybrid;
-    EngineComms c{.shard = &mesh.dp(), .tp = &mesh.tp(), .model_parallel = &mesh.model_parallel()};
-    if (l.hybrid) {
-      hybrid = std::make_unique<comm::HybridGroups>(mesh.dp(), 2);
-      c.shard = hybrid->shard();
-      c.replica = hybrid->replica();
-    }
-    const Run run = train(c, l.stage, mesh.coord().tp, l.tp, false, ck);
+    if (l.hybrid) hybrid = std::make_unique<comm::HybridGroups>(mesh.dp(), 2);
+    const Run run = train(parallel::engine_comms(mesh, hybrid.get()), l.stage, mesh.coord().tp, l.tp, false, ck);
     check(run, mesh.coord().tp);
   });
 }
@@ -281,7 +275,7 @@ TEST_CASE("ranks that disagree on a placement fail at finalize, naming the param
     comm::Mesh mesh(world, {.pp = 1, .dp = 1, .tp = 2});
     memory::MemoryTracker tracker;
     std::unique_ptr<memory::Device> device = memory::make_host_device(tracker, {});
-    Engine engine(EngineComms{.shard = &mesh.dp(), .device = device.get(), .tp = &mesh.tp()}, options(2));
+    Engine engine(parallel::engine_comms(mesh, nullptr, device.get()), options(2));
     std::vector<float> w(4, 1.0f);
     // tp rank 1 says replicated where rank 0 says split(0): the same part shape, another meaning.
     const TpPlacement p = mesh.coord().tp == 0 ? TpPlacement::split(0) : TpPlacement::replicated();
@@ -301,18 +295,18 @@ TEST_CASE("ranks that disagree on a placement fail at finalize, naming the param
 TEST_CASE("replicated parameters whose values differ across tp are refused at finalize, naming the first") {
   testing::run_thread_ranks(4, [&](comm::Communicator& world) {
     comm::Mesh mesh(world, {.pp = 1, .dp = 2, .tp = 2});
-    CHECK_THROWS_WITH_AS(train(EngineComms::from_mesh(mesh), 1, mesh.coord().tp, 2, /*skew_replicated=*/true),
+    CHECK_THROWS_WITH_AS(train(parallel::engine_comms(mesh), 1, mesh.coord().tp, 2, /*skew_replicated=*/true),
                          doctest::Contains("differs across ranks (ranks differing from rank 0: 1): parameter 'fc.norm': "
                                            "rank 0 holds values of digest"),
                          InvalidArgument);
   });
 }
 
-TEST_CASE("split placements without a tp group are refused at finalize, naming the parameter") {
+TEST_CASE("split placements without tensor parallelism's finalizer are refused at finalize, naming the parameter") {
   testing::run_thread_ranks(1, [&](comm::Communicator& world) {
     CHECK_THROWS_WITH_AS(train(EngineComms{.shard = &world}, 1, 0, 1),
                          doctest::Contains("parameter 'fc.w' is split over tensor parallelism (ParamSpec.tp = split(0)) "
-                                           "but EngineComms.tp is null"),
+                                           "but no gradient finalizer of the engine takes it (EngineComms.finalizers)"),
                          InvalidArgument);
   });
 }
