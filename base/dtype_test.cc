@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -26,12 +27,22 @@ double fp16_reference_value(uint16_t h) {
   return sign * std::ldexp(1024 + mant, exp - 25);
 }
 
-// fp32 -> fp16 through GCC's software _Float16 conversion (libgcc, round to nearest even).
+// fp32 -> fp16 (finite or infinite; NaNs are checked apart), round to nearest even, in double: the
+// value's quantum at its fp16 exponent (2^-24 below the normal range), nearbyint() in the default
+// rounding mode, and the bits as ((exponent - 1) << 10) + the rounded count of quanta, which carries
+// into the next exponent (or to infinity) by itself. Written out rather than through a compiler's
+// _Float16, which not every compiler of the sanitizer builds has on x86.
 uint16_t fp16_reference_bits(float f) {
-  const _Float16 h = static_cast<_Float16>(f);
-  uint16_t bits;
-  std::memcpy(&bits, &h, 2);
-  return bits;
+  const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+  const double a = std::fabs(static_cast<double>(f));
+  if (a == 0) return sign;
+  if (std::isinf(a)) return sign | 0x7c00;
+  int e = 0;
+  std::frexp(a, &e);                         // a in [2^(e-1), 2^e)
+  const int exp = std::max(e + 14, 1);       // its fp16 exponent field (1 for the subnormals too)
+  const double quanta = std::nearbyint(std::ldexp(a, 25 - exp));  // exact scaling by a power of two
+  const double bits = std::ldexp(exp - 1, 10) + quanta;
+  return sign | static_cast<uint16_t>(std::min(bits, double{0x7c00}));
 }
 
 // fp32 -> bf16 by comparing distances to the two neighbouring bf16 values, in double.

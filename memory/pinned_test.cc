@@ -27,8 +27,13 @@ namespace {
 // VmLck from /proc/self/status in bytes (-1 if unreadable, or meaningless: ASan and TSan intercept
 // mlock and make it a successful no-op).
 int64_t locked_bytes() {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)  // GCC's spelling
   return -1;
+#endif
+#if defined(__clang__)  // clang's (GCC 12's preprocessor cannot parse __has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+  return -1;
+#endif
 #endif
   std::ifstream in("/proc/self/status");
   for (std::string line; std::getline(in, line);) {

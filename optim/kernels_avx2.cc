@@ -11,8 +11,14 @@
 
 // Everything below is compiled for AVX2. Only templates and functions of internal linkage are defined
 // here (plus the table accessor), so no AVX2 code can be chosen by the linker for a generic caller.
+// GCC takes the target pragma; clang, which ignores it, the same target as an attribute of every
+// function declared up to the pop.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 
 #include "optim/scalar_ops.inc"
 #include "optim/step_kernels.inc"
@@ -164,4 +170,8 @@ const KernelTable& kernels_avx2() {
 
 }  // namespace zero::optim::detail
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif

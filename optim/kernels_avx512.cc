@@ -12,8 +12,14 @@
 // Everything below is compiled for AVX-512. Only templates and functions of internal linkage are
 // defined here (plus the table accessor), so no AVX-512 code can be chosen by the linker for a generic
 // caller.
+// GCC takes the target pragma; clang, which ignores it, the same target as an attribute of every
+// function declared up to the pop.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+#endif
 
 #include "optim/scalar_ops.inc"
 #include "optim/step_kernels.inc"
@@ -165,4 +171,8 @@ const KernelTable& kernels_avx512() {
 
 }  // namespace zero::optim::detail
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif

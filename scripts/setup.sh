@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the build and tests need. Idempotent: installs only what is missing,
 # and touches the network only when something is. With --ci (what .ci/run passes) also what CI runs
-# beyond the test suite: clang and libFuzzer for scripts/fuzz.sh, and libtorch-dev for the LibTorch
+# beyond the test suite: clang, its linker and libFuzzer for scripts/fuzz.sh and the sanitizer builds,
+# and libtorch-dev for the LibTorch
 # adapter's tests (about 1 GB installed, so not for the README's two commands). With --package (what
 # scripts/package.sh passes; --ci implies it) the tools that build and check the Debian package:
 # dpkg-dev (dpkg-shlibdeps), cmake and pkgconf (the outside projects of examples/external).
@@ -20,7 +21,7 @@ packages=(
   nlohmann-json3-dev
 )
 if [[ "${1:-}" == "--ci" ]]; then
-  packages+=(clang-14 libfuzzer-14-dev libclang-rt-14-dev libtorch-dev)
+  packages+=(clang-14 lld-14 libfuzzer-14-dev libclang-rt-14-dev libtorch-dev)
 fi
 if [[ "${1:-}" == "--ci" || "${1:-}" == "--package" ]]; then
   packages+=(dpkg-dev cmake pkgconf make binutils)

@@ -303,7 +303,9 @@ TEST_CASE("options that differ across ranks fail on every rank, naming the field
 }
 
 TEST_CASE("hybrid sharding 2 x 2 equals plain stage 2 (and 3) at 4 ranks (bitwise in deterministic mode)") {
-  for (const auto& [stage, det] : std::vector<std::pair<int, bool>>{{2, false}, {2, true}, {3, true}}) {
+  for (const auto& [stage_, det_] : std::vector<std::pair<int, bool>>{{2, false}, {2, true}, {3, true}}) {
+    const int stage = stage_;  // named copies: clang 14 cannot capture structured bindings
+    const bool det = det_;
     CAPTURE(stage);
     CAPTURE(det);
     const Setup s{.stage = stage, .deterministic = det};

@@ -167,7 +167,8 @@ TEST_CASE("stage 3: a backward pass, step(), then a forward-only pass never fail
     for (bool offload : {false, true}) {
       // The defaults, a byte budget as large as the largest unit (which prefetches every tiny unit at
       // once), and a window that holds only the largest unit (every prefetch must make way).
-      for (auto [window, prefetch] : {std::pair<size_t, size_t>{0, 0}, {0, largest}, {largest + 64, largest}}) {
+      for (const auto& limits : {std::pair<size_t, size_t>{0, 0}, {0, largest}, {largest + 64, largest}}) {
+        const size_t window = limits.first, prefetch = limits.second;  // CAPTURE takes no structured binding
         CAPTURE(world);
         CAPTURE(offload);
         CAPTURE(window);

@@ -301,7 +301,9 @@ TEST_CASE("a weight tied across two pipeline stages trains as one copy, and the 
         std::lock_guard<std::mutex> lock(mu);
         got[world.rank()] = std::move(r);
       });
-      for (const auto& [rank, run] : got) {
+      for (const auto& ranked : got) {
+        const int rank = ranked.first;  // not a structured binding: CAPTURE takes it
+        const Run& run = ranked.second;
         CAPTURE(rank);
         for (int s = 0; s < kSteps; ++s) {
           CHECK(std::abs(run.norms[static_cast<size_t>(s)] - want.norms[static_cast<size_t>(s)]) <=

@@ -3,25 +3,13 @@
 // the engine's own collectives over tp.
 #include <doctest/doctest.h>
 
-#include <chrono>
-
 #include "base/error.h"
 #include "parallel/engine_comms.h"
 #include "zero/plan/engine_plan.h"
+#include "zero/plan/plan_test_options.h"
 
 namespace zero::plan {
 namespace {
-
-EngineOptions base_options(int stage) {
-  EngineOptions o;
-  o.stage = stage;
-  o.optimizer.kind = optim::OptimizerKind::kAdamW;
-  o.optimizer.groups = {optim::Hyper{.lr = 1e-3f}};
-  o.max_grad_norm = 1.0f;
-  o.layout.bucket_numel = size_t{1} << 16;
-  o.timeout = std::chrono::seconds(60);
-  return o;
-}
 
 TEST_CASE("under tensor parallelism the plan holds one tp rank's parts and counts the engine's tp collectives") {
   // Two units: a split weight [512, 256] (rank's part [256, 256]), a replicated bias and two
@@ -35,9 +23,9 @@ TEST_CASE("under tensor parallelism the plan holds one tp rank's parts and count
                   {"ln", {256}, 1, true, 0, TpPlacement::replicated_partial()}};
   for (int stage : {0, 2, 3}) {
     CAPTURE(stage);
-    const EnginePlan p = plan_engine({.model = part, .options = base_options(stage), .world_size = 2, .tp = 2,
+    const EnginePlan p = plan_engine({.model = part, .options = plan_test_options(stage), .world_size = 2, .tp = 2,
                                         .finalizers = parallel::model_parallel_finalizers});
-    const EnginePlan w = plan_engine({.model = whole, .options = base_options(stage), .world_size = 2});
+    const EnginePlan w = plan_engine({.model = whole, .options = plan_test_options(stage), .world_size = 2});
     CHECK(p.memory.formula_predicted() < w.memory.formula_predicted() * 0.6);
     // One sum of squares per step, and the partial biases' owned pieces summed over tp in one
     // packed call (not one per piece).
@@ -56,7 +44,7 @@ TEST_CASE("under tensor parallelism the plan holds one tp rank's parts and count
 TEST_CASE("a tensor-parallel plan without the finalizers is refused") {
   ModelSpec part;
   part.tensors = {{"w", {256, 256}, 0, true, 0, TpPlacement::split(0)}};
-  CHECK_THROWS_WITH_AS(plan_engine({.model = part, .options = base_options(1), .world_size = 2, .tp = 2}),
+  CHECK_THROWS_WITH_AS(plan_engine({.model = part, .options = plan_test_options(1), .world_size = 2, .tp = 2}),
                        "plan: tp 2 without PlanInputs.finalizers (parallel::model_parallel_finalizers)", InvalidArgument);
 }
 

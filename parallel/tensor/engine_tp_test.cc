@@ -195,7 +195,8 @@ void check_matches(const Run& run, const Run& ref, int r, int tp) {
 TEST_CASE("dp x tp trains like one rank with the whole tensors, stages 0-3") {
   for (int stage = 0; stage <= 3; ++stage) {
     const Run ref = reference(stage);
-    for (auto [dp, tp] : {std::pair{1, 2}, std::pair{2, 2}, std::pair{1, 4}}) {
+    for (const auto& layout : {std::pair{1, 2}, std::pair{2, 2}, std::pair{1, 4}}) {
+      const int dp = layout.first, tp = layout.second;  // not a structured binding: CAPTURE takes it
       CAPTURE(stage);
       CAPTURE(dp);
       CAPTURE(tp);

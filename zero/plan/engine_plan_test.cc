@@ -5,6 +5,7 @@
 // options. (The process-wide communicator scratch is left to zero_bench's check, which runs ranks as
 // processes: here every rank's communicator shares one process.)
 #include "zero/plan/engine_plan.h"
+#include "zero/plan/plan_test_options.h"
 
 #include <doctest/doctest.h>
 
@@ -26,17 +27,6 @@ struct Case {
   EngineOptions options;
   DType dtype = DType::kBFloat16;
 };
-
-EngineOptions base_options(int stage) {
-  EngineOptions o;
-  o.stage = stage;
-  o.optimizer.kind = optim::OptimizerKind::kAdamW;
-  o.optimizer.groups = {optim::Hyper{.lr = 1e-3f}};
-  o.max_grad_norm = 1.0f;
-  o.layout.bucket_numel = size_t{1} << 16;
-  o.timeout = std::chrono::seconds(60);
-  return o;
-}
 
 // Tensors of uneven sizes (some span buckets), three units, one frozen.
 ModelSpec test_model(DType dtype) {
@@ -98,27 +88,27 @@ MemoryReport measure(comm::Communicator& comm, const ModelSpec& m, const EngineO
 
 TEST_CASE("the plan's memory equals a real run's, row by row") {
   std::vector<Case> cases;
-  for (int stage : {0, 1, 2, 3}) cases.push_back({"stage " + std::to_string(stage), base_options(stage)});
+  for (int stage : {0, 1, 2, 3}) cases.push_back({"stage " + std::to_string(stage), plan_test_options(stage)});
   {
-    Case c{"stage 2, fp32, 3 micro-steps reduced at the last", base_options(2), DType::kFloat32};
+    Case c{"stage 2, fp32, 3 micro-steps reduced at the last", plan_test_options(2), DType::kFloat32};
     c.options.gradient_accumulation_steps = 3;
     c.options.reduce_every_micro_step = false;
     cases.push_back(c);
   }
   {
-    Case c{"stage 1, deterministic, 2 micro-steps", base_options(1)};
+    Case c{"stage 1, deterministic, 2 micro-steps", plan_test_options(1)};
     c.options.deterministic = true;
     c.options.gradient_accumulation_steps = 2;
     cases.push_back(c);
   }
   {
-    Case c{"stage 2, bf16 gradient shard, 3 buckets in flight", base_options(2)};
+    Case c{"stage 2, bf16 gradient shard, 3 buckets in flight", plan_test_options(2)};
     c.options.grad_accum_dtype = DType::kBFloat16;
     c.options.max_inflight_buckets = 3;
     cases.push_back(c);
   }
   {
-    Case c{"stage 3, kept after forward, prefetch, persistence", base_options(3)};
+    Case c{"stage 3, kept after forward, prefetch, persistence", plan_test_options(3)};
     c.options.reshard_after_forward = false;
     c.options.max_live_gathered_bytes = size_t{4} << 20;  // room for every unit kept for backward
     c.options.prefetch_bytes = 1 << 20;
@@ -126,12 +116,12 @@ TEST_CASE("the plan's memory equals a real run's, row by row") {
     cases.push_back(c);
   }
   for (int stage : {1, 3}) {
-    Case c{"stage " + std::to_string(stage) + ", optimizer offloaded", base_options(stage)};
+    Case c{"stage " + std::to_string(stage) + ", optimizer offloaded", plan_test_options(stage)};
     c.options.offload.optimizer = true;
     cases.push_back(c);
   }
   {
-    Case c{"stage 3, parameters offloaded too", base_options(3)};
+    Case c{"stage 3, parameters offloaded too", plan_test_options(3)};
     c.options.offload.optimizer = c.options.offload.params = true;
     cases.push_back(c);
   }
@@ -172,7 +162,7 @@ TEST_CASE("the plan's traffic: stage 2 moves each gradient once and each paramet
   const ModelSpec model = model_of_count(1 << 20, 4, DType::kBFloat16);
   const uint64_t psi_bytes = (1 << 20) * 2;
   auto sent = [&](int stage, const char* op) {
-    const EnginePlan p = plan_engine({.model = model, .options = base_options(stage), .world_size = 4});
+    const EnginePlan p = plan_engine({.model = model, .options = plan_test_options(stage), .world_size = 4});
     const auto it = p.traffic.find(op);
     return it == p.traffic.end() ? 0.0 : static_cast<double>(it->second.wire_bytes) / static_cast<double>(psi_bytes);
   };
@@ -193,7 +183,7 @@ TEST_CASE("a pipeline stage's plan sizes the norm's per-unit sums by the largest
   ModelSpec stage0;
   stage0.dtype = DType::kFloat32;
   stage0.tensors = {{"embed", {64, 32}, 0}, {"h.0.w", {32, 32}, 1}};
-  EngineOptions o = base_options(1);
+  EngineOptions o = plan_test_options(1);
   o.micro_batches = 2;
   auto comm_peak = [&](int units) {
     const EnginePlan p =
@@ -235,7 +225,7 @@ TEST_CASE("stage 3's default window runs a largest first unit whose backward spa
   }
   m.schedule.push_back({E::kGrad, 0, true, 0});
   m.schedule.push_back({E::kClose, 0, true, 0});
-  const EnginePlan p = plan_engine({.model = m, .options = base_options(3), .world_size = 2});
+  const EnginePlan p = plan_engine({.model = m, .options = plan_test_options(3), .world_size = 2});
   CHECK(p.traffic.at("all_gather").calls > 0);
 }
 
