@@ -4,14 +4,31 @@
 # derived from Bazel's per-test results. A test that needs a GPU and finds none prints the marker line
 # "ZERO_TEST_SKIPPED" and exits 0; it is counted as skipped. Extra arguments go to `bazel test`
 # (for example --config=asan); after `--`, target patterns to add or leave out (-//fuzz/...).
+#
+#   --quick   the suite without the whole-job tests (tag "e2e": training jobs under zerorun checked
+#             against references, tests/BUILD), for a loop of edits; CI and the README run it whole
+#
+# Each phase prints its time: the setup, the build (every target the tests need), the tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/testlog.sh
+phase_start=$(date +%s)
+phase_time() {  # prints the phase that just ended and its time
+  local now
+  now=$(date +%s)
+  echo "-- $1: $((now - phase_start)) s"
+  phase_start=$now
+}
 bash scripts/setup.sh || exit 1
+phase_time "setup"
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 opts=() patterns=()
+if [[ ${1:-} == --quick ]]; then
+  shift
+  opts+=(--build_tests_only --test_tag_filters=-e2e)
+fi
 while (($#)); do
   if [[ $1 == -- ]]; then
     shift
@@ -21,8 +38,14 @@ while (($#)); do
   opts+=("$1")
   shift
 done
+# The build first, on its own, so that its time is its own (the test run then finds it done).
+bazel build "${opts[@]}" -- //... "${patterns[@]}" 2>&1 | tee "$log"
+build_status=${PIPESTATUS[0]}
+phase_time "build"
 bazel test --test_summary=short "${opts[@]}" -- //... "${patterns[@]}" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
+((build_status != 0 && status == 0)) && status=$build_status
+phase_time "tests"
 
 testlogs=$(bazel info bazel-testlogs "${opts[@]}" 2>/dev/null)
 passed=0 failed=0 skipped=0
