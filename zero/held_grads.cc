@@ -9,8 +9,7 @@ HeldGrads::HeldGrads(const GradFinalizers& finalizers, const ParamRegistry& regi
     const ParamSpec& p = registry.param(tensor_param[t]);
     for (const auto& f : finalizers) {
       if (!f->holds(p)) continue;
-      tensors_.emplace_back(t, f.get());
-      tensor_param_.push_back(tensor_param[t]);
+      held_.push_back({t, tensor_param[t], f.get()});
       param_[static_cast<size_t>(tensor_param[t])] = true;
       units_.insert(p.unit);
       break;
@@ -19,14 +18,13 @@ HeldGrads::HeldGrads(const GradFinalizers& finalizers, const ParamRegistry& regi
 }
 
 void HeldGrads::complete(GradReducer& reducer, const ParamRegistry& registry, const ModelDtypes& dtypes) const {
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    const auto [t, finalizer] = tensors_[i];
-    if (reducer.is_ready(t)) continue;
+  for (const Held& h : held_) {
+    if (reducer.is_ready(h.tensor)) continue;
     if (reducer.micro_step_syncs()) {
-      const ParamSpec& p = registry.param(tensor_param_[i]);
-      finalizer->complete_held(p, p.grad.ptr != nullptr ? p.grad.ptr : reducer.grad(t), dtypes.compute(p));
+      const ParamSpec& p = registry.param(h.param);
+      h.finalizer->complete_held(p, p.grad.ptr != nullptr ? p.grad.ptr : reducer.grad(h.tensor), dtypes.compute(p));
     }
-    reducer.tensor_ready(t);
+    reducer.tensor_ready(h.tensor);
   }
 }
 

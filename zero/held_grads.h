@@ -3,7 +3,6 @@
 // "held", the tied copies' today) until finish_backward(), which has their finalizer complete them
 // and marks them ready. Private to the engine (engine.cc, unit_scope.cc).
 #include <set>
-#include <utility>
 #include <vector>
 
 #include "zero/grad_finalizer.h"
@@ -29,10 +28,14 @@ class HeldGrads {
   void complete(GradReducer& reducer, const ParamRegistry& registry, const ModelDtypes& dtypes) const;
 
  private:
-  std::vector<std::pair<size_t, GradFinalizer*>> tensors_;  // layout tensor, its finalizer
-  std::vector<int> tensor_param_;                           // of the held tensors, in the same order
-  std::vector<bool> param_;                                 // parameter id -> held
-  std::set<int> units_;                                     // units holding one
+  struct Held {
+    size_t tensor;  // in the layout
+    int param;      // its id
+    GradFinalizer* finalizer;
+  };
+  std::vector<Held> held_;     // in layout order
+  std::vector<bool> param_;    // parameter id -> held
+  std::set<int> units_;        // units holding one
 };
 
 }  // namespace zero

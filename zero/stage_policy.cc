@@ -151,18 +151,21 @@ EngineParts wire_stage(const PolicyInputs& in) {
   };
   auto counted_here = [&](int id) {
     for (const auto& f : finalizers) {
-      if (f->copies(reg.param(id)) && f->group() != nullptr && f->group()->rank() != 0) return false;
+      if (f->copies(reg.param(id)) && f->group()->rank() != 0) return false;
     }
     return true;
   };
   bool classes = false;
   std::vector<bool> starts_block;
+  unsigned previous_class = 0;
   for (int id : in.tensor_param) {
     numels.push_back(reg.numel(id));
     units.push_back(reg.param(id).unit);
     dtypes.push_back(in.dtypes.compute(reg.param(id)));
-    starts_block.push_back(numels.size() > 1 && norm_class(id) != norm_class(in.tensor_param[numels.size() - 2]));
-    classes = classes || norm_class(id) != 0;
+    const unsigned c = norm_class(id);
+    starts_block.push_back(numels.size() > 1 && c != previous_class);
+    previous_class = c;
+    classes = classes || c != 0;
   }
   if (!classes) starts_block.clear();
   ShardLayoutOptions lo = o.layout;
