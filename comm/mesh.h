@@ -5,13 +5,19 @@
 // comm::HybridGroups over dp()); tensor-parallel layers reduce over tp(); pipeline stages send to
 // their neighbours over pp(); the global gradient norm sums over model_parallel().
 //
-//   comm::Mesh mesh(*pg.host, {.pp = 2, .dp = 2, .tp = 2});
+//   comm::Mesh mesh(*pg.host, zero::parse_layout("dp=2,tp=2,pp=2,stage=3,shard=1"));
 //   zero::Engine engine(zero::parallel::engine_comms(mesh), options);  // parallel/engine_comms.h
 //   mesh.tp().all_reduce(partial, n, DType::kFloat32, comm::ReduceOp::kSum);
+//
+// Built from a run's layout (layout/layout.h), the mesh also holds its hybrid sharding groups (the
+// layout's shard) and the layout itself, which the engine's checkpoints record.
 #include <memory>
+#include <optional>
 
 #include "comm/communicator.h"
+#include "comm/hybrid_groups.h"
 #include "comm/mesh_layout.h"
+#include "layout/layout.h"
 
 namespace zero::comm {
 
@@ -21,14 +27,22 @@ class Mesh {
   // shape. Throws InvalidArgument on every rank when the ranks' shapes differ or the shape does not
   // fit the world (MeshLayout's errors). `world` must outlive the mesh.
   Mesh(Communicator& world, const MeshShape& shape);
+  // The same from a run's layout, which every rank must give alike (the whole layout is compared:
+  // "layout differs across ranks: rank 1 has ..."); validate(layout) runs first. With a shard group
+  // size (layout.shard below dp) it also splits dp() into hybrid sharding's groups.
+  Mesh(Communicator& world, const Layout& layout);
   ~Mesh();
   Mesh(const Mesh&) = delete;
   Mesh& operator=(const Mesh&) = delete;
 
-  const MeshLayout& layout() const { return layout_; }
-  const MeshShape& shape() const { return layout_.shape(); }
+  const MeshLayout& mesh_layout() const { return grid_; }
+  const MeshShape& shape() const { return grid_.shape(); }
+  // The layout the mesh was built from, its dp resolved; nullopt for a mesh built from a MeshShape.
+  const std::optional<Layout>& layout() const { return layout_; }
   MeshCoord coord() const { return coord_; }  // this rank's
-  int rank_at(const MeshCoord& c) const { return layout_.rank(c); }
+  int rank_at(const MeshCoord& c) const { return grid_.rank(c); }
+  // Hybrid sharding's shard and replica groups over dp(), or nullptr without a shard group size.
+  const HybridGroups* hybrid() const { return hybrid_.get(); }
 
   Communicator& world() const { return world_; }
   Communicator& tp() const { return *tp_; }
@@ -42,9 +56,11 @@ class Mesh {
 
  private:
   Communicator& world_;
-  MeshLayout layout_;
+  std::optional<Layout> layout_;
+  MeshLayout grid_;
   MeshCoord coord_;
   std::unique_ptr<Communicator> tp_, dp_, pp_, model_parallel_, embedding_;
+  std::unique_ptr<HybridGroups> hybrid_;
 };
 
 }  // namespace zero::comm

@@ -8,15 +8,6 @@
 
 namespace zero::comm {
 
-const char* mesh_dim_name(MeshDim dim) {
-  switch (dim) {
-    case MeshDim::kPp: return "pp";
-    case MeshDim::kDp: return "dp";
-    case MeshDim::kTp: return "tp";
-  }
-  return "?";
-}
-
 const char* mesh_group_name(MeshGroup group) {
   switch (group) {
     case MeshGroup::kTp: return "tp";
@@ -35,32 +26,6 @@ int MeshShape::size(MeshDim dim) const {
     case MeshDim::kTp: return tp;
   }
   return 0;
-}
-
-std::array<MeshDim, 3> parse_mesh_order(const std::string& text) {
-  std::array<MeshDim, 3> order{};
-  size_t n = 0, at = 0;
-  bool seen[3] = {false, false, false};
-  while (at <= text.size()) {
-    const size_t comma = std::min(text.find(',', at), text.size());
-    const std::string item = text.substr(at, comma - at);
-    bool known = false;
-    for (MeshDim d : {MeshDim::kPp, MeshDim::kDp, MeshDim::kTp}) {
-      if (item != mesh_dim_name(d)) continue;
-      known = !seen[static_cast<int>(d)] && n < 3;
-      if (known) {
-        seen[static_cast<int>(d)] = true;
-        order[n++] = d;
-      }
-    }
-    if (!known) {
-      ZERO_THROW(InvalidArgument, "mesh order '{}': expected pp, dp and tp once each, slowest-varying first (e.g. "
-                 "pp,dp,tp), at '{}'", text, item);
-    }
-    at = comma + 1;
-  }
-  if (n != 3) ZERO_THROW(InvalidArgument, "mesh order '{}': expected pp, dp and tp once each", text);
-  return order;
 }
 
 std::string MeshShape::describe() const {

@@ -22,13 +22,15 @@
 #include <string>
 #include <vector>
 
+#include "layout/layout.h"
+
 namespace zero::comm {
 
-enum class MeshDim { kPp, kDp, kTp };
-const char* mesh_dim_name(MeshDim dim);  // "pp", "dp", "tp"
-// "pp,dp,tp" (slowest-varying first) -> the order; InvalidArgument naming the text unless it names
-// pp, dp and tp once each.
-std::array<MeshDim, 3> parse_mesh_order(const std::string& text);
+// The dimensions and their order are the run layout's (layout/layout.h).
+using ::zero::MeshDim;
+using ::zero::mesh_dim_name;
+using ::zero::MeshOrder;
+using ::zero::parse_mesh_order;
 
 enum class MeshGroup { kTp, kDp, kPp, kModelParallel, kEmbedding };
 const char* mesh_group_name(MeshGroup group);  // "tp", "dp", "pp", "model-parallel", "embedding"
@@ -36,8 +38,10 @@ const char* mesh_group_name(MeshGroup group);  // "tp", "dp", "pp", "model-paral
 struct MeshShape {
   int pp = 1, dp = 1, tp = 1;
   // Slowest-varying first; a permutation of the three dimensions.
-  std::array<MeshDim, 3> order = {MeshDim::kPp, MeshDim::kDp, MeshDim::kTp};
+  MeshOrder order = Layout{}.order;
 
+  // The mesh of a run's layout: its dp, tp, pp and order.
+  static MeshShape of(const Layout& layout) { return {layout.pp, layout.dp, layout.tp, layout.order}; }
   int size(MeshDim dim) const;
   int world_size() const { return pp * dp * tp; }
   std::string describe() const;  // "(pp 2, dp 2, tp 2; order pp, dp, tp)"

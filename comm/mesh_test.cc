@@ -208,7 +208,7 @@ TEST_CASE("Mesh: a shape that does not fit, or differs across ranks, fails on ev
   testing::run_thread_ranks(4, [&](Communicator& world) {
     std::string error;
     try {
-      Mesh mesh(world, {.pp = 1, .dp = 2, .tp = 4});
+      Mesh mesh(world, MeshShape{.pp = 1, .dp = 2, .tp = 4});
     } catch (const InvalidArgument& e) {
       error = e.what();
     }
@@ -223,6 +223,53 @@ TEST_CASE("Mesh: a shape that does not fit, or differs across ranks, fails on ev
     }
     CHECK(error.find("mesh shape differs across ranks") != std::string::npos);
     // The world still works afterwards.
+    int32_t one = 1;
+    world.all_reduce(&one, 1, DType::kInt32, ReduceOp::kSum)->wait();
+    CHECK(one == 4);
+  });
+}
+
+}  // namespace
+}  // namespace zero::comm
+
+namespace zero::comm {
+namespace {
+
+TEST_CASE("Mesh from a layout: dp follows from the world, the shard size gives the hybrid groups") {
+  testing::run_thread_ranks(8, [&](Communicator& world) {
+    const Mesh mesh(world, parse_layout("dp=0,tp=2,stage=2,shard=2,order=tp,pp,dp"));
+    REQUIRE(mesh.layout().has_value());
+    CHECK(mesh.layout()->dp == 4);
+    CHECK(mesh.shape().dp == 4);
+    CHECK(mesh.shape().order == MeshOrder{MeshDim::kTp, MeshDim::kPp, MeshDim::kDp});
+    REQUIRE(mesh.hybrid() != nullptr);
+    CHECK(mesh.hybrid()->shard()->size() == 2);
+    CHECK(mesh.hybrid()->replica()->size() == 2);
+    // The shard groups are consecutive dp ranks of one tp column.
+    CHECK(mesh.hybrid()->shard()->rank() == mesh.dp().rank() % 2);
+    // Without a shard size (or with all of dp): no hybrid groups; a mesh of a shape has no layout.
+    CHECK(Mesh(world, parse_layout("dp=0,stage=1,shard=8")).hybrid() == nullptr);
+    CHECK_FALSE(Mesh(world, MeshShape{.dp = 8}).layout().has_value());
+  });
+}
+
+TEST_CASE("Mesh from a layout: one that differs across ranks or does not fit fails on every rank") {
+  testing::run_thread_ranks(4, [&](Communicator& world) {
+    auto error_of = [&](const Layout& layout) {
+      try {
+        Mesh mesh(world, layout);
+      } catch (const InvalidArgument& e) {
+        return std::string(e.what());
+      }
+      return std::string();
+    };
+    // Rank 2 alone asks for recompute: the mesh's sizes agree, the run would not.
+    const std::string differs = error_of(parse_layout(world.rank() == 2 ? "tp=2,recompute" : "tp=2"));
+    CHECK(differs.find("layout differs across ranks (or is refused on some): rank ") != std::string::npos);
+    CHECK(error_of(parse_layout("dp=2,tp=4")) == "layout: dp 2 x tp 4 x pp 1 is 8 ranks, but the world has 4 (dp=0: what the world leaves)");
+    // Refused on rank 0 alone: every rank throws, none waits in split().
+    const std::string some = error_of(world.rank() == 0 ? parse_layout("dp=0,tp=3") : parse_layout("dp=0,tp=2"));
+    CHECK(some.find("layout differs across ranks") != std::string::npos);
     int32_t one = 1;
     world.all_reduce(&one, 1, DType::kInt32, ReduceOp::kSum)->wait();
     CHECK(one == 4);

@@ -11,6 +11,8 @@
 //   --optimizer NAME                  adamw, adam, sgd, adagrad, lion, adabelief or lamb (a user's
 //                                     own rules: examples/adabelief.h; examples/lamb.h, with whole-
 //                                     tensor ownership)
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -115,7 +117,8 @@ struct ConfigFlag {
   }
 };
 
-// --shard-group-size N, or the file's hybrid.shard_group_size: hybrid sharding (docs/config.md). The
+// --shard-group-size N, or the file's parallel.shard: hybrid sharding (docs/config.md), for a program
+// without a mesh (train_gpt's mesh splits its own from the layout). The
 // engine then runs on the shard and replica groups instead of the world.
 struct HybridFlag {
   std::optional<int> shard_group_size;
@@ -124,11 +127,11 @@ struct HybridFlag {
   // config was checked for that already, but --stage may have changed it since.
   static HybridFlag read(Flags& flags, const ConfigFlag& config, const EngineOptions& opt) {
     HybridFlag f;
-    if (config.config) f.shard_group_size = config.config->hybrid.shard_group_size;
+    if (config.config && config.config->layout.shard != 0) f.shard_group_size = config.config->layout.shard;
     if (flags.has("shard-group-size")) f.shard_group_size = flags.get_int("shard-group-size", 0);
     if (!f.shard_group_size) return f;
     const std::string from = flags.has("shard-group-size") ? "--shard-group-size"
-                                                           : "hybrid.shard_group_size of " + config.config->source;
+                                                           : "parallel.shard of " + config.config->source;
     if (*f.shard_group_size < 1) ZERO_THROW(InvalidArgument, "{} must be >= 1, got {}", from, *f.shard_group_size);
     if (opt.stage == 0) {
       ZERO_THROW(InvalidArgument, "{} = {} needs a sharded stage (1, 2 or 3); stage 0 shards nothing", from,
@@ -179,8 +182,10 @@ struct RunFlags {
     if (resume_dir.empty()) return 0;
     const LoadedCheckpoint c = engine.load(resume_dir);
     if (report.value_or(engine.rank() == 0)) {
-      std::printf("resumed from %s at step %lld (saved at dp %d x tp %d x pp %d, stage %d)\n", resume_dir.c_str(),
-                  static_cast<long long>(c.state.step), c.world_size, c.tp, c.pp, c.stage);
+      const std::string saved_at = c.layout ? describe(*c.layout)
+                                            : fmt::format("dp {} x tp {} x pp {}, stage {}", c.world_size, c.tp, c.pp, c.stage);
+      std::printf("resumed from %s at step %lld (saved at %s)\n", resume_dir.c_str(), static_cast<long long>(c.state.step),
+                  saved_at.c_str());
     }
     return static_cast<int>(c.state.step);
   }

@@ -2,7 +2,7 @@
 // The engine's groups and gradient finalizers from a rank's place in the device mesh, so that none
 // can be left out and none is passed one by one:
 //
-//   comm::Mesh mesh(world, {.pp = 2, .dp = 2, .tp = 2});
+//   comm::Mesh mesh(world, comm::MeshShape{.pp = 2, .dp = 2, .tp = 2});
 //   zero::Engine engine(zero::parallel::engine_comms(mesh), options);
 //
 // zero/ knows the finalizers' interface only (zero/grad_finalizer.h); the rules live here, with the
@@ -21,9 +21,10 @@ namespace zero::parallel {
 // tied copies'. The groups must outlive the engine.
 GradFinalizers model_parallel_finalizers(comm::Communicator& tp, comm::Communicator* tied);
 
-// Every field of EngineComms from `mesh`: the data-parallel group (split by `hybrid`, built over
-// mesh.dp(), into shard and replica groups for HSDP), the norm group (mesh.model_parallel(): tp x
-// pp) and model_parallel_finalizers(mesh.tp(), mesh.embedding()). The mesh (and `hybrid`, `device`)
+// Every field of EngineComms from `mesh`: the data-parallel group (split into shard and replica
+// groups for HSDP by the mesh's own, from its layout's shard, or by `hybrid`, built over mesh.dp()),
+// the norm group (mesh.model_parallel(): tp x pp), model_parallel_finalizers(mesh.tp(),
+// mesh.embedding()) and the mesh's layout. The mesh (and `hybrid`, `device`)
 // must outlive the engine; call it once per engine (a finalizer serves one).
 EngineComms engine_comms(const comm::Mesh& mesh, const comm::HybridGroups* hybrid = nullptr,
                          memory::Device* device = nullptr);

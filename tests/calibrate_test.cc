@@ -73,9 +73,9 @@ TEST_CASE("calibrate_gpt writes every kernel the planner looks up, a link and an
   const GptCosts gpt(small_gpt(), DType::kFloat32);
   size_t looked_up = 0;
   for (int world : {1, 2}) {
-    const std::vector<strategy::Layout> layouts = strategy::enumerate_layouts(gpt, world, kBatch);
+    const std::vector<Layout> layouts = strategy::enumerate_layouts(gpt, world, kBatch);
     REQUIRE(!layouts.empty());
-    for (const strategy::Layout& l : layouts) {
+    for (const Layout& l : layouts) {
       const int b = GptCosts::micro_batch_size(l, kBatch);
       for (GptPart part : {GptPart::kBlock, GptPart::kEmbedding, GptPart::kHead}) {
         for (GptPass pass : {GptPass::kForward, GptPass::kInput, GptPass::kWeight}) {
@@ -98,7 +98,7 @@ TEST_CASE("calibrate_gpt writes every kernel the planner looks up, a link and an
   strategy::PlanSettings settings;
   settings.engine.optimizer.groups.assign(2, {});
   settings.global_batch = kBatch;
-  const strategy::Prediction p = strategy::predict(gpt, strategy::Layout{.dp = 2}, c, settings);
+  const strategy::Prediction p = strategy::predict(gpt, Layout{.dp = 2}, c, settings);
   CHECK(p.unsupported.empty());
   CHECK(p.time.step() > 0);
 }
@@ -148,7 +148,7 @@ TEST_CASE("--add-tp-parts times the tp parts on more ranks than cores and adds t
   const GptCosts gpt(small_gpt(), DType::kFloat32);
   // Every part of every tp 2 layout of that many ranks, timed at that crowding (and nothing else).
   size_t added = 0;
-  for (const strategy::Layout& l : strategy::enumerate_layouts(gpt, ranks, kBatch)) {
+  for (const Layout& l : strategy::enumerate_layouts(gpt, ranks, kBatch)) {
     if (l.tp != 2) continue;
     const int b = GptCosts::micro_batch_size(l, kBatch);
     for (GptPart part : {GptPart::kBlock, GptPart::kEmbedding, GptPart::kHead}) {

@@ -57,7 +57,7 @@ struct Chunks {
 
 TEST_CASE("a pipeline whose engine has no norm group is refused: each stage would clip by its own norm") {
   run_thread_ranks(2, [](comm::Communicator& world) {
-    comm::Mesh mesh(world, {.pp = 2});
+    comm::Mesh mesh(world, comm::MeshShape{.pp = 2});
     Engine engine(EngineComms{.shard = &mesh.dp()}, options());
     CHECK_THROWS_WITH_AS(parallel::PipelineStage(mesh, engine, parallel::one_f_one_b(2, 4), {.layers = 4}),
                          "PipelineStage: the engine adds the gradient norm over 1 rank(s) (EngineComms.model_parallel is "
@@ -69,7 +69,7 @@ TEST_CASE("a pipeline whose engine has no norm group is refused: each stage woul
 
 TEST_CASE("a tensor-parallel layout whose engine has no tensor-parallel finalizer is refused by the pipeline stage") {
   run_thread_ranks(2, [](comm::Communicator& world) {
-    comm::Mesh mesh(world, {.tp = 2});
+    comm::Mesh mesh(world, comm::MeshShape{.tp = 2});
     Engine engine(EngineComms{.shard = &mesh.dp(), .model_parallel = &mesh.model_parallel()}, options());
     CHECK_THROWS_WITH_AS(parallel::PipelineStage(mesh, engine, parallel::one_f_one_b(1, 2), {.layers = 4}),
                          doctest::Contains("no gradient finalizer of the engine (EngineComms.finalizers) works over the "
@@ -80,7 +80,7 @@ TEST_CASE("a tensor-parallel layout whose engine has no tensor-parallel finalize
 
 TEST_CASE("split placements without tensor parallelism's finalizer are refused at finalize, naming the parameter") {
   run_thread_ranks(2, [](comm::Communicator& world) {
-    comm::Mesh mesh(world, {.tp = 2});
+    comm::Mesh mesh(world, comm::MeshShape{.tp = 2});
     Engine engine(EngineComms{.shard = &mesh.dp()}, options());
     ResidualMlp model(kShape, mesh.tp(), engine, {0, 1});
     CHECK_THROWS_WITH_AS(engine.finalize(),
@@ -94,7 +94,7 @@ TEST_CASE("split placements without tensor parallelism's finalizer are refused a
 
 TEST_CASE("a finalizer over more ranks than the norm group, or serving a second engine, is refused") {
   run_thread_ranks(2, [](comm::Communicator& world) {
-    comm::Mesh mesh(world, {.tp = 2});
+    comm::Mesh mesh(world, comm::MeshShape{.tp = 2});
     CHECK_THROWS_WITH_AS(
         Engine(EngineComms{.shard = &mesh.dp(), .finalizers = parallel::model_parallel_finalizers(mesh.tp(), nullptr)},
                options()),
@@ -109,9 +109,40 @@ TEST_CASE("a finalizer over more ranks than the norm group, or serving a second 
   });
 }
 
+TEST_CASE("options that disagree with the mesh's layout, or hybrid groups twice, are refused naming both") {
+  run_thread_ranks(4, [](comm::Communicator& world) {
+    const Layout layout = parse_layout("dp=0,tp=2,stage=3,shard=1");
+    comm::Mesh mesh(world, layout);
+    EngineOptions o = options();
+    o.stage = 2;
+    CHECK_THROWS_WITH_AS(Engine(parallel::engine_comms(mesh), o),
+                         "EngineOptions.stage is 2 but the mesh's layout has stage=3 (build the options with "
+                         "engine_options(layout, base), or the mesh from the layout the run uses)",
+                         InvalidArgument);
+    o.stage = 3;
+    o.offload.optimizer = true;
+    CHECK_THROWS_WITH_AS(Engine(parallel::engine_comms(mesh), o),
+                         doctest::Contains("EngineOptions.offload.optimizer is true but the mesh's layout has offload_optimizer=false"),
+                         InvalidArgument);
+    // The mesh splits its own hybrid groups from the layout's shard; a second set is refused.
+    REQUIRE(mesh.hybrid() != nullptr);
+    const comm::HybridGroups extra(mesh.dp(), 1);
+    CHECK_THROWS_WITH_AS(parallel::engine_comms(mesh, &extra),
+                         "engine_comms: hybrid groups given (2 shard groups of 1 rank) beside the mesh's own (its layout's "
+                         "shard=1)",
+                         InvalidArgument);
+    // Built from the layout, both agree, and the engine's groups are the mesh's hybrid ones.
+    const EngineComms comms = parallel::engine_comms(mesh);
+    CHECK(comms.shard == mesh.hybrid()->shard());
+    CHECK(comms.replica == mesh.hybrid()->replica());
+    Engine engine(comms, engine_options(*mesh.layout(), options()));
+    CHECK(engine.options().stage == 3);
+  });
+}
+
 TEST_CASE("a tensor split across tp but registered replicated is refused at finalize, naming it and the tp ranks") {
   run_thread_ranks(4, [](comm::Communicator& world) {
-    comm::Mesh mesh(world, {.dp = 2, .tp = 2});
+    comm::Mesh mesh(world, comm::MeshShape{.dp = 2, .tp = 2});
     Engine engine(parallel::engine_comms(mesh), options());
     // Each tp rank's half of a [4, 2] matrix, registered without its split placement; the other
     // tensor really is replicated.
@@ -129,7 +160,7 @@ TEST_CASE("a tensor split across tp but registered replicated is refused at fina
 // Two pipeline ranks under zb-h1 with the residual MLP's chunks registered, not yet finalized.
 void on_zb_h1_pipeline(const std::function<void(parallel::PipelineStage&, Chunks&)>& body) {
   run_thread_ranks(2, [&](comm::Communicator& world) {
-    comm::Mesh mesh(world, {.pp = 2});
+    comm::Mesh mesh(world, comm::MeshShape{.pp = 2});
     Engine engine(parallel::engine_comms(mesh), options());
     parallel::PipelineStage pipe(mesh, engine, parallel::zb_h1(2, 4), {.layers = 4});
     Chunks chunks(pipe, mesh.tp(), engine);
@@ -164,7 +195,7 @@ TEST_CASE("a missing stage function is named") {
 
 TEST_CASE("stages left without a layer are named by virtual stage and world rank on every rank") {
   run_thread_ranks(6, [](comm::Communicator& world) {
-    comm::Mesh mesh(world, {.pp = 6});
+    comm::Mesh mesh(world, comm::MeshShape{.pp = 6});
     Engine engine(parallel::engine_comms(mesh), options());
     parallel::PipelineStage pipe(mesh, engine, parallel::one_f_one_b(6, 6), {.layers = 4});
     Chunks chunks(pipe, mesh.tp(), engine);
@@ -179,7 +210,7 @@ TEST_CASE("stages left without a layer are named by virtual stage and world rank
 
 TEST_CASE("a batch the micro-batches do not divide, and a cut that does not fit, are named") {
   run_thread_ranks(2, [](comm::Communicator& world) {
-    comm::Mesh mesh(world, {.dp = 2});
+    comm::Mesh mesh(world, comm::MeshShape{.dp = 2});
     Engine engine(parallel::engine_comms(mesh), options());
     CHECK_THROWS_WITH_AS(parallel::PipelineStage(mesh, engine, parallel::one_f_one_b(1, 4), {.layers = 4, .layer_counts = {3}}),
                          "PipelineOptions.layer_counts sums to 3 layers but PipelineOptions.layers is 4", InvalidArgument);
@@ -199,7 +230,7 @@ TEST_CASE("a batch the micro-batches do not divide, and a cut that does not fit,
 
 TEST_CASE("a schedule, an engine or a call that does not fit the mesh is named before anything runs") {
   run_thread_ranks(4, [](comm::Communicator& world) {
-    comm::Mesh mesh(world, {.pp = 2, .dp = 2});
+    comm::Mesh mesh(world, comm::MeshShape{.pp = 2, .dp = 2});
     {  // a schedule for another pipeline size
       Engine engine(parallel::engine_comms(mesh), options());
       CHECK_THROWS_WITH_AS(parallel::PipelineStage(mesh, engine, parallel::one_f_one_b(4, 4), {.layers = 4}),

@@ -111,10 +111,12 @@ TEST_CASE("a checkpoint saved at one (dp, tp, pp, stage, offload) resumes at ano
     std::string saved_at;  // as the resume and zero_ckpt inspect report it
   };
   const std::vector<Move> moves = {
-      {{8, {"--tp", "2", "--pp", "2", "--stage", "3"}}, {8, {"--stage", "1"}}, "dp 2 x tp 2 x pp 2, stage 3"},
+      {{8, {"--tp", "2", "--pp", "2", "--stage", "3"}}, {8, {"--stage", "1"}}, "dp 2 x tp 2 x pp 2, stage 3, 1f1b x 4"},
       {{8, {"--stage", "2"}}, {8, {"--tp", "2", "--pp", "4", "--stage", "3"}}, "dp 8 x tp 1 x pp 1, stage 2"},
-      {{8, {"--tp", "2", "--pp", "2", "--stage", "2", "--offload"}}, {8, {"--tp", "2", "--stage", "0"}},
-       "dp 2 x tp 2 x pp 2, stage 2"},
+      // The whole layout goes in the manifest, the text form's flags as the others.
+      {{8, {"--layout", "tp=2,pp=2,stage=2,offload,micro_batches=2,schedule=gpipe,recompute"}},
+       {8, {"--tp", "2", "--stage", "0"}},
+       "dp 2 x tp 2 x pp 2, stage 2, gpipe x 2, offload, recompute"},
       {{1, {}}, {8, {"--tp", "2", "--pp", "2", "--stage", "3", "--pp-schedule", "zb-h1"}}, "dp 1 x tp 1 x pp 1, stage 3"},
   };
   for (size_t k = 0; k < moves.size(); ++k) {

@@ -70,7 +70,7 @@ int run(int argc, char** argv) {
   if (world_comm.size() % (tp * pp) != 0) {
     ZERO_THROW(InvalidArgument, "--tp {} x --pp {} does not divide the {} ranks", tp, pp, world_comm.size());
   }
-  comm::Mesh mesh(world_comm, {.pp = pp, .dp = world_comm.size() / (tp * pp), .tp = tp, .order = comm::parse_mesh_order(mesh_order)});
+  comm::Mesh mesh(world_comm, comm::MeshShape{.pp = pp, .dp = world_comm.size() / (tp * pp), .tp = tp, .order = comm::parse_mesh_order(mesh_order)});
   comm::Communicator& comm = mesh.dp();
   const int rank = comm.rank(), world = comm.size();
   const int ref_world = train["world_size"].get<int>();

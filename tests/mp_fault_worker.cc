@@ -37,7 +37,7 @@ int train(comm::Communicator& world, int tp, int pp, int stage, int steps, std::
   if (world.size() % (tp * pp) != 0) {
     ZERO_THROW(InvalidArgument, "--tp {} x --pp {} does not divide {} ranks", tp, pp, world.size());
   }
-  comm::Mesh mesh(world, {.pp = pp, .dp = world.size() / (tp * pp), .tp = tp});
+  comm::Mesh mesh(world, comm::MeshShape{.pp = pp, .dp = world.size() / (tp * pp), .tp = tp});
   const examples::GptConfig cfg{.vocab_size = 64, .block_size = 16, .n_embd = 32, .n_head = 4, .n_layer = 2};
   const examples::Gpt whole(cfg, 1);
   const examples::GptParallel parallel{tp > 1 ? &mesh.tp() : nullptr, false};

@@ -196,8 +196,8 @@ TEST_CASE("zero_plan --write-config: train_gpt --config runs the planned layout,
     // Launched on other than the planned world, it is refused naming the key.
     const auto wrong = testing::launch(4, "examples/gpt/train_gpt", train);
     CHECK(wrong.exit_code != 0);
-    CHECK(wrong.output.find("parallel.dp 1 x tp") != std::string::npos);
-    CHECK(wrong.output.find("is 2 ranks, but 4 were launched") != std::string::npos);
+    CHECK(wrong.output.find("the layout (" + path + " (ours), then the flags): dp 1 x tp") != std::string::npos);
+    CHECK(wrong.output.find("is 2 ranks, but the world has 4") != std::string::npos);
   }
   // --config: the engine options planned with (Lion keeps one state to AdamW's two) are written back.
   const std::string base = dir + "/lion.json", lion_run = dir + "/lion_run.json";
@@ -217,11 +217,10 @@ TEST_CASE("zero_plan --write-config: train_gpt --config runs the planned layout,
   CHECK(text.find(R"("kind": "lion")") != std::string::npos);
   CHECK(text.find(R"("log_every": 5)") != std::string::npos);
   CHECK(text.find(R"("global_batch_size": 16)") != std::string::npos);
-  std::ofstream(dir + "/hybrid.json") << R"({"stage": 3, "hybrid": {"shard_group_size": 2}})";
+  std::ofstream(dir + "/hybrid.json") << R"({"stage": 3, "parallel": {"shard": 2}})";
   const auto hybrid = explain({"--config", dir + "/hybrid.json"});
   CHECK(hybrid.exit_code != 0);
-  CHECK(hybrid.output.find("hybrid.shard_group_size: the planner shards over every data-parallel rank") !=
-        std::string::npos);
+  CHECK(hybrid.output.find("parallel.shard: the planner shards over every data-parallel rank") != std::string::npos);
 
   // --auto writes its first choice; nothing fitting writes nothing.
   std::vector<std::string> args{"--auto", "--top", "3", "--write-config", dir + "/first.json"};

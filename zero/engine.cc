@@ -36,6 +36,7 @@ Engine::Engine(const EngineComms& comms, EngineOptions options) : impl_(std::mak
   if (comms.shard == nullptr) ZERO_THROW(InvalidArgument, "EngineComms.shard is null");
   validate(options);
   check_topology(options, comms.replica != nullptr);
+  if (comms.layout) check_layout(options, *comms.layout);
   m.comms = comms;
   m.options = std::move(options);
   m.device = comms.device;

@@ -46,6 +46,7 @@
 #include <exception>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -195,6 +196,9 @@ struct EngineComms {
   // parallel::engine_comms(mesh) (parallel/engine_comms.h) builds every field from the rank's
   // place in the device mesh, so that none can be left out.
   GradFinalizers finalizers;
+  // The run's layout (layout/layout.h) when the mesh was built from one: the options must agree with
+  // it on the stage and the offload (check_layout), and checkpoints record it whole.
+  std::optional<Layout> layout;
 };
 
 class Engine {

@@ -29,7 +29,8 @@ CheckpointParts Engine::checkpoint_parts() {
           m.comms.model_parallel,
           &m.options,
           m.dtypes.storage,
-          m.device};
+          m.device,
+          m.comms.layout ? &*m.comms.layout : nullptr};
 }
 
 void Engine::save(const std::string& dir, std::string_view user_blob) {

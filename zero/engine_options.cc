@@ -135,4 +135,27 @@ std::vector<std::pair<std::string, std::string>> fingerprint(const EngineOptions
   return f;
 }
 
+EngineOptions engine_options(const Layout& layout, EngineOptions base) {
+  base.stage = layout.stage;
+  base.offload.optimizer = layout.offload_optimizer;
+  base.offload.params = layout.offload_params;
+  base.micro_batches = layout.pp > 1 ? layout.micro_batches : 1;
+  base.gradient_accumulation_steps = layout.pp > 1 ? 1 : layout.micro_batches;
+  return base;
+}
+
+void check_layout(const EngineOptions& o, const Layout& l) {
+  auto differ = [&](const char* option, auto value, const char* field, auto want) {
+    ZERO_THROW(InvalidArgument,
+               "EngineOptions.{} is {} but the mesh's layout has {}={} (build the options with "
+               "engine_options(layout, base), or the mesh from the layout the run uses)",
+               option, value, field, want);
+  };
+  if (o.stage != l.stage) differ("stage", o.stage, "stage", l.stage);
+  if (o.offload.optimizer != l.offload_optimizer) {
+    differ("offload.optimizer", o.offload.optimizer, "offload_optimizer", l.offload_optimizer);
+  }
+  if (o.offload.params != l.offload_params) differ("offload.params", o.offload.params, "offload_params", l.offload_params);
+}
+
 }  // namespace zero

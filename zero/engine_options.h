@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "layout/layout.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "zero/shard_layout.h"
@@ -129,6 +130,13 @@ struct EngineOptions {
 
 // Throws InvalidArgument naming the field.
 void validate(const EngineOptions& options);
+
+// The options a run of `layout` (layout/layout.h) takes: base's, with the layout's stage, offload and
+// micro-batches (at pp 1 micro-steps of accumulation, above it the pipeline's micro-batches).
+EngineOptions engine_options(const Layout& layout, EngineOptions base);
+// InvalidArgument naming both values where `options` and the layout the mesh was built from disagree
+// on the stage or the offload (options built by hand beside a layout that says otherwise).
+void check_layout(const EngineOptions& options, const Layout& layout);
 
 // Every option that must be the same on all ranks, as (field, value) pairs in a fixed order, e.g.
 // ("EngineOptions.optimizer.groups[0].lr", "0.001"). Floats print in their shortest exact form, so

@@ -95,7 +95,7 @@ int run(int argc, char** argv) {
   comm::ProcessGroup pg = comm::init_process_group();
   comm::Communicator& world = *pg.host;
   const int p = world.size();
-  comm::Mesh mesh(world, {.pp = p, .dp = 1, .tp = 1});
+  comm::Mesh mesh(world, comm::MeshShape{.pp = p, .dp = 1, .tp = 1});
   const examples::Gpt whole(cfg, 1);
   const int T = cfg.block_size;
   const double transfer = transfer_seconds(mesh.pp(), static_cast<size_t>(B) * T * cfg.n_embd);

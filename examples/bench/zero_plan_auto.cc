@@ -26,19 +26,6 @@
 namespace zero {
 namespace {
 
-// train_gpt's flags for a layout (dp follows from the ranks).
-std::string train_flags(const strategy::Layout& l) {
-  std::string s = fmt::format("--stage {}", l.zero_stage);
-  if (l.tp > 1) s += fmt::format(" --tp {}", l.tp);
-  if (l.sequence_parallel) s += " --sequence-parallel";
-  if (l.pp > 1) s += fmt::format(" --pp {} --pp-schedule {}", l.pp, l.schedule);
-  if (l.chunks > 1) s += fmt::format(" --chunks {}", l.chunks);
-  if (l.micro_batches > 1 || l.pp > 1) s += fmt::format(" --micro-batches {}", l.micro_batches);
-  if (l.offload) s += " --offload";
-  if (l.recompute) s += " --recompute";
-  return s;
-}
-
 // The engine options the search plans with: train_gpt's (AdamW, weight decay on group 0 and none on
 // group 1, a description's no_decay tensors), or a --config file's (its optimizer, dtypes, buckets,
 // windows), in two groups. The stage, offload and micro-batches are each layout's.
@@ -48,8 +35,8 @@ EngineOptions base_options(const std::optional<EngineConfig>& file, DType dtype)
     o.grad_accum_dtype = dtype;
     return o;
   }
-  if (file->hybrid.shard_group_size) {
-    ZERO_THROW(InvalidArgument, "{}: hybrid.shard_group_size: the planner shards over every data-parallel rank "
+  if (file->layout.shard != 0) {
+    ZERO_THROW(InvalidArgument, "{}: parallel.shard: the planner shards over every data-parallel rank "
                                 "(hybrid sharding is not searched); leave it out", file->source);
   }
   EngineOptions o = file->engine;
@@ -59,31 +46,25 @@ EngineOptions base_options(const std::optional<EngineConfig>& file, DType dtype)
 
 // The config a run of layout `l` reads (docs/config.md): the planned engine options, the model's
 // dtype, the global batch and the layout; a --config file's other keys (log interval) kept.
-EngineConfig layout_config(const strategy::Layout& l, const EngineOptions& base, DType dtype, int batch,
+EngineConfig layout_config(const Layout& l, const EngineOptions& base, DType dtype, int batch,
                            const std::optional<EngineConfig>& file) {
   EngineConfig c = file.value_or(EngineConfig{});
-  c.engine = strategy::engine_options(l, base);
+  c.engine = engine_options(l, base);
   c.model_dtype = dtype;
   c.loop.global_batch_size = batch;
   c.loop.micro_batch_size.reset();  // follows from the batch and the layout
-  c.parallel = {.dp = l.dp,
-                .tp = l.tp,
-                .sequence_parallel = l.sequence_parallel,
-                .pp = l.pp,
-                .schedule = l.pp > 1 ? std::optional<std::string>(l.schedule) : std::nullopt,
-                .chunks = l.chunks > 1 ? std::optional<int>(l.chunks) : std::nullopt,
-                .recompute = l.recompute};
+  c.layout = l;
   return c;
 }
 
-void write_config(const std::string& path, const EngineConfig& c, const strategy::Layout& l) {
+void write_config(const std::string& path, const EngineConfig& c, const Layout& l) {
   std::ofstream out(path);
   out << to_native_json(c);
   out.close();
   if (!out) ZERO_THROW(IoError, "--write-config {}: cannot write it", path);
   std::printf("wrote %s: %s on %d ranks (train_gpt --config %s; a loop of its own reads it with "
               "zero::load_engine_config)\n",
-              path.c_str(), strategy::layout_key(l).c_str(), l.world(), path.c_str());
+              path.c_str(), layout_key(l).c_str(), l.world(), path.c_str());
 }
 
 }  // namespace
@@ -146,7 +127,7 @@ int run_strategy(examples::Flags& flags) {
   settings.global_batch = batch;
 
   if (!explain_text.empty()) {
-    const strategy::Layout l = strategy::parse_layout(explain_text);
+    const Layout l = parse_layout(explain_text);
     if (l.world() != world && flags.has("world")) {
       ZERO_THROW(InvalidArgument, "--explain '{}' is {} ranks but --world is {}", explain_text, l.world(), world);
     }
@@ -155,7 +136,7 @@ int run_strategy(examples::Flags& flags) {
     if (!write_path.empty()) write_config(write_path, layout_config(l, settings.engine, dtype, batch, file), l);
     return 0;
   }
-  const std::vector<strategy::Layout> layouts = strategy::enumerate_layouts(model, world, batch);
+  const std::vector<Layout> layouts = strategy::enumerate_layouts(model, world, batch);
   // The table ranks its --top rows exactly (the rest by their floors, which is much faster at many
   // ranks); --list (what the validation reads) and the chart, every layout.
   const bool every = list || !svg.empty();
@@ -163,8 +144,8 @@ int run_strategy(examples::Flags& flags) {
       strategy::rank_layouts(model, layouts, cluster, settings, every ? SIZE_MAX : static_cast<size_t>(std::max(top, 1)));
   if (list) {
     for (const strategy::Prediction& p : ranked) {
-      std::printf("%s\t%s\t%d\t%.4f\t%llu\t%llu\t%d\n", strategy::layout_key(p.layout).c_str(),
-                  gpt.empty() ? "-" : train_flags(p.layout).c_str(), p.layout.world(), 1e3 * p.time.step(),
+      std::printf("%s\t%s\t%d\t%.4f\t%llu\t%llu\t%d\n", layout_key(p.layout).c_str(),
+                  gpt.empty() ? "-" : ("--layout " + layout_text(p.layout)).c_str(), p.layout.world(), 1e3 * p.time.step(),
                   static_cast<unsigned long long>(p.memory.device()),
                   static_cast<unsigned long long>(p.largest_activations), p.fits ? 1 : 0);
     }
@@ -179,7 +160,7 @@ int run_strategy(examples::Flags& flags) {
     if (ranked.empty() || !ranked.front().fits) {
       ZERO_THROW(InvalidArgument, "--write-config {}: no layout fits, so none was written", write_path);
     }
-    const strategy::Layout& l = ranked.front().layout;
+    const Layout& l = ranked.front().layout;
     write_config(write_path, layout_config(l, settings.engine, dtype, batch, file), l);
   }
   if (!svg.empty()) {

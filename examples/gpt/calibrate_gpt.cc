@@ -103,9 +103,9 @@ struct KernelShape {
 std::vector<KernelShape> kernel_shapes(const GptCosts& costs, int world, int batch, bool print) {
   std::set<KernelShape> shapes;
   for (int n = 1; n <= world; ++n) {
-    const std::vector<strategy::Layout> layouts = strategy::enumerate_layouts(costs, n, batch);
+    const std::vector<Layout> layouts = strategy::enumerate_layouts(costs, n, batch);
     if (layouts.empty() && print) std::printf("note: no layout of %d rank(s) runs a batch of %d\n", n, batch);
-    for (const strategy::Layout& l : layouts) {
+    for (const Layout& l : layouts) {
       shapes.insert({GptCosts::micro_batch_size(l, batch), l.tp, l.sequence_parallel});
     }
   }

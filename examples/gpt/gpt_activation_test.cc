@@ -132,7 +132,7 @@ void check_layouts(int tp, bool sp, const std::vector<std::vector<GptStage>>& st
   for (const Shape shape : {Shape{2, 8}, Shape{3, 4}}) {
     for (const std::vector<GptStage>& stages : stage_lists) {
       testing::run_thread_ranks(tp, [&](comm::Communicator& world) {
-        comm::Mesh mesh(world, {.pp = 1, .dp = 1, .tp = tp});
+        comm::Mesh mesh(world, comm::MeshShape{.pp = 1, .dp = 1, .tp = tp});
         const GptParallel parallel{tp > 1 ? &mesh.tp() : nullptr, sp};
         const Computed kept = check_stages(whole, stages, parallel, shape, false);
         const Computed recomputed = check_stages(whole, stages, parallel, shape, true);

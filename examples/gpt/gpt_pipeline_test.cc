@@ -53,7 +53,7 @@ double norm_at(int pp, int dp, int tp, int stage, const std::vector<int>& layers
   double norm = -1;
   std::mutex mu;
   testing::run_thread_ranks(pp * dp * tp, [&](comm::Communicator& world) {
-    comm::Mesh mesh(world, {.pp = pp, .dp = dp, .tp = tp});
+    comm::Mesh mesh(world, comm::MeshShape{.pp = pp, .dp = dp, .tp = tp});
     const Gpt whole(kConfig, 3);
     const int m = kMicroBatches / dp;
     Engine engine(parallel::engine_comms(mesh), options(stage, m));

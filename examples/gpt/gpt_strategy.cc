@@ -8,7 +8,6 @@
 
 namespace zero::examples {
 
-using strategy::Layout;
 using strategy::TpCollective;
 
 const char* gpt_part_name(GptPart part) {

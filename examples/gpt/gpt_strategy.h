@@ -30,12 +30,12 @@ class GptCosts : public strategy::ModelCosts {
   GptCosts(const GptConfig& config, DType dtype) : config_(config), dtype_(dtype) {}
   std::string name() const override;
   int sequence_length() const override { return config_.block_size; }
-  std::string unsupported(const strategy::Layout& layout, int global_batch) const override;
-  strategy::StageCosts stage(const strategy::Layout& layout, int stage, int global_batch,
+  std::string unsupported(const Layout& layout, int global_batch) const override;
+  strategy::StageCosts stage(const Layout& layout, int stage, int global_batch,
                              const strategy::Cluster& cluster) const override;
 
   // Sequences per micro-batch of a layout.
-  static int micro_batch_size(const strategy::Layout& layout, int global_batch);
+  static int micro_batch_size(const Layout& layout, int global_batch);
   // "gpt/L,C,H,V,T/block/b4/tp2/sp1/f": the key of one kernel's time in Cluster::kernels, compute
   // alone (the planner adds the part's tp collectives from the link). With `collectives`
   // ("...f+tp"): timed with a real tp group, its collectives included as the run meets them
@@ -61,12 +61,12 @@ class GptCosts : public strategy::ModelCosts {
   // How the cluster has the part's three passes timed at this layout: compute alone, with their
   // collectives, or with them by as many ranks as the layout has on too few cores.
   enum class Timed { kCompute, kWithCollectives, kCrowded };
-  Timed timed_as(GptPart part, int batch, const strategy::Layout& layout, const strategy::Cluster& cluster) const;
-  bool measured_with_collectives(GptPart part, int batch, const strategy::Layout& layout,
+  Timed timed_as(GptPart part, int batch, const Layout& layout, const strategy::Cluster& cluster) const;
+  bool measured_with_collectives(GptPart part, int batch, const Layout& layout,
                                  const strategy::Cluster& cluster) const {
     return timed_as(part, batch, layout, cluster) != Timed::kCompute;
   }
-  double seconds(GptPart part, GptPass pass, int batch, const strategy::Layout& layout,
+  double seconds(GptPart part, GptPass pass, int batch, const Layout& layout,
                  const strategy::Cluster& cluster) const;
   GptConfig config_;
   DType dtype_;

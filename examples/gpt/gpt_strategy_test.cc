@@ -23,7 +23,6 @@
 namespace zero::examples {
 namespace {
 
-using strategy::Layout;
 using strategy::TpCollective;
 
 GptConfig config() {
@@ -87,9 +86,9 @@ TEST_CASE("the engine's own tp collectives are in the step: sequence parallelism
   strategy::PlanSettings settings;
   settings.engine = gpt_engine_options(1e-3f);
   settings.global_batch = 16;
-  const strategy::Prediction plain = strategy::predict(gpt, {.tp = 2, .zero_stage = 1, .micro_batches = 2}, cluster(), settings);
+  const strategy::Prediction plain = strategy::predict(gpt, {.tp = 2, .stage = 1, .micro_batches = 2}, cluster(), settings);
   const strategy::Prediction sp = strategy::predict(
-      gpt, {.tp = 2, .zero_stage = 1, .micro_batches = 2, .sequence_parallel = true}, cluster(), settings);
+      gpt, {.tp = 2, .stage = 1, .micro_batches = 2, .sequence_parallel = true}, cluster(), settings);
   // Without sp only the norm's sum crosses the tp group; with it the partial gradients of the
   // parameters it replicates (wpe, the LayerNorms', the row-parallel biases') are summed over it
   // too, in one packed all-reduce: one call's two messages and its bytes (fp32, each once on the
@@ -110,7 +109,7 @@ TEST_CASE("more ranks than a shared-core machine's cores: the tp parts timed at 
   c.devices_per_node = 2;
   c.shared_cores = true;
   // dp 2 x tp 2 on 2 cores: 2 ranks per core; micro-batches of 8 sequences, as tp 2 x 2 micro-batches.
-  const strategy::Layout crowded{.dp = 2, .tp = 2, .micro_batches = 1}, alone{.tp = 2, .micro_batches = 2};
+  const Layout crowded{.dp = 2, .tp = 2, .micro_batches = 1}, alone{.tp = 2, .micro_batches = 2};
   for (GptPart part : {GptPart::kBlock, GptPart::kEmbedding, GptPart::kHead}) {
     for (GptPass pass : {GptPass::kForward, GptPass::kInput, GptPass::kWeight}) {
       c.kernels[gpt.kernel_key(part, pass, 8, 2, false, true)] = 1.0;
@@ -176,10 +175,10 @@ std::vector<RankMeasured> run_pipeline(const GptConfig& c, const Layout& l, int 
   std::vector<RankMeasured> out(static_cast<size_t>(l.pp));
   std::mutex mu;
   testing::run_thread_ranks(l.pp, [&](comm::Communicator& world) {
-    comm::Mesh mesh(world, {.pp = l.pp, .dp = 1, .tp = 1});
+    comm::Mesh mesh(world, comm::MeshShape{.pp = l.pp, .dp = 1, .tp = 1});
     const Gpt whole(c, 3);
     EngineOptions o = base;
-    o.stage = l.zero_stage;
+    o.stage = l.stage;
     o.micro_batches = l.micro_batches;
     Engine engine(parallel::engine_comms(mesh), o);
     GptPipeline pipe(whole, {}, mesh, parallel::make_schedule(l.schedule, l.pp, l.micro_batches, l.chunks, c.n_layer),
@@ -221,9 +220,9 @@ TEST_CASE("planned pipeline ranks equal GptPipeline's: activation peaks and engi
     for (int stage : {1, 3}) {
       for (bool recompute : {false, true}) {
         Layout l = base;
-        l.zero_stage = stage;
+        l.stage = stage;
         l.recompute = recompute;
-        CAPTURE(strategy::describe(l));
+        CAPTURE(describe(l));
         settings.global_batch = B * l.micro_batches;
         const strategy::Prediction p = strategy::predict(gpt, l, cluster(), settings);
         REQUIRE(p.unsupported.empty());
@@ -291,7 +290,7 @@ TEST_CASE("the GPT described in JSON is planned as the GPT itself") {
       const std::vector<Layout> ls = strategy::enumerate_layouts(gpt, world, 16);
       CHECK(strategy::enumerate_layouts(described, world, 16) == ls);
       for (const Layout& l : ls) {
-        CAPTURE(strategy::describe(l));
+        CAPTURE(describe(l));
         REQUIRE(described.unsupported(l, 16) == gpt.unsupported(l, 16));
         if (vocab != 256 && l.tp != 4) continue;  // the padded vocabulary: where tp pads it
         for (int s = 0; s < l.virtual_stages(); ++s) {

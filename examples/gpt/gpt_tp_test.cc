@@ -142,7 +142,7 @@ TEST_CASE("a vocabulary tp does not divide trains through the engine as the whol
       CAPTURE(stage);
       CAPTURE(sp);
       testing::run_thread_ranks(2, [&](comm::Communicator& comm) {
-        comm::Mesh mesh(comm, {.pp = 1, .dp = 1, .tp = 2});
+        comm::Mesh mesh(comm, comm::MeshShape{.pp = 1, .dp = 1, .tp = 2});
         Gpt part(full, GptParallel{&mesh.tp(), sp});
         const auto got = train(part, parallel::engine_comms(mesh), stage);
         double worst = 0;

@@ -40,6 +40,7 @@
 #include "comm/mesh.h"
 #include "examples/flags.h"
 #include "examples/heap.h"
+#include "examples/layout_flags.h"
 #include "examples/gpt/gpt_flags.h"
 #include "examples/process_memory.h"
 #include "examples/run_flags.h"
@@ -128,24 +129,23 @@ int run(int argc, char** argv) {
   const int loss_digits = flags.get_int("loss-digits", 4);  // tests compare losses to 1e-5 relative
   const bool exact_bytes = flags.get_bool("exact-bytes", false);  // the strategy validation compares bytes
   const examples::RunFlags run_flags = examples::RunFlags::read(flags, opt);
-  const examples::HybridFlag hybrid = examples::HybridFlag::read(flags, config, opt);
-  // The layout: a --config file's parallel section (zero_plan --write-config), each flag overriding it.
-  const ParallelConfig layout = config.config ? config.config->parallel : ParallelConfig{};
-  const int tp = flags.get_int("tp", layout.tp.value_or(1));
-  const bool sequence_parallel = flags.get_bool("sequence-parallel", layout.sequence_parallel.value_or(false));
-  const bool recompute = flags.get_bool("recompute", layout.recompute.value_or(false));
-  const int pp = flags.get_int("pp", layout.pp.value_or(1));
-  const bool micro_batches_given = flags.has("micro-batches");
-  // A file's pipeline runs its micro_batches (a file replaces the example's defaults: 2 per stage).
-  const int micro_batches_flag = flags.get_int("micro-batches", config.config && pp > 1 ? opt.micro_batches : 2 * pp);
-  const std::string pp_schedule = flags.get("pp-schedule", layout.schedule.value_or("1f1b"));
-  const int chunks = flags.get_int("chunks", layout.chunks.value_or(1));
+  run_flags.apply(opt);
+  // The run's layout: a --config file's (zero_plan --write-config) or the example's, with the engine
+  // options' stage, offload and micro-steps, then each layout flag (examples/layout_flags.h).
+  // Without a file the micro-batches stay 0 until a flag sets them: then 2 per pipeline stage, or
+  // at pp 1 the micro-steps.
+  Layout base = config.config ? config.config->layout : Layout{.dp = 0, .micro_batches = 0};
+  base.stage = opt.stage;
+  base.offload_optimizer = opt.offload.optimizer;
+  base.offload_params = opt.offload.params;
+  if (base.pp == 1 && base.micro_batches != 0) base.micro_batches = opt.gradient_accumulation_steps;
+  Layout layout = examples::layout_from_flags(flags, base);
+  if (layout.micro_batches == 0) layout.micro_batches = layout.pp > 1 ? 2 * layout.pp : opt.gradient_accumulation_steps;
   const std::vector<int> pp_layers = examples::parse_layer_counts(flags.get("pp-layers", ""));
   const std::string timeline = flags.get("timeline", "");
   // A file's own settings stand unless a flag is given (they are what zero_plan planned with).
-  const bool regather = flags.get_bool("regather-per-micro-batch", opt.regather_per_micro_batch);
-  const bool reduce_each = flags.get_bool("reduce-each-micro-batch", opt.reduce_each_micro_batch);
-  const std::string mesh_order = flags.get("mesh-order", "pp,dp,tp");  // slowest-varying first
+  opt.regather_per_micro_batch = flags.get_bool("regather-per-micro-batch", opt.regather_per_micro_batch);
+  opt.reduce_each_micro_batch = flags.get_bool("reduce-each-micro-batch", opt.reduce_each_micro_batch);
   // The parameters: fp32 or bf16.
   const DType dtype =
       parse_dtype(flags.get("dtype", config.model_dtype() ? dtype_name(*config.model_dtype()) : "fp32"));
@@ -163,44 +163,29 @@ int run(int argc, char** argv) {
   // A bf16 model keeps a bf16 gradient shard (2Ψ/N), and its reduced gradients are then the same
   // bits at every stage. A config file says for itself.
   if (!config.config) opt.grad_accum_dtype = opt.param_dtype.value_or(dtype);
-  if (tp < 1) ZERO_THROW(InvalidArgument, "--tp {} is not positive", tp);
-  if (pp < 1) ZERO_THROW(InvalidArgument, "--pp {} is not positive", pp);
-  if (micro_batches_flag < 1) ZERO_THROW(InvalidArgument, "--micro-batches {} is not positive", micro_batches_flag);
-  if (pp == 1 && (chunks != 1 || !pp_layers.empty() || !timeline.empty() || flags.has("pp-schedule") || regather ||
-                  reduce_each)) {
+  if (layout.pp == 1 && (!pp_layers.empty() || !timeline.empty() || flags.has("pp-schedule") ||
+                         opt.regather_per_micro_batch || opt.reduce_each_micro_batch)) {
     ZERO_THROW(InvalidArgument,
-               "--pp-schedule, --chunks, --pp-layers, --timeline, --regather-per-micro-batch and --reduce-each-micro-batch "
-               "need --pp above 1");
+               "--pp-schedule, --pp-layers, --timeline, --regather-per-micro-batch and --reduce-each-micro-batch need "
+               "--pp above 1");
   }
-  // At pp 1 micro-batches are micro-steps of accumulation (the same thing); above, the pipeline's.
-  if (pp == 1 && micro_batches_given) opt.gradient_accumulation_steps = micro_batches_flag;
-  const int micro_batches = pp > 1 ? micro_batches_flag : 1;
-  if (pp > 1) opt.micro_batches = micro_batches;
-  opt.regather_per_micro_batch = regather;
-  opt.reduce_each_micro_batch = reduce_each;
-  if (sequence_parallel && tp == 1) {
-    ZERO_THROW(InvalidArgument, "--sequence-parallel needs --tp above 1 (it splits the sequence over the tp ranks)");
-  }
-  run_flags.apply(opt);
-  const int micro = opt.gradient_accumulation_steps;
+  const int pipeline_steps = opt.gradient_accumulation_steps;  // --micro-steps above pp 1: whole schedules
+  opt = engine_options(layout, opt);
+  if (layout.pp > 1) opt.gradient_accumulation_steps = pipeline_steps;
+  const int micro = opt.gradient_accumulation_steps, micro_batches = opt.micro_batches;
+  const int tp = layout.tp, pp = layout.pp;
 
   comm::ProcessGroup pg = comm::init_process_group();
   comm::Communicator& comm = *pg.host;
-  if (comm.size() % (tp * pp) != 0) {
-    ZERO_THROW(InvalidArgument, "--tp {} x --pp {} does not divide the {} ranks{}", tp, pp, comm.size(),
-               layout.tp || layout.pp ? " (parallel.tp and parallel.pp of " + config.config->source + " unless given)"
-                                      : "");
-  }
-  if (layout.dp && *layout.dp * tp * pp != comm.size()) {
-    ZERO_THROW(InvalidArgument, "parallel.dp {} x tp {} x pp {} of {} is {} ranks, but {} were launched", *layout.dp, tp,
-               pp, config.config->source, *layout.dp * tp * pp, comm.size());
-  }
   // Groups of tp consecutive ranks hold one stage's part between them, pipeline stages outermost;
-  // data parallelism runs across the copies of each stage.
-  comm::Mesh mesh(comm, {.pp = pp, .dp = comm.size() / (tp * pp), .tp = tp, .order = comm::parse_mesh_order(mesh_order)});
+  // data parallelism (with its hybrid groups) runs across the copies of each stage.
+  layout = with_world(layout, comm.size(), config.config ? "the layout (" + config.config->source + ", then the flags)"
+                                                        : "the layout (the flags)");
+  comm::Mesh mesh(comm, layout);
   const int rank = comm.rank();
   const int dp_rank = mesh.dp().rank(), world = mesh.dp().size();  // the data-parallel ranks
   config.print(rank);
+  if (mesh.hybrid() != nullptr && rank == 0) std::printf("hybrid sharding: %s\n", mesh.hybrid()->layout().c_str());
   const int batch = batch_given ? batch_flag : config.global_batch(micro, world).value_or(batch_flag);
   if (batch % (world * micro * micro_batches) != 0) {
     ZERO_THROW(InvalidArgument, "--batch {} is not a multiple of {} data-parallel ranks x {} micro-steps x {} micro-batches",
@@ -210,25 +195,24 @@ int run(int argc, char** argv) {
   const int T = cfg.block_size;
   const examples::TextData data(corpus, T, 0.1, static_cast<uint64_t>(seed));
   const examples::Gpt whole(cfg, static_cast<uint64_t>(seed));
-  const examples::GptParallel parallel{tp > 1 ? &mesh.tp() : nullptr, sequence_parallel};
+  const examples::GptParallel parallel{tp > 1 ? &mesh.tp() : nullptr, layout.sequence_parallel};
   std::optional<examples::Gpt> model;  // without pipelining: this rank's (tp part of the) model
   if (pp == 1) model.emplace(tp > 1 ? examples::Gpt(whole, parallel) : whole);
 
-  const std::unique_ptr<comm::HybridGroups> groups = hybrid.groups(mesh.dp());
-  Engine engine(parallel::engine_comms(mesh, groups.get()), opt);
+  Engine engine(parallel::engine_comms(mesh), opt);
   // The whole model (tp part) in one set of scopes, or this rank's pipeline chunks.
   std::unique_ptr<examples::GptScopes> scopes;
   std::unique_ptr<examples::GptPipeline> pipe;
   if (pp > 1) {
     pipe = std::make_unique<examples::GptPipeline>(
-        whole, parallel, mesh, parallel::make_schedule(pp_schedule, pp, micro_batches, chunks, cfg.n_layer),
+        whole, parallel, mesh, parallel::make_schedule(layout.schedule, pp, micro_batches, layout.chunks, cfg.n_layer),
         pp_layers, engine, dtype, fp32_norms);
   } else {
     scopes = std::make_unique<examples::GptScopes>(engine, *model, dtype, fp32_norms);
   }
-  if (model) model->set_recompute(recompute);
+  if (model) model->set_recompute(layout.recompute);
   if (pipe) {
-    for (examples::Gpt& chunk : pipe->chunks()) chunk.set_recompute(recompute);
+    for (examples::Gpt& chunk : pipe->chunks()) chunk.set_recompute(layout.recompute);
   }
   pipe ? pipe->finalize() : engine.finalize();
   const examples::Gpt::Access access = scopes ? scopes->access() : examples::Gpt::Access{};
@@ -245,13 +229,13 @@ int run(int argc, char** argv) {
                 cfg.n_layer, cfg.n_head, cfg.n_embd, T, whole.num_params(),
                 fp32_norms && dtype != DType::kFloat32 ? "bf16 (fp32 norms and biases)" : dtype_name(dtype), comm.size(),
                 tp * pp > 1 ? fmt::format(" (dp {} x tp {} x pp {}{}{})", world, tp, pp,
-                                          sequence_parallel ? ", sequence parallel" : "",
+                                          layout.sequence_parallel ? ", sequence parallel" : "",
                                           pipe ? fmt::format(", {} with {} micro-batches", pipe->schedule().name,
                                                              micro_batches) : "").c_str()
                             : "",
                 opt.stage,
                 opt.offload.optimizer ? ", optimizer offloaded" : "", opt.offload.params ? " (and parameters)" : "",
-                recompute ? ", blocks recomputed in backward" : "", data.source().c_str(), data.train_bytes(),
+                layout.recompute ? ", blocks recomputed in backward" : "", data.source().c_str(), data.train_bytes(),
                 data.val_bytes(), data.unigram_entropy(), batch, T);
   }
 

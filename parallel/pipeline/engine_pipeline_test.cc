@@ -296,7 +296,7 @@ TEST_CASE("a weight tied across two pipeline stages trains as one copy, and the 
       std::map<int, Run> got;  // by world rank
       std::mutex mu;
       testing::run_thread_ranks(2 * dp, [&](comm::Communicator& world) {
-        comm::Mesh mesh(world, {.pp = 2, .dp = dp, .tp = 1});
+        comm::Mesh mesh(world, comm::MeshShape{.pp = 2, .dp = dp, .tp = 1});
         Run r = run_tied_stage(mesh, stage);
         std::lock_guard<std::mutex> lock(mu);
         got[world.rank()] = std::move(r);

@@ -104,7 +104,7 @@ void PipelineStage::finalize(StageModel model) {
   std::string empty;
   for (int r = 0; r < world.size(); ++r) {
     if (counts[static_cast<size_t>(r)] > 0) continue;
-    const int p = mesh_.layout().coord(r).pp;
+    const int p = mesh_.mesh_layout().coord(r).pp;
     for (int c = 0; c < schedule_.chunks; ++c) {
       const LayerRange l = cut_[static_cast<size_t>(schedule_.virtual_stage(p, c))];
       empty += fmt::format("{}virtual stage {} (pipeline rank {}, world rank {}: layers [{}, {}))", empty.empty() ? "" : "; ",

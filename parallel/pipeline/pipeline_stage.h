@@ -7,7 +7,7 @@
 // engine's micro-batch count (the schedule's m). The model stays the user's: three functions (and
 // the activation's size) over the chunk's layers.
 //
-//   comm::Mesh mesh(world, {.pp = 2, .dp = 2, .tp = 2});
+//   comm::Mesh mesh(world, comm::MeshShape{.pp = 2, .dp = 2, .tp = 2});
 //   zero::Engine engine(parallel::engine_comms(mesh), options);  // every group from the mesh
 //   parallel::PipelineStage pipe(mesh, engine, parallel::make_schedule("1f1b", 2, 8), {.layers = 8});
 //   for (int c = 0; c < pipe.chunks(); ++c) register_layers(engine, pipe.layers(c));

@@ -204,12 +204,12 @@ TEST_CASE("LLaMA-2 7B described: 6.74 billion parameters, planned on 8 x 80 GB")
   // 33 GiB of activations, the description's per token (131712 bytes per block: two norms' inputs,
   // two gathered inputs, q k v, the attention output, the MLP's three products, the log-sum-exp; and
   // the head's 144384) at 8192 tokens.
-  const Prediction fits = predict(m, {.dp = 8, .zero_stage = 3, .micro_batches = 16}, c, settings);
+  const Prediction fits = predict(m, {.dp = 8, .stage = 3, .micro_batches = 16}, c, settings);
   CHECK(fits.fits);
   CHECK(fits.memory.optimizer == doctest::Approx(6738415616.0 * 8 / 8).epsilon(0.01));
   CHECK(fits.memory.activations == 8192ull * (32 * 131712 + 144384));
   // 32 sequences at once do not.
-  CHECK_FALSE(predict(m, {.dp = 8, .zero_stage = 3, .micro_batches = 1}, c, settings).fits);
+  CHECK_FALSE(predict(m, {.dp = 8, .stage = 3, .micro_batches = 1}, c, settings).fits);
 }
 
 // LLaMA-2 70B: grouped-query attention's 8 key and value heads bound tp.

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "parallel/strategy/cluster.h"
-#include "parallel/strategy/layout.h"
+#include "layout/layout.h"
 #include "zero/plan/model_spec.h"
 
 namespace zero::strategy {

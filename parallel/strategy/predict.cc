@@ -63,7 +63,7 @@ double engine_collectives_time(const std::map<std::string, comm::CollectiveTally
   return t;
 }
 
-MemoryParts memory_of(const plan::EnginePlan& p, int zero_stage) {
+MemoryParts memory_of(const plan::EnginePlan& p, int stage) {
   MemoryParts m;
   for (const MemoryReport::Row& r : p.memory.rows) {
     if (r.host_tier) {
@@ -83,7 +83,7 @@ MemoryParts memory_of(const plan::EnginePlan& p, int zero_stage) {
     }
   }
   // Below stage 3 the parameters are the model's own storage, outside the engine's tracker.
-  m.engine_peak = p.device_peak + (zero_stage < 3 ? m.params : 0);
+  m.engine_peak = p.device_peak + (stage < 3 ? m.params : 0);
   return m;
 }
 
@@ -174,7 +174,7 @@ MemoryFloor memory_floor(const Layout& l, const std::vector<StageCosts>& stages,
   for (int r = 0; r < l.pp; ++r) {
     const uint64_t params = rank_numel(l, stages, r) * bytes;
     const uint64_t activations = activation_peak(schedule, l, stages, r);
-    floor.device = std::max(floor.device, activations + params / (l.zero_stage == 3 ? l.dp : 1));
+    floor.device = std::max(floor.device, activations + params / (l.stage == 3 ? l.dp : 1));
     floor.activations = std::max(floor.activations, activations);
   }
   return floor;
@@ -217,23 +217,13 @@ RankModel rank_model(const Layout& l, const std::vector<StageCosts>& stages, con
 
 }  // namespace
 
-EngineOptions engine_options(const Layout& l, const EngineOptions& base) {
-  EngineOptions o = base;
-  o.stage = l.zero_stage;
-  o.offload.optimizer = l.offload;
-  o.offload.params = false;  // not searched
-  o.micro_batches = l.pp > 1 ? l.micro_batches : 1;
-  o.gradient_accumulation_steps = l.pp > 1 ? 1 : l.micro_batches;
-  return o;
-}
-
 namespace {
 
 const plan::EnginePlan& engine_plan(const Layout& l, const std::vector<StageCosts>& stages,
                                     const parallel::Schedule& schedule, int rank, const PlanSettings& settings,
                                     PlanCache& cache) {
-  const std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}", l.dp, l.tp, l.pp, l.chunks, l.zero_stage,
-                                      l.micro_batches, l.sequence_parallel, l.offload, rank);
+  const std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}", l.dp, l.tp, l.pp, l.chunks, l.stage,
+                                      l.micro_batches, l.sequence_parallel, l.offload_optimizer, rank);
   const auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   plan::PlanInputs in;
@@ -302,10 +292,10 @@ PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stage
     costs.transfer = std::max(costs.transfer, l.pp > 1 ? pp_link.time(c.send_bytes) : 0.0);
   }
   for (int r = 0; r < l.pp; ++r) {
-    const double elements = static_cast<double>(rank_numel(l, stages, r)) / (l.zero_stage >= 1 ? l.dp : 1);
+    const double elements = static_cast<double>(rank_numel(l, stages, r)) / (l.stage >= 1 ? l.dp : 1);
     double& optimizer = out.optimizer[static_cast<size_t>(r)];
     optimizer = elements / cluster.optimizer_rate * slow;
-    if (l.offload) {
+    if (l.offload_optimizer) {
       // The shard's gradients to the host and its parameters back, then the host's optimizer.
       const double host_rate = cluster.host_optimizer_rate > 0 ? cluster.host_optimizer_rate : cluster.optimizer_rate;
       const double bytes = elements * 2 * dtype_size(stages.front().engine->dtype);
@@ -347,7 +337,7 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
   for (int r = 0; r < l.pp; ++r) {
     // The engine of this pipeline rank on the meta device: its memory and its data-parallel traffic.
     const plan::EnginePlan& p = engine_plan(l, stages, schedule, r, settings, cache);
-    MemoryParts m = memory_of(p, l.zero_stage);
+    MemoryParts m = memory_of(p, l.stage);
     m.activations = activation_peak(schedule, l, stages, r);
     out.largest_activations = std::max(out.largest_activations, m.activations);
     if (m.device() >= worst_memory) {
@@ -365,7 +355,7 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
     double window = 0;
     for (int c = 0; c < l.chunks && !cluster.shared_cores; ++c) {
       const size_t k = static_cast<size_t>(c * l.pp + r);
-      window += (costs.backward[k] + costs.weight[k] + (l.zero_stage == 3 ? costs.forward[k] : 0.0)) * l.micro_batches;
+      window += (costs.backward[k] + costs.weight[k] + (l.stage == 3 ? costs.forward[k] : 0.0)) * l.micro_batches;
     }
     // The last unit's reduction (and at stage 3 the first unit's gather) waits for nothing to hide
     // behind, so one unit's share is exposed at least.

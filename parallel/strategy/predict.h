@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "parallel/strategy/cluster.h"
-#include "parallel/strategy/layout.h"
+#include "layout/layout.h"
 #include "parallel/strategy/model_costs.h"
 #include "zero/engine_options.h"
 
@@ -71,10 +71,7 @@ struct PlanSettings {
 
 Prediction predict(const ModelCosts& model, const Layout& layout, const Cluster& cluster, const PlanSettings& settings);
 
-// The engine's options the plan of `layout` runs with: `base` with the layout's ZeRO stage, optimizer
-// offload (parameter offload is not searched: off) and micro-batches (the pipeline's above pp 1,
-// else micro-steps of gradient accumulation; the other count 1).
-EngineOptions engine_options(const Layout& layout, const EngineOptions& base);
+// (The engine's options of a layout's plan are zero::engine_options(layout, settings.engine).)
 
 // Every layout of `world` ranks the model supports: dp x tp x pp, ZeRO stages 0-3, micro-batches
 // (pp times a power of two, at most the batch per dp rank) dividing the batch, the schedules (GPipe,

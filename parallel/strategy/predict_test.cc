@@ -266,7 +266,7 @@ TEST_CASE("waits for the slowest rank: at each reducing micro-step and each all-
     CHECK(with.time.step() == doctest::Approx(without.time.step() + with.time.sync));
   }
   // dp 2 at stage 0, one micro-batch: its reduction, once per step, after the whole compute.
-  const auto [z0_without, z0] = both(Layout{.dp = 2, .zero_stage = 0});
+  const auto [z0_without, z0] = both(Layout{.dp = 2, .stage = 0});
   CHECK(z0.time.syncs == 1);
   CHECK(z0.time.sync == doctest::Approx(1e-4 + 0.1 * z0.time.compute));
   CHECK(z0.time.step() == doctest::Approx(z0_without.time.step() + z0.time.sync));
@@ -274,20 +274,20 @@ TEST_CASE("waits for the slowest rank: at each reducing micro-step and each all-
   CHECK(explain(z0_without).find("waits for the slowest rank") == std::string::npos);
   // Stage 1: and the update's two all-gathers (the block sums before the norm, the updated
   // parameters before the next forward: the toy's one bucket).
-  const auto [z1_without, z1] = both(Layout{.dp = 2, .zero_stage = 1});
+  const auto [z1_without, z1] = both(Layout{.dp = 2, .stage = 1});
   CHECK(z1.time.syncs == 3);
   CHECK(z1.time.sync == doctest::Approx(3e-4 + 0.1 * z1.time.compute));
   CHECK(z1.time.step() == doctest::Approx(z1_without.time.step() + z1.time.sync));
   // Micro-steps: each reduces at its end (the engine's default), and the compute waits for it.
-  const Prediction m4 = predict(toy, {.dp = 2, .zero_stage = 1, .micro_batches = 4}, c, settings());
+  const Prediction m4 = predict(toy, {.dp = 2, .stage = 1, .micro_batches = 4}, c, settings());
   CHECK(m4.time.syncs == 4 + 2);
   CHECK(m4.time.sync == doctest::Approx(6e-4 + 0.1 * m4.time.compute));
   PlanSettings deferred = settings();
   deferred.engine.reduce_every_micro_step = false;  // only the last micro-step reduces
-  CHECK(predict(toy, {.dp = 2, .zero_stage = 1, .micro_batches = 4}, c, deferred).time.syncs == 1 + 2);
+  CHECK(predict(toy, {.dp = 2, .stage = 1, .micro_batches = 4}, c, deferred).time.syncs == 1 + 2);
   // Stage 3: each unit's all-gather, forward and backward (4 units, the one the backward starts
   // with kept from the forward or not: at least 7 gathers), and the block sums'.
-  const Prediction z3 = predict(toy, {.dp = 2, .zero_stage = 3}, c, settings());
+  const Prediction z3 = predict(toy, {.dp = 2, .stage = 3}, c, settings());
   CHECK(z3.time.syncs >= 1 + 7 + 1);
   CHECK(z3.time.sync == doctest::Approx(1e-4 * z3.time.syncs + 0.1 * z3.time.compute));
   CHECK(z3.time.sync > z1.time.sync);
@@ -303,7 +303,7 @@ TEST_CASE("over one data-parallel rank an all-gather or a reduce-scatter still c
   c.shared_cores = true;  // nothing hides the copies: the step pays them whole
   auto copies = [&](int stage, std::optional<Link> copy) {
     c.copy = copy;
-    return predict(toy, {.zero_stage = stage}, c, settings());
+    return predict(toy, {.stage = stage}, c, settings());
   };
   // Absent from the cluster file: free, as before.
   CHECK(copies(3, std::nullopt).time.dp_comm == 0);
@@ -322,8 +322,8 @@ TEST_CASE("over one data-parallel rank an all-gather or a reduce-scatter still c
   CHECK(z3.time.dp_exposed == doctest::Approx(z3.time.dp_comm));
   CHECK(z3.time.step() == doctest::Approx(z0.time.step() + z3.time.dp_comm));
   // Over two ranks the link prices them, the copy bandwidth nothing.
-  CHECK(predict(toy, {.dp = 2, .zero_stage = 3}, c, settings()).time.dp_comm ==
-        doctest::Approx(predict(toy, {.dp = 2, .zero_stage = 3}, cluster(), settings()).time.dp_comm));
+  CHECK(predict(toy, {.dp = 2, .stage = 3}, c, settings()).time.dp_comm ==
+        doctest::Approx(predict(toy, {.dp = 2, .stage = 3}, cluster(), settings()).time.dp_comm));
 }
 
 TEST_CASE("the search: every supported layout, those that fit first; none fitting names the smallest") {
@@ -333,7 +333,7 @@ TEST_CASE("the search: every supported layout, those that fit first; none fittin
     CHECK(l.world() == 4);
     CHECK(l.tp <= 2);
   }
-  CHECK(std::find(all.begin(), all.end(), Layout{.dp = 2, .tp = 2, .zero_stage = 3, .micro_batches = 2}) != all.end());
+  CHECK(std::find(all.begin(), all.end(), Layout{.dp = 2, .tp = 2, .stage = 3, .micro_batches = 2}) != all.end());
   const std::vector<Prediction> ranked = rank_layouts(toy, all, cluster(), settings());
   REQUIRE(ranked.size() == all.size());
   CHECK(ranked.front().fits);
@@ -359,18 +359,6 @@ TEST_CASE("the search: every supported layout, those that fit first; none fittin
   const std::string svg = frontier_svg(ranked, 1e12, "toy");
   CHECK(svg.find("<polyline") != std::string::npos);
   CHECK(svg.find("fastest: " + describe(f.back()->layout)) != std::string::npos);
-}
-
-TEST_CASE("layouts parse from the flags' form and name a bad item") {
-  CHECK(parse_layout("dp=2,tp=2,pp=2,stage=3,m=4,schedule=zb-h1,sp,offload") ==
-        Layout{2, 2, 2, 3, 4, "zb-h1", 1, true, true});
-  CHECK(parse_layout("pp=2,m=4,recompute").recompute);
-  CHECK(layout_key(parse_layout("pp=2,m=4,recompute")) == "dp1.tp1.pp2.z0.m4.1f1b.rc");
-  CHECK(describe(parse_layout("pp=2,m=4")) == "dp 1 x tp 1 x pp 2, stage 0, 1f1b x 4");
-  CHECK_THROWS_WITH_AS(parse_layout("dp=2,tq=2"), doctest::Contains("unknown item 'tq=2'"), InvalidArgument);
-  CHECK_THROWS_WITH_AS(parse_layout("dp=0"), doctest::Contains("dp=0 is not a positive integer"), InvalidArgument);
-  CHECK_THROWS_WITH_AS(parse_layout("schedule=fast"), doctest::Contains("schedule=fast"), InvalidArgument);
-  CHECK_THROWS_WITH_AS(parse_layout("offload"), doctest::Contains("offload needs stage 1-3"), InvalidArgument);
 }
 
 }  // namespace

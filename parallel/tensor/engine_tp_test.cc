@@ -201,7 +201,7 @@ TEST_CASE("dp x tp trains like one rank with the whole tensors, stages 0-3") {
       CAPTURE(dp);
       CAPTURE(tp);
       testing::run_thread_ranks(dp * tp, [&](comm::Communicator& world) {
-        comm::Mesh mesh(world, {.pp = 1, .dp = dp, .tp = tp});
+        comm::Mesh mesh(world, comm::MeshShape{.pp = 1, .dp = dp, .tp = tp});
         const int r = mesh.coord().tp;
         const Run run = train(parallel::engine_comms(mesh), stage, r, tp);
         check_matches(run, ref, r, tp);
@@ -215,7 +215,7 @@ TEST_CASE("hybrid sharding across the tp groups: dp 4 = 2 shards x 2 replicas, t
     CAPTURE(stage);
     const Run ref = reference(stage);
     testing::run_thread_ranks(8, [&](comm::Communicator& world) {
-      comm::Mesh mesh(world, {.pp = 1, .dp = 4, .tp = 2});
+      comm::Mesh mesh(world, comm::MeshShape{.pp = 1, .dp = 4, .tp = 2});
       comm::HybridGroups hybrid(mesh.dp(), 2);
       const int r = mesh.coord().tp;
       const Run run = train(parallel::engine_comms(mesh, &hybrid), stage, r, 2);
@@ -233,7 +233,7 @@ struct Layout {
 // Runs train() on `l`'s ranks as threads.
 void train_at(const Layout& l, const Checkpointing& ck, const std::function<void(const Run&, int)>& check) {
   testing::run_thread_ranks(l.dp * l.tp, [&](comm::Communicator& world) {
-    comm::Mesh mesh(world, {.pp = 1, .dp = l.dp, .tp = l.tp});
+    comm::Mesh mesh(world, comm::MeshShape{.pp = 1, .dp = l.dp, .tp = l.tp});
     std::unique_ptr<comm::HybridGroups> hybrid;
     if (l.hybrid) hybrid = std::make_unique<comm::HybridGroups>(mesh.dp(), 2);
     const Run run = train(parallel::engine_comms(mesh, hybrid.get()), l.stage, mesh.coord().tp, l.tp, false, ck);
@@ -273,7 +273,7 @@ TEST_CASE("a checkpoint moves between (dp, tp) layouts and stages, and the run g
 
 TEST_CASE("ranks that disagree on a placement fail at finalize, naming the parameter") {
   testing::run_thread_ranks(2, [&](comm::Communicator& world) {
-    comm::Mesh mesh(world, {.pp = 1, .dp = 1, .tp = 2});
+    comm::Mesh mesh(world, comm::MeshShape{.pp = 1, .dp = 1, .tp = 2});
     memory::MemoryTracker tracker;
     std::unique_ptr<memory::Device> device = memory::make_host_device(tracker, {});
     Engine engine(parallel::engine_comms(mesh, nullptr, device.get()), options(2));
@@ -295,7 +295,7 @@ TEST_CASE("ranks that disagree on a placement fail at finalize, naming the param
 
 TEST_CASE("replicated parameters whose values differ across tp are refused at finalize, naming the first") {
   testing::run_thread_ranks(4, [&](comm::Communicator& world) {
-    comm::Mesh mesh(world, {.pp = 1, .dp = 2, .tp = 2});
+    comm::Mesh mesh(world, comm::MeshShape{.pp = 1, .dp = 2, .tp = 2});
     CHECK_THROWS_WITH_AS(train(parallel::engine_comms(mesh), 1, mesh.coord().tp, 2, /*skew_replicated=*/true),
                          doctest::Contains("differs across ranks (ranks differing from rank 0: 1): parameter 'fc.norm': "
                                            "rank 0 holds values of digest"),

@@ -172,10 +172,11 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::vector<std
           const Manifest* m = &first.m;
           out.world_size = checkpoint_field<int>(m->doc, "world_size", path);
           out.stage = checkpoint_field<int>(m->doc, "stage", path);
-          if (const std::optional<SavedLayout> layout = saved_layout(m->doc, path)) {
-            out.world_size = layout->dp;
-            out.tp = layout->tp;
-            out.pp = layout->pp;
+          out.layout = saved_layout(m->doc, path);
+          if (out.layout) {
+            out.world_size = out.layout->dp;
+            out.tp = out.layout->tp;
+            out.pp = out.layout->pp;
           }
           out.state.step = checkpoint_field<int64_t>(m->doc, "step", path);
           const json& sc = m->doc["loss_scaler"];

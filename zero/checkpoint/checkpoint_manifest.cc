@@ -1,5 +1,7 @@
 #include "zero/checkpoint/checkpoint_manifest.h"
 
+#include "layout/layout_json.h"
+
 namespace zero {
 
 std::string checkpoint_state_kind(const std::string& name) { return "state:" + name; }
@@ -53,12 +55,13 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
 
 bool is_composite(const Manifest& m) { return m.doc.is_object() && m.doc.contains("parts"); }
 
-std::optional<SavedLayout> saved_layout(const json& doc, const std::string& path) {
+std::optional<Layout> saved_layout(const json& doc, const std::string& path) {
   if (!doc.is_object() || !doc.contains("layout")) return std::nullopt;
-  const json& l = doc["layout"];
-  return SavedLayout{checkpoint_field<int>(l, "dp", path), checkpoint_field<int>(l, "tp", path),
-                     checkpoint_field<int>(l, "pp", path), checkpoint_field<bool>(l, "offload_optimizer", path),
-                     checkpoint_field<bool>(l, "offload_params", path)};
+  try {
+    return read_layout_json(doc["layout"], "layout", LayoutFields::kAll);
+  } catch (const InvalidArgument& e) {
+    checkpoint_error(path, e.what());
+  }
 }
 
 void add_index_pieces(const json& index, const std::string& index_path, int rank, uint64_t data_bytes, Manifest& m) {

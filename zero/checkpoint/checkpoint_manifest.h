@@ -21,6 +21,7 @@
 
 #include "base/check.h"
 #include "base/dtype.h"
+#include "layout/layout.h"
 
 namespace zero {
 
@@ -150,13 +151,11 @@ Manifest parse_manifest(std::string_view text, const std::string& path);
 // Whether a parsed manifest is a model-parallel checkpoint's top manifest (its "parts").
 bool is_composite(const Manifest& m);
 
-// The layout a manifest records ("layout": what the save was run at; a load needs none of it), or
-// nullopt for a version-1 manifest, which has none.
-struct SavedLayout {
-  int dp = 0, tp = 1, pp = 1;
-  bool offload_optimizer = false, offload_params = false;
-};
-std::optional<SavedLayout> saved_layout(const nlohmann::json& doc, const std::string& path);
+// The layout a manifest records ("layout": what the save was run at, layout/layout_json.h; a load
+// needs none of it), or nullopt for a version-1 manifest, which has none. A run without a layout of
+// its own (a mesh built from sizes, or none) records the fields the engine knows: dp, shard, tp, pp,
+// stage and offload.
+std::optional<Layout> saved_layout(const nlohmann::json& doc, const std::string& path);
 
 // The pieces of rank `rank`'s parsed index `index` (from `index_path`) into `m`, each checked against
 // its data file of `data_bytes` bytes: element range, byte count of its dtype, within the file.

@@ -26,14 +26,8 @@ CheckpointInfo info_of(const std::string& dir, const CheckpointSet& set) {
   info.step = checkpoint_field<int64_t>(doc, "step", path);
   info.world_size = checkpoint_field<int>(doc, "world_size", path);
   info.stage = checkpoint_field<int>(doc, "stage", path);
-  if (const std::optional<SavedLayout> l = saved_layout(doc, path)) {
-    info.layout_known = true;
-    info.world_size = l->dp;
-    info.tp = l->tp;
-    info.pp = l->pp;
-    info.offload_optimizer = l->offload_optimizer;
-    info.offload_params = l->offload_params;
-  }
+  info.layout = saved_layout(doc, path);
+  if (info.layout) info.world_size = info.layout->dp;
   if (const std::string d = checkpoint_field<std::string>(doc, "model_dtype", path); d != kCheckpointMixedDtypes) {
     info.model_dtype = parse_dtype(d);
   } else {

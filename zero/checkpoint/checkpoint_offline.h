@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "layout/layout.h"
 
 namespace zero {
 
@@ -24,10 +25,9 @@ struct CheckpointInfo {
   };
   int64_t step = 0;
   int world_size = 0, stage = 0;  // world_size: the data-parallel ranks
-  // The layout it was saved at (checkpoints written before tensor parallelism: tp 1, pp 1, and the
-  // offload options unknown) and its directories (one per engine of a model-parallel run).
-  int tp = 1, pp = 1;
-  bool layout_known = false, offload_optimizer = false, offload_params = false;
+  // The layout it was saved at (nullopt for checkpoints written before the manifest recorded one:
+  // tp 1, pp 1) and its directories (one per engine of a model-parallel run).
+  std::optional<Layout> layout;
   std::vector<std::string> parts;
   std::optional<DType> model_dtype = DType::kFloat32;  // none: the parameters mix dtypes
   std::string optimizer;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "layout/layout.h"
 #include "memory/device.h"
 #include "zero/engine_options.h"
 #include "zero/param_registry.h"
@@ -38,6 +39,7 @@ struct CheckpointParts {
   // The registered dtype of the trainable parameters, when they share one (else each piece says its own).
   std::optional<DType> model_dtype = DType::kFloat32;
   memory::Device* device = nullptr;  // for the ranks' agreement on communicators that take no host memory
+  const Layout* run_layout = nullptr;  // the run's whole layout (EngineComms::layout), when it has one
 };
 
 namespace checkpoint_internal {

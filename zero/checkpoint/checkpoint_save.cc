@@ -7,10 +7,10 @@
 #include <nlohmann/json.hpp>
 
 #include "base/check.h"
-#include "base/check.h"
 #include "base/error.h"
 #include "base/fault_injection.h"
 #include "base/logging.h"
+#include "layout/layout_json.h"
 #include "memory/host_kernels.h"
 #include "zero/checkpoint/checkpoint.h"
 #include "zero/checkpoint/checkpoint_manifest.h"
@@ -173,14 +173,25 @@ json params_json(const CheckpointParts& p) {
 }
 
 // The layout the checkpoint was saved at (zero_ckpt inspect shows it; a load needs none of it).
-json layout_json(const CheckpointParts& p) {
+// The run's layout with what the engine itself knows written over it (the sizes of its groups, its
+// stage and offload); without a run layout, those fields alone.
+json saved_layout_json(const CheckpointParts& p) {
   const int mp = is_model_parallel(p) ? p.model_parallel->size() : 1;
-  return {{"dp", world_size(p)},
-          {"tp", tp_size(p)},
-          {"pp", mp / tp_size(p)},
-          {"stage", p.options->stage},
-          {"offload_optimizer", p.options->offload.optimizer},
-          {"offload_params", p.options->offload.params}};
+  Layout l = p.run_layout ? *p.run_layout : Layout{};
+  l.dp = world_size(p);
+  l.shard = p.replica ? p.shard->size() : 0;
+  l.tp = tp_size(p);
+  l.pp = mp / tp_size(p);
+  l.stage = p.options->stage;
+  l.offload_optimizer = p.options->offload.optimizer;
+  l.offload_params = p.options->offload.params;
+  json j = json::parse(layout_json(l, LayoutFields::kAll).dump());
+  if (p.run_layout == nullptr) {
+    for (const char* unknown : {"order", "micro_batches", "schedule", "chunks", "sequence_parallel", "recompute"}) {
+      j.erase(unknown);
+    }
+  }
+  return j;
 }
 
 // Everything of the manifest but the file list, taken when the save starts.
@@ -192,7 +203,7 @@ json manifest_head(const CheckpointParts& p, const CheckpointState& state) {
           {"step", state.step},
           {"world_size", world_size(p)},
           {"stage", p.options->stage},
-          {"layout", layout_json(p)},
+          {"layout", saved_layout_json(p)},
           {"model_dtype", p.model_dtype ? dtype_name(*p.model_dtype) : kCheckpointMixedDtypes},
           {"optimizer", {{"kind", optim::optimizer_label(p.options->optimizer)}, {"states", state_names(p)}}},
           {"loss_scaler", scaler_json(state.scaler)},
@@ -250,7 +261,7 @@ void write_top_manifest(const CheckpointParts& p, const CheckpointState& state, 
   json parts = json::array();
   for (int r = 0; r < p.model_parallel->size(); ++r) parts.push_back(checkpoint_part_dir(r));
   const json top = {{"format", kCheckpointFormat}, {"version", kCheckpointVersion}, {"step", state.step},
-                    {"layout", layout_json(p)}, {"parts", parts}};
+                    {"layout", saved_layout_json(p)}, {"parts", parts}};
   const std::string text = top.dump(1);
   FileWriter m(partial + "/manifest.json");
   m.write(text.data(), text.size());

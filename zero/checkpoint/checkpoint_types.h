@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "layout/layout.h"
 #include "optim/loss_scaler.h"
 
 namespace zero {
@@ -19,6 +20,8 @@ struct LoadedCheckpoint {
   int world_size = 0;  // of the run that saved it: its data-parallel size,
   int tp = 1, pp = 1;  // its model-parallel degrees
   int stage = 0;
+  // The whole layout the manifest records (nullopt for checkpoints written before it had one).
+  std::optional<Layout> layout;
   std::vector<std::string> user_blobs;  // by saving rank
 };
 

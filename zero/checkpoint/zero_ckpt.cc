@@ -33,15 +33,12 @@ int inspect(const std::string& dir) {
   uint64_t numel = 0, bytes = 0;
   // The world size is the data-parallel size; a checkpoint with a layout says the rest on its own line.
   const std::string saved_by =
-      info.layout_known ? "" : fmt::format(", saved by {} ranks at stage {}", info.world_size, info.stage);
+      info.layout ? "" : fmt::format(", saved by {} ranks at stage {}", info.world_size, info.stage);
   std::printf("checkpoint %s\n  step %lld%s, model dtype %s, optimizer %s (", dir.c_str(), static_cast<long long>(info.step),
               saved_by.c_str(), info.model_dtype ? dtype_name(*info.model_dtype) : "mixed", info.optimizer.c_str());
   for (size_t i = 0; i < info.states.size(); ++i) std::printf("%s%s", i ? ", " : "", info.states[i].c_str());
   std::printf(")\n");
-  if (info.layout_known) {
-    std::printf("  layout: dp %d x tp %d x pp %d, stage %d, offload %s\n", info.world_size, info.tp, info.pp, info.stage,
-                info.offload_params ? "optimizer and parameters" : info.offload_optimizer ? "optimizer" : "none");
-  }
+  if (info.layout) std::printf("  layout: %s\n", describe(*info.layout).c_str());
   if (!info.parts.empty()) {
     std::printf("  %zu parts (one per engine):", info.parts.size());
     for (const std::string& part : info.parts) std::printf(" %s", part.c_str());

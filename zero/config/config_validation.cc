@@ -31,8 +31,13 @@ void checked(const Context& ctx, const Origins& origins, const std::string& pref
 
 }  // namespace
 
-void validate_config(const EngineConfig& c, const Context& ctx, const Origins& origins) {
+void validate_config(EngineConfig& c, const Context& ctx, const Origins& origins) {
   const EngineOptions& o = c.engine;
+  Layout& l = c.layout;
+  l.stage = o.stage;
+  l.offload_optimizer = o.offload.optimizer;
+  l.offload_params = o.offload.params;
+  l.micro_batches = l.pp > 1 ? o.micro_batches : o.gradient_accumulation_steps;
   checked(ctx, origins, "", [&] { validate(o); });
   checked(ctx, origins, "optimizer.", [&] {
     optim::validate_groups(o.optimizer);
@@ -66,25 +71,8 @@ void validate_config(const EngineConfig& c, const Context& ctx, const Origins& o
     at_least_one("loop", {{"micro_batch_size", c.loop.micro_batch_size},
                           {"global_batch_size", c.loop.global_batch_size},
                           {"log_every", c.loop.log_every}});
-    const ParallelConfig& p = c.parallel;
-    at_least_one("parallel", {{"dp", p.dp}, {"tp", p.tp}, {"pp", p.pp}, {"chunks", p.chunks}});
-    if (p.sequence_parallel.value_or(false) && p.tp.value_or(1) == 1) {
-      ZERO_THROW(InvalidArgument, "parallel.sequence_parallel needs parallel.tp above 1 (it splits the sequence over "
-                                  "the tp ranks)");
-    }
-    if ((p.schedule || p.chunks.value_or(1) != 1) && p.pp.value_or(1) == 1) {
-      ZERO_THROW(InvalidArgument, "parallel.schedule and parallel.chunks need parallel.pp above 1 (a pipeline's)");
-    }
-    if (const std::optional<int> size = c.hybrid.shard_group_size) {
-      if (*size < 1) ZERO_THROW(InvalidArgument, "hybrid.shard_group_size must be >= 1, got {}", *size);
-      // The engine refuses a replica communicator at stage 0 too; said here, it names the key.
-      if (o.stage == 0) {
-        ZERO_THROW(InvalidArgument,
-                   "hybrid.shard_group_size ({}) with stage 0: hybrid sharding shards state within a group, so it "
-                   "needs a sharded stage (1, 2 or 3); stage 0 shards nothing",
-                   *size);
-      }
-    }
+    // The layout's own rules (layout/layout.h), its engine fields the options' just copied.
+    validate(l, "parallel");
   });
 }
 

@@ -15,8 +15,9 @@ namespace zero::config_internal {
 // names the key in the file as well as the option.
 using Origins = std::vector<std::pair<std::string, std::string>>;
 
-// InvalidArgument starting with ctx.source, naming the option out of range (and the key in `origins`
-// that set it, if any).
-void validate_config(const EngineConfig& c, const Context& ctx, const Origins& origins = {});
+// Copies the engine's stage, offload and micro-batches into c.layout, then checks: InvalidArgument
+// starting with ctx.source, naming the option out of range (and the key in `origins` that set it, if
+// any).
+void validate_config(EngineConfig& c, const Context& ctx, const Origins& origins = {});
 
 }  // namespace zero::config_internal

@@ -313,7 +313,7 @@ class DeepSpeedReader {
       fail(ctx_,
            "zero_optimization.zero_hpz_partition_size is not supported: ZeRO++ hpZ keeps a secondary copy of the "
            "parameters within a node, which the engine does not have; for hybrid sharding (shard within groups "
-           "of ranks, replicate across them) use zero_optimization.mics_shard_size (hybrid.shard_group_size in "
+           "of ranks, replicate across them) use zero_optimization.mics_shard_size (parallel.shard in "
            "our format), or give the Engine a replica communicator");
     }
     read_mics(z);
@@ -334,15 +334,15 @@ class DeepSpeedReader {
   }
 
   // MiCS shards within groups of mics_shard_size ranks and replicates across them: hybrid sharding,
-  // which the program sets up from hybrid.shard_group_size (the engine takes communicators).
+  // the layout's shard, from which the program's mesh splits the groups (the engine takes communicators).
   void read_mics(ObjectReader& z) {
     if (const auto size = integer(z, "mics_shard_size", INT_MIN, INT_MAX); size && *size != -1) {
       if (*size < 1) {
         fail(ctx_, fmt::format("{} must be -1 (one group of the whole world) or a positive integer, got {}",
                                z.path("mics_shard_size"), *size));
       }
-      c_.hybrid.shard_group_size = static_cast<int>(*size);
-      set_by("hybrid.shard_group_size", z.path("mics_shard_size"));
+      c_.layout.shard = static_cast<int>(*size);
+      set_by("shard=", z.path("mics_shard_size"));
     }
     note(z, "mics_hierarchical_params_gather", Kind::kBool,
          "the shard group's all-gather is one collective on its communicator");

@@ -254,7 +254,7 @@ TEST_CASE("each DeepSpeed key changes exactly the option it maps to") {
       {"zero_optimization.mics_shard_size",
        R"({"zero_optimization": {"stage": 3}})",
        R"({"zero_optimization": {"stage": 3, "mics_shard_size": 8}})",
-       {{"hybrid.shard_group_size", "8"}}},
+       {{"parallel.shard", "8"}}},
       {"zero_optimization.mics_shard_size -1 (one group of the whole world)",
        R"({"zero_optimization": {"stage": 3}})",
        R"({"zero_optimization": {"stage": 3, "mics_shard_size": -1}})",
@@ -406,43 +406,47 @@ TEST_CASE("settings the engine always has cannot be turned off") {
 TEST_CASE("ZeRO++ hpZ is refused, pointing to the hybrid sharding keys") {
   const std::string e = ds_error(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}})");
   CHECK(contains(e, "zero_optimization.zero_hpz_partition_size is not supported: ZeRO++ hpZ"));
-  CHECK(contains(e, "use zero_optimization.mics_shard_size (hybrid.shard_group_size in our format)"));
+  CHECK(contains(e, "use zero_optimization.mics_shard_size (parallel.shard in our format)"));
   CHECK(changed(ds(R"({"zero_optimization": {"stage": 3}})"),
                 ds(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 1}})"))
             .empty());
 }
 
-TEST_CASE("the parallel layout: sizes below 1, sequence parallelism without tp, a schedule without a pipeline are "
-          "refused naming the key") {
-  const EngineConfig c = ours(R"({"parallel": {"tp": 2, "sequence_parallel": true, "pp": 4, "schedule": "zb-h1"}})");
-  CHECK(c.parallel.tp == 2);
-  CHECK(c.parallel.pp == 4);
-  CHECK(c.parallel.schedule == "zb-h1");
-  CHECK(!c.parallel.dp);
-  CHECK(!c.parallel.recompute);
-  CHECK(!ours("{}").parallel.tp);
-  CHECK(contains(our_error(R"({"parallel": {"tp": 0}})"), "ours.json (ours): parallel.tp must be >= 1, got 0"));
-  CHECK(contains(our_error(R"({"parallel": {"dp": -2}})"), "parallel.dp must be >= 1, got -2"));
-  CHECK(contains(our_error(R"({"parallel": {"pp": 2, "chunks": 0}})"), "parallel.chunks must be >= 1, got 0"));
+TEST_CASE("the parallel layout: the layout's own reader, its errors naming the key") {
+  const EngineConfig c = ours(R"({"stage": 2, "micro_batches": 8,
+                                  "parallel": {"tp": 2, "sequence_parallel": true, "pp": 4, "schedule": "zb-h1"}})");
+  CHECK(c.layout.tp == 2);
+  CHECK(c.layout.pp == 4);
+  CHECK(c.layout.schedule == "zb-h1");
+  CHECK(c.layout.dp == 0);  // the world's rest
+  CHECK_FALSE(c.layout.recompute);
+  // The engine's fields, copied in: a file states them once.
+  CHECK(c.layout.stage == 2);
+  CHECK(c.layout.micro_batches == 8);
+  CHECK(ours(R"({"gradient_accumulation_steps": 4})").layout.micro_batches == 4);
+  CHECK(ours("{}").layout == EngineConfig{}.layout);
+  CHECK(EngineConfig{}.layout == Layout{.dp = 0, .stage = 2});
+  CHECK(contains(our_error(R"({"parallel": {"tp": 0}})"), "ours.json (ours): parallel: tp=0 is not an integer in [1,"));
+  CHECK(contains(our_error(R"({"parallel": {"dp": -2}})"), "parallel: dp=-2 is not an integer in [0,"));
+  CHECK(contains(our_error(R"({"parallel": {"pp": 2, "chunks": 0}})"), "parallel: chunks=0 is not an integer in [1,"));
   CHECK(contains(our_error(R"({"parallel": {"sequence_parallel": true}})"),
-                 "parallel.sequence_parallel needs parallel.tp above 1"));
-  CHECK(contains(our_error(R"({"parallel": {"schedule": "1f1b"}})"),
-                 "parallel.schedule and parallel.chunks need parallel.pp above 1"));
+                 "ours.json (ours): parallel: sequence_parallel needs tp above 1"));
+  CHECK(contains(our_error(R"({"parallel": {"pp": 2, "schedule": "interleaved"}})"),
+                 "parallel: the interleaved schedule and chunks above 1 go together"));
   CHECK(contains(our_error(R"({"parallel": {"schedule": 3, "pp": 2}})"), "parallel.schedule must be a string, got 3"));
-  CHECK(contains(our_error(R"({"parallel": {"tensor_parallel": 2}})"), "parallel.tensor_parallel"));
+  CHECK(contains(our_error(R"({"parallel": {"tensor_parallel": 2}})"), "parallel.tensor_parallel: not a layout field"));
+  CHECK(contains(our_error(R"({"parallel": {"stage": 3}})"),
+                 "parallel.stage: not a layout field of this section (the engine's options carry it)"));
+  CHECK(contains(our_error(R"({"parallel": {"order": "pp,tp"}})"), "mesh order 'pp,tp': expected pp, dp and tp once each"));
 }
 
-TEST_CASE("hybrid sharding: a shard group size < 1, or with stage 0, is refused naming the key") {
-  CHECK(contains(our_error(R"({"hybrid": {"shard_group_size": 0}})"),
-                 "ours.json (ours): hybrid.shard_group_size must be >= 1, got 0"));
-  CHECK(contains(our_error(R"({"hybrid": {"shard_group_size": -4}})"), "hybrid.shard_group_size must be >= 1, got -4"));
-  CHECK(contains(our_error(R"({"hybrid": {"shard_group_size": 2.5}})"),
-                 "hybrid.shard_group_size must be an integer, got 2.5"));
-  CHECK(contains(our_error(R"({"hybrid": {"shard_groups": 2}})"),
-                 "unknown key hybrid.shard_groups (did you mean hybrid.shard_group_size?)"));
-  CHECK(contains(our_error(R"({"stage": 0, "hybrid": {"shard_group_size": 2}})"),
-                 "ours.json (ours): hybrid.shard_group_size (2) with stage 0: hybrid sharding shards state within a "
-                 "group, so it needs a sharded stage (1, 2 or 3); stage 0 shards nothing"));
+TEST_CASE("hybrid sharding: a shard group size below 0, or with stage 0, is refused naming the key") {
+  CHECK(contains(our_error(R"({"parallel": {"shard": -4}})"), "ours.json (ours): parallel: shard=-4 is not an integer in [0,"));
+  CHECK(contains(our_error(R"({"parallel": {"shard": 2.5}})"), "parallel.shard must be an integer, got 2.5"));
+  CHECK(contains(our_error(R"({"parallel": {"shard_groups": 2}})"), "parallel.shard_groups: not a layout field"));
+  CHECK(contains(our_error(R"({"stage": 0, "parallel": {"shard": 2}})"),
+                 "ours.json (ours): parallel: shard=2 needs a sharded stage (1-3); stage 0 shards nothing"));
+  CHECK(contains(our_error(R"({"stage": 1, "parallel": {"dp": 6, "shard": 4}})"), "parallel: shard=4 does not divide dp=6"));
   for (const char* size : {"0", "-2"}) {
     CAPTURE(size);
     CHECK(contains(ds_error(std::string(R"({"zero_optimization": {"stage": 3, "mics_shard_size": )") + size + "}}"),
@@ -454,15 +458,14 @@ TEST_CASE("hybrid sharding: a shard group size < 1, or with stage 0, is refused 
                  "zero_optimization.mics_shard_size must be an integer, got \"4\" (a string)"));
   // DeepSpeed's stage defaults to 0.
   const std::string stage0 = ds_error(R"({"zero_optimization": {"mics_shard_size": 4}})");
-  CHECK(contains(stage0, "hybrid.shard_group_size (4) with stage 0"));
+  CHECK(contains(stage0, "shard=4 needs a sharded stage"));
   CHECK(contains(stage0, "(set by zero_optimization.mics_shard_size)"));
   // Stages 1 to 3 shard, so each takes a shard group size.
   for (int stage = 1; stage <= 3; ++stage) {
     CAPTURE(stage);
-    CHECK(ours(R"({"stage": )" + std::to_string(stage) + R"(, "hybrid": {"shard_group_size": 2}})")
-              .hybrid.shard_group_size == 2);
+    CHECK(ours(R"({"stage": )" + std::to_string(stage) + R"(, "parallel": {"shard": 2}})").layout.shard == 2);
   }
-  CHECK(!ours(R"({"hybrid": {"shard_group_size": null}})").hybrid.shard_group_size);
+  CHECK(ours(R"({"stage": 1})").layout.shard == 0);
 }
 
 TEST_CASE("optimizer types and parameters: unsupported ones are refused") {
@@ -651,9 +654,15 @@ EngineConfig every_field_changed() {
   o.timeout = std::chrono::milliseconds(1234);
   c.model_dtype = DType::kBFloat16;
   c.loop = {.micro_batch_size = 4, .global_batch_size = 64, .log_every = 10};
-  c.hybrid.shard_group_size = 2;
-  c.parallel = {.dp = 2, .tp = 2, .sequence_parallel = true, .pp = 2, .schedule = "interleaved", .chunks = 2,
-                .recompute = true};
+  c.layout = {.dp = 2,
+              .tp = 2,
+              .pp = 2,
+              .schedule = "interleaved",
+              .chunks = 2,
+              .sequence_parallel = true,
+              .recompute = true,
+              .shard = 2,
+              .order = {MeshDim::kTp, MeshDim::kDp, MeshDim::kPp}};
   return c;
 }
 
@@ -684,14 +693,12 @@ TEST_CASE("our format round-trips every field") {
   CHECK(back.loop.micro_batch_size == 4);
   CHECK(back.loop.global_batch_size == 64);
   CHECK(back.loop.log_every == 10);
-  CHECK(back.hybrid.shard_group_size == 2);
-  CHECK(back.parallel.dp == 2);
-  CHECK(back.parallel.tp == 2);
-  CHECK(back.parallel.sequence_parallel == true);
-  CHECK(back.parallel.pp == 2);
-  CHECK(back.parallel.schedule == "interleaved");
-  CHECK(back.parallel.chunks == 2);
-  CHECK(back.parallel.recompute == true);
+  // The layout comes back whole: the parallel section's fields, and the engine's copied in.
+  Layout want = c.layout;
+  want.stage = c.engine.stage;
+  want.offload_optimizer = want.offload_params = true;
+  want.micro_batches = c.engine.micro_batches;
+  CHECK(back.layout == want);
   CHECK(back.engine.optimizer.groups.size() == 2);
   CHECK(back.engine.optimizer.groups[1].dampening == 0.1f);
   // Every key of the format differs from the default config, so none is written without being read.
@@ -737,7 +744,7 @@ TEST_CASE("native_config_keys lists each key once") {
   for (const char* key : {"stage", "optimizer.kind", "optimizer.groups[].lr", "optimizer.groups[].nesterov",
                           "optimizer.simd_path", "dynamic_loss_scaler.consecutive_hysteresis", "layout.block",
                           "offload.pinned_staging", "timeout_ms", "model_dtype", "loop.micro_batch_size",
-                          "hybrid.shard_group_size"}) {
+                          "parallel.shard", "parallel.order"}) {
     CAPTURE(key);
     CHECK(std::find(keys.begin(), keys.end(), key) != keys.end());
   }

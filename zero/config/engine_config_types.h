@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "layout/layout.h"
 #include "zero/engine_options.h"
 
 namespace zero {
@@ -20,31 +21,6 @@ struct LoopConfig {
   std::optional<int> log_every;          // steps between progress lines
 };
 
-// Hybrid sharding (HSDP; DeepSpeed's MiCS): state is sharded within groups of consecutive ranks and
-// each group replicates the others. Not an engine option: the engine takes the shard and replica
-// communicators (EngineComms), which the program splits from the world by this size
-// (comm/hybrid_groups.h).
-struct HybridConfig {
-  // Ranks in one shard group; the world size must be a multiple of it. Unset: one group of the whole
-  // world (plain sharding).
-  std::optional<int> shard_group_size;
-};
-
-// The model-parallel layout: the mesh and pipeline the program builds around the engine (zero_plan
-// --auto --write-config writes the layout it chooses). Not engine options: the engine takes the
-// communicators (EngineComms) the program splits from the world by these sizes (comm/mesh.h), and the
-// schedule is the pipeline runner's (parallel/pipeline/schedules.h names them and refuses others).
-// Unset: the program's default (one rank of each, no pipeline, no recompute).
-struct ParallelConfig {
-  std::optional<int> dp;                   // data-parallel ranks: the world must be dp x tp x pp
-  std::optional<int> tp;                   // tensor-parallel ranks per group (Megatron's split)
-  std::optional<bool> sequence_parallel;   // the tp groups also split the residual stream's rows
-  std::optional<int> pp;                   // pipeline stages
-  std::optional<std::string> schedule;     // the pipeline's: gpipe, 1f1b, interleaved, zb-h1
-  std::optional<int> chunks;               // model chunks per pipeline rank (interleaved)
-  std::optional<bool> recompute;           // activation recompute: a block's forward again in its backward
-};
-
 enum class ConfigFormat { kNative, kDeepSpeed };
 
 struct EngineConfig {
@@ -53,8 +29,12 @@ struct EngineConfig {
   // takes it from each parameter, so this is for the program that registers them.
   std::optional<DType> model_dtype;
   LoopConfig loop;
-  HybridConfig hybrid;
-  ParallelConfig parallel;
+  // The run's layout (layout/layout.h): the mesh the program builds (comm::Mesh(world, layout)), its
+  // hybrid sharding groups (shard) and pipeline, from the file's "parallel" section (ours; DeepSpeed's
+  // mics_shard_size gives the shard), dp 0 (the world's rest) unless given. Its stage, offload and
+  // micro-batches are the engine's options above, copied in by the reader: a file says them once, with
+  // the engine's keys (engine_options(layout, base) writes a layout's back).
+  Layout layout{.dp = 0, .stage = EngineOptions{}.stage};
   ConfigFormat format = ConfigFormat::kNative;
   std::string source;  // "<name> (ours)" or "<name> (deepspeed)"
   // Keys accepted without effect, each with the reason ("zero_optimization.sub_group_size: ...").

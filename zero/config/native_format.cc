@@ -10,6 +10,7 @@
 
 #include "base/check.h"
 #include "base/cpu.h"
+#include "layout/layout_json.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 
@@ -148,17 +149,7 @@ void visit_native(V& v, EngineConfig& c) {
     v.field("global_batch_size", c.loop.global_batch_size);
     v.field("log_every", c.loop.log_every);
   });
-  v.object("hybrid", [&] { v.field("shard_group_size", c.hybrid.shard_group_size); });
-  v.object("parallel", [&] {
-    ParallelConfig& p = c.parallel;
-    v.field("dp", p.dp);
-    v.field("tp", p.tp);
-    v.field("sequence_parallel", p.sequence_parallel);
-    v.field("pp", p.pp);
-    v.field("schedule", p.schedule);
-    v.field("chunks", p.chunks);
-    v.field("recompute", p.recompute);
-  });
+  v.layout("parallel", c.layout);
 }
 
 class NativeReader {
@@ -175,6 +166,16 @@ class NativeReader {
     if (j == nullptr) return;
     ObjectReader child(*j, cur_->path(key), cur_->ctx());
     inside(child, body);
+  }
+  // The layout's reader (layout/layout_json.h), over the fields a config's "parallel" section holds.
+  void layout(const char* key, Layout& l) {
+    const json* j = cur_->find(key);
+    if (j == nullptr) return;
+    try {
+      l = read_layout_json(*j, cur_->path(key), LayoutFields::kParallel, l);
+    } catch (const InvalidArgument& e) {
+      fail(cur_->ctx(), e.what());
+    }
   }
   // A present array replaces the list; each element starts from T's defaults.
   template <typename T, typename F>
@@ -219,6 +220,7 @@ class NativeWriter {
   void object(const char* key, F&& body) {
     (*cur_)[key] = inside(body);
   }
+  void layout(const char* key, Layout& l) { (*cur_)[key] = layout_json(l, LayoutFields::kParallel); }
   template <typename T, typename F>
   void array(const char* key, std::vector<T>& items, F&& body) {
     ordered_json list = ordered_json::array();
@@ -249,6 +251,11 @@ class KeyLister {
   template <typename F>
   void object(const char* key, F&& body) {
     nested(std::string(key) + ".", body);
+  }
+  void layout(const char* key, Layout&) {
+    for (const std::string& f : layout_fields()) {
+      if (!is_engine_field(f)) keys.push_back(prefix_ + key + "." + f);
+    }
   }
   template <typename T, typename F>
   void array(const char* key, std::vector<T>&, F&& body) {
