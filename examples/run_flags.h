@@ -64,7 +64,7 @@ struct ConfigFlag {
     two_optimizer_groups(o, config ? config->source : "the example's options", program);
     std::vector<optim::Hyper>& groups = o.optimizer.groups;
     o.stage = flags.get_int("stage", o.stage);
-    o.gradient_accumulation_steps = flags.get_int("micro-steps", o.gradient_accumulation_steps);
+    o.micro_batches = flags.get_int("micro-steps", o.micro_batches);
     o.deterministic = flags.get_bool("deterministic", o.deterministic);
     // Floats only when given: the flag's fallback would go through text and lose digits.
     if (flags.has("max-grad-norm")) o.max_grad_norm = static_cast<float>(flags.get_double("max-grad-norm", 0));
@@ -100,10 +100,10 @@ struct ConfigFlag {
   }
 
   // The file's global batch (samples per optimizer step) by DeepSpeed's rule, if it gives one.
-  std::optional<int> global_batch(int gradient_accumulation_steps, int world_size) const {
+  std::optional<int> global_batch(int micro_batches, int world_size) const {
     if (!config) return std::nullopt;
     try {
-      return resolve_global_batch(config->loop, gradient_accumulation_steps, world_size);
+      return resolve_global_batch(config->loop, micro_batches, world_size);
     } catch (const InvalidArgument& e) {
       ZERO_THROW(InvalidArgument, "{}: {}", config->source, e.what());
     }

@@ -62,7 +62,7 @@ int run(int argc, char** argv) {
     ZERO_THROW(InvalidArgument, "the MLP trains in fp32; {} sets model_dtype {}", config.config->source,
                dtype_name(*config.model_dtype()));
   }
-  const int micro = opt.gradient_accumulation_steps;
+  const int micro = opt.micro_batches;
 
   comm::ProcessGroup pg = comm::init_process_group();
   comm::Communicator& comm = *pg.host;

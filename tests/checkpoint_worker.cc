@@ -52,7 +52,7 @@ int run(int argc, char** argv) {
   opt.optimizer.groups = {optim::Hyper{.lr = 1e-2f, .weight_decay = 0.01f}};
   opt.max_grad_norm = 0.5f;
   opt.deterministic = deterministic;
-  opt.gradient_accumulation_steps = micro;
+  opt.micro_batches = micro;
   opt.offload.optimizer = offload;
   opt.layout = {.alignment = 4, .bucket_numel = 96, .block = 16};
   Engine engine(comm, opt);

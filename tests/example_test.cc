@@ -74,7 +74,7 @@ TEST_CASE("example: --config (a DeepSpeed file, our format) trains as the same f
     "zero_optimization": {"stage": 3, "reduce_bucket_size": 4096, "sub_group_size": 1e9}})";
   // Its lr is overridden by --lr below; global batch 128 over 2 micro-steps: 64 per micro-step.
   std::ofstream(ours) << R"({"stage": 3, "optimizer": {"groups": [{"lr": 0.5, "weight_decay": 0.01}, {"lr": 0.5}]},
-    "max_grad_norm": 0.5, "gradient_accumulation_steps": 2, "deterministic": true,
+    "max_grad_norm": 0.5, "micro_batches": 2, "deterministic": true,
     "layout": {"bucket_numel": 4096}, "loop": {"global_batch_size": 128}})";
   const std::vector<std::string> common{"--steps", "20", "--hidden", "64"};
   auto run = [&](std::vector<std::string> args) {

@@ -164,12 +164,8 @@ int run(int argc, char** argv) {
   }
   const int parts = micro_batches / micro;
   if (pp == 1 && parts != 1) ZERO_THROW(InvalidArgument, "--micro-batches splits batches only under --pp above 1");
-  if (pp > 1) {
-    opt.micro_batches = micro_batches;
-    opt.reduce_each_micro_batch = reduce_each;
-  } else {
-    opt.gradient_accumulation_steps = micro;
-  }
+  opt.micro_batches = pp > 1 ? micro_batches : micro;
+  if (reduce_each) opt.micro_batch_reduce = MicroBatchReduce::kEach;
   Engine engine(parallel::engine_comms(mesh), opt);
   std::unique_ptr<examples::GptScopes> scopes;
   std::unique_ptr<examples::GptPipeline> pipe;

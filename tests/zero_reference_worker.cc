@@ -72,8 +72,8 @@ int run(int argc, char** argv) {
     opt.optimizer.groups.push_back(h);
   }
   opt.max_grad_norm = ref["max_grad_norm"].get<float>();
-  opt.gradient_accumulation_steps = micro;
-  opt.reduce_every_micro_step = !no_sync;
+  opt.micro_batches = micro;
+  opt.micro_batch_reduce = no_sync ? MicroBatchReduce::kOnce : MicroBatchReduce::kEach;
   opt.deterministic = deterministic;
   opt.offload.optimizer = offload;
   opt.offload.params = offload_params;

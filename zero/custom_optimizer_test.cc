@@ -92,7 +92,7 @@ Params train(comm::Communicator& comm, const Run& run) {
   opt.optimizer.groups = {optim::Hyper{.lr = 0.05f, .momentum = 0.9f}};
   opt.max_grad_norm = 0.5f;  // the clip coefficient reaches the rule in its gradient
   opt.deterministic = true;
-  opt.gradient_accumulation_steps = 2;
+  opt.micro_batches = 2;
   opt.timeout = 30s;
   opt.layout = {.alignment = 4, .bucket_numel = 64, .block = 16, .whole_tensors = run.whole_tensors};
   opt.offload.optimizer = run.offload;

@@ -36,6 +36,7 @@ Engine::Engine(const EngineComms& comms, EngineOptions options) : impl_(std::mak
   if (comms.shard == nullptr) ZERO_THROW(InvalidArgument, "EngineComms.shard is null");
   validate(options);
   check_topology(options, comms.replica != nullptr);
+  m.micro = micro_batching(options, false);
   if (comms.layout) check_layout(options, *comms.layout);
   m.comms = comms;
   m.options = std::move(options);
@@ -59,12 +60,13 @@ int Engine::add_param(const ParamSpec& spec) {
   return impl_->registry.add(spec);
 }
 
-void Engine::set_micro_batches(int micro_batches) {
+void Engine::interleave_micro_batches(int micro_batches) {
   Impl& m = *impl_;
-  if (m.finalized) ZERO_THROW(InvalidArgument, "set_micro_batches({}) after finalize()", micro_batches);
+  if (m.finalized) ZERO_THROW(InvalidArgument, "interleave_micro_batches({}) after finalize()", micro_batches);
   EngineOptions o = m.options;
   o.micro_batches = micro_batches;
   validate(o);
+  m.micro = micro_batching(o, true);
   m.options.micro_batches = micro_batches;
 }
 
@@ -83,7 +85,7 @@ void Engine::finalize() {
   for (size_t t = 0; t < m.tensor_param.size(); ++t) m.param_tensor[static_cast<size_t>(m.tensor_param[t])] = static_cast<int64_t>(t);
   broadcast_initial_values(m.comms, m.registry, *m.device, m.options.timeout);
   for (const auto& f : m.comms.finalizers) f->initial_values(m.registry);
-  m.parts = wire_stage({&m.options, &m.registry, m.tensor_param, m.dtypes, m.comms.shard, m.comms.replica,
+  m.parts = wire_stage({&m.options, m.micro, &m.registry, m.tensor_param, m.dtypes, m.comms.shard, m.comms.replica,
                         m.device, &m.timings, m.comms.model_parallel, m.comms.finalizers});
   m.held = HeldGrads(m.comms.finalizers, m.registry, m.tensor_param);
   for (size_t b = 0; b < m.parts.layout->buckets().size(); ++b) {
@@ -118,19 +120,20 @@ void Engine::grad_ready(int id) {
 void Engine::finish_backward() {
   Impl& m = *impl_;
   m.require_finalized("finish_backward");
-  if (m.micro_steps >= m.options.gradient_accumulation_steps) {
+  if (m.micro_steps >= m.micro.micro_steps) {
     ZERO_THROW(InvalidArgument,
-               "finish_backward(): {} micro-steps since the last step() but "
-               "EngineOptions.gradient_accumulation_steps is {}; call step()",
-               m.micro_steps + 1, m.options.gradient_accumulation_steps);
+               "finish_backward(): {} micro-batches since the last step() but EngineOptions.micro_batches is {}{}; "
+               "call step()",
+               m.micro_steps + 1, m.options.micro_batches,
+               m.micro.interleaved ? " (interleaved by a pipeline: one finish_backward() per step)" : "");
   }
-  if (m.options.micro_batches > 1) {
+  if (m.micro.passes > 1) {
     for (const auto& [unit, passes] : m.backward_passes) {
-      if (passes > 0 && passes < m.options.micro_batches) {
+      if (passes > 0 && passes < m.micro.passes) {
         ZERO_THROW(InvalidArgument,
-                   "finish_backward(): unit {}'s backward ran {} times in this micro-step but "
-                   "EngineOptions.micro_batches is {}",
-                   unit, passes, m.options.micro_batches);
+                   "finish_backward(): unit {}'s backward ran {} times in this micro-step but the pipeline interleaves "
+                   "EngineOptions.micro_batches = {}",
+                   unit, passes, m.micro.passes);
       }
     }
   }
@@ -152,7 +155,7 @@ StepResult Engine::step() {
     m.parts.reducer->end_micro_step();
   }
   // The mean over ranks, micro-steps and micro-batches.
-  const double divisor = static_cast<double>(m.world()) * m.micro_steps * m.options.micro_batches;
+  const double divisor = static_cast<double>(m.world()) * m.micro_steps * m.micro.passes;
   StepResult r;
   try {
     ScopedTimer updating(&m.timings.optimizer_s);

@@ -18,9 +18,12 @@
 //     engine.step();                                                               // 3. (collective)
 //   }
 //
-// Pipelines (parallel/pipeline) run several micro-batches within one micro-step, interleaved: with
-// EngineOptions::micro_batches = M each unit's backward scope closes M times before its gradients
-// are complete (BackwardPart splits a backward into its input and weight parts).
+// Micro-batches. A step is EngineOptions::micro_batches = M micro-batches: the loop above runs them
+// one after another, each closed by finish_backward(); a pipeline (parallel/pipeline) runs them
+// interleaved within one micro-step (interleave_micro_batches), each unit's backward scope closing
+// M times before its gradients are complete (BackwardPart splits a backward into its input and
+// weight parts). EngineOptions::micro_batch_reduce and micro_batch_gather say how units reduce and
+// gather across them, whichever way they run.
 //
 // Where gradients go (one rule at every stage). engine.grad(id) is where backward accumulates (+=)
 // the gradient of parameter `id` in the parameter's dtype, for the current micro-step. The pointer
@@ -35,9 +38,10 @@
 // Loops without units call grad_ready(id) instead of the scopes; finish_backward() completes
 // whatever was not marked.
 //
-// Accumulation. With EngineOptions::gradient_accumulation_steps = K, step() follows K
-// finish_backward() calls. Micro-steps inside a no_sync() scope only accumulate locally (in a full
-// gradient buffer, as DDP and FSDP do); the first micro-step outside it reduces everything.
+// Accumulation by hand. Micro-steps inside a no_sync() scope only accumulate locally (in a full
+// gradient buffer, as DDP and FSDP do); the first micro-step outside it reduces everything: a loop
+// that decides per step what to defer keeps the scope, where micro_batch_reduce = kOnce says it once.
+// step() may follow fewer finish_backward() calls than micro_batches (the mean is over those run).
 //
 // Errors. Problems in one rank's registration or options are reported by finalize() on every rank,
 // naming the parameter or the option field and the ranks. A failed collective throws TimeoutError or
@@ -213,8 +217,10 @@ class Engine {
 
   // Registers a parameter (before finalize). Local problems are raised by finalize() on every rank.
   int add_param(const ParamSpec& spec);
-  // EngineOptions::micro_batches, before finalize(): what a pipeline sets from its schedule's m.
-  void set_micro_batches(int micro_batches);
+  // Before finalize(): the step's micro-batches (EngineOptions::micro_batches, set to this count)
+  // run interleaved within one micro-step, as a pipeline schedule runs them, instead of one after
+  // another. parallel::PipelineStage calls it with its schedule's m.
+  void interleave_micro_batches(int micro_batches);
   // Collective: checks that all ranks registered the same parameters and options, wires the stage,
   // allocates the shards, broadcasts rank 0's initial values into every rank's parameters.
   void finalize();

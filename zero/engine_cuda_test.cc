@@ -167,7 +167,7 @@ TEST_CASE("on the GPU the forward and backward make the host wait for nothing; s
     opt.stage = stage;
     opt.optimizer.groups = {optim::Hyper{.lr = 1e-3f}};
     opt.max_grad_norm = 1.0f;
-    opt.gradient_accumulation_steps = kMicro;
+    opt.micro_batches = kMicro;
     opt.timeout = 60s;
     opt.layout = {.alignment = 16, .bucket_numel = 2048, .block = 256};
     Engine engine(EngineComms{nccl.get(), nullptr, &counted}, opt);

@@ -32,6 +32,7 @@ struct Engine::Impl {
   EngineParts parts;
   std::optional<optim::DynamicLossScaler> scaler;
   bool finalized = false;
+  MicroBatching micro;    // how the step's micro-batches run (sequentially until a pipeline interleaves them)
   int micro_steps = 0;    // finished micro-steps since the last step
   int no_sync_depth = 0;  // open NoSyncScopes
   int64_t steps_taken = 0;
@@ -48,9 +49,9 @@ struct Engine::Impl {
     backward_passes.clear();
     split_passes.clear();
   }
-  // EngineOptions::reduce_each_micro_batch with micro-batches: every backward pass of a unit (but
-  // those holding a finalizer's held gradients) completes its gradients for that micro-batch.
-  bool each_micro_batch() const { return options.reduce_each_micro_batch && options.micro_batches > 1; }
+  // Interleaved micro-batches reduced one by one: every backward pass of a unit (but those holding a
+  // finalizer's held gradients) completes its gradients for that micro-batch.
+  bool each_micro_batch() const { return micro.each_pass_reduces(); }
   HeldGrads held;  // the finalizers' (EngineComms::finalizers) held gradients
   bool evaluating = false;            // an EvaluationScope is open
   StepTimings timings, last_timings;  // the step in progress, the last one completed
@@ -61,7 +62,7 @@ struct Engine::Impl {
   // The current micro-step reduces unless no_sync is open or it is a deferred one.
   bool syncs() const {
     if (no_sync_depth > 0) return false;
-    return options.reduce_every_micro_step || micro_steps + 1 == options.gradient_accumulation_steps;
+    return micro.reduce_every_micro_step || micro_steps + 1 == micro.micro_steps;
   }
   void require_finalized(const char* what) {
     if (scope_error) std::rethrow_exception(std::exchange(scope_error, nullptr));

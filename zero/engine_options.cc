@@ -7,6 +7,44 @@
 
 namespace zero {
 
+const char* micro_batch_policy_name(MicroBatchReduce r) {
+  switch (r) {
+    case MicroBatchReduce::kDefault: return "default";
+    case MicroBatchReduce::kEach: return "each";
+    case MicroBatchReduce::kOnce: return "once";
+  }
+  return "?";
+}
+
+const char* micro_batch_policy_name(MicroBatchGather g) {
+  switch (g) {
+    case MicroBatchGather::kDefault: return "default";
+    case MicroBatchGather::kEach: return "each";
+    case MicroBatchGather::kOnce: return "once";
+  }
+  return "?";
+}
+
+namespace {
+
+template <typename Policy>
+Policy parse_policy(const std::string& name, const char* what) {
+  for (Policy p : {Policy::kDefault, Policy::kEach, Policy::kOnce}) {
+    if (name == micro_batch_policy_name(p)) return p;
+  }
+  ZERO_THROW(InvalidArgument, "unknown {} '{}' (expected default, each or once)", what, name);
+}
+
+}  // namespace
+
+MicroBatchReduce parse_micro_batch_reduce(const std::string& name) {
+  return parse_policy<MicroBatchReduce>(name, "micro_batch_reduce");
+}
+
+MicroBatchGather parse_micro_batch_gather(const std::string& name) {
+  return parse_policy<MicroBatchGather>(name, "micro_batch_gather");
+}
+
 void validate(const EngineOptions& o) {
   if (o.stage < 0 || o.stage > 3) {
     ZERO_THROW(InvalidArgument, "EngineOptions.stage must be 0, 1, 2 or 3, got {}", o.stage);
@@ -31,19 +69,10 @@ void validate(const EngineOptions& o) {
                  dtype_name(*o.param_dtype), o.stage);
     }
   }
-  if (o.gradient_accumulation_steps < 1) {
-    ZERO_THROW(InvalidArgument, "EngineOptions.gradient_accumulation_steps must be >= 1, got {}",
-               o.gradient_accumulation_steps);
-  }
   if (o.micro_batches < 1) {
     ZERO_THROW(InvalidArgument, "EngineOptions.micro_batches must be >= 1, got {}", o.micro_batches);
   }
-  if (o.reduce_each_micro_batch && o.stage < 2) {
-    ZERO_THROW(InvalidArgument,
-               "EngineOptions.reduce_each_micro_batch needs stage 2 or 3 (got stage {}): stages 0 and 1 keep the whole "
-               "gradient anyway, so holding it across micro-batches costs nothing",
-               o.stage);
-  }
+
   if (o.loss_scaling == LossScaling::kStatic && !(o.static_loss_scale > 0.0f)) {
     ZERO_THROW(InvalidArgument, "EngineOptions.static_loss_scale must be > 0, got {}",
                o.static_loss_scale);
@@ -106,11 +135,9 @@ std::vector<std::pair<std::string, std::string>> fingerprint(const EngineOptions
   add("param_dtype", o.param_dtype ? dtype_name(*o.param_dtype) : "registered");
   add("reduce_dtype", dtype_name(o.reduce_dtype));
   add("grad_accum_dtype", dtype_name(o.grad_accum_dtype));
-  add("gradient_accumulation_steps", o.gradient_accumulation_steps);
-  add("reduce_every_micro_step", o.reduce_every_micro_step);
   add("micro_batches", o.micro_batches);
-  add("regather_per_micro_batch", o.regather_per_micro_batch);
-  add("reduce_each_micro_batch", o.reduce_each_micro_batch);
+  add("micro_batch_reduce", micro_batch_policy_name(o.micro_batch_reduce));
+  add("micro_batch_gather", micro_batch_policy_name(o.micro_batch_gather));
   add("deterministic", o.deterministic);
   add("loss_scaling", loss_scaling_name(o.loss_scaling));
   add("static_loss_scale", o.static_loss_scale);
@@ -139,8 +166,7 @@ EngineOptions engine_options(const Layout& layout, EngineOptions base) {
   base.stage = layout.stage;
   base.offload.optimizer = layout.offload_optimizer;
   base.offload.params = layout.offload_params;
-  base.micro_batches = layout.pp > 1 ? layout.micro_batches : 1;
-  base.gradient_accumulation_steps = layout.pp > 1 ? 1 : layout.micro_batches;
+  base.micro_batches = layout.micro_batches;
   return base;
 }
 

@@ -35,6 +35,38 @@ struct OffloadOptions {
   bool pinned_staging = true;
 };
 
+// When a unit's gradients are reduced over a step's micro-batches.
+enum class MicroBatchReduce {
+  // kEach for micro-batches run one after another (FSDP's and DeepSpeed's accumulation), kOnce for
+  // a pipeline's interleaved ones (Megatron-LM's and torchtitan's).
+  kDefault,
+  // After every micro-batch's backward, into the shard's accumulator: stages 2 and 3 hold a unit's
+  // whole gradient only while it is in flight; micro_batches times the reduction traffic. Under a
+  // pipeline stages 2 and 3 only (stages 0 and 1 keep the whole gradient anyway), and units holding
+  // a tied parameter still reduce once per step.
+  kEach,
+  // After the unit's last micro-batch: gradients accumulate whole in the gradient buffers (what
+  // Engine::no_sync() does for the micro-batches it covers) and are reduced once per step.
+  kOnce,
+};
+// Stage 3: whether a unit is gathered again for each micro-batch.
+enum class MicroBatchGather {
+  // kEach for micro-batches run one after another, kOnce for a pipeline's.
+  kDefault,
+  // Units leave the gather window as at one micro-batch and are gathered again for each
+  // micro-batch's forward and backward (the window's memory, micro_batches times the gathers).
+  kEach,
+  // A unit gathered for its first micro-batch stays gathered to the step's end (one gather per unit
+  // and step, the stage's parameters whole through it: torchtitan's choice under pipelining),
+  // unless max_live_gathered_bytes is set lower. Interleaved micro-batches only.
+  kOnce,
+};
+// "default", "each", "once" (the config files' spelling); parse_* throw InvalidArgument naming the text.
+const char* micro_batch_policy_name(MicroBatchReduce r);
+const char* micro_batch_policy_name(MicroBatchGather g);
+MicroBatchReduce parse_micro_batch_reduce(const std::string& name);
+MicroBatchGather parse_micro_batch_gather(const std::string& name);
+
 struct EngineOptions {
   // 0: replicated optimizer, all-reduced gradients (DDP). 1: optimizer state sharded. 2: gradients
   // sharded too (reduce-scattered bucket by bucket during backward). 3: parameters sharded too:
@@ -64,33 +96,16 @@ struct EngineOptions {
   // an accumulation: fp32, or the dtype gradients are written in (each bucket's own, as above).
   DType grad_accum_dtype = DType::kFloat32;
 
-  // Micro-steps per optimizer step. With reduce_every_micro_step (the default) each micro-step's
-  // gradients are reduced into the shard accumulator right away; otherwise every micro-step but the
-  // last runs as if inside Engine::no_sync(): gradients accumulate locally, in full, and are reduced
-  // once, at the last micro-step.
-  int gradient_accumulation_steps = 1;
-  bool reduce_every_micro_step = true;
-
-  // Pipeline micro-batches (parallel/pipeline): within one micro-step, every unit's backward runs
-  // this many times (once per micro-batch; a split backward's weight part is what counts), in any
-  // interleaving with other units' (a schedule's B and W of different micro-batches). A unit's
-  // gradients accumulate in its gradient buffers across them and are complete, and start their
-  // reduction, after its last: the data-parallel reduction runs once per step, and stages 2 and 3
-  // hold a unit's whole gradient from its first micro-batch's backward to its last. The loss is the
-  // mean over micro-batches (gradients divided by micro_batches x the data-parallel size).
+  // A step is `micro_batches` micro-batches on each data-parallel rank (gradient accumulation and a
+  // pipeline's micro-batches are the same axis): every unit's backward runs that many times per
+  // step (a split backward's weight part is what counts), and the loss is their mean (gradients
+  // divided by micro_batches x the data-parallel size). They run one after another, each closed by
+  // finish_backward(), or interleaved within one micro-step by a pipeline schedule, which says so
+  // (Engine::interleave_micro_batches; parallel::PipelineStage does). How units reduce and gather
+  // across them is the two policies below.
   int micro_batches = 1;
-  // Stage 3 with micro_batches > 1: a unit gathered for its first micro-batch stays gathered to the
-  // step's end (the stage's parameters whole through the step, one gather per unit and step: what
-  // torchtitan does under pipelining), unless max_live_gathered_bytes is set lower; true: units
-  // leave the window as at micro_batches 1 and are gathered again for each micro-batch's forward
-  // and backward (the window's memory, micro_batches times the gathers).
-  bool regather_per_micro_batch = false;
-  // Stages 2 and 3 with micro_batches > 1: each unit's gradients are reduced into the shard after
-  // every micro-batch's backward (m reductions per unit and step, in the order the schedule
-  // completes them) instead of held whole until its last: less memory (only the units in flight hold
-  // a whole gradient), m times the reduction traffic. Units holding a tied parameter still reduce
-  // once per step.
-  bool reduce_each_micro_batch = false;
+  MicroBatchReduce micro_batch_reduce = MicroBatchReduce::kDefault;
+  MicroBatchGather micro_batch_gather = MicroBatchGather::kDefault;
 
   // Rank contributions are summed in rank order in fp32 (all-to-all, then an ordered local sum), so
   // stages 0, 1 and 2 give bitwise-identical parameters, and N ranks give bitwise the result of one
@@ -132,7 +147,7 @@ struct EngineOptions {
 void validate(const EngineOptions& options);
 
 // The options a run of `layout` (layout/layout.h) takes: base's, with the layout's stage, offload and
-// micro-batches (at pp 1 micro-steps of accumulation, above it the pipeline's micro-batches).
+// micro-batches.
 EngineOptions engine_options(const Layout& layout, EngineOptions base);
 // InvalidArgument naming both values where `options` and the layout the mesh was built from disagree
 // on the stage or the offload (options built by hand beside a layout that says otherwise).

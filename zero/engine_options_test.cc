@@ -34,8 +34,7 @@ TEST_CASE("bad values name the field") {
   CHECK(error_of([](EngineOptions& o) { o.stage = 4; }).find("EngineOptions.stage") != std::string::npos);
   CHECK(error_of([](EngineOptions& o) { o.max_grad_norm = -1.0f; }).find("EngineOptions.max_grad_norm") !=
         std::string::npos);
-  CHECK(error_of([](EngineOptions& o) { o.gradient_accumulation_steps = 0; })
-            .find("EngineOptions.gradient_accumulation_steps") != std::string::npos);
+  CHECK(error_of([](EngineOptions& o) { o.micro_batches = 0; }).find("EngineOptions.micro_batches") != std::string::npos);
 }
 
 TEST_CASE("parameter offload needs stage 3 and the optimizer offloaded") {

@@ -68,7 +68,7 @@ std::vector<StepCount> count_waits(comm::Communicator& gloo, const Setup& s, siz
   opt.optimizer.groups = {optim::Hyper{.lr = 1e-2f}};
   opt.max_grad_norm = 1.0f;
   opt.deterministic = s.deterministic;
-  opt.gradient_accumulation_steps = s.micro;
+  opt.micro_batches = s.micro;
   opt.offload.optimizer = s.offload;
   opt.timeout = 30s;
   opt.layout = {.alignment = 4, .bucket_numel = 64, .block = 16};

@@ -59,7 +59,7 @@ Params train(const EngineComms& comms, const Setup& s, int data_rank, int data_w
   opt.optimizer.groups = {optim::Hyper{.lr = s.lr, .weight_decay = 0.01f}};
   opt.max_grad_norm = 0.5f;
   opt.deterministic = s.deterministic;
-  opt.gradient_accumulation_steps = s.micro;
+  opt.micro_batches = s.micro;
   opt.timeout = 30s;
   opt.layout = {.alignment = 4, .bucket_numel = 64, .block = 16};
   opt.max_live_gathered_bytes = s.window_bytes;

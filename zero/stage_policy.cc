@@ -101,6 +101,33 @@ std::optional<ModelDtypes> check_registration(const EngineOptions& options, Para
   return dtypes;
 }
 
+MicroBatching micro_batching(const EngineOptions& o, bool interleaved) {
+  MicroBatching mb;
+  mb.interleaved = interleaved;
+  const int m = o.micro_batches;
+  if (!interleaved) {
+    if (o.micro_batch_gather == MicroBatchGather::kOnce) {
+      ZERO_THROW(InvalidArgument,
+                 "EngineOptions.micro_batch_gather = once keeps units gathered across the micro-batches a pipeline "
+                 "interleaves; run one after another, each micro-batch gathers its units again (each, the default)");
+    }
+    mb.micro_steps = m;
+    mb.reduce_every_micro_step = o.micro_batch_reduce != MicroBatchReduce::kOnce;
+    return mb;
+  }
+  mb.passes = m;
+  mb.reduce_every_micro_step = true;
+  mb.reduce_each_pass = o.micro_batch_reduce == MicroBatchReduce::kEach;
+  if (mb.reduce_each_pass && o.stage < 2) {
+    ZERO_THROW(InvalidArgument,
+               "EngineOptions.micro_batch_reduce = each under a pipeline needs stage 2 or 3 (got stage {}): stages 0 "
+               "and 1 keep the whole gradient anyway, so holding it across micro-batches costs nothing",
+               o.stage);
+  }
+  mb.keep_gathered = o.stage == 3 && m > 1 && o.micro_batch_gather != MicroBatchGather::kEach;
+  return mb;
+}
+
 void check_topology(const EngineOptions& options, bool has_replica) {
   if (has_replica && options.stage < 1) {
     ZERO_THROW(InvalidArgument,
@@ -170,7 +197,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
   if (!classes) starts_block.clear();
   ShardLayoutOptions lo = o.layout;
   // Micro-batches reduced one by one: a unit's bucket is reduced each time its backward ends.
-  const bool rounds = o.reduce_each_micro_batch && o.micro_batches > 1;
+  const bool rounds = in.micro.each_pass_reduces();
   lo.unit_buckets = o.stage == 3 || rounds;
   parts.layout = std::make_unique<ShardLayout>(numels, in.shard->size(), lo, units, starts_block, dtypes);
   ZERO_LOG_DEBUG("{}", parts.layout->describe());
@@ -185,7 +212,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
   auto own_unless_fp32 = [](DType t) { return t == DType::kFloat32 ? std::optional<DType>(t) : std::nullopt; };
   rc.reduce_dtype = own_unless_fp32(o.reduce_dtype);
   rc.full_grads = o.stage < 2;
-  rc.accumulate = o.stage >= 2 || (o.reduce_every_micro_step && o.gradient_accumulation_steps > 1);
+  rc.accumulate = o.stage >= 2 || (in.micro.reduce_every_micro_step && in.micro.micro_steps > 1);
   rc.accum_dtype = o.stage >= 2 ? own_unless_fp32(o.grad_accum_dtype) : DType::kFloat32;
   rc.deterministic = o.deterministic;
   rc.max_inflight = o.max_inflight_buckets;
@@ -226,7 +253,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
     gc.prefetch_bytes = o.prefetch_bytes;
     gc.max_live_bytes = o.max_live_gathered_bytes;
     gc.persistence_bytes = o.param_persistence_bytes;
-    if (o.micro_batches > 1 && !o.regather_per_micro_batch) {
+    if (in.micro.keep_gathered) {
       // Every unit stays from its first use to the step's end; the window holds them all unless the
       // user bounds it.
       gc.persistence_bytes = std::numeric_limits<size_t>::max();

@@ -57,8 +57,28 @@ struct ModelDtypes {
   DType compute(const ParamSpec& p) const { return p.param_dtype.value_or(param_dtype.value_or(p.dtype)); }
 };
 
+// How the engine runs a step's micro-batches, resolved from EngineOptions::micro_batches and its two
+// policies: one after another, each a micro-step closed by finish_backward(), or interleaved within
+// one micro-step by a pipeline (Engine::interleave_micro_batches). The two are the same axis to the
+// user; inside, accumulation counts micro-steps (and reduces at their ends, or defers all but the
+// last as no_sync does) while a pipeline counts each unit's backward passes (and holds a unit's
+// gradient until its last pass, or completes it at every one).
+struct MicroBatching {
+  bool interleaved = false;
+  int micro_steps = 1;             // finish_backward() calls per step, at most
+  int passes = 1;                  // each unit's backward passes per micro-step
+  bool reduce_every_micro_step = true;  // one after another: each micro-step reduces (else the last)
+  bool reduce_each_pass = false;        // interleaved: each pass completes its unit's gradients
+  bool keep_gathered = false;           // interleaved stage 3: units stay gathered through the step
+  bool each_pass_reduces() const { return reduce_each_pass && passes > 1; }
+};
+// InvalidArgument naming the option for a policy the mode cannot run: micro_batch_gather once with
+// micro-batches one after another; micro_batch_reduce each under a pipeline below stage 2.
+MicroBatching micro_batching(const EngineOptions& options, bool interleaved);
+
 struct PolicyInputs {
   const EngineOptions* options = nullptr;
+  MicroBatching micro;
   const ParamRegistry* registry = nullptr;
   std::vector<int> tensor_param;  // layout tensor -> parameter id (trainable, grouped by unit)
   ModelDtypes dtypes;

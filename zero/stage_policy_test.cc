@@ -64,7 +64,7 @@ TEST_CASE("each stage wires its layout, ownership, gatherer, writeback and memor
       REQUIRE(dtypes);
       REQUIRE(dtypes->storage == DType::kBFloat16);
       REQUIRE(dtypes->compute(m.reg.param(0)) == DType::kBFloat16);
-      EngineParts parts = wire_stage({&o, &m.reg, {0, 1}, *dtypes, &comm, nullptr, device.get()});
+      EngineParts parts = wire_stage({&o, micro_batching(o, false), &m.reg, {0, 1}, *dtypes, &comm, nullptr, device.get()});
 
       CHECK(parts.ownership->is_replicated() == (stage == 0));
       CHECK(parts.offload_tracker == nullptr);
@@ -131,10 +131,10 @@ TEST_CASE("accumulation below stage 2 keeps an fp32 accumulator in the formula")
       auto device = memory::make_host_device(tracker);
       Model m;
       EngineOptions o = options_for(stage);
-      o.gradient_accumulation_steps = 4;
-      o.reduce_every_micro_step = true;
+      o.micro_batches = 4;
+      o.micro_batch_reduce = MicroBatchReduce::kEach;
       const std::optional<ModelDtypes> dtypes = check_registration(o, m.reg);
-      EngineParts parts = wire_stage({&o, &m.reg, {0, 1}, *dtypes, &comm, nullptr, device.get()});
+      EngineParts parts = wire_stage({&o, micro_batching(o, false), &m.reg, {0, 1}, *dtypes, &comm, nullptr, device.get()});
       CHECK(parts.formula.accumulator);
       MemoryFormulaInputs in = parts.formula;
       in.numel = 1010;
@@ -155,7 +155,7 @@ TEST_CASE("offload puts master and state in the host tier, and at stage 3 the pa
       o.offload.optimizer = true;
       o.offload.params = params;
       const std::optional<ModelDtypes> dtypes = check_registration(o, m.reg);
-      EngineParts parts = wire_stage({&o, &m.reg, {0, 1}, *dtypes, &comm, nullptr, device.get()});
+      EngineParts parts = wire_stage({&o, micro_batching(o, false), &m.reg, {0, 1}, *dtypes, &comm, nullptr, device.get()});
       REQUIRE(parts.offload_tracker != nullptr);
       const memory::MemoryTracker& host = *parts.offload_tracker;
       const uint64_t owned = parts.ownership->numel();

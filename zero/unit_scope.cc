@@ -33,11 +33,13 @@ UnitScope Engine::open_scope(int unit, bool backward, BackwardPart part) {
   if (backward && m.evaluating) {
     ZERO_THROW(InvalidArgument, "gather_for_backward({}) inside an evaluation scope: evaluation trains nothing", unit);
   }
-  if (backward && m.backward_passes[unit] >= m.options.micro_batches && part != BackwardPart::kInput) {
+  if (backward && m.backward_passes[unit] >= m.micro.passes && part != BackwardPart::kInput) {
     ZERO_THROW(InvalidArgument,
-               "gather_for_backward({}): unit {}'s backward already ran {} times in this micro-step "
-               "(EngineOptions.micro_batches is {}); call finish_backward() or step()",
-               unit, unit, m.backward_passes[unit], m.options.micro_batches);
+               "gather_for_backward({}): unit {}'s backward already ran {} times in this micro-step ({}); call "
+               "finish_backward() or step()",
+               unit, unit, m.backward_passes[unit],
+               m.micro.interleaved ? fmt::format("the pipeline interleaves EngineOptions.micro_batches = {}", m.micro.passes)
+                                   : std::string("micro-batches run one after another, each closed by finish_backward()"));
   }
   if (backward && part != BackwardPart::kAll) {
     auto& [inputs, weights] = m.split_passes[unit];
@@ -79,7 +81,7 @@ void Engine::end_scope(const UnitScope& scope) {
     // The unit's last backward pass of the micro-step (or, reducing each micro-batch, every one):
     // its gradients are complete. Held ones (a finalizer's: the tied copies) wait for
     // finish_backward(), where their finalizer completes them first.
-    const bool last = ++m.backward_passes[unit] == m.options.micro_batches;
+    const bool last = ++m.backward_passes[unit] == m.micro.passes;
     if (last || (m.each_micro_batch() && !m.held.unit(unit))) {
       for (int id : m.registry.params_of_unit(unit)) {
         const int64_t t = m.param_tensor[static_cast<size_t>(id)];

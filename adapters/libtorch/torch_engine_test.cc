@@ -133,7 +133,7 @@ Trace reference() {
 EngineOptions options_for(int stage, int micro_steps = 1) {
   EngineOptions o;
   o.stage = stage;
-  o.gradient_accumulation_steps = micro_steps;
+  o.micro_batches = micro_steps;
   o.optimizer.kind = optim::OptimizerKind::kAdamW;
   o.optimizer.groups = {optim::Hyper{.lr = kLr, .weight_decay = kWd}};
   // Small buckets: several per step below stage 3.

@@ -124,8 +124,7 @@ int run(int argc, char** argv) {
   o.offload.params = flags.get_bool("offload-params", false);
   o.layout.bucket_numel = static_cast<size_t>(flags.get_double("bucket-m", 8.0) * (1 << 20));
   o.layout.whole_tensors = flags.get_bool("whole-tensors", false);
-  o.gradient_accumulation_steps = flags.get_int("micro-steps", 1);
-  if (pp > 1) o.micro_batches = micro_batches;
+  o.micro_batches = pp > 1 ? micro_batches : flags.get_int("micro-steps", 1);
   o.prefetch_bytes = static_cast<size_t>(flags.get_double("prefetch-mb", 0) * (1 << 20));
   o.max_live_gathered_bytes = static_cast<size_t>(flags.get_double("max-live-mb", 0) * (1 << 20));
   o.param_persistence_bytes = static_cast<size_t>(flags.get_double("persist-kb", 0) * 1024);

@@ -39,7 +39,7 @@ std::vector<double> host_losses(int stage) {
   std::vector<int> labels;
   for (int step = 0; step < kSteps; ++step) {
     double sum = 0;
-    for (int m = 0; m < opt.gradient_accumulation_steps; ++m) {
+    for (int m = 0; m < opt.micro_batches; ++m) {
       data.batch(step, static_cast<int64_t>(m) * kBatch, kBatch, &x, &labels);
       sum += model.forward(x, labels, access);
       model.backward(
@@ -48,7 +48,7 @@ std::vector<double> host_losses(int stage) {
       engine.finish_backward();
     }
     engine.step();
-    losses.push_back(sum / opt.gradient_accumulation_steps);
+    losses.push_back(sum / opt.micro_batches);
   }
   return losses;
 }

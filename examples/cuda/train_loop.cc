@@ -21,7 +21,7 @@ MemoryReport train_cuda_mlp(comm::Communicator& nccl, comm::Communicator& host, 
   if (run.global_batch % world != 0) {
     ZERO_THROW(InvalidArgument, "the global batch {} is not divisible by the world size {}", run.global_batch, world);
   }
-  const int local = run.global_batch / world, micro = options.gradient_accumulation_steps;
+  const int local = run.global_batch / world, micro = options.micro_batches;
   if (cudaSetDevice(run.device) != cudaSuccess) {
     ZERO_THROW(InvalidArgument, "GPU {} cannot be used: {}", run.device, cudaGetErrorString(cudaGetLastError()));
   }

@@ -36,7 +36,7 @@ inline EngineOptions cuda_mlp_options(int stage, int micro) {
   o.optimizer.groups = {optim::Hyper{.lr = 1e-2f, .weight_decay = 0.01f},
                         optim::Hyper{.lr = 1e-2f, .weight_decay = 0.0f}};
   o.max_grad_norm = 1.0f;
-  o.gradient_accumulation_steps = micro;
+  o.micro_batches = micro;
   o.layout.bucket_numel = 64 * 1024;
   return o;
 }

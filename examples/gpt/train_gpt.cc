@@ -17,9 +17,9 @@
 // parallelism: --pp P splits the layers into P stages (--pp-layers for uneven ones) run by --pp-schedule gpipe|1f1b|interleaved|
 // zb-h1 (--chunks V for interleaved) over --micro-batches M per data-parallel rank, at any stage;
 // the progress line adds the slowest stage's bubble, --timeline FILE writes the last step's actions
-// (FILE, JSON) and their drawing beside the simulator's (FILE.svg); at stage 3 units stay gathered
-// through the step's micro-batches unless --regather-per-micro-batch, and at stages 2 and 3 a unit's
-// gradient is held until its last micro-batch unless --reduce-each-micro-batch; docs/pipeline.md.
+// (FILE, JSON) and their drawing beside the simulator's (FILE.svg); docs/pipeline.md. How units
+// reduce and gather across the micro-batches (one after another, or the pipeline's):
+// --micro-batch-reduce and --micro-batch-gather default|each|once (EngineOptions' policies).
 // --recompute: each block keeps only its input and runs its forward again in its backward
 // (activation checkpointing; docs/strategy.md). --param-dtype bf16 (stage 3, fp32 parameters): the
 // units are gathered and computed in bf16 from fp32 storage (EngineOptions.param_dtype; docs/optim.md).
@@ -131,21 +131,22 @@ int run(int argc, char** argv) {
   const examples::RunFlags run_flags = examples::RunFlags::read(flags, opt);
   run_flags.apply(opt);
   // The run's layout: a --config file's (zero_plan --write-config) or the example's, with the engine
-  // options' stage, offload and micro-steps, then each layout flag (examples/layout_flags.h).
-  // Without a file the micro-batches stay 0 until a flag sets them: then 2 per pipeline stage, or
-  // at pp 1 the micro-steps.
-  Layout base = config.config ? config.config->layout : Layout{.dp = 0, .micro_batches = 0};
+  // options' stage, offload and micro-batches, then each layout flag (examples/layout_flags.h).
+  // Without a file or a flag that says, a pipeline runs 2 micro-batches per stage.
+  Layout base = config.config ? config.config->layout : Layout{.dp = 0};
   base.stage = opt.stage;
   base.offload_optimizer = opt.offload.optimizer;
   base.offload_params = opt.offload.params;
-  if (base.pp == 1 && base.micro_batches != 0) base.micro_batches = opt.gradient_accumulation_steps;
+  base.micro_batches = opt.micro_batches;
   Layout layout = examples::layout_from_flags(flags, base);
-  if (layout.micro_batches == 0) layout.micro_batches = layout.pp > 1 ? 2 * layout.pp : opt.gradient_accumulation_steps;
+  const bool m_given = config.config || flags.has("micro-steps") || flags.has("micro-batches") ||
+                       layout.micro_batches != base.micro_batches;
+  if (layout.pp > 1 && !m_given) layout.micro_batches = 2 * layout.pp;
   const std::vector<int> pp_layers = examples::parse_layer_counts(flags.get("pp-layers", ""));
   const std::string timeline = flags.get("timeline", "");
   // A file's own settings stand unless a flag is given (they are what zero_plan planned with).
-  opt.regather_per_micro_batch = flags.get_bool("regather-per-micro-batch", opt.regather_per_micro_batch);
-  opt.reduce_each_micro_batch = flags.get_bool("reduce-each-micro-batch", opt.reduce_each_micro_batch);
+  if (flags.has("micro-batch-reduce")) opt.micro_batch_reduce = parse_micro_batch_reduce(flags.get("micro-batch-reduce", ""));
+  if (flags.has("micro-batch-gather")) opt.micro_batch_gather = parse_micro_batch_gather(flags.get("micro-batch-gather", ""));
   // The parameters: fp32 or bf16.
   const DType dtype =
       parse_dtype(flags.get("dtype", config.model_dtype() ? dtype_name(*config.model_dtype()) : "fp32"));
@@ -163,16 +164,12 @@ int run(int argc, char** argv) {
   // A bf16 model keeps a bf16 gradient shard (2Ψ/N), and its reduced gradients are then the same
   // bits at every stage. A config file says for itself.
   if (!config.config) opt.grad_accum_dtype = opt.param_dtype.value_or(dtype);
-  if (layout.pp == 1 && (!pp_layers.empty() || !timeline.empty() || flags.has("pp-schedule") ||
-                         opt.regather_per_micro_batch || opt.reduce_each_micro_batch)) {
-    ZERO_THROW(InvalidArgument,
-               "--pp-schedule, --pp-layers, --timeline, --regather-per-micro-batch and --reduce-each-micro-batch need "
-               "--pp above 1");
+  if (layout.pp == 1 && (!pp_layers.empty() || !timeline.empty() || flags.has("pp-schedule"))) {
+    ZERO_THROW(InvalidArgument, "--pp-schedule, --pp-layers and --timeline need --pp above 1");
   }
-  const int pipeline_steps = opt.gradient_accumulation_steps;  // --micro-steps above pp 1: whole schedules
   opt = engine_options(layout, opt);
-  if (layout.pp > 1) opt.gradient_accumulation_steps = pipeline_steps;
-  const int micro = opt.gradient_accumulation_steps, micro_batches = opt.micro_batches;
+  // The step's micro-batches: one after another (micro-steps) or through the pipeline's schedule.
+  const int micro = layout.pp > 1 ? 1 : opt.micro_batches, micro_batches = layout.pp > 1 ? opt.micro_batches : 1;
   const int tp = layout.tp, pp = layout.pp;
 
   comm::ProcessGroup pg = comm::init_process_group();
@@ -186,10 +183,10 @@ int run(int argc, char** argv) {
   const int dp_rank = mesh.dp().rank(), world = mesh.dp().size();  // the data-parallel ranks
   config.print(rank);
   if (mesh.hybrid() != nullptr && rank == 0) std::printf("hybrid sharding: %s\n", mesh.hybrid()->layout().c_str());
-  const int batch = batch_given ? batch_flag : config.global_batch(micro, world).value_or(batch_flag);
-  if (batch % (world * micro * micro_batches) != 0) {
-    ZERO_THROW(InvalidArgument, "--batch {} is not a multiple of {} data-parallel ranks x {} micro-steps x {} micro-batches",
-               batch, world, micro, micro_batches);
+  const int batch = batch_given ? batch_flag : config.global_batch(opt.micro_batches, world).value_or(batch_flag);
+  if (batch % (world * opt.micro_batches) != 0) {
+    ZERO_THROW(InvalidArgument, "--batch {} is not a multiple of {} data-parallel ranks x {} micro-batches", batch, world,
+               opt.micro_batches);
   }
   const int local = batch / (world * micro * micro_batches);
   const int T = cfg.block_size;

@@ -3,7 +3,7 @@
 //   micro-batches interleaved as a schedule runs them, the backward split into input and weight
 //   scopes, train bit for bit as the same micro-batches accumulated one micro-step after another
 //   (no_sync) do, at every stage; at stage 3 a unit is gathered once per step by default and once
-//   per use with regather_per_micro_batch;
+//   per use with micro_batch_gather each;
 // - tied copies (ParamSpec::tied, the tied copies' finalizer over the mesh's tied group): two pipeline stages holding a copy of one
 //   weight train as one rank holding it once (its gradient the sum of both parts, counted once in
 //   the norm), and the copies stay bitwise equal, at dp 1 and 2 and every stage;
@@ -120,9 +120,10 @@ void read_params(Engine& engine, const std::vector<int>& ids, Run& run) {
 Run run_micro_batches(comm::Communicator& dp, int stage, bool regather, bool each_micro_batch = false) {
   EngineOptions o = options(stage);
   o.micro_batches = kMicro;
-  o.regather_per_micro_batch = regather;
-  o.reduce_each_micro_batch = each_micro_batch;
+  if (regather) o.micro_batch_gather = MicroBatchGather::kEach;
+  if (each_micro_batch) o.micro_batch_reduce = MicroBatchReduce::kEach;
   Engine engine(dp, o);
+  engine.interleave_micro_batches(kMicro);
   Run run;
   const std::vector<int> ids = register_model(engine, run);
   for (int step = 0; step < kSteps; ++step) {
@@ -147,8 +148,8 @@ Run run_micro_batches(comm::Communicator& dp, int stage, bool regather, bool eac
 // reduced into the shard accumulator.
 Run run_accumulated(comm::Communicator& dp, int stage, bool reduce_every_micro_step = false) {
   EngineOptions o = options(stage);
-  o.gradient_accumulation_steps = kMicro;
-  o.reduce_every_micro_step = reduce_every_micro_step;
+  o.micro_batches = kMicro;
+  o.micro_batch_reduce = reduce_every_micro_step ? MicroBatchReduce::kEach : MicroBatchReduce::kOnce;
   Engine engine(dp, o);
   Run run;
   const std::vector<int> ids = register_model(engine, run);
@@ -191,7 +192,7 @@ TEST_CASE("micro-batches interleaved within a step train bit for bit as accumula
   }
 }
 
-TEST_CASE("micro-batches reduced one by one (reduce_each_micro_batch) train bit for bit as micro-steps reduced each") {
+TEST_CASE("interleaved micro-batches reduced one by one (micro_batch_reduce each) train bit for bit as micro-steps reduced each") {
   for (int stage : {2, 3}) {
     CAPTURE(stage);
     testing::run_thread_ranks(2, [&](comm::Communicator& world) {
@@ -206,9 +207,13 @@ TEST_CASE("micro-batches reduced one by one (reduce_each_micro_batch) train bit 
   }
   testing::run_thread_ranks(1, [&](comm::Communicator& world) {
     EngineOptions o = options(1);
-    o.micro_batches = 2;
-    o.reduce_each_micro_batch = true;
-    CHECK_THROWS_WITH_AS(Engine(world, o), doctest::Contains("reduce_each_micro_batch needs stage 2 or 3"),
+    o.micro_batch_reduce = MicroBatchReduce::kEach;
+    Engine engine(world, o);  // one after another, each micro-batch reduces: any stage
+    CHECK_THROWS_WITH_AS(engine.interleave_micro_batches(2),
+                         doctest::Contains("micro_batch_reduce = each under a pipeline needs stage 2 or 3"),
+                         InvalidArgument);
+    o.micro_batch_gather = MicroBatchGather::kOnce;
+    CHECK_THROWS_WITH_AS(Engine(world, o), doctest::Contains("micro_batch_gather = once keeps units gathered across"),
                          InvalidArgument);
   });
 }
@@ -323,6 +328,7 @@ TEST_CASE("micro-batch misuse is named") {
     EngineOptions o = options(2);
     o.micro_batches = 2;
     Engine engine(world, o);
+    engine.interleave_micro_batches(2);
     Run run;
     const std::vector<int> ids = register_model(engine, run);
     { UnitScope s = engine.gather_for_backward(2); }

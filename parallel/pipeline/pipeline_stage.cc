@@ -63,7 +63,7 @@ PipelineStage::PipelineStage(const comm::Mesh& mesh, Engine& engine, Schedule sc
   }
   cut_ = cut_layers(options, schedule_.virtual_stages());
   check_engine(mesh, engine);
-  engine.set_micro_batches(schedule_.microbatches);
+  engine.interleave_micro_batches(schedule_.microbatches);
   loss_comm_ = mesh.dp().split(0, mesh.dp().rank());
   runner_ = std::make_unique<PipelineRunner>(
       schedule_, rank_, mesh.pp(), [this](int, int k) { return model_.activation(k, mb_samples_); }, options.device);

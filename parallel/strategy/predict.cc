@@ -241,9 +241,9 @@ const plan::EnginePlan& engine_plan(const Layout& l, const std::vector<StageCost
 
 // The micro-steps of a step whose gradients are reduced at their end: without a pipeline each
 // micro-batch is a micro-step, and each reduces unless the options defer all but the last
-// (reduce_every_micro_step false); a pipeline's micro-batches are one micro-step.
+// (micro_batch_reduce once); a pipeline's micro-batches are one micro-step.
 int reducing_micro_steps(const Layout& l, const EngineOptions& options) {
-  return l.pp == 1 && options.reduce_every_micro_step ? l.micro_batches : 1;
+  return l.pp == 1 && options.micro_batch_reduce != MicroBatchReduce::kOnce ? l.micro_batches : 1;
 }
 
 // The part of a layout's step that needs no engine plan: each virtual stage's forward, input and

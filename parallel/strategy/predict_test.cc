@@ -283,7 +283,7 @@ TEST_CASE("waits for the slowest rank: at each reducing micro-step and each all-
   CHECK(m4.time.syncs == 4 + 2);
   CHECK(m4.time.sync == doctest::Approx(6e-4 + 0.1 * m4.time.compute));
   PlanSettings deferred = settings();
-  deferred.engine.reduce_every_micro_step = false;  // only the last micro-step reduces
+  deferred.engine.micro_batch_reduce = MicroBatchReduce::kOnce;  // only the last micro-step reduces
   CHECK(predict(toy, {.dp = 2, .stage = 1, .micro_batches = 4}, c, deferred).time.syncs == 1 + 2);
   // Stage 3: each unit's all-gather, forward and backward (4 units, the one the backward starts
   // with kept from the forward or not: at least 7 gathers), and the block sums'.

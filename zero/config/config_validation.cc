@@ -37,7 +37,7 @@ void validate_config(EngineConfig& c, const Context& ctx, const Origins& origins
   l.stage = o.stage;
   l.offload_optimizer = o.offload.optimizer;
   l.offload_params = o.offload.params;
-  l.micro_batches = l.pp > 1 ? o.micro_batches : o.gradient_accumulation_steps;
+  l.micro_batches = o.micro_batches;
   checked(ctx, origins, "", [&] { validate(o); });
   checked(ctx, origins, "optimizer.", [&] {
     optim::validate_groups(o.optimizer);

@@ -115,7 +115,7 @@ class DeepSpeedReader {
     if (const auto every = integer(top, "steps_per_print", 1, INT_MAX)) c_.loop.log_every = static_cast<int>(*every);
     if (global) c_.loop.global_batch_size = static_cast<int>(*global);
     if (micro) c_.loop.micro_batch_size = static_cast<int>(*micro);
-    if (steps) c_.engine.gradient_accumulation_steps = static_cast<int>(*steps);
+    if (steps) c_.engine.micro_batches = static_cast<int>(*steps);
     if (global && micro && !steps) {
       fail(ctx_,
            "train_batch_size and train_micro_batch_size_per_gpu without gradient_accumulation_steps: "

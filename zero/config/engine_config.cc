@@ -62,21 +62,20 @@ std::string to_native_json(const EngineConfig& config) { return config_internal:
 
 std::vector<std::string> native_config_keys() { return config_internal::native_keys(); }
 
-std::optional<int> resolve_global_batch(const LoopConfig& loop, int gradient_accumulation_steps, int world_size) {
-  if (gradient_accumulation_steps < 1 || world_size < 1) {
-    ZERO_THROW(InvalidArgument,
-               "resolve_global_batch: gradient_accumulation_steps ({}) and world_size ({}) must be >= 1",
-               gradient_accumulation_steps, world_size);
+std::optional<int> resolve_global_batch(const LoopConfig& loop, int micro_batches, int world_size) {
+  if (micro_batches < 1 || world_size < 1) {
+    ZERO_THROW(InvalidArgument, "resolve_global_batch: micro_batches ({}) and world_size ({}) must be >= 1",
+               micro_batches, world_size);
   }
-  const int64_t per_sample = static_cast<int64_t>(gradient_accumulation_steps) * world_size;
+  const int64_t per_sample = static_cast<int64_t>(micro_batches) * world_size;
   if (loop.micro_batch_size) {
     const int64_t global = *loop.micro_batch_size * per_sample;
     if (loop.global_batch_size && *loop.global_batch_size != global) {
       ZERO_THROW(InvalidArgument,
                  "the global batch (loop.global_batch_size, DeepSpeed's train_batch_size) is {}, but the micro batch "
-                 "(loop.micro_batch_size, train_micro_batch_size_per_gpu) {} x gradient_accumulation_steps {} x {} "
+                 "(loop.micro_batch_size, train_micro_batch_size_per_gpu) {} x micro_batches {} x {} "
                  "rank(s) is {}",
-                 *loop.global_batch_size, *loop.micro_batch_size, gradient_accumulation_steps, world_size, global);
+                 *loop.global_batch_size, *loop.micro_batch_size, micro_batches, world_size, global);
     }
     if (global > INT_MAX) ZERO_THROW(InvalidArgument, "the global batch {} is too large", global);
     return static_cast<int>(global);
@@ -85,8 +84,8 @@ std::optional<int> resolve_global_batch(const LoopConfig& loop, int gradient_acc
     if (*loop.global_batch_size % per_sample != 0) {
       ZERO_THROW(InvalidArgument,
                  "the global batch (loop.global_batch_size, DeepSpeed's train_batch_size) {} is not a multiple of "
-                 "gradient_accumulation_steps {} x {} rank(s)",
-                 *loop.global_batch_size, gradient_accumulation_steps, world_size);
+                 "micro_batches {} x {} rank(s)",
+                 *loop.global_batch_size, micro_batches, world_size);
     }
     return loop.global_batch_size;
   }

@@ -37,10 +37,10 @@ std::string to_native_json(const EngineConfig& config);
 // "optimizer.groups[].lr", ..., "loop.log_every".
 std::vector<std::string> native_config_keys();
 
-// DeepSpeed's batch rule, global = micro * gradient_accumulation_steps * world_size: the global batch
+// DeepSpeed's batch rule, global = micro * micro_batches (its gradient_accumulation_steps) * world_size: the global batch
 // from whichever of loop.global_batch_size and loop.micro_batch_size is given, checked against the
 // other when both are; nullopt when neither is. InvalidArgument names the keys that disagree, or a
-// global batch that does not divide by gradient_accumulation_steps * world_size.
-std::optional<int> resolve_global_batch(const LoopConfig& loop, int gradient_accumulation_steps, int world_size);
+// global batch that does not divide by micro_batches * world_size.
+std::optional<int> resolve_global_batch(const LoopConfig& loop, int micro_batches, int world_size);
 
 }  // namespace zero

@@ -159,7 +159,7 @@ TEST_CASE("each DeepSpeed key changes exactly the option it maps to") {
       {"gradient_accumulation_steps",
        zero,
        R"({"zero_optimization": {}, "gradient_accumulation_steps": 4})",
-       {{"gradient_accumulation_steps", "4"}}},
+       {{"micro_batches", "4"}}},
       {"gradient_clipping", zero, R"({"gradient_clipping": 0.5})", {{"max_grad_norm", "0.5"}}},
       {"fp16.enabled (dynamic scaling with DeepSpeed's window)",
        zero,
@@ -423,7 +423,7 @@ TEST_CASE("the parallel layout: the layout's own reader, its errors naming the k
   // The engine's fields, copied in: a file states them once.
   CHECK(c.layout.stage == 2);
   CHECK(c.layout.micro_batches == 8);
-  CHECK(ours(R"({"gradient_accumulation_steps": 4})").layout.micro_batches == 4);
+  CHECK(ours(R"({"micro_batches": 4, "parallel": {"pp": 2}})").layout.micro_batches == 4);
   CHECK(ours("{}").layout == EngineConfig{}.layout);
   CHECK(EngineConfig{}.layout == Layout{.dp = 0, .stage = 2});
   CHECK(contains(our_error(R"({"parallel": {"tp": 0}})"), "ours.json (ours): parallel: tp=0 is not an integer in [1,"));
@@ -576,7 +576,7 @@ TEST_CASE("format detection") {
   CHECK(parse_engine_config(R"({"stage": 3})", "a.json").format == ConfigFormat::kNative);
   CHECK(parse_engine_config("{}", "a.json").source == "a.json (ours)");
   CHECK(parse_engine_config(R"({"optimizer": {"kind": "sgd"}})", "a.json").format == ConfigFormat::kNative);
-  CHECK(parse_engine_config(R"({"gradient_accumulation_steps": 2})", "a.json").format == ConfigFormat::kNative);
+  CHECK(parse_engine_config(R"({"micro_batches": 2})", "a.json").format == ConfigFormat::kNative);
   for (const char* text :
        {R"({"zero_optimization": {}})", R"({"fp16": {}})", R"({"bf16": {}})", R"({"gradient_clipping": 1})",
         R"({"train_batch_size": 8})", R"({"train_micro_batch_size_per_gpu": 8})", R"({"steps_per_print": 8})",
@@ -629,11 +629,9 @@ EngineConfig every_field_changed() {
   o.param_dtype = DType::kFloat16;
   o.reduce_dtype = DType::kBFloat16;
   o.grad_accum_dtype = DType::kBFloat16;
-  o.gradient_accumulation_steps = 4;
-  o.reduce_every_micro_step = false;
   o.micro_batches = 3;
-  o.regather_per_micro_batch = true;
-  o.reduce_each_micro_batch = true;
+  o.micro_batch_reduce = MicroBatchReduce::kOnce;
+  o.micro_batch_gather = MicroBatchGather::kEach;
   o.deterministic = true;
   o.loss_scaling = LossScaling::kStatic;
   o.static_loss_scale = 256.0f;
@@ -794,7 +792,7 @@ TEST_CASE("a DeepSpeed ZeRO-3 config with CPU offload parses to the expected opt
   CHECK(c.model_dtype == DType::kBFloat16);
   CHECK(o.loss_scaling == LossScaling::kNone);
   CHECK(o.max_grad_norm == 1.0f);
-  CHECK(o.gradient_accumulation_steps == 2);
+  CHECK(o.micro_batches == 2);
   CHECK(o.layout.bucket_numel == 50'000'000);
   CHECK(o.prefetch_bytes == 100'000'000);             // 5e7 bf16 elements
   CHECK(o.param_persistence_bytes == 200'000);        // 1e5 bf16 elements
@@ -807,8 +805,8 @@ TEST_CASE("a DeepSpeed ZeRO-3 config with CPU offload parses to the expected opt
   CHECK(c.loop.micro_batch_size == 4);
   CHECK(c.loop.log_every == 100);
   CHECK(c.notes.size() == 4);  // reuse distance, sub-group size, 16-bit gather on save, wall-clock breakdown
-  CHECK(resolve_global_batch(c.loop, o.gradient_accumulation_steps, 8) == 64);
-  CHECK_THROWS_AS(resolve_global_batch(c.loop, o.gradient_accumulation_steps, 4), InvalidArgument);
+  CHECK(resolve_global_batch(c.loop, o.micro_batches, 8) == 64);
+  CHECK_THROWS_AS(resolve_global_batch(c.loop, o.micro_batches, 4), InvalidArgument);
 }
 
 TEST_CASE("a DeepSpeed ZeRO-2 fp16 config parses to the expected options") {
@@ -843,9 +841,9 @@ TEST_CASE("resolve_global_batch: DeepSpeed's batch rule") {
   CHECK(
       contains(error_of([] { resolve_global_batch(LoopConfig{.micro_batch_size = 4, .global_batch_size = 32}, 2, 2); }),
                "the micro batch (loop.micro_batch_size, train_micro_batch_size_per_gpu) 4 x "
-               "gradient_accumulation_steps 2 x 2 rank(s) is 16"));
+               "micro_batches 2 x 2 rank(s) is 16"));
   CHECK(contains(error_of([] { resolve_global_batch(LoopConfig{.global_batch_size = 30}, 2, 4); }),
-                 "30 is not a multiple of gradient_accumulation_steps 2 x 4 rank(s)"));
+                 "30 is not a multiple of micro_batches 2 x 4 rank(s)"));
 }
 
 // ---------------------------------------------------------------------------------------------

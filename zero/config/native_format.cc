@@ -40,6 +40,12 @@ void read_value(const json& j, const std::string& p, const Context& c, optim::Op
 void read_value(const json& j, const std::string& p, const Context& c, LossScaling& v) {
   v = read_name(j, p, c, "none, static or dynamic", parse_loss_scaling);
 }
+void read_value(const json& j, const std::string& p, const Context& c, MicroBatchReduce& v) {
+  v = read_name(j, p, c, "\"default\", \"each\" or \"once\"", parse_micro_batch_reduce);
+}
+void read_value(const json& j, const std::string& p, const Context& c, MicroBatchGather& v) {
+  v = read_name(j, p, c, "\"default\", \"each\" or \"once\"", parse_micro_batch_gather);
+}
 void read_value(const json& j, const std::string& p, const Context& c, SimdPath& v) {
   v = read_name(j, p, c, "scalar, avx2 or avx512", parse_simd_path);
 }
@@ -72,6 +78,8 @@ ordered_json write_value(DType v) { return dtype_name(v); }
 ordered_json write_value(optim::OptimizerKind v) { return optim::optimizer_name(v); }
 ordered_json write_value(LossScaling v) { return loss_scaling_name(v); }
 ordered_json write_value(SimdPath v) { return simd_path_name(v); }
+ordered_json write_value(MicroBatchReduce v) { return micro_batch_policy_name(v); }
+ordered_json write_value(MicroBatchGather v) { return micro_batch_policy_name(v); }
 ordered_json write_value(const std::string& v) { return v; }
 ordered_json write_value(std::chrono::milliseconds v) { return static_cast<int64_t>(v.count()); }
 
@@ -108,11 +116,9 @@ void visit_native(V& v, EngineConfig& c) {
   v.field("param_dtype", o.param_dtype);
   v.field("reduce_dtype", o.reduce_dtype);
   v.field("grad_accum_dtype", o.grad_accum_dtype);
-  v.field("gradient_accumulation_steps", o.gradient_accumulation_steps);
-  v.field("reduce_every_micro_step", o.reduce_every_micro_step);
   v.field("micro_batches", o.micro_batches);
-  v.field("regather_per_micro_batch", o.regather_per_micro_batch);
-  v.field("reduce_each_micro_batch", o.reduce_each_micro_batch);
+  v.field("micro_batch_reduce", o.micro_batch_reduce);
+  v.field("micro_batch_gather", o.micro_batch_gather);
   v.field("deterministic", o.deterministic);
   v.field("loss_scaling", o.loss_scaling);
   v.field("static_loss_scale", o.static_loss_scale);

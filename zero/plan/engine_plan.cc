@@ -79,6 +79,10 @@ EnginePlan plan_engine(const PlanInputs& in) {
     ZERO_THROW(InvalidArgument, "plan: tp {} without PlanInputs.finalizers (parallel::model_parallel_finalizers)", in.tp);
   }
   Engine engine(comms, options);
+  // A pipeline stage's micro-batches interleave within one micro-step; without one they are the
+  // step's micro-steps.
+  const bool interleaved = in.pp > 1;
+  if (interleaved) engine.interleave_micro_batches(options.micro_batches);
   std::vector<int> ids;
   for (const TensorSpec& t : in.model.tensors) {
     const size_t numel = shape_numel(t.shape);
@@ -90,7 +94,7 @@ EnginePlan plan_engine(const PlanInputs& in) {
   const std::vector<ScopeEvent> schedule =
       in.model.schedule.empty() ? default_schedule(in.model.tensors) : in.model.schedule;
   engine.finalize();
-  const int micro = options.gradient_accumulation_steps;
+  const int micro = interleaved ? 1 : options.micro_batches;
   for (int step = 0; step < 2; ++step) {
     if (step == 1) {  // the second step: prefetch order recorded, buffers warm
       comm.reset_tallies();
@@ -98,7 +102,7 @@ EnginePlan plan_engine(const PlanInputs& in) {
     }
     for (int m = 0; m < micro; ++m) {
       if (in.step_schedule.empty()) {
-        run_micro_step(engine, schedule, ids, options.micro_batches);
+        run_micro_step(engine, schedule, ids, interleaved ? options.micro_batches : 1);
       } else {
         run_micro_step(engine, in.step_schedule, ids, 1);
       }

@@ -38,8 +38,9 @@ struct PlanInputs {
   // size (rank 0 of it: the replicated parameters' norm is counted there).
   int tp = 1;
   // Pipeline parallelism: the model is one stage's part. The norm's sum runs over a model-parallel
-  // group of tp x pp, tied tensors are summed over an embedding group of 2, and each micro-step runs
-  // the schedule EngineOptions::micro_batches times (every unit's backward that many times).
+  // group of tp x pp, tied tensors are summed over an embedding group of 2, and the step's
+  // EngineOptions::micro_batches interleave in one micro-step (every unit's backward that many
+  // times); at pp 1 they are the step's micro-steps, one after another.
   int pp = 1;
   // Model parallelism's gradient finalizers over the planned tp group and, where the model has tied
   // tensors, the planned tied group (else null): parallel::model_parallel_finalizers. Required for a

@@ -60,7 +60,7 @@ MemoryReport measure(comm::Communicator& comm, const ModelSpec& m, const EngineO
   }
   engine.finalize();
   for (int step = 0; step < 2; ++step) {
-    for (int micro = 0; micro < options.gradient_accumulation_steps; ++micro) {
+    for (int micro = 0; micro < options.micro_batches; ++micro) {
       for (int u : order) {
         UnitScope s = engine.gather(u);
       }
@@ -91,14 +91,14 @@ TEST_CASE("the plan's memory equals a real run's, row by row") {
   for (int stage : {0, 1, 2, 3}) cases.push_back({"stage " + std::to_string(stage), plan_test_options(stage)});
   {
     Case c{"stage 2, fp32, 3 micro-steps reduced at the last", plan_test_options(2), DType::kFloat32};
-    c.options.gradient_accumulation_steps = 3;
-    c.options.reduce_every_micro_step = false;
+    c.options.micro_batches = 3;
+    c.options.micro_batch_reduce = MicroBatchReduce::kOnce;
     cases.push_back(c);
   }
   {
     Case c{"stage 1, deterministic, 2 micro-steps", plan_test_options(1)};
     c.options.deterministic = true;
-    c.options.gradient_accumulation_steps = 2;
+    c.options.micro_batches = 2;
     cases.push_back(c);
   }
   {
