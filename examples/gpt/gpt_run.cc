@@ -1,0 +1,124 @@
+#include "examples/gpt/gpt_run.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "base/check.h"
+#include "comm/mesh.h"
+#include "examples/gpt/gpt_engine.h"
+#include "examples/gpt/gpt_flags.h"
+#include "examples/gpt/gpt_pipeline.h"
+#include "examples/gpt/text_data.h"
+#include "examples/layout_flags.h"
+#include "examples/process_memory.h"
+#include "memory/tracker.h"
+#include "zero/engine.h"
+
+namespace zero::examples {
+
+GptRun GptRun::read(Flags& flags) {
+  GptRun r;
+  r.config = ConfigFlag::read(flags);
+  r.steps = flags.get_int("steps", 400);
+  if (flags.has("batch")) r.batch = flags.get_int("batch", 16);
+  r.model = gpt_config_from_flags(flags, {.block_size = 64, .n_embd = 64, .n_head = 4, .n_layer = 2});
+  // The example's options without --config: stage 3 (each flag still overrides them).
+  EngineOptions defaults = gpt_engine_options(3e-3f);
+  defaults.stage = 3;
+  EngineOptions& opt = r.options = r.config.engine_options(flags, defaults, "train_gpt");
+  r.warmup = flags.get_int("warmup", std::min(20, r.steps / 10));  // the default fits short runs
+  r.min_lr_ratio = flags.get_double("min-lr-ratio", 0.1);
+  r.val_every = flags.get_int("val-every", 50);
+  r.val_batches = flags.get_int("val-batches", 4);
+  r.corpus = flags.get("data", default_corpus());
+  r.seed = flags.get_int("seed", 1);
+  r.sample_tokens = flags.get_int("sample-tokens", 160);
+  r.top_k = flags.get_int("top-k", 5);  // 0: greedy
+  r.log_every = r.config.log_every(flags);
+  r.loss_digits = flags.get_int("loss-digits", 4);
+  r.exact_bytes = flags.get_bool("exact-bytes", false);
+  r.run_flags = RunFlags::read(flags, opt);
+  r.run_flags.apply(opt);
+  // The layout: a --config file's (zero_plan --write-config) or the example's, with the engine
+  // options' stage, offload and micro-batches, then each layout flag. Without a file or a flag that
+  // says, a pipeline runs 2 micro-batches per stage.
+  const std::optional<EngineConfig>& file = r.config.config;
+  Layout base = file ? file->layout : Layout{.dp = 0};
+  base.stage = opt.stage;
+  base.offload_optimizer = opt.offload.optimizer;
+  base.offload_params = opt.offload.params;
+  base.micro_batches = opt.micro_batches;
+  r.layout = layout_from_flags(flags, base);
+  const bool m_given = file || flags.has("micro-steps") || flags.has("micro-batches") ||
+                       r.layout.micro_batches != base.micro_batches;
+  if (r.layout.pp > 1 && !m_given) r.layout.micro_batches = 2 * r.layout.pp;
+  r.layout_source = file ? "the layout (" + file->source + ", then the flags)" : "the layout (the flags)";
+  r.pp_layers = parse_layer_counts(flags.get("pp-layers", ""));
+  r.timeline = flags.get("timeline", "");
+  // A file's own settings stand unless a flag is given (they are what zero_plan planned with).
+  if (flags.has("micro-batch-reduce")) opt.micro_batch_reduce = parse_micro_batch_reduce(flags.get("micro-batch-reduce", ""));
+  if (flags.has("micro-batch-gather")) opt.micro_batch_gather = parse_micro_batch_gather(flags.get("micro-batch-gather", ""));
+  r.dtype = parse_dtype(flags.get("dtype", r.config.model_dtype() ? dtype_name(*r.config.model_dtype()) : "fp32"));
+  if (flags.has("param-dtype")) opt.param_dtype = parse_dtype(flags.get("param-dtype", ""));
+  r.fp32_norms = flags.get_bool("fp32-norms", false);
+  flags.check_all_used();
+  if (r.fp32_norms && r.dtype != DType::kBFloat16 && !opt.param_dtype) {
+    ZERO_THROW(InvalidArgument,
+               "--fp32-norms keeps LayerNorms and biases in fp32 beside bf16 matrices: it needs --dtype bf16 or --param-dtype bf16");
+  }
+  if (r.dtype != DType::kFloat32 && r.dtype != DType::kBFloat16) {
+    ZERO_THROW(InvalidArgument, "the GPT runs in fp32 or bf16, got {}{}", dtype_name(r.dtype),
+               flags.has("dtype") ? "" : " (model_dtype of " + file->source + ")");
+  }
+  // A bf16 model keeps a bf16 gradient shard (2Ψ/N), and its reduced gradients are then the same
+  // bits at every stage. A config file says for itself.
+  if (!file) opt.grad_accum_dtype = opt.param_dtype.value_or(r.dtype);
+  if (r.layout.pp == 1 && (!r.pp_layers.empty() || !r.timeline.empty() || flags.has("pp-schedule"))) {
+    ZERO_THROW(InvalidArgument, "--pp-schedule, --pp-layers and --timeline need --pp above 1");
+  }
+  opt = engine_options(r.layout, opt);
+  return r;
+}
+
+int GptRun::global_batch(int world) const {
+  const int m = options.micro_batches;
+  const int b = batch ? *batch : config.global_batch(m, world).value_or(16);
+  if (b % (world * m) != 0) {
+    ZERO_THROW(InvalidArgument, "--batch {} is not a multiple of {} data-parallel ranks x {} micro-batches", b, world, m);
+  }
+  return b;
+}
+
+}  // namespace zero::examples
+
+namespace zero::examples {
+
+void report_memory(Engine& engine, const comm::Mesh& mesh, int step) {
+  const memory::MemoryTracker& t = engine.device().tracker();
+  const ProcessMemory pm = process_memory();
+  double m[4] = {static_cast<double>(t.current_total()), static_cast<double>(t.peak_total()), static_cast<double>(pm.rss),
+                 static_cast<double>(pm.peak_rss)};
+  mesh.world().all_reduce(m, 4, DType::kFloat64, comm::ReduceOp::kMax)->wait();
+  if (mesh.world().rank() != 0) return;
+  auto bytes = [](double b) { return memory::format_bytes(static_cast<uint64_t>(b)); };
+  std::printf("memory at step %d | engine %s (peak %s) | rss %s (peak %s) | largest rank\n", step, bytes(m[0]).c_str(),
+              bytes(m[1]).c_str(), bytes(m[2]).c_str(), bytes(m[3]).c_str());
+}
+
+void print_memory_tables(Engine& engine, const comm::Mesh& mesh) {
+  comm::Communicator& world = mesh.world();
+  world.barrier()->wait();
+  for (int r = 0; r < world.size(); ++r) {
+    if (r == world.rank()) {
+      if (mesh.shape().world_size() != mesh.shape().dp) {
+        std::printf("memory of world rank %d (dp %d, tp %d, pp %d):\n", r, mesh.coord().dp, mesh.coord().tp,
+                    mesh.coord().pp);
+      }
+      std::printf("%s", engine.memory_report().table().c_str());
+      std::fflush(stdout);
+    }
+    world.barrier()->wait();
+  }
+}
+
+}  // namespace zero::examples

@@ -1,0 +1,64 @@
+#pragma once
+// train_gpt's settings from its flags and a --config file, checked before any rank communicates:
+// the model, the data and the sampling, the learning-rate schedule, the run's layout
+// (examples/layout_flags.h) and the engine's options (examples/run_flags.h). Every flag:
+// docs/gpt.md.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/dtype.h"
+#include "examples/flags.h"
+#include "examples/gpt/gpt_model.h"
+#include "examples/run_flags.h"
+#include "layout/layout.h"
+#include "zero/engine_options.h"
+
+namespace zero::examples {
+
+struct GptRun {
+  GptConfig model;
+  DType dtype = DType::kFloat32;  // the parameters': fp32 or bf16
+  bool fp32_norms = false;        // LayerNorms and biases in fp32 beside bf16 matrices
+  std::string corpus;
+  int steps = 400, warmup = 20, seed = 1;
+  double min_lr_ratio = 0.1;
+  std::optional<int> batch;  // sequences per step (--batch), else the file's, else 16
+  int val_every = 50, val_batches = 4, sample_tokens = 160, top_k = 5, log_every = 1;
+  int loss_digits = 4;       // tests compare losses to 1e-5 relative
+  bool exact_bytes = false;  // activations in bytes (the strategy validation compares them)
+  Layout layout;             // dp 0 until the world is known
+  std::string layout_source;  // what the layout came from, for its errors
+  std::vector<int> pp_layers;
+  std::string timeline;
+  EngineOptions options;  // the layout's stage, offload and micro-batches included
+  ConfigFlag config;
+  RunFlags run_flags;
+
+  // Reads every flag (unknown ones refused) and checks what can be checked before the launch.
+  static GptRun read(Flags& flags);
+  // The global batch on `world` data-parallel ranks, checked to divide into their micro-batches.
+  int global_batch(int world) const;
+};
+
+}  // namespace zero::examples
+
+namespace zero {
+class Engine;
+namespace comm {
+class Communicator;
+class Mesh;
+}  // namespace comm
+}  // namespace zero
+
+namespace zero::examples {
+
+// Collective over the mesh's world: the largest rank's engine memory (current and peak) and process
+// memory (RSS, current and peak), printed by rank 0 as "memory at step N | ..." (the soak run reads
+// these lines to show memory steady after warm-up).
+void report_memory(Engine& engine, const comm::Mesh& mesh, int step);
+// Collective: every rank's memory report in world rank order, each headed by its mesh coordinate
+// under model parallelism (the engine's table names its data-parallel rank).
+void print_memory_tables(Engine& engine, const comm::Mesh& mesh);
+
+}  // namespace zero::examples
