@@ -12,6 +12,7 @@
 #include "comm/hybrid_groups.h"
 #include "comm/mesh.h"
 #include "memory/device.h"
+#include "optim/custom_optimizer.h"
 #include "parallel/engine_comms.h"
 #include "parallel/pipeline/pipeline_stage.h"
 #include "parallel/pipeline/schedules.h"
@@ -89,6 +90,37 @@ TEST_CASE("split placements without tensor parallelism's finalizer are refused a
                                            "(EngineComms.finalizers): build the engine's groups from the mesh "
                                            "(parallel::engine_comms)"),
                          InvalidArgument);
+  });
+}
+
+// A per-tensor rule (LAMB's trust ratio is one): what it computes from a tensor must see all of it.
+class WholeTensorRule : public optim::CustomOptimizer {
+ public:
+  std::string name() const override { return "whole-tensor"; }
+  std::vector<std::string> state_names() const override { return {}; }
+  bool needs_whole_tensors() const override { return true; }
+  void update(const optim::UpdateContext&, const optim::OwnedRange& r) override {
+    for (size_t i = 0; i < r.numel; ++i) r.master[i] -= 0.1f * r.grad[i];
+  }
+};
+
+TEST_CASE("a rule that needs whole tensors is refused where tensor parallelism splits one, naming it") {
+  run_thread_ranks(2, [](comm::Communicator& world) {
+    EngineOptions o = options();
+    o.optimizer.custom = std::make_shared<WholeTensorRule>();
+    o.layout.whole_tensors = true;
+    comm::Mesh split(world, comm::MeshShape{.tp = 2});
+    Engine engine(parallel::engine_comms(split), o);
+    ResidualMlp model(kShape, split.tp(), engine, {0, 1});
+    CHECK_THROWS_WITH_AS(engine.finalize(),
+                         doctest::Contains("optimizer 'whole-tensor' needs whole tensors but parameter 'block0.w1' is "
+                                           "split across the 2 ranks of the tensor-parallel finalizer"),
+                         InvalidArgument);
+    // Data parallelism alone (tp 1): every tensor is whole on its owner, and the rule runs.
+    comm::Mesh whole(world, comm::MeshShape{.dp = 2});
+    Engine dp(parallel::engine_comms(whole), o);
+    ResidualMlp dp_model(kShape, whole.tp(), dp, {0, 1});
+    dp.finalize();
   });
 }
 

@@ -77,6 +77,7 @@ void Engine::finalize() {
   // every rank instead of leaving the others waiting in a collective.
   const std::optional<ModelDtypes> dtypes = check_registration(m.options, m.registry);
   check_claimed(m.comms.finalizers, m.registry);
+  check_whole_tensor_rule(m.options, m.comms.finalizers, m.registry);
   for (const auto& f : m.comms.finalizers) f->check(m.registry);
   check_groups_agree(m.comms, m.registry, fingerprint(m.options), *m.device, m.options.timeout);
   m.dtypes = *dtypes;

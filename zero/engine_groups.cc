@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "base/check.h"
+#include "optim/custom_optimizer.h"
 #include "zero/collective_order.h"
 #include "zero/rank_agreement.h"
 
@@ -45,6 +46,22 @@ void check_claimed(const GradFinalizers& finalizers, ParamRegistry& registry) {
                                       "(EngineComms.finalizers): build the engine's groups from the mesh "
                                       "(parallel::engine_comms)",
                                       p.name, need));
+      return;
+    }
+  }
+}
+
+void check_whole_tensor_rule(const EngineOptions& options, const GradFinalizers& finalizers, ParamRegistry& registry) {
+  const auto& rule = options.optimizer.custom;
+  if (!rule || !rule->needs_whole_tensors()) return;
+  for (const ParamSpec& p : registry.params()) {
+    for (const auto& f : finalizers) {
+      const comm::Communicator* across = f->splits_over();
+      if (across == nullptr || across->size() == 1 || !f->claims(p) || f->copies(p)) continue;
+      registry.note_error(fmt::format("optimizer '{}' needs whole tensors but parameter '{}' is split across the {} "
+                                      "ranks of the {} finalizer: each rank would update its slice as if it were "
+                                      "the tensor",
+                                      rule->name(), p.name, across->size(), f->name()));
       return;
     }
   }

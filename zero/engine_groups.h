@@ -28,6 +28,13 @@ comm::Communicator* split_group(const EngineComms& comms);
 // none of the engine's claims, noted on the registry for its cross-rank report.
 void check_claimed(const GradFinalizers& finalizers, ParamRegistry& registry);
 
+// A rule that needs whole tensors (CustomOptimizer::needs_whole_tensors: LAMB's trust ratio, an
+// orthogonalizing rule) would see only this rank's slice of a tensor a finalizer splits across
+// several ranks (a tensor-parallel split), and train silently unlike the unsplit model: refused,
+// noted on the registry naming the parameter and the finalizer. (The finalizers' update-time hook,
+// which would gather such tensors whole, does not exist yet.)
+void check_whole_tensor_rule(const EngineOptions& options, const GradFinalizers& finalizers, ParamRegistry& registry);
+
 // finalize(): every rank of the shard and replica groups, and of each finalizer's group where it
 // asks for it (same_registration()), registered the same parameters and has the same
 // `fingerprint` (the options and the group sizes); InvalidArgument on every rank otherwise, with
