@@ -1,5 +1,5 @@
 #pragma once
-// Collective communication (DESIGN.md "Communicator").
+// Collective communication (docs/design.md, "Communicator").
 //
 // Buffers are raw pointers with an element count and a dtype; the backend decides where they must
 // live (Gloo: host memory; NCCL: CUDA device memory). Every call is asynchronous and returns a Work

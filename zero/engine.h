@@ -1,5 +1,5 @@
 #pragma once
-// The sharded data-parallel engine (ZeRO stages 0 to 3; DESIGN.md "Engine internals").
+// The sharded data-parallel engine (ZeRO stages 0 to 3; docs/design.md, "Engine internals").
 //
 // A training loop changes in three places, and the same loop runs at every stage:
 //

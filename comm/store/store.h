@@ -1,5 +1,5 @@
 #pragma once
-// Rendezvous key-value store (DESIGN.md "Store"). Bootstraps Gloo and NCCL and carries small control
+// Rendezvous key-value store (docs/design.md, "Store"). Bootstraps Gloo and NCCL and carries small control
 // messages (registration checks, schedule checks). Every blocking call takes a timeout and throws
 // zero::TimeoutError naming the key(s) it waited for; a broken connection throws zero::CommError.
 #include <chrono>

@@ -1,6 +1,6 @@
 #pragma once
 // Checkpointer: save and load of the rank's (parameter, element range) pieces, at any world size and
-// stage; export of the full weights as safetensors. The format ("Checkpoint format" in DESIGN.md,
+// stage; export of the full weights as safetensors. The format ("Checkpoint format" in docs/design.md,
 // docs/checkpoints.md): a directory with, per writing rank, a data file rank-NNNNN.bin (the pieces
 // back to back: fp32 master, each optimizer state in fp32, the parameters in the model dtype, the
 // rank's user blob, and on rank 0 the frozen parameters whole) and an index rank-NNNNN.json (each piece's tensor name, kind, element range,
