@@ -30,7 +30,7 @@ report() {  # page, line, target
   echo "$1:$2: '$3' does not resolve"
   failed=$((failed + 1))
 }
-for page in README.md docs/*.md; do
+for page in README.md docs/*.md docs/*/*.md; do
   dir=$(dirname "$page")
   # Markdown links, relative to the page; web links and anchors are not files.
   while IFS=: read -r n target; do

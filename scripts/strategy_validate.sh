@@ -29,7 +29,7 @@
 # move with the machine's speed (nor with an error the calibration makes on every layout alike).
 # Output under $OUT (default /tmp/strategy_validate): cluster.json, plan_N.tsv, runs/, results.tsv,
 # reference.tsv (the reference's runs: how far apart the same work's medians fall here),
-# strategy_frontier_n2.svg (docs/images/ holds the one docs/strategy.md shows).
+# strategy_frontier_n2.svg (docs/images/ holds the one docs/validation/strategy_sweeps.md shows).
 #
 # The calibration runs on CORES ranks (default: this machine's cores); for each N above CORES the
 # tp parts are timed again on N ranks. On a machine without Bazel
