@@ -71,13 +71,15 @@ class DeepSpeedReader {
   void refuse(ObjectReader& r, const char* key, std::string_view why) {
     if (r.find(key) != nullptr) fail(ctx_, fmt::format("{} is not supported: {}", r.path(key), why));
   }
-  // Accepted, type-checked, and listed in the notes with the reason it changes nothing here.
+  // Accepted, type-checked, and listed in the notes with the reason it changes nothing here (refused
+  // when reading strictly).
   void note(ObjectReader& r, const char* key, Kind kind, std::string_view why) {
     const json* j = r.find(key);
     if (j == nullptr) return;
     const std::string path = r.path(key);
     if (kind == Kind::kBool) read_bool(*j, path, ctx_);
     if (kind == Kind::kCount) read_integer(*j, path, ctx_, 0, INT64_MAX);
+    if (ctx_.strict) fail(ctx_, fmt::format("{} has no effect here (strict reading): {}", path, why));
     c_.notes.push_back(fmt::format("{}: no effect: {}", path, why));
   }
 
@@ -448,13 +450,36 @@ class DeepSpeedReader {
            "learning-rate schedules belong to the training loop (optim/lr_schedule.h sets each "
            "group's lr through Engine::param_group)");
     refuse(top, "amp", "NVIDIA Apex AMP is not supported; use fp16 or bf16");
-    refuse(top, "activation_checkpointing", "activation checkpointing is the model's, outside the engine");
+    read_activation_checkpointing(top);
     note(top, "wall_clock_breakdown", Kind::kBool, "Engine::step_timings() always measures the step's parts");
     note(top, "zero_allow_untested_optimizer", Kind::kBool, "every optimizer the engine has is supported");
     note(top, "zero_force_ds_cpu_optimizer", Kind::kBool, "the offloaded optimizer is always the engine's own");
     for (const char* monitor : {"tensorboard", "wandb", "csv_monitor", "comms_logger", "flops_profiler"}) {
       note(top, monitor, Kind::kAny, "the engine has no monitoring back ends");
     }
+  }
+
+  // Activation checkpointing is the model's: the section says the model recomputes its blocks, which
+  // is the layout's recompute (a program that can, as train_gpt, reads it there); how DeepSpeed
+  // partitions or offloads the kept activations has no counterpart here.
+  void read_activation_checkpointing(ObjectReader& top) {
+    const json* j = top.find("activation_checkpointing");
+    if (j == nullptr) return;
+    const std::string path = top.path("activation_checkpointing");
+    if (ctx_.strict) {
+      fail(ctx_, fmt::format("{} is the model's (strict reading): set the layout's recompute instead", path));
+    }
+    with(top, "activation_checkpointing", [&](ObjectReader& a) {
+      for (const char* key : {"partition_activations", "contiguous_memory_optimization", "cpu_checkpointing",
+                              "synchronize_checkpoint_boundary", "profile"}) {
+        note(a, key, Kind::kBool, "the program keeps each recomputed block's input whole, on its device");
+      }
+      note(a, "number_checkpoints", Kind::kCount, "the program recomputes every block");
+    });
+    c_.layout.recompute = true;
+    c_.notes.push_back(fmt::format("{}: the layout's recompute: each block's forward runs again in its backward "
+                                   "where the program recomputes (train_gpt does)",
+                                   path));
   }
 
   EngineConfig& c_;
@@ -465,11 +490,11 @@ class DeepSpeedReader {
 
 }  // namespace
 
-EngineConfig deepspeed_from(const json& root, const std::string& source_name) {
+EngineConfig deepspeed_from(const json& root, const std::string& source_name, bool strict) {
   EngineConfig c;
   c.format = ConfigFormat::kDeepSpeed;
   c.source = source_name + " (deepspeed)";
-  const Context ctx{c.source};
+  const Context ctx{.source = c.source, .strict = strict};
   DeepSpeedReader(c, ctx).read(root);
   return c;
 }

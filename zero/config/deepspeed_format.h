@@ -10,7 +10,7 @@
 namespace zero::config_internal {
 
 // The validated config of the parsed DeepSpeed file `root`; errors start with
-// "<source_name> (deepspeed)".
-EngineConfig deepspeed_from(const json& root, const std::string& source_name);
+// "<source_name> (deepspeed)". `strict`: keys without effect are refused instead of noted.
+EngineConfig deepspeed_from(const json& root, const std::string& source_name, bool strict);
 
 }  // namespace zero::config_internal

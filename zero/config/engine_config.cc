@@ -41,21 +41,21 @@ EngineConfig native_from(const json& root, const std::string& source_name) {
 
 }  // namespace
 
-EngineConfig parse_engine_config(std::string_view json_text, const std::string& source_name) {
+EngineConfig parse_engine_config(std::string_view json_text, const std::string& source_name, ConfigReading reading) {
   const json root = parse_json(json_text, source_name);
-  return looks_like_deepspeed(root) ? deepspeed_from(root, source_name) : native_from(root, source_name);
+  return looks_like_deepspeed(root) ? deepspeed_from(root, source_name, reading.strict) : native_from(root, source_name);
 }
 
 EngineConfig parse_native_config(std::string_view json_text, const std::string& source_name) {
   return native_from(parse_json(json_text, source_name), source_name);
 }
 
-EngineConfig parse_deepspeed_config(std::string_view json_text, const std::string& source_name) {
-  return deepspeed_from(parse_json(json_text, source_name), source_name);
+EngineConfig parse_deepspeed_config(std::string_view json_text, const std::string& source_name, ConfigReading reading) {
+  return deepspeed_from(parse_json(json_text, source_name), source_name, reading.strict);
 }
 
-EngineConfig load_engine_config(const std::string& path) {
-  return parse_engine_config(config_internal::read_text_file(path, "config file"), path);
+EngineConfig load_engine_config(const std::string& path, ConfigReading reading) {
+  return parse_engine_config(config_internal::read_text_file(path, "config file"), path, reading);
 }
 
 std::string to_native_json(const EngineConfig& config) { return config_internal::write_native(config).dump(2) + "\n"; }

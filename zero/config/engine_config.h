@@ -19,15 +19,26 @@
 
 namespace zero {
 
+// How DeepSpeed keys that belong to the model or to logging, or change nothing here, are taken:
+// accepted, each with a line in EngineConfig::notes saying how it maps (activation_checkpointing to
+// the layout's recompute) or why it has no effect (the default, so that users' configs run as
+// they have them), or, strict, refused naming the key: a file every key of which must take effect.
+// Unknown keys are refused either way.
+struct ConfigReading {
+  bool strict = false;
+};
+
 // Reads either format: DeepSpeed's when the top level has zero_optimization, fp16, bf16,
 // gradient_clipping, train_batch_size, train_micro_batch_size_per_gpu or steps_per_print, or an
 // "optimizer" object with a "type"; ours otherwise. `source_name` (a file name) starts every error.
-EngineConfig parse_engine_config(std::string_view json_text, const std::string& source_name);
+EngineConfig parse_engine_config(std::string_view json_text, const std::string& source_name,
+                                 ConfigReading reading = {});
 EngineConfig parse_native_config(std::string_view json_text, const std::string& source_name);
-EngineConfig parse_deepspeed_config(std::string_view json_text, const std::string& source_name);
+EngineConfig parse_deepspeed_config(std::string_view json_text, const std::string& source_name,
+                                   ConfigReading reading = {});
 
 // parse_engine_config of a file's contents; IoError naming the file when it cannot be read.
-EngineConfig load_engine_config(const std::string& path);
+EngineConfig load_engine_config(const std::string& path, ConfigReading reading = {});
 
 // Our format with every key (a loop or model dtype that is unset is left out): what
 // parse_native_config reads back to the same config. Pretty-printed with two-space indents.

@@ -751,6 +751,57 @@ TEST_CASE("native_config_keys lists each key once") {
 // ---------------------------------------------------------------------------------------------
 // Realistic DeepSpeed configs
 
+// The shape of the ZeRO-2 configs Megatron-LM's DeepSpeed scripts ship (written here, values of our
+// own): model and logging keys beside the engine's.
+constexpr const char* kMegatronStyle = R"({
+  "train_batch_size": 64,
+  "train_micro_batch_size_per_gpu": 4,
+  "gradient_accumulation_steps": 4,
+  "steps_per_print": 10,
+  "gradient_clipping": 1.0,
+  "zero_optimization": {"stage": 2, "allgather_partitions": true, "reduce_scatter": true,
+                        "allgather_bucket_size": 50000000, "overlap_comm": true, "contiguous_gradients": true},
+  "optimizer": {"type": "Adam", "params": {"lr": 0.00015, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.01}},
+  "bf16": {"enabled": true},
+  "wall_clock_breakdown": true,
+  "activation_checkpointing": {"partition_activations": true, "contiguous_memory_optimization": true,
+                               "cpu_checkpointing": false, "number_checkpoints": 4}
+})";
+
+TEST_CASE("DeepSpeed configs as users have them: model and logging keys accepted, each with a note; strict refuses them") {
+  const EngineConfig c = parse_engine_config(kMegatronStyle, "megatron.json");
+  CHECK(c.format == ConfigFormat::kDeepSpeed);
+  CHECK(c.engine.stage == 2);
+  CHECK(c.engine.micro_batches == 4);
+  CHECK(c.layout.recompute);  // activation_checkpointing: the model recomputes its blocks
+  auto noted = [&](const std::string& key) {
+    return std::count_if(c.notes.begin(), c.notes.end(), [&](const std::string& n) { return n.rfind(key + ":", 0) == 0; });
+  };
+  CHECK(noted("activation_checkpointing") == 1);
+  CHECK(noted("activation_checkpointing.partition_activations") == 1);
+  CHECK(noted("activation_checkpointing.number_checkpoints") == 1);
+  CHECK(noted("wall_clock_breakdown") == 1);
+  // Strict: every key must take effect, so the model's and the logging's are refused by name.
+  auto strict_error = [](const std::string& text) {
+    try {
+      parse_engine_config(text, "megatron.json", {.strict = true});
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(contains(strict_error(kMegatronStyle),
+                 "megatron.json (deepspeed): activation_checkpointing is the model's (strict reading): set the "
+                 "layout's recompute instead"));
+  CHECK(contains(strict_error(R"({"zero_optimization": {"stage": 1}, "wall_clock_breakdown": true})"),
+                 "wall_clock_breakdown has no effect here (strict reading)"));
+  CHECK(parse_engine_config(R"({"zero_optimization": {"stage": 1}})", "a.json", {.strict = true}).engine.stage == 1);
+  // Unknown keys stay refused, strict or not, and a misspelled sub-key is named.
+  CHECK(contains(ds_error(R"({"activation_checkpointing": {"partition_activation": true}})"),
+                 "unknown key activation_checkpointing.partition_activation (did you mean "
+                 "activation_checkpointing.partition_activations?)"));
+}
+
 TEST_CASE("a DeepSpeed ZeRO-3 config with CPU offload parses to the expected options") {
   // The shape of the ZeRO-3 examples in DeepSpeed's and HuggingFace's docs, values resolved.
   const EngineConfig c = ds(R"({

@@ -23,6 +23,7 @@ using json = nlohmann::json;
 struct Context {
   std::string source;
   std::string keys_doc = "docs/config.md";  // where an unknown key's error sends the reader
+  bool strict = false;  // ConfigReading::strict: keys without effect here are refused, not noted
 };
 
 [[noreturn]] void fail(const Context& ctx, const std::string& message);
