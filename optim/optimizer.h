@@ -14,8 +14,10 @@
 // Thread safety: one step() at a time per Optimizer; accessors may be used between steps.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -53,11 +55,21 @@ struct Hyper {
 };
 
 // A contiguous element range of the flat shard.
+// A parameter held in slices across ranks (tensor parallelism's split), as a rule that needs whole
+// tensors (CustomOptimizer::needs_whole_tensors) sees it: given this rank's fp32 arrays of its slice
+// (`local`, `numel` elements each: the master, the gradient, each state), it gathers each into the
+// whole tensor, calls `update` on the whole arrays (`whole_numel` elements each), and keeps this
+// rank's slice of each. Collective over the slices' ranks. Empty: the parameter is whole here.
+using WholeTensorUpdate = std::function<void(std::span<float* const> whole, size_t whole_numel)>;
+using WholeTensorGather =
+    std::function<void(std::span<float* const> local, size_t numel, const WholeTensorUpdate& update)>;
+
 struct Segment {
   size_t begin = 0, end = 0;  // [begin, end) in shard elements
   int group = 0;              // index into OptimizerOptions::groups
   std::string param_name;     // the parameter these elements belong to ("" marks padding: skipped)
   size_t param_offset = 0;    // element offset inside that parameter where this segment starts
+  WholeTensorGather whole;    // set where the parameter is a slice of one held across ranks
 };
 
 struct OptimizerOptions {

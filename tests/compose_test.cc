@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/mesh.h"
+#include "optim/custom_optimizer.h"
 #include "parallel/engine_comms.h"
 #include "parallel/pipeline/pipeline_stage.h"
 #include "parallel/pipeline/schedules.h"
@@ -48,6 +49,35 @@ EngineOptions options(int stage) {
   return o;
 }
 
+// A rule that needs whole tensors (LARS's trust ratio): each tensor's step is the gradient scaled by
+// ||w|| / ||g|| of the whole tensor, so a rank that saw only its slice of a tensor split over tp
+// would take another step than one rank holding it whole.
+class TrustRatioRule : public optim::CustomOptimizer {
+ public:
+  std::string name() const override { return "trust-ratio"; }
+  std::vector<std::string> state_names() const override { return {}; }
+  bool needs_whole_tensors() const override { return true; }
+  void update(const optim::UpdateContext& context, const optim::OwnedRange& r) override {
+    double w2 = 0, g2 = 0;
+    for (size_t i = 0; i < r.numel; ++i) {
+      w2 += static_cast<double>(r.master[i]) * r.master[i];
+      g2 += static_cast<double>(r.grad[i]) * r.grad[i];
+    }
+    const float ratio = w2 > 0 && g2 > 0 ? static_cast<float>(std::sqrt(w2 / g2)) : 1.0f;
+    const float lr = context.groups[static_cast<size_t>(r.group)].lr * ratio;
+    for (size_t i = 0; i < r.numel; ++i) r.master[i] -= lr * r.grad[i];
+  }
+};
+
+// options(stage) with the trust-ratio rule, each tensor owned whole by one data-parallel rank.
+EngineOptions whole_tensor_options(int stage) {
+  EngineOptions o = options(stage);
+  o.optimizer.custom = std::make_shared<TrustRatioRule>();
+  o.optimizer.groups = {optim::Hyper{.lr = 0.02f}};
+  o.layout.whole_tensors = true;
+  return o;
+}
+
 struct Trained {
   std::vector<float> losses;              // per step
   float evaluated = 0;                    // the trained model's loss, forward only
@@ -55,11 +85,12 @@ struct Trained {
   std::vector<std::unique_ptr<ResidualMlp>> chunks;  // to cut the reference's tensors as this rank holds them
 };
 
-Trained train(comm::Communicator& world, const comm::MeshShape& shape, int stage, const std::string& schedule) {
+Trained train(comm::Communicator& world, const comm::MeshShape& shape, const EngineOptions& opt,
+              const std::string& schedule) {
   Trained r;
   // --- glue ---
   comm::Mesh mesh(world, shape);
-  Engine engine(parallel::engine_comms(mesh), options(stage));
+  Engine engine(parallel::engine_comms(mesh), opt);
   const int chunks = schedule == "interleaved" ? 2 : 1;
   parallel::PipelineStage pipe(mesh, engine, parallel::make_schedule(schedule, shape.pp, kMicro, chunks),
                                {.layers = kShape.layers});
@@ -89,21 +120,23 @@ Trained train(comm::Communicator& world, const comm::MeshShape& shape, int stage
 }
 
 // The reference: the same code on one rank, every parameter whole.
-Trained on_one_rank(int stage) {
+Trained on_one_rank(const EngineOptions& opt) {
   Trained want;
-  run_thread_ranks(1, [&](comm::Communicator& world) { want = train(world, {}, stage, "1f1b"); });
+  run_thread_ranks(1, [&](comm::Communicator& world) { want = train(world, {}, opt, "1f1b"); });
   return want;
 }
 
-void check_layout(const comm::MeshShape& shape, const std::vector<int>& stages) {
+void check_layout(const comm::MeshShape& shape, const std::vector<int>& stages,
+                  EngineOptions (*options_at)(int stage) = options,
+                  const std::vector<const char*>& schedules = {"gpipe", "1f1b", "interleaved", "zb-h1"}) {
   for (int stage : stages) {
-    const Trained want = on_one_rank(stage);
+    const Trained want = on_one_rank(options_at(stage));
     REQUIRE(want.losses.back() < want.losses.front());  // it trains
-    for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1"}) {
+    for (const char* schedule : schedules) {
       CAPTURE(stage);
       CAPTURE(schedule);
       run_thread_ranks(shape.world_size(), [&](comm::Communicator& world) {
-        const Trained got = train(world, shape, stage, schedule);
+        const Trained got = train(world, shape, options_at(stage), schedule);
         for (int s = 0; s < kSteps; ++s) {
           CHECK(std::abs(got.losses[static_cast<size_t>(s)] - want.losses[static_cast<size_t>(s)]) <=
                 1e-6 * std::abs(want.losses[static_cast<size_t>(s)]));
@@ -133,6 +166,14 @@ TEST_CASE("a residual MLP of its own trains at (dp, tp, pp) as on one rank, unde
   const comm::MeshShape shape{.pp = COMPOSE_PP, .dp = COMPOSE_DP, .tp = COMPOSE_TP};
   CAPTURE(shape.describe());
   check_layout(shape, {0, 1, 2, 3});
+}
+
+// Tensor parallelism's finalizer gathers each split tensor whole for the rule at update time (its
+// slice kept), so the rule sees what it sees on one rank.
+TEST_CASE("a rule that needs whole tensors sees each tensor whole at (dp, tp, pp), as on one rank") {
+  const comm::MeshShape shape{.pp = COMPOSE_PP, .dp = COMPOSE_DP, .tp = COMPOSE_TP};
+  CAPTURE(shape.describe());
+  check_layout(shape, {1, 3}, whole_tensor_options, {"1f1b", "zb-h1"});
 }
 
 }  // namespace

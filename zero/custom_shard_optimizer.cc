@@ -76,8 +76,18 @@ class CustomShardOptimizer final : public ShardOptimizer {
       }
       for (size_t k = 0; k < state_.size(); ++k) pointers_[k] = static_cast<float*>(state_[k].data()) + lo;
       float* master = in.master + at;
-      rule_.update(context, {.param = s->param_name, .param_offset = s->param_offset + (lo - s->begin), .numel = n,
-                             .group = s->group, .master = master, .grad = grad_.data(), .state = pointers_});
+      if (rule_.needs_whole_tensors() && s->whole) {
+        // A slice of a tensor held across ranks: the rule updates the whole one, this rank keeps its slice.
+        std::vector<float*> local{master, grad_.data()};
+        local.insert(local.end(), pointers_.begin(), pointers_.end());
+        s->whole(local, n, [&](std::span<float* const> whole, size_t whole_numel) {
+          rule_.update(context, {.param = s->param_name, .param_offset = 0, .numel = whole_numel, .group = s->group,
+                                 .master = whole[0], .grad = whole[1], .state = whole.subspan(2)});
+        });
+      } else {
+        rule_.update(context, {.param = s->param_name, .param_offset = s->param_offset + (lo - s->begin), .numel = n,
+                               .group = s->group, .master = master, .grad = grad_.data(), .state = pointers_});
+      }
       if (in.model_out != nullptr) {
         void* out = static_cast<char*>(in.model_out) + at * model_size;
         if (out != master) memory::host_kernels::convert(master, DType::kFloat32, out, in.model_dtype, n);

@@ -30,9 +30,9 @@ void check_claimed(const GradFinalizers& finalizers, ParamRegistry& registry);
 
 // A rule that needs whole tensors (CustomOptimizer::needs_whole_tensors: LAMB's trust ratio, an
 // orthogonalizing rule) would see only this rank's slice of a tensor a finalizer splits across
-// several ranks (a tensor-parallel split), and train silently unlike the unsplit model: refused,
-// noted on the registry naming the parameter and the finalizer. (The finalizers' update-time hook,
-// which would gather such tensors whole, does not exist yet.)
+// several ranks, and train silently unlike the unsplit model, unless the finalizer gathers it whole
+// at update time (GradFinalizer::whole_tensor; tensor parallelism's does): refused otherwise, noted
+// on the registry naming the parameter and the finalizer.
 void check_whole_tensor_rule(const EngineOptions& options, const GradFinalizers& finalizers, ParamRegistry& registry);
 
 // finalize(): every rank of the shard and replica groups, and of each finalizer's group where it

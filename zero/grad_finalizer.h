@@ -37,6 +37,7 @@
 #include "base/dtype.h"
 #include "comm/communicator.h"
 #include "memory/device.h"
+#include "optim/optimizer.h"
 #include "zero/param_registry.h"
 
 namespace zero {
@@ -70,6 +71,13 @@ class GradFinalizer {
   // A held parameter's gradient (numel elements of `dtype` at `grad`, where backward accumulated
   // it, written on the device's compute stream), completed in stream order.
   virtual void complete_held(const ParamSpec& p, void* grad, DType dtype) = 0;
+  // Update time, for a rule that needs whole tensors (optim::CustomOptimizer::needs_whole_tensors):
+  // how a parameter it splits across ranks is gathered whole and its slice kept
+  // (optim::WholeTensorGather, collective over splits_over()); empty where it splits none, or cannot.
+  virtual optim::WholeTensorGather whole_tensor(const ParamSpec& p) const {
+    (void)p;
+    return {};
+  }
 };
 
 // An engine's finalizers, in the order it runs them.

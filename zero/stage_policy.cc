@@ -101,6 +101,18 @@ std::optional<ModelDtypes> check_registration(const EngineOptions& options, Para
   return dtypes;
 }
 
+namespace {
+
+// The first finalizer's way to see `p` whole, where one splits it (empty otherwise).
+optim::WholeTensorGather whole_tensor(const GradFinalizers& finalizers, const ParamSpec& p) {
+  for (const auto& f : finalizers) {
+    if (optim::WholeTensorGather g = f->whole_tensor(p)) return g;
+  }
+  return {};
+}
+
+}  // namespace
+
 MicroBatching micro_batching(const EngineOptions& o, bool interleaved) {
   MicroBatching mb;
   mb.interleaved = interleaved;
@@ -241,7 +253,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
     const ParamSpec& p = reg.param(id);
     user_grads.push_back({p.grad.ptr});
     target.tensor_data.push_back(p.data.ptr);
-    tensors.push_back({p.name, p.group, p.data.ptr, p.dtype});
+    tensors.push_back({p.name, p.group, p.data.ptr, p.dtype, whole_tensor(in.finalizers, p)});
     initial.push_back({p.data.ptr, p.dtype});
   }
   if (o.offload.optimizer) parts.offload_tracker = std::make_unique<memory::MemoryTracker>();

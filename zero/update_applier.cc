@@ -8,7 +8,7 @@ std::vector<optim::Segment> optimizer_segments(const ShardOwnership& own, const 
   std::vector<optim::Segment> segments;
   for (const OwnedPiece& p : own.pieces()) {
     segments.push_back({p.opt_offset, p.opt_offset + (p.tensor_end - p.tensor_begin), tensors[p.tensor].group,
-                        tensors[p.tensor].name, p.tensor_begin});
+                        tensors[p.tensor].name, p.tensor_begin, tensors[p.tensor].whole});
   }
   return segments;
 }

@@ -24,6 +24,7 @@ struct UpdateTensor {
   int group = 0;
   const void* data = nullptr;  // the parameter's registered values (device memory), read once for the master
   DType dtype = DType::kFloat32;  // theirs
+  optim::WholeTensorGather whole;  // a slice of a tensor held across ranks (a finalizer's split)
 };
 
 struct ApplierInputs {

@@ -8,6 +8,7 @@
 #include "base/check.h"
 #include "zero/collective_order.h"
 #include "zero/rank_agreement.h"
+#include "zero/tp_placement.h"
 
 namespace zero::parallel {
 namespace {
@@ -57,6 +58,28 @@ void TpGrads::initial_values(const ParamRegistry& registry) {
                            "ParamSpec::tp = TpPlacement::split)",
                    .verb = "holds"},
                   entries, "", timeout_, &device);
+}
+
+optim::WholeTensorGather TpGrads::whole_tensor(const ParamSpec& p) const {
+  if (!parallel() || !p.tp.is_split() || device_ == nullptr || device_->kind() == memory::DeviceKind::kCuda) return {};
+  const std::vector<int64_t> whole_shape = full_shape(p.shape, p.tp, tp_.size());
+  return [&tp = tp_, timeout = timeout_, whole_shape, placement = p.tp, name = p.name](
+             std::span<float* const> local, size_t numel, const optim::WholeTensorUpdate& update) {
+    const int t = tp.size();
+    const size_t whole_numel = numel * static_cast<size_t>(t);
+    ZERO_CHECK(whole_numel == shape_numel(whole_shape), "'{}': a whole-tensor update of {} elements of a part, not all {}",
+               name, numel, shape_numel(whole_shape) / static_cast<size_t>(t));
+    std::vector<float> gathered(whole_numel);
+    std::vector<std::vector<float>> whole(local.size(), std::vector<float>(whole_numel));
+    std::vector<float*> arrays;
+    for (size_t k = 0; k < local.size(); ++k) {
+      tp.all_gather(local[k], gathered.data(), numel, DType::kFloat32)->wait(timeout);
+      for (int q = 0; q < t; ++q) unshard(gathered.data() + q * numel, whole_shape, placement, q, t, whole[k].data());
+      arrays.push_back(whole[k].data());
+    }
+    update(arrays, whole_numel);
+    for (size_t k = 0; k < local.size(); ++k) shard(whole[k].data(), whole_shape, placement, tp.rank(), t, local[k]);
+  };
 }
 
 void TpGrads::complete_held(const ParamSpec& p, void*, DType) {
