@@ -92,7 +92,7 @@ void Mlp::backward(float loss_scale, const std::function<float*(size_t)>& grad,
 }
 
 SyntheticData::SyntheticData(int inputs, int classes, uint64_t seed)
-    : inputs_(inputs), classes_(classes), seed_(seed), teacher_(inputs, classes) {
+    : inputs_(inputs), seed_(seed), teacher_(inputs, classes) {
   std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
   std::normal_distribution<float> n(0.0f, 1.0f);
   for (Eigen::Index i = 0; i < teacher_.size(); ++i) teacher_.data()[i] = n(rng);

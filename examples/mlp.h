@@ -74,7 +74,7 @@ class SyntheticData {
   void batch(int64_t step, int64_t first, int count, Matrix* x, std::vector<int>* labels) const;
 
  private:
-  int inputs_, classes_;
+  int inputs_;  // the classes are the teacher's columns
   uint64_t seed_;
   Matrix teacher_;
 };

@@ -34,9 +34,10 @@ base_srcs=$(find base -maxdepth 1 -name '*.cc' ! -name '*_test.cc' | sort | tr '
 declare -A srcs=(
   [store_wire]="comm/store/store_wire.cc"
   [safetensors]="zero/checkpoint/safetensors.cc zero/checkpoint/file_io.cc"
-  [manifest]="zero/checkpoint/checkpoint_manifest.cc"
+  [manifest]="zero/checkpoint/checkpoint_manifest.cc layout/layout.cc layout/layout_json.cc"
   [config]="zero/config/engine_config.cc zero/config/json_reading.cc zero/config/native_format.cc
             zero/config/config_validation.cc zero/config/deepspeed_format.cc zero/engine_options.cc
+            layout/layout.cc layout/layout_json.cc
             zero/shard_layout.cc optim/optimizer.cc optim/loss_scaler.cc optim/step_schedule.cc optim/step_coeffs.cc
             optim/thread_pool.cc optim/kernels.cc optim/kernels_scalar.cc
             memory/tracker.cc memory/buffer.cc fuzz/simd_kernels_stub.cc"

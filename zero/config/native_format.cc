@@ -49,9 +49,6 @@ void read_value(const json& j, const std::string& p, const Context& c, MicroBatc
 void read_value(const json& j, const std::string& p, const Context& c, SimdPath& v) {
   v = read_name(j, p, c, "scalar, avx2 or avx512", parse_simd_path);
 }
-void read_value(const json& j, const std::string& p, const Context& c, std::string& v) {
-  v = read_string(j, p, c, "a string");
-}
 void read_value(const json& j, const std::string& p, const Context& c, std::chrono::milliseconds& v) {
   v = std::chrono::milliseconds(read_integer(j, p, c, 1, INT64_MAX));
 }
@@ -80,7 +77,6 @@ ordered_json write_value(LossScaling v) { return loss_scaling_name(v); }
 ordered_json write_value(SimdPath v) { return simd_path_name(v); }
 ordered_json write_value(MicroBatchReduce v) { return micro_batch_policy_name(v); }
 ordered_json write_value(MicroBatchGather v) { return micro_batch_policy_name(v); }
-ordered_json write_value(const std::string& v) { return v; }
 ordered_json write_value(std::chrono::milliseconds v) { return static_cast<int64_t>(v.count()); }
 
 // ---------------------------------------------------------------------------------------------
