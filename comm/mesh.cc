@@ -72,7 +72,7 @@ Mesh::Mesh(Communicator& world, const MeshShape& shape)
 Mesh::Mesh(Communicator& world, const Layout& layout)
     : Mesh(world, MeshShape::of(agreed(world, layout, world.size()))) {
   layout_ = with_world(layout, world.size(), "layout");
-  if (layout_->shard != 0 && layout_->shard != layout_->dp) hybrid_ = std::make_unique<HybridGroups>(*dp_, layout_->shard);
+  if (layout_->shard_group_size() != layout_->dp) hybrid_ = std::make_unique<HybridGroups>(*dp_, layout_->shard);
 }
 
 Mesh::~Mesh() = default;
