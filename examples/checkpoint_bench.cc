@@ -26,7 +26,7 @@
 
 #include "base/check.h"
 #include "comm/launch/process_group.h"
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 #include "zero/engine.h"
 
 namespace {
@@ -100,7 +100,7 @@ double median(std::vector<double> v) {
 }
 
 int run(int argc, char** argv) {
-  examples::Flags flags(argc, argv);
+  cli::Flags flags(argc, argv);
   const double millions = flags.get_double("params-m", 64.0);
   const int stage = flags.get_int("stage", 2);
   const std::string dir = flags.get("dir", "/tmp/zero_ckpt_bench");
@@ -209,4 +209,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return zero::examples::run_program("checkpoint_bench", run, argc, argv); }
+int main(int argc, char** argv) { return zero::cli::run_program("checkpoint_bench", run, argc, argv); }

@@ -16,12 +16,12 @@
 #include <string>
 #include <utility>
 
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 #include "layout/layout.h"
 
 namespace zero::examples {
 
-inline Layout layout_from_flags(Flags& flags, const Layout& base) {
+inline Layout layout_from_flags(cli::Flags& flags, const Layout& base) {
   static constexpr std::pair<const char*, const char*> kFlags[] = {
       {"dp", "dp"},
       {"tp", "tp"},

@@ -16,14 +16,14 @@
 
 #include "base/check.h"
 #include "comm/launch/process_group.h"
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 #include "zero/engine.h"
 
 namespace {
 
 int run(int argc, char** argv) {
   using namespace zero;
-  examples::Flags flags(argc, argv);
+  cli::Flags flags(argc, argv);
   const int stage = flags.get_int("stage", 2);
   const double millions = flags.get_double("params-m", 16.0);
   const int tensors = flags.get_int("tensors", 16);
@@ -104,4 +104,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return zero::examples::run_program("memory_bench", run, argc, argv); }
+int main(int argc, char** argv) { return zero::cli::run_program("memory_bench", run, argc, argv); }

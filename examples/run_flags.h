@@ -23,26 +23,12 @@
 #include "comm/hybrid_groups.h"
 #include "examples/adabelief.h"
 #include "examples/lamb.h"
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
+#include "parallel/strategy/described_model.h"  // two_optimizer_groups
 #include "zero/config/engine_config.h"
 #include "zero/engine.h"
 
 namespace zero::examples {
-
-// The examples put decayed weights in optimizer group 0 and the rest in group 1 (as zero_plan's
-// described models do with their no_decay tensors), so a single group (a DeepSpeed file has one)
-// gets the second as a copy without decay; any other count is refused naming `source`.
-inline void two_optimizer_groups(EngineOptions& o, const std::string& source, const char* program) {
-  std::vector<optim::Hyper>& groups = o.optimizer.groups;
-  if (groups.size() == 1) {
-    groups.push_back(groups[0]);
-    groups[1].weight_decay = 0.0f;
-  }
-  if (groups.size() != 2) {
-    ZERO_THROW(InvalidArgument, "{} has {} optimizer groups; {} uses two (decayed weights, then the rest)", source,
-               groups.size(), program);
-  }
-}
 
 // --config FILE. The file replaces the example's built-in defaults (a key it leaves out has
 // EngineOptions' default, not the example's), and a flag given on the command line overrides the
@@ -50,7 +36,7 @@ inline void two_optimizer_groups(EngineOptions& o, const std::string& source, co
 struct ConfigFlag {
   std::optional<EngineConfig> config;
 
-  static ConfigFlag read(Flags& flags) {
+  static ConfigFlag read(cli::Flags& flags) {
     ConfigFlag f;
     const std::string path = flags.get("config", "");
     if (!path.empty()) f.config = load_engine_config(path);
@@ -59,9 +45,9 @@ struct ConfigFlag {
 
   // The file's options, or the example's without --config, in two optimizer groups (above); then
   // the engine flags both examples have, each only when given.
-  EngineOptions engine_options(Flags& flags, const EngineOptions& example_defaults, const char* program) const {
+  EngineOptions engine_options(cli::Flags& flags, const EngineOptions& example_defaults, const char* program) const {
     EngineOptions o = config ? config->engine : example_defaults;
-    two_optimizer_groups(o, config ? config->source : "the example's options", program);
+    strategy::two_optimizer_groups(o, config ? config->source : "the example's options", program);
     std::vector<optim::Hyper>& groups = o.optimizer.groups;
     o.stage = flags.get_int("stage", o.stage);
     o.micro_batches = flags.get_int("micro-steps", o.micro_batches);
@@ -93,7 +79,7 @@ struct ConfigFlag {
   std::optional<DType> model_dtype() const { return config ? config->model_dtype : std::nullopt; }
 
   // --log-every: steps between progress lines (the file's loop.log_every, else every step).
-  int log_every(Flags& flags) const {
+  int log_every(cli::Flags& flags) const {
     const int every = flags.get_int("log-every", config && config->loop.log_every ? *config->loop.log_every : 1);
     if (every < 1) ZERO_THROW(InvalidArgument, "--log-every must be >= 1, got {}", every);
     return every;
@@ -125,7 +111,7 @@ struct HybridFlag {
 
   // `opt`: the options the engine will get; a shard group size needs a sharded stage. The file's
   // config was checked for that already, but --stage may have changed it since.
-  static HybridFlag read(Flags& flags, const ConfigFlag& config, const EngineOptions& opt) {
+  static HybridFlag read(cli::Flags& flags, const ConfigFlag& config, const EngineOptions& opt) {
     HybridFlag f;
     if (config.config && config.config->layout.shard != 0) f.shard_group_size = config.config->layout.shard;
     if (flags.has("shard-group-size")) f.shard_group_size = flags.get_int("shard-group-size", 0);
@@ -162,7 +148,7 @@ struct RunFlags {
   int save_every = 0;
 
   // `base`: the options the offload flags default to (a --config file's).
-  static RunFlags read(Flags& flags, const EngineOptions& base = {}) {
+  static RunFlags read(cli::Flags& flags, const EngineOptions& base = {}) {
     RunFlags f;
     f.offload = flags.get_bool("offload", base.offload.optimizer);
     f.offload_params = flags.get_bool("offload-params", base.offload.params);

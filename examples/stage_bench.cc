@@ -23,7 +23,7 @@
 #include "base/check.h"
 #include "comm/launch/process_group.h"
 #include "examples/bench_config.h"
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 #include "examples/mlp.h"
 #include "examples/mlp_engine.h"
 #include "zero/engine.h"
@@ -63,7 +63,7 @@ double median(std::vector<double> v) {
 }
 
 int run(int argc, char** argv) {
-  examples::Flags flags(argc, argv);
+  cli::Flags flags(argc, argv);
   const int rounds = flags.get_int("rounds", 6);
   const int steps = flags.get_int("steps", 10);
   const int hidden = flags.get_int("hidden", 1024);
@@ -150,4 +150,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return zero::examples::run_program("stage_bench", run, argc, argv); }
+int main(int argc, char** argv) { return zero::cli::run_program("stage_bench", run, argc, argv); }

@@ -16,7 +16,7 @@
 #include "base/logging.h"
 #include "base/check.h"
 #include "comm/launch/process_group.h"
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 #include "examples/run_flags.h"
 #include "examples/mlp.h"
 #include "examples/mlp_engine.h"
@@ -39,7 +39,7 @@ zero::EngineOptions mlp_defaults() {
 
 int run(int argc, char** argv) {
   using namespace zero;
-  examples::Flags flags(argc, argv);
+  cli::Flags flags(argc, argv);
   const examples::ConfigFlag config = examples::ConfigFlag::read(flags);
   const int steps = flags.get_int("steps", 30);
   // Samples of one micro-step over all ranks (a config's global batch divided by the micro-steps).
@@ -129,4 +129,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return zero::examples::run_program("train_mlp", run, argc, argv); }
+int main(int argc, char** argv) { return zero::cli::run_program("train_mlp", run, argc, argv); }

@@ -8,7 +8,7 @@
 #   bash scripts/layout_memory.sh [train_gpt flags...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bazel build -c opt //comm/launch:zerorun //examples/gpt:train_gpt //examples/bench:zero_plan //examples/bench:layout_chart >&2
+bazel build -c opt //comm/launch:zerorun //examples/gpt:train_gpt //tools/plan:zero_plan //examples/bench:layout_chart >&2
 bin=$(bazel info -c opt bazel-bin 2>/dev/null)
 out=${OUT:-/tmp/layout_memory}
 mkdir -p "$out"
@@ -38,7 +38,7 @@ for stage in 1 2 3; do
       --val-every 0 --sample-tokens 0 --stage "$stage" --tp "$tp" --pp "$pp" \
       $( ((pp > 1)) && echo --micro-batches $m ) "$@" 2>&1)
     measured=$(echo "$run" | awk '/^\[rank 0\] memory of world rank 0|^\[rank 0\] rank 0 memory/ {on=1} on' | peaks)
-    planned=$("$bin/examples/bench/zero_plan" --gpt 4,128,4,256,64 --dtype fp32 --stage "$stage" --world "$dp" \
+    planned=$("$bin/tools/plan/zero_plan" --gpt 4,128,4,256,64 --dtype fp32 --stage "$stage" --world "$dp" \
       --tp "$tp" --pp "$pp" --micro-batches "$m" 2>&1 | peaks)
     bytes_row() {  # the six categories' bytes, comma-separated
       echo "$1" | awk -F'\t' '

@@ -34,7 +34,7 @@ if [[ $libtorch == auto ]]; then
   dpkg-query -W -f='${Status}' libtorch-dev 2>/dev/null | grep -q "install ok installed" && libtorch=yes || libtorch=no
 fi
 
-targets=(//:libzero.so //comm/launch:zerorun //zero/checkpoint:zero_ckpt //examples/bench:zero_plan)
+targets=(//:libzero.so //comm/launch:zerorun //zero/checkpoint:zero_ckpt //tools/plan:zero_plan)
 config=()
 if [[ $libtorch == yes ]]; then
   targets+=(//adapters/libtorch:libzero_torch.so)
@@ -103,7 +103,7 @@ CONTROL
 root=$work/zero
 install_library "$bin/libzero.so" "$root" libzero
 for h in "${headers[@]}"; do install -D -m 644 "$h" "$root/usr/include/zero/$h"; done
-for tool in comm/launch/zerorun zero/checkpoint/zero_ckpt examples/bench/zero_plan; do
+for tool in comm/launch/zerorun zero/checkpoint/zero_ckpt tools/plan/zero_plan; do
   install -D -m 755 "$bin/$tool" "$root/usr/bin/$(basename "$tool")"
   strip --strip-unneeded "$root/usr/bin/$(basename "$tool")"
 done

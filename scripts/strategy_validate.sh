@@ -110,7 +110,7 @@ summarize() {  # output folder
   }' "$1/final.tsv"
 }
 
-targets=(//comm/launch:zerorun //examples/gpt:train_gpt //examples/gpt:calibrate_gpt //examples/bench:zero_plan)
+targets=(//comm/launch:zerorun //examples/gpt:train_gpt //examples/gpt:calibrate_gpt //tools/plan:zero_plan)
 if [[ ${1:-} == summary ]]; then
   summarize "$summary_of"
   exit 0
@@ -137,7 +137,7 @@ else
   bazel build -c opt "${targets[@]}" >&2
   bin=$(bazel info -c opt bazel-bin 2>/dev/null)
   zerorun=$bin/comm/launch/zerorun train_gpt=$bin/examples/gpt/train_gpt calibrate_gpt=$bin/examples/gpt/calibrate_gpt
-  zero_plan=$bin/examples/bench/zero_plan
+  zero_plan=$bin/tools/plan/zero_plan
 fi
 out=${OUT:-/tmp/strategy_validate}
 steps=${STEPS:-25}

@@ -14,17 +14,18 @@
 #include <vector>
 
 #include "base/dtype.h"
-#include "examples/gpt/gpt_strategy.h"
 #include "parallel/strategy/cluster.h"
+#include "parallel/strategy/gpt2.h"
+#include "parallel/strategy/kernel_times.h"
 #include "parallel/strategy/predict.h"
 #include "testing/launch.h"
 
 namespace zero {
 namespace {
 
-using examples::GptCosts;
-using examples::GptPart;
-using examples::GptPass;
+using strategy::Kernel;
+using strategy::KernelLayer;
+using strategy::KernelPass;
 
 constexpr int kBatch = 4;
 
@@ -33,15 +34,14 @@ std::string tmp_path(const std::string& name) {
   return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
 }
 
-// The model the calibrations below time (--gpt 2,32,2,64,16).
-examples::GptConfig small_gpt() {
-  examples::GptConfig cfg;
-  cfg.n_layer = 2;
-  cfg.n_embd = 32;
-  cfg.n_head = 2;
-  cfg.vocab_size = 64;
-  cfg.block_size = 16;
-  return cfg;
+// The model the calibrations below time (--gpt 2,32,2,64,16), as the planner costs it.
+strategy::DescribedModel small_gpt() {
+  return strategy::DescribedModel(strategy::describe_gpt2(strategy::parse_gpt2_shape("2,32,2,64,16")), DType::kFloat32);
+}
+
+// The key of one layer's pass at a layout of the small GPT.
+Kernel kernel(KernelLayer layer, KernelPass pass, const Layout& l) {
+  return {"gpt/2,32,2,64,16", layer, pass, kBatch / (l.dp * l.micro_batches), l.tp, l.sequence_parallel};
 }
 
 testing::LaunchResult calibrate(const std::vector<std::string>& extra, const std::string& out) {
@@ -70,15 +70,14 @@ TEST_CASE("calibrate_gpt writes every kernel the planner looks up, a link and an
   // The wait for the slowest rank, measured and fitted (the parser keeps the fraction in [0, 1)).
   CHECK(r.output.find("sync wait") != std::string::npos);
   CHECK(c.sync.latency + c.sync.fraction > 0);
-  const GptCosts gpt(small_gpt(), DType::kFloat32);
+  const strategy::DescribedModel gpt = small_gpt();
   size_t looked_up = 0;
   for (int world : {1, 2}) {
     const std::vector<Layout> layouts = strategy::enumerate_layouts(gpt, world, kBatch);
     REQUIRE(!layouts.empty());
     for (const Layout& l : layouts) {
-      const int b = GptCosts::micro_batch_size(l, kBatch);
-      for (GptPart part : {GptPart::kBlock, GptPart::kEmbedding, GptPart::kHead}) {
-        for (GptPass pass : {GptPass::kForward, GptPass::kInput, GptPass::kWeight}) {
+      for (KernelLayer part : {KernelLayer::kBlock, KernelLayer::kEmbedding, KernelLayer::kHead}) {
+        for (KernelPass pass : {KernelPass::kForward, KernelPass::kInput, KernelPass::kWeight}) {
           auto timed = [&](const std::string& key) {
             CAPTURE(key);
             const auto it = c.kernels.find(key);
@@ -86,9 +85,9 @@ TEST_CASE("calibrate_gpt writes every kernel the planner looks up, a link and an
             CHECK(it->second > 0);
             ++looked_up;
           };
-          timed(gpt.kernel_key(part, pass, b, l.tp, l.sequence_parallel));
+          timed(strategy::kernel_key(kernel(part, pass, l)));
           // A one-rank layout's kernels are timed alone too (the other rank's core idle).
-          if (world == 1) timed(gpt.alone_key(part, pass, b));
+          if (world == 1) timed(strategy::alone_key(kernel(part, pass, l)));
         }
       }
     }
@@ -145,19 +144,18 @@ TEST_CASE("--add-tp-parts times the tp parts on more ranks than cores and adds t
   REQUIRE(r.exit_code == 0);
   const strategy::Cluster c = strategy::load_cluster(file);
   CHECK(c.kernels.count("kept") == 1);  // what the file had stays
-  const GptCosts gpt(small_gpt(), DType::kFloat32);
+  const strategy::DescribedModel gpt = small_gpt();
   // Every part of every tp 2 layout of that many ranks, timed at that crowding (and nothing else).
   size_t added = 0;
   for (const Layout& l : strategy::enumerate_layouts(gpt, ranks, kBatch)) {
     if (l.tp != 2) continue;
-    const int b = GptCosts::micro_batch_size(l, kBatch);
-    for (GptPart part : {GptPart::kBlock, GptPart::kEmbedding, GptPart::kHead}) {
-      for (GptPass pass : {GptPass::kForward, GptPass::kInput, GptPass::kWeight}) {
-        const std::string key = gpt.crowded_key(part, pass, b, 2, l.sequence_parallel, ranks);
+    for (KernelLayer part : {KernelLayer::kBlock, KernelLayer::kEmbedding, KernelLayer::kHead}) {
+      for (KernelPass pass : {KernelPass::kForward, KernelPass::kInput, KernelPass::kWeight}) {
+        const std::string key = strategy::crowded_key(kernel(part, pass, l), ranks);
         CAPTURE(key);
         REQUIRE(c.kernels.count(key) == 1);
         CHECK(c.kernels.at(key) > 0);
-        CHECK(c.kernels.count(gpt.kernel_key(part, pass, b, 2, l.sequence_parallel)) == 0);
+        CHECK(c.kernels.count(strategy::kernel_key(kernel(part, pass, l))) == 0);
         ++added;
       }
     }

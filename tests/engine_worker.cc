@@ -17,7 +17,7 @@
 
 #include "base/check.h"
 #include "comm/launch/process_group.h"
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 #include "zero/engine.h"
 
 namespace {
@@ -53,7 +53,7 @@ void fill_grad(void* g, DType dtype, size_t n, int rank, int step, bool inf) {
 }
 
 int run(int argc, char** argv) {
-  examples::Flags flags(argc, argv);
+  cli::Flags flags(argc, argv);
   const std::string scenario = flags.get("scenario", "");
   const int stage = flags.get_int("stage", 2);
   const std::string dtype_name = flags.get("dtype", "bf16");

@@ -16,7 +16,7 @@
 
 #include "base/fault_injection.h"
 #include "comm/launch/process_group.h"
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 #include "examples/mlp.h"
 #include "examples/mlp_engine.h"
 #include "zero/engine.h"
@@ -26,7 +26,7 @@ namespace {
 using namespace zero;
 
 int run(int argc, char** argv) {
-  examples::Flags flags(argc, argv);
+  cli::Flags flags(argc, argv);
   const int stage = flags.get_int("stage", 2);
   const int steps = flags.get_int("steps", 12);
   const std::string fault = flags.get("fault", "");
@@ -83,4 +83,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return zero::examples::run_program("fault_worker", run, argc, argv); }
+int main(int argc, char** argv) { return zero::cli::run_program("fault_worker", run, argc, argv); }

@@ -27,7 +27,7 @@
 #include "base/check.h"
 #include "comm/launch/process_group.h"
 #include "comm/mesh.h"
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_model.h"
 #include "examples/gpt/gpt_pipeline.h"
@@ -43,7 +43,7 @@ using namespace zero;
 using json = nlohmann::json;
 
 int run(int argc, char** argv) {
-  examples::Flags flags(argc, argv);
+  cli::Flags flags(argc, argv);
   const std::string file = flags.get("file", "");
   const int stage = flags.get_int("stage", 2);
   const bool offload = flags.get_bool("offload", false);
@@ -278,4 +278,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return zero::examples::run_program("gpt_reference_worker", run, argc, argv); }
+int main(int argc, char** argv) { return zero::cli::run_program("gpt_reference_worker", run, argc, argv); }

@@ -19,7 +19,7 @@
 #include "base/fault_injection.h"
 #include "comm/launch/process_group.h"
 #include "comm/mesh.h"
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_model.h"
 #include "examples/gpt/gpt_pipeline.h"
@@ -42,7 +42,7 @@ int train(comm::Communicator& world, int tp, int pp, int stage, int steps, std::
   const examples::Gpt whole(cfg, 1);
   const examples::GptParallel parallel{tp > 1 ? &mesh.tp() : nullptr, false};
   constexpr int kMicroBatches = 4;
-  EngineOptions opt = examples::gpt_engine_options(1e-3f);
+  EngineOptions opt = strategy::gpt2_engine_options(1e-3f);
   opt.stage = stage;
   opt.layout = {.alignment = 4, .bucket_numel = 1024, .block = 16};
   opt.timeout = timeout;
@@ -81,7 +81,7 @@ int train(comm::Communicator& world, int tp, int pp, int stage, int steps, std::
 }
 
 int run(int argc, char** argv) {
-  examples::Flags flags(argc, argv);
+  cli::Flags flags(argc, argv);
   const int tp = flags.get_int("tp", 2);
   const int pp = flags.get_int("pp", 1);
   const int stage = flags.get_int("stage", 2);
@@ -100,4 +100,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return zero::examples::run_program("fault_worker", run, argc, argv); }
+int main(int argc, char** argv) { return zero::cli::run_program("fault_worker", run, argc, argv); }

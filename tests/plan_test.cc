@@ -57,7 +57,7 @@ TEST_CASE("zero_plan --auto ranks the GPT's layouts on a cluster; --explain brea
   const std::vector<std::string> gpt{"--gpt", "4,64,4,256,64", "--batch", "16"};
   auto plan = [&](std::vector<std::string> extra) {
     extra.insert(extra.begin(), gpt.begin(), gpt.end());
-    return testing::run("examples/bench/zero_plan", extra);
+    return testing::run("tools/plan/zero_plan", extra);
   };
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string svg = std::string(tmp != nullptr ? tmp : "/tmp") + "/frontier.svg";
@@ -91,7 +91,7 @@ TEST_CASE("zero_plan --auto ranks the GPT's layouts on a cluster; --explain brea
 
 TEST_CASE("zero_plan --auto --model plans a described model; the GPT's description ranks as the GPT") {
   const std::string cluster = write_cluster("d.json", "1e10", "1e10");
-  auto plan = [&](std::vector<std::string> args) { return testing::run("examples/bench/zero_plan", args); };
+  auto plan = [&](std::vector<std::string> args) { return testing::run("tools/plan/zero_plan", args); };
   const std::vector<std::string> common{"--batch", "16", "--cluster", cluster, "--top", "3", "--dtype", "fp32"};
   std::vector<std::string> a{"--auto", "--gpt", "4,64,4,256,64"}, b{"--auto", "--model", "examples/models/gpt_4layer.json"};
   a.insert(a.end(), common.begin(), common.end());
@@ -157,7 +157,7 @@ TEST_CASE("zero_plan --write-config: train_gpt --config runs the planned layout,
   // activations, fits).
   std::vector<std::string> list_args{"--auto", "--list"};
   list_args.insert(list_args.end(), gpt.begin(), gpt.end());
-  const auto list = testing::run("examples/bench/zero_plan", list_args);
+  const auto list = testing::run("tools/plan/zero_plan", list_args);
   REQUIRE(list.exit_code == 0);
   auto planned_activations = [&](const std::string& key) {
     const size_t at = list.output.find(key + "\t");
@@ -178,7 +178,7 @@ TEST_CASE("zero_plan --write-config: train_gpt --config runs the planned layout,
     const std::string path = dir + "/" + c.key + ".json";
     std::vector<std::string> args{"--explain", c.explain, "--write-config", path};
     args.insert(args.end(), gpt.begin(), gpt.end());
-    const auto written = testing::run("examples/bench/zero_plan", args);
+    const auto written = testing::run("tools/plan/zero_plan", args);
     INFO(written.output);
     REQUIRE(written.exit_code == 0);
     CHECK(written.output.find("wrote " + path + ": " + c.key + " on 2 ranks") != std::string::npos);
@@ -207,7 +207,7 @@ TEST_CASE("zero_plan --write-config: train_gpt --config runs the planned layout,
     std::vector<std::string> args{"--explain", "dp=2,stage=1"};
     args.insert(args.end(), gpt.begin(), gpt.end());
     args.insert(args.end(), extra.begin(), extra.end());
-    return testing::run("examples/bench/zero_plan", args);
+    return testing::run("tools/plan/zero_plan", args);
   };
   const auto adamw = explain({}), lion = explain({"--config", base, "--write-config", lion_run});
   REQUIRE(lion.exit_code == 0);
@@ -225,10 +225,10 @@ TEST_CASE("zero_plan --write-config: train_gpt --config runs the planned layout,
   // --auto writes its first choice; nothing fitting writes nothing.
   std::vector<std::string> args{"--auto", "--top", "3", "--write-config", dir + "/first.json"};
   args.insert(args.end(), gpt.begin(), gpt.end());
-  auto r = testing::run("examples/bench/zero_plan", args);
+  auto r = testing::run("tools/plan/zero_plan", args);
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("wrote " + dir + "/first.json") != std::string::npos);
-  r = testing::run("examples/bench/zero_plan", {"--auto", "--gpt", "4,64,4,256,64", "--batch", "16", "--cluster",
+  r = testing::run("tools/plan/zero_plan", {"--auto", "--gpt", "4,64,4,256,64", "--batch", "16", "--cluster",
                                                write_cluster("tiny.json", "1000", "1e10"), "--write-config",
                                                dir + "/none.json"});
   CHECK(r.exit_code != 0);

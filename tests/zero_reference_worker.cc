@@ -16,7 +16,7 @@
 
 #include "base/check.h"
 #include "comm/launch/process_group.h"
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 #include "zero/engine.h"
 
 namespace {
@@ -25,7 +25,7 @@ using json = nlohmann::json;
 
 int run(int argc, char** argv) {
   using namespace zero;
-  examples::Flags flags(argc, argv);
+  cli::Flags flags(argc, argv);
   const std::string file = flags.get("file", "");
   const int stage = flags.get_int("stage", 2);
   const bool deterministic = flags.get_bool("deterministic", false);
@@ -163,4 +163,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return zero::examples::run_program("zero_reference_worker", run, argc, argv); }
+int main(int argc, char** argv) { return zero::cli::run_program("zero_reference_worker", run, argc, argv); }

@@ -23,7 +23,7 @@
 #include "base/error.h"
 #include "comm/gloo/gloo_communicator.h"
 #include "comm/launch/dist_env.h"
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 
 namespace {
 
@@ -39,7 +39,7 @@ struct Settings {
 };
 
 Settings read_settings(int argc, char** argv) {
-  examples::Flags flags(argc, argv);
+  cli::Flags flags(argc, argv);
   Settings s;
   s.calls = flags.get_int("calls", 2000);
   if (s.calls < 1) ZERO_THROW(InvalidArgument, "--calls {}: one call at least", s.calls);
@@ -109,4 +109,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return zero::examples::run_program("collective_tail", run, argc, argv); }
+int main(int argc, char** argv) { return zero::cli::run_program("collective_tail", run, argc, argv); }

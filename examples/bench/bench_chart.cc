@@ -13,8 +13,8 @@
 #include <fmt/format.h>
 
 #include "base/check.h"
-#include "examples/bench/report_columns.h"
-#include "examples/flags.h"
+#include "tools/plan/report_columns.h"
+#include "tools/cli/flags.h"
 
 namespace zero {
 namespace {
@@ -60,7 +60,7 @@ std::vector<CsvRow> read_csv(const std::string& path) {
 const char* kColors[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#9c755f"};
 
 int run(int argc, char** argv) {
-  examples::Flags flags(argc, argv);
+  cli::Flags flags(argc, argv);
   const std::string csv = flags.get("csv", "zero_bench.csv");
   const std::string svg = flags.get("svg", "zero_bench.svg");
   flags.check_all_used();
@@ -79,7 +79,7 @@ int run(int argc, char** argv) {
     }
     return nullptr;
   };
-  const auto& columns = examples::report_columns();
+  const auto& columns = plan::report_columns();
   double top_mib = 0, top_ms = 0;
   for (const CsvRow& r : rows) {
     double t = 0;
@@ -168,4 +168,4 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace zero
 
-int main(int argc, char** argv) { return zero::examples::run_program("bench_chart", zero::run, argc, argv); }
+int main(int argc, char** argv) { return zero::cli::run_program("bench_chart", zero::run, argc, argv); }

@@ -14,7 +14,7 @@
 #include <fmt/format.h>
 
 #include "base/check.h"
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 
 namespace zero {
 namespace {
@@ -58,7 +58,7 @@ std::vector<Row> read_rows(const std::string& path) {
 }
 
 int run(int argc, char** argv) {
-  examples::Flags flags(argc, argv);
+  cli::Flags flags(argc, argv);
   const std::string csv = flags.get("csv", "layout_memory.csv");
   const std::string svg = flags.get("svg", "layout_memory.svg");
   const std::string title = flags.get("title", "per-rank peak memory (KiB) by (dp/tp/pp) layout and ZeRO stage");
@@ -127,4 +127,4 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace zero
 
-int main(int argc, char** argv) { return zero::examples::run_program("layout_chart", zero::run, argc, argv); }
+int main(int argc, char** argv) { return zero::cli::run_program("layout_chart", zero::run, argc, argv); }

@@ -25,7 +25,7 @@
 #include "base/check.h"
 #include "comm/launch/process_group.h"
 #include "comm/mesh.h"
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_flags.h"
 #include "examples/gpt/gpt_pipeline.h"
@@ -77,7 +77,7 @@ struct Row {
 };
 
 int run(int argc, char** argv) {
-  examples::Flags flags(argc, argv);
+  cli::Flags flags(argc, argv);
   const std::vector<std::string> schedules = flags.get_list("schedules", "gpipe,1f1b,interleaved,zb-h1");
   std::vector<int> ms;
   for (const std::string& m : flags.get_list("m", "4,8,16")) ms.push_back(std::stoi(m));
@@ -112,7 +112,7 @@ int run(int argc, char** argv) {
     for (int m : ms) {
       const int chunks = name == "interleaved" ? 2 : 1;
       if (name == "interleaved" && (m % p != 0 || cfg.n_layer % (p * chunks) != 0)) continue;
-      EngineOptions opt = examples::gpt_engine_options(1e-3f);
+      EngineOptions opt = strategy::gpt2_engine_options(1e-3f);
       opt.stage = stage;
       opt.micro_batches = m;
       Engine engine(parallel::engine_comms(mesh), opt);
@@ -234,4 +234,4 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace zero
 
-int main(int argc, char** argv) { return zero::examples::run_program("pipeline_bench", zero::run, argc, argv); }
+int main(int argc, char** argv) { return zero::cli::run_program("pipeline_bench", zero::run, argc, argv); }

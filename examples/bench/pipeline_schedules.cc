@@ -18,7 +18,7 @@
 #include <fmt/ranges.h>
 
 #include "base/check.h"
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 #include "parallel/pipeline/schedule_sim.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/pipeline/timeline_svg.h"
@@ -26,7 +26,7 @@
 namespace zero {
 namespace {
 
-std::vector<double> costs(examples::Flags& flags, const char* name) {
+std::vector<double> costs(cli::Flags& flags, const char* name) {
   std::vector<double> v;
   for (const std::string& s : flags.get_list(name, "1")) v.push_back(std::stod(s));
   return v;
@@ -41,7 +41,7 @@ double closed_form(const std::string& name, int p, int m, int v, double f, doubl
 }
 
 int run(int argc, char** argv) {
-  examples::Flags flags(argc, argv);
+  cli::Flags flags(argc, argv);
   const int p = flags.get_int("p", 4), m = flags.get_int("m", 8), v = flags.get_int("v", 2);
   const std::vector<std::string> names = flags.get_list("schedules", "gpipe,1f1b,interleaved,zb-h1");
   parallel::ActionCosts c;
@@ -84,4 +84,4 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace zero
 
-int main(int argc, char** argv) { return zero::examples::run_program("pipeline_schedules", zero::run, argc, argv); }
+int main(int argc, char** argv) { return zero::cli::run_program("pipeline_schedules", zero::run, argc, argv); }

@@ -22,7 +22,7 @@
 
 #include "base/check.h"
 #include "comm/planning_communicator.h"
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 #include "examples/gpt/gpt_model.h"
 
 namespace zero {
@@ -71,7 +71,7 @@ std::vector<Row> rows(const Tallies& t, const Tallies* minus = nullptr) {
 }
 
 int run(int argc, char** argv) {
-  examples::Flags flags(argc, argv);
+  cli::Flags flags(argc, argv);
   examples::GptConfig c;
   c.n_embd = flags.get_int("n-embd", 256);
   c.n_head = flags.get_int("n-head", 8);
@@ -131,4 +131,4 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace zero
 
-int main(int argc, char** argv) { return zero::examples::run_program("tp_bytes", zero::run, argc, argv); }
+int main(int argc, char** argv) { return zero::cli::run_program("tp_bytes", zero::run, argc, argv); }

@@ -29,9 +29,9 @@
 
 #include "base/check.h"
 #include "comm/launch/process_group.h"
-#include "examples/bench/report_columns.h"
+#include "tools/plan/report_columns.h"
 #include "examples/bench_config.h"
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 #include "examples/gpt/gpt_flags.h"
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_plan.h"
@@ -44,9 +44,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-using examples::report_column_peaks;
-using examples::report_columns;
-using examples::sum_of;
+using plan::report_column_peaks;
+using plan::report_columns;
+using plan::sum_of;
 
 double mib(uint64_t b) { return static_cast<double>(b) / (1 << 20); }
 
@@ -81,7 +81,7 @@ struct Row {
 };
 
 int run(int argc, char** argv) {
-  examples::Flags flags(argc, argv);
+  cli::Flags flags(argc, argv);
   std::vector<examples::BenchConfig> configs;
   for (const std::string& c : flags.get_list("configs", "0,1,2,3,0+offload,1+offload,2+offload,3+offload")) {
     configs.push_back(examples::parse_bench_config(c));
@@ -109,7 +109,7 @@ int run(int argc, char** argv) {
     // A fresh communicator: its scratch starts from nothing, as the plan's does.
     std::unique_ptr<comm::Communicator> comm = pg.host->split(0, rank);
     memory::MemoryTracker::global().reset_peaks();
-    EngineOptions opt = examples::gpt_engine_options(1e-4f);
+    EngineOptions opt = strategy::gpt2_engine_options(1e-4f);
     c.apply(opt);
     opt.grad_accum_dtype = dtype;
     Row row{c.name, world};
@@ -213,4 +213,4 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace zero
 
-int main(int argc, char** argv) { return zero::examples::run_program("zero_bench", zero::run, argc, argv); }
+int main(int argc, char** argv) { return zero::cli::run_program("zero_bench", zero::run, argc, argv); }

@@ -19,7 +19,7 @@
 #include "comm/gloo/gloo_communicator.h"
 #include "comm/store/memory_store.h"
 #include "examples/cuda/train_loop.h"
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 
 namespace {
 
@@ -31,7 +31,7 @@ int run(int argc, char** argv) {
   (void)argv;
   ZERO_THROW(InvalidArgument, "a CPU build: build with --config=cuda and run where a GPU is visible");
 #else
-  examples::Flags flags(argc, argv);
+  cli::Flags flags(argc, argv);
   examples::cuda::CudaMlpRun r;
   r.steps = flags.get_int("steps", 30);
   r.global_batch = flags.get_int("batch", 64);
@@ -88,4 +88,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return zero::examples::run_program("train_mlp_cuda", run, argc, argv); }
+int main(int argc, char** argv) { return zero::cli::run_program("train_mlp_cuda", run, argc, argv); }

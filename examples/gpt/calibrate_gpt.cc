@@ -11,8 +11,8 @@
 //                   ranks runs (strategy::enumerate_layouts), each of the three parts (one block, the
 //                   embeddings, the head with the loss) x three passes (forward, the backward's input
 //                   part, its weight part), timed on every rank at once, median of --repeats after a
-//                   warm-up, mean over the ranks, under GptCosts::kernel_key; at tp 1 also by one
-//                   rank alone, the others idle (GptCosts::alone_key: what a one-rank run meets);
+//                   warm-up, mean over the ranks, under strategy::kernel_key; at tp 1 also by one
+//                   rank alone, the others idle (strategy::alone_key: what a one-rank run meets);
 //                   where the ranks hold whole tp groups, also on a real group with its collectives,
 //                   the passes back to back as a step runs them and their mean (at least 30 repeats);
 //                   the whole set --rounds times, one round after another, the median round kept;
@@ -26,7 +26,7 @@
 // Rank 0 writes the JSON to --out and prints a summary.
 //
 // With --add-tp-parts FILE (launched on more ranks than the machine has cores) it only times the tp
-// parts on real groups at that crowding and adds them to FILE (GptCosts::crowded_key).
+// parts on real groups at that crowding and adds them to FILE (strategy::crowded_key).
 #include <Eigen/Dense>
 #include <fmt/format.h>
 
@@ -52,13 +52,14 @@
 #include "base/error.h"
 #include "comm/launch/process_group.h"
 #include "comm/planning_communicator.h"
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 #include "examples/heap.h"
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_flags.h"
 #include "examples/gpt/gpt_model.h"
-#include "examples/gpt/gpt_strategy.h"
 #include "parallel/strategy/cluster.h"
+#include "parallel/strategy/gpt2.h"
+#include "parallel/strategy/kernel_times.h"
 #include "parallel/strategy/predict.h"
 #include "zero/engine.h"
 
@@ -67,9 +68,8 @@ namespace {
 using namespace zero;
 using examples::Gpt;
 using examples::GptConfig;
-using examples::GptCosts;
-using examples::GptPart;
-using examples::GptPass;
+using strategy::KernelLayer;
+using strategy::KernelPass;
 using examples::GptStage;
 using Clock = std::chrono::steady_clock;
 
@@ -98,15 +98,15 @@ struct KernelShape {
   auto operator<=>(const KernelShape&) const = default;
 };
 
-// The distinct shapes over every layout of 1..world ranks: exactly the kernels GptCosts::stage will
+// The distinct shapes over every layout of 1..world ranks: exactly the kernels the GPT's description (parallel/strategy/gpt2.h) will
 // look up for them.
-std::vector<KernelShape> kernel_shapes(const GptCosts& costs, int world, int batch, bool print) {
+std::vector<KernelShape> kernel_shapes(const strategy::ModelCosts& costs, int world, int batch, bool print) {
   std::set<KernelShape> shapes;
   for (int n = 1; n <= world; ++n) {
     const std::vector<Layout> layouts = strategy::enumerate_layouts(costs, n, batch);
     if (layouts.empty() && print) std::printf("note: no layout of %d rank(s) runs a batch of %d\n", n, batch);
     for (const Layout& l : layouts) {
-      shapes.insert({GptCosts::micro_batch_size(l, batch), l.tp, l.sequence_parallel});
+      shapes.insert({batch / (l.dp * l.micro_batches), l.tp, l.sequence_parallel});
     }
   }
   return {shapes.begin(), shapes.end()};
@@ -114,11 +114,11 @@ std::vector<KernelShape> kernel_shapes(const GptCosts& costs, int world, int bat
 
 // The part as the pipeline stage that holds only it: one middle block, an embedding-only first stage
 // or a head-only last stage (so that each is timed alone and a stage's time is their sum).
-GptStage stage_of(GptPart part, int n_layer) {
+GptStage stage_of(KernelLayer part, int n_layer) {
   switch (part) {
-    case GptPart::kBlock: return {0, 1, false, false};
-    case GptPart::kEmbedding: return {0, 0, true, false};
-    case GptPart::kHead: return {n_layer, n_layer, false, true};
+    case KernelLayer::kBlock: return {0, 1, false, false};
+    case KernelLayer::kEmbedding: return {0, 0, true, false};
+    case KernelLayer::kHead: return {n_layer, n_layer, false, true};
   }
   return {};
 }
@@ -129,7 +129,7 @@ class PartRun {
   // Throws (the model's InvalidArgument) when the part cannot be built at this tp.
   // `group` (not null): a real tp group of s.tp ranks this rank is one of; its collectives are then
   // part of what is timed.
-  PartRun(const Gpt& whole, GptPart part, const KernelShape& s, uint64_t seed, comm::Communicator* group = nullptr)
+  PartRun(const Gpt& whole, KernelLayer part, const KernelShape& s, uint64_t seed, comm::Communicator* group = nullptr)
       : stage_(stage_of(part, whole.config().n_layer)),
         // It does no communication, so what is timed is the compute alone; the planner adds the
         // collectives from the link. Addressing everything makes its results those of identical ranks
@@ -159,16 +159,16 @@ class PartRun {
     for (float& x : grad_output_) x = 0.01f * normal(rng);
   }
 
-  void run(GptPass pass) {
+  void run(KernelPass pass) {
     switch (pass) {
-      case GptPass::kForward:
+      case KernelPass::kForward:
         model_.forward_micro_batch(0, tokens_, targets_, B_, T_, stage_.first ? nullptr : input_.data(), &output_,
                                    access_);
         break;
-      case GptPass::kInput:
+      case KernelPass::kInput:
         model_.backward_micro_batch(0, 1.0f, stage_.last ? nullptr : grad_output_.data(), &grad_input_, false, access_);
         break;
-      case GptPass::kWeight: model_.weight_micro_batch(0, access_); break;
+      case KernelPass::kWeight: model_.weight_micro_batch(0, access_); break;
     }
   }
 
@@ -183,7 +183,7 @@ class PartRun {
   std::vector<float> input_, grad_output_, output_, grad_input_;
 };
 
-constexpr GptPass kPasses[] = {GptPass::kForward, GptPass::kInput, GptPass::kWeight};
+constexpr KernelPass kPasses[] = {KernelPass::kForward, KernelPass::kInput, KernelPass::kWeight};
 // Repeats of a part on a real tp group at least: its mean carries the collectives' rare long waits.
 constexpr int kTpSamples = 30;
 
@@ -218,7 +218,7 @@ std::vector<double> time_part(PartRun& part, int repeats, comm::Communicator& wo
 // the more compute lies between collectives; docs/strategy.md), and a step pays every such wait,
 // where a median over repeats leaves them out.
 std::vector<double> time_part_in_sequence(PartRun& part, int repeats, comm::Communicator& world) {
-  for (GptPass pass : kPasses) part.run(pass);  // warm-up (allocations, caches)
+  for (KernelPass pass : kPasses) part.run(pass);  // warm-up (allocations, caches)
   world.barrier()->wait();
   std::vector<double> sums(3, 0.0);
   for (int r = 0; r < repeats; ++r) {
@@ -243,12 +243,16 @@ std::vector<double> time_part_alone(PartRun& part, int repeats, comm::Communicat
 
 // Every kernel the planner looks up for layouts of 1..world ranks, in seconds by kernel key; rank 0
 // prints each shape's times where `verbose`. `crowded`: only the parts on real tp groups, under
-// GptCosts::crowded_key for the launched ranks (more than the machine's cores).
+// strategy::crowded_key for the launched ranks (more than the machine's cores).
 std::map<std::string, double> time_kernels(const GptConfig& cfg, DType dtype, int world_max, int batch, int repeats,
                                            comm::Communicator& world, bool verbose, bool crowded) {
   const bool print = verbose && world.rank() == 0;
-  const GptCosts costs(cfg, dtype);
+  const strategy::DescribedModel costs(strategy::describe_gpt2(examples::gpt2_shape(cfg)), dtype);
   std::vector<KernelShape> shapes = kernel_shapes(costs, world_max, batch, print);
+  // The keys the description's costs look its kernels up by.
+  auto kernel = [&](KernelLayer part, KernelPass pass, const KernelShape& s) {
+    return strategy::Kernel{costs.description().kernels, part, pass, s.batch, s.tp, s.sp};
+  };
   if (crowded) std::erase_if(shapes, [&](const KernelShape& s) { return s.tp == 1 || world.size() % s.tp != 0; });
   if (shapes.empty()) ZERO_THROW(InvalidArgument, "--batch {}: no layout of 1..{} ranks runs it", batch, world_max);
   if (print) {
@@ -261,21 +265,21 @@ std::map<std::string, double> time_kernels(const GptConfig& cfg, DType dtype, in
   std::vector<double> times;
   for (const KernelShape& s : shapes) {
     std::string line = fmt::format("  b {:>3} tp {} sp {}:", s.batch, s.tp, s.sp ? 1 : 0);
-    for (GptPart part : {GptPart::kBlock, GptPart::kEmbedding, GptPart::kHead}) {
+    for (KernelLayer part : {KernelLayer::kBlock, KernelLayer::kEmbedding, KernelLayer::kHead}) {
       // Every rank builds the same thing, so every rank skips the same parts and the barriers match.
       std::optional<PartRun> run;
       try {
         run.emplace(whole, part, s, 7);
       } catch (const Error& e) {
-        if (print) std::printf("note: %s at b %d tp %d sp %d skipped: %s\n", gpt_part_name(part), s.batch, s.tp, s.sp, e.what());
+        if (print) std::printf("note: %s at b %d tp %d sp %d skipped: %s\n", strategy::kernel_layer_name(part), s.batch, s.tp, s.sp, e.what());
         continue;
       }
-      line += fmt::format("  {}", gpt_part_name(part));
+      line += fmt::format("  {}", strategy::kernel_layer_name(part));
       if (!crowded) {
         const std::vector<double> t = time_part(*run, repeats, world);
         line += fmt::format(" {:.3g}/{:.3g}/{:.3g} ms", 1e3 * t[0], 1e3 * t[1], 1e3 * t[2]);
         for (size_t p = 0; p < 3; ++p) {
-          keys.push_back(costs.kernel_key(part, kPasses[p], s.batch, s.tp, s.sp));
+          keys.push_back(strategy::kernel_key(kernel(part, kPasses[p], s)));
           times.push_back(t[p]);
         }
       }
@@ -284,7 +288,7 @@ std::map<std::string, double> time_kernels(const GptConfig& cfg, DType dtype, in
         const std::vector<double> u = time_part_alone(*run, repeats, world);
         line += fmt::format(" [{:.3g}/{:.3g}/{:.3g} alone]", 1e3 * u[0], 1e3 * u[1], 1e3 * u[2]);
         for (size_t p = 0; p < 3; ++p) {
-          keys.push_back(costs.alone_key(part, kPasses[p], s.batch));
+          keys.push_back(strategy::alone_key(kernel(part, kPasses[p], s)));
           times.push_back(u[p]);
         }
       }
@@ -298,8 +302,8 @@ std::map<std::string, double> time_kernels(const GptConfig& cfg, DType dtype, in
         const std::vector<double> u = time_part_in_sequence(real, std::max(repeats, kTpSamples), world);
         line += fmt::format(" [{:.3g}/{:.3g}/{:.3g} with tp]", 1e3 * u[0], 1e3 * u[1], 1e3 * u[2]);
         for (size_t p = 0; p < 3; ++p) {
-          keys.push_back(crowded ? costs.crowded_key(part, kPasses[p], s.batch, s.tp, s.sp, world.size())
-                                 : costs.kernel_key(part, kPasses[p], s.batch, s.tp, s.sp, true));
+          keys.push_back(crowded ? strategy::crowded_key(kernel(part, kPasses[p], s), world.size())
+                                 : strategy::with_collectives_key(kernel(part, kPasses[p], s)));
           times.push_back(u[p]);
         }
       }
@@ -613,7 +617,7 @@ SyncResult measure_sync(comm::Communicator& world, const strategy::Link& link) {
 // host-to-host and inside that time).
 double optimizer_rate(comm::Communicator& world, int repeats, bool offload) {
   const std::unique_ptr<comm::Communicator> alone = world.split(world.rank(), 0);
-  EngineOptions opt = examples::gpt_engine_options(3e-4f);
+  EngineOptions opt = strategy::gpt2_engine_options(3e-4f);
   opt.stage = offload ? 1 : 0;
   opt.offload.optimizer = offload;
   Engine engine(*alone, opt);
@@ -721,7 +725,7 @@ void add_crowded_tp_parts(const std::string& path, const GptConfig& cfg, DType d
 
 int run(int argc, char** argv) {
   examples::keep_freed_memory();
-  examples::Flags flags(argc, argv);
+  cli::Flags flags(argc, argv);
   const GptConfig cfg = examples::gpt_config_of_shape(flags.get("gpt", "2,64,4,256,64"));  // train_gpt's default model
   const int batch = flags.get_int("batch", 16);
   const int world_flag = flags.get_int("world", 0);  // 0: the launched ranks
@@ -751,7 +755,7 @@ int run(int argc, char** argv) {
   }
   const auto t0 = Clock::now();
   if (rank == 0) {
-    std::printf("calibrating for %s, batch %d, worlds 1..%d, on %d rank(s)\n", GptCosts(cfg, dtype).name().c_str(),
+    std::printf("calibrating for %s, batch %d, worlds 1..%d, on %d rank(s)\n", strategy::describe_gpt2(examples::gpt2_shape(cfg)).name.c_str(),
                 batch, world_max, world.size());
     std::fflush(stdout);
   }
@@ -824,4 +828,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return zero::examples::run_program("calibrate_gpt", run, argc, argv); }
+int main(int argc, char** argv) { return zero::cli::run_program("calibrate_gpt", run, argc, argv); }

@@ -20,22 +20,11 @@
 #include "base/check.h"
 #include "base/dtype.h"
 #include "examples/gpt/gpt_model.h"
+#include "parallel/strategy/gpt2.h"  // gpt2_engine_options: the optimizer groups GptScopes fills
 #include "zero/engine.h"
 
 namespace zero::examples {
 
-// The GPT's optimizer as GptScopes groups its parameters: AdamW (GPT-2's betas), weight decay 0.1
-// on group 0 (matrices and embeddings), none on group 1, and clipping at 1.
-inline EngineOptions gpt_engine_options(float lr) {
-  EngineOptions o;
-  o.optimizer.kind = optim::OptimizerKind::kAdamW;
-  const optim::Hyper decayed{.lr = lr, .weight_decay = 0.1f, .beta1 = 0.9f, .beta2 = 0.95f};
-  optim::Hyper plain = decayed;
-  plain.weight_decay = 0.0f;
-  o.optimizer.groups = {decayed, plain};
-  o.max_grad_norm = 1.0f;
-  return o;
-}
 
 class GptScopes {
  public:

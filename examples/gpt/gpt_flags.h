@@ -1,18 +1,15 @@
 #pragma once
 // The GPT's shape from the programs' flags (--n-layer, --n-embd, --n-head, --block-size), each
 // defaulting to `defaults`; the vocabulary is the byte-level one (256) the examples train on.
-#include <cstdlib>
-#include <sstream>
 #include <string>
-#include <vector>
 
-#include "base/check.h"
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 #include "examples/gpt/gpt_model.h"
+#include "parallel/strategy/gpt2.h"
 
 namespace zero::examples {
 
-inline GptConfig gpt_config_from_flags(Flags& flags, const GptConfig& defaults) {
+inline GptConfig gpt_config_from_flags(cli::Flags& flags, const GptConfig& defaults) {
   GptConfig c = defaults;
   c.vocab_size = 256;
   c.n_layer = flags.get_int("n-layer", defaults.n_layer);
@@ -22,34 +19,16 @@ inline GptConfig gpt_config_from_flags(Flags& flags, const GptConfig& defaults) 
   return c;
 }
 
-// "n_layer,n_embd,n_head[,vocab_size,block_size]" (the planners' --gpt); InvalidArgument naming the
-// text otherwise.
-inline GptConfig gpt_config_of_shape(const std::string& text) {
-  std::vector<int> v;
-  std::stringstream parts(text);
-  for (std::string p; std::getline(parts, p, ',');) {
-    char* end = nullptr;
-    const long x = std::strtol(p.c_str(), &end, 10);
-    if (p.empty() || *end != '\0' || x < 1 || x > 1 << 24) {
-      ZERO_THROW(InvalidArgument, "--gpt '{}': '{}' is not a positive integer", text, p);
-    }
-    v.push_back(static_cast<int>(x));
-  }
-  if (v.size() != 3 && v.size() != 5) {
-    ZERO_THROW(InvalidArgument, "--gpt '{}': expected n_layer,n_embd,n_head[,vocab_size,block_size]", text);
-  }
-  GptConfig c;
-  c.n_layer = v[0];
-  c.n_embd = v[1];
-  c.n_head = v[2];
-  if (v.size() == 5) {
-    c.vocab_size = v[3];
-    c.block_size = v[4];
-  }
-  if (c.n_embd % c.n_head != 0) {
-    ZERO_THROW(InvalidArgument, "--gpt '{}': n_head {} does not divide n_embd {}", text, c.n_head, c.n_embd);
-  }
-  return c;
+// The GPT's five numbers as the planner reads them (parallel/strategy/gpt2.h), and back.
+inline GptConfig gpt_config_of(const strategy::Gpt2Shape& s) {
+  return {.vocab_size = s.vocab_size, .block_size = s.block_size, .n_embd = s.n_embd, .n_head = s.n_head,
+          .n_layer = s.n_layer};
 }
+inline strategy::Gpt2Shape gpt2_shape(const GptConfig& c) {
+  return {.vocab_size = c.vocab_size, .block_size = c.block_size, .n_embd = c.n_embd, .n_head = c.n_head,
+          .n_layer = c.n_layer};
+}
+// "n_layer,n_embd,n_head[,vocab_size,block_size]" (the programs' --gpt).
+inline GptConfig gpt_config_of_shape(const std::string& text) { return gpt_config_of(strategy::parse_gpt2_shape(text)); }
 
 }  // namespace zero::examples

@@ -41,7 +41,7 @@ std::vector<MicroBatch> micro_batches(int dp, int dp_size) {
 }
 
 EngineOptions options(int stage, int micro_batches) {
-  EngineOptions o = gpt_engine_options(1e-3f);
+  EngineOptions o = strategy::gpt2_engine_options(1e-3f);
   o.stage = stage;
   o.micro_batches = micro_batches;
   o.layout = {.alignment = 4, .bucket_numel = 256, .block = 16};

@@ -16,14 +16,14 @@
 
 namespace zero::examples {
 
-GptRun GptRun::read(Flags& flags) {
+GptRun GptRun::read(cli::Flags& flags) {
   GptRun r;
   r.config = ConfigFlag::read(flags);
   r.steps = flags.get_int("steps", 400);
   if (flags.has("batch")) r.batch = flags.get_int("batch", 16);
   r.model = gpt_config_from_flags(flags, {.block_size = 64, .n_embd = 64, .n_head = 4, .n_layer = 2});
   // The example's options without --config: stage 3 (each flag still overrides them).
-  EngineOptions defaults = gpt_engine_options(3e-3f);
+  EngineOptions defaults = strategy::gpt2_engine_options(3e-3f);
   defaults.stage = 3;
   EngineOptions& opt = r.options = r.config.engine_options(flags, defaults, "train_gpt");
   r.warmup = flags.get_int("warmup", std::min(20, r.steps / 10));  // the default fits short runs

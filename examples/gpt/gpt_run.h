@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "base/dtype.h"
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 #include "examples/gpt/gpt_model.h"
 #include "examples/run_flags.h"
 #include "layout/layout.h"
@@ -36,7 +36,7 @@ struct GptRun {
   RunFlags run_flags;
 
   // Reads every flag (unknown ones refused) and checks what can be checked before the launch.
-  static GptRun read(Flags& flags);
+  static GptRun read(cli::Flags& flags);
   // The global batch on `world` data-parallel ranks, checked to divide into their micro-batches.
   int global_batch(int world) const;
 };

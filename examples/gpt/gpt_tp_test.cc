@@ -101,7 +101,7 @@ TEST_CASE("the GPT split over tp computes the whole model's loss and gradients")
 
 // Three AdamW steps through the engine; the parameters this rank holds afterwards.
 std::vector<std::vector<float>> train(Gpt& model, const EngineComms& comms, int stage) {
-  EngineOptions o = gpt_engine_options(1e-2f);
+  EngineOptions o = strategy::gpt2_engine_options(1e-2f);
   o.stage = stage;
   o.layout = {.alignment = 4, .bucket_numel = 2048, .block = 16};
   o.timeout = std::chrono::seconds(30);

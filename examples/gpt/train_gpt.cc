@@ -20,7 +20,7 @@
 
 #include "comm/launch/process_group.h"
 #include "comm/mesh.h"
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_model.h"
 #include "examples/gpt/gpt_pipeline.h"
@@ -43,7 +43,7 @@ using Clock = std::chrono::steady_clock;
 
 int run(int argc, char** argv) {
   examples::keep_freed_memory();
-  examples::Flags flags(argc, argv);
+  cli::Flags flags(argc, argv);
   const examples::GptRun run = examples::GptRun::read(flags);
   const examples::GptConfig& cfg = run.model;
   comm::ProcessGroup pg = comm::init_process_group();
@@ -195,4 +195,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return zero::examples::run_program("train_gpt", run, argc, argv); }
+int main(int argc, char** argv) { return zero::cli::run_program("train_gpt", run, argc, argv); }

@@ -21,7 +21,7 @@
 #include "base/check.h"
 #include "base/error.h"
 #include "comm/launch/process_group.h"
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 #include "examples/libtorch/torch_mlp.h"
 #include "zero/engine.h"
 
@@ -74,7 +74,7 @@ struct Times {
 
 int run(int argc, char** argv) {
   using namespace zero;
-  examples::Flags flags(argc, argv);
+  cli::Flags flags(argc, argv);
   const std::string mode = flags.get("mode", "engine");
   examples::TorchMlpConfig cfg;
   cfg.inputs = flags.get_int("inputs", 32);
@@ -203,4 +203,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return zero::examples::run_program("train_torch", run, argc, argv); }
+int main(int argc, char** argv) { return zero::cli::run_program("train_torch", run, argc, argv); }

@@ -7,7 +7,9 @@
 #include <set>
 #include <utility>
 
+#include "base/check.h"
 #include "parallel/pipeline/stage_cut.h"
+#include "parallel/strategy/kernel_times.h"
 #include "parallel/tensor/vocab_parallel.h"
 #include "zero/config/json_reading.h"
 
@@ -182,6 +184,7 @@ ModelDescription parse_model_description(std::string_view text, const std::strin
   ModelDescription m;
   m.name = config_internal::read_string(require(r, "name"), "name", ctx, "a string");
   if (const json* c = r.find("comment")) config_internal::read_string(*c, "comment", ctx, "a string");
+  if (const json* k = r.find("kernels")) m.kernels = config_internal::read_string(*k, "kernels", ctx, "a string");
   m.sequence_length = config_internal::read_int(require(r, "sequence_length"), "sequence_length", ctx, 1);
   m.hidden = config_internal::read_int(require(r, "hidden"), "hidden", ctx, 1);
   m.heads = config_internal::read_int(require(r, "heads"), "heads", ctx, 1);
@@ -312,6 +315,7 @@ ojson layer_json(const DescribedLayer& l) {
 std::string to_json(const ModelDescription& m, const std::string& comment) {
   ojson j = {{"name", m.name}};
   if (!comment.empty()) j["comment"] = comment;
+  if (!m.kernels.empty()) j["kernels"] = m.kernels;
   j["sequence_length"] = m.sequence_length;
   j["hidden"] = m.hidden;
   j["heads"] = m.heads;
@@ -451,6 +455,18 @@ std::vector<plan::ScopeEvent> micro_step(const plan::ModelSpec& spec, int blocks
 
 }  // namespace
 
+void two_optimizer_groups(EngineOptions& o, const std::string& source, const char* program) {
+  std::vector<optim::Hyper>& groups = o.optimizer.groups;
+  if (groups.size() == 1) {
+    groups.push_back(groups[0]);
+    groups[1].weight_decay = 0.0f;
+  }
+  if (groups.size() != 2) {
+    ZERO_THROW(InvalidArgument, "{} has {} optimizer groups; {} uses two (decayed weights, then the rest)", source,
+               groups.size(), program);
+  }
+}
+
 DescribedModel::DescribedModel(ModelDescription description, DType dtype)
     : description_(std::move(description)), dtype_(dtype) {}
 
@@ -482,11 +498,21 @@ std::string DescribedModel::unsupported(const Layout& l, int global_batch) const
 std::shared_ptr<const plan::ModelSpec> DescribedModel::spec(int tp, bool sp, int stages, int s) const {
   const auto key = std::make_tuple(tp, sp, stages, s);
   if (auto it = specs_.find(key); it != specs_.end()) return it->second;
+  const auto [begin, end] = parallel::even_stage_range(description_.blocks, stages, s);
+  auto made = std::make_shared<const plan::ModelSpec>(
+      stage_model({.tp = tp, .sequence_parallel = sp, .first_block = begin, .end_block = end, .first = s == 0,
+                   .last = s == stages - 1, .stages = stages}));
+  return specs_.emplace(key, std::move(made)).first->second;
+}
+
+plan::ModelSpec DescribedModel::stage_model(const StagePart& part) const {
   const ModelDescription& m = description_;
-  const bool first = s == 0, last = s == stages - 1;
-  const auto [begin, end] = parallel::even_stage_range(m.blocks, stages, s);
-  auto spec = std::make_shared<plan::ModelSpec>();
-  spec->dtype = dtype_;
+  const int tp = part.tp, begin = part.first_block, end = part.end_block, stages = part.stages;
+  const bool sp = part.sequence_parallel, first = part.first, last = part.last;
+  ZERO_CHECK(tp >= 1 && 0 <= begin && begin <= end && end <= m.blocks && stages >= 1,
+             "stage_model: blocks [{}, {}) of {}, tp {}, {} stages", begin, end, m.blocks, tp, stages);
+  plan::ModelSpec spec;
+  spec.dtype = dtype_;
   auto add = [&](const DescribedTensor& t, const std::string& name, int unit, bool tied) {
     plan::TensorSpec out;
     out.name = name;
@@ -496,7 +522,8 @@ std::shared_ptr<const plan::ModelSpec> DescribedModel::spec(int tp, bool sp, int
     out.tp = tp > 1 && sp && !t.tp.is_split() ? TpPlacement::replicated_partial() : tp > 1 ? t.tp : TpPlacement();
     out.tied = tied;
     out.dtype = t.dtype;
-    spec->tensors.push_back(std::move(out));
+    out.param_dtype = t.dtype;  // kept in its own dtype also where stage 3 gathers the rest narrower
+    spec.tensors.push_back(std::move(out));
   };
   // A tied embedding tensor is held by the first and the last stage, each copy marked.
   if (first) {
@@ -516,12 +543,12 @@ std::shared_ptr<const plan::ModelSpec> DescribedModel::spec(int tp, bool sp, int
     }
   }
   // The embedding tensors the head uses (its tied ones), as this stage holds them.
-  std::vector<bool> head_uses(spec->tensors.size(), false);
-  for (size_t i = 0; i < spec->tensors.size(); ++i) {
-    head_uses[i] = last && spec->tensors[i].unit == 0 && head_ties(m, spec->tensors[i].name);
+  std::vector<bool> head_uses(spec.tensors.size(), false);
+  for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    head_uses[i] = last && spec.tensors[i].unit == 0 && head_ties(m, spec.tensors[i].name);
   }
-  spec->schedule = micro_step(*spec, m.blocks, first, last, begin, end, head_uses);
-  return specs_.emplace(key, std::move(spec)).first->second;
+  spec.schedule = micro_step(spec, m.blocks, first, last, begin, end, head_uses);
+  return spec;
 }
 
 StageCosts DescribedModel::stage(const Layout& l, int s, int global_batch, const Cluster& cluster) const {
@@ -530,7 +557,8 @@ StageCosts DescribedModel::stage(const Layout& l, int s, int global_batch, const
   const bool first = s == 0, last = s == stages - 1, sp = l.sequence_parallel;
   const auto [begin, end] = parallel::even_stage_range(m.blocks, stages, s);
   const int blocks = end - begin;
-  const uint64_t tokens = static_cast<uint64_t>(global_batch / (l.dp * l.micro_batches)) * m.sequence_length;
+  const int batch = global_batch / (l.dp * l.micro_batches);  // sequences per micro-batch
+  const uint64_t tokens = static_cast<uint64_t>(batch) * m.sequence_length;
   const double rate = cluster.peak_flops * cluster.matmul_efficiency;
   const int64_t vocab = vocabulary(m);
   StageCosts out;
@@ -539,23 +567,32 @@ StageCosts DescribedModel::stage(const Layout& l, int s, int global_batch, const
 
   struct Part {
     const DescribedLayer* layer;
+    KernelLayer kind;
     int count;
   };
-  const Part parts[] = {{&m.embedding, first ? 1 : 0}, {&m.block, blocks}, {&m.head, last ? 1 : 0}};
+  const Part parts[] = {{&m.embedding, KernelLayer::kEmbedding, first ? 1 : 0},
+                        {&m.block, KernelLayer::kBlock, blocks},
+                        {&m.head, KernelLayer::kHead, last ? 1 : 0}};
   const double act = static_cast<double>(dtype_size(m.activation_dtype));
   const double stream = act * static_cast<double>(tokens) * m.hidden;  // the residual stream, whole
-  for (const auto& [layer, count] : parts) {
+  for (const auto& [layer, kind, count] : parts) {
     if (count == 0) continue;
-    // By default a matrix costs 2 FLOPs per element and token a pass; the embedding's are lookups.
+    // The layer's calibrated kernels where the cluster has them; else by default a matrix costs 2
+    // FLOPs per element and token a pass, and the embedding's are lookups.
     const double flops = layer == &m.embedding ? 0.0 : default_flops(*layer, l.tp);
-    auto seconds = [&](const std::optional<double>& given) {
+    auto seconds = [&, layer = layer, kind = kind, count = count](KernelPass pass) {
+      if (const std::optional<double> t = kernel_seconds(cluster, m.kernels, kind, pass, batch, l)) return count * *t;
+      const std::optional<double>& given = pass == KernelPass::kForward ? layer->forward
+                                           : pass == KernelPass::kInput ? layer->backward_input
+                                                                        : layer->backward_weight;
       return count * static_cast<double>(tokens) * (given ? *given / l.tp : flops) / rate;
     };
-    out.forward += seconds(layer->forward);
-    out.backward_input += seconds(layer->backward_input);
-    out.backward_weight += seconds(layer->backward_weight);
-    if (layer == &m.block && l.recompute) out.backward_input += seconds(layer->forward);
-    if (l.tp > 1) {
+    out.forward += seconds(KernelPass::kForward);
+    out.backward_input += seconds(KernelPass::kInput);
+    out.backward_weight += seconds(KernelPass::kWeight);
+    if (layer == &m.block && l.recompute) out.backward_input += seconds(KernelPass::kForward);
+    // A layer timed on a real tp group has its collectives in those times.
+    if (l.tp > 1 && kernel_timing(cluster, m.kernels, kind, batch, l) == KernelTiming::kCompute) {
       for (int k = 0; k < count; ++k) {
         std::vector<TpCollective> f;
         add_region_collectives(layer->enter, layer->leave, sp, stream, f, out.tp_backward);

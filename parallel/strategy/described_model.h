@@ -20,7 +20,9 @@
 //                      a partial sum over tp), "column" (dim 0: a column-parallel [out, in] weight
 //                      and its bias), "row" (dim 1), "vocab" (dim 0 padded to a multiple of tp, as
 //                      Megatron pads its vocabulary), or {"dim": d, "blocks": k} (parallel/tensor's
-//                      fused blocks, q|k|v along one dimension)
+//                      fused blocks, q|k|v along one dimension); dtype: the tensor kept in it
+//                      beside the model's (fp32 norms in a bf16 model), also where stage 3 gathers
+//                      the others in a narrower param_dtype
 //   "flops_per_token": {"forward", "backward_input", "backward_weight"} at tp 1 (divided by tp);
 //                      without it, 2 x the elements of the layer's matrices on one tp rank (tensors
 //                      of two or more dimensions, a tied one included) for each pass, and none for
@@ -38,7 +40,9 @@
 //                      rows), "vocab" as the vocabulary splits (a rank's rows of it padded to a
 //                      multiple of tp: the logits); "when" a term the layer holds only unsplit or
 //                      only split
-// Top level: "name", "sequence_length", "hidden" (the residual stream's width: the tp collectives,
+// Top level: "name", "kernels" (optional: the prefix of the model's calibrated kernel times in a
+// cluster file, parallel/strategy/kernel_times.h; where the cluster has them they replace the
+// FLOPs, and a layer timed with its tp collectives adds none besides), "sequence_length", "hidden" (the residual stream's width: the tp collectives,
 // the stages' sends, the input recompute keeps), "heads" (tp must divide them; and "kv_heads", the
 // key and value heads of grouped-query attention, when fewer), "blocks",
 // "activation_dtype" ("fp32", "bf16" or "fp16"; default fp32), "embedding", "block", "head", and a
@@ -46,8 +50,8 @@
 //
 // The memory of the parameters, gradients, optimizer state and buffers is the engine's plan of the
 // tensors on the meta device, exact whatever the description; the activations are what the
-// description says. Compute comes from the FLOPs at the cluster's peak rate times its matmul
-// efficiency (a described model has no calibrated kernels).
+// description says. Compute comes from the calibrated kernels where the description names them and
+// the cluster has them, else from the FLOPs at the cluster's peak rate times its matmul efficiency.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -58,6 +62,7 @@
 
 #include "base/dtype.h"
 #include "parallel/strategy/model_costs.h"
+#include "zero/engine_options.h"
 #include "zero/tp_placement.h"
 
 namespace zero::strategy {
@@ -93,6 +98,7 @@ struct DescribedLayer {
 
 struct ModelDescription {
   std::string name;
+  std::string kernels;  // the calibrated kernels' key prefix; empty: FLOPs only
   int sequence_length = 0, hidden = 0, heads = 0, kv_heads = 0, blocks = 0;
   DType activation_dtype = DType::kFloat32;
   DescribedLayer embedding, block, head;
@@ -109,6 +115,12 @@ int64_t vocabulary(const ModelDescription& description);
 // as the description's comment when not empty.
 std::string to_json(const ModelDescription& description, const std::string& comment = "");
 
+// A described model puts its decayed tensors in optimizer group 0 and its no_decay ones in group 1
+// (the examples' models do the same), so a single group in `o` (a DeepSpeed file has one) gets the
+// second as a copy without weight decay; any count other than one or two is refused naming
+// `source` and `program`.
+void two_optimizer_groups(EngineOptions& o, const std::string& source, const char* program);
+
 class DescribedModel : public ModelCosts {
  public:
   // `dtype`: the parameters' (a tensor's "dtype" overrides it).
@@ -119,12 +131,24 @@ class DescribedModel : public ModelCosts {
   StageCosts stage(const Layout& layout, int stage, int global_batch, const Cluster& cluster) const override;
   const ModelDescription& description() const { return description_; }
 
+  // One pipeline stage's tensors and scope schedule for the engine's plan: blocks [first_block,
+  // end_block), the embedding where `first`, the head where `last` (a cut of the user's choosing;
+  // stage() cuts evenly), its tied copies marked when the pipeline has several stages.
+  struct StagePart {
+    int tp = 1;
+    bool sequence_parallel = false;
+    int first_block = 0, end_block = 0;
+    bool first = true, last = true;
+    int stages = 1;
+  };
+  plan::ModelSpec stage_model(const StagePart& part) const;
+
  private:
   std::shared_ptr<const plan::ModelSpec> spec(int tp, bool sequence_parallel, int stages, int stage) const;
   ModelDescription description_;
   DType dtype_;
   // The engine's tensors by (tp, sp, virtual stages, stage), shared by the layouts that differ in
-  // the rest (a GptCosts-like cache; used from one thread, as rank_layouts does).
+  // the rest (used from one thread, as rank_layouts does).
   mutable std::map<std::tuple<int, bool, int, int>, std::shared_ptr<const plan::ModelSpec>> specs_;
 };
 

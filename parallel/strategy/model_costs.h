@@ -2,8 +2,9 @@
 // What a model tells the strategy planner about one pipeline stage of a layout (one model chunk under
 // an interleaved schedule, where a rank holds several): its tensors (for the
 // engine's plan on the meta device), its compute per micro-batch, the collectives of its tensor-
-// parallel regions, what it sends to the next stage and the activations it holds. The GPT example
-// implements it (examples/gpt/gpt_strategy.h); any model can, from its own shapes.
+// parallel regions, what it sends to the next stage and the activations it holds. A model described
+// in JSON implements it (described_model.h; gpt2.h and hf_llama.h build such descriptions); any model
+// can, from its own shapes.
 #include <cstdint>
 #include <memory>
 #include <string>

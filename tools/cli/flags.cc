@@ -1,4 +1,4 @@
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -6,7 +6,7 @@
 
 #include "base/check.h"
 
-namespace zero::examples {
+namespace zero::cli {
 
 Flags::Flags(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
@@ -85,9 +85,9 @@ void Flags::check_all_used() const {
   }
 }
 
-}  // namespace zero::examples
+}  // namespace zero::cli
 
-namespace zero::examples {
+namespace zero::cli {
 
 int run_program(const char* program, int (*run)(int, char**), int argc, char** argv) {
   try {
@@ -98,4 +98,4 @@ int run_program(const char* program, int (*run)(int, char**), int argc, char** a
   }
 }
 
-}  // namespace zero::examples
+}  // namespace zero::cli

@@ -1,4 +1,4 @@
-#include "examples/bench/zero_plan_auto.h"
+#include "tools/plan/zero_plan_auto.h"
 
 #include <fmt/format.h>
 
@@ -12,14 +12,11 @@
 #include <vector>
 
 #include "base/check.h"
-#include "examples/gpt/gpt_engine.h"
-#include "examples/gpt/gpt_flags.h"
-#include "examples/gpt/gpt_strategy.h"
-#include "examples/run_flags.h"
-#include "parallel/strategy/described_model.h"
-#include "parallel/strategy/hf_llama.h"
 #include "parallel/strategy/chart.h"
 #include "parallel/strategy/cluster.h"
+#include "parallel/strategy/described_model.h"
+#include "parallel/strategy/gpt2.h"
+#include "parallel/strategy/hf_llama.h"
 #include "parallel/strategy/predict.h"
 #include "zero/config/engine_config.h"
 
@@ -31,7 +28,7 @@ namespace {
 // windows), in two groups. The stage, offload and micro-batches are each layout's.
 EngineOptions base_options(const std::optional<EngineConfig>& file, DType dtype) {
   if (!file) {
-    EngineOptions o = examples::gpt_engine_options(3e-3f);
+    EngineOptions o = strategy::gpt2_engine_options(3e-3f);  // train_gpt's learning rate
     o.grad_accum_dtype = dtype;
     return o;
   }
@@ -40,7 +37,7 @@ EngineOptions base_options(const std::optional<EngineConfig>& file, DType dtype)
                                 "(hybrid sharding is not searched); leave it out", file->source);
   }
   EngineOptions o = file->engine;
-  examples::two_optimizer_groups(o, file->source, "zero_plan");
+  strategy::two_optimizer_groups(o, file->source, "zero_plan");
   return o;
 }
 
@@ -69,7 +66,7 @@ void write_config(const std::string& path, const EngineConfig& c, const Layout& 
 
 }  // namespace
 
-int run_strategy(examples::Flags& flags) {
+int run_strategy(cli::Flags& flags) {
   const std::string gpt = flags.get("gpt", ""), model_path = flags.get("model", ""), hf = flags.get("hf-config", "");
   if (!gpt.empty() + !model_path.empty() + !hf.empty() != 1) {
     ZERO_THROW(InvalidArgument,
@@ -82,10 +79,10 @@ int run_strategy(examples::Flags& flags) {
     ZERO_THROW(InvalidArgument, "--seq-len {}: the sequence length of a --hf-config model, positive", seq_len);
   }
   std::optional<strategy::ModelDescription> description;
+  if (!gpt.empty()) description = strategy::describe_gpt2(strategy::parse_gpt2_shape(gpt));
   if (!model_path.empty()) description = strategy::load_model_description(model_path);
   if (!hf.empty()) description = strategy::load_llama_description(hf, seq_len);
   if (flags.get_bool("describe", false)) {
-    if (!description) ZERO_THROW(InvalidArgument, "--describe writes a --model or --hf-config model's description");
     flags.check_all_used();
     std::printf("%s", strategy::to_json(*description).c_str());
     return 0;
@@ -115,13 +112,7 @@ int run_strategy(examples::Flags& flags) {
   }
   if (!write_path.empty() && list) ZERO_THROW(InvalidArgument, "--write-config writes one layout: not with --list");
 
-  std::unique_ptr<strategy::ModelCosts> costs;
-  if (!gpt.empty()) {
-    costs = std::make_unique<examples::GptCosts>(examples::gpt_config_of_shape(gpt), dtype);
-  } else {
-    costs = std::make_unique<strategy::DescribedModel>(std::move(*description), dtype);
-  }
-  const strategy::ModelCosts& model = *costs;
+  const strategy::DescribedModel model(std::move(*description), dtype);
   strategy::PlanSettings settings;
   settings.engine = base_options(file, dtype);
   settings.global_batch = batch;

@@ -6,7 +6,8 @@
 //   zero_plan --auto --model MODEL.json ...   (a model description: parallel/strategy/described_model.h)
 //   zero_plan --auto --hf-config config.json [--seq-len T] ...   (a LLaMA-family model: hf_llama.h)
 //   zero_plan --explain "dp=2,tp=2,pp=2,stage=3,m=4,schedule=1f1b" --gpt ... --batch B --cluster ...
-//   zero_plan --describe --hf-config config.json [--seq-len T] > MODEL.json   (its description, to edit)
+//   zero_plan --describe --gpt L,C,H[,V,T] | --hf-config config.json [--seq-len T] > MODEL.json
+//                                                          (the model's description, to edit)
 //   zero_plan --auto ... [--config BASE.json] --write-config RUN.json   (the first choice, to run)
 //
 // --config BASE.json: the engine options to plan with (ours or DeepSpeed's: the optimizer, dtypes,
@@ -26,10 +27,10 @@
 // layout and prints one tab-separated line per layout for scripts (key, train_gpt flags ("-" for a
 // model other than --gpt), ranks, predicted ms, device bytes of the largest stage, the largest
 // activation peak of any stage in bytes, fits).
-#include "examples/flags.h"
+#include "tools/cli/flags.h"
 
 namespace zero {
 
-int run_strategy(examples::Flags& flags);
+int run_strategy(cli::Flags& flags);
 
 }  // namespace zero

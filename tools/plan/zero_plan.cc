@@ -2,10 +2,10 @@
 // for a model, before running it. It is the engine itself on a meta device (zero/plan/engine_plan.h),
 // so it needs no memory for the model and no other ranks:
 //
-//   bazel-bin/examples/bench/zero_plan --gpt 48,1600,25,50257,1024 --stage 3 --world 64 --offload
-//   bazel-bin/examples/bench/zero_plan --params-m 7000 --tensors 32 --stages 0,1,2,3 --world 1,8,64
-//   bazel-bin/examples/bench/zero_plan --safetensors model.safetensors --stage 2 --world 8
-//   bazel-bin/examples/bench/zero_plan --shapes shapes.txt ...      (lines "name 768x3072 [unit]")
+//   bazel-bin/tools/plan/zero_plan --gpt 48,1600,25,50257,1024 --stage 3 --world 64 --offload
+//   bazel-bin/tools/plan/zero_plan --params-m 7000 --tensors 32 --stages 0,1,2,3 --world 1,8,64
+//   bazel-bin/tools/plan/zero_plan --safetensors model.safetensors --stage 2 --world 8
+//   bazel-bin/tools/plan/zero_plan --shapes shapes.txt ...      (lines "name 768x3072 [unit]")
 //
 // One stage and world size: the full memory report and the traffic by collective. Lists (--stages,
 // --world): one row each. Options: --dtype bf16|fp16|fp32 (the model's; a safetensors file gives its
@@ -28,13 +28,12 @@
 #include <fmt/format.h>
 
 #include "base/check.h"
-#include "examples/bench/report_columns.h"
-#include "examples/flags.h"
-#include "examples/bench/zero_plan_auto.h"
-#include "examples/gpt/gpt_flags.h"
-#include "examples/gpt/gpt_pipeline.h"
-#include "examples/gpt/gpt_plan.h"
 #include "parallel/engine_comms.h"
+#include "parallel/pipeline/stage_cut.h"
+#include "parallel/strategy/gpt2.h"
+#include "tools/cli/flags.h"
+#include "tools/plan/report_columns.h"
+#include "tools/plan/zero_plan_auto.h"
 #include "zero/checkpoint/file_io.h"
 #include "zero/plan/engine_plan.h"
 
@@ -52,7 +51,7 @@ std::string dtypes_of(const plan::ModelSpec& model) {
   return s;
 }
 
-plan::ModelSpec read_model(examples::Flags& flags, int tp, bool sequence_parallel, int pp, int pp_stage,
+plan::ModelSpec read_model(cli::Flags& flags, int tp, bool sequence_parallel, int pp, int pp_stage,
                            const std::vector<int>& pp_layers) {
   const std::string gpt = flags.get("gpt", ""), shapes = flags.get("shapes", ""), st = flags.get("safetensors", "");
   if ((tp > 1 || sequence_parallel || pp > 1) && gpt.empty()) {
@@ -70,24 +69,36 @@ plan::ModelSpec read_model(examples::Flags& flags, int tp, bool sequence_paralle
   if (!st.empty()) return plan::model_of_safetensors(st);
   if (!shapes.empty()) return plan::model_of_shapes(read_whole_file(shapes), dtype, shapes);
   if (millions > 0) return plan::model_of_count(static_cast<uint64_t>(millions * 1e6), tensors, dtype);
-  const examples::GptConfig c = examples::gpt_config_of_shape(gpt);
+  if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
+    ZERO_THROW(InvalidArgument, "--dtype: a --gpt model runs in fp32 or bf16, got {}", dtype_name(dtype));
+  }
+  const strategy::Gpt2Shape shape = strategy::parse_gpt2_shape(gpt);
+  if (shape.n_head % tp != 0) {
+    ZERO_THROW(InvalidArgument, "--tp {} does not divide the {} heads of --gpt {} (each rank holds whole heads)", tp,
+               shape.n_head, gpt);
+  }
+  if (sequence_parallel && tp == 1) ZERO_THROW(InvalidArgument, "--sequence-parallel needs --tp above 1");
   if (pp_stage < 0 || pp_stage >= pp) ZERO_THROW(InvalidArgument, "--pp-stage {} outside [0, {})", pp_stage, pp);
-  const std::vector<examples::GptStage> stages = examples::gpt_stages(c.n_layer, pp, pp_layers);
-  return examples::gpt_model_spec(c, dtype, tp, sequence_parallel, pp > 1 ? &stages[static_cast<size_t>(pp_stage)] : nullptr,
-                                  fp32_norms);
+  const auto [begin, end] = parallel::stage_ranges(shape.n_layer, pp, pp_layers, "--pp-layers",
+                                                   fmt::format("--gpt {} has n_layer", gpt))
+      [static_cast<size_t>(pp_stage)];
+  const strategy::DescribedModel model(strategy::describe_gpt2(shape, fp32_norms), dtype);
+  return model.stage_model({.tp = tp, .sequence_parallel = sequence_parallel, .first_block = begin, .end_block = end,
+                            .first = pp_stage == 0, .last = pp_stage == pp - 1, .stages = pp});
 }
 
 double mib(uint64_t b) { return static_cast<double>(b) / (1 << 20); }
 
 int run(int argc, char** argv) {
-  examples::Flags flags(argc, argv);
+  cli::Flags flags(argc, argv);
   if (flags.has("auto") || flags.has("explain") || flags.has("describe")) return run_strategy(flags);
   const int tp = flags.get_int("tp", 1);
   const bool sequence_parallel = flags.get_bool("sequence-parallel", false);
   const int pp = flags.get_int("pp", 1);
   const int pp_stage = flags.get_int("pp-stage", 0);
   const int micro_batches = flags.get_int("micro-batches", 2 * pp);
-  const std::vector<int> pp_layers = examples::parse_layer_counts(flags.get("pp-layers", ""));
+  const std::vector<int> pp_layers =
+      flags.has("pp-layers") ? flags.get_count_list("pp-layers", "") : std::vector<int>{};
   if (tp < 1 || pp < 1 || micro_batches < 1) {
     ZERO_THROW(InvalidArgument, "--tp {}, --pp {} and --micro-batches {} must be positive", tp, pp, micro_batches);
   }
@@ -144,7 +155,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   std::string head = fmt::format("{:>5} {:>5}", "stage", "N");
-  for (const auto& [column, rows] : examples::report_columns()) head += fmt::format(" {:>10}", column);
+  for (const auto& [column, rows] : plan::report_columns()) head += fmt::format(" {:>10}", column);
   head += fmt::format(" {:>11} {:>10} {:>12}", "total MiB", "formula", "sent/step");
   std::printf("rank %d's peak MiB by category\n%s\n", in.rank, head.c_str());
   for (int stage : stages) {
@@ -152,10 +163,10 @@ int run(int argc, char** argv) {
       set_stage(stage);
       in.world_size = world;
       const plan::EnginePlan p = plan::plan_engine(in);
-      const std::vector<uint64_t> cols = examples::report_column_peaks(p.memory);
+      const std::vector<uint64_t> cols = plan::report_column_peaks(p.memory);
       std::string line = fmt::format("{:>5} {:>5}", stage, world);
       for (uint64_t c : cols) line += fmt::format(" {:>10.1f}", mib(c));
-      line += fmt::format(" {:>11.1f} {:>10.1f} {:>12.1f}", mib(examples::sum_of(cols)),
+      line += fmt::format(" {:>11.1f} {:>10.1f} {:>12.1f}", mib(plan::sum_of(cols)),
                           mib(p.memory.formula_predicted() + p.memory.host_predicted()), mib(p.wire_bytes()));
       std::printf("%s\n", line.c_str());
     }
@@ -166,4 +177,4 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace zero
 
-int main(int argc, char** argv) { return zero::examples::run_program("zero_plan", zero::run, argc, argv); }
+int main(int argc, char** argv) { return zero::cli::run_program("zero_plan", zero::run, argc, argv); }

@@ -8,7 +8,7 @@
 
 #include "zero/memory_report.h"
 
-namespace zero::examples {
+namespace zero::plan {
 
 inline const std::vector<std::pair<std::string, std::vector<std::string>>>& report_columns() {
   static const std::vector<std::pair<std::string, std::vector<std::string>>> columns = {
@@ -43,4 +43,4 @@ inline uint64_t sum_of(const std::vector<uint64_t>& v) {
   return t;
 }
 
-}  // namespace zero::examples
+}  // namespace zero::plan

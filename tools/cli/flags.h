@@ -1,11 +1,11 @@
 #pragma once
-// Minimal --name=value / --name value command-line parsing for the examples. Unknown flags and
-// unparsable values are errors that name the flag.
+// Minimal --name=value / --name value command-line parsing for the programs (tools, examples,
+// benchmarks). Unknown flags and unparsable values are errors that name the flag.
 #include <map>
 #include <string>
 #include <vector>
 
-namespace zero::examples {
+namespace zero::cli {
 
 class Flags {
  public:
@@ -29,12 +29,12 @@ class Flags {
   std::map<std::string, bool> used_;
 };
 
-}  // namespace zero::examples
+}  // namespace zero::cli
 
-namespace zero::examples {
+namespace zero::cli {
 
-// main() of the example programs: runs `run` and turns an exception into its message on stderr,
+// main() of the programs: runs `run` and turns an exception into its message on stderr,
 // prefixed with the program name, and exit status 1.
 int run_program(const char* program, int (*run)(int, char**), int argc, char** argv);
 
-}  // namespace zero::examples
+}  // namespace zero::cli
