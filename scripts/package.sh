@@ -2,7 +2,7 @@
 # Builds the library's Debian packages (docs/install.md) into dist/ (or --out DIR):
 #
 #   zero_<VERSION>_<arch>.deb           libzero.so, the public headers, zeroConfig.cmake, zero.pc, and
-#                                       the tools zerorun, zero_ckpt and zero_plan
+#                                       the tools zerorun, zero_ckpt, zero_plan and calibrate_cluster
 #   zero-libtorch_<VERSION>_<arch>.deb  the LibTorch adapter (libzero_torch.so, its header, the CMake
 #                                       component zero::libtorch); built where libtorch-dev is
 #                                       installed, unless --no-libtorch
@@ -34,7 +34,7 @@ if [[ $libtorch == auto ]]; then
   dpkg-query -W -f='${Status}' libtorch-dev 2>/dev/null | grep -q "install ok installed" && libtorch=yes || libtorch=no
 fi
 
-targets=(//:libzero.so //comm/launch:zerorun //zero/checkpoint:zero_ckpt //tools/plan:zero_plan)
+targets=(//:libzero.so //comm/launch:zerorun //zero/checkpoint:zero_ckpt //tools/plan:zero_plan //tools/plan:calibrate_cluster)
 config=()
 if [[ $libtorch == yes ]]; then
   targets+=(//adapters/libtorch:libzero_torch.so)
@@ -103,7 +103,7 @@ CONTROL
 root=$work/zero
 install_library "$bin/libzero.so" "$root" libzero
 for h in "${headers[@]}"; do install -D -m 644 "$h" "$root/usr/include/zero/$h"; done
-for tool in comm/launch/zerorun zero/checkpoint/zero_ckpt tools/plan/zero_plan; do
+for tool in comm/launch/zerorun zero/checkpoint/zero_ckpt tools/plan/zero_plan tools/plan/calibrate_cluster; do
   install -D -m 755 "$bin/$tool" "$root/usr/bin/$(basename "$tool")"
   strip --strip-unneeded "$root/usr/bin/$(basename "$tool")"
 done

@@ -3,7 +3,8 @@
 #   1. scripts/package.sh builds the .deb files;
 #   2. they are unpacked with dpkg-deb -x into a scratch folder (not installed), and the unpacked
 #      libzero.so is checked: soname, and namespace zero only in its dynamic symbols; the unpacked
-#      zero_plan plans a packaged model description on a packaged cluster;
+#      zero_plan plans a packaged model description on a packaged cluster, and on this machine as
+#      the packaged calibrate_cluster measures it (2 ranks);
 #   3. examples/external/cmake (find_package(zero)) is configured and built against the scratch
 #      copy, with no include path into this source tree, and trains on 2 ranks under the packaged
 #      zerorun;
@@ -50,6 +51,13 @@ share=$root/usr/share/zero
 LD_LIBRARY_PATH=$lib timeout 120 "$root/usr/bin/zero_plan" --auto --model "$share/models/llama2_7b.json" --batch 256 \
   --cluster "$share/clusters/8x80gb.json" --top 3 > "$scratch/plan.log" 2>&1 && grep "^choice: " "$scratch/plan.log"
 check "zero_plan plans the packaged LLaMA-2 7B on the packaged 8 x 80 GB cluster" $?
+# The packaged calibration of this machine, and the planner on it.
+LD_LIBRARY_PATH=$lib timeout 120 "$root/usr/bin/zerorun" --nproc-per-node 2 -- "$root/usr/bin/calibrate_cluster" \
+  --repeats 1 --out "$scratch/machine.json" > "$scratch/calibrate.log" 2>&1 &&
+  LD_LIBRARY_PATH=$lib timeout 120 "$root/usr/bin/zero_plan" --auto --model "$share/models/gpt_4layer.json" --batch 16 \
+    --world 2 --cluster "$scratch/machine.json" --top 3 >> "$scratch/calibrate.log" 2>&1 &&
+  grep "^choice: " "$scratch/calibrate.log" || tail -20 "$scratch/calibrate.log"
+check "calibrate_cluster measures this machine on 2 ranks and zero_plan plans the packaged GPT on it" $?
 
 # Copies of the projects, built outside the tree. Every include path a build uses must lie outside
 # this source tree: the packaged headers, or the system's.

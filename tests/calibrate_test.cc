@@ -1,4 +1,4 @@
-// calibrate_gpt on 2 ranks: it writes a cluster file the planner reads back, with every kernel the
+// calibrate_gpt (and the machine alone, tools/plan/calibrate_cluster) on 2 ranks: it writes a cluster file the planner reads back, with every kernel the
 // planner will look up for the layouts of 1 and 2 ranks (measured, positive), a measured link and
 // optimizer rate and the wait for the slowest rank; a bad flag fails with a message naming it. With
 // --add-tp-parts on more ranks than cores it adds the tp parts timed at that crowding to a file.
@@ -100,6 +100,37 @@ TEST_CASE("calibrate_gpt writes every kernel the planner looks up, a link and an
   const strategy::Prediction p = strategy::predict(gpt, Layout{.dp = 2}, c, settings);
   CHECK(p.unsupported.empty());
   CHECK(p.time.step() > 0);
+}
+
+// tools/plan/calibrate_cluster: the machine without a model's kernels; the planner prices a model's
+// compute on it from the FLOPs at the measured GEMM rate.
+TEST_CASE("calibrate_cluster writes the machine's link, optimizer rate and GEMM rate, no kernels") {
+  const std::string out = tmp_path("machine.json");
+  const testing::LaunchResult r = testing::launch(2, "tools/plan/calibrate_cluster", {"--repeats", "1", "--out", out});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("no model's kernels") != std::string::npos);
+  const strategy::Cluster c = strategy::load_cluster(out);
+  CHECK(c.kernels.empty());
+  CHECK(c.intra.bandwidth > 0);
+  CHECK(c.optimizer_rate > 0);
+  CHECK(c.host_optimizer_rate > 0);
+  CHECK(c.peak_flops > 0);
+  CHECK(c.matmul_efficiency == 1);
+  CHECK(c.shared_cores);
+  const strategy::DescribedModel gpt = small_gpt();
+  strategy::PlanSettings settings;
+  settings.engine.optimizer.groups.assign(2, {});
+  settings.global_batch = kBatch;
+  const strategy::Prediction p = strategy::predict(gpt, Layout{.dp = 2}, c, settings);
+  CHECK(p.unsupported.empty());
+  // Compute from FLOPs: the same layout on the same file with a block's forward calibrated differs.
+  strategy::Cluster timed = c;
+  timed.kernels[strategy::kernel_key(kernel(KernelLayer::kBlock, KernelPass::kForward, Layout{.dp = 2}))] = 1.0;
+  CHECK(strategy::predict(gpt, Layout{.dp = 2}, timed, settings).time.step() > p.time.step());
+  const testing::LaunchResult bad = testing::launch(2, "tools/plan/calibrate_cluster", {"--repeats", "0"});
+  CHECK(bad.exit_code != 0);
+  CHECK(bad.output.find("calibrate_cluster: --repeats 0 is not positive") != std::string::npos);
 }
 
 // The cores calibrate_gpt counts as this machine's devices.
