@@ -196,20 +196,23 @@ for n in $ns; do
     --world 4 --add-tp-parts "$out/cluster.json" 2>&1 | tee "$out/calibration.crowded.$n.log" >&2
 done
 
-# The median of the step times after the first 5 steps, and the last activation peak (bytes).
+# The median of the step times after the first 5 steps, and the last activation peak (bytes), from
+# the run's metrics (LOG.jsonl, train_gpt --metrics).
 measure() {
   awk "$awk_median"'
-       /\] step +[0-9]+ \| loss/ {
-         n++; for (i = 1; i <= NF; i++) { if ($i == "ms" && $(i+1) ~ /^\(/) ms = $(i-1); if ($i == "activations") act = $(i+1) }
+       /"loss"/ {
+         n++
+         if (match($0, /"step_ms": [0-9.e+-]+/)) ms = substr($0, RSTART + 11, RLENGTH - 11)
+         if (match($0, /"activation_bytes": [0-9]+/)) act = substr($0, RSTART + 20, RLENGTH - 20)
          if (n > 5) t[++k] = ms
        }
        END {
          if (k == 0) { print "nan", "nan"; exit }
          print median(t, k), act
-       }' "$1"
+       }' "$1.jsonl"
 }
 
-# train_gpt on N ranks with a layout's flags, every step logged; LOG.steal is the fraction of the
+# train_gpt on N ranks with a layout's flags, every step logged (LOG.jsonl the metrics); LOG.steal is the fraction of the
 # machine's time its hypervisor took (steal) during the run. A run with more steal than STEAL_MAX
 # runs again, up to STEAL_TRIES times in all, and the least disturbed run is kept in LOG: the
 # layout's time is what it takes on the machine, not while the machine is taken away.
@@ -218,7 +221,7 @@ run_once() {  # N, flags, log
   before=$(head -1 /proc/stat)
   # shellcheck disable=SC2086
   "$zerorun" --nproc-per-node "$1" -- "$train_gpt" "${model[@]}" --batch "$batch" \
-    --steps "$steps" --val-every 0 --sample-tokens 0 --log-every 1 --exact-bytes $2 >"$3" 2>&1
+    --steps "$steps" --val-every 0 --sample-tokens 0 --log-every 1 --metrics "$3.jsonl" $2 >"$3" 2>&1
   status=$?
   steal_since "$before" >"$3.steal"
   return $status
@@ -231,10 +234,10 @@ run_layout() {  # N, flags, log
     echo "  $(basename "$3" .log): steal $(cat "$3.steal") during the run; again" >&2
     run_once "$1" "$2" "$3.try" || return
     if awk -v a="$(cat "$3.try.steal")" -v b="$(cat "$3.steal")" 'BEGIN { exit !(a < b) }'; then
-      mv "$3.try" "$3" && mv "$3.try.steal" "$3.steal"
+      mv "$3.try" "$3" && mv "$3.try.steal" "$3.steal" && mv "$3.try.jsonl" "$3.jsonl"
     fi
   done
-  rm -f "$3.try" "$3.try.steal"
+  rm -f "$3.try" "$3.try.steal" "$3.try.jsonl"
 }
 
 : >"$out/results.tsv"

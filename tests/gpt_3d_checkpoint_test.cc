@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "testing/launch.h"
+#include "testing/metrics.h"
 #include "zero/checkpoint/file_io.h"
 #include "zero/checkpoint/safetensors.h"
 
@@ -28,17 +29,12 @@ std::string tmp_dir() {
   return std::string(tmp != nullptr ? tmp : "/tmp") + "/gpt_3d_ckpt";
 }
 
-// The losses of "step N | loss X | ..." lines (printed with 6 decimals).
-std::vector<double> losses(const std::string& out) {
-  std::vector<double> v;
-  std::istringstream in(out);
-  std::string line;
-  while (std::getline(in, line)) {
-    const size_t l = line.find("| loss ");
-    if (line.find("] step ") != std::string::npos && l != std::string::npos) v.push_back(std::stod(line.substr(l + 7)));
-  }
-  return v;
+// Where train() has the run's metrics written (progress_log.h), and the losses read back from it.
+std::string metrics_path() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return std::string(tmp != nullptr ? tmp : "/tmp") + "/gpt_3d_ckpt_metrics.jsonl";
 }
+std::vector<double> losses() { return testing::metric(metrics_path(), "loss"); }
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -74,12 +70,12 @@ struct Layout {
   }
 };
 
-// Deterministic, a constant learning rate (so a run of 4 steps is the first 4 of a run of 6), losses
-// printed to 6 decimals.
+// Deterministic, a constant learning rate (so a run of 4 steps is the first 4 of a run of 6), every
+// step's loss in the metrics file.
 testing::LaunchResult train(const Layout& l, std::vector<std::string> extra) {
   std::vector<std::string> args{"--n-layer", "4", "--deterministic", "--val-every", "0", "--sample-tokens", "0",
-                                "--log-every", "1", "--warmup", "0", "--min-lr-ratio", "1", "--loss-digits", "6",
-                                "--batch", "16"};
+                                "--log-every", "1", "--warmup", "0", "--min-lr-ratio", "1", "--batch", "16",
+                                "--metrics", metrics_path()};
   args.insert(args.end(), l.flags.begin(), l.flags.end());
   args.insert(args.end(), extra.begin(), extra.end());
   return testing::launch(l.nproc, "examples/gpt/train_gpt", args);
@@ -103,7 +99,7 @@ TEST_CASE("a checkpoint saved at one (dp, tp, pp, stage, offload) resumes at ano
   const auto whole = train({1, {}}, {"--steps", "6", "--export", dir + "/whole.safetensors"});
   INFO(whole.output);
   REQUIRE(whole.exit_code == 0);
-  const std::vector<double> want = losses(whole.output);
+  const std::vector<double> want = losses();
   REQUIRE(want.size() == 6);
   const Weights reference = read_weights(dir + "/whole.safetensors");
   struct Move {
@@ -128,7 +124,7 @@ TEST_CASE("a checkpoint saved at one (dp, tp, pp, stage, offload) resumes at ano
     const auto first = train(m.from, {"--steps", "4", "--save", ckpt, "--export", first_export});
     INFO(first.output);
     REQUIRE(first.exit_code == 0);
-    check_losses(losses(first.output), want, 0);
+    check_losses(losses(), want, 0);
     // Offline: zero_ckpt shows the layout, and its export of the checkpoint is the run's own export,
     // byte for byte (whole tensors put together from the tp parts of every stage).
     const auto inspect = testing::run("zero/checkpoint/zero_ckpt", {"inspect", ckpt});
@@ -144,7 +140,7 @@ TEST_CASE("a checkpoint saved at one (dp, tp, pp, stage, offload) resumes at ano
     INFO(second.output);
     REQUIRE(second.exit_code == 0);
     CHECK(second.output.find("resumed from " + ckpt + " at step 4 (saved at " + m.saved_at + ")") != std::string::npos);
-    const std::vector<double> got = losses(second.output);
+    const std::vector<double> got = losses();
     REQUIRE(got.size() == 2);
     check_losses(got, want, 4);
     // The export: GPT-2's tensors, whole, equal to the single-rank run's.

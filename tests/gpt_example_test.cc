@@ -5,6 +5,7 @@
 // activation recompute, the same bits at less activation memory.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -14,6 +15,7 @@
 
 #include "examples/gpt/gpt_model.h"
 #include "testing/launch.h"
+#include "testing/metrics.h"
 
 namespace zero {
 namespace {
@@ -216,18 +218,9 @@ TEST_CASE("a user's own optimizers train at stages 1-3 with the same bits, and r
   }
 }
 
-// The largest "activations N B" of a run's progress lines (--exact-bytes).
-uint64_t activation_peak(const std::string& out) {
-  uint64_t peak = 0;
-  for (size_t at = out.find("| activations "); at != std::string::npos; at = out.find("| activations ", at + 1)) {
-    peak = std::max<uint64_t>(peak, std::stoull(out.substr(at + 14)));
-  }
-  return peak;
-}
-
 TEST_CASE("activation recompute: the loss curve bit for bit, at the activation bytes the model predicts") {
   const std::vector<std::string> common{"--steps", "6", "--deterministic", "--val-every", "0", "--sample-tokens", "0",
-                                        "--log-every", "1", "--loss-digits", "9", "--exact-bytes"};
+                                        "--log-every", "1"};
   // train_gpt's default model; 16 sequences over 2 data-parallel ranks.
   const examples::GptConfig config{.vocab_size = 256, .block_size = 64, .n_embd = 64, .n_head = 4, .n_layer = 2};
   const examples::GptStage whole{0, config.n_layer, true, true};
@@ -235,18 +228,23 @@ TEST_CASE("activation recompute: the loss curve bit for bit, at the activation b
        {std::vector<std::string>{"--stage", "3"}, {"--stage", "1"},
         {"--stage", "2", "--pp", "2", "--pp-schedule", "zb-h1", "--micro-batches", "4"}}) {
     CAPTURE(layout.front() + " " + layout[1] + (layout.size() > 2 ? " pp 2" : ""));
-    std::vector<std::string> runs[2];
+    std::vector<double> runs[2];
     uint64_t peaks[2] = {0, 0};
     for (int recompute = 0; recompute < 2; ++recompute) {
+      const char* tmp = std::getenv("TEST_TMPDIR");
+      const std::string metrics = std::string(tmp != nullptr ? tmp : "/tmp") + "/recompute.jsonl";
       std::vector<std::string> args = common;
+      args.insert(args.end(), {"--metrics", metrics});
       args.insert(args.end(), layout.begin(), layout.end());
       if (recompute == 1) args.push_back("--recompute");
       const auto r = testing::launch(2, "examples/gpt/train_gpt", args);
       INFO(r.output);
       REQUIRE(r.exit_code == 0);
-      runs[recompute] = losses(r.output);
+      runs[recompute] = testing::metric(metrics, "loss");  // every digit
       REQUIRE(runs[recompute].size() == 6);
-      peaks[recompute] = activation_peak(r.output);
+      for (double b : testing::metric(metrics, "activation_bytes")) {
+        peaks[recompute] = std::max(peaks[recompute], static_cast<uint64_t>(b));
+      }
       if (recompute == 1) CHECK(r.output.find("blocks recomputed in backward") != std::string::npos);
     }
     CHECK(runs[1] == runs[0]);

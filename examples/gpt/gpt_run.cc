@@ -35,8 +35,7 @@ GptRun GptRun::read(cli::Flags& flags) {
   r.sample_tokens = flags.get_int("sample-tokens", 160);
   r.top_k = flags.get_int("top-k", 5);  // 0: greedy
   r.log_every = r.config.log_every(flags);
-  r.loss_digits = flags.get_int("loss-digits", 4);
-  r.exact_bytes = flags.get_bool("exact-bytes", false);
+  r.metrics = flags.get("metrics", "");
   r.run_flags = RunFlags::read(flags, opt);
   r.run_flags.apply(opt);
   // The layout: a --config file's (zero_plan --write-config) or the example's, with the engine

@@ -25,8 +25,7 @@ struct GptRun {
   double min_lr_ratio = 0.1;
   std::optional<int> batch;  // sequences per step (--batch), else the file's, else 16
   int val_every = 50, val_batches = 4, sample_tokens = 160, top_k = 5, log_every = 1;
-  int loss_digits = 4;       // tests compare losses to 1e-5 relative
-  bool exact_bytes = false;  // activations in bytes (the strategy validation compares them)
+  std::string metrics;  // --metrics FILE: each logged step as a JSON line (progress_log.h)
   Layout layout;             // dp 0 until the world is known
   std::string layout_source;  // what the layout came from, for its errors
   std::vector<int> pp_layers;

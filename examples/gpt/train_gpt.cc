@@ -20,12 +20,12 @@
 
 #include "comm/launch/process_group.h"
 #include "comm/mesh.h"
-#include "tools/cli/flags.h"
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_model.h"
 #include "examples/gpt/gpt_pipeline.h"
 #include "examples/gpt/gpt_run.h"
 #include "examples/gpt/gpt_sample.h"
+#include "examples/gpt/progress_log.h"
 #include "examples/gpt/text_data.h"
 #include "examples/heap.h"
 #include "memory/tracker.h"
@@ -34,6 +34,7 @@
 #include "parallel/pipeline/measured.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/pipeline/step_timeline.h"
+#include "tools/cli/flags.h"
 #include "zero/engine.h"
 
 namespace {
@@ -103,6 +104,8 @@ int run(int argc, char** argv) {
   }
 
   const int first_step = run.run_flags.resume(engine, rank == 0);
+  std::optional<examples::ProgressLog> progress;
+  if (rank == 0) progress.emplace(run.metrics);
   std::vector<int> x, y;
   for (int step = first_step; step < run.steps; ++step) {
     const float step_lr = optim::lr_at(schedule, step);
@@ -144,15 +147,12 @@ int run(int argc, char** argv) {
                         pipe ? parallel::measure({piped.spans}).worst_bubble : 0.0, static_cast<double>(activation_peak)};
     comm.all_reduce(maxima, 3, DType::kFloat64, comm::ReduceOp::kMax)->wait();
     const StepTimings& tm = engine.step_timings();
-    if (rank == 0 && ((step + 1) % run.log_every == 0 || step + 1 == run.steps)) {
-      std::printf("step %4d | loss %.*f | norm %.2f | lr %.2e | %7.0f tok/s | %6.1f ms (gather %.1f, reduce %.1f, "
-                  "update %.1f) | mem/rank %s%s | activations %s\n",
-                  step + 1, run.loss_digits, loss, r.grad_norm, step_lr, batch * T / dt, 1e3 * dt, 1e3 * tm.gather_wait_s,
-                  1e3 * tm.reduce_wait_s, 1e3 * tm.optimizer_s, memory::format_bytes(static_cast<uint64_t>(maxima[0])).c_str(),
-                  pipe ? fmt::format(" | bubble {:.1f}%", 100 * maxima[1]).c_str() : "",
-                  run.exact_bytes ? fmt::format("{} B", static_cast<uint64_t>(maxima[2])).c_str()
-                                  : memory::format_bytes(static_cast<uint64_t>(maxima[2])).c_str());
-      std::fflush(stdout);
+    if (progress && ((step + 1) % run.log_every == 0 || step + 1 == run.steps)) {
+      progress->step({.step = step + 1, .loss = loss, .grad_norm = r.grad_norm, .lr = step_lr,
+                      .tokens_per_s = batch * T / dt, .step_s = dt, .gather_s = tm.gather_wait_s,
+                      .reduce_s = tm.reduce_wait_s, .update_s = tm.optimizer_s,
+                      .memory_bytes = static_cast<uint64_t>(maxima[0]), .activation_bytes = static_cast<uint64_t>(maxima[2]),
+                      .bubble = pipe ? std::optional(maxima[1]) : std::nullopt});
     }
     if (pipe && !run.timeline.empty() && step + 1 == run.steps) {
       const parallel::StepTimeline t =
@@ -173,7 +173,7 @@ int run(int argc, char** argv) {
       }
       val /= run.val_batches;
       comm.all_reduce(&val, 1, DType::kFloat64, comm::ReduceOp::kAvg)->wait();
-      if (rank == 0) std::printf("step %4d | validation loss %.4f (unigram entropy %.4f)\n", step + 1, val, data.unigram_entropy());
+      if (progress) progress->validation(step + 1, val, data.unigram_entropy());
       examples::report_memory(engine, mesh, step + 1);
     }
     run.run_flags.after_step(engine, step + 1, run.steps);  // the data is a function of the step, which it keeps
