@@ -55,8 +55,14 @@ Layout agreed(Communicator& world, const Layout& given, int world_size) {
 
 }  // namespace
 
-Mesh::Mesh(Communicator& world, const MeshShape& shape)
-    : world_(world), grid_(agreed(world, shape), world.size()),
+Mesh::Mesh(Communicator& world, const MeshShape& shape) : Mesh(world, std::nullopt, agreed(world, shape)) {}
+
+Mesh::Mesh(Communicator& world, const Layout& layout) : Mesh(world, agreed(world, layout, world.size()), std::nullopt) {}
+
+Mesh::Mesh(Communicator& world, std::optional<Layout> layout, std::optional<MeshShape> shape)
+    : world_(world),
+      layout_(std::move(layout)),  // declared before grid_, which reads it
+      grid_(layout_ ? MeshShape::of(*layout_) : *shape, world.size()),
       coord_(grid_.coord(world.rank())) {
   // Every rank splits for every group in the same order; a rank's place in a group follows its world
   // rank (the key).
@@ -67,12 +73,7 @@ Mesh::Mesh(Communicator& world, const MeshShape& shape)
   pp_ = split(MeshGroup::kPp);
   model_parallel_ = split(MeshGroup::kModelParallel);
   embedding_ = split(MeshGroup::kEmbedding);
-}
-
-Mesh::Mesh(Communicator& world, const Layout& layout)
-    : Mesh(world, MeshShape::of(agreed(world, layout, world.size()))) {
-  layout_ = with_world(layout, world.size(), "layout");
-  if (layout_->shard_group_size() != layout_->dp) hybrid_ = std::make_unique<HybridGroups>(*dp_, layout_->shard);
+  if (layout_ && layout_->shard_group_size() != layout_->dp) hybrid_ = std::make_unique<HybridGroups>(*dp_, layout_->shard);
 }
 
 Mesh::~Mesh() = default;

@@ -55,6 +55,9 @@ class Mesh {
   Communicator* group(MeshGroup group) const;
 
  private:
+  // Both public constructors, with what the ranks agreed on: a resolved layout (its shape is the
+  // mesh's), or a shape alone.
+  Mesh(Communicator& world, std::optional<Layout> layout, std::optional<MeshShape> shape);
   Communicator& world_;
   std::optional<Layout> layout_;
   MeshLayout grid_;

@@ -13,37 +13,64 @@
 //   --shard-group-size         hybrid sharding's shard groups (the layout's shard)
 //   --offload, --offload-params
 // Each flag given overrides --layout's and the base's field; an error names the flag.
+#include <algorithm>
+#include <initializer_list>
 #include <string>
+#include <string_view>
 #include <utility>
 
-#include "tools/cli/flags.h"
 #include "layout/layout.h"
+#include "tools/cli/flags.h"
+#include "zero/engine_options.h"
 
 namespace zero::examples {
 
-inline Layout layout_from_flags(cli::Flags& flags, const Layout& base) {
-  static constexpr std::pair<const char*, const char*> kFlags[] = {
-      {"dp", "dp"},
-      {"tp", "tp"},
-      {"pp", "pp"},
-      {"stage", "stage"},
-      {"micro-batches", "micro_batches"},
-      {"pp-schedule", "schedule"},
-      {"chunks", "chunks"},
-      {"sequence-parallel", "sequence_parallel"},
-      {"recompute", "recompute"},
-      {"mesh-order", "order"},
-      {"shard-group-size", "shard"},
-      {"offload", "offload_optimizer"},
-      {"offload-params", "offload_params"},
-  };
-  Layout l = flags.has("layout") ? parse_layout(flags.get("layout", ""), base) : base;
+namespace layout_flags_internal {
+
+inline constexpr std::pair<const char*, const char*> kFlags[] = {
+    {"dp", "dp"},
+    {"tp", "tp"},
+    {"pp", "pp"},
+    {"stage", "stage"},
+    {"micro-batches", "micro_batches"},
+    {"pp-schedule", "schedule"},
+    {"chunks", "chunks"},
+    {"sequence-parallel", "sequence_parallel"},
+    {"recompute", "recompute"},
+    {"mesh-order", "order"},
+    {"shard-group-size", "shard"},
+    {"offload", "offload_optimizer"},
+    {"offload-params", "offload_params"},
+};
+
+// Each flag of kFlags given on the command line (of `only`, when not empty) onto `l`.
+inline void read(cli::Flags& flags, Layout& l, std::initializer_list<std::string_view> only = {}) {
   for (const auto& [flag, field] : kFlags) {
+    if (only.size() > 0 && std::find(only.begin(), only.end(), flag) == only.end()) continue;
     if (flags.has(flag)) set_layout_field(l, field, flags.get(flag, ""), "--" + std::string(flag));
   }
   // --offload-params keeps the optimizer offloaded too (the engine's rule), as it always has here.
   if (l.offload_params) l.offload_optimizer = true;
+}
+
+}  // namespace layout_flags_internal
+
+inline Layout layout_from_flags(cli::Flags& flags, const Layout& base) {
+  Layout l = flags.has("layout") ? parse_layout(flags.get("layout", ""), base) : base;
+  layout_flags_internal::read(flags, l);
   return l;
+}
+
+// A loop without a mesh (train_mlp: data parallelism only) reads just the ZeRO flags, --stage,
+// --offload and --offload-params, as the same layout fields, into `base`.
+inline EngineOptions zero_flags(cli::Flags& flags, const EngineOptions& base) {
+  Layout l;
+  l.stage = base.stage;
+  l.offload_optimizer = base.offload.optimizer;
+  l.offload_params = base.offload.params;
+  l.micro_batches = base.micro_batches;
+  layout_flags_internal::read(flags, l, {"stage", "offload", "offload-params"});
+  return engine_options(l, base);
 }
 
 }  // namespace zero::examples

@@ -2,7 +2,6 @@
 // The flags every training example shares, and what they do to the engine and the loop:
 //   --config FILE                     EngineOptions, the model dtype and the loop's batch and log
 //                                     interval from a JSON file, ours or DeepSpeed's (docs/config.md)
-//   --offload / --offload-params      EngineOptions.offload (the optimizer; at stage 3 the parameters too)
 //   --save DIR [--save-every K]       an async checkpoint every K steps and at the end
 //   --resume DIR                      load DIR before the first step: saved at any (dp, tp, pp), split of
 //                                     the layers and stage
@@ -49,7 +48,6 @@ struct ConfigFlag {
     EngineOptions o = config ? config->engine : example_defaults;
     strategy::two_optimizer_groups(o, config ? config->source : "the example's options", program);
     std::vector<optim::Hyper>& groups = o.optimizer.groups;
-    o.stage = flags.get_int("stage", o.stage);
     o.micro_batches = flags.get_int("micro-steps", o.micro_batches);
     o.deterministic = flags.get_bool("deterministic", o.deterministic);
     // Floats only when given: the flag's fallback would go through text and lose digits.
@@ -142,25 +140,19 @@ inline EngineComms engine_comms(comm::Communicator& world, const comm::HybridGro
   return EngineComms{.shard = groups->shard(), .replica = groups->replica()};
 }
 
+// The checkpoint flags (--save, --save-every, --resume, --export) and what they do around the loop.
+// (--stage, --offload and --offload-params are the layout's: examples/layout_flags.h.)
 struct RunFlags {
-  bool offload = false, offload_params = false;
   std::string save_dir, resume_dir, export_path;
   int save_every = 0;
 
-  // `base`: the options the offload flags default to (a --config file's).
-  static RunFlags read(cli::Flags& flags, const EngineOptions& base = {}) {
+  static RunFlags read(cli::Flags& flags) {
     RunFlags f;
-    f.offload = flags.get_bool("offload", base.offload.optimizer);
-    f.offload_params = flags.get_bool("offload-params", base.offload.params);
     f.save_dir = flags.get("save", "");
     f.save_every = flags.get_int("save-every", 0);
     f.resume_dir = flags.get("resume", "");
     f.export_path = flags.get("export", "");
     return f;
-  }
-  void apply(EngineOptions& opt) const {
-    opt.offload.optimizer = offload || offload_params;
-    opt.offload.params = offload_params;
   }
   // Loads --resume (if given) and returns the step to start from. `report`: this rank prints (by
   // default the engine's rank 0; under model parallelism the caller picks one of the engines).

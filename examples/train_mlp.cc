@@ -17,6 +17,7 @@
 #include "base/check.h"
 #include "comm/launch/process_group.h"
 #include "tools/cli/flags.h"
+#include "examples/layout_flags.h"
 #include "examples/run_flags.h"
 #include "examples/mlp.h"
 #include "examples/mlp_engine.h"
@@ -48,16 +49,15 @@ int run(int argc, char** argv) {
   const int hidden = flags.get_int("hidden", 256);
   const int inputs = flags.get_int("inputs", 64);
   const int classes = flags.get_int("classes", 10);
-  EngineOptions opt = config.engine_options(flags, mlp_defaults(), "train_mlp");
+  EngineOptions opt = examples::zero_flags(flags, config.engine_options(flags, mlp_defaults(), "train_mlp"));
   if (flags.has("bucket-kib")) {
     opt.layout.bucket_numel = static_cast<size_t>(flags.get_int("bucket-kib", 256)) * 1024 / sizeof(float);
   }
   const int log_every = config.log_every(flags);
   const int seed = flags.get_int("seed", 1);
-  const examples::RunFlags run_flags = examples::RunFlags::read(flags, opt);
+  const examples::RunFlags run_flags = examples::RunFlags::read(flags);
   const examples::HybridFlag hybrid = examples::HybridFlag::read(flags, config, opt);
   flags.check_all_used();
-  run_flags.apply(opt);
   if (config.model_dtype() && *config.model_dtype() != DType::kFloat32) {
     ZERO_THROW(InvalidArgument, "the MLP trains in fp32; {} sets model_dtype {}", config.config->source,
                dtype_name(*config.model_dtype()));

@@ -36,8 +36,7 @@ GptRun GptRun::read(cli::Flags& flags) {
   r.top_k = flags.get_int("top-k", 5);  // 0: greedy
   r.log_every = r.config.log_every(flags);
   r.metrics = flags.get("metrics", "");
-  r.run_flags = RunFlags::read(flags, opt);
-  r.run_flags.apply(opt);
+  r.run_flags = RunFlags::read(flags);
   // The layout: a --config file's (zero_plan --write-config) or the example's, with the engine
   // options' stage, offload and micro-batches, then each layout flag. Without a file or a flag that
   // says, a pipeline runs 2 micro-batches per stage.
