@@ -22,22 +22,14 @@
 #include "parallel/pipeline/schedules.h"
 #include "parallel/strategy/gpt2.h"
 #include "parallel/strategy/predict.h"
+#include "parallel/strategy/test_cluster.h"
 #include "testing/thread_ranks.h"
 #include "zero/engine.h"
 
 namespace zero::examples {
 namespace {
 
-strategy::Cluster cluster() {
-  strategy::Cluster c;
-  c.name = "test";
-  c.devices_per_node = 8;
-  c.device_memory = 1e12;
-  c.peak_flops = 1e10;
-  c.intra = c.inter = {1e9, 1e-5};
-  c.optimizer_rate = 1e8;
-  return c;
-}
+strategy::Cluster cluster() { return strategy::test_cluster(); }
 
 // The description's costs with the engine's tensors and scope schedule the model itself records.
 class RecordedGpt : public strategy::ModelCosts {

@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "parallel/strategy/predict.h"
+#include "parallel/strategy/test_cluster.h"
 
 namespace zero::strategy {
 namespace {
@@ -28,16 +29,7 @@ const char* kSmall = R"({
            "tp": {"enter": 1, "all_reduces_per_token": [4]}}
 })";
 
-Cluster cluster() {
-  Cluster c;
-  c.name = "test";
-  c.devices_per_node = 8;
-  c.device_memory = 1e12;
-  c.peak_flops = 1e10;
-  c.intra = c.inter = {1e9, 1e-5};
-  c.optimizer_rate = 1e8;
-  return c;
-}
+Cluster cluster() { return test_cluster(); }
 
 std::string error_of(const std::string& text) {
   try {

@@ -7,22 +7,14 @@
 #include "base/error.h"
 #include "parallel/strategy/kernel_times.h"
 #include "parallel/strategy/predict.h"
+#include "parallel/strategy/test_cluster.h"
 
 namespace zero::strategy {
 namespace {
 
 const Gpt2Shape kShape{.vocab_size = 256, .block_size = 64, .n_embd = 64, .n_head = 4, .n_layer = 4};
 
-Cluster cluster() {
-  Cluster c;
-  c.name = "test";
-  c.devices_per_node = 8;
-  c.device_memory = 1e12;
-  c.peak_flops = 1e10;
-  c.intra = c.inter = {1e9, 1e-5};
-  c.optimizer_rate = 1e8;
-  return c;
-}
+Cluster cluster() { return test_cluster(); }
 
 Kernel kernel(KernelLayer layer, KernelPass pass, int batch, int tp) {
   return {"gpt/4,64,4,256,64", layer, pass, batch, tp, false};
