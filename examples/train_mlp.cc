@@ -62,12 +62,15 @@ int run(int argc, char** argv) {
     ZERO_THROW(InvalidArgument, "the MLP trains in fp32; {} sets model_dtype {}", config.config->source,
                dtype_name(*config.model_dtype()));
   }
-  const int micro = opt.micro_batches;
+  const bool infer_micro = config.config && config.config->loop.infer_micro_batches && !flags.has("micro-steps");
 
   comm::ProcessGroup pg = comm::init_process_group();
   comm::Communicator& comm = *pg.host;
   const int rank = comm.rank(), world = comm.size();
   config.print(rank);
+  // DeepSpeed's batch sizes without gradient_accumulation_steps: the micro-steps from the world.
+  if (infer_micro) opt.micro_batches = resolve_micro_batches(*config.config, world);
+  const int micro = opt.micro_batches;
   const std::optional<int> config_batch = config.global_batch(micro, world);
   const int global_batch = batch_given || !config_batch ? batch_flag : *config_batch / micro;
   if (global_batch % world != 0) {

@@ -19,6 +19,8 @@ packages=(
   libspdlog-dev
   doctest-dev
   nlohmann-json3-dev
+  python3-yaml         # the CI recipes' check (//:workflows_test)
+  python3-jsonschema
 )
 if [[ "${1:-}" == "--ci" ]]; then
   packages+=(clang-14 lld-14 libfuzzer-14-dev libclang-rt-14-dev libtorch-dev)

@@ -63,7 +63,8 @@ TEST_CASE("example: loss decreases and is identical across stages and offload in
   }
 }
 
-TEST_CASE("example: --config (a DeepSpeed file, our format) trains as the same flags do; flags override the file") {
+TEST_CASE("example: --config (a DeepSpeed file, with or without its accumulation steps, our format) trains as the same "
+          "flags do; flags override the file") {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / "example_test_config";
   std::filesystem::create_directories(dir);
   const std::string deepspeed = (dir / "ds_config.json").string(), ours = (dir / "ours.json").string();
@@ -72,6 +73,13 @@ TEST_CASE("example: --config (a DeepSpeed file, our format) trains as the same f
     "train_micro_batch_size_per_gpu": 32, "gradient_accumulation_steps": 2, "gradient_clipping": 0.5,
     "optimizer": {"type": "AdamW", "params": {"lr": 0.02, "weight_decay": 0.01}},
     "zero_optimization": {"stage": 3, "reduce_bucket_size": 4096, "sub_group_size": 1e9}})";
+  // The same as DeepSpeed users often write it: the global batch and the micro batch, the
+  // accumulation steps left to the world (128 / (32 x 2 ranks) = 2).
+  const std::string inferred = (dir / "ds_inferred.json").string();
+  std::ofstream(inferred) << R"({
+    "train_batch_size": 128, "train_micro_batch_size_per_gpu": 32, "gradient_clipping": 0.5,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.02, "weight_decay": 0.01}},
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": 4096}})";
   // Its lr is overridden by --lr below; global batch 128 over 2 micro-steps: 64 per micro-step.
   std::ofstream(ours) << R"({"stage": 3, "optimizer": {"groups": [{"lr": 0.5, "weight_decay": 0.01}, {"lr": 0.5}]},
     "max_grad_norm": 0.5, "micro_batches": 2, "deterministic": true,
@@ -88,11 +96,14 @@ TEST_CASE("example: --config (a DeepSpeed file, our format) trains as the same f
                           "--lr", "0.02", "--bucket-kib", "16"});
   const auto from_deepspeed = run({"--config", deepspeed, "--deterministic"});
   const auto from_ours = run({"--config", ours, "--lr", "0.02"});
+  const auto from_inferred = run({"--config", inferred, "--deterministic"});
   const auto lines = loss_lines(flags.output);
   REQUIRE(lines.size() == 20);
   CHECK(loss_of(lines.back()) < 0.8 * loss_of(lines.front()));
   CHECK(loss_lines(from_deepspeed.output) == lines);
   CHECK(loss_lines(from_ours.output) == lines);
+  CHECK(loss_lines(from_inferred.output) == lines);
+  CHECK(from_inferred.output.find("gradient_accumulation_steps: not given") != std::string::npos);
   CHECK(from_deepspeed.output.find("config: " + deepspeed + " (deepspeed)") != std::string::npos);
   CHECK(from_deepspeed.output.find("zero_optimization.sub_group_size: no effect") != std::string::npos);
   CHECK(from_ours.output.find("config: " + ours + " (ours)") != std::string::npos);

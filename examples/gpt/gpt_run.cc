@@ -50,6 +50,8 @@ GptRun GptRun::read(cli::Flags& flags) {
   const bool m_given = file || flags.has("micro-steps") || flags.has("micro-batches") ||
                        r.layout.micro_batches != base.micro_batches;
   if (r.layout.pp > 1 && !m_given) r.layout.micro_batches = 2 * r.layout.pp;
+  r.infer_micro_batches = file && file->loop.infer_micro_batches && !flags.has("micro-steps") &&
+                          r.layout.micro_batches == base.micro_batches;
   r.layout_source = file ? "the layout (" + file->source + ", then the flags)" : "the layout (the flags)";
   r.pp_layers = parse_layer_counts(flags.get("pp-layers", ""));
   r.timeline = flags.get("timeline", "");
@@ -76,6 +78,16 @@ GptRun GptRun::read(cli::Flags& flags) {
   }
   opt = engine_options(r.layout, opt);
   return r;
+}
+
+Layout GptRun::at_world(int world) {
+  Layout l = with_world(layout, world, layout_source);
+  if (infer_micro_batches) {
+    l.micro_batches = resolve_micro_batches(*config.config, l.dp);
+    l = with_world(l, world, layout_source);  // the inferred count against the schedule's rules
+    options = engine_options(l, options);
+  }
+  return l;
 }
 
 int GptRun::global_batch(int world) const {

@@ -36,8 +36,13 @@ struct GptRun {
 
   // Reads every flag (unknown ones refused) and checks what can be checked before the launch.
   static GptRun read(cli::Flags& flags);
+  // The layout on `world` ranks (dp resolved); where the config leaves the micro-batches to the world
+  // (DeepSpeed's train_batch_size and micro batch without gradient_accumulation_steps) and no flag
+  // sets them, they are inferred here, in the layout and the options.
+  Layout at_world(int world);
   // The global batch on `world` data-parallel ranks, checked to divide into their micro-batches.
   int global_batch(int world) const;
+  bool infer_micro_batches = false;
 };
 
 }  // namespace zero::examples

@@ -45,13 +45,13 @@ using Clock = std::chrono::steady_clock;
 int run(int argc, char** argv) {
   examples::keep_freed_memory();
   cli::Flags flags(argc, argv);
-  const examples::GptRun run = examples::GptRun::read(flags);
+  examples::GptRun run = examples::GptRun::read(flags);
   const examples::GptConfig& cfg = run.model;
   comm::ProcessGroup pg = comm::init_process_group();
   comm::Communicator& comm = *pg.host;
   // tp groups of consecutive ranks hold one stage's part between them, pipeline stages outermost;
   // data parallelism (with its hybrid groups) runs across the copies of each stage.
-  const Layout layout = with_world(run.layout, comm.size(), run.layout_source);
+  const Layout layout = run.at_world(comm.size());
   comm::Mesh mesh(comm, layout);
   const int rank = comm.rank(), dp_rank = mesh.dp().rank(), world = mesh.dp().size(), T = cfg.block_size;
   run.config.print(rank);

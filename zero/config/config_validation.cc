@@ -71,6 +71,10 @@ void validate_config(EngineConfig& c, const Context& ctx, const Origins& origins
     at_least_one("loop", {{"micro_batch_size", c.loop.micro_batch_size},
                           {"global_batch_size", c.loop.global_batch_size},
                           {"log_every", c.loop.log_every}});
+    if (c.loop.infer_micro_batches && !(c.loop.global_batch_size && c.loop.micro_batch_size)) {
+      ZERO_THROW(InvalidArgument, "loop.infer_micro_batches needs loop.global_batch_size and loop.micro_batch_size "
+                                  "(the micro-batches are the one divided by the other and the data-parallel ranks)");
+    }
     // The layout's own rules (layout/layout.h), its engine fields the options' just copied.
     validate(l, "parallel");
   });

@@ -119,12 +119,19 @@ class DeepSpeedReader {
     if (micro) c_.loop.micro_batch_size = static_cast<int>(*micro);
     if (steps) c_.engine.micro_batches = static_cast<int>(*steps);
     if (global && micro && !steps) {
-      fail(ctx_,
-           "train_batch_size and train_micro_batch_size_per_gpu without gradient_accumulation_steps: "
-           "DeepSpeed infers it from the world size, which a config file is read without; give "
-           "gradient_accumulation_steps too");
+      // DeepSpeed infers the accumulation steps from the world size, which a file is read without:
+      // the program resolves them at launch (resolve_micro_batches).
+      if (*global % *micro != 0) {
+        fail(ctx_, fmt::format("train_batch_size ({}) is not a multiple of train_micro_batch_size_per_gpu ({})",
+                               *global, *micro));
+      }
+      c_.loop.infer_micro_batches = true;
+      c_.notes.push_back(fmt::format(
+          "gradient_accumulation_steps: not given; train_batch_size / (train_micro_batch_size_per_gpu x "
+          "data-parallel ranks) = {} / ({} x ranks) at launch, as DeepSpeed infers it",
+          *global, *micro));
     }
-    if (global && micro && *global % (*micro * *steps) != 0) {
+    if (global && micro && steps && *global % (*micro * *steps) != 0) {
       fail(ctx_, fmt::format("train_batch_size ({}) is not a multiple of train_micro_batch_size_per_gpu ({}) x "
                              "gradient_accumulation_steps ({})",
                              *global, *micro, *steps));

@@ -62,6 +62,22 @@ std::string to_native_json(const EngineConfig& config) { return config_internal:
 
 std::vector<std::string> native_config_keys() { return config_internal::native_keys(); }
 
+int resolve_micro_batches(const EngineConfig& c, int data_parallel_size) {
+  if (!c.loop.infer_micro_batches) return c.engine.micro_batches;
+  ZERO_CHECK(data_parallel_size >= 1, "resolve_micro_batches: {} data-parallel ranks", data_parallel_size);
+  ZERO_CHECK(c.loop.global_batch_size && c.loop.micro_batch_size, "{}: infer_micro_batches without both batch sizes",
+             c.source);
+  const int64_t per_step = static_cast<int64_t>(*c.loop.micro_batch_size) * data_parallel_size;
+  if (*c.loop.global_batch_size % per_step != 0) {
+    ZERO_THROW(InvalidArgument,
+               "{}: the global batch (loop.global_batch_size, DeepSpeed's train_batch_size) {} is not a multiple of "
+               "the micro batch (loop.micro_batch_size, train_micro_batch_size_per_gpu) {} x {} data-parallel "
+               "rank(s), so the micro-batches per step (gradient_accumulation_steps) cannot be inferred",
+               c.source, *c.loop.global_batch_size, *c.loop.micro_batch_size, data_parallel_size);
+  }
+  return static_cast<int>(*c.loop.global_batch_size / per_step);
+}
+
 std::optional<int> resolve_global_batch(const LoopConfig& loop, int micro_batches, int world_size) {
   if (micro_batches < 1 || world_size < 1) {
     ZERO_THROW(InvalidArgument, "resolve_global_batch: micro_batches ({}) and world_size ({}) must be >= 1",

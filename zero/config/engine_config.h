@@ -54,4 +54,11 @@ std::vector<std::string> native_config_keys();
 // global batch that does not divide by micro_batches * world_size.
 std::optional<int> resolve_global_batch(const LoopConfig& loop, int micro_batches, int world_size);
 
+// The micro-batches per step on `data_parallel_size` ranks: with loop.infer_micro_batches (DeepSpeed's
+// train_batch_size and train_micro_batch_size_per_gpu without gradient_accumulation_steps),
+// global / (micro x data_parallel_size); otherwise engine.micro_batches as the file gives it.
+// InvalidArgument naming the file, both keys and the rank count when the global batch does not
+// divide.
+int resolve_micro_batches(const EngineConfig& config, int data_parallel_size);
+
 }  // namespace zero

@@ -531,8 +531,8 @@ TEST_CASE("values out of range fail naming the option, and for DeepSpeed the key
   CHECK(contains(
       ds_error(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})"),
       "train_batch_size (30) is not a multiple"));
-  CHECK(contains(ds_error(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4})"),
-                 "give gradient_accumulation_steps too"));
+  CHECK(contains(ds_error(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4})"),
+                 "train_batch_size (30) is not a multiple of train_micro_batch_size_per_gpu (4)"));
 }
 
 TEST_CASE("malformed JSON names the file and the position; a repeated key is refused") {
@@ -651,7 +651,7 @@ EngineConfig every_field_changed() {
   o.offload = {.optimizer = true, .params = true, .pinned_staging = false};
   o.timeout = std::chrono::milliseconds(1234);
   c.model_dtype = DType::kBFloat16;
-  c.loop = {.micro_batch_size = 4, .global_batch_size = 64, .log_every = 10};
+  c.loop = {.micro_batch_size = 4, .global_batch_size = 64, .log_every = 10, .infer_micro_batches = true};
   c.layout = {.dp = 2,
               .tp = 2,
               .pp = 2,
@@ -691,6 +691,7 @@ TEST_CASE("our format round-trips every field") {
   CHECK(back.loop.micro_batch_size == 4);
   CHECK(back.loop.global_batch_size == 64);
   CHECK(back.loop.log_every == 10);
+  CHECK(back.loop.infer_micro_batches);
   // The layout comes back whole: the parallel section's fields, and the engine's copied in.
   Layout want = c.layout;
   want.stage = c.engine.stage;
@@ -895,6 +896,31 @@ TEST_CASE("resolve_global_batch: DeepSpeed's batch rule") {
                "micro_batches 2 x 2 rank(s) is 16"));
   CHECK(contains(error_of([] { resolve_global_batch(LoopConfig{.global_batch_size = 30}, 2, 4); }),
                  "30 is not a multiple of micro_batches 2 x 4 rank(s)"));
+}
+
+TEST_CASE("DeepSpeed's batch sizes without gradient_accumulation_steps: the micro-batches inferred at launch") {
+  const EngineConfig c = ds(R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4})");
+  CHECK(c.loop.infer_micro_batches);
+  CHECK(std::any_of(c.notes.begin(), c.notes.end(), [](const std::string& n) {
+    return contains(n, "gradient_accumulation_steps: not given; train_batch_size / (train_micro_batch_size_per_gpu x "
+                       "data-parallel ranks) = 64 / (4 x ranks) at launch");
+  }));
+  // DeepSpeed's rule: 64 / (4 x dp).
+  CHECK(resolve_micro_batches(c, 1) == 16);
+  CHECK(resolve_micro_batches(c, 2) == 8);
+  CHECK(resolve_micro_batches(c, 16) == 1);
+  CHECK(resolve_global_batch(c.loop, resolve_micro_batches(c, 2), 2) == 64);
+  CHECK(contains(error_of([&] { resolve_micro_batches(c, 3); }),
+                 "ds.json (deepspeed): the global batch (loop.global_batch_size, DeepSpeed's train_batch_size) 64 is not a multiple "
+                 "of the micro batch (loop.micro_batch_size, train_micro_batch_size_per_gpu) 4 x 3 data-parallel rank(s)"));
+  // Given, the steps stand; and a file that does not ask for inference keeps its micro-batches.
+  const EngineConfig given = ds(R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4,
+                                    "gradient_accumulation_steps": 2})");
+  CHECK(!given.loop.infer_micro_batches);
+  CHECK(resolve_micro_batches(given, 3) == 2);
+  // Ours: the key needs both sizes.
+  CHECK(contains(error_of([] { parse_native_config(R"({"loop": {"infer_micro_batches": true}})", "n.json"); }),
+                 "loop.infer_micro_batches needs loop.global_batch_size and loop.micro_batch_size"));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -19,6 +19,10 @@ struct LoopConfig {
   std::optional<int> micro_batch_size;   // samples per rank in one micro-step
   std::optional<int> global_batch_size;  // samples per optimizer step, over all ranks and micro-steps
   std::optional<int> log_every;          // steps between progress lines
+  // DeepSpeed's train_batch_size and train_micro_batch_size_per_gpu without
+  // gradient_accumulation_steps: the micro-batches per step follow from the world, global / (micro x
+  // data-parallel ranks), which the program resolves once it knows it (resolve_micro_batches).
+  bool infer_micro_batches = false;
 };
 
 enum class ConfigFormat { kNative, kDeepSpeed };

@@ -150,6 +150,7 @@ void visit_native(V& v, EngineConfig& c) {
     v.field("micro_batch_size", c.loop.micro_batch_size);
     v.field("global_batch_size", c.loop.global_batch_size);
     v.field("log_every", c.loop.log_every);
+    v.field("infer_micro_batches", c.loop.infer_micro_batches);
   });
   v.layout("parallel", c.layout);
 }
