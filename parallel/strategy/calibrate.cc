@@ -36,8 +36,6 @@ std::vector<double> mean_over_ranks(comm::Communicator& world, std::vector<doubl
 
 namespace {
 
-double since(Clock::time_point t0) { return seconds_since(t0); }
-
 // The link.
 
 constexpr size_t kMinBytes = 1 << 10, kMaxBytes = 4 << 20;
@@ -77,7 +75,7 @@ double time_op(comm::Communicator& world, size_t bytes, int repeats, Op op) {
     world.barrier()->wait();
     const auto t0 = Clock::now();
     for (int c = 0; c < calls; ++c) op();
-    if (r > 0) samples.push_back(since(t0) / calls);
+    if (r > 0) samples.push_back(seconds_since(t0) / calls);
   }
   return median(samples);
 }
@@ -94,7 +92,7 @@ double time_op_busy(comm::Communicator& world, int repeats, Work work, Op op) {
     work();
     const auto t0 = Clock::now();
     op();
-    if (r > 0) samples.push_back(since(t0));
+    if (r > 0) samples.push_back(seconds_since(t0));
   }
   return median(samples);
 }
@@ -265,7 +263,7 @@ SyncResult measure_sync(comm::Communicator& world, const Link& link) {
   world.barrier()->wait();
   const auto t0 = Clock::now();
   segment(100);
-  const double product = mean_over_ranks(world, {since(t0) / 100}).front();
+  const double product = mean_over_ranks(world, {seconds_since(t0) / 100}).front();
   // The ring all-reduce's 2 (n - 1) messages of (almost) nothing: the link's part of each wait.
   const double link_time = 2.0 * (n - 1) * link.time(0.0);
   for (int products : {4, 16, 64, 256, 1024}) {
@@ -277,14 +275,14 @@ SyncResult measure_sync(comm::Communicator& world, const Link& link) {
       world.barrier()->wait();
       auto start = Clock::now();
       for (int k = 0; k < segments; ++k) segment(products);
-      alone += since(start);
+      alone += seconds_since(start);
       world.barrier()->wait();
       start = Clock::now();
       for (int k = 0; k < segments; ++k) {
         segment(products);
         world.all_reduce(&word, 1, DType::kFloat32, comm::ReduceOp::kSum)->wait();
       }
-      synced += since(start);
+      synced += seconds_since(start);
     }
     const std::vector<double> m = mean_over_ranks(world, {alone, synced});
     const double count = static_cast<double>(segments) * kSyncRounds;
@@ -325,7 +323,7 @@ double optimizer_rate(comm::Communicator& world, int repeats, bool offload) {
     world.barrier()->wait();
     const auto t0 = Clock::now();
     engine.step();
-    if (r > 0) samples.push_back(since(t0));
+    if (r > 0) samples.push_back(seconds_since(t0));
   }
   return mean_over_ranks(world, {static_cast<double>(n) / median(samples)})[0];
 }
@@ -343,7 +341,7 @@ double gemm_flops(comm::Communicator& world, int repeats) {
     world.barrier()->wait();
     const auto t0 = Clock::now();
     c.noalias() = a * b;
-    if (r > 0) samples.push_back(since(t0));
+    if (r > 0) samples.push_back(seconds_since(t0));
   }
   if (!std::isfinite(c(0, 0))) std::printf("note: the GEMM gave %g\n", static_cast<double>(c(0, 0)));  // keeps it alive
   return mean_over_ranks(world, {2.0 * N * N * N / median(samples)})[0];

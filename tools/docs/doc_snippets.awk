@@ -17,10 +17,14 @@
 #
 # "<!-- snippet namespace -->" puts the block at namespace scope instead (a class, a function). Its
 # #include lines are lifted to the top. A fence other than ```cpp (```text) is not compiled.
+# Each include once, in the order first met (the generated file is the same on every run).
+function add_include(line) {
+  if (!(line in includes)) { includes[line] = 1; include_order[++n_includes] = line }
+}
 BEGIN {
   n = 0
   split(headers, hs, " ")
-  for (i = 1; i in hs; i++) includes["#include \"" hs[i] "\""] = 1
+  for (i = 1; i in hs; i++) add_include("#include \"" hs[i] "\"")
 }
 FNR == 1 { pending_context = ""; pending_ns = 0 }
 in_context {
@@ -43,14 +47,14 @@ in_context {
 }
 /^```/ && in_block { in_block = 0; next }
 in_block {
-  if ($0 ~ /^#include /) { includes[$0] = 1; next }
+  if ($0 ~ /^#include /) { add_include($0); next }
   body[n] = body[n] $0 "\n"
   next
 }
 # Any other line between a context comment and its block ends the context's claim.
 !/^[[:space:]]*$/ { pending_context = ""; pending_ns = 0 }
 END {
-  for (inc in includes) print inc
+  for (i = 1; i <= n_includes; i++) print include_order[i]
   print ""
   for (i = 1; i <= n; i++) {
     print "// " where[i]
