@@ -39,7 +39,7 @@ inline constexpr int kNumStateTypes = 2;  // fp32, bf16
 inline constexpr int kNumOutTypes = 4;    // none, fp32, fp16, bf16
 
 struct KernelTable {
-  StepFn step[kNumOptimizerKinds][kNumGradTypes][kNumStateTypes][kNumOutTypes] = {};
+  StepFn step[kNumElementwiseKinds][kNumGradTypes][kNumStateTypes][kNumOutTypes] = {};
   SumOfSquaresFn sum_of_squares[kNumGradTypes] = {};
   HasInfOrNanFn has_inf_or_nan[kNumGradTypes] = {};
   ScaleFn scale = nullptr;

@@ -25,34 +25,74 @@ const char* optimizer_name(OptimizerKind kind) {
     case OptimizerKind::kSgd: return "sgd";
     case OptimizerKind::kAdagrad: return "adagrad";
     case OptimizerKind::kLion: return "lion";
+    case OptimizerKind::kMuon: return "muon";
   }
   return "unknown";
 }
 
 OptimizerKind parse_optimizer(std::string_view name) {
-  for (OptimizerKind k : {OptimizerKind::kAdamW, OptimizerKind::kAdam, OptimizerKind::kSgd,
-                          OptimizerKind::kAdagrad, OptimizerKind::kLion}) {
-    if (name == optimizer_name(k)) return k;
+  for (int k = 0; k < kNumOptimizerKinds; ++k) {
+    if (name == optimizer_name(static_cast<OptimizerKind>(k))) return static_cast<OptimizerKind>(k);
   }
-  ZERO_THROW(InvalidArgument, "unknown optimizer '{}' (expected adamw, adam, sgd, adagrad or lion)",
-             name);
+  ZERO_THROW(InvalidArgument, "unknown optimizer '{}' (expected adamw, adam, sgd, adagrad, lion or muon)", name);
+}
+
+OptimizerKind group_kind(const OptimizerOptions& options, int g) {
+  const int n = static_cast<int>(options.groups.size());
+  if (g < 0 || g >= n) ZERO_THROW(InvalidArgument, "group index {} out of range [0, {})", g, n);
+  return options.groups[static_cast<size_t>(g)].kind.value_or(options.kind);
+}
+
+std::vector<OptimizerKind> group_kinds(const OptimizerOptions& options) {
+  std::vector<OptimizerKind> kinds;
+  for (size_t g = 0; g < options.groups.size(); ++g) {
+    const OptimizerKind k = group_kind(options, static_cast<int>(g));
+    if (std::find(kinds.begin(), kinds.end(), k) == kinds.end()) kinds.push_back(k);
+  }
+  if (kinds.empty()) kinds.push_back(options.kind);
+  return kinds;
+}
+
+bool has_matrix_groups(const OptimizerOptions& options) {
+  if (options.custom) return false;
+  const std::vector<OptimizerKind> kinds = group_kinds(options);
+  return std::any_of(kinds.begin(), kinds.end(), [](OptimizerKind k) { return !is_elementwise(k); });
 }
 
 std::string optimizer_label(const OptimizerOptions& options) {
-  return options.custom ? "custom:" + options.custom->name() : std::string(optimizer_name(options.kind));
+  if (options.custom) return "custom:" + options.custom->name();
+  std::string label;
+  for (OptimizerKind k : group_kinds(options)) label += (label.empty() ? "" : "+") + std::string(optimizer_name(k));
+  return label;
 }
 
 std::vector<std::string> optimizer_state_names(const OptimizerOptions& options) {
-  return options.custom ? options.custom->state_names() : optimizer_state_names(options.kind);
+  if (options.custom) return options.custom->state_names();
+  std::vector<std::string> names;
+  for (OptimizerKind k : group_kinds(options)) {
+    for (const std::string& s : optimizer_state_names(k)) {
+      if (std::find(names.begin(), names.end(), s) == names.end()) names.push_back(s);
+    }
+  }
+  return names;
 }
 
 void validate_groups(const OptimizerOptions& options) {
   if (options.groups.empty()) ZERO_THROW(InvalidArgument, "groups must not be empty");
   for (size_t g = 0; g < options.groups.size(); ++g) {
+    const int gi = static_cast<int>(g);
+    const std::optional<OptimizerKind>& kind = options.groups[g].kind;
+    if (kind && (static_cast<int>(*kind) < 0 || static_cast<int>(*kind) >= kNumOptimizerKinds)) {
+      ZERO_THROW(InvalidArgument, "groups[{}].kind: unknown optimizer kind {}", g, static_cast<int>(*kind));
+    }
     if (options.custom) {
-      options.custom->validate(options.groups[g], static_cast<int>(g));
+      if (kind) {
+        ZERO_THROW(InvalidArgument, "groups[{}].kind is {} but the custom optimizer '{}' runs every group", g,
+                   optimizer_name(*kind), options.custom->name());
+      }
+      options.custom->validate(options.groups[g], gi);
     } else {
-      validate_hyper(options.kind, options.groups[g], static_cast<int>(g));
+      validate_hyper(group_kind(options, gi), options.groups[g], gi);
     }
   }
 }
@@ -151,6 +191,13 @@ void validate_hyper(OptimizerKind kind, const Hyper& h, int g) {
       check_at_least(h.lr_decay, 0.0f, "lr_decay", g);
       check_at_least(h.initial_accumulator_value, 0.0f, "initial_accumulator_value", g);
       break;
+    case OptimizerKind::kMuon:
+      check_beta(h.muon.momentum, "muon.momentum", g);
+      check_positive(h.muon.rms_scale, "muon.rms_scale", g);
+      if (h.muon.ns_steps < 1 || h.muon.ns_steps > 100) {
+        ZERO_THROW(InvalidArgument, "groups[{}].muon.ns_steps must be in [1, 100] (got {})", g, h.muon.ns_steps);
+      }
+      break;
   }
 }
 
@@ -194,6 +241,7 @@ std::vector<std::string> state_names_of(OptimizerKind kind) {
     case OptimizerKind::kSgd: return {"momentum_buffer"};
     case OptimizerKind::kAdagrad: return {"sum"};
     case OptimizerKind::kLion: return {"exp_avg"};
+    case OptimizerKind::kMuon: return {"momentum_buffer"};
   }
   return {};
 }
@@ -205,6 +253,20 @@ void validate_common_options(const OptimizerOptions& o) {
   validate_groups(o);
   if (o.state_dtype != DType::kFloat32 && o.state_dtype != DType::kBFloat16) {
     ZERO_THROW(InvalidArgument, "state_dtype must be fp32 or bf16 (got {})", dtype_name(o.state_dtype));
+  }
+}
+
+void require_one_elementwise_kind(const OptimizerOptions& o, const char* who) {
+  for (size_t g = 0; g < o.groups.size(); ++g) {
+    const OptimizerKind k = group_kind(o, static_cast<int>(g));
+    if (!is_elementwise(k)) {
+      ZERO_THROW(InvalidArgument, "groups[{}].kind: {} runs elementwise rules; {} needs whole matrices, which an "
+                 "engine gathers (zero::Engine)", g, who, optimizer_name(k));
+    }
+    if (k != o.kind) {
+      ZERO_THROW(InvalidArgument, "groups[{}].kind: {} runs one rule ({}) over its shard, not {}; an engine runs "
+                 "groups of several kinds (zero::Engine)", g, who, optimizer_name(o.kind), optimizer_name(k));
+    }
   }
 }
 
@@ -305,6 +367,7 @@ Optimizer::Optimizer(const OptimizerOptions& options, size_t shard_numel,
                options.custom->name());
   }
   detail::validate_common_options(options);
+  detail::require_one_elementwise_kind(options, "optim::Optimizer");
   if (options.num_threads < 1 || options.num_threads > 1024) {
     ZERO_THROW(InvalidArgument, "num_threads must be in [1, 1024] (got {})", options.num_threads);
   }

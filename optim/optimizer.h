@@ -31,13 +31,25 @@ namespace zero::optim {
 
 class CustomOptimizer;  // optim/custom_optimizer.h
 
-// "adamw", "adam", "sgd", "adagrad", "lion".
+// "adamw", "adam", "sgd", "adagrad", "lion", "muon".
 const char* optimizer_name(OptimizerKind kind);
 // Inverse of optimizer_name; throws InvalidArgument naming the accepted values.
 OptimizerKind parse_optimizer(std::string_view name);
 // The state arrays `kind` keeps per element, in Optimizer::state_names() order (each shard_numel
 // elements of OptimizerOptions::state_dtype).
 std::vector<std::string> optimizer_state_names(OptimizerKind kind);
+
+// Muon's own hyperparameters (Moonlight's defaults). Per matrix and step, with g the gradient:
+//   m = momentum * m + g;  u = nesterov ? g + momentum * m : m
+//   O = newton_schulz(u, ns_steps)                      (optim/newton_schulz.h)
+//   W = W * (1 - lr * weight_decay) - lr * rms_scale * sqrt(max(rows, cols)) * O
+// rms_scale 0.2 gives the update about AdamW's RMS, so AdamW's lr and weight decay carry over.
+struct MuonHyper {
+  float momentum = 0.95f;
+  bool nesterov = false;
+  int ns_steps = 5;
+  float rms_scale = 0.2f;
+};
 
 // Hyperparameters of one parameter group (PyTorch's names and defaults; Lion's defaults are the
 // user's to set, its paper suggests lr 3-10x smaller and weight decay 3-10x larger than AdamW's).
@@ -52,6 +64,11 @@ struct Hyper {
   bool nesterov = false;      // SGD
   float lr_decay = 0.0f;                   // Adagrad
   float initial_accumulator_value = 0.0f;  // Adagrad
+  // The group's rule; unset: OptimizerOptions::kind. An engine runs groups of different kinds side
+  // by side (Muon for the matrices, AdamW for the rest: Moonlight's recipe); optim::Optimizer runs
+  // one elementwise kind.
+  std::optional<OptimizerKind> kind;
+  MuonHyper muon;  // Muon
 };
 
 // A contiguous element range of the flat shard.
@@ -70,6 +87,9 @@ struct Segment {
   std::string param_name;     // the parameter these elements belong to ("" marks padding: skipped)
   size_t param_offset = 0;    // element offset inside that parameter where this segment starts
   WholeTensorGather whole;    // set where the parameter is a slice of one held across ranks
+  // The parameter as a matrix (Muon: rows = shape[0], cols = the rest); 0 where it has fewer than
+  // two dimensions.
+  size_t rows = 0, cols = 0;
 };
 
 struct OptimizerOptions {
@@ -170,10 +190,20 @@ void validate_hyper(OptimizerKind kind, const Hyper& h, int group_index);
 // The same for the options' rule: the custom one's validate(), else validate_hyper(kind).
 void validate_groups(const OptimizerOptions& options);
 
-// The options' rule by name: "custom:<name>" for a custom one, else optimizer_name(kind) (the
-// checkpoint manifest's and the ranks' agreement's key).
+// Group `g`'s rule: its own kind, else the options' (InvalidArgument for an index out of range).
+OptimizerKind group_kind(const OptimizerOptions& options, int g);
+// The distinct rules of the groups, in the order groups first use them.
+std::vector<OptimizerKind> group_kinds(const OptimizerOptions& options);
+
+// Whether a group runs a rule that needs whole matrices (Muon; not a custom rule's
+// needs_whole_tensors, which has a layout of its own).
+bool has_matrix_groups(const OptimizerOptions& options);
+
+// The options' rule by name: "custom:<name>" for a custom one, else the groups' kinds joined by "+"
+// in group order ("adamw"; "muon+adamw") (the checkpoint manifest's and the ranks' agreement's key).
 std::string optimizer_label(const OptimizerOptions& options);
-// The options' state arrays: the custom rule's state_names(), else optimizer_state_names(kind).
+// The options' state arrays: the custom rule's state_names(), else those of every group's kind, in
+// group_kinds() order without repeats (an element keeps only its own kind's).
 std::vector<std::string> optimizer_state_names(const OptimizerOptions& options);
 
 }  // namespace zero::optim

@@ -18,6 +18,10 @@ std::vector<std::string> state_names_of(OptimizerKind kind);
 // num_threads and simd_path are the CPU optimizer's own (see Optimizer's constructor).
 void validate_common_options(const OptimizerOptions& options);
 
+// Every group runs options.kind, an elementwise rule (the single-kind optimizers' precondition);
+// InvalidArgument naming the group and `who` otherwise.
+void require_one_elementwise_kind(const OptimizerOptions& options, const char* who);
+
 // Segment indices of each parameter (padding and empty segments left out), sorted by param_offset.
 using SegmentsByParam = std::unordered_map<std::string, std::vector<size_t>>;
 

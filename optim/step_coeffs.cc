@@ -72,6 +72,8 @@ StepCoeffs compute_step_coeffs(OptimizerKind kind, const Hyper& h, int64_t step,
       c.beta2 = h.beta2;
       c.one_minus_beta2 = static_cast<float>(1.0 - beta2);
       break;
+    case OptimizerKind::kMuon:  // not elementwise: no kernel reads these (zero/grouped_shard_optimizer.cc)
+      break;
   }
   return c;
 }

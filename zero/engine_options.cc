@@ -130,6 +130,8 @@ std::vector<std::pair<std::string, std::string>> fingerprint(const EngineOptions
     add(g + "nesterov", h.nesterov);
     add(g + "lr_decay", h.lr_decay);
     add(g + "initial_accumulator_value", h.initial_accumulator_value);
+    add(g + "kind", h.kind ? optim::optimizer_name(*h.kind) : "unset");
+    add(g + "muon", fmt::format("{} {} {} {}", h.muon.momentum, h.muon.nesterov, h.muon.ns_steps, h.muon.rms_scale));
   }
   add("max_grad_norm", o.max_grad_norm);
   add("param_dtype", o.param_dtype ? dtype_name(*o.param_dtype) : "registered");

@@ -21,7 +21,7 @@ MemoryPrediction predict_memory(const MemoryFormulaInputs& in) {
   p.params = in.stage == 3 ? bytes(in.param_bytes) / n : bytes(in.param_bytes);
   const uint64_t sharded = (in.stage == 0) ? 1 : n;
   p.master = 4 * psi / sharded;
-  p.optimizer_state = in.state_bytes * psi / sharded;
+  p.optimizer_state = bytes(in.state_bytes) / sharded;
   std::string grads_term;
   if (in.stage >= 2) {
     p.grads = bytes(in.shard_grad_bytes) / n;
@@ -34,9 +34,9 @@ MemoryPrediction predict_memory(const MemoryFormulaInputs& in) {
       grads_term += in.stage == 0 ? " + 4Ψ" : " + 4Ψ/N";
     }
   }
-  const uint64_t k = 4 + in.state_bytes;
+  const double k = 4 + in.state_bytes;
   const std::string params_term = fmt::format("{:.3g}Ψ{}", in.param_bytes, in.stage == 3 ? "/N" : "");
-  const std::string optim_term = fmt::format("{}Ψ{}", k, in.stage == 0 ? "" : "/N");
+  const std::string optim_term = fmt::format("{:.3g}Ψ{}", k, in.stage == 0 ? "" : "/N");
   if (in.offload_params) {
     p.offload_params = std::exchange(p.params, 0);
     p.offload_master = std::exchange(p.master, 0);

@@ -32,7 +32,7 @@ struct MemoryFormulaInputs {
   double grad_bytes = 2;       // g
   double shard_grad_bytes = 0;       // a (stage 2) or the accumulator's bytes when one is kept
   bool accumulator = false;    // stages 0/1: an fp32 accumulator for reduced micro-step gradients
-  uint64_t state_bytes = 8;    // k
+  double state_bytes = 8;      // k (an average where groups run different kinds)
   bool offload_optimizer = false;  // master and state in the host tier (OffloadPipeline)
   bool offload_params = false;     // stage 3: the parameter shard in the host tier too
 };

@@ -67,6 +67,7 @@ class OffloadPipeline final : public UpdateApplier {
   OffloadConfig config_;
   std::unique_ptr<memory::Device> host_;  // the host tier: inline streams on the calling thread
   memory::Buffer master_;
+  std::unique_ptr<MatrixExchange> matrices_;  // Muon's (null without); the optimizer uses it
   std::unique_ptr<ShardOptimizer> optimizer_;
   std::unique_ptr<memory::Stream> d2h_, h2d_;
   std::unique_ptr<memory::Event> grads_ready_, out_free_;

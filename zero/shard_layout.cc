@@ -61,17 +61,27 @@ ShardLayout::ShardLayout(const std::vector<size_t>& tensor_numels, int world_siz
     set_dtypes(tensor_dtypes);
     return;
   }
-  if (options.unit_buckets) {
-    // One padded bucket per unit (per dtype of the unit), back to back.
+  if (options.unit_buckets || options.whole_tensor_buckets) {
+    // One padded bucket per unit (per dtype of the unit), or per run of whole tensors reaching
+    // bucket_numel, back to back.
     size_t offset = 0, shard_offset = 0;
     for (size_t t = 0; t < tensor_numels.size();) {
       Bucket b;
       b.offset = offset;
       b.first_tensor = t;
-      b.unit = unit_of(t);
+      b.unit = options.unit_buckets ? unit_of(t) : -1;
       size_t end = offset;
-      for (; t < tensor_numels.size() && unit_of(t) == b.unit && (t == b.first_tensor || !new_dtype(t)); ++t) {
-        end = round_up(end, own_block(t) ? options.block : options.alignment);
+      auto joins = [&] {
+        if (t == b.first_tensor) return true;
+        if (new_dtype(t)) return false;
+        return options.unit_buckets ? unit_of(t) == b.unit : end - offset < options.bucket_numel;
+      };
+      for (; t < tensor_numels.size() && joins(); ++t) {
+        // With whole-tensor buckets every tensor starts on a block, so that where buckets are cut
+        // (which depends on the stage: units or bucket_numel) changes no tensor's blocks.
+        const bool new_unit = t > b.first_tensor && unit_of(t) != unit_of(t - 1);
+        const bool block_start = new_unit || own_block(t) || options.whole_tensor_buckets;
+        end = round_up(end, block_start ? options.block : options.alignment);
         tensors_.push_back({tensor_numels[t], end});
         end += tensor_numels[t];
       }

@@ -20,6 +20,12 @@
 // padding only adds whole zero blocks: norms summed per block in global order come out bitwise the
 // same everywhere.
 //
+// Whole tensors per bucket (`whole_tensor_buckets`): as unit buckets, each bucket padded on its own,
+// but, without unit_buckets, cut where a bucket's tensors reach bucket_numel (a rule that does not
+// depend on the world size) instead of at units. Every tensor starts on a block, with or without
+// unit_buckets, so the norm's blocks are the same whichever way the buckets are cut (at every stage).
+// Chunks cut tensors as usual.
+//
 // Whole tensors (`whole_tensors`: rules that need a tensor at once, LAMB's trust ratio). No tensor is
 // cut: every tensor starts on a block, a bucket holds whole tensors (a unit with unit_buckets; else
 // consecutive tensors until they reach bucket_numel and world_size times the largest of them),
@@ -50,6 +56,9 @@ struct ShardLayoutOptions {
   size_t block = 1024;            // norm/partition granule in elements; a multiple of alignment
   bool unit_buckets = false;      // one bucket per unit (needs tensor units)
   bool whole_tensors = false;     // every tensor inside one rank's chunk (see the top comment)
+  // Every tensor inside one bucket (rank chunks still cut it): a bucket takes whole tensors until it
+  // holds bucket_numel elements. For rules that gather a tensor per bucket (Muon, zero/matrix_exchange.h).
+  bool whole_tensor_buckets = false;
 };
 
 class ShardLayout {

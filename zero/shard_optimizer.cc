@@ -44,6 +44,10 @@ void ShardOptimizer::write_state(const std::string& name, size_t begin, size_t n
   device_.synchronize(compute, timeout_);  // `narrow` is read until here
 }
 
+double ShardOptimizer::state_bytes_per_element() const {
+  return static_cast<double>(state_names().size() * dtype_size(state_dtype()));
+}
+
 float* ShardOptimizer::host_state(const std::string& name) {
   if (device_.kind() == memory::DeviceKind::kCuda || state_dtype() != DType::kFloat32) return nullptr;
   return static_cast<float*>(state_data(name));
@@ -127,9 +131,18 @@ std::unique_ptr<ShardOptimizer> make_custom_shard_optimizer(memory::Device& devi
                                                             size_t numel, std::vector<optim::Segment> segments,
                                                             std::chrono::milliseconds timeout);
 
+std::unique_ptr<ShardOptimizer> make_grouped_shard_optimizer(memory::Device& device, optim::OptimizerOptions options,
+                                                             size_t numel, std::vector<optim::Segment> segments,
+                                                             std::chrono::milliseconds timeout, MatrixExchange* matrices);
+
 std::unique_ptr<ShardOptimizer> make_shard_optimizer(memory::Device& device, optim::OptimizerOptions options,
                                                      size_t numel, std::vector<optim::Segment> segments,
-                                                     std::chrono::milliseconds timeout) {
+                                                     std::chrono::milliseconds timeout, MatrixExchange* matrices) {
+  const std::vector<optim::OptimizerKind> kinds = optim::group_kinds(options);
+  if (!options.custom && (kinds.size() > 1 || !optim::is_elementwise(kinds.front()))) {
+    return make_grouped_shard_optimizer(device, std::move(options), numel, std::move(segments), timeout, matrices);
+  }
+  if (!options.custom) options.kind = kinds.front();  // every group's, set on the groups themselves
   if (dynamic_cast<memory::MetaDevice*>(&device) != nullptr) {
     return std::make_unique<PlanningShardOptimizer>(device, options, numel, timeout);
   }

@@ -12,6 +12,7 @@
 
 #include "memory/device.h"
 #include "optim/optimizer.h"
+#include "zero/matrix_exchange.h"
 
 namespace zero {
 
@@ -34,11 +35,16 @@ class ShardOptimizer {
   // in fp32 whatever state_dtype() is (bf16 state is widened on read and rounded to nearest even on
   // write). Synchronous: the data has moved when the call returns, after the compute stream's work
   // so far. Throws InvalidArgument for an unknown name or a range past the end.
-  void read_state(const std::string& name, size_t begin, size_t n, float* out);
-  void write_state(const std::string& name, size_t begin, size_t n, const float* in);
-  // The state array itself when it is fp32 in host memory (checkpoints then read and write it in
-  // place); else nullptr.
-  float* host_state(const std::string& name);
+  // An optimizer whose groups run different kinds reads zeros for (and ignores writes to) the
+  // elements whose kind keeps no such state.
+  virtual void read_state(const std::string& name, size_t begin, size_t n, float* out);
+  virtual void write_state(const std::string& name, size_t begin, size_t n, const float* in);
+  // The state array itself when it is fp32 in host memory, as long as the optimizer space
+  // (checkpoints then read and write it in place); else nullptr.
+  virtual float* host_state(const std::string& name);
+  // The state's bytes per element (the memory formula's k): where groups run different kinds, the
+  // average over the elements of the groups.
+  virtual double state_bytes_per_element() const;
 
  protected:
   ShardOptimizer(memory::Device& device, size_t numel, std::chrono::milliseconds timeout)
@@ -55,9 +61,12 @@ class ShardOptimizer {
 
 // Optimizer state is allocated through `device` (category optimizer_state, in its tracker). On a
 // meta device (planning) the optimizer only allocates its state. `timeout` bounds every wait (the
-// engine's EngineOptions.timeout).
+// engine's EngineOptions.timeout). Groups of several kinds, or of a kind that is not elementwise
+// (Muon), get one optimizer per elementwise kind over that kind's elements and Muon's update around
+// `matrices` (zero/matrix_exchange.h), which such a kind needs (InvalidArgument without it).
 std::unique_ptr<ShardOptimizer> make_shard_optimizer(memory::Device& device, optim::OptimizerOptions options,
                                                      size_t numel, std::vector<optim::Segment> segments,
-                                                     std::chrono::milliseconds timeout);
+                                                     std::chrono::milliseconds timeout,
+                                                     MatrixExchange* matrices = nullptr);
 
 }  // namespace zero

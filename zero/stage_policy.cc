@@ -211,6 +211,8 @@ EngineParts wire_stage(const PolicyInputs& in) {
   // Micro-batches reduced one by one: a unit's bucket is reduced each time its backward ends.
   const bool rounds = in.micro.each_pass_reduces();
   lo.unit_buckets = o.stage == 3 || rounds;
+  // Muon gathers each matrix within one bucket's exchange (zero/matrix_exchange.h).
+  lo.whole_tensor_buckets = lo.whole_tensor_buckets || optim::has_matrix_groups(o.optimizer);
   parts.layout = std::make_unique<ShardLayout>(numels, in.shard->size(), lo, units, starts_block, dtypes);
   ZERO_LOG_DEBUG("{}", parts.layout->describe());
   const ShardLayout& layout = *parts.layout;
@@ -253,7 +255,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
     const ParamSpec& p = reg.param(id);
     user_grads.push_back({p.grad.ptr});
     target.tensor_data.push_back(p.data.ptr);
-    tensors.push_back({p.name, p.group, p.data.ptr, p.dtype, whole_tensor(in.finalizers, p)});
+    tensors.push_back({p.name, p.group, p.data.ptr, p.dtype, whole_tensor(in.finalizers, p), p.shape});
     initial.push_back({p.data.ptr, p.dtype});
   }
   if (o.offload.optimizer) parts.offload_tracker = std::make_unique<memory::MemoryTracker>();
@@ -289,7 +291,8 @@ EngineParts wire_stage(const PolicyInputs& in) {
                          .ownership = parts.ownership.get(),
                          .device = &device,
                          .tensors = std::move(tensors),
-                         .timeout = o.timeout};
+                         .timeout = o.timeout,
+                         .shard = in.shard};
   std::unique_ptr<UpdateApplier> applier;
   if (o.offload.optimizer) {
     applier = std::make_unique<OffloadPipeline>(ai, OffloadConfig{.pinned_staging = o.offload.pinned_staging,
@@ -333,7 +336,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
   parts.update = std::make_unique<ShardedUpdate>(std::move(uc), layout, *parts.ownership, *in.shard, device, std::move(applier),
                                                  *parts.writeback, std::move(partial_sums));
   const ShardOptimizer& opt = parts.update->optimizer();
-  parts.formula.state_bytes = opt.state_names().size() * dtype_size(opt.state_dtype());
+  parts.formula.state_bytes = opt.state_bytes_per_element();
   // Last: the shard and the master above were read from the registered storage.
   if (parts.gatherer) poison_registered_storage(device, initial, numels, o.timeout);
   return parts;

@@ -2,15 +2,59 @@
 
 #include <chrono>
 
+#include "base/check.h"
+
 namespace zero {
+
+namespace {
+
+// A tensor as a matrix: rows = shape[0], cols = the other dimensions; {0, 0} below two dimensions.
+std::pair<size_t, size_t> matrix_shape(const std::vector<int64_t>& shape) {
+  if (shape.size() < 2) return {0, 0};
+  size_t cols = 1;
+  for (size_t d = 1; d < shape.size(); ++d) cols *= static_cast<size_t>(shape[d]);
+  return {static_cast<size_t>(shape[0]), cols};
+}
+
+}  // namespace
 
 std::vector<optim::Segment> optimizer_segments(const ShardOwnership& own, const std::vector<UpdateTensor>& tensors) {
   std::vector<optim::Segment> segments;
   for (const OwnedPiece& p : own.pieces()) {
-    segments.push_back({p.opt_offset, p.opt_offset + (p.tensor_end - p.tensor_begin), tensors[p.tensor].group,
-                        tensors[p.tensor].name, p.tensor_begin, tensors[p.tensor].whole});
+    const UpdateTensor& t = tensors[p.tensor];
+    const auto [rows, cols] = matrix_shape(t.shape);
+    segments.push_back({p.opt_offset, p.opt_offset + (p.tensor_end - p.tensor_begin), t.group, t.name, p.tensor_begin,
+                        t.whole, rows, cols});
   }
   return segments;
+}
+
+std::unique_ptr<MatrixExchange> make_matrix_exchange(const ApplierInputs& in, memory::Device& host) {
+  std::vector<ExchangedMatrix> matrices;
+  for (size_t t = 0; t < in.tensors.size(); ++t) {
+    const UpdateTensor& u = in.tensors[t];
+    if (in.optimizer.custom || optim::group_kind(in.optimizer, u.group) != optim::OptimizerKind::kMuon) continue;
+    const auto [rows, cols] = matrix_shape(u.shape);
+    if (rows == 0) {
+      ZERO_THROW(InvalidArgument,
+                 "parameter '{}' has {} dimension(s) but its group ({}) runs Muon, which updates matrices: put "
+                 "vectors and scalars (biases, norms) in a group of an elementwise kind (adamw)",
+                 u.name, u.shape.size(), u.group);
+    }
+    if (u.whole) {
+      ZERO_THROW(InvalidArgument,
+                 "parameter '{}' is split across tensor-parallel ranks and its group ({}) runs Muon, which does not "
+                 "yet orthogonalize a split matrix whole: put it in an AdamW group",
+                 u.name, u.group);
+    }
+    const optim::Hyper& h = in.optimizer.groups[static_cast<size_t>(u.group)];
+    matrices.push_back({t, rows, cols, optim::NewtonSchulzOptions{.steps = h.muon.ns_steps}});
+  }
+  if (matrices.empty()) return nullptr;
+  if (host.kind() == memory::DeviceKind::kCuda) {
+    ZERO_THROW(InvalidArgument, "optimizer: Muon runs in host memory; on {} set offload.optimizer", host.name());
+  }
+  return std::make_unique<MatrixExchange>(*in.layout, *in.ownership, std::move(matrices), in.shard, host, in.timeout);
 }
 
 namespace {
@@ -27,7 +71,9 @@ class DeviceApplier final : public UpdateApplier {
                       master_.as<float>() + p.opt_offset, DType::kFloat32, p.tensor_end - p.tensor_begin,
                       device_.compute_stream());
     }
-    optimizer_ = make_shard_optimizer(device_, in.optimizer, numel, optimizer_segments(ownership_, in.tensors), in.timeout);
+    matrices_ = make_matrix_exchange(in, device_);
+    optimizer_ = make_shard_optimizer(device_, in.optimizer, numel, optimizer_segments(ownership_, in.tensors), in.timeout,
+                                      matrices_.get());
   }
 
   void apply(const GradReducer& grads, float grad_scale, ParamWriteback& writeback) override {
@@ -77,6 +123,7 @@ class DeviceApplier final : public UpdateApplier {
   memory::Device& device_;
   std::chrono::milliseconds timeout_;
   memory::Buffer master_;
+  std::unique_ptr<MatrixExchange> matrices_;  // Muon's (null without); the optimizer uses it
   std::unique_ptr<ShardOptimizer> optimizer_;
 };
 

@@ -11,7 +11,9 @@
 #include "base/dtype.h"
 #include "memory/device.h"
 #include "optim/optimizer.h"
+#include "comm/communicator.h"
 #include "zero/grad_reducer.h"
+#include "zero/matrix_exchange.h"
 #include "zero/param_writeback.h"
 #include "zero/shard_layout.h"
 #include "zero/shard_optimizer.h"
@@ -25,6 +27,7 @@ struct UpdateTensor {
   const void* data = nullptr;  // the parameter's registered values (device memory), read once for the master
   DType dtype = DType::kFloat32;  // theirs
   optim::WholeTensorGather whole;  // a slice of a tensor held across ranks (a finalizer's split)
+  std::vector<int64_t> shape;      // as registered (Muon's matrices: rows = shape[0], cols = the rest)
 };
 
 struct ApplierInputs {
@@ -34,6 +37,7 @@ struct ApplierInputs {
   memory::Device* device = nullptr;  // the engine's: gradients and parameters live there
   std::vector<UpdateTensor> tensors;  // per layout tensor
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // bounds every wait (EngineOptions.timeout)
+  comm::Communicator* shard = nullptr;  // the group the layout's chunks are cut over (Muon's exchange)
 };
 
 class UpdateApplier {
@@ -58,6 +62,11 @@ class UpdateApplier {
 
 // The optimizer's segments for the rank's owned pieces (optimizer-space order).
 std::vector<optim::Segment> optimizer_segments(const ShardOwnership& ownership, const std::vector<UpdateTensor>& tensors);
+
+// The exchange of `in`'s tensors in Muon groups (zero/matrix_exchange.h), its buffers from `host`
+// (where the optimizer runs); null when no group runs Muon. InvalidArgument naming the parameter for
+// one Muon cannot update: fewer than two dimensions, or split across ranks by a finalizer.
+std::unique_ptr<MatrixExchange> make_matrix_exchange(const ApplierInputs& in, memory::Device& host);
 
 // Master and state on `in.device`, the optimizer stepping on its compute stream.
 std::unique_ptr<UpdateApplier> make_device_applier(const ApplierInputs& in);

@@ -111,6 +111,7 @@ CudaOptimizer::CudaOptimizer(const OptimizerOptions& options, size_t shard_numel
   // Everything that can be checked is checked before any CUDA call, so that a bad configuration
   // fails the same way with or without a device (and in a CPU build).
   optim::detail::validate_common_options(options);
+  optim::detail::require_one_elementwise_kind(options, "the CUDA optimizer");
   (void)optim::detail::validate_segments(segments, shard_numel,
                                         static_cast<int>(options.groups.size()));
   if (!alloc) ZERO_THROW(InvalidArgument, "alloc (the StateAllocator) must be set");

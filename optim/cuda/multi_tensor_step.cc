@@ -31,7 +31,7 @@ void check_cuda(int code, const char* what) {
 int multi_tensor_step(const DeviceStepConfig& config, std::span<const DeviceRange> ranges,
                       void* stream) {
   const int kind = static_cast<int>(config.kind);
-  if (kind < 0 || kind >= kNumOptimizerKinds) {
+  if (kind < 0 || kind >= kNumElementwiseKinds) {
     ZERO_THROW(InvalidArgument, "DeviceStepConfig.kind: unknown optimizer kind {}", kind);
   }
   const int grad = float_index(config.grad_dtype);

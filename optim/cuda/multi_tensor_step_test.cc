@@ -71,6 +71,8 @@ std::vector<Hyper> groups_for(OptimizerKind kind) {
     case OptimizerKind::kLion:
       a.beta2 = 0.99f;
       break;
+    case OptimizerKind::kMuon:  // not elementwise: no kernel
+      break;
   }
   return {a, b};
 }

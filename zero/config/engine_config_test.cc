@@ -620,7 +620,9 @@ EngineConfig every_field_changed() {
                                      .dampening = 0.2f,
                                      .nesterov = true,
                                      .lr_decay = 0.5f,
-                                     .initial_accumulator_value = 0.25f},
+                                     .initial_accumulator_value = 0.25f,
+                                     .kind = optim::OptimizerKind::kAdagrad,
+                                     .muon = {.momentum = 0.9f, .nesterov = true, .ns_steps = 3, .rms_scale = 0.3f}},
                         optim::Hyper{.lr = 0.1f, .dampening = 0.1f}};
   o.optimizer.state_dtype = DType::kBFloat16;
   o.optimizer.num_threads = 3;

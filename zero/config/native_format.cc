@@ -35,7 +35,7 @@ void read_value(const json& j, const std::string& p, const Context& c, DType& v)
   v = read_name(j, p, c, "a dtype name (fp32, fp16, bf16)", parse_dtype);
 }
 void read_value(const json& j, const std::string& p, const Context& c, optim::OptimizerKind& v) {
-  v = read_name(j, p, c, "an optimizer name (adamw, adam, sgd, adagrad, lion)", optim::parse_optimizer);
+  v = read_name(j, p, c, "an optimizer name (adamw, adam, sgd, adagrad, lion, muon)", optim::parse_optimizer);
 }
 void read_value(const json& j, const std::string& p, const Context& c, LossScaling& v) {
   v = read_name(j, p, c, "none, static or dynamic", parse_loss_scaling);
@@ -85,6 +85,7 @@ ordered_json write_value(std::chrono::milliseconds v) { return static_cast<int64
 
 template <typename V>
 void visit_hyper(V& v, optim::Hyper& h) {
+  v.field("kind", h.kind);
   v.field("lr", h.lr);
   v.field("weight_decay", h.weight_decay);
   v.field("beta1", h.beta1);
@@ -95,6 +96,12 @@ void visit_hyper(V& v, optim::Hyper& h) {
   v.field("nesterov", h.nesterov);
   v.field("lr_decay", h.lr_decay);
   v.field("initial_accumulator_value", h.initial_accumulator_value);
+  v.object("muon", [&] {
+    v.field("momentum", h.muon.momentum);
+    v.field("nesterov", h.muon.nesterov);
+    v.field("ns_steps", h.muon.ns_steps);
+    v.field("rms_scale", h.muon.rms_scale);
+  });
 }
 
 template <typename V>

@@ -1,0 +1,291 @@
+// The optimizer of an engine whose parameter groups run different kinds (Muon for the matrices and
+// AdamW for the rest, Moonlight's recipe; or AdamW and SGD side by side). Each elementwise kind gets
+// its own optimizer (make_shard_optimizer: the SIMD CPU one, the CUDA one, the planner's) over a
+// space of its own elements only, packed back to back, so every element keeps only its own kind's
+// state: the hybrid's state is 4 bytes per Muon element and 8 per AdamW element, not the union of
+// both everywhere. Muon's update runs here, around the matrix exchange:
+//
+//   momentum  m = mu m + g;  u = nesterov ? g + mu m : m          (this rank's elements, fp32)
+//   exchange  u -> the orthogonalized update O, whole matrix by whole matrix (zero/matrix_exchange.h)
+//   apply     W = W (1 - lr wd) - lr rms_scale sqrt(max(rows, cols)) O, then the model's copy
+//
+// Checkpoints address the state by optimizer-space element as for one kind: an element reads zeros
+// for the states its kind does not keep, and writes to them are dropped.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "base/check.h"
+#include "memory/host_kernels.h"
+#include "memory/meta_device.h"
+#include "optim/optimizer_checks.h"
+#include "optim/step_schedule.h"
+#include "zero/shard_optimizer.h"
+
+namespace zero {
+namespace {
+
+// A segment of one kind: optimizer-space elements [begin, end), at `packed` in that kind's space.
+struct Run {
+  size_t begin = 0, end = 0, packed = 0;
+  const optim::Segment* segment = nullptr;
+};
+
+// The runs overlapping [begin, end) (runs sorted by begin, disjoint).
+template <typename Fn>
+void for_each_overlap(const std::vector<Run>& runs, size_t begin, size_t end, Fn&& fn) {
+  auto r = std::partition_point(runs.begin(), runs.end(), [&](const Run& x) { return x.end <= begin; });
+  for (; r != runs.end() && r->begin < end; ++r) {
+    const size_t lo = std::max(r->begin, begin), hi = std::min(r->end, end);
+    fn(*r, lo, hi);
+  }
+}
+
+// The double a user means by a float hyperparameter (0.2f is 0.2, as in Python), as step_coeffs.cc.
+double decimal(float f) { return std::stod(fmt::format("{}", f)); }
+
+class GroupedShardOptimizer final : public ShardOptimizer {
+ public:
+  GroupedShardOptimizer(memory::Device& device, optim::OptimizerOptions options, size_t numel,
+                        std::vector<optim::Segment> segments, std::chrono::milliseconds timeout, MatrixExchange* matrices)
+      : ShardOptimizer(device, numel, timeout), options_(std::move(options)), segments_(std::move(segments)),
+        matrices_(matrices), meta_(dynamic_cast<memory::MetaDevice*>(&device) != nullptr), numel_(numel) {
+    optim::detail::validate_common_options(options_);
+    optim::detail::validate_segments(segments_, numel, static_cast<int>(options_.groups.size()));
+    names_ = optim::optimizer_state_names(options_);
+    std::sort(segments_.begin(), segments_.end(),
+              [](const optim::Segment& a, const optim::Segment& b) { return a.begin < b.begin; });
+    for (optim::OptimizerKind kind : optim::group_kinds(options_)) {
+      std::vector<Run> runs;
+      std::vector<optim::Segment> own;
+      size_t packed = 0;
+      for (const optim::Segment& s : segments_) {
+        if (s.param_name.empty() || s.end == s.begin || optim::group_kind(options_, s.group) != kind) continue;
+        runs.push_back({s.begin, s.end, packed, &s});
+        optim::Segment p = s;
+        p.begin = packed;
+        p.end = packed + (s.end - s.begin);
+        own.push_back(std::move(p));
+        packed += s.end - s.begin;
+      }
+      if (packed == 0) continue;  // a group of this kind without parameters here
+      if (kind == optim::OptimizerKind::kMuon) {
+        set_up_muon(device, std::move(runs), packed);
+        continue;
+      }
+      Part part{kind, std::move(runs), nullptr};
+      part.opt = make_shard_optimizer(device, options_for(kind), packed, std::move(own), timeout);
+      parts_.push_back(std::move(part));
+    }
+  }
+
+  void begin_step() override {
+    optim::validate_groups(options_);  // a schedule may have set them since
+    for (Part& part : parts_) {
+      for (size_t g = 0; g < options_.groups.size(); ++g) {
+        if (optim::group_kind(options_, static_cast<int>(g)) == part.kind) part.opt->group(static_cast<int>(g)) = own_hyper(g);
+      }
+      part.opt->begin_step();
+    }
+    ++steps_;
+  }
+
+  void step_range(const optim::StepInput& in, size_t begin, size_t end, memory::Stream& stream) override {
+    if (meta_) return;
+    if (!muon_runs_.empty()) step_muon(in, begin, end);
+    const size_t grad_size = dtype_size(in.grad_dtype), out_size = dtype_size(in.model_dtype);
+    for (Part& part : parts_) {
+      for_each_overlap(part.runs, begin, end, [&](const Run& r, size_t lo, size_t hi) {
+        const size_t at = lo - begin;
+        optim::StepInput sub = in;
+        sub.master = in.master + at;
+        sub.grad = static_cast<const char*>(in.grad) + at * grad_size;
+        sub.model_out = in.model_out ? static_cast<char*>(in.model_out) + at * out_size : nullptr;
+        sub.master_numel = sub.grad_numel = sub.model_numel = std::nullopt;
+        part.opt->step_range(sub, r.packed + (lo - r.begin), r.packed + (hi - r.begin), stream);
+      });
+    }
+  }
+
+  int64_t step_count() const override { return steps_; }
+  void set_step_count(int64_t steps) override {
+    for (Part& part : parts_) part.opt->set_step_count(steps);
+    steps_ = steps;
+  }
+  optim::Hyper& group(int i) override { return optim::detail::group_at(options_, i); }
+  std::vector<std::string> state_names() const override { return names_; }
+  DType state_dtype() const override { return options_.state_dtype; }
+  optim::Optimizer* host_optimizer() override { return nullptr; }
+
+  void read_state(const std::string& name, size_t begin, size_t n, float* out) override {
+    check_range(name, begin, n, "read_state");
+    std::fill(out, out + n, 0.0f);
+    for_each_state(name, begin, n, [&](Part* part, const Run& r, size_t lo, size_t hi) {
+      float* dst = out + (lo - begin);
+      if (part != nullptr) {
+        part->opt->read_state(name, r.packed + (lo - r.begin), hi - lo, dst);
+      } else {
+        std::memcpy(dst, momentum_.as<float>() + r.packed + (lo - r.begin), (hi - lo) * sizeof(float));
+      }
+    });
+  }
+  void write_state(const std::string& name, size_t begin, size_t n, const float* in) override {
+    check_range(name, begin, n, "write_state");
+    for_each_state(name, begin, n, [&](Part* part, const Run& r, size_t lo, size_t hi) {
+      const float* src = in + (lo - begin);
+      if (part != nullptr) {
+        part->opt->write_state(name, r.packed + (lo - r.begin), hi - lo, src);
+      } else {
+        std::memcpy(momentum_.as<float>() + r.packed + (lo - r.begin), src, (hi - lo) * sizeof(float));
+      }
+    });
+  }
+  float* host_state(const std::string&) override { return nullptr; }  // no array spans the optimizer space
+
+  double state_bytes_per_element() const override {
+    double bytes = 0, elements = 0;
+    for (const Part& part : parts_) {
+      const double n = static_cast<double>(packed_numel(part.runs));
+      bytes += n * static_cast<double>(part.opt->state_names().size() * dtype_size(part.opt->state_dtype()));
+      elements += n;
+    }
+    const double m = static_cast<double>(packed_numel(muon_runs_));
+    return elements + m == 0 ? 0.0 : (bytes + 4.0 * m) / (elements + m);
+  }
+
+ private:
+  struct Part {
+    optim::OptimizerKind kind;
+    std::vector<Run> runs;
+    std::unique_ptr<ShardOptimizer> opt;
+  };
+
+  static size_t packed_numel(const std::vector<Run>& runs) { return runs.empty() ? 0 : runs.back().packed + (runs.back().end - runs.back().begin); }
+
+  // Group g's hyperparameters as its kind's optimizer takes them.
+  optim::Hyper own_hyper(size_t g) const {
+    optim::Hyper h = options_.groups[g];
+    h.kind.reset();
+    return h;
+  }
+  // The options of `kind`'s optimizer: its groups as they are, the others at the defaults (valid
+  // for every kind; no element of theirs is handed to it).
+  optim::OptimizerOptions options_for(optim::OptimizerKind kind) const {
+    optim::OptimizerOptions o = options_;
+    o.kind = kind;
+    for (size_t g = 0; g < o.groups.size(); ++g) {
+      o.groups[g] = optim::group_kind(options_, static_cast<int>(g)) == kind ? own_hyper(g) : optim::Hyper{};
+    }
+    return o;
+  }
+
+  void set_up_muon(memory::Device& device, std::vector<Run> runs, size_t packed) {
+    if (!meta_ && device.kind() == memory::DeviceKind::kCuda) {
+      ZERO_THROW(InvalidArgument, "optimizer: Muon runs in host memory; on {} set offload.optimizer", device.name());
+    }
+    if (options_.state_dtype != DType::kFloat32) {
+      ZERO_THROW(InvalidArgument, "optimizer.state_dtype: Muon keeps its momentum in fp32 (got {})",
+                 dtype_name(options_.state_dtype));
+    }
+    ZERO_CHECK(matrices_ != nullptr || meta_, "Muon groups without a matrix exchange");
+    muon_runs_ = std::move(runs);
+    momentum_ = device.allocate_elements(static_cast<int64_t>(packed), DType::kFloat32, memory::Category::kOptimizerState);
+    if (!meta_) std::memset(momentum_.data(), 0, packed * sizeof(float));
+  }
+
+  void step_muon(const optim::StepInput& in, size_t begin, size_t end) {
+    const size_t bucket = matrices_->bucket_at(begin);
+    if (!matrices_->has_matrices(bucket)) return;
+    float* u = matrices_->input(bucket);
+    const size_t grad_size = dtype_size(in.grad_dtype), out_size = dtype_size(in.model_dtype);
+    for_each_overlap(muon_runs_, begin, end, [&](const Run& r, size_t lo, size_t hi) {
+      const size_t at = lo - begin, n = hi - lo;
+      if (grad_.size() < n) grad_.resize(n);  // grows to the largest piece once
+      memory::host_kernels::convert(static_cast<const char*>(in.grad) + at * grad_size, in.grad_dtype, grad_.data(),
+                                    DType::kFloat32, n);
+      const optim::MuonHyper& h = options_.groups[static_cast<size_t>(r.segment->group)].muon;
+      const float mu = h.momentum;
+      float* m = momentum_.as<float>() + r.packed + (lo - r.begin);
+      for (size_t i = 0; i < n; ++i) {
+        const float g = grad_[i] * in.grad_scale;
+        m[i] = m[i] * mu + g;
+        u[at + i] = h.nesterov ? g + mu * m[i] : m[i];
+      }
+    });
+    matrices_->orthogonalize(bucket, u);
+    for_each_overlap(muon_runs_, begin, end, [&](const Run& r, size_t lo, size_t hi) {
+      const size_t at = lo - begin, n = hi - lo;
+      const optim::Hyper& h = options_.groups[static_cast<size_t>(r.segment->group)];
+      const double lr = decimal(h.lr);
+      const auto decay = static_cast<float>(1.0 - lr * decimal(h.weight_decay));
+      const double side = static_cast<double>(std::max(r.segment->rows, r.segment->cols));
+      const auto step = static_cast<float>(lr * decimal(h.muon.rms_scale) * std::sqrt(side));
+      float* w = in.master + at;
+      const float* o = u + at;
+      for (size_t i = 0; i < n; ++i) {
+        const float decayed = w[i] * decay;
+        w[i] = decayed - step * o[i];
+      }
+      if (in.model_out != nullptr) {
+        memory::host_kernels::convert(w, DType::kFloat32, static_cast<char*>(in.model_out) + at * out_size, in.model_dtype, n);
+      }
+    });
+  }
+
+  void check_range(const std::string& name, size_t begin, size_t n, const char* what) const {
+    if (std::find(names_.begin(), names_.end(), name) == names_.end()) {
+      ZERO_THROW(InvalidArgument, "unknown optimizer state '{}' ({} keeps {})", name, optim::optimizer_label(options_),
+                 fmt::join(names_, ", "));
+    }
+    if (begin > numel_ || n > numel_ - begin) {
+      ZERO_THROW(InvalidArgument, "{}('{}'): elements [{}, {}) are past the optimizer space's {}", what, name, begin,
+                 begin + n, numel_);
+    }
+  }
+
+  // fn(part, run, lo, hi) for each run overlapping [begin, begin + n) whose kind keeps state `name`
+  // (part null: Muon's momentum).
+  template <typename Fn>
+  void for_each_state(const std::string& name, size_t begin, size_t n, Fn&& fn) {
+    for (Part& part : parts_) {
+      const std::vector<std::string> names = part.opt->state_names();
+      if (std::find(names.begin(), names.end(), name) == names.end()) continue;
+      for_each_overlap(part.runs, begin, begin + n, [&](const Run& r, size_t lo, size_t hi) { fn(&part, r, lo, hi); });
+    }
+    if (name == "momentum_buffer" && !muon_runs_.empty() && !meta_) {
+      for_each_overlap(muon_runs_, begin, begin + n, [&](const Run& r, size_t lo, size_t hi) { fn(nullptr, r, lo, hi); });
+    }
+  }
+
+  void* state_data(const std::string& name) override {
+    ZERO_THROW(InvalidArgument, "optimizer state '{}' has no single array: {} keeps each kind's state apart", name,
+               optim::optimizer_label(options_));
+  }
+
+  optim::OptimizerOptions options_;
+  std::vector<optim::Segment> segments_;  // by begin; the runs point into it
+  MatrixExchange* matrices_;
+  bool meta_;
+  size_t numel_;
+  std::vector<std::string> names_;
+  std::vector<Part> parts_;        // the elementwise kinds
+  std::vector<Run> muon_runs_;     // Muon's elements
+  memory::Buffer momentum_;        // Muon's state, packed
+  std::vector<float> grad_;        // a Muon piece's fp32 gradient
+  int64_t steps_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<ShardOptimizer> make_grouped_shard_optimizer(memory::Device& device, optim::OptimizerOptions options,
+                                                             size_t numel, std::vector<optim::Segment> segments,
+                                                             std::chrono::milliseconds timeout, MatrixExchange* matrices) {
+  return std::make_unique<GroupedShardOptimizer>(device, std::move(options), numel, std::move(segments), timeout, matrices);
+}
+
+}  // namespace zero
