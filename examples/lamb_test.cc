@@ -17,6 +17,7 @@
 
 #include "base/error.h"
 #include "examples/lamb.h"
+#include "testing/steps_reference.h"
 #include "testing/thread_ranks.h"
 #include "zero/engine.h"
 
@@ -24,23 +25,13 @@ namespace zero {
 namespace {
 
 using namespace std::chrono_literals;
-using Tensors = std::map<std::string, std::vector<float>>;
 
-struct Reference {
+struct Reference : testing::StepsReference {
   int world = 0, steps = 0;
   float lr = 0, beta1 = 0, beta2 = 0, eps = 0;
   std::vector<std::pair<std::string, std::vector<int64_t>>> params;  // registration order
   std::map<std::string, float> weight_decay;
-  Tensors initial;
-  std::vector<std::vector<Tensors>> grads;  // [step][rank]
-  std::vector<Tensors> after;               // [step]
 };
-
-Tensors tensors_of(const nlohmann::json& j) {
-  Tensors out;
-  for (const auto& [name, values] : j.items()) out[name] = values.get<std::vector<float>>();
-  return out;
-}
 
 const Reference& reference() {
   static const Reference ref = [] {
@@ -48,6 +39,7 @@ const Reference& reference() {
     REQUIRE(in.good());
     const nlohmann::json j = nlohmann::json::parse(in);
     Reference r;
+    static_cast<testing::StepsReference&>(r) = testing::steps_reference(j);
     r.world = j.at("world_size").get<int>();
     r.steps = j.at("steps").get<int>();
     r.lr = j.at("lr").get<float>();
@@ -58,12 +50,6 @@ const Reference& reference() {
       r.params.emplace_back(p.at("name").get<std::string>(), p.at("shape").get<std::vector<int64_t>>());
     }
     for (const auto& [name, wd] : j.at("weight_decay").items()) r.weight_decay[name] = wd.get<float>();
-    r.initial = tensors_of(j.at("initial_params"));
-    for (const auto& step : j.at("grads_per_step_per_rank")) {
-      r.grads.emplace_back();
-      for (const auto& rank : step) r.grads.back().push_back(tensors_of(rank));
-    }
-    for (const auto& step : j.at("params_after_step")) r.after.push_back(tensors_of(step));
     return r;
   }();
   return ref;

@@ -100,7 +100,6 @@ doc = {
         "grads_per_step_per_rank": grads,
         "grad_norm_before_clip": norms,
         "params_after_step": after,
-        "momentum_after_last_step": {n: listed(m) for n, m in momentum.items()},
     },
 }
 with open(OUT, "w") as f:

@@ -12,7 +12,7 @@ namespace zero {
 MatrixExchange::MatrixExchange(const ShardLayout& layout, const ShardOwnership& ownership,
                                std::vector<ExchangedMatrix> matrices, comm::Communicator* shard,
                                memory::Device& device, std::chrono::milliseconds timeout)
-    : layout_(layout), ownership_(ownership),
+    : layout_(layout),
       shard_(ownership.is_replicated() || shard == nullptr || shard->size() == 1 ? nullptr : shard),
       timeout_(timeout), by_bucket_(layout.buckets().size()), owner_(layout.tensors().size(), -1) {
   const int world = shard_ ? shard_->size() : 1;

@@ -67,7 +67,6 @@ class MatrixExchange {
     int owner = 0;
   };
   const ShardLayout& layout_;
-  const ShardOwnership& ownership_;
   comm::Communicator* shard_;  // null: nothing to exchange
   std::chrono::milliseconds timeout_;
   std::map<size_t, size_t> bucket_at_;         // owned range start -> bucket

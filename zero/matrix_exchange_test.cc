@@ -41,6 +41,16 @@ std::vector<float> flat_values(const ShardLayout& layout) {
   return flat;
 }
 
+// Bucket b's owned range of `flat` through the exchange; the result (in the exchange's input buffer).
+const float* exchange_bucket(MatrixExchange& exchange, const ShardOwnership& own, size_t b,
+                             const std::vector<float>& flat) {
+  const OwnedRange r = own.range(b);
+  float* u = exchange.input(b);
+  std::memcpy(u, flat.data() + r.flat_begin, r.len * sizeof(float));
+  exchange.orthogonalize(b, u);
+  return u;
+}
+
 std::vector<ExchangedMatrix> matrices() {
   std::vector<ExchangedMatrix> m;
   for (size_t t = 0; t < kShapes.size(); ++t) {
@@ -76,9 +86,7 @@ TEST_CASE("each matrix is orthogonalized whole by one rank and its pieces come b
         CAPTURE(b);
         if (!exchange.has_matrices(b)) continue;
         const OwnedRange r = own.range(b);
-        float* u = exchange.input(b);
-        std::memcpy(u, flat.data() + r.flat_begin, r.len * sizeof(float));
-        exchange.orthogonalize(b, u);
+        const float* u = exchange_bucket(exchange, own, b, flat);
         for (const ExchangedMatrix& m : matrices()) {
           const ShardLayout::Tensor& t = layout.tensors()[m.tensor];
           for (size_t e = 0; e < t.numel; ++e) {
@@ -113,9 +121,7 @@ TEST_CASE("replicated ownership orthogonalizes every matrix locally") {
   for (size_t b = 0; b < layout.buckets().size(); ++b) {
     if (!exchange.has_matrices(b)) continue;
     const OwnedRange r = own.range(b);
-    float* u = exchange.input(b);
-    std::memcpy(u, flat.data() + r.flat_begin, r.len * sizeof(float));
-    exchange.orthogonalize(b, u);
+    const float* u = exchange_bucket(exchange, own, b, flat);
     for (const ExchangedMatrix& m : matrices()) {
       const ShardLayout::Tensor& t = layout.tensors()[m.tensor];
       if (layout.buckets_of_tensor(m.tensor).first != b) continue;

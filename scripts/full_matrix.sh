@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Runs the test matrices whole (layouts x stages x schedules x flags): the suite runs a covering
+# subset of each (testing/matrix.h), this every combination. Extra arguments go to `bazel test`
+# (--config=asan, say). Prints Bazel's summary; its result goes in the note of the change.
+#
+#   bash scripts/full_matrix.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+targets=(//tests:gpt_reference_test //tests:compose_dp2_pp2_test //tests:compose_dp2_tp2_test
+         //tests:compose_dp2_tp2_pp2_test)
+bazel test --test_env=ZERO_FULL_MATRIX=1 --test_summary=short "$@" -- "${targets[@]}"

@@ -1,0 +1,39 @@
+#pragma once
+// The part every per-step training reference of scripts/*_reference.py shares (LAMB's, Muon's): the
+// initial tensors, each step's gradient of each data-parallel rank and the tensors after each step,
+// all by name, flattened row-major, as written by those scripts.
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace zero::testing {
+
+using Tensors = std::map<std::string, std::vector<float>>;
+
+struct StepsReference {
+  Tensors initial;
+  std::vector<std::vector<Tensors>> grads;  // [step][rank]
+  std::vector<Tensors> after;               // [step]
+};
+
+inline Tensors tensors_of(const nlohmann::json& j) {
+  Tensors out;
+  for (const auto& [name, values] : j.items()) out[name] = values.get<std::vector<float>>();
+  return out;
+}
+
+// `j`'s "initial_params", "grads_per_step_per_rank" and "params_after_step".
+inline StepsReference steps_reference(const nlohmann::json& j) {
+  StepsReference r;
+  r.initial = tensors_of(j.at("initial_params"));
+  for (const auto& step : j.at("grads_per_step_per_rank")) {
+    r.grads.emplace_back();
+    for (const auto& rank : step) r.grads.back().push_back(tensors_of(rank));
+  }
+  for (const auto& step : j.at("params_after_step")) r.after.push_back(tensors_of(step));
+  return r;
+}
+
+}  // namespace zero::testing
