@@ -7,12 +7,14 @@
 #include <vector>
 
 #include "examples/mlp.h"
+#include "examples/optimizer_groups.h"
 #include "zero/engine.h"
 
 namespace zero::examples {
 
 // Registers the model's parameters (fp32, its own storage): layer l's weight and bias are unit l;
-// with `decay_groups` the weights are optimizer group 0 and the biases group 1, else all group 0.
+// with `decay_groups` the weights are optimizer group 0 (Muon's group 2 where the engine has one:
+// examples/optimizer_groups.h) and the biases group 1, else all group 0.
 // Returns the engine's id of each parameter, in the model's order.
 inline std::vector<int> register_mlp(Engine& engine, Mlp& model, bool decay_groups = false) {
   std::vector<int> ids;
@@ -20,7 +22,7 @@ inline std::vector<int> register_mlp(Engine& engine, Mlp& model, bool decay_grou
     auto& p = model.params()[i];
     ids.push_back(engine.add_param({.name = p.name, .shape = p.shape, .dtype = DType::kFloat32,
                                     .data = {p.values.data(), p.values.size()}, .unit = static_cast<int>(i / 2),
-                                    .group = decay_groups && !p.decay ? 1 : 0}));
+                                    .group = decay_groups ? example_group(engine.options(), p.decay, p.shape.size() == 2) : 0}));
   }
   return ids;
 }

@@ -7,7 +7,7 @@
 //                                     the layers and stage
 //   --export FILE.safetensors         the final weights
 //   --shard-group-size N              hybrid sharding: the engine on comm::HybridGroups of N ranks
-//   --optimizer NAME                  adamw, adam, sgd, adagrad, lion, adabelief or lamb (a user's
+//   --optimizer NAME                  adamw, adam, sgd, adagrad, lion, muon (with AdamW: docs/optim.md), adabelief or lamb (a user's
 //                                     own rules: examples/adabelief.h; examples/lamb.h, with whole-
 //                                     tensor ownership)
 #include <fmt/format.h>
@@ -22,6 +22,7 @@
 #include "comm/hybrid_groups.h"
 #include "examples/adabelief.h"
 #include "examples/lamb.h"
+#include "examples/optimizer_groups.h"
 #include "tools/cli/flags.h"
 #include "parallel/strategy/described_model.h"  // two_optimizer_groups
 #include "zero/config/engine_config.h"
@@ -64,11 +65,13 @@ struct ConfigFlag {
       } else if (name == "lamb") {
         o.optimizer.custom = std::make_shared<Lamb>();
         o.layout.whole_tensors = true;  // LAMB's trust ratio needs each tensor whole
+      } else if (name == "muon") {
+        add_muon_group(o);  // the hidden matrices in Muon, the rest in AdamW (examples/optimizer_groups.h)
       } else if (name == "adamw" || name == "adam" || name == "sgd" || name == "adagrad" || name == "lion") {
         o.optimizer.kind = optim::parse_optimizer(name);
       } else {
-        ZERO_THROW(InvalidArgument, "--optimizer: unknown optimizer '{}' (adamw, adam, sgd, adagrad, lion, adabelief or lamb)",
-                   name);
+        ZERO_THROW(InvalidArgument,
+                   "--optimizer: unknown optimizer '{}' (adamw, adam, sgd, adagrad, lion, muon, adabelief or lamb)", name);
       }
     }
     return o;

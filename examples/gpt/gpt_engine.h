@@ -1,6 +1,7 @@
 #pragma once
 // The GPT's units in the engine's scopes. GptScopes registers the model's parameters with the engine
-// (unit as the model numbers them, group 0 for the decayed ones, 1 for the rest), in fp32 or bf16,
+// (unit as the model numbers them, group 0 for the decayed ones, 1 for the rest, and the blocks'
+// matrices in Muon's group 2 where the engine has one: examples/optimizer_groups.h), in fp32 or bf16,
 // and turns the model's enter/leave into gather / gather_for_backward scopes, reading parameters and
 // writing gradients through the open scope of their unit (more than one is open while unit 0's
 // backward spans the others).
@@ -20,6 +21,7 @@
 #include "base/check.h"
 #include "base/dtype.h"
 #include "examples/gpt/gpt_model.h"
+#include "examples/optimizer_groups.h"
 #include "parallel/strategy/gpt2.h"  // gpt2_engine_options: the optimizer groups GptScopes fills
 #include "zero/engine.h"
 
@@ -49,10 +51,14 @@ class GptScopes {
         data = {bf16_[i].data(), bf16_[i].size()};
       }
       ids_.push_back(engine.add_param({.name = p.name, .shape = p.shape, .dtype = d.registered, .data = data,
-                                       .unit = p.unit, .group = p.decay ? 0 : 1, .tp = p.tp, .tied = p.tied,
+                                       .unit = p.unit, .group = example_group(engine.options(), p.decay, hidden_matrix(p)),
+                                       .tp = p.tp, .tied = p.tied,
                                        .param_dtype = d.param_dtype}));
     }
   }
+  // A block's matrix (not the embeddings, whose rows are looked up, nor the head tied to wte).
+  static bool hidden_matrix(const Gpt::Param& p) { return p.shape.size() == 2 && p.name.rfind("h.", 0) == 0; }
+
   GptScopes(const GptScopes&) = delete;
   GptScopes& operator=(const GptScopes&) = delete;
 
