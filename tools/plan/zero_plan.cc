@@ -12,7 +12,8 @@
 // own), --param-dtype bf16|fp16 (stage 3 rows: fp32 parameters gathered in that dtype,
 // EngineOptions.param_dtype), --fp32-norms (a --gpt model's LayerNorms and biases in fp32 beside
 // its 16-bit matrices), --whole-tensors (each tensor owned whole by one rank: the padding
-// it costs), --optimizer adamw, --offload, --offload-params, --bucket-m (elements), --micro-steps,
+// it costs), --optimizer adamw (muon: a described model's block matrices in Muon, the rest in
+// AdamW), --offload, --offload-params, --bucket-m (elements), --micro-steps,
 // --prefetch-mb, --max-live-mb, --persist-kb, --rank (ranks differ by padding only), --cuda (a GPU's
 // memory: no communicator scratch accounted). With --gpt, --tp T (--world then counts the
 // data-parallel ranks; each holds one tp rank's parts) and --sequence-parallel; --pp P plans pipeline
@@ -119,10 +120,20 @@ int run(int argc, char** argv) {
   in.rank = flags.get_int("rank", 0);
   in.cuda = flags.get_bool("cuda", false);
   EngineOptions& o = in.options;
-  o.optimizer.kind = optim::parse_optimizer(flags.get("optimizer", "adamw"));
+  const std::string optimizer = flags.get("optimizer", "adamw");
   int groups = 1;
   for (const plan::TensorSpec& t : model.tensors) groups = std::max(groups, t.group + 1);
   o.optimizer.groups.assign(static_cast<size_t>(groups), optim::Hyper{});
+  if (optimizer == "muon") {
+    // Moonlight's hybrid: the blocks' matrices in a Muon group, the rest in the model's AdamW groups.
+    o.optimizer.kind = optim::OptimizerKind::kAdamW;
+    o.optimizer.groups.push_back(optim::Hyper{.kind = optim::OptimizerKind::kMuon});
+    for (plan::TensorSpec& t : in.model.tensors) {
+      if (t.name.rfind("blocks.", 0) == 0 && t.shape.size() >= 2) t.group = groups;
+    }
+  } else {
+    o.optimizer.kind = optim::parse_optimizer(optimizer);
+  }
   std::optional<DType> param_dtype;
   if (flags.has("param-dtype")) param_dtype = parse_dtype(flags.get("param-dtype", ""));
   // EngineOptions.param_dtype is stage 3's: the rows below it plan the registered dtype.
@@ -146,7 +157,7 @@ int run(int argc, char** argv) {
               tp > 1 || pp > 1 ? fmt::format(" per rank of pipeline stage {} of {}, tp {}{}", pp_stage, pp, tp,
                                              sequence_parallel ? ", sequence parallel" : "").c_str()
                                : "",
-              dtypes_of(model).c_str(), optim::optimizer_name(o.optimizer.kind),
+              dtypes_of(model).c_str(), optim::optimizer_label(o.optimizer).c_str(),
               o.offload.params ? ", optimizer and parameters offloaded" : o.offload.optimizer ? ", optimizer offloaded" : "");
   if (stages.size() == 1 && worlds.size() == 1) {
     set_stage(stages[0]);
