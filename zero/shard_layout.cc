@@ -14,7 +14,8 @@ size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
 ShardLayout::ShardLayout(const std::vector<size_t>& tensor_numels, int world_size,
                          const ShardLayoutOptions& options, const std::vector<int>& tensor_units,
-                         const std::vector<bool>& starts_block, const std::vector<DType>& tensor_dtypes)
+                         const std::vector<bool>& starts_block, const std::vector<DType>& tensor_dtypes,
+                         const std::vector<bool>& whole_in_bucket)
     : world_size_(world_size), options_(options) {
   if (world_size < 1) ZERO_THROW(InvalidArgument, "ShardLayout: world_size must be >= 1, got {}", world_size);
   if (options.alignment == 0) ZERO_THROW(InvalidArgument, "ShardLayoutOptions.alignment must be > 0");
@@ -61,26 +62,27 @@ ShardLayout::ShardLayout(const std::vector<size_t>& tensor_numels, int world_siz
     set_dtypes(tensor_dtypes);
     return;
   }
-  if (options.unit_buckets || options.whole_tensor_buckets) {
-    // One padded bucket per unit (per dtype of the unit), or per run of whole tensors reaching
-    // bucket_numel, back to back.
+  if (!whole_in_bucket.empty() && whole_in_bucket.size() != tensor_numels.size()) {
+    ZERO_THROW(InvalidArgument, "ShardLayout: {} whole-in-bucket marks for {} tensors", whole_in_bucket.size(),
+               tensor_numels.size());
+  }
+  if (options.whole_tensor_buckets && !options.unit_buckets) {
+    lay_out_tensor_buckets(tensor_numels, tensor_dtypes, whole_in_bucket);
+    set_dtypes(tensor_dtypes);
+    return;
+  }
+  if (options.unit_buckets) {
+    // One padded bucket per unit (per dtype of the unit), back to back.
     size_t offset = 0, shard_offset = 0;
     for (size_t t = 0; t < tensor_numels.size();) {
       Bucket b;
       b.offset = offset;
       b.first_tensor = t;
-      b.unit = options.unit_buckets ? unit_of(t) : -1;
+      b.unit = unit_of(t);
       size_t end = offset;
-      auto joins = [&] {
-        if (t == b.first_tensor) return true;
-        if (new_dtype(t)) return false;
-        return options.unit_buckets ? unit_of(t) == b.unit : end - offset < options.bucket_numel;
-      };
-      for (; t < tensor_numels.size() && joins(); ++t) {
-        // With whole-tensor buckets every tensor starts on a block, so that where buckets are cut
-        // (which depends on the stage: units or bucket_numel) changes no tensor's blocks.
-        const bool new_unit = t > b.first_tensor && unit_of(t) != unit_of(t - 1);
-        const bool block_start = new_unit || own_block(t) || options.whole_tensor_buckets;
+      for (; t < tensor_numels.size() && unit_of(t) == b.unit && (t == b.first_tensor || !new_dtype(t)); ++t) {
+        // With whole-tensor buckets every tensor starts on a block (see lay_out_tensor_buckets).
+        const bool block_start = own_block(t) || options.whole_tensor_buckets;
         end = round_up(end, block_start ? options.block : options.alignment);
         tensors_.push_back({tensor_numels[t], end});
         end += tensor_numels[t];
@@ -137,6 +139,57 @@ ShardLayout::ShardLayout(const std::vector<size_t>& tensor_numels, int world_siz
     first = end;
   }
   set_dtypes(tensor_dtypes);
+}
+
+void ShardLayout::lay_out_tensor_buckets(const std::vector<size_t>& tensor_numels,
+                                         const std::vector<DType>& tensor_dtypes,
+                                         const std::vector<bool>& whole_in_bucket) {
+  const size_t block = options_.block;
+  const size_t quantum = static_cast<size_t>(world_size_) * block;
+  const size_t capacity = round_up(options_.bucket_numel, quantum);
+  auto whole = [&](size_t t) { return whole_in_bucket.empty() || whole_in_bucket[t]; };
+  size_t shard_offset = 0;
+  Bucket b;  // the open bucket: from b.offset, its data up to `end`
+  size_t end = 0;
+  // Closes the open bucket at `end` (padded) and opens the next after it, from tensor `next`.
+  auto close = [&](size_t next, size_t last_end) {
+    b.numel = end - b.offset;
+    b.padded = round_up(b.numel, quantum);
+    b.chunk = b.padded / static_cast<size_t>(world_size_);
+    b.shard_offset = shard_offset;
+    b.end_tensor = last_end;
+    shard_offset += b.chunk;
+    padded_numel_ += b.padded;
+    buckets_.push_back(b);
+    b = Bucket{};
+    b.offset = buckets_.back().offset + buckets_.back().padded;
+    b.first_tensor = next;
+    end = b.offset;
+  };
+  tensors_.reserve(tensor_numels.size());
+  for (size_t t = 0; t < tensor_numels.size(); ++t) {
+    const bool new_dtype = !tensor_dtypes.empty() && t > 0 && tensor_dtypes[t] != tensor_dtypes[t - 1];
+    // A new bucket for a dtype of its own, for a whole tensor that would cross the cut, and for any
+    // tensor when the bucket is full already (a whole tensor larger than the capacity filled it):
+    // cuts fall inside the unmarked tensor being placed, never inside an earlier one.
+    const size_t start = round_up(end, block);
+    if (t > b.first_tensor &&
+        (new_dtype || start - b.offset >= capacity || (whole(t) && start + tensor_numels[t] - b.offset > capacity))) {
+      close(t, t);
+    }
+    const size_t at = round_up(end, block);
+    tensors_.push_back({tensor_numels[t], at});
+    end = at + tensor_numels[t];
+    // An unmarked tensor is cut wherever the bucket fills (at a multiple of the quantum: no padding).
+    while (!whole(t) && end - b.offset > capacity) {
+      const size_t stop = end;
+      end = b.offset + capacity;
+      close(t, t + 1);
+      end = stop;
+    }
+  }
+  if (!tensor_numels.empty()) close(tensor_numels.size(), tensor_numels.size());
+  total_numel_ = tensors_.empty() ? 0 : tensors_.back().offset + tensors_.back().numel;
 }
 
 void ShardLayout::set_dtypes(const std::vector<DType>& tensor_dtypes) {

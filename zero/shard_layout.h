@@ -20,11 +20,13 @@
 // padding only adds whole zero blocks: norms summed per block in global order come out bitwise the
 // same everywhere.
 //
-// Whole tensors per bucket (`whole_tensor_buckets`): as unit buckets, each bucket padded on its own,
-// but, without unit_buckets, cut where a bucket's tensors reach bucket_numel (a rule that does not
-// depend on the world size) instead of at units. Every tensor starts on a block, with or without
-// unit_buckets, so the norm's blocks are the same whichever way the buckets are cut (at every stage).
-// Chunks cut tensors as usual.
+// Whole tensors per bucket (`whole_tensor_buckets`): every tensor starts on a block, with or without
+// unit_buckets, so that padding a bucket where it is cut moves tensors by whole blocks and the norm's
+// blocks are the same at every stage. Without unit_buckets, buckets are cut every bucket_numel
+// (rounded to world_size * block) as usual, except that a tensor marked whole (`whole_in_bucket`:
+// Muon's matrices) that would cross the cut starts a bucket of its own instead, the bucket before it
+// ending early, padded. Unmarked tensors (an embedding) are cut as usual, so no bucket grows to hold
+// them. Chunks cut every tensor as usual.
 //
 // Whole tensors (`whole_tensors`: rules that need a tensor at once, LAMB's trust ratio). No tensor is
 // cut: every tensor starts on a block, a bucket holds whole tensors (a unit with unit_buckets; else
@@ -97,10 +99,12 @@ class ShardLayout {
   // `starts_block`, when given, marks tensors that start on a block even inside a unit (tensor
   // parallelism: no block mixes tensors counted once in the norm with tensors every rank counts).
   // `tensor_dtypes`, when given, holds each tensor's dtype (the one its gradients and gathered values
-  // take); otherwise every tensor is fp32.
+  // take); otherwise every tensor is fp32. `whole_in_bucket`, with whole_tensor_buckets, marks the
+  // tensors no bucket may cut (empty: every tensor).
   ShardLayout(const std::vector<size_t>& tensor_numels, int world_size,
               const ShardLayoutOptions& options = {}, const std::vector<int>& tensor_units = {},
-              const std::vector<bool>& starts_block = {}, const std::vector<DType>& tensor_dtypes = {});
+              const std::vector<bool>& starts_block = {}, const std::vector<DType>& tensor_dtypes = {},
+              const std::vector<bool>& whole_in_bucket = {});
 
   int world_size() const { return world_size_; }
   const ShardLayoutOptions& options() const { return options_; }
@@ -136,6 +140,8 @@ class ShardLayout {
 
  private:
   // The whole_tensors layout of the tensors (see the top comment).
+  void lay_out_tensor_buckets(const std::vector<size_t>& tensor_numels, const std::vector<DType>& tensor_dtypes,
+                              const std::vector<bool>& whole_in_bucket);
   void lay_out_whole_tensors(const std::vector<size_t>& tensor_numels, const std::vector<int>& tensor_units,
                              const std::vector<DType>& tensor_dtypes);
   // Each tensor's and bucket's dtype, and the buckets' byte offsets.

@@ -373,3 +373,68 @@ TEST_CASE("whole tensors: each tensor in one rank's chunk, on its own blocks, th
 }
 
 }  // namespace zero
+
+namespace zero {
+namespace {
+
+TEST_CASE("whole-tensor buckets: marked tensors are never cut by a bucket, the rest are, every tensor on a block") {
+  // An embedding-sized unmarked tensor first, then matrices (marked) and vectors (unmarked).
+  const std::vector<size_t> numels{5000, 640, 37, 900, 64, 1300, 20, 700, 3000, 10};
+  const std::vector<bool> marked{false, true, false, true, false, true, false, true, false, false};
+  const ShardLayoutOptions o{.alignment = 4, .bucket_numel = 1000, .block = 16, .whole_tensor_buckets = true};
+  for (int world : {1, 2, 3, 4}) {
+    CAPTURE(world);
+    const ShardLayout l(numels, world, o, {}, {}, {}, marked);
+    // Tensors in order and disjoint; buckets back to back, each padded to world x block; every
+    // element in exactly one rank's pieces.
+    size_t prev_end = 0, flat = 0, shard = 0;
+    for (size_t t = 0; t < numels.size(); ++t) {
+      CHECK(l.tensors()[t].offset >= prev_end);
+      prev_end = l.tensors()[t].offset + numels[t];
+    }
+    for (const ShardLayout::Bucket& b : l.buckets()) {
+      CHECK(b.offset == flat);
+      CHECK(b.padded % (static_cast<size_t>(world) * o.block) == 0);
+      CHECK(b.numel <= b.padded);
+      CHECK(b.shard_offset == shard);
+      flat += b.padded;
+      shard += b.chunk;
+    }
+    CHECK(l.padded_numel() == flat);
+    size_t covered = 0;
+    for (int r = 0; r < world; ++r) {
+      for (const ShardLayout::Piece& p : l.pieces(r)) covered += p.tensor_end - p.tensor_begin;
+    }
+    size_t total = 0;
+    for (size_t n : numels) total += n;
+    CHECK(covered == total);
+    size_t unmarked_cut = 0;
+    for (size_t t = 0; t < numels.size(); ++t) {
+      CHECK(l.tensors()[t].offset % o.block == 0);
+      const auto [first, last] = l.buckets_of_tensor(t);
+      if (marked[t]) {
+        CHECK(first == last);
+      } else if (first != last) {
+        ++unmarked_cut;
+      }
+    }
+    CHECK(unmarked_cut >= 2);  // the 5000 and the 3000 are cut where their buckets fill
+    // No bucket is larger than its capacity unless it holds a single marked tensor larger than it.
+    const size_t capacity = (o.bucket_numel + world * o.block - 1) / (world * o.block) * (world * o.block);
+    for (const ShardLayout::Bucket& b : l.buckets()) {
+      const bool one_large = b.end_tensor - b.first_tensor == 1 && marked[b.first_tensor];
+      CHECK((b.numel <= capacity || one_large));
+    }
+  }
+  // With unit buckets (stage 3) too every tensor starts on a block: where buckets are cut only moves
+  // tensors by whole blocks.
+  const ShardLayout units(numels, 2, {.alignment = 4, .bucket_numel = 1000, .block = 16, .unit_buckets = true,
+                                      .whole_tensor_buckets = true},
+                          {0, 0, 1, 1, 1, 2, 2, 3, 4, 4});
+  for (const ShardLayout::Tensor& t : units.tensors()) CHECK(t.offset % 16 == 0);
+  CHECK_THROWS_WITH_AS(ShardLayout(numels, 2, o, {}, {}, {}, {true, false}), doctest::Contains("2 whole-in-bucket marks"),
+                       InvalidArgument);
+}
+
+}  // namespace
+}  // namespace zero

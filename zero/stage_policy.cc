@@ -213,7 +213,15 @@ EngineParts wire_stage(const PolicyInputs& in) {
   lo.unit_buckets = o.stage == 3 || rounds;
   // Muon gathers each matrix within one bucket's exchange (zero/matrix_exchange.h).
   lo.whole_tensor_buckets = lo.whole_tensor_buckets || optim::has_matrix_groups(o.optimizer);
-  parts.layout = std::make_unique<ShardLayout>(numels, in.shard->size(), lo, units, starts_block, dtypes);
+  // Muon's matrices are never cut by a bucket (the exchange gathers them per bucket); the rest are.
+  std::vector<bool> whole_in_bucket;
+  if (lo.whole_tensor_buckets && optim::has_matrix_groups(o.optimizer)) {
+    for (int id : in.tensor_param) {
+      whole_in_bucket.push_back(!optim::is_elementwise(optim::group_kind(o.optimizer, reg.param(id).group)));
+    }
+  }
+  parts.layout =
+      std::make_unique<ShardLayout>(numels, in.shard->size(), lo, units, starts_block, dtypes, whole_in_bucket);
   ZERO_LOG_DEBUG("{}", parts.layout->describe());
   const ShardLayout& layout = *parts.layout;
 
