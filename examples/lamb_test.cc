@@ -56,12 +56,7 @@ const Reference& reference() {
 }
 
 // The reference's tensors in four units (the embedding alone, two layers, the small ones together).
-int unit_of(const std::string& name) {
-  if (name == "emb") return 0;
-  if (name.rfind("h0.", 0) == 0) return 1;
-  if (name.rfind("h1.", 0) == 0) return 2;
-  return 3;
-}
+int unit_of(const std::string& name) { return testing::reference_unit_of(name); }
 
 struct Run {
   int stage = 1;

@@ -24,6 +24,14 @@ inline Tensors tensors_of(const nlohmann::json& j) {
   return out;
 }
 
+// The scripts' tensors in four units: "emb" alone, "h0.*", "h1.*", and the rest together.
+inline int reference_unit_of(const std::string& name) {
+  if (name == "emb") return 0;
+  if (name.rfind("h0.", 0) == 0) return 1;
+  if (name.rfind("h1.", 0) == 0) return 2;
+  return 3;
+}
+
 // `j`'s "initial_params", "grads_per_step_per_rank" and "params_after_step".
 inline StepsReference steps_reference(const nlohmann::json& j) {
   StepsReference r;
