@@ -654,3 +654,46 @@ TEST_CASE("invalid options, segments and step inputs name the field") {
 
 }  // namespace
 }  // namespace zero::optim
+
+namespace zero::optim {
+namespace {
+
+TEST_CASE("groups of several kinds: labels, state names, and the single-kind optimizer's refusals") {
+  OptimizerOptions o;
+  o.kind = OptimizerKind::kAdamW;
+  Hyper muon;
+  muon.kind = OptimizerKind::kMuon;
+  Hyper sgd{.momentum = 0.9f};
+  sgd.kind = OptimizerKind::kSgd;
+  o.groups = {Hyper{}, muon, sgd, Hyper{}};
+  CHECK(group_kind(o, 0) == OptimizerKind::kAdamW);
+  CHECK(group_kind(o, 1) == OptimizerKind::kMuon);
+  CHECK(group_kinds(o) == std::vector<OptimizerKind>{OptimizerKind::kAdamW, OptimizerKind::kMuon, OptimizerKind::kSgd});
+  CHECK(optimizer_label(o) == "adamw+muon+sgd");
+  // Each kind's states once, in the order the groups first use them (Muon's and SGD's share a name).
+  CHECK(optimizer_state_names(o) == std::vector<std::string>{"exp_avg", "exp_avg_sq", "momentum_buffer"});
+  CHECK(has_matrix_groups(o));
+  CHECK(parse_optimizer("muon") == OptimizerKind::kMuon);
+  CHECK_THROWS_WITH_AS(group_kind(o, 4), doctest::Contains("group index 4 out of range"), InvalidArgument);
+  // optim::Optimizer runs one elementwise kind: Muon and a second kind are the engine's.
+  const std::vector<Segment> segs{Segment{0, 16, 0, "w", 0}};
+  CHECK_THROWS_WITH_AS(Optimizer(o, 16, segs), doctest::Contains("groups[1].kind: optim::Optimizer runs elementwise rules"),
+                       InvalidArgument);
+  o.groups = {Hyper{}, sgd};
+  CHECK_THROWS_WITH_AS(Optimizer(o, 16, segs), doctest::Contains("groups[1].kind: optim::Optimizer runs one rule (adamw)"),
+                       InvalidArgument);
+  // Every group naming the same kind is that kind.
+  Hyper adamw;
+  adamw.kind = OptimizerKind::kAdamW;
+  o.groups = {adamw};
+  CHECK(optimizer_label(o) == "adamw");
+  CHECK_NOTHROW(Optimizer(o, 16, segs));
+  // Muon's hyperparameters are validated by name.
+  Hyper bad = muon;
+  bad.muon.momentum = 1.0f;
+  o.groups = {Hyper{}, bad};
+  CHECK_THROWS_WITH_AS(validate_groups(o), doctest::Contains("groups[1].muon.momentum"), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace zero::optim
