@@ -8,11 +8,8 @@
 
 namespace zero::optim {
 
-namespace {
-
-// The double a user means by a float hyperparameter: the shortest decimal that round-trips to the
-// float, read as a double. 0.999f becomes 0.999 (as Python's float(0.999)), not 0.99900001287...;
-// with the raw float, 1 - beta2 would be off by 1.3e-5 relative from PyTorch's.
+// 0.999f becomes 0.999, not 0.99900001287...: with the raw float, 1 - beta2 would be off by 1.3e-5
+// relative from PyTorch's.
 double decimal_double(float f) {
   if (!std::isfinite(f)) return f;
   char buf[64];
@@ -23,8 +20,6 @@ double decimal_double(float f) {
   if (parsed.ec != std::errc() || static_cast<float>(d) != f) return f;
   return d;
 }
-
-}  // namespace
 
 StepCoeffs compute_step_coeffs(OptimizerKind kind, const Hyper& h, int64_t step, float grad_scale,
                                bool sgd_first_momentum_step) {

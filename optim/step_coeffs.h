@@ -32,6 +32,10 @@ inline constexpr uint32_t kFlagMomentum = 2u;     // SGD: momentum != 0 (the buf
 inline constexpr uint32_t kFlagNesterov = 4u;     // SGD
 inline constexpr uint32_t kFlagFirstStep = 8u;    // SGD: the momentum buffer starts as a copy of d_p
 
+// The double a user means by a float hyperparameter: the shortest decimal that round-trips to the
+// float, read as a double (0.999f is 0.999, as Python's float(0.999)).
+double decimal_double(float f);
+
 // `step` is the 1-based index of the step being taken. `sgd_first_momentum_step` is true when the
 // group's momentum buffer does not exist yet (PyTorch then sets buf = d_p without dampening).
 StepCoeffs compute_step_coeffs(OptimizerKind kind, const Hyper& h, int64_t step, float grad_scale,

@@ -62,18 +62,13 @@ class CustomShardOptimizer final : public ShardOptimizer {
   void step_range(const optim::StepInput& in, size_t begin, size_t end, memory::Stream& stream) override {
     ZERO_CHECK(&stream == &device_.compute_stream(), "a custom optimizer runs on the compute stream");
     const optim::UpdateContext context{.step = steps_, .groups = options_.groups};
-    const size_t grad_size = dtype_size(in.grad_dtype), model_size = dtype_size(in.model_dtype);
+    const size_t model_size = dtype_size(in.model_dtype);
     auto first = std::upper_bound(segments_.begin(), segments_.end(), begin,
                                   [](size_t b, const optim::Segment& s) { return b < s.end; });
     for (auto s = first; s != segments_.end() && s->begin < end; ++s) {
       if (s->param_name.empty()) continue;  // padding
       const size_t lo = std::max(s->begin, begin), hi = std::min(s->end, end), n = hi - lo, at = lo - begin;
-      if (grad_.size() < n) grad_.resize(n);  // grows to the largest range once, then never again
-      memory::host_kernels::convert(static_cast<const char*>(in.grad) + at * grad_size, in.grad_dtype, grad_.data(),
-                                    DType::kFloat32, n);
-      if (in.grad_scale != 1.0f) {
-        for (size_t i = 0; i < n; ++i) grad_[i] *= in.grad_scale;
-      }
+      scaled_fp32_grad(in, at, n, grad_);
       for (size_t k = 0; k < state_.size(); ++k) pointers_[k] = static_cast<float*>(state_[k].data()) + lo;
       float* master = in.master + at;
       if (rule_.needs_whole_tensors() && s->whole) {

@@ -24,6 +24,7 @@
 #include "memory/host_kernels.h"
 #include "memory/meta_device.h"
 #include "optim/optimizer_checks.h"
+#include "optim/step_coeffs.h"
 #include "optim/step_schedule.h"
 #include "zero/shard_optimizer.h"
 
@@ -45,9 +46,6 @@ void for_each_overlap(const std::vector<Run>& runs, size_t begin, size_t end, Fn
     fn(*r, lo, hi);
   }
 }
-
-// The double a user means by a float hyperparameter (0.2f is 0.2, as in Python), as step_coeffs.cc.
-double decimal(float f) { return std::stod(fmt::format("{}", f)); }
 
 class GroupedShardOptimizer final : public ShardOptimizer {
  public:
@@ -78,8 +76,9 @@ class GroupedShardOptimizer final : public ShardOptimizer {
         set_up_muon(device, std::move(runs), packed);
         continue;
       }
-      Part part{kind, std::move(runs), nullptr};
+      Part part{kind, std::move(runs), nullptr, {}};
       part.opt = make_shard_optimizer(device, options_for(kind), packed, std::move(own), timeout);
+      part.states = part.opt->state_names();
       parts_.push_back(std::move(part));
     }
   }
@@ -91,6 +90,14 @@ class GroupedShardOptimizer final : public ShardOptimizer {
         if (optim::group_kind(options_, static_cast<int>(g)) == part.kind) part.opt->group(static_cast<int>(g)) = own_hyper(g);
       }
       part.opt->begin_step();
+    }
+    // Muon's scalars per group, in double as Python computes them (step_coeffs.h), once a step.
+    muon_scalars_.resize(options_.groups.size());
+    for (size_t g = 0; g < options_.groups.size(); ++g) {
+      const optim::Hyper& h = options_.groups[g];
+      const double lr = optim::decimal_double(h.lr);
+      muon_scalars_[g] = {static_cast<float>(1.0 - lr * optim::decimal_double(h.weight_decay)),
+                          lr * optim::decimal_double(h.muon.rms_scale)};
     }
     ++steps_;
   }
@@ -151,7 +158,7 @@ class GroupedShardOptimizer final : public ShardOptimizer {
     double bytes = 0, elements = 0;
     for (const Part& part : parts_) {
       const double n = static_cast<double>(packed_numel(part.runs));
-      bytes += n * static_cast<double>(part.opt->state_names().size() * dtype_size(part.opt->state_dtype()));
+      bytes += n * static_cast<double>(part.states.size() * dtype_size(part.opt->state_dtype()));
       elements += n;
     }
     const double m = static_cast<double>(packed_numel(muon_runs_));
@@ -163,6 +170,11 @@ class GroupedShardOptimizer final : public ShardOptimizer {
     optim::OptimizerKind kind;
     std::vector<Run> runs;
     std::unique_ptr<ShardOptimizer> opt;
+    std::vector<std::string> states;  // opt's state names
+  };
+  struct MuonScalars {
+    float decay = 1.0f;               // 1 - lr wd
+    double lr_times_rms_scale = 0.0;  // times sqrt(max(rows, cols)) per matrix
   };
 
   static size_t packed_numel(const std::vector<Run>& runs) { return runs.empty() ? 0 : runs.back().packed + (runs.back().end - runs.back().begin); }
@@ -202,17 +214,15 @@ class GroupedShardOptimizer final : public ShardOptimizer {
     const size_t bucket = matrices_->bucket_at(begin);
     if (!matrices_->has_matrices(bucket)) return;
     float* u = matrices_->input(bucket);
-    const size_t grad_size = dtype_size(in.grad_dtype), out_size = dtype_size(in.model_dtype);
+    const size_t out_size = dtype_size(in.model_dtype);
     for_each_overlap(muon_runs_, begin, end, [&](const Run& r, size_t lo, size_t hi) {
       const size_t at = lo - begin, n = hi - lo;
-      if (grad_.size() < n) grad_.resize(n);  // grows to the largest piece once
-      memory::host_kernels::convert(static_cast<const char*>(in.grad) + at * grad_size, in.grad_dtype, grad_.data(),
-                                    DType::kFloat32, n);
+      const float* grad = scaled_fp32_grad(in, at, n, grad_);
       const optim::MuonHyper& h = options_.groups[static_cast<size_t>(r.segment->group)].muon;
       const float mu = h.momentum;
       float* m = momentum_.as<float>() + r.packed + (lo - r.begin);
       for (size_t i = 0; i < n; ++i) {
-        const float g = grad_[i] * in.grad_scale;
+        const float g = grad[i];
         m[i] = m[i] * mu + g;
         u[at + i] = h.nesterov ? g + mu * m[i] : m[i];
       }
@@ -220,11 +230,10 @@ class GroupedShardOptimizer final : public ShardOptimizer {
     matrices_->orthogonalize(bucket, u);
     for_each_overlap(muon_runs_, begin, end, [&](const Run& r, size_t lo, size_t hi) {
       const size_t at = lo - begin, n = hi - lo;
-      const optim::Hyper& h = options_.groups[static_cast<size_t>(r.segment->group)];
-      const double lr = decimal(h.lr);
-      const auto decay = static_cast<float>(1.0 - lr * decimal(h.weight_decay));
+      const MuonScalars& s = muon_scalars_[static_cast<size_t>(r.segment->group)];
+      const float decay = s.decay;
       const double side = static_cast<double>(std::max(r.segment->rows, r.segment->cols));
-      const auto step = static_cast<float>(lr * decimal(h.muon.rms_scale) * std::sqrt(side));
+      const auto step = static_cast<float>(s.lr_times_rms_scale * std::sqrt(side));
       float* w = in.master + at;
       const float* o = u + at;
       for (size_t i = 0; i < n; ++i) {
@@ -253,8 +262,7 @@ class GroupedShardOptimizer final : public ShardOptimizer {
   template <typename Fn>
   void for_each_state(const std::string& name, size_t begin, size_t n, Fn&& fn) {
     for (Part& part : parts_) {
-      const std::vector<std::string> names = part.opt->state_names();
-      if (std::find(names.begin(), names.end(), name) == names.end()) continue;
+      if (std::find(part.states.begin(), part.states.end(), name) == part.states.end()) continue;
       for_each_overlap(part.runs, begin, begin + n, [&](const Run& r, size_t lo, size_t hi) { fn(&part, r, lo, hi); });
     }
     if (name == "momentum_buffer" && !muon_runs_.empty() && !meta_) {
@@ -277,6 +285,7 @@ class GroupedShardOptimizer final : public ShardOptimizer {
   std::vector<Run> muon_runs_;     // Muon's elements
   memory::Buffer momentum_;        // Muon's state, packed
   std::vector<float> grad_;        // a Muon piece's fp32 gradient
+  std::vector<MuonScalars> muon_scalars_;  // per group, this step's
   int64_t steps_ = 0;
 };
 

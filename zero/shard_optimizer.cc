@@ -44,6 +44,16 @@ void ShardOptimizer::write_state(const std::string& name, size_t begin, size_t n
   device_.synchronize(compute, timeout_);  // `narrow` is read until here
 }
 
+const float* scaled_fp32_grad(const optim::StepInput& in, size_t at, size_t n, std::vector<float>& scratch) {
+  if (scratch.size() < n) scratch.resize(n);
+  memory::host_kernels::convert(static_cast<const char*>(in.grad) + at * dtype_size(in.grad_dtype), in.grad_dtype,
+                                scratch.data(), DType::kFloat32, n);
+  if (in.grad_scale != 1.0f) {
+    for (size_t i = 0; i < n; ++i) scratch[i] *= in.grad_scale;
+  }
+  return scratch.data();
+}
+
 double ShardOptimizer::state_bytes_per_element() const {
   return static_cast<double>(state_names().size() * dtype_size(state_dtype()));
 }

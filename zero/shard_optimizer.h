@@ -59,6 +59,11 @@ class ShardOptimizer {
   size_t numel_;
 };
 
+// The host rules that are not the SIMD kernels (a custom rule, Muon) read the gradient as fp32:
+// elements [at, at + n) of `in`'s range, widened and times in.grad_scale, in `scratch` (grown to
+// the largest n once). Host memory.
+const float* scaled_fp32_grad(const optim::StepInput& in, size_t at, size_t n, std::vector<float>& scratch);
+
 // Optimizer state is allocated through `device` (category optimizer_state, in its tracker). On a
 // meta device (planning) the optimizer only allocates its state. `timeout` bounds every wait (the
 // engine's EngineOptions.timeout). Groups of several kinds, or of a kind that is not elementwise
