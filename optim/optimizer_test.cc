@@ -21,6 +21,7 @@
 #include "base/error.h"
 #include "memory/buffer.h"
 #include "memory/tracker.h"
+#include "optim/custom_optimizer.h"
 #include "optim/optimizer.h"
 
 namespace zero::optim {
@@ -693,6 +694,17 @@ TEST_CASE("groups of several kinds: labels, state names, and the single-kind opt
   bad.muon.momentum = 1.0f;
   o.groups = {Hyper{}, bad};
   CHECK_THROWS_WITH_AS(validate_groups(o), doctest::Contains("groups[1].muon.momentum"), InvalidArgument);
+  // A custom rule runs every group: a group naming a kind beside it is refused.
+  class Plain final : public CustomOptimizer {
+   public:
+    std::string name() const override { return "plain"; }
+    std::vector<std::string> state_names() const override { return {}; }
+    void update(const UpdateContext&, const OwnedRange&) override {}
+  };
+  o.custom = std::make_shared<Plain>();
+  o.groups = {Hyper{}, muon};
+  CHECK_THROWS_WITH_AS(validate_groups(o), doctest::Contains("groups[1].kind is muon but the custom optimizer 'plain'"),
+                       InvalidArgument);
 }
 
 }  // namespace

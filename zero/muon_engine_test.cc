@@ -286,12 +286,16 @@ void train_one(const EngineOptions& opt, const Param& p) {
   if (error) std::rethrow_exception(error);
 }
 
-TEST_CASE("Muon refuses a vector, naming it, and a CUDA engine without offload") {
+TEST_CASE("Muon refuses a vector, naming it, bf16 state and a bad ns_steps") {
   EngineOptions opt = options_of({.stage = 1, .world = 1});
   CHECK_THROWS_WITH_AS(train_one(opt, {"ln.g", {16}, 0}),
                        doctest::Contains("parameter 'ln.g' has 1 dimension(s) but its group (0) runs Muon"),
                        InvalidArgument);
   CHECK_NOTHROW(train_one(opt, {"ln.g", {16}, 2}));
+  opt.optimizer.state_dtype = DType::kBFloat16;
+  CHECK_THROWS_WITH_AS(train_one(opt, {"w", {4, 4}, 0}),
+                       doctest::Contains("optimizer.state_dtype: Muon keeps its momentum in fp32"), InvalidArgument);
+  opt.optimizer.state_dtype = DType::kFloat32;
   opt.optimizer.groups[0].muon.ns_steps = 0;
   CHECK_THROWS_WITH_AS(train_one(opt, {"w", {4, 4}, 0}), doctest::Contains("groups[0].muon.ns_steps"),
                        InvalidArgument);
