@@ -26,6 +26,7 @@ const char* optimizer_name(OptimizerKind kind) {
     case OptimizerKind::kAdagrad: return "adagrad";
     case OptimizerKind::kLion: return "lion";
     case OptimizerKind::kMuon: return "muon";
+    case OptimizerKind::kAdamW8bit: return "adamw8bit";
   }
   return "unknown";
 }
@@ -34,7 +35,7 @@ OptimizerKind parse_optimizer(std::string_view name) {
   for (int k = 0; k < kNumOptimizerKinds; ++k) {
     if (name == optimizer_name(static_cast<OptimizerKind>(k))) return static_cast<OptimizerKind>(k);
   }
-  ZERO_THROW(InvalidArgument, "unknown optimizer '{}' (expected adamw, adam, sgd, adagrad, lion or muon)", name);
+  ZERO_THROW(InvalidArgument, "unknown optimizer '{}' (expected adamw, adam, sgd, adagrad, lion, muon or adamw8bit)", name);
 }
 
 OptimizerKind group_kind(const OptimizerOptions& options, int g) {
@@ -56,7 +57,12 @@ std::vector<OptimizerKind> group_kinds(const OptimizerOptions& options) {
 bool has_matrix_groups(const OptimizerOptions& options) {
   if (options.custom) return false;
   const std::vector<OptimizerKind> kinds = group_kinds(options);
-  return std::any_of(kinds.begin(), kinds.end(), [](OptimizerKind k) { return !is_elementwise(k); });
+  return std::any_of(kinds.begin(), kinds.end(), [](OptimizerKind k) { return needs_whole_matrices(k); });
+}
+
+OptimizerKind tensor_kind(const OptimizerOptions& options, int g, size_t numel) {
+  const OptimizerKind k = group_kind(options, g);
+  return k == OptimizerKind::kAdamW8bit && numel < options.quant_min_numel ? OptimizerKind::kAdamW : k;
 }
 
 std::string optimizer_label(const OptimizerOptions& options) {
@@ -75,6 +81,13 @@ std::vector<std::string> optimizer_state_names(const OptimizerOptions& options) 
     }
   }
   return names;
+}
+
+void validate_quantization(const OptimizerOptions& options) {
+  const size_t b = options.quant_block;
+  if (b < 64 || b > 4096 || (b & (b - 1)) != 0) {
+    ZERO_THROW(InvalidArgument, "quant_block must be a power of two in [64, 4096] (got {})", b);
+  }
 }
 
 void validate_groups(const OptimizerOptions& options) {
@@ -164,6 +177,7 @@ void validate_hyper(OptimizerKind kind, const Hyper& h, int g) {
   check_at_least(h.weight_decay, 0.0f, "weight_decay", g);
   switch (kind) {
     case OptimizerKind::kAdamW:
+    case OptimizerKind::kAdamW8bit:
     case OptimizerKind::kAdam:
       check_beta(h.beta1, "beta1", g);
       check_beta(h.beta2, "beta2", g);
@@ -242,6 +256,9 @@ std::vector<std::string> state_names_of(OptimizerKind kind) {
     case OptimizerKind::kAdagrad: return {"sum"};
     case OptimizerKind::kLion: return {"exp_avg"};
     case OptimizerKind::kMuon: return {"momentum_buffer"};
+    // The dequantized moments, then each block's absmax, repeated on each of its elements: what
+    // restores the codes and scales bit for bit (optim/dynamic_quantization.h).
+    case OptimizerKind::kAdamW8bit: return {"exp_avg", "exp_avg_sq", "exp_avg_absmax", "exp_avg_sq_absmax"};
   }
   return {};
 }
@@ -254,14 +271,16 @@ void validate_common_options(const OptimizerOptions& o) {
   if (o.state_dtype != DType::kFloat32 && o.state_dtype != DType::kBFloat16) {
     ZERO_THROW(InvalidArgument, "state_dtype must be fp32 or bf16 (got {})", dtype_name(o.state_dtype));
   }
+  validate_quantization(o);
 }
 
 void require_one_elementwise_kind(const OptimizerOptions& o, const char* who) {
   for (size_t g = 0; g < o.groups.size(); ++g) {
     const OptimizerKind k = group_kind(o, static_cast<int>(g));
     if (!is_elementwise(k)) {
-      ZERO_THROW(InvalidArgument, "groups[{}].kind: {} runs elementwise rules; {} needs whole matrices, which an "
-                 "engine gathers (zero::Engine)", g, who, optimizer_name(k));
+      ZERO_THROW(InvalidArgument, "groups[{}].kind: {} runs elementwise rules over flat fp32 or bf16 state; {} needs "
+                 "{}, which an engine provides (zero::Engine)", g, who, optimizer_name(k),
+                 needs_whole_matrices(k) ? "whole matrices" : "state quantized per block of each tensor");
     }
     if (k != o.kind) {
       ZERO_THROW(InvalidArgument, "groups[{}].kind: {} runs one rule ({}) over its shard, not {}; an engine runs "

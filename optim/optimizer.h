@@ -31,7 +31,7 @@ namespace zero::optim {
 
 class CustomOptimizer;  // optim/custom_optimizer.h
 
-// "adamw", "adam", "sgd", "adagrad", "lion", "muon".
+// "adamw", "adam", "sgd", "adagrad", "lion", "muon", "adamw8bit".
 const char* optimizer_name(OptimizerKind kind);
 // Inverse of optimizer_name; throws InvalidArgument naming the accepted values.
 OptimizerKind parse_optimizer(std::string_view name);
@@ -90,6 +90,7 @@ struct Segment {
   // The parameter as a matrix (Muon: rows = shape[0], cols = the rest); 0 where it has fewer than
   // two dimensions.
   size_t rows = 0, cols = 0;
+  size_t param_numel = 0;  // the parameter's elements (8-bit AdamW keeps small ones in fp32); 0: unknown
 };
 
 struct OptimizerOptions {
@@ -103,6 +104,11 @@ struct OptimizerOptions {
   std::optional<SimdPath> simd_path = std::nullopt;  // default best_simd_path()
   // Where the state's bytes are accounted (an engine's own tracker); nullptr: the process-wide one.
   memory::MemoryTracker* tracker = nullptr;
+  // 8-bit AdamW (adamw8bit, optim/adamw8bit.h): its state is quantized in blocks of quant_block
+  // elements of each tensor (a power of two in [64, 4096]); tensors of fewer than quant_min_numel
+  // elements keep fp32 AdamW state (bitsandbytes' defaults: 256 and 4096).
+  size_t quant_block = 256;
+  size_t quant_min_numel = 4096;
 };
 
 struct StepInput {
@@ -189,6 +195,8 @@ class Optimizer {
 void validate_hyper(OptimizerKind kind, const Hyper& h, int group_index);
 // The same for the options' rule: the custom one's validate(), else validate_hyper(kind).
 void validate_groups(const OptimizerOptions& options);
+// quant_block (8-bit AdamW's).
+void validate_quantization(const OptimizerOptions& options);
 
 // Group `g`'s rule: its own kind, else the options' (InvalidArgument for an index out of range).
 OptimizerKind group_kind(const OptimizerOptions& options, int g);
@@ -198,6 +206,9 @@ std::vector<OptimizerKind> group_kinds(const OptimizerOptions& options);
 // Whether a group runs a rule that needs whole matrices (Muon; not a custom rule's
 // needs_whole_tensors, which has a layout of its own).
 bool has_matrix_groups(const OptimizerOptions& options);
+// The rule that updates a tensor of `numel` elements in group g: the group's, except that an 8-bit
+// AdamW group keeps tensors under quant_min_numel in fp32 AdamW.
+OptimizerKind tensor_kind(const OptimizerOptions& options, int g, size_t numel);
 
 // The options' rule by name: "custom:<name>" for a custom one, else the groups' kinds joined by "+"
 // in group order ("adamw"; "muon+adamw") (the checkpoint manifest's and the ranks' agreement's key).

@@ -4,12 +4,15 @@
 
 namespace zero::optim {
 
-// The elementwise rules first (their kernels are tables indexed by kind), then Muon, which
-// orthogonalizes each matrix's update whole (zero/matrix_exchange.h gathers it where it is sharded).
-enum class OptimizerKind { kAdamW, kAdam, kSgd, kAdagrad, kLion, kMuon };
+// The elementwise rules first (their kernels are tables indexed by kind), then the rules that are
+// not elementwise over a flat shard: Muon, which orthogonalizes each matrix's update whole
+// (zero/matrix_exchange.h gathers it where it is sharded), and 8-bit AdamW, whose state is quantized
+// per block of each tensor (optim/adamw8bit.h).
+enum class OptimizerKind { kAdamW, kAdam, kSgd, kAdagrad, kLion, kMuon, kAdamW8bit };
 inline constexpr int kNumElementwiseKinds = 5;
-inline constexpr int kNumOptimizerKinds = 6;
+inline constexpr int kNumOptimizerKinds = 7;
 
 constexpr bool is_elementwise(OptimizerKind kind) { return static_cast<int>(kind) < kNumElementwiseKinds; }
+constexpr bool needs_whole_matrices(OptimizerKind kind) { return kind == OptimizerKind::kMuon; }
 
 }  // namespace zero::optim

@@ -98,7 +98,8 @@ struct Ref {
           s0[i] = st(std::fma(g, static_cast<float>(1.0 - b2), s0[i] * h.beta2));
           break;
         }
-        case OptimizerKind::kMuon:  // not elementwise: zero/muon_engine_test.cc
+        case OptimizerKind::kMuon:       // not elementwise: zero/muon_engine_test.cc
+        case OptimizerKind::kAdamW8bit:  // zero/adamw8bit_engine_test.cc
           FAIL("no elementwise reference for Muon");
           break;
       }
@@ -164,7 +165,8 @@ std::vector<Hyper> two_groups(OptimizerKind kind) {
       a = Hyper{.lr = 1e-4f, .weight_decay = 1.0f, .beta1 = 0.9f, .beta2 = 0.99f};
       b = Hyper{.lr = 3e-4f, .weight_decay = 0.f, .beta1 = 0.95f, .beta2 = 0.98f};
       break;
-    case OptimizerKind::kMuon:  // not elementwise: zero/muon_engine_test.cc
+    case OptimizerKind::kMuon:       // not elementwise: zero/muon_engine_test.cc
+    case OptimizerKind::kAdamW8bit:  // zero/adamw8bit_engine_test.cc
       break;
   }
   return {a, b};

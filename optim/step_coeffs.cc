@@ -36,8 +36,9 @@ StepCoeffs compute_step_coeffs(OptimizerKind kind, const Hyper& h, int64_t step,
   if (wd != 0.0) c.flags |= kFlagWeightDecay;
   switch (kind) {
     case OptimizerKind::kAdamW:
+    case OptimizerKind::kAdamW8bit:  // AdamW's arithmetic on dequantized moments (optim/adamw8bit.h)
     case OptimizerKind::kAdam: {
-      if (kind == OptimizerKind::kAdamW) c.decay = static_cast<float>(1.0 - lr * wd);
+      if (kind != OptimizerKind::kAdam) c.decay = static_cast<float>(1.0 - lr * wd);
       c.beta1 = h.beta1;
       c.one_minus_beta1 = static_cast<float>(1.0 - beta1);
       c.beta2 = h.beta2;

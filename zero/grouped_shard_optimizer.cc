@@ -3,7 +3,9 @@
 // its own optimizer (make_shard_optimizer: the SIMD CPU one, the CUDA one, the planner's) over a
 // space of its own elements only, packed back to back, so every element keeps only its own kind's
 // state: the hybrid's state is 4 bytes per Muon element and 8 per AdamW element, not the union of
-// both everywhere. Muon's update runs here, around the matrix exchange:
+// both everywhere. 8-bit AdamW has an optimizer of its own (zero/adamw8bit_shard_optimizer.cc), and
+// its groups' tensors under quant_min_numel go to fp32 AdamW's. Muon's update runs here, around the
+// matrix exchange:
 //
 //   momentum  m = mu m + g;  u = nesterov ? g + mu m : m          (this rank's elements, fp32)
 //   exchange  u -> the orthogonalized update O, whole matrix by whole matrix (zero/matrix_exchange.h)
@@ -29,6 +31,11 @@
 #include "zero/shard_optimizer.h"
 
 namespace zero {
+
+std::unique_ptr<ShardOptimizer> make_adamw8bit_shard_optimizer(memory::Device& device, optim::OptimizerOptions options,
+                                                               size_t numel, std::vector<optim::Segment> segments,
+                                                               std::chrono::milliseconds timeout);
+
 namespace {
 
 // A segment of one kind: optimizer-space elements [begin, end), at `packed` in that kind's space.
@@ -58,12 +65,18 @@ class GroupedShardOptimizer final : public ShardOptimizer {
     names_ = optim::optimizer_state_names(options_);
     std::sort(segments_.begin(), segments_.end(),
               [](const optim::Segment& a, const optim::Segment& b) { return a.begin < b.begin; });
-    for (optim::OptimizerKind kind : optim::group_kinds(options_)) {
+    std::vector<optim::OptimizerKind> kinds = optim::group_kinds(options_);
+    // 8-bit AdamW's small tensors run fp32 AdamW (optim::tensor_kind).
+    if (std::count(kinds.begin(), kinds.end(), optim::OptimizerKind::kAdamW8bit) &&
+        !std::count(kinds.begin(), kinds.end(), optim::OptimizerKind::kAdamW)) {
+      kinds.push_back(optim::OptimizerKind::kAdamW);
+    }
+    for (optim::OptimizerKind kind : kinds) {
       std::vector<Run> runs;
       std::vector<optim::Segment> own;
       size_t packed = 0;
       for (const optim::Segment& s : segments_) {
-        if (s.param_name.empty() || s.end == s.begin || optim::group_kind(options_, s.group) != kind) continue;
+        if (s.param_name.empty() || s.end == s.begin || element_kind(s) != kind) continue;
         runs.push_back({s.begin, s.end, packed, &s});
         optim::Segment p = s;
         p.begin = packed;
@@ -77,7 +90,9 @@ class GroupedShardOptimizer final : public ShardOptimizer {
         continue;
       }
       Part part{kind, std::move(runs), nullptr, {}};
-      part.opt = make_shard_optimizer(device, options_for(kind), packed, std::move(own), timeout);
+      part.opt = kind == optim::OptimizerKind::kAdamW8bit
+                     ? make_adamw8bit_shard_optimizer(device, options_for(kind), packed, std::move(own), timeout)
+                     : make_shard_optimizer(device, options_for(kind), packed, std::move(own), timeout);
       part.states = part.opt->state_names();
       parts_.push_back(std::move(part));
     }
@@ -87,7 +102,7 @@ class GroupedShardOptimizer final : public ShardOptimizer {
     optim::validate_groups(options_);  // a schedule may have set them since
     for (Part& part : parts_) {
       for (size_t g = 0; g < options_.groups.size(); ++g) {
-        if (optim::group_kind(options_, static_cast<int>(g)) == part.kind) part.opt->group(static_cast<int>(g)) = own_hyper(g);
+        if (serves(part.kind, g)) part.opt->group(static_cast<int>(g)) = own_hyper(g);
       }
       part.opt->begin_step();
     }
@@ -158,7 +173,7 @@ class GroupedShardOptimizer final : public ShardOptimizer {
     double bytes = 0, elements = 0;
     for (const Part& part : parts_) {
       const double n = static_cast<double>(packed_numel(part.runs));
-      bytes += n * static_cast<double>(part.states.size() * dtype_size(part.opt->state_dtype()));
+      bytes += n * part.opt->state_bytes_per_element();
       elements += n;
     }
     const double m = static_cast<double>(packed_numel(muon_runs_));
@@ -185,14 +200,21 @@ class GroupedShardOptimizer final : public ShardOptimizer {
     h.kind.reset();
     return h;
   }
+  // The kind that updates segment s's elements.
+  optim::OptimizerKind element_kind(const optim::Segment& s) const {
+    return s.param_numel == 0 ? optim::group_kind(options_, s.group) : optim::tensor_kind(options_, s.group, s.param_numel);
+  }
+  // Whether `kind`'s optimizer updates elements of group g (fp32 AdamW: an 8-bit group's small tensors).
+  bool serves(optim::OptimizerKind kind, size_t g) const {
+    const optim::OptimizerKind k = optim::group_kind(options_, static_cast<int>(g));
+    return k == kind || (kind == optim::OptimizerKind::kAdamW && k == optim::OptimizerKind::kAdamW8bit);
+  }
   // The options of `kind`'s optimizer: its groups as they are, the others at the defaults (valid
   // for every kind; no element of theirs is handed to it).
   optim::OptimizerOptions options_for(optim::OptimizerKind kind) const {
     optim::OptimizerOptions o = options_;
     o.kind = kind;
-    for (size_t g = 0; g < o.groups.size(); ++g) {
-      o.groups[g] = optim::group_kind(options_, static_cast<int>(g)) == kind ? own_hyper(g) : optim::Hyper{};
-    }
+    for (size_t g = 0; g < o.groups.size(); ++g) o.groups[g] = serves(kind, g) ? own_hyper(g) : optim::Hyper{};
     return o;
   }
 

@@ -194,7 +194,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
     }
     return true;
   };
-  bool classes = false;
+  bool classes = false, quantized = false;
   std::vector<bool> starts_block;
   unsigned previous_class = 0;
   for (int id : in.tensor_param) {
@@ -202,12 +202,22 @@ EngineParts wire_stage(const PolicyInputs& in) {
     units.push_back(reg.param(id).unit);
     dtypes.push_back(in.dtypes.compute(reg.param(id)));
     const unsigned c = norm_class(id);
-    starts_block.push_back(numels.size() > 1 && c != previous_class);
+    // 8-bit state's blocks count from a tensor's first element: such a tensor starts a layout block,
+    // so no quantization block spans two rank chunks or buckets (zero/adamw8bit_shard_optimizer.cc).
+    const bool quantized_here =
+        !o.optimizer.custom && optim::tensor_kind(o.optimizer, reg.param(id).group, reg.numel(id)) == optim::OptimizerKind::kAdamW8bit;
+    starts_block.push_back((numels.size() > 1 && c != previous_class) || quantized_here);
     previous_class = c;
     classes = classes || c != 0;
+    quantized = quantized || quantized_here;
   }
-  if (!classes) starts_block.clear();
+  if (!classes && !quantized) starts_block.clear();
   ShardLayoutOptions lo = o.layout;
+  if (quantized) optim::validate_quantization(o.optimizer);
+  if (quantized && lo.block % o.optimizer.quant_block != 0) {
+    ZERO_THROW(InvalidArgument, "layout.block ({}) must be a multiple of optimizer.quant_block ({}) for 8-bit AdamW",
+               lo.block, o.optimizer.quant_block);
+  }
   // Micro-batches reduced one by one: a unit's bucket is reduced each time its backward ends.
   const bool rounds = in.micro.each_pass_reduces();
   lo.unit_buckets = o.stage == 3 || rounds;
@@ -217,7 +227,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
   std::vector<bool> whole_in_bucket;
   if (lo.whole_tensor_buckets && optim::has_matrix_groups(o.optimizer)) {
     for (int id : in.tensor_param) {
-      whole_in_bucket.push_back(!optim::is_elementwise(optim::group_kind(o.optimizer, reg.param(id).group)));
+      whole_in_bucket.push_back(optim::needs_whole_matrices(optim::group_kind(o.optimizer, reg.param(id).group)));
     }
   }
   parts.layout =

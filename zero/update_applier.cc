@@ -16,6 +16,12 @@ std::pair<size_t, size_t> matrix_shape(const std::vector<int64_t>& shape) {
   return {static_cast<size_t>(shape[0]), cols};
 }
 
+size_t numel_of(const std::vector<int64_t>& shape) {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
 }  // namespace
 
 std::vector<optim::Segment> optimizer_segments(const ShardOwnership& own, const std::vector<UpdateTensor>& tensors) {
@@ -24,7 +30,7 @@ std::vector<optim::Segment> optimizer_segments(const ShardOwnership& own, const 
     const UpdateTensor& t = tensors[p.tensor];
     const auto [rows, cols] = matrix_shape(t.shape);
     segments.push_back({p.opt_offset, p.opt_offset + (p.tensor_end - p.tensor_begin), t.group, t.name, p.tensor_begin,
-                        t.whole, rows, cols});
+                        t.whole, rows, cols, numel_of(t.shape)});
   }
   return segments;
 }

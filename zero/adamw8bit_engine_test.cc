@@ -1,0 +1,418 @@
+// 8-bit AdamW in the engine against the reference of scripts/adamw8bit_reference.py
+// (optim/testdata/adamw8bit_reference.json: numpy float32 from the published algorithm), at stages
+// 0-3 on 1, 2 and 3 ranks and offloaded, with buckets and rank chunks small enough to cut every
+// quantized tensor: the parameters after steps 3 and 5 and the quantized state after step 5 (codes
+// and absmax) equal the reference's bit for bit where the ranks' mean gradient is the reference's
+// (1 and 2 ranks), and within 1e-5 x max|W| on 3 (whose mean rounds differently). Also: deterministic
+// mode gives the same bits, state included, at every stage; a checkpoint after step 3
+// resumes at other stages and world sizes bit for bit; the memory report prices 2 bytes per quantized
+// element plus 8 per block; a layout block that would cut quantization blocks is refused.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "optim/dynamic_quantization.h"
+#include "testing/steps_reference.h"
+#include "testing/thread_ranks.h"
+#include "zero/checkpoint/checkpoint_manifest.h"
+#include "zero/checkpoint/checkpoint_reader.h"
+#include "zero/engine.h"
+
+namespace zero {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Tensors;
+
+struct Param {
+  std::string name;
+  std::vector<int64_t> shape;
+  int group = 0;
+  size_t numel() const { return shape_numel(shape); }
+};
+
+struct QuantizedState {
+  std::vector<uint8_t> codes[2];
+  std::vector<float> absmax[2];
+};
+
+struct Reference {
+  size_t block = 0, min_numel = 0, zero_grad_elements = 0;
+  int world = 0, steps = 0;
+  std::vector<Param> params;
+  std::vector<optim::Hyper> groups;
+  std::map<int, Tensors> after;                 // by step (3 and 5)
+  std::map<std::string, QuantizedState> state;  // after step 5, per quantized tensor
+};
+
+const Reference& reference() {
+  static const Reference ref = [] {
+    std::ifstream in("optim/testdata/adamw8bit_reference.json");
+    REQUIRE(in.good());
+    const nlohmann::json j = nlohmann::json::parse(in).at("training");
+    Reference r;
+    r.block = j.at("block");
+    r.min_numel = j.at("min_numel");
+    r.world = j.at("world_size");
+    r.steps = j.at("steps");
+    r.zero_grad_elements = j.at("zero_grad").at("elements");
+    REQUIRE(j.at("zero_grad").at("name") == "emb");
+    for (const auto& p : j.at("params")) r.params.push_back({p.at("name"), p.at("shape"), p.at("group")});
+    for (const auto& g : j.at("groups")) {
+      optim::Hyper h{.lr = g.at("lr"), .weight_decay = g.at("weight_decay"), .beta1 = g.at("betas").at(0),
+                     .beta2 = g.at("betas").at(1), .eps = g.at("eps")};
+      h.kind = optim::parse_optimizer(g.at("kind").get<std::string>());
+      r.groups.push_back(h);
+    }
+    for (const auto& [step, tensors] : j.at("params_after_step").items()) r.after[std::stoi(step)] = testing::tensors_of(tensors);
+    for (const auto& [name, s] : j.at("state_after_step_5").items()) {
+      QuantizedState q;
+      q.codes[0] = s.at("exp_avg_codes").get<std::vector<uint8_t>>();
+      q.codes[1] = s.at("exp_avg_sq_codes").get<std::vector<uint8_t>>();
+      q.absmax[0] = s.at("exp_avg_absmax").get<std::vector<float>>();
+      q.absmax[1] = s.at("exp_avg_sq_absmax").get<std::vector<float>>();
+      r.state[name] = std::move(q);
+    }
+    return r;
+  }();
+  return ref;
+}
+
+// The reference's formula for its inputs: multiples of 1/1000 in [-1, 1] times scale, in float.
+std::vector<float> pattern(int64_t seed, size_t n, float scale) {
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t k = (static_cast<int64_t>(i) * 2654435761LL + seed * 40503) % 2003 - 1001;
+    out[i] = static_cast<float>(k) / 1000.0f * scale;
+  }
+  return out;
+}
+
+// Gradients of step s (1-based) on reference rank r, by tensor index.
+std::vector<float> reference_grad(int step, int rank, size_t index) {
+  const Reference& ref = reference();
+  std::vector<float> g = pattern(100 * step + 10 * rank + static_cast<int64_t>(index), ref.params[index].numel(),
+                                 static_cast<float>(0.3 + 0.2 * rank));
+  if (ref.params[index].name == "emb") std::fill(g.begin(), g.begin() + static_cast<long>(ref.zero_grad_elements), 0.0f);
+  return g;
+}
+
+int unit_of(const std::string& name) { return testing::reference_unit_of(name); }
+
+struct Run {
+  int stage = 1;
+  int world = 2;
+  bool offload = false;
+  bool deterministic = false;
+  std::string save_after_step_3;  // a directory: save there after step 3 and stop
+  std::string resume_from;        // a directory: load it, then train steps 4 and 5
+};
+
+std::string describe(const Run& run) {
+  return fmt::format("stage {}, {} rank(s){}{}", run.stage, run.world, run.offload ? ", offloaded" : "",
+                     run.deterministic ? ", deterministic" : "");
+}
+
+struct Trained {
+  std::map<int, double> errors;  // by step: the largest |ours - reference| / max|reference| over the tensors
+  Tensors params;                // after the last step
+  Tensors state;                 // after the last step: "<tensor>/<state name>", whole tensors
+};
+
+EngineOptions options_of(const Run& run) {
+  EngineOptions opt;
+  opt.stage = run.stage;
+  opt.optimizer.groups = reference().groups;
+  opt.deterministic = run.deterministic;
+  opt.timeout = 30s;
+  // Buckets and rank chunks of a few blocks: every quantized tensor is cut.
+  opt.layout = {.alignment = 4, .bucket_numel = 2048, .block = 256};
+  opt.offload.optimizer = run.offload;
+  return opt;
+}
+
+// Rank r's gradient: one rank brings the reference ranks' mean, a third brings it again.
+std::vector<float> grad_of(int world, int rank, int step, size_t index) {
+  const std::vector<float> g0 = reference_grad(step, 0, index), g1 = reference_grad(step, 1, index);
+  if (world > 1 && rank < 2) return rank == 0 ? g0 : g1;
+  std::vector<float> mean(g0.size());
+  for (size_t e = 0; e < g0.size(); ++e) mean[e] = (g0[e] + g1[e]) / 2.0f;
+  return mean;
+}
+
+std::string final_dir(const Run& run);
+
+Trained train(comm::Communicator& comm, const Run& run) {
+  const Reference& ref = reference();
+  Engine engine(comm, options_of(run));
+  std::map<std::string, std::vector<float>> storage;
+  std::map<std::string, int> ids;
+  for (size_t t = 0; t < ref.params.size(); ++t) {
+    const Param& p = ref.params[t];
+    storage[p.name] = pattern(1 + static_cast<int64_t>(t), p.numel(), 0.2f);
+    ids[p.name] = engine.add_param({.name = p.name, .shape = p.shape, .dtype = DType::kFloat32,
+                                    .data = {storage[p.name].data(), storage[p.name].size()}, .unit = unit_of(p.name),
+                                    .group = p.group});
+  }
+  engine.finalize();
+  int first = 1, last = ref.steps;
+  if (!run.resume_from.empty()) {
+    engine.load(run.resume_from);
+    first = 4;
+  }
+  if (!run.save_after_step_3.empty()) last = 3;
+  Trained out;
+  for (int step = first; step <= last; ++step) {
+    for (int unit = 3; unit >= 0; --unit) {
+      UnitScope s = engine.gather_for_backward(unit);
+      for (size_t t = 0; t < ref.params.size(); ++t) {
+        const Param& p = ref.params[t];
+        if (unit_of(p.name) != unit) continue;
+        const std::vector<float> g = grad_of(run.world, comm.rank(), step, t);
+        std::memcpy(s.grad_as<float>(ids[p.name]), g.data(), g.size() * sizeof(float));
+      }
+    }
+    engine.step();
+    const bool checked = ref.after.count(step) > 0;
+    double worst = 0.0;
+    for (int unit = 0; unit < 4; ++unit) {
+      UnitScope s = engine.gather(unit);
+      for (const Param& p : ref.params) {
+        if (unit_of(p.name) != unit) continue;
+        const float* w = s.param_as<float>(ids[p.name]);
+        out.params[p.name].assign(w, w + p.numel());
+        if (!checked) continue;
+        const std::vector<float>& want = ref.after.at(step).at(p.name);
+        double diff = 0.0, largest = 0.0;
+        for (size_t e = 0; e < want.size(); ++e) {
+          diff = std::max(diff, std::fabs(static_cast<double>(w[e]) - want[e]));
+          largest = std::max(largest, std::fabs(static_cast<double>(want[e])));
+        }
+        worst = std::max(worst, diff / largest);
+      }
+    }
+    if (checked) out.errors[step] = worst;
+  }
+  engine.save(run.save_after_step_3.empty() ? final_dir(run) : run.save_after_step_3);
+  return out;
+}
+
+std::string temp_dir(const std::string& leaf) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return std::string(tmp != nullptr ? tmp : "/tmp") + "/adamw8bit_engine_test_" + leaf;
+}
+
+std::string final_dir(const Run& run) {
+  return temp_dir(fmt::format("s{}w{}o{}d{}", run.stage, run.world, run.offload, run.deterministic));
+}
+
+// The states of every tensor as the checkpoint in `dir` holds them: "<tensor>/<state name>".
+Tensors saved_state(const std::string& dir) {
+  const Manifest m = read_manifest(dir);
+  PieceReader reader(m);
+  Tensors out;
+  for (const Param& p : reference().params) {
+    for (const char* name : {"exp_avg", "exp_avg_sq", "exp_avg_absmax", "exp_avg_sq_absmax"}) {
+      std::vector<float>& v = out[p.name + "/" + name];
+      v.resize(p.numel());
+      gather_range(m, reader, p.name, checkpoint_state_kind(name), 0, p.numel(), v.data(), DType::kFloat32, dir);
+    }
+  }
+  return out;
+}
+
+// Trains `run` on its ranks: rank 0's parameters and errors (every rank's are checked), and the
+// state saved after the last step.
+Trained train_ranks(const Run& run, double bound) {
+  std::vector<Trained> results(static_cast<size_t>(run.world));
+  testing::run_thread_ranks(run.world, [&](comm::Communicator& comm) {
+    results[static_cast<size_t>(comm.rank())] = train(comm, run);
+  });
+  for (const Trained& t : results) {
+    for (const auto& [step, error] : t.errors) {
+      CAPTURE(step);
+      CHECK(error <= bound);
+    }
+  }
+  results[0].state = saved_state(run.save_after_step_3.empty() ? final_dir(run) : run.save_after_step_3);
+  return results[0];
+}
+
+// The number of elements whose codes differ from the reference's, and the largest relative
+// difference of an absmax; every quantized tensor's dequantized values are checked against
+// map[code] * absmax.
+struct StateDiff {
+  size_t codes = 0;
+  double absmax = 0.0;
+};
+
+StateDiff state_diff(const Trained& t) {
+  const Reference& ref = reference();
+  StateDiff d;
+  for (const auto& [name, q] : ref.state) {
+    CAPTURE(name);
+    for (int k = 0; k < 2; ++k) {
+      const std::string state = k == 0 ? "exp_avg" : "exp_avg_sq";
+      const std::vector<float>& values = t.state.at(name + "/" + state);
+      const std::vector<float>& absmax = t.state.at(name + "/" + state + "_absmax");
+      const optim::DynamicMap& map = optim::dynamic_map(k == 0);
+      for (size_t e = 0; e < values.size(); ++e) {
+        const size_t b = e / ref.block;
+        const float a = q.absmax[k][b];
+        const double ad = absmax[e], ar = a;
+        d.absmax = std::max(d.absmax, ar == 0.0 ? std::fabs(ad) : std::fabs(ad - ar) / ar);
+        if (absmax[e] == 0.0f) {  // an all-zero block: every code reads 0
+          CHECK(values[e] == 0.0f);
+          if (a != 0.0f) ++d.codes;
+          continue;
+        }
+        // Our code: the one whose value times our absmax is what we saved.
+        uint8_t ours = 0;
+        for (int c = 0; c < 256; ++c) {
+          if (map.values[c] * absmax[e] == values[e]) ours = static_cast<uint8_t>(c);
+        }
+        if (map.values[ours] * absmax[e] != values[e]) {
+          FAIL("element ", e, " of ", state, ": ", values[e], " is no code times its absmax ", absmax[e]);
+        }
+        if (map.values[ours] != map.values[q.codes[k][e]]) ++d.codes;
+      }
+    }
+  }
+  return d;
+}
+
+TEST_CASE("8-bit AdamW matches its reference at stages 0-3, on 1, 2 and 3 ranks, and offloaded") {
+  REQUIRE(reference().world == 2);
+  for (const Run& run : {Run{.stage = 0}, Run{.stage = 1}, Run{.stage = 2}, Run{.stage = 3}, Run{.stage = 0, .world = 1},
+                        Run{.stage = 3, .world = 1}, Run{.stage = 1, .world = 3}, Run{.stage = 3, .world = 3},
+                        Run{.stage = 2, .offload = true}, Run{.stage = 3, .world = 3, .offload = true}}) {
+    CAPTURE(describe(run));
+    // One or two ranks average to the reference's gradient bit for bit; three do not.
+    const bool exact = run.world < 3;
+    const Trained t = train_ranks(run, exact ? 0.0 : 1e-5);
+    REQUIRE(t.errors.size() == 2);
+    const StateDiff d = state_diff(t);
+    if (exact) {
+      CHECK(d.codes == 0);
+      CHECK(d.absmax == 0.0);
+    }
+    MESSAGE(describe(run) << ": largest parameter error after step 5 relative to the tensor's largest value "
+                          << t.errors.at(5) << "; codes unlike the reference's " << d.codes
+                          << "; largest absmax difference " << d.absmax);
+  }
+}
+
+TEST_CASE("8-bit AdamW in deterministic mode gives the same bits, state included, at every stage, offloaded or not") {
+  // (Across world sizes: 1 and 2 ranks both equal the reference bit for bit, above.)
+  for (const int world : {2, 3}) {
+    CAPTURE(world);
+    const Trained base = train_ranks({.stage = 0, .world = world, .deterministic = true}, 1e-5);
+    for (const Run& run : {Run{.stage = 1, .world = world, .deterministic = true},
+                          Run{.stage = 2, .world = world, .deterministic = true},
+                          Run{.stage = 3, .world = world, .deterministic = true},
+                          Run{.stage = 3, .world = world, .offload = true, .deterministic = true}}) {
+      CAPTURE(describe(run));
+      const Trained t = train_ranks(run, 1e-5);
+      for (const Tensors* tensors : {&base.params, &base.state}) {
+        for (const auto& entry : *tensors) {
+          const std::string& name = entry.first;  // (clang 14 cannot capture a structured binding)
+          const std::vector<float>& values = entry.second;
+          CAPTURE(name);
+          const std::vector<float>& other = tensors == &base.params ? t.params.at(name) : t.state.at(name);
+          CHECK(std::memcmp(values.data(), other.data(), values.size() * sizeof(float)) == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("8-bit AdamW's codes and scales resume from a checkpoint at another stage and world size") {
+  const std::string dir = temp_dir("checkpoint");
+  std::filesystem::remove_all(dir);
+  train_ranks({.stage = 2, .world = 2, .save_after_step_3 = dir}, 0.0);
+  for (const Run& run : {Run{.stage = 0, .world = 1, .resume_from = dir}, Run{.stage = 3, .world = 2, .resume_from = dir},
+                        Run{.stage = 1, .world = 2, .offload = true, .resume_from = dir}}) {
+    CAPTURE(describe(run));
+    const Trained t = train_ranks(run, 0.0);
+    CHECK(t.errors.size() == 1);
+    const StateDiff d = state_diff(t);
+    CHECK(d.codes == 0);
+    CHECK(d.absmax == 0.0);
+  }
+  // On three ranks the mean gradient rounds differently after the resume: close, not equal.
+  const Trained t = train_ranks({.stage = 3, .world = 3, .resume_from = dir}, 1e-5);
+  CHECK(t.errors.size() == 1);
+}
+
+TEST_CASE("the memory report prices 8-bit AdamW's state: a byte per moment and element, 4 per moment and block") {
+  for (const bool offload : {false, true}) {
+    CAPTURE(offload);
+    testing::run_thread_ranks(1, [&](comm::Communicator& comm) {
+      const Reference& ref = reference();
+      Engine engine(comm, options_of({.stage = 1, .world = 1, .offload = offload}));
+      std::map<std::string, std::vector<float>> storage;
+      uint64_t expected = 0;
+      for (const Param& p : ref.params) {
+        storage[p.name].assign(p.numel(), 0.5f);
+        engine.add_param({.name = p.name, .shape = p.shape, .dtype = DType::kFloat32,
+                          .data = {storage[p.name].data(), storage[p.name].size()}, .unit = unit_of(p.name),
+                          .group = p.group});
+        const bool quantized = ref.groups[static_cast<size_t>(p.group)].kind == optim::OptimizerKind::kAdamW8bit &&
+                               p.numel() >= ref.min_numel;
+        expected += quantized ? 2 * p.numel() + 8 * ((p.numel() + ref.block - 1) / ref.block) : 8 * p.numel();
+      }
+      engine.finalize();
+      const MemoryReport report = engine.memory_report();
+      bool found = false;
+      for (const MemoryReport::Row& row : report.rows) {
+        if (row.category != (offload ? "offload state" : "optimizer_state")) continue;
+        found = true;
+        CHECK(row.current == expected);
+        CHECK(row.predicted + 8 >= expected);
+        CHECK(row.predicted <= expected + 8);
+      }
+      CHECK(found);
+    });
+  }
+}
+
+TEST_CASE("8-bit AdamW refuses a layout block that would cut its blocks, and a bad quant_block") {
+  EngineOptions opt = options_of({.stage = 1, .world = 1});
+  const auto finalize = [&] {
+    std::exception_ptr error;
+    testing::run_thread_ranks(1, [&](comm::Communicator& comm) {
+      try {
+        Engine engine(comm, opt);
+        std::vector<float> w(8192, 0.5f);
+        engine.add_param({.name = "w", .shape = {64, 128}, .dtype = DType::kFloat32, .data = {w.data(), w.size()}});
+        engine.finalize();
+      } catch (...) {
+        error = std::current_exception();
+      }
+    });
+    if (error) std::rethrow_exception(error);
+  };
+  CHECK_NOTHROW(finalize());
+  opt.layout.block = 128;
+  CHECK_THROWS_WITH_AS(finalize(), doctest::Contains("layout.block (128) must be a multiple of optimizer.quant_block (256)"),
+                       InvalidArgument);
+  opt.layout.block = 256;
+  opt.optimizer.quant_block = 100;
+  CHECK_THROWS_WITH_AS(finalize(), doctest::Contains("quant_block must be a power of two"), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace zero
