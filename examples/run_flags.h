@@ -7,9 +7,9 @@
 //                                     the layers and stage
 //   --export FILE.safetensors         the final weights
 //   --shard-group-size N              hybrid sharding: the engine on comm::HybridGroups of N ranks
-//   --optimizer NAME                  adamw, adam, sgd, adagrad, lion, muon (with AdamW: docs/optim.md), adabelief or lamb (a user's
-//                                     own rules: examples/adabelief.h; examples/lamb.h, with whole-
-//                                     tensor ownership)
+//   --optimizer NAME                  adamw, adam, sgd, adagrad, lion, muon (with AdamW: docs/optim.md),
+//                                     adamw8bit, adabelief or lamb (a user's own rules:
+//                                     examples/adabelief.h; examples/lamb.h, with whole-tensor ownership)
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -67,11 +67,12 @@ struct ConfigFlag {
         o.layout.whole_tensors = true;  // LAMB's trust ratio needs each tensor whole
       } else if (name == "muon") {
         add_muon_group(o);  // the hidden matrices in Muon, the rest in AdamW (examples/optimizer_groups.h)
-      } else if (name == "adamw" || name == "adam" || name == "sgd" || name == "adagrad" || name == "lion") {
+      } else if (name == "adamw" || name == "adam" || name == "sgd" || name == "adagrad" || name == "lion" ||
+                 name == "adamw8bit") {
         o.optimizer.kind = optim::parse_optimizer(name);
       } else {
         ZERO_THROW(InvalidArgument,
-                   "--optimizer: unknown optimizer '{}' (adamw, adam, sgd, adagrad, lion, muon, adabelief or lamb)", name);
+                   "--optimizer: unknown optimizer '{}' (adamw, adam, sgd, adagrad, lion, muon, adamw8bit, adabelief or lamb)", name);
       }
     }
     return o;

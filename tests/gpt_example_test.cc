@@ -234,6 +234,11 @@ TEST_CASE("Muon with AdamW trains at stages 1-3 with the same bits, and resumes 
                       "runs Muon") != std::string::npos);
 }
 
+// 8-bit AdamW: the moments of every tensor of 4096 elements or more in 8 bits per block of 256.
+TEST_CASE("8-bit AdamW trains at stages 1-3 with the same bits, and resumes bit for bit") {
+  check_stages_and_resume("adamw8bit", {});
+}
+
 TEST_CASE("activation recompute: the loss curve bit for bit, at the activation bytes the model predicts") {
   const std::vector<std::string> common{"--steps", "6", "--deterministic", "--val-every", "0", "--sample-tokens", "0",
                                         "--log-every", "1"};

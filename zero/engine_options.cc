@@ -116,6 +116,8 @@ std::vector<std::pair<std::string, std::string>> fingerprint(const EngineOptions
   add("stage", o.stage);
   add("optimizer.kind", optim::optimizer_label(o.optimizer));
   add("optimizer.state_dtype", dtype_name(o.optimizer.state_dtype));
+  add("optimizer.quant_block", o.optimizer.quant_block);
+  add("optimizer.quant_min_numel", o.optimizer.quant_min_numel);
   add("optimizer.groups.size", o.optimizer.groups.size());
   for (size_t i = 0; i < o.optimizer.groups.size(); ++i) {
     const optim::Hyper& h = o.optimizer.groups[i];

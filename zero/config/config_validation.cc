@@ -44,6 +44,7 @@ void validate_config(EngineConfig& c, const Context& ctx, const Origins& origins
     if (o.optimizer.state_dtype != DType::kFloat32 && o.optimizer.state_dtype != DType::kBFloat16) {
       ZERO_THROW(InvalidArgument, "state_dtype must be fp32 or bf16, got {}", dtype_name(o.optimizer.state_dtype));
     }
+    optim::validate_quantization(o.optimizer);
     if (o.optimizer.num_threads < 1 || o.optimizer.num_threads > 1024) {
       ZERO_THROW(InvalidArgument, "num_threads must be in [1, 1024], got {}", o.optimizer.num_threads);
     }

@@ -627,6 +627,8 @@ EngineConfig every_field_changed() {
   o.optimizer.state_dtype = DType::kBFloat16;
   o.optimizer.num_threads = 3;
   o.optimizer.simd_path = SimdPath::kScalar;
+  o.optimizer.quant_block = 512;
+  o.optimizer.quant_min_numel = 1000;
   o.max_grad_norm = 0.75f;
   o.param_dtype = DType::kFloat16;
   o.reduce_dtype = DType::kBFloat16;

@@ -114,6 +114,8 @@ void visit_native(V& v, EngineConfig& c) {
     v.field("state_dtype", o.optimizer.state_dtype);
     v.field("num_threads", o.optimizer.num_threads);
     v.field("simd_path", o.optimizer.simd_path);
+    v.field("quant_block", o.optimizer.quant_block);
+    v.field("quant_min_numel", o.optimizer.quant_min_numel);
   });
   v.field("max_grad_norm", o.max_grad_norm);
   v.field("param_dtype", o.param_dtype);

@@ -120,6 +120,13 @@ TEST_CASE("the plan's memory equals a real run's, row by row") {
     c.options.offload.optimizer = true;
     cases.push_back(c);
   }
+  for (int stage : {1, 3}) {
+    // 8-bit state: a byte per moment and element, an fp32 absmax per block; h.0.b stays fp32 AdamW.
+    Case c{"stage " + std::to_string(stage) + ", 8-bit AdamW" + (stage == 3 ? ", offloaded" : ""), plan_test_options(stage)};
+    c.options.optimizer.kind = optim::OptimizerKind::kAdamW8bit;
+    c.options.offload.optimizer = stage == 3;
+    cases.push_back(c);
+  }
   {
     Case c{"stage 3, parameters offloaded too", plan_test_options(3)};
     c.options.offload.optimizer = c.options.offload.params = true;
