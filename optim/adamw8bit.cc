@@ -14,6 +14,7 @@ void adamw8bit_step(const StepInput& in, size_t n, size_t block, const StepCoeff
   ZERO_CHECK(gi >= 0 && oi >= 0, "8-bit AdamW: unsupported gradient or model dtype");
   // The fp32 AdamW kernel of this SIMD path, run on each block's dequantized moments (L1-resident).
   const detail::StepFn fn = detail::kernel_table(path).step[static_cast<int>(OptimizerKind::kAdamW)][gi][0][oi];
+  const QuantizeKernels& q = quantize_kernels(path);
   const DynamicMap& signed_map = dynamic_map(true);
   const DynamicMap& unsigned_map = dynamic_map(false);
   alignas(64) float m32[kMaxQuantBlock];
@@ -22,8 +23,8 @@ void adamw8bit_step(const StepInput& in, size_t n, size_t block, const StepCoeff
   const size_t out_size = in.model_out != nullptr ? dtype_size(in.model_dtype) : 0;
   for (size_t at = 0, b = 0; at < n; at += block, ++b) {
     const size_t len = std::min(block, n - at);
-    dequantize_block(signed_map, m.codes + at, len, m.absmax[b], m32);
-    dequantize_block(unsigned_map, v.codes + at, len, v.absmax[b], v32);
+    q.dequantize_block(signed_map, m.codes + at, len, m.absmax[b], m32);
+    q.dequantize_block(unsigned_map, v.codes + at, len, v.absmax[b], v32);
     detail::StepArgs a;
     a.master = in.master + at;
     a.grad = static_cast<const char*>(in.grad) + at * grad_size;
@@ -33,8 +34,8 @@ void adamw8bit_step(const StepInput& in, size_t n, size_t block, const StepCoeff
     a.n = len;
     a.coeffs = &coeffs;
     fn(a);
-    m.absmax[b] = quantize_block(signed_map, m32, len, m.codes + at);
-    v.absmax[b] = quantize_block(unsigned_map, v32, len, v.codes + at);
+    m.absmax[b] = q.quantize_block(signed_map, m32, len, m.codes + at);
+    v.absmax[b] = q.quantize_block(unsigned_map, v32, len, v.codes + at);
   }
 }
 

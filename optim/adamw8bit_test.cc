@@ -59,6 +59,16 @@ TEST_CASE("quantize_block gives the reference's absmax and codes, and dequantize
     std::vector<float> back(x.size());
     dequantize_block(map, codes.data(), codes.size(), absmax, back.data());
     for (size_t i = 0; i < x.size(); ++i) CHECK(back[i] == map.values[want[i]] * absmax);
+    for (SimdPath path : supported_simd_paths()) {  // the vector kernels: the same bits
+      CAPTURE(simd_path_name(path));
+      const QuantizeKernels& k = quantize_kernels(path);
+      std::vector<uint8_t> vcodes(x.size());
+      CHECK(k.quantize_block(map, x.data(), x.size(), vcodes.data()) == absmax);
+      CHECK(vcodes == want);
+      std::vector<float> vback(x.size());
+      k.dequantize_block(map, vcodes.data(), vcodes.size(), absmax, vback.data());
+      CHECK(vback == back);
+    }
     // Requantizing the dequantized values against the same absmax restores the codes (checkpoints).
     std::vector<uint8_t> again(x.size());
     quantize_with(map, back.data(), back.size(), absmax, again.data());

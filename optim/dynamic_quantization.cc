@@ -28,6 +28,9 @@ DynamicMap build(bool is_signed) {
   for (size_t k = 0; k < 256; ++k) map.values[k] = static_cast<float>(v[k]);
   for (size_t k = 0; k < 255; ++k) map.midpoints[k] = (map.values[k] + map.values[k + 1]) * 0.5f;
   map.midpoints[255] = std::numeric_limits<float>::infinity();
+  for (int d = 0; d < 8; ++d) {
+    for (int j = 0; j < (1 << d); ++j) map.pivots[d][j] = map.midpoints[(j << (8 - d)) + (1 << (7 - d)) - 1];
+  }
   return map;
 }
 
@@ -52,6 +55,16 @@ void quantize_with(const DynamicMap& map, const float* x, size_t n, float absmax
 
 void dequantize_block(const DynamicMap& map, const uint8_t* codes, size_t n, float absmax, float* values) {
   for (size_t i = 0; i < n; ++i) values[i] = map.values[codes[i]] * absmax;
+}
+
+namespace detail {
+const QuantizeKernels* quantize_kernels_avx512();  // dynamic_quantization_avx512.cc
+}
+
+const QuantizeKernels& quantize_kernels(SimdPath path) {
+  static const QuantizeKernels scalar{&quantize_block, &dequantize_block};
+  if (path == SimdPath::kAvx512) return *detail::quantize_kernels_avx512();
+  return scalar;
 }
 
 }  // namespace zero::optim

@@ -19,11 +19,16 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "base/cpu.h"
+
 namespace zero::optim {
 
 struct DynamicMap {
   float values[256];     // ascending
   float midpoints[256];  // [k] between values[k] and values[k + 1]; [255] = +inf (a sentinel)
+  // The binary search's pivots by depth d (0-7): pivots[d][j] = midpoints[j 2^(8-d) + 2^(7-d) - 1],
+  // the midpoint a lane at code j 2^(8-d) compares with next (the vector path looks them up).
+  alignas(64) float pivots[8][128];
 };
 
 // The signed map (first moments) or the unsigned one (second moments); built once.
@@ -42,5 +47,12 @@ float quantize_block(const DynamicMap& map, const float* x, size_t n, uint8_t* c
 void quantize_with(const DynamicMap& map, const float* x, size_t n, float absmax, uint8_t* codes);
 // values[i] = map[codes[i]] * absmax.
 void dequantize_block(const DynamicMap& map, const uint8_t* codes, size_t n, float absmax, float* values);
+
+// The same three on a SIMD path's vectors (the same bits on every path); on kScalar the above.
+struct QuantizeKernels {
+  float (*quantize_block)(const DynamicMap&, const float*, size_t, uint8_t*);
+  void (*dequantize_block)(const DynamicMap&, const uint8_t*, size_t, float, float*);
+};
+const QuantizeKernels& quantize_kernels(SimdPath path);
 
 }  // namespace zero::optim

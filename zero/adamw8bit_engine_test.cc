@@ -119,11 +119,12 @@ struct Run {
   bool deterministic = false;
   std::string save_after_step_3;  // a directory: save there after step 3 and stop
   std::string resume_from;        // a directory: load it, then train steps 4 and 5
+  int threads = 1;                // the optimizer's
 };
 
 std::string describe(const Run& run) {
-  return fmt::format("stage {}, {} rank(s){}{}", run.stage, run.world, run.offload ? ", offloaded" : "",
-                     run.deterministic ? ", deterministic" : "");
+  return fmt::format("stage {}, {} rank(s){}{}{}", run.stage, run.world, run.offload ? ", offloaded" : "",
+                     run.deterministic ? ", deterministic" : "", run.threads > 1 ? ", 2 optimizer threads" : "");
 }
 
 struct Trained {
@@ -141,6 +142,7 @@ EngineOptions options_of(const Run& run) {
   // Buckets and rank chunks of a few blocks: every quantized tensor is cut.
   opt.layout = {.alignment = 4, .bucket_numel = 2048, .block = 256};
   opt.offload.optimizer = run.offload;
+  opt.optimizer.num_threads = run.threads;
   return opt;
 }
 
@@ -216,7 +218,7 @@ std::string temp_dir(const std::string& leaf) {
 }
 
 std::string final_dir(const Run& run) {
-  return temp_dir(fmt::format("s{}w{}o{}d{}", run.stage, run.world, run.offload, run.deterministic));
+  return temp_dir(fmt::format("s{}w{}o{}d{}t{}", run.stage, run.world, run.offload, run.deterministic, run.threads));
 }
 
 // The states of every tensor as the checkpoint in `dir` holds them: "<tensor>/<state name>".
@@ -298,7 +300,8 @@ TEST_CASE("8-bit AdamW matches its reference at stages 0-3, on 1, 2 and 3 ranks,
   REQUIRE(reference().world == 2);
   for (const Run& run : {Run{.stage = 0}, Run{.stage = 1}, Run{.stage = 2}, Run{.stage = 3}, Run{.stage = 0, .world = 1},
                         Run{.stage = 3, .world = 1}, Run{.stage = 1, .world = 3}, Run{.stage = 3, .world = 3},
-                        Run{.stage = 2, .offload = true}, Run{.stage = 3, .world = 3, .offload = true}}) {
+                        Run{.stage = 2, .offload = true}, Run{.stage = 3, .world = 3, .offload = true},
+                        Run{.stage = 1, .world = 1, .threads = 2}, Run{.stage = 2, .offload = true, .threads = 2}}) {
     CAPTURE(describe(run));
     // One or two ranks average to the reference's gradient bit for bit; three do not.
     const bool exact = run.world < 3;

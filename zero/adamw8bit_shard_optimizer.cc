@@ -26,6 +26,7 @@
 #include "optim/dynamic_quantization.h"
 #include "optim/optimizer_checks.h"
 #include "optim/step_schedule.h"
+#include "optim/thread_pool.h"
 #include "optim/step_coeffs.h"
 #include "zero/shard_optimizer.h"
 
@@ -87,20 +88,36 @@ class AdamW8bitShardOptimizer final : public ShardOptimizer {
 
   void step_range(const optim::StepInput& in, size_t begin, size_t end, memory::Stream&) override {
     if (meta_) return;
-    const size_t grad_size = dtype_size(in.grad_dtype), out_size = dtype_size(in.model_dtype);
+    // The range's pieces, each split on block boundaries into about num_threads equal shares.
+    struct Share {
+      const Run* run;
+      size_t lo, hi;
+    };
+    std::vector<Share> shares;
+    const size_t threads = static_cast<size_t>(pool_.size());
+    const size_t target = std::max(block_, ((end - begin) / threads + block_ - 1) / block_ * block_);
     for_each_overlap(begin, end, [&](const Run& r, size_t lo, size_t hi) {
       ZERO_CHECK((lo - r.begin) % block_ == 0 && (hi == r.end || (hi - r.begin) % block_ == 0),
                  "8-bit AdamW: range [{}, {}) cuts a block", begin, end);
-      const size_t at = lo - begin;
+      for (size_t at = lo; at < hi; at += target) shares.push_back({&r, at, std::min(hi, at + target)});
+    });
+    const size_t grad_size = dtype_size(in.grad_dtype), out_size = dtype_size(in.model_dtype);
+    const SimdPath path = options_.simd_path.value_or(best_simd_path());
+    const auto step_share = [&](const Share& s) {
+      const size_t at = s.lo - begin;
       optim::StepInput sub = in;
       sub.master = in.master + at;
       sub.grad = static_cast<const char*>(in.grad) + at * grad_size;
       sub.model_out = in.model_out ? static_cast<char*>(in.model_out) + at * out_size : nullptr;
-      optim::StepCoeffs c = coeffs_[static_cast<size_t>(r.group)];
+      optim::StepCoeffs c = coeffs_[static_cast<size_t>(s.run->group)];
       c.grad_scale = in.grad_scale;
-      const size_t b = r.first_block + (lo - r.begin) / block_;
-      optim::adamw8bit_step(sub, hi - lo, block_, c, moment(0, lo, b), moment(1, lo, b),
-                            options_.simd_path.value_or(best_simd_path()));
+      const size_t b = s.run->first_block + (s.lo - s.run->begin) / block_;
+      optim::adamw8bit_step(sub, s.hi - s.lo, block_, c, moment(0, s.lo, b), moment(1, s.lo, b), path);
+    };
+    // Shares in turn: thread i takes shares i, i + threads, ... (each share's result is the same
+    // whichever thread runs it).
+    pool_.run([&](int i) {
+      for (size_t k = static_cast<size_t>(i); k < shares.size(); k += threads) step_share(shares[k]);
     });
   }
 
@@ -210,6 +227,7 @@ class AdamW8bitShardOptimizer final : public ShardOptimizer {
   std::vector<float> held_values_[2], held_absmax_[2];  // written, not yet quantized (checkpoint load)
   std::vector<optim::StepCoeffs> coeffs_;               // per group, this step's
   int64_t steps_ = 0;
+  optim::ThreadPool pool_{std::max(1, options_.num_threads)};  // (num_threads is validated above)
 };
 
 }  // namespace
