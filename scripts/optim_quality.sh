@@ -4,7 +4,7 @@
 # seeds; prints each optimizer's validation loss at its best rate (mean and spread over the seeds).
 #
 #   bash scripts/optim_quality.sh [STEPS] [-- extra train_gpt flags]        (STEPS default 1000)
-#   OPTIMIZERS="adamw muon" LRS="0.001 0.003 0.01" SEEDS="1 2 3" bash scripts/optim_quality.sh
+#   OPTIMIZERS="adamw muon adamw8bit" LRS="0.001 0.003 0.01" SEEDS="1 2 3" bash scripts/optim_quality.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-1000}
@@ -15,11 +15,14 @@ lrs=(${LRS:-0.001 0.003 0.01})
 seeds=(${SEEDS:-1 2 3})
 bazel build -c opt --config=native //comm/launch:zerorun //examples/gpt:train_gpt >/dev/null 2>&1
 out=$(mktemp -d)
+# Copies, so that a later build of another configuration cannot swap bazel-bin under the runs.
+mkdir -p "$out/bin"
+cp bazel-bin/comm/launch/zerorun bazel-bin/examples/gpt/train_gpt "$out/bin/"
 for opt in "${optimizers[@]}"; do
   for lr in "${lrs[@]}"; do
     for seed in "${seeds[@]}"; do
       log="$out/$opt-$lr-$seed"
-      bazel-bin/comm/launch/zerorun --nproc-per-node 2 -- bazel-bin/examples/gpt/train_gpt --optimizer "$opt" --lr "$lr" \
+      "$out/bin/zerorun" --nproc-per-node 2 -- "$out/bin/train_gpt" --optimizer "$opt" --lr "$lr" \
         --seed "$seed" --steps "$steps" --val-every "$steps" --sample-tokens 0 --log-every "$steps" \
         --metrics "$log.jsonl" "$@" >"$log.txt" 2>&1 || { echo "failed: $opt lr $lr seed $seed ($log.txt)"; exit 1; }
     done

@@ -9,6 +9,7 @@
 // element plus 8 per block; a layout block that would cut quantization blocks is refused.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -120,11 +121,15 @@ struct Run {
   std::string save_after_step_3;  // a directory: save there after step 3 and stop
   std::string resume_from;        // a directory: load it, then train steps 4 and 5
   int threads = 1;                // the optimizer's
+  bool fp32 = false;              // the 8-bit groups run AdamW instead
+  LoadOptions load;               // for resume_from
+  bool stop_after_load = false;   // save right after loading (to final_dir)
 };
 
 std::string describe(const Run& run) {
-  return fmt::format("stage {}, {} rank(s){}{}{}", run.stage, run.world, run.offload ? ", offloaded" : "",
-                     run.deterministic ? ", deterministic" : "", run.threads > 1 ? ", 2 optimizer threads" : "");
+  return fmt::format("stage {}, {} rank(s){}{}{}{}", run.stage, run.world, run.offload ? ", offloaded" : "",
+                     run.deterministic ? ", deterministic" : "", run.threads > 1 ? ", 2 optimizer threads" : "",
+                     run.fp32 ? ", fp32 AdamW" : "");
 }
 
 struct Trained {
@@ -143,6 +148,9 @@ EngineOptions options_of(const Run& run) {
   opt.layout = {.alignment = 4, .bucket_numel = 2048, .block = 256};
   opt.offload.optimizer = run.offload;
   opt.optimizer.num_threads = run.threads;
+  if (run.fp32) {
+    for (optim::Hyper& h : opt.optimizer.groups) h.kind = optim::OptimizerKind::kAdamW;
+  }
   return opt;
 }
 
@@ -172,10 +180,10 @@ Trained train(comm::Communicator& comm, const Run& run) {
   engine.finalize();
   int first = 1, last = ref.steps;
   if (!run.resume_from.empty()) {
-    engine.load(run.resume_from);
+    engine.load(run.resume_from, run.load);
     first = 4;
   }
-  if (!run.save_after_step_3.empty()) last = 3;
+  if (!run.save_after_step_3.empty() || run.stop_after_load) last = 3;
   Trained out;
   for (int step = first; step <= last; ++step) {
     for (int unit = 3; unit >= 0; --unit) {
@@ -218,7 +226,8 @@ std::string temp_dir(const std::string& leaf) {
 }
 
 std::string final_dir(const Run& run) {
-  return temp_dir(fmt::format("s{}w{}o{}d{}t{}", run.stage, run.world, run.offload, run.deterministic, run.threads));
+  return temp_dir(fmt::format("s{}w{}o{}d{}t{}f{}l{}{}", run.stage, run.world, run.offload, run.deterministic, run.threads,
+                              run.fp32, static_cast<int>(run.load.optimizer_state), run.stop_after_load));
 }
 
 // The states of every tensor as the checkpoint in `dir` holds them: "<tensor>/<state name>".
@@ -227,7 +236,7 @@ Tensors saved_state(const std::string& dir) {
   PieceReader reader(m);
   Tensors out;
   for (const Param& p : reference().params) {
-    for (const char* name : {"exp_avg", "exp_avg_sq", "exp_avg_absmax", "exp_avg_sq_absmax"}) {
+    for (const std::string& name : m.doc.at("optimizer").at("states").get<std::vector<std::string>>()) {
       std::vector<float>& v = out[p.name + "/" + name];
       v.resize(p.numel());
       gather_range(m, reader, p.name, checkpoint_state_kind(name), 0, p.numel(), v.data(), DType::kFloat32, dir);
@@ -358,6 +367,69 @@ TEST_CASE("8-bit AdamW's codes and scales resume from a checkpoint at another st
   // On three ranks the mean gradient rounds differently after the resume: close, not equal.
   const Trained t = train_ranks({.stage = 3, .world = 3, .resume_from = dir}, 1e-5);
   CHECK(t.errors.size() == 1);
+}
+
+TEST_CASE("an AdamW checkpoint converts into 8-bit AdamW and back, or starts the state anew, as the load asks") {
+  const std::string adamw = temp_dir("from_adamw"), eight = temp_dir("from_8bit");
+  std::filesystem::remove_all(adamw);
+  std::filesystem::remove_all(eight);
+  train_ranks({.stage = 2, .save_after_step_3 = adamw, .fp32 = true}, 1.0);
+  train_ranks({.stage = 2, .save_after_step_3 = eight}, 0.0);
+  const Tensors from_adamw = saved_state(adamw), from_eight = saved_state(eight);
+  // The same optimizer is required unless the load says otherwise; the error names both.
+  std::vector<std::string> errors(2);
+  testing::run_thread_ranks(2, [&](comm::Communicator& comm) {
+    try {
+      train(comm, {.stage = 1, .resume_from = adamw});
+    } catch (const std::exception& e) {
+      errors[static_cast<size_t>(comm.rank())] = e.what();
+    }
+  });
+  for (const std::string& e : errors) CHECK(e.find("saved by optimizer adamw but the engine runs adamw8bit") != std::string::npos);
+  const Reference& ref = reference();
+  const auto quantized = [&](const Param& p) { return ref.state.count(p.name) > 0; };
+
+  // AdamW -> 8-bit: each block's absmax is its largest moment, each moment within half a code's gap.
+  const Run to8{.stage = 1, .resume_from = adamw, .load = {OptimizerStateLoad::kConvert}, .stop_after_load = true};
+  train_ranks(to8, 1.0);
+  const Tensors in8 = saved_state(final_dir(to8));
+  for (const Param& p : ref.params) {
+    CAPTURE(p.name);
+    for (const std::string state : {"exp_avg", "exp_avg_sq"}) {
+      const std::vector<float>& want = from_adamw.at(p.name + "/" + state);
+      const std::vector<float>& got = in8.at(p.name + "/" + state);
+      if (!quantized(p)) {
+        CHECK(got == want);
+        continue;
+      }
+      const std::vector<float>& absmax = in8.at(p.name + "/" + state + "_absmax");
+      for (size_t b = 0; b * ref.block < want.size(); ++b) {
+        const size_t lo = b * ref.block, hi = std::min(want.size(), lo + ref.block);
+        float largest = 0.0f;
+        for (size_t e = lo; e < hi; ++e) largest = std::max(largest, std::fabs(want[e]));
+        CHECK(absmax[lo] == largest);
+        for (size_t e = lo; e < hi; ++e) CHECK(std::fabs(got[e] - want[e]) <= 0.0071f * largest);
+      }
+    }
+  }
+  // 8-bit -> AdamW: the dequantized moments, exactly; then it trains on.
+  const Run to32{.stage = 3, .resume_from = eight, .fp32 = true, .load = {OptimizerStateLoad::kConvert}, .stop_after_load = true};
+  train_ranks(to32, 1.0);
+  const Tensors in32 = saved_state(final_dir(to32));
+  for (const Param& p : ref.params) {
+    CAPTURE(p.name);
+    CHECK(in32.at(p.name + "/exp_avg") == from_eight.at(p.name + "/exp_avg"));
+    CHECK(in32.at(p.name + "/exp_avg_sq") == from_eight.at(p.name + "/exp_avg_sq"));
+  }
+  const Trained on = train_ranks({.stage = 3, .resume_from = eight, .fp32 = true, .load = {OptimizerStateLoad::kConvert}}, 1.0);
+  CHECK(on.errors.at(5) < 1e-2);
+  // Reset: every state zero, the master the checkpoint's.
+  const Run reset{.stage = 2, .resume_from = adamw, .load = {OptimizerStateLoad::kReset}, .stop_after_load = true};
+  train_ranks(reset, 1.0);
+  for (const auto& entry : saved_state(final_dir(reset))) {
+    CAPTURE(entry.first);
+    CHECK(std::all_of(entry.second.begin(), entry.second.end(), [](float x) { return x == 0.0f; }));
+  }
 }
 
 TEST_CASE("the memory report prices 8-bit AdamW's state: a byte per moment and element, 4 per moment and block") {

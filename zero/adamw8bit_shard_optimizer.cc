@@ -9,8 +9,8 @@
 // and each block's absmax repeated on its elements ("exp_avg_absmax", "exp_avg_sq_absmax"). From
 // those the codes come back exactly: map[c] * absmax / absmax is within an ulp of map[c], and the
 // map's entries are percent apart. Writes are held until the next step (or read) and quantized
-// then, so that the states may be written in any order; moments written without an absmax (fp32
-// AdamW state) are quantized with their blocks' own absmax.
+// then, so that the states may be written in any order; moments written without an absmax, or with
+// a zero one (fp32 AdamW state converted on load), are quantized with their blocks' own absmax.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -196,7 +196,8 @@ class AdamW8bitShardOptimizer final : public ShardOptimizer {
           uint8_t* codes = codes_[k].as<uint8_t>() + at;
           if (values.empty()) {
             a = absmax[at];  // the codes stay
-          } else if (absmax.empty()) {
+          } else if (absmax.empty() || absmax[at] == 0.0f) {
+            // No absmax given (or zero, which a load that starts the absmax anew writes): the block's own.
             a = optim::quantize_block(map, values.data() + at, len, codes);
           } else {
             a = absmax[at];

@@ -300,12 +300,14 @@ class Engine {
   // load(): at any world size and stage; restores the master, the optimizer state, the parameters,
   // the step count and the loss scaler, and drops accumulated gradients. Returns every saving rank's
   // user blob and the saved world size and stage. A missing, incomplete, corrupt or foreign
-  // checkpoint fails on every rank with an error naming the file, and changes nothing.
-  LoadedCheckpoint load(const std::string& dir);
+  // checkpoint fails on every rank with an error naming the file, and changes nothing. A checkpoint
+  // of another optimizer (AdamW's into 8-bit AdamW or Muon) loads with `options.optimizer_state`
+  // kConvert or kReset (zero/checkpoint/checkpoint_types.h), which the log names.
+  LoadedCheckpoint load(const std::string& dir, const LoadOptions& options = {});
   // From several directories that together hold the model (each pipeline stage's checkpoint): this
   // engine's parameters from whichever holds them, so a pipeline's checkpoint loads at another
   // split of the layers (zero/checkpoint/checkpoint.h).
-  LoadedCheckpoint load(const std::vector<std::string>& dirs);
+  LoadedCheckpoint load(const std::vector<std::string>& dirs, const LoadOptions& options = {});
   // export_safetensors(): the full weights (fp32 from the master, or the model dtype) as one
   // safetensors file, written in place by every rank, piece by piece.
   void export_safetensors(const std::string& path, DType dtype = DType::kFloat32);

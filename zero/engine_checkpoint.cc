@@ -1,4 +1,6 @@
 // Engine::save / load / export_safetensors: the engine lends its parts to the Checkpointer.
+#include <fmt/format.h>
+
 #include "base/check.h"
 #include "base/logging.h"
 #include "zero/checkpoint/checkpoint.h"
@@ -60,18 +62,28 @@ void Engine::release_save_staging() {
 
 size_t Engine::save_staging_bytes() const { return impl_->save_staging.reserved_bytes(); }
 
-LoadedCheckpoint Engine::load(const std::string& dir) { return load(std::vector<std::string>{dir}); }
+LoadedCheckpoint Engine::load(const std::string& dir, const LoadOptions& options) {
+  return load(std::vector<std::string>{dir}, options);
+}
 
-LoadedCheckpoint Engine::load(const std::vector<std::string>& dirs) {
+LoadedCheckpoint Engine::load(const std::vector<std::string>& dirs, const LoadOptions& options) {
   Impl& m = *impl_;
   m.require_finalized("load");
   wait_for_save();
   zero_grad();
-  LoadedCheckpoint c = load_checkpoint(checkpoint_parts(), dirs);
+  LoadedCheckpoint c = load_checkpoint(checkpoint_parts(), dirs, options);
   const std::string& dir = dirs.front();
   if (m.parts.gatherer) m.parts.gatherer->invalidate();
   m.steps_taken = c.state.step;
-  m.parts.update->optimizer().set_step_count(c.state.step);
+  const bool reset = options.optimizer_state == OptimizerStateLoad::kReset;
+  m.parts.update->optimizer().set_step_count(reset ? 0 : c.state.step);
+  const std::string runs = optim::optimizer_label(m.options.optimizer);
+  if (reset || c.optimizer != runs || !c.states_reset.empty()) {
+    ZERO_LOG_INFO("checkpoint '{}' (optimizer {}) into {}: {}; started anew: {}{}", dir, c.optimizer, runs,
+                  c.states_loaded.empty() ? "no state read" : fmt::format("read {}", fmt::join(c.states_loaded, ", ")),
+                  c.states_reset.empty() ? "none" : fmt::format("{}", fmt::join(c.states_reset, ", ")),
+                  reset ? " (the optimizer's step count at 0)" : "");
+  }
   if (m.scaler && c.state.scaler) {
     m.scaler->set_state(*c.state.scaler);
   } else if (m.scaler || c.state.scaler) {

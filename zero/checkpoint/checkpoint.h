@@ -66,13 +66,15 @@ void save_checkpoint(const CheckpointParts& parts, const CheckpointState& state,
 // Collective. Writes the master, the optimizer state and (through the writeback) the parameters;
 // the caller applies `state` (step count, loss scaler). Throws before changing anything when the
 // checkpoint is missing, incomplete, corrupt or of another model.
-LoadedCheckpoint load_checkpoint(const CheckpointParts& parts, const std::string& dir);
+// `options` says what to do with the optimizer state where the checkpoint's optimizer differs.
+LoadedCheckpoint load_checkpoint(const CheckpointParts& parts, const std::string& dir, const LoadOptions& options = {});
 // The same from several directories that together hold the model (a pipeline's stages, each saved by
 // its own engine): each registered parameter is read from the first directory that holds it (a
 // weight two stages tie is in both, equal); parameters no directory holds fail as above, ones this
 // engine does not register are another engine's. The step must agree; the user blobs, the saved
 // world size and stage are the first directory's.
-LoadedCheckpoint load_checkpoint(const CheckpointParts& parts, const std::vector<std::string>& dirs);
+LoadedCheckpoint load_checkpoint(const CheckpointParts& parts, const std::vector<std::string>& dirs,
+                                 const LoadOptions& options = {});
 
 // Collective: the full weights as one safetensors file, fp32 (the master) or the model dtype, in
 // registration order; every rank writes the pieces it owns in place, so no rank holds the model.

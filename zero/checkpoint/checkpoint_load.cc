@@ -43,13 +43,14 @@ void check_param(const CheckpointParts& p, const ParamSpec& spec, const Checkpoi
 // Every registered parameter saved, as registered, and the optimizer the engine runs. Returns the
 // saved tensors this engine does not register (sorted): a single engine's checkpoint holding one is
 // of another model; under model parallelism they are other engines' until no engine registers them.
-std::vector<std::string> check_registration(const CheckpointParts& p, const CheckpointSet& set) {
+std::vector<std::string> check_registration(const CheckpointParts& p, const CheckpointSet& set, bool same_optimizer) {
   for (const CheckpointSet::Source& s : set.sources()) {
     const json opt = checkpoint_field<json>(s.m.doc, "optimizer", s.path);
     const std::string kind = checkpoint_field<std::string>(opt, "kind", s.path);
-    if (kind != optim::optimizer_label(p.options->optimizer)) {
-      checkpoint_error(s.path, fmt::format("saved by optimizer {} but the engine runs {}", kind,
-                                           optim::optimizer_label(p.options->optimizer)));
+    if (same_optimizer && kind != optim::optimizer_label(p.options->optimizer)) {
+      checkpoint_error(s.path, fmt::format("saved by optimizer {} but the engine runs {} (LoadOptions::optimizer_state "
+                                           "kConvert or kReset loads it anyway)",
+                                           kind, optim::optimizer_label(p.options->optimizer)));
     }
   }
   const std::string& path = set.sources()[0].path;
@@ -91,11 +92,11 @@ void check_no_extra(const CheckpointParts& p, const std::vector<std::string>& un
 
 }  // namespace
 
-LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::string& dir) {
-  return load_checkpoint(p, std::vector<std::string>{dir});
+LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::string& dir, const LoadOptions& options) {
+  return load_checkpoint(p, std::vector<std::string>{dir}, options);
 }
 
-LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::vector<std::string>& dirs) {
+LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::vector<std::string>& dirs, const LoadOptions& options) {
   ZERO_CHECK(!dirs.empty(), "load_checkpoint: no directory given");
   LoadedCheckpoint out;
   std::unique_ptr<CheckpointSet> set;
@@ -124,20 +125,31 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::vector<std
             for (std::string& part : checkpoint_directories(d)) parts.push_back(std::move(part));
           }
           set = std::make_unique<CheckpointSet>(parts);
-          unregistered = check_registration(p, *set);
+          const OptimizerStateLoad how = options.optimizer_state;
+          unregistered = check_registration(p, *set, how == OptimizerStateLoad::kSame);
           if (!is_model_parallel(p) && set->sources().size() == 1 && !unregistered.empty()) {
             extra_parameter(set->sources()[0].path, unregistered[0]);
           }
-          names = state_names(p);
-          for (const CheckpointSet::Source& s : set->sources()) {
-            const auto saved_states =
-                checkpoint_field<std::vector<std::string>>(checkpoint_field<json>(s.m.doc, "optimizer", s.path), "states", s.path);
-            for (const std::string& n : names) {
-              if (std::find(saved_states.begin(), saved_states.end(), n) == saved_states.end()) {
-                checkpoint_error(s.path, fmt::format("has no optimizer state '{}'", n));
+          // The states to read: every one the engine keeps (kSame: each must be saved), those saved
+          // (kConvert), none (kReset); the others start anew.
+          for (const std::string& n : state_names(p)) {
+            bool saved_everywhere = how != OptimizerStateLoad::kReset;
+            for (const CheckpointSet::Source& s : set->sources()) {
+              const auto saved_states =
+                  checkpoint_field<std::vector<std::string>>(checkpoint_field<json>(s.m.doc, "optimizer", s.path), "states", s.path);
+              if (how == OptimizerStateLoad::kReset ||
+                  std::find(saved_states.begin(), saved_states.end(), n) != saved_states.end()) {
+                continue;
               }
+              if (how == OptimizerStateLoad::kSame) checkpoint_error(s.path, fmt::format("has no optimizer state '{}'", n));
+              saved_everywhere = false;
             }
+            (saved_everywhere ? names : out.states_reset).push_back(n);
           }
+          out.states_loaded = names;
+          out.optimizer = checkpoint_field<std::string>(
+              checkpoint_field<json>(set->sources()[0].m.doc, "optimizer", set->sources()[0].path), "kind",
+              set->sources()[0].path);
           for (const std::string& s : names) {
             direct_states.push_back(shard_optimizer(p).host_state(s));
             if (direct_states.back() == nullptr) direct_master = nullptr;
@@ -213,6 +225,19 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::vector<std
       p.applier->write_master(piece.opt_offset, n, master.get() + piece.opt_offset);
       for (size_t s = 0; s < names.size(); ++s) {
         shard_optimizer(p).write_state(names[s], piece.opt_offset, n, states[s].get() + piece.opt_offset);
+      }
+    }
+  }
+  // The states that start anew, at their initial values: zeros, but Adagrad's sum at its group's
+  // initial_accumulator_value (8-bit AdamW takes a zero absmax beside nonzero moments as none given).
+  if (!out.states_reset.empty()) {
+    std::vector<float> initial;
+    for (const OwnedPiece& piece : p.ownership->pieces()) {
+      const size_t n = piece.tensor_end - piece.tensor_begin;
+      const optim::Hyper& h = p.options->optimizer.groups.at(static_cast<size_t>(tensor_spec(p, piece.tensor).group));
+      for (const std::string& name : out.states_reset) {
+        initial.assign(n, name == "sum" ? h.initial_accumulator_value : 0.0f);
+        shard_optimizer(p).write_state(name, piece.opt_offset, n, initial.data());
       }
     }
   }
