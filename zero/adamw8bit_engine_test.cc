@@ -253,9 +253,10 @@ Trained train_ranks(const Run& run, double bound) {
     results[static_cast<size_t>(comm.rank())] = train(comm, run);
   });
   for (const Trained& t : results) {
-    for (const auto& [step, error] : t.errors) {
+    for (const auto& entry : t.errors) {
+      const int step = entry.first;  // (clang 14 cannot capture a structured binding)
       CAPTURE(step);
-      CHECK(error <= bound);
+      CHECK(entry.second <= bound);
     }
   }
   results[0].state = saved_state(run.save_after_step_3.empty() ? final_dir(run) : run.save_after_step_3);
@@ -273,7 +274,9 @@ struct StateDiff {
 StateDiff state_diff(const Trained& t) {
   const Reference& ref = reference();
   StateDiff d;
-  for (const auto& [name, q] : ref.state) {
+  for (const auto& entry : ref.state) {
+    const std::string& name = entry.first;  // (clang 14 cannot capture a structured binding)
+    const QuantizedState& q = entry.second;
     CAPTURE(name);
     for (int k = 0; k < 2; ++k) {
       const std::string state = k == 0 ? "exp_avg" : "exp_avg_sq";

@@ -227,7 +227,8 @@ std::vector<Hyper> groups_for(OptimizerKind kind) {
       g[2].beta1 = 0.95f;
       g[2].beta2 = 0.98f;
       break;
-    case OptimizerKind::kMuon:  // not elementwise: the CUDA optimizer refuses it
+    case OptimizerKind::kMuon:  // not elementwise: the CUDA optimizer refuses them
+    case OptimizerKind::kAdamW8bit:
       break;
   }
   return g;

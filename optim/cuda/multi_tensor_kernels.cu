@@ -115,7 +115,8 @@ KernelPtr pick(OptimizerKind kind, int grad, int state, int out) {
     case OptimizerKind::kSgd: return pick_grad<optim::detail::SgdUpdate>(grad, state, out);
     case OptimizerKind::kAdagrad: return pick_grad<optim::detail::AdagradUpdate>(grad, state, out);
     case OptimizerKind::kLion: return pick_grad<optim::detail::LionUpdate>(grad, state, out);
-    case OptimizerKind::kMuon: return nullptr;  // not elementwise (multi_tensor_step refuses it first)
+    case OptimizerKind::kMuon:  // not elementwise (multi_tensor_step refuses them first)
+    case OptimizerKind::kAdamW8bit: return nullptr;
   }
   return nullptr;
 }

@@ -72,6 +72,7 @@ std::vector<Hyper> groups_for(OptimizerKind kind) {
       a.beta2 = 0.99f;
       break;
     case OptimizerKind::kMuon:  // not elementwise: no kernel
+    case OptimizerKind::kAdamW8bit:
       break;
   }
   return {a, b};
