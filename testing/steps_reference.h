@@ -2,6 +2,8 @@
 // The part every per-step training reference of scripts/*_reference.py shares (LAMB's, Muon's): the
 // initial tensors, each step's gradient of each data-parallel rank and the tensors after each step,
 // all by name, flattened row-major, as written by those scripts.
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -17,6 +19,16 @@ struct StepsReference {
   std::vector<std::vector<Tensors>> grads;  // [step][rank]
   std::vector<Tensors> after;               // [step]
 };
+
+// The largest |got[e] - want[e]| over the elements, relative to the largest |want[e]|.
+inline double relative_error(const float* got, const std::vector<float>& want) {
+  double diff = 0.0, largest = 0.0;
+  for (size_t e = 0; e < want.size(); ++e) {
+    diff = std::max(diff, std::fabs(static_cast<double>(got[e]) - want[e]));
+    largest = std::max(largest, std::fabs(static_cast<double>(want[e])));
+  }
+  return largest == 0.0 ? diff : diff / largest;
+}
 
 inline Tensors tensors_of(const nlohmann::json& j) {
   Tensors out;

@@ -161,12 +161,7 @@ Trained train(comm::Communicator& comm, const Run& run) {
         if (unit_of(p.name) != unit) continue;
         const float* w = s.param_as<float>(ids[p.name]);
         const std::vector<float>& want = ref.after[static_cast<size_t>(step)].at(p.name);
-        double diff = 0.0, largest = 0.0;
-        for (size_t e = 0; e < want.size(); ++e) {
-          diff = std::max(diff, std::fabs(static_cast<double>(w[e]) - want[e]));
-          largest = std::max(largest, std::fabs(static_cast<double>(want[e])));
-        }
-        worst = std::max(worst, diff / largest);
+        worst = std::max(worst, testing::relative_error(w, want));
         out.params[p.name].assign(w, w + want.size());
       }
     }
