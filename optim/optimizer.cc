@@ -27,6 +27,7 @@ const char* optimizer_name(OptimizerKind kind) {
     case OptimizerKind::kLion: return "lion";
     case OptimizerKind::kMuon: return "muon";
     case OptimizerKind::kAdamW8bit: return "adamw8bit";
+    case OptimizerKind::kAdafactor: return "adafactor";
   }
   return "unknown";
 }
@@ -35,7 +36,7 @@ OptimizerKind parse_optimizer(std::string_view name) {
   for (int k = 0; k < kNumOptimizerKinds; ++k) {
     if (name == optimizer_name(static_cast<OptimizerKind>(k))) return static_cast<OptimizerKind>(k);
   }
-  ZERO_THROW(InvalidArgument, "unknown optimizer '{}' (expected adamw, adam, sgd, adagrad, lion, muon or adamw8bit)", name);
+  ZERO_THROW(InvalidArgument, "unknown optimizer '{}' (expected adamw, adam, sgd, adagrad, lion, muon, adamw8bit or adafactor)", name);
 }
 
 OptimizerKind group_kind(const OptimizerOptions& options, int g) {
@@ -205,6 +206,14 @@ void validate_hyper(OptimizerKind kind, const Hyper& h, int g) {
       check_at_least(h.lr_decay, 0.0f, "lr_decay", g);
       check_at_least(h.initial_accumulator_value, 0.0f, "initial_accumulator_value", g);
       break;
+    case OptimizerKind::kAdafactor:
+      check_positive(h.adafactor.eps1, "adafactor.eps1", g);
+      check_at_least(h.adafactor.eps2, 0.0f, "adafactor.eps2", g);
+      check_positive(h.adafactor.clip_threshold, "adafactor.clip_threshold", g);
+      if (!(h.adafactor.decay_rate > 0.0f && h.adafactor.decay_rate <= 1.0f)) {
+        ZERO_THROW(InvalidArgument, "groups[{}].adafactor.decay_rate must be in (0, 1] (got {})", g, h.adafactor.decay_rate);
+      }
+      break;
     case OptimizerKind::kMuon:
       check_beta(h.muon.momentum, "muon.momentum", g);
       check_positive(h.muon.rms_scale, "muon.rms_scale", g);
@@ -259,6 +268,8 @@ std::vector<std::string> state_names_of(OptimizerKind kind) {
     // The dequantized moments, then each block's absmax, repeated on each of its elements: what
     // restores the codes and scales bit for bit (optim/dynamic_quantization.h).
     case OptimizerKind::kAdamW8bit: return {"exp_avg", "exp_avg_sq", "exp_avg_absmax", "exp_avg_sq_absmax"};
+    // A vector's V; a matrix's R and C, each read on every element of its row or column.
+    case OptimizerKind::kAdafactor: return {"exp_avg_sq", "exp_avg_sq_row", "exp_avg_sq_col"};
   }
   return {};
 }
@@ -280,7 +291,9 @@ void require_one_elementwise_kind(const OptimizerOptions& o, const char* who) {
     if (!is_elementwise(k)) {
       ZERO_THROW(InvalidArgument, "groups[{}].kind: {} runs elementwise rules over flat fp32 or bf16 state; {} needs "
                  "{}, which an engine provides (zero::Engine)", g, who, optimizer_name(k),
-                 needs_whole_matrices(k) ? "whole matrices" : "state quantized per block of each tensor");
+                 k == OptimizerKind::kMuon        ? "whole matrices"
+                 : k == OptimizerKind::kAdamW8bit ? "state quantized per block of each tensor"
+                                                  : "sums over each tensor's rows and columns");
     }
     if (k != o.kind) {
       ZERO_THROW(InvalidArgument, "groups[{}].kind: {} runs one rule ({}) over its shard, not {}; an engine runs "

@@ -31,7 +31,7 @@ namespace zero::optim {
 
 class CustomOptimizer;  // optim/custom_optimizer.h
 
-// "adamw", "adam", "sgd", "adagrad", "lion", "muon", "adamw8bit".
+// "adamw", "adam", "sgd", "adagrad", "lion", "muon", "adamw8bit", "adafactor".
 const char* optimizer_name(OptimizerKind kind);
 // Inverse of optimizer_name; throws InvalidArgument naming the accepted values.
 OptimizerKind parse_optimizer(std::string_view name);
@@ -51,6 +51,23 @@ struct MuonHyper {
   float rms_scale = 0.2f;
 };
 
+// Adafactor's own hyperparameters (Shazeer and Stern, ICML 2018, without a first moment). Per tensor
+// X (a matrix: shape[0] x the rest; else a vector) and step t, with S = G^2 + eps1:
+//   b = 1 - t^-decay_rate
+//   matrix: R = b R + (1 - b) S 1 (row sums);  C = b C + (1 - b) 1^T S (column sums);  V = R C / (1^T R)
+//   vector: V = b V + (1 - b) S
+//   U = G / sqrt(V);  U = U / max(1, RMS(U) / clip_threshold)
+//   alpha = relative_step ? max(eps2, RMS(X)) min(1e-2, 1/sqrt(t)) : lr
+//   X = X (1 - alpha weight_decay) - alpha U
+// (zero/adafactor_update.h: the sums over ranks, the arithmetic.)
+struct AdafactorHyper {
+  float eps1 = 1e-30f;
+  float eps2 = 1e-3f;
+  float clip_threshold = 1.0f;  // the paper's d
+  float decay_rate = 0.8f;
+  bool relative_step = false;
+};
+
 // Hyperparameters of one parameter group (PyTorch's names and defaults; Lion's defaults are the
 // user's to set, its paper suggests lr 3-10x smaller and weight decay 3-10x larger than AdamW's).
 struct Hyper {
@@ -68,7 +85,8 @@ struct Hyper {
   // by side (Muon for the matrices, AdamW for the rest: Moonlight's recipe); optim::Optimizer runs
   // one elementwise kind.
   std::optional<OptimizerKind> kind;
-  MuonHyper muon;  // Muon
+  MuonHyper muon;            // Muon
+  AdafactorHyper adafactor;  // Adafactor
 };
 
 // A contiguous element range of the flat shard.

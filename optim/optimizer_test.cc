@@ -100,6 +100,7 @@ struct Ref {
         }
         case OptimizerKind::kMuon:       // not elementwise: zero/muon_engine_test.cc
         case OptimizerKind::kAdamW8bit:  // zero/adamw8bit_engine_test.cc
+        case OptimizerKind::kAdafactor:  // zero/adafactor_engine_test.cc
           FAIL("no elementwise reference for Muon");
           break;
       }
@@ -167,6 +168,7 @@ std::vector<Hyper> two_groups(OptimizerKind kind) {
       break;
     case OptimizerKind::kMuon:       // not elementwise: zero/muon_engine_test.cc
     case OptimizerKind::kAdamW8bit:  // zero/adamw8bit_engine_test.cc
+    case OptimizerKind::kAdafactor:  // zero/adafactor_engine_test.cc
       break;
   }
   return {a, b};

@@ -69,6 +69,7 @@ StepCoeffs compute_step_coeffs(OptimizerKind kind, const Hyper& h, int64_t step,
       c.one_minus_beta2 = static_cast<float>(1.0 - beta2);
       break;
     case OptimizerKind::kMuon:  // not elementwise: no kernel reads these (zero/grouped_shard_optimizer.cc)
+    case OptimizerKind::kAdafactor:  // zero/adafactor_update.cc
       break;
   }
   return c;

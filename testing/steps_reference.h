@@ -4,6 +4,7 @@
 // all by name, flattened row-major, as written by those scripts.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -28,6 +29,17 @@ inline double relative_error(const float* got, const std::vector<float>& want) {
     largest = std::max(largest, std::fabs(static_cast<double>(want[e])));
   }
   return largest == 0.0 ? diff : diff / largest;
+}
+
+// The inputs of the references that generate them (adamw8bit_reference.py, adafactor_reference.py):
+// multiples of 1/1000 in [-1, 1] times scale, in float, from a seed.
+inline std::vector<float> pattern(int64_t seed, size_t n, float scale) {
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t k = (static_cast<int64_t>(i) * 2654435761LL + seed * 40503) % 2003 - 1001;
+    out[i] = static_cast<float>(k) / 1000.0f * scale;
+  }
+  return out;
 }
 
 inline Tensors tensors_of(const nlohmann::json& j) {

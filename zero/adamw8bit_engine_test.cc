@@ -92,15 +92,7 @@ const Reference& reference() {
   return ref;
 }
 
-// The reference's formula for its inputs: multiples of 1/1000 in [-1, 1] times scale, in float.
-std::vector<float> pattern(int64_t seed, size_t n, float scale) {
-  std::vector<float> out(n);
-  for (size_t i = 0; i < n; ++i) {
-    const int64_t k = (static_cast<int64_t>(i) * 2654435761LL + seed * 40503) % 2003 - 1001;
-    out[i] = static_cast<float>(k) / 1000.0f * scale;
-  }
-  return out;
-}
+using testing::pattern;
 
 // Gradients of step s (1-based) on reference rank r, by tensor index.
 std::vector<float> reference_grad(int step, int rank, size_t index) {

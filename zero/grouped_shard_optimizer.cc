@@ -4,8 +4,9 @@
 // space of its own elements only, packed back to back, so every element keeps only its own kind's
 // state: the hybrid's state is 4 bytes per Muon element and 8 per AdamW element, not the union of
 // both everywhere. 8-bit AdamW has an optimizer of its own (zero/adamw8bit_shard_optimizer.cc), and
-// its groups' tensors under quant_min_numel go to fp32 AdamW's. Muon's update runs here, around the
-// matrix exchange:
+// its groups' tensors under quant_min_numel go to fp32 AdamW's; Adafactor's update is its own
+// (zero/adafactor_update.h, around the sums zero/adafactor_stats.h reduces). Muon's update runs
+// here, around the matrix exchange:
 //
 //   momentum  m = mu m + g;  u = nesterov ? g + mu m : m          (this rank's elements, fp32)
 //   exchange  u -> the orthogonalized update O, whole matrix by whole matrix (zero/matrix_exchange.h)
@@ -28,6 +29,7 @@
 #include "optim/optimizer_checks.h"
 #include "optim/step_coeffs.h"
 #include "optim/step_schedule.h"
+#include "zero/adafactor_update.h"
 #include "zero/shard_optimizer.h"
 
 namespace zero {
@@ -57,9 +59,10 @@ void for_each_overlap(const std::vector<Run>& runs, size_t begin, size_t end, Fn
 class GroupedShardOptimizer final : public ShardOptimizer {
  public:
   GroupedShardOptimizer(memory::Device& device, optim::OptimizerOptions options, size_t numel,
-                        std::vector<optim::Segment> segments, std::chrono::milliseconds timeout, MatrixExchange* matrices)
+                        std::vector<optim::Segment> segments, std::chrono::milliseconds timeout,
+                        OptimizerExchanges exchanges)
       : ShardOptimizer(device, numel, timeout), options_(std::move(options)), segments_(std::move(segments)),
-        matrices_(matrices), meta_(dynamic_cast<memory::MetaDevice*>(&device) != nullptr), numel_(numel) {
+        matrices_(exchanges.matrices), meta_(dynamic_cast<memory::MetaDevice*>(&device) != nullptr), numel_(numel) {
     optim::detail::validate_common_options(options_);
     optim::detail::validate_segments(segments_, numel, static_cast<int>(options_.groups.size()));
     names_ = optim::optimizer_state_names(options_);
@@ -71,7 +74,19 @@ class GroupedShardOptimizer final : public ShardOptimizer {
         !std::count(kinds.begin(), kinds.end(), optim::OptimizerKind::kAdamW)) {
       kinds.push_back(optim::OptimizerKind::kAdamW);
     }
+    if (exchanges.adafactor != nullptr) {
+      // Every rank of the shard group takes part in Adafactor's sums, whether it holds its elements or not.
+      std::vector<const optim::Segment*> own;
+      for (const optim::Segment& s : segments_) {
+        if (!s.param_name.empty() && s.end > s.begin && element_kind(s) == optim::OptimizerKind::kAdafactor) own.push_back(&s);
+      }
+      adafactor_ = std::make_unique<AdafactorUpdate>(device, options_, std::move(own), exchanges.adafactor, meta_);
+    }
     for (optim::OptimizerKind kind : kinds) {
+      if (kind == optim::OptimizerKind::kAdafactor) {
+        ZERO_CHECK(adafactor_ != nullptr || meta_, "Adafactor groups without their statistics");
+        continue;
+      }
       std::vector<Run> runs;
       std::vector<optim::Segment> own;
       size_t packed = 0;
@@ -115,11 +130,14 @@ class GroupedShardOptimizer final : public ShardOptimizer {
                           lr * optim::decimal_double(h.muon.rms_scale)};
     }
     ++steps_;
+    if (adafactor_) adafactor_->begin_step(options_, steps_);
   }
 
   void step_range(const optim::StepInput& in, size_t begin, size_t end, memory::Stream& stream) override {
     if (meta_) return;
-    if (!muon_runs_.empty()) step_muon(in, begin, end);
+    // Every rank calls the collective updates for every bucket, holding elements of them or not.
+    if (matrices_ != nullptr) step_muon(in, begin, end);
+    if (adafactor_) adafactor_->step(in, begin, end);
     const size_t grad_size = dtype_size(in.grad_dtype), out_size = dtype_size(in.model_dtype);
     for (Part& part : parts_) {
       for_each_overlap(part.runs, begin, end, [&](const Run& r, size_t lo, size_t hi) {
@@ -138,6 +156,7 @@ class GroupedShardOptimizer final : public ShardOptimizer {
   void set_step_count(int64_t steps) override {
     for (Part& part : parts_) part.opt->set_step_count(steps);
     steps_ = steps;
+    if (adafactor_) adafactor_->loaded();
   }
   optim::Hyper& group(int i) override { return optim::detail::group_at(options_, i); }
   std::vector<std::string> state_names() const override { return names_; }
@@ -147,6 +166,7 @@ class GroupedShardOptimizer final : public ShardOptimizer {
   void read_state(const std::string& name, size_t begin, size_t n, float* out) override {
     check_range(name, begin, n, "read_state");
     std::fill(out, out + n, 0.0f);
+    if (adafactor_ && AdafactorUpdate::keeps(name)) adafactor_->read_state(name, begin, n, out);
     for_each_state(name, begin, n, [&](Part* part, const Run& r, size_t lo, size_t hi) {
       float* dst = out + (lo - begin);
       if (part != nullptr) {
@@ -158,6 +178,7 @@ class GroupedShardOptimizer final : public ShardOptimizer {
   }
   void write_state(const std::string& name, size_t begin, size_t n, const float* in) override {
     check_range(name, begin, n, "write_state");
+    if (adafactor_ && AdafactorUpdate::keeps(name)) adafactor_->write_state(name, begin, n, in);
     for_each_state(name, begin, n, [&](Part* part, const Run& r, size_t lo, size_t hi) {
       const float* src = in + (lo - begin);
       if (part != nullptr) {
@@ -177,7 +198,13 @@ class GroupedShardOptimizer final : public ShardOptimizer {
       elements += n;
     }
     const double m = static_cast<double>(packed_numel(muon_runs_));
-    return elements + m == 0 ? 0.0 : (bytes + 4.0 * m) / (elements + m);
+    bytes += 4.0 * m;
+    elements += m;
+    if (adafactor_) {
+      bytes += static_cast<double>(adafactor_->state_bytes());
+      elements += static_cast<double>(adafactor_->numel());
+    }
+    return elements == 0 ? 0.0 : bytes / elements;
   }
 
  private:
@@ -308,6 +335,7 @@ class GroupedShardOptimizer final : public ShardOptimizer {
   memory::Buffer momentum_;        // Muon's state, packed
   std::vector<float> grad_;        // a Muon piece's fp32 gradient
   std::vector<MuonScalars> muon_scalars_;  // per group, this step's
+  std::unique_ptr<AdafactorUpdate> adafactor_;  // Adafactor's groups (null without)
   int64_t steps_ = 0;
 };
 
@@ -315,8 +343,8 @@ class GroupedShardOptimizer final : public ShardOptimizer {
 
 std::unique_ptr<ShardOptimizer> make_grouped_shard_optimizer(memory::Device& device, optim::OptimizerOptions options,
                                                              size_t numel, std::vector<optim::Segment> segments,
-                                                             std::chrono::milliseconds timeout, MatrixExchange* matrices) {
-  return std::make_unique<GroupedShardOptimizer>(device, std::move(options), numel, std::move(segments), timeout, matrices);
+                                                             std::chrono::milliseconds timeout, OptimizerExchanges exchanges) {
+  return std::make_unique<GroupedShardOptimizer>(device, std::move(options), numel, std::move(segments), timeout, exchanges);
 }
 
 }  // namespace zero

@@ -43,9 +43,9 @@ OffloadPipeline::OffloadPipeline(const ApplierInputs& in, const OffloadConfig& c
     }
   }
   // optimizer.num_threads threads, the caller's included, as for the CPU optimizer without offload.
-  matrices_ = make_matrix_exchange(in, *host_);
+  exchanges_ = make_optimizer_exchanges(in, *host_);
   optimizer_ = make_shard_optimizer(*host_, in.optimizer, numel, optimizer_segments(ownership_, in.tensors), config_.timeout,
-                                    matrices_.get());
+                                    exchanges_.view());
 
   size_t most = 0, most_bytes = 0;  // the largest owned range, in elements and in its bucket's dtype
   for (size_t b = 0; b < layout_.buckets().size(); ++b) {

@@ -67,7 +67,7 @@ class OffloadPipeline final : public UpdateApplier {
   OffloadConfig config_;
   std::unique_ptr<memory::Device> host_;  // the host tier: inline streams on the calling thread
   memory::Buffer master_;
-  std::unique_ptr<MatrixExchange> matrices_;  // Muon's (null without); the optimizer uses it
+  OwnedExchanges exchanges_;  // Muon's and Adafactor's (null without); the optimizer uses them
   std::unique_ptr<ShardOptimizer> optimizer_;
   std::unique_ptr<memory::Stream> d2h_, h2d_;
   std::unique_ptr<memory::Event> grads_ready_, out_free_;

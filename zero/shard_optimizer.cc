@@ -143,14 +143,14 @@ std::unique_ptr<ShardOptimizer> make_custom_shard_optimizer(memory::Device& devi
 
 std::unique_ptr<ShardOptimizer> make_grouped_shard_optimizer(memory::Device& device, optim::OptimizerOptions options,
                                                              size_t numel, std::vector<optim::Segment> segments,
-                                                             std::chrono::milliseconds timeout, MatrixExchange* matrices);
+                                                             std::chrono::milliseconds timeout, OptimizerExchanges exchanges);
 
 std::unique_ptr<ShardOptimizer> make_shard_optimizer(memory::Device& device, optim::OptimizerOptions options,
                                                      size_t numel, std::vector<optim::Segment> segments,
-                                                     std::chrono::milliseconds timeout, MatrixExchange* matrices) {
+                                                     std::chrono::milliseconds timeout, OptimizerExchanges exchanges) {
   const std::vector<optim::OptimizerKind> kinds = optim::group_kinds(options);
   if (!options.custom && (kinds.size() > 1 || !optim::is_elementwise(kinds.front()))) {
-    return make_grouped_shard_optimizer(device, std::move(options), numel, std::move(segments), timeout, matrices);
+    return make_grouped_shard_optimizer(device, std::move(options), numel, std::move(segments), timeout, exchanges);
   }
   if (!options.custom) options.kind = kinds.front();  // every group's, set on the groups themselves
   if (dynamic_cast<memory::MetaDevice*>(&device) != nullptr) {

@@ -12,6 +12,7 @@
 
 #include "memory/device.h"
 #include "optim/optimizer.h"
+#include "zero/adafactor_stats.h"
 #include "zero/matrix_exchange.h"
 
 namespace zero {
@@ -67,11 +68,16 @@ const float* scaled_fp32_grad(const optim::StepInput& in, size_t at, size_t n, s
 // Optimizer state is allocated through `device` (category optimizer_state, in its tracker). On a
 // meta device (planning) the optimizer only allocates its state. `timeout` bounds every wait (the
 // engine's EngineOptions.timeout). Groups of several kinds, or of a kind that is not elementwise
-// (Muon), get one optimizer per elementwise kind over that kind's elements and Muon's update around
-// `matrices` (zero/matrix_exchange.h), which such a kind needs (InvalidArgument without it).
+// (Muon, 8-bit AdamW, Adafactor), get one optimizer per elementwise kind over that kind's elements,
+// 8-bit AdamW's, and the updates of Muon and Adafactor around `exchanges`, which those kinds need
+// (InvalidArgument without them).
+struct OptimizerExchanges {
+  MatrixExchange* matrices = nullptr;   // Muon's (zero/matrix_exchange.h)
+  AdafactorStats* adafactor = nullptr;  // Adafactor's (zero/adafactor_stats.h)
+};
 std::unique_ptr<ShardOptimizer> make_shard_optimizer(memory::Device& device, optim::OptimizerOptions options,
                                                      size_t numel, std::vector<optim::Segment> segments,
                                                      std::chrono::milliseconds timeout,
-                                                     MatrixExchange* matrices = nullptr);
+                                                     OptimizerExchanges exchanges = {});
 
 }  // namespace zero

@@ -35,6 +35,8 @@ std::vector<optim::Segment> optimizer_segments(const ShardOwnership& own, const 
   return segments;
 }
 
+namespace {
+
 std::unique_ptr<MatrixExchange> make_matrix_exchange(const ApplierInputs& in, memory::Device& host) {
   std::vector<ExchangedMatrix> matrices;
   for (size_t t = 0; t < in.tensors.size(); ++t) {
@@ -63,6 +65,30 @@ std::unique_ptr<MatrixExchange> make_matrix_exchange(const ApplierInputs& in, me
   return std::make_unique<MatrixExchange>(*in.layout, *in.ownership, std::move(matrices), in.shard, host, in.timeout);
 }
 
+std::unique_ptr<AdafactorStats> make_adafactor_stats(const ApplierInputs& in) {
+  std::vector<FactoredTensor> tensors;
+  for (size_t t = 0; t < in.tensors.size(); ++t) {
+    const UpdateTensor& u = in.tensors[t];
+    if (in.optimizer.custom || optim::group_kind(in.optimizer, u.group) != optim::OptimizerKind::kAdafactor) continue;
+    if (u.whole) {
+      ZERO_THROW(InvalidArgument,
+                 "parameter '{}' is split across tensor-parallel ranks and its group ({}) runs Adafactor, whose "
+                 "statistics are not yet summed over the parts: put it in an AdamW group",
+                 u.name, u.group);
+    }
+    const auto [rows, cols] = matrix_shape(u.shape);
+    tensors.push_back({t, u.name, rows, cols, numel_of(u.shape), u.group});
+  }
+  if (tensors.empty()) return nullptr;
+  return std::make_unique<AdafactorStats>(*in.layout, *in.ownership, std::move(tensors), in.shard, in.timeout);
+}
+
+}  // namespace
+
+OwnedExchanges make_optimizer_exchanges(const ApplierInputs& in, memory::Device& host) {
+  return {make_matrix_exchange(in, host), make_adafactor_stats(in)};
+}
+
 namespace {
 
 class DeviceApplier final : public UpdateApplier {
@@ -77,9 +103,9 @@ class DeviceApplier final : public UpdateApplier {
                       master_.as<float>() + p.opt_offset, DType::kFloat32, p.tensor_end - p.tensor_begin,
                       device_.compute_stream());
     }
-    matrices_ = make_matrix_exchange(in, device_);
+    exchanges_ = make_optimizer_exchanges(in, device_);
     optimizer_ = make_shard_optimizer(device_, in.optimizer, numel, optimizer_segments(ownership_, in.tensors), in.timeout,
-                                      matrices_.get());
+                                      exchanges_.view());
   }
 
   void apply(const GradReducer& grads, float grad_scale, ParamWriteback& writeback) override {
@@ -129,7 +155,7 @@ class DeviceApplier final : public UpdateApplier {
   memory::Device& device_;
   std::chrono::milliseconds timeout_;
   memory::Buffer master_;
-  std::unique_ptr<MatrixExchange> matrices_;  // Muon's (null without); the optimizer uses it
+  OwnedExchanges exchanges_;  // Muon's and Adafactor's (null without); the optimizer uses them
   std::unique_ptr<ShardOptimizer> optimizer_;
 };
 

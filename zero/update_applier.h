@@ -63,10 +63,17 @@ class UpdateApplier {
 // The optimizer's segments for the rank's owned pieces (optimizer-space order).
 std::vector<optim::Segment> optimizer_segments(const ShardOwnership& ownership, const std::vector<UpdateTensor>& tensors);
 
-// The exchange of `in`'s tensors in Muon groups (zero/matrix_exchange.h), its buffers from `host`
-// (where the optimizer runs); null when no group runs Muon. InvalidArgument naming the parameter for
-// one Muon cannot update: fewer than two dimensions, or split across ranks by a finalizer.
-std::unique_ptr<MatrixExchange> make_matrix_exchange(const ApplierInputs& in, memory::Device& host);
+// What the optimizer shares with the shard group's other ranks: the exchange of `in`'s tensors in
+// Muon groups (zero/matrix_exchange.h, its buffers from `host`, where the optimizer runs) and the
+// statistics of those in Adafactor groups (zero/adafactor_stats.h); each null when no group runs
+// that kind. InvalidArgument naming the parameter for one they cannot update: Muon's with fewer than
+// two dimensions, either's split across ranks by a finalizer.
+struct OwnedExchanges {
+  std::unique_ptr<MatrixExchange> matrices;
+  std::unique_ptr<AdafactorStats> adafactor;
+  OptimizerExchanges view() const { return {matrices.get(), adafactor.get()}; }
+};
+OwnedExchanges make_optimizer_exchanges(const ApplierInputs& in, memory::Device& host);
 
 // Master and state on `in.device`, the optimizer stepping on its compute stream.
 std::unique_ptr<UpdateApplier> make_device_applier(const ApplierInputs& in);

@@ -229,6 +229,7 @@ std::vector<Hyper> groups_for(OptimizerKind kind) {
       break;
     case OptimizerKind::kMuon:  // not elementwise: the CUDA optimizer refuses them
     case OptimizerKind::kAdamW8bit:
+    case OptimizerKind::kAdafactor:
       break;
   }
   return g;

@@ -116,7 +116,8 @@ KernelPtr pick(OptimizerKind kind, int grad, int state, int out) {
     case OptimizerKind::kAdagrad: return pick_grad<optim::detail::AdagradUpdate>(grad, state, out);
     case OptimizerKind::kLion: return pick_grad<optim::detail::LionUpdate>(grad, state, out);
     case OptimizerKind::kMuon:  // not elementwise (multi_tensor_step refuses them first)
-    case OptimizerKind::kAdamW8bit: return nullptr;
+    case OptimizerKind::kAdamW8bit:
+    case OptimizerKind::kAdafactor: return nullptr;
   }
   return nullptr;
 }

@@ -73,6 +73,7 @@ std::vector<Hyper> groups_for(OptimizerKind kind) {
       break;
     case OptimizerKind::kMuon:  // not elementwise: no kernel
     case OptimizerKind::kAdamW8bit:
+    case OptimizerKind::kAdafactor:
       break;
   }
   return {a, b};

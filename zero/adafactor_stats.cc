@@ -1,0 +1,57 @@
+#include "zero/adafactor_stats.h"
+
+#include "base/check.h"
+
+namespace zero {
+
+AdafactorStats::AdafactorStats(const ShardLayout& layout, const ShardOwnership& ownership,
+                               std::vector<FactoredTensor> tensors, comm::Communicator* shard,
+                               std::chrono::milliseconds timeout)
+    : shard_(ownership.is_replicated() || shard == nullptr || shard->size() == 1 ? nullptr : shard),
+      timeout_(timeout), tensors_(std::move(tensors)), slots_(layout.buckets().size()),
+      sizes_(layout.buckets().size(), {0, 0}) {
+  if (shard_ != nullptr && !shard_->accepts(memory::DeviceKind::kHost)) {
+    ZERO_THROW(InvalidArgument,
+               "Adafactor's statistics are reduced in host memory but the shard group's {} communicator takes "
+               "device memory only", shard_->backend_name());
+  }
+  for (size_t b = 0; b < layout.buckets().size(); ++b) bucket_at_[ownership.range(b).opt_begin] = b;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const FactoredTensor& t = tensors_[i];
+    const auto [first, last] = layout.buckets_of_tensor(t.tensor);
+    if (first != last) {
+      ZERO_THROW(InvalidArgument, "parameter '{}' lies across buckets {} and {}: Adafactor needs whole-tensor buckets",
+                 t.name, first, last);
+    }
+    ZERO_CHECK(t.rows * t.cols == (t.rows == 0 ? 0 : t.numel), "matrix {} x {} for '{}' of {} elements", t.rows, t.cols,
+               t.name, t.numel);
+    auto& [stats, updates] = sizes_[first];
+    Slot s{t, i, stats, stats + t.rows + t.cols, updates};
+    stats += t.rows + t.cols + 1;
+    updates += 1;
+    by_name_[t.name] = {first, slots_[first].size()};
+    slots_[first].push_back(std::move(s));
+  }
+}
+
+size_t AdafactorStats::bucket_at(size_t opt_begin) const {
+  const auto it = bucket_at_.find(opt_begin);
+  return it == bucket_at_.end() ? SIZE_MAX : it->second;
+}
+
+const AdafactorStats::Slot* AdafactorStats::find(const std::string& name) const {
+  const auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : &slots_[it->second.first][it->second.second];
+}
+
+void AdafactorStats::sum(double* values, size_t n) {
+  if (shard_ == nullptr || n == 0) return;
+  shard_->all_reduce(values, n, DType::kFloat64, comm::ReduceOp::kSum)->wait(timeout_);
+}
+
+void AdafactorStats::merge_max(float* values, size_t n) {
+  if (shard_ == nullptr || n == 0) return;
+  shard_->all_reduce(values, n, DType::kFloat32, comm::ReduceOp::kMax)->wait(timeout_);
+}
+
+}  // namespace zero

@@ -1,0 +1,232 @@
+#include "zero/adafactor_update.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "base/check.h"
+#include "memory/host_kernels.h"
+#include "optim/step_coeffs.h"
+#include "zero/shard_optimizer.h"
+
+namespace zero {
+
+AdafactorUpdate::AdafactorUpdate(memory::Device& device, const optim::OptimizerOptions& options,
+                                 std::vector<const optim::Segment*> segments, AdafactorStats* stats, bool meta)
+    : stats_(stats), meta_(meta), groups_(options.groups) {
+  ZERO_CHECK(stats_ != nullptr, "Adafactor groups without their statistics' exchange");
+  const std::vector<FactoredTensor>& tensors = stats_->tensors();
+  matrix_of_.assign(tensors.size(), SIZE_MAX);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].rows == 0) continue;
+    matrix_of_[i] = matrices_.size();
+    matrices_.push_back({rc_numel_, rc_numel_ + tensors[i].rows});
+    rc_numel_ += tensors[i].rows + tensors[i].cols;
+  }
+  std::sort(segments.begin(), segments.end(), [](const optim::Segment* a, const optim::Segment* b) { return a->begin < b->begin; });
+  for (const optim::Segment* s : segments) {
+    const AdafactorStats::Slot* slot = stats_->find(s->param_name);
+    ZERO_CHECK(slot != nullptr, "parameter '{}' runs Adafactor but has no statistics slot", s->param_name);
+    Run r{s->begin, s->end, s, slot, 0};
+    if (slot->t.rows == 0) {
+      r.v_at = v_numel_;
+      v_numel_ += s->end - s->begin;
+    }
+    runs_.push_back(r);
+  }
+  rc_ = device.allocate_elements(static_cast<int64_t>(rc_numel_), DType::kFloat32, memory::Category::kOptimizerState);
+  v_ = device.allocate_elements(static_cast<int64_t>(v_numel_), DType::kFloat32, memory::Category::kOptimizerState);
+  if (meta_) return;
+  std::fill(rc(), rc() + rc_numel_, 0.0f);
+  std::fill(v(), v() + v_numel_, 0.0f);
+}
+
+void AdafactorUpdate::begin_step(const optim::OptimizerOptions& options, int64_t step) {
+  groups_ = options.groups;
+  step_ = step;
+  if (merge_pending_ && !meta_) stats_->merge_max(rc(), rc_numel_);
+  merge_pending_ = written_ = false;
+}
+
+void AdafactorUpdate::loaded() {
+  // Rows and columns this rank wrote none of are zero, so the maximum over the ranks is the loaded.
+  if (!written_ && !meta_) std::fill(rc(), rc() + rc_numel_, 0.0f);
+  merge_pending_ = true;
+}
+
+template <typename Fn>
+void AdafactorUpdate::for_each_overlap(size_t begin, size_t end, Fn&& fn) {
+  auto r = std::partition_point(runs_.begin(), runs_.end(), [&](const Run& x) { return x.end <= begin; });
+  for (; r != runs_.end() && r->begin < end; ++r) fn(*r, std::max(r->begin, begin), std::min(r->end, end));
+}
+
+void AdafactorUpdate::step(const optim::StepInput& in, size_t begin, size_t end) {
+  if (meta_) return;
+  const size_t bucket = stats_->bucket_at(begin);
+  if (bucket == SIZE_MAX || stats_->slots(bucket).empty()) return;
+  const std::vector<AdafactorStats::Slot>& slots = stats_->slots(bucket);
+  float* const rcv = rc();
+  const auto hyper = [&](const AdafactorStats::Slot& s) -> const optim::Hyper& {
+    return groups_.at(static_cast<size_t>(s.t.group));
+  };
+  // Pass 1: this rank's part of each tensor's row and column sums of G^2 + eps1, and of sum X^2.
+  stats_buf_.assign(stats_->stats_size(bucket), 0.0);
+  for_each_overlap(begin, end, [&](const Run& r, size_t lo, size_t hi) {
+    const size_t n = hi - lo;
+    const float* g = scaled_fp32_grad(in, lo - begin, n, grad_);
+    const float* w = in.master + (lo - begin);
+    const AdafactorStats::Slot& s = *r.slot;
+    const float eps1 = hyper(s).adafactor.eps1;
+    const size_t first = r.segment->param_offset + (lo - r.begin);
+    double squares = 0.0;
+    for (size_t k = 0; k < n; ++k) {
+      if (s.t.rows != 0) {
+        const float sq = g[k] * g[k] + eps1;
+        const size_t e = first + k;
+        stats_buf_[s.rows_at + e / s.t.cols] += sq;
+        stats_buf_[s.rows_at + s.t.rows + e % s.t.cols] += sq;
+      }
+      squares += static_cast<double>(w[k]) * w[k];
+    }
+    stats_buf_[s.squares_at] += squares;
+  });
+  stats_->sum(stats_buf_.data(), stats_buf_.size());
+  // Every matrix of the bucket: R and C from the reduced sums (the same on every rank), and sum R.
+  std::vector<float> row_total(slots.size(), 0.0f);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const AdafactorStats::Slot& s = slots[i];
+    if (s.t.rows == 0) continue;
+    const double beta = beta2(hyper(s));
+    const float b = static_cast<float>(beta), rest = static_cast<float>(1.0 - beta);
+    const Matrix& m = matrices_[matrix_of_[s.index]];
+    double total = 0.0;
+    for (size_t j = 0; j < s.t.rows; ++j) {
+      rcv[m.r_at + j] = rcv[m.r_at + j] * b + static_cast<float>(stats_buf_[s.rows_at + j]) * rest;
+      total += rcv[m.r_at + j];
+    }
+    for (size_t j = 0; j < s.t.cols; ++j) {
+      rcv[m.c_at + j] = rcv[m.c_at + j] * b + static_cast<float>(stats_buf_[s.rows_at + s.t.rows + j]) * rest;
+    }
+    row_total[i] = static_cast<float>(total);
+  }
+  // Pass 2: U = G / sqrt(V) (a vector's V updated here), and this rank's part of sum U^2.
+  update_buf_.assign(stats_->update_size(bucket), 0.0);
+  u_.resize(end - begin);
+  for_each_overlap(begin, end, [&](const Run& r, size_t lo, size_t hi) {
+    const size_t n = hi - lo;
+    const float* g = scaled_fp32_grad(in, lo - begin, n, grad_);
+    const AdafactorStats::Slot& s = *r.slot;
+    float* u = u_.data() + (lo - begin);
+    double squares = 0.0;
+    if (s.t.rows != 0) {
+      const Matrix& m = matrices_[matrix_of_[s.index]];
+      const float total = row_total[static_cast<size_t>(&s - slots.data())];
+      const size_t first = r.segment->param_offset + (lo - r.begin);
+      for (size_t k = 0; k < n; ++k) {
+        const size_t e = first + k;
+        const float vhat = (rcv[m.r_at + e / s.t.cols] * rcv[m.c_at + e % s.t.cols]) / total;
+        u[k] = g[k] / std::sqrt(vhat);
+        squares += static_cast<double>(u[k]) * u[k];
+      }
+    } else {
+      const double beta = beta2(hyper(s));
+      const float b = static_cast<float>(beta), rest = static_cast<float>(1.0 - beta);
+      const float eps1 = hyper(s).adafactor.eps1;
+      float* vv = v() + r.v_at + (lo - r.begin);
+      for (size_t k = 0; k < n; ++k) {
+        const float sq = g[k] * g[k] + eps1;
+        vv[k] = vv[k] * b + sq * rest;
+        u[k] = g[k] / std::sqrt(vv[k]);
+        squares += static_cast<double>(u[k]) * u[k];
+      }
+    }
+    update_buf_[s.update_at] += squares;
+  });
+  stats_->sum(update_buf_.data(), update_buf_.size());
+  // Pass 3: X = X (1 - alpha wd) - alpha / max(1, RMS(U) / d) U, and the model's copy.
+  const size_t out_size = dtype_size(in.model_dtype);
+  for_each_overlap(begin, end, [&](const Run& r, size_t lo, size_t hi) {
+    const size_t n = hi - lo;
+    const AdafactorStats::Slot& s = *r.slot;
+    const optim::Hyper& h = hyper(s);
+    const double numel = static_cast<double>(s.t.numel);
+    const double rms_u = std::sqrt(update_buf_[s.update_at] / numel);
+    const double rms_x = std::sqrt(stats_buf_[s.squares_at] / numel);
+    const double alpha = step_size(h, rms_x);
+    const float decay = static_cast<float>(1.0 - alpha * optim::decimal_double(h.weight_decay));
+    const float scale =
+        static_cast<float>(alpha / std::fmax(1.0, rms_u / optim::decimal_double(h.adafactor.clip_threshold)));
+    float* w = in.master + (lo - begin);
+    const float* u = u_.data() + (lo - begin);
+    for (size_t k = 0; k < n; ++k) {
+      const float decayed = w[k] * decay;
+      w[k] = decayed - scale * u[k];
+    }
+    if (in.model_out != nullptr) {
+      memory::host_kernels::convert(w, DType::kFloat32, static_cast<char*>(in.model_out) + (lo - begin) * out_size,
+                                    in.model_dtype, n);
+    }
+  });
+}
+
+double AdafactorUpdate::beta2(const optim::Hyper& h) const {
+  return 1.0 - std::pow(static_cast<double>(step_), -optim::decimal_double(h.adafactor.decay_rate));
+}
+
+double AdafactorUpdate::step_size(const optim::Hyper& h, double param_rms) const {
+  const double lr = optim::decimal_double(h.lr);
+  if (!h.adafactor.relative_step) return lr;
+  const double rho = std::fmin(1e-2, 1.0 / std::sqrt(static_cast<double>(step_)));
+  return std::fmax(optim::decimal_double(h.adafactor.eps2), param_rms) * rho;
+}
+
+
+bool AdafactorUpdate::keeps(const std::string& state) {
+  return state == "exp_avg_sq" || state == "exp_avg_sq_row" || state == "exp_avg_sq_col";
+}
+
+void AdafactorUpdate::read_state(const std::string& name, size_t begin, size_t n, float* out) {
+  if (meta_) return;
+  for_each_overlap(begin, begin + n, [&](const Run& r, size_t lo, size_t hi) {
+    const AdafactorStats::Slot& s = *r.slot;
+    for (size_t x = lo; x < hi; ++x) {
+      const size_t e = r.segment->param_offset + (x - r.begin);
+      if (s.t.rows == 0) {
+        if (name == "exp_avg_sq") out[x - begin] = v()[r.v_at + (x - r.begin)];
+      } else if (name != "exp_avg_sq") {
+        const Matrix& m = matrices_[matrix_of_[s.index]];
+        out[x - begin] = name == "exp_avg_sq_row" ? rc()[m.r_at + e / s.t.cols] : rc()[m.c_at + e % s.t.cols];
+      }
+    }
+  });
+}
+
+void AdafactorUpdate::write_state(const std::string& name, size_t begin, size_t n, const float* in) {
+  if (meta_) return;
+  if (name != "exp_avg_sq" && !written_) {
+    std::fill(rc(), rc() + rc_numel_, 0.0f);  // what this load does not write is zero (see loaded())
+    written_ = true;
+  }
+  for_each_overlap(begin, begin + n, [&](const Run& r, size_t lo, size_t hi) {
+    const AdafactorStats::Slot& s = *r.slot;
+    for (size_t x = lo; x < hi; ++x) {
+      const size_t e = r.segment->param_offset + (x - r.begin);
+      if (s.t.rows == 0) {
+        if (name == "exp_avg_sq") v()[r.v_at + (x - r.begin)] = in[x - begin];
+      } else if (name != "exp_avg_sq") {
+        const Matrix& m = matrices_[matrix_of_[s.index]];
+        (name == "exp_avg_sq_row" ? rc()[m.r_at + e / s.t.cols] : rc()[m.c_at + e % s.t.cols]) = in[x - begin];
+      }
+    }
+  });
+}
+
+size_t AdafactorUpdate::state_bytes() const { return (rc_numel_ + v_numel_) * sizeof(float); }
+
+size_t AdafactorUpdate::numel() const {
+  size_t n = 0;
+  for (const Run& r : runs_) n += r.end - r.begin;
+  return n;
+}
+
+}  // namespace zero
