@@ -8,7 +8,7 @@
 //   --export FILE.safetensors         the final weights
 //   --shard-group-size N              hybrid sharding: the engine on comm::HybridGroups of N ranks
 //   --optimizer NAME                  adamw, adam, sgd, adagrad, lion, muon (with AdamW: docs/optim.md),
-//                                     adamw8bit, adabelief or lamb (a user's own rules:
+//                                     adamw8bit, adafactor, adabelief or lamb (a user's own rules:
 //                                     examples/adabelief.h; examples/lamb.h, with whole-tensor ownership)
 #include <fmt/format.h>
 
@@ -68,11 +68,13 @@ struct ConfigFlag {
       } else if (name == "muon") {
         add_muon_group(o);  // the hidden matrices in Muon, the rest in AdamW (examples/optimizer_groups.h)
       } else if (name == "adamw" || name == "adam" || name == "sgd" || name == "adagrad" || name == "lion" ||
-                 name == "adamw8bit") {
+                 name == "adamw8bit" || name == "adafactor") {
         o.optimizer.kind = optim::parse_optimizer(name);
       } else {
         ZERO_THROW(InvalidArgument,
-                   "--optimizer: unknown optimizer '{}' (adamw, adam, sgd, adagrad, lion, muon, adamw8bit, adabelief or lamb)", name);
+                   "--optimizer: unknown optimizer '{}' (adamw, adam, sgd, adagrad, lion, muon, adamw8bit, adafactor, "
+                   "adabelief or lamb)",
+                   name);
       }
     }
     return o;

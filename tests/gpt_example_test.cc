@@ -239,6 +239,11 @@ TEST_CASE("8-bit AdamW trains at stages 1-3 with the same bits, and resumes bit 
   check_stages_and_resume("adamw8bit", {});
 }
 
+// Adafactor: every tensor's row and column sums reduced over the 2 ranks from stage 1 on.
+TEST_CASE("Adafactor trains at stages 1-3 with the same bits, and resumes bit for bit") {
+  check_stages_and_resume("adafactor", {"--lr", "0.01"});
+}
+
 TEST_CASE("activation recompute: the loss curve bit for bit, at the activation bytes the model predicts") {
   const std::vector<std::string> common{"--steps", "6", "--deterministic", "--val-every", "0", "--sample-tokens", "0",
                                         "--log-every", "1"};

@@ -102,6 +102,13 @@ void visit_hyper(V& v, optim::Hyper& h) {
     v.field("ns_steps", h.muon.ns_steps);
     v.field("rms_scale", h.muon.rms_scale);
   });
+  v.object("adafactor", [&] {
+    v.field("eps1", h.adafactor.eps1);
+    v.field("eps2", h.adafactor.eps2);
+    v.field("clip_threshold", h.adafactor.clip_threshold);
+    v.field("decay_rate", h.adafactor.decay_rate);
+    v.field("relative_step", h.adafactor.relative_step);
+  });
 }
 
 template <typename V>

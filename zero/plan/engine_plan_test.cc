@@ -127,6 +127,12 @@ TEST_CASE("the plan's memory equals a real run's, row by row") {
     c.options.offload.optimizer = stage == 3;
     cases.push_back(c);
   }
+  for (int stage : {0, 2}) {
+    // Adafactor: rows plus columns per matrix, an fp32 value per vector element.
+    Case c{"stage " + std::to_string(stage) + ", Adafactor", plan_test_options(stage)};
+    c.options.optimizer.kind = optim::OptimizerKind::kAdafactor;
+    cases.push_back(c);
+  }
   {
     Case c{"stage 3, parameters offloaded too", plan_test_options(3)};
     c.options.offload.optimizer = c.options.offload.params = true;
