@@ -26,8 +26,7 @@
 
 #include "base/error.h"
 #include "optim/dynamic_quantization.h"
-#include "testing/steps_reference.h"
-#include "testing/thread_ranks.h"
+#include "testing/reference_training.h"
 #include "zero/checkpoint/checkpoint_manifest.h"
 #include "zero/checkpoint/checkpoint_reader.h"
 #include "zero/engine.h"
@@ -38,12 +37,9 @@ namespace {
 using namespace std::chrono_literals;
 using testing::Tensors;
 
-struct Param {
-  std::string name;
-  std::vector<int64_t> shape;
-  int group = 0;
-  size_t numel() const { return shape_numel(shape); }
-};
+using testing::ReferenceParam;
+using testing::ReferenceRun;
+using Run = ReferenceRun;
 
 struct QuantizedState {
   std::vector<uint8_t> codes[2];
@@ -53,7 +49,7 @@ struct QuantizedState {
 struct Reference {
   size_t block = 0, min_numel = 0, zero_grad_elements = 0;
   int world = 0, steps = 0;
-  std::vector<Param> params;
+  std::vector<ReferenceParam> params;
   std::vector<optim::Hyper> groups;
   std::map<int, Tensors> after;                 // by step (3 and 5)
   std::map<std::string, QuantizedState> state;  // after step 5, per quantized tensor
@@ -92,45 +88,18 @@ const Reference& reference() {
   return ref;
 }
 
-using testing::pattern;
-
-// Gradients of step s (1-based) on reference rank r, by tensor index.
-std::vector<float> reference_grad(int step, int rank, size_t index) {
-  const Reference& ref = reference();
-  std::vector<float> g = pattern(100 * step + 10 * rank + static_cast<int64_t>(index), ref.params[index].numel(),
-                                 static_cast<float>(0.3 + 0.2 * rank));
-  if (ref.params[index].name == "emb") std::fill(g.begin(), g.begin() + static_cast<long>(ref.zero_grad_elements), 0.0f);
-  return g;
+const testing::ReferenceModel& model() {
+  static const testing::ReferenceModel m = testing::pattern_model(
+      reference().params, reference().steps, "emb", reference().zero_grad_elements,
+      [](int step, const std::string& name) -> const std::vector<float>* {
+        const auto it = reference().after.find(step);
+        return it == reference().after.end() ? nullptr : &it->second.at(name);
+      });
+  return m;
 }
 
-int unit_of(const std::string& name) { return testing::reference_unit_of(name); }
-
-struct Run {
-  int stage = 1;
-  int world = 2;
-  bool offload = false;
-  bool deterministic = false;
-  std::string save_after_step_3;  // a directory: save there after step 3 and stop
-  std::string resume_from;        // a directory: load it, then train steps 4 and 5
-  int threads = 1;                // the optimizer's
-  bool fp32 = false;              // the 8-bit groups run AdamW instead
-  LoadOptions load;               // for resume_from
-  bool stop_after_load = false;   // save right after loading (to final_dir)
-};
-
-std::string describe(const Run& run) {
-  return fmt::format("stage {}, {} rank(s){}{}{}{}", run.stage, run.world, run.offload ? ", offloaded" : "",
-                     run.deterministic ? ", deterministic" : "", run.threads > 1 ? ", 2 optimizer threads" : "",
-                     run.fp32 ? ", fp32 AdamW" : "");
-}
-
-struct Trained {
-  std::map<int, double> errors;  // by step: the largest |ours - reference| / max|reference| over the tensors
-  Tensors params;                // after the last step
-  Tensors state;                 // after the last step: "<tensor>/<state name>", whole tensors
-};
-
-EngineOptions options_of(const Run& run) {
+// `fp32`: the 8-bit groups run AdamW instead.
+EngineOptions options_of(const Run& run, bool fp32 = false) {
   EngineOptions opt;
   opt.stage = run.stage;
   opt.optimizer.groups = reference().groups;
@@ -139,72 +108,11 @@ EngineOptions options_of(const Run& run) {
   // Buckets and rank chunks of a few blocks: every quantized tensor is cut.
   opt.layout = {.alignment = 4, .bucket_numel = 2048, .block = 256};
   opt.offload.optimizer = run.offload;
-  opt.optimizer.num_threads = run.threads;
-  if (run.fp32) {
+  opt.optimizer.num_threads = run.optimizer_threads;
+  if (fp32) {
     for (optim::Hyper& h : opt.optimizer.groups) h.kind = optim::OptimizerKind::kAdamW;
   }
   return opt;
-}
-
-// Rank r's gradient: one rank brings the reference ranks' mean, a third brings it again.
-std::vector<float> grad_of(int world, int rank, int step, size_t index) {
-  const std::vector<float> g0 = reference_grad(step, 0, index), g1 = reference_grad(step, 1, index);
-  if (world > 1 && rank < 2) return rank == 0 ? g0 : g1;
-  std::vector<float> mean(g0.size());
-  for (size_t e = 0; e < g0.size(); ++e) mean[e] = (g0[e] + g1[e]) / 2.0f;
-  return mean;
-}
-
-std::string final_dir(const Run& run);
-
-Trained train(comm::Communicator& comm, const Run& run) {
-  const Reference& ref = reference();
-  Engine engine(comm, options_of(run));
-  std::map<std::string, std::vector<float>> storage;
-  std::map<std::string, int> ids;
-  for (size_t t = 0; t < ref.params.size(); ++t) {
-    const Param& p = ref.params[t];
-    storage[p.name] = pattern(1 + static_cast<int64_t>(t), p.numel(), 0.2f);
-    ids[p.name] = engine.add_param({.name = p.name, .shape = p.shape, .dtype = DType::kFloat32,
-                                    .data = {storage[p.name].data(), storage[p.name].size()}, .unit = unit_of(p.name),
-                                    .group = p.group});
-  }
-  engine.finalize();
-  int first = 1, last = ref.steps;
-  if (!run.resume_from.empty()) {
-    engine.load(run.resume_from, run.load);
-    first = 4;
-  }
-  if (!run.save_after_step_3.empty() || run.stop_after_load) last = 3;
-  Trained out;
-  for (int step = first; step <= last; ++step) {
-    for (int unit = 3; unit >= 0; --unit) {
-      UnitScope s = engine.gather_for_backward(unit);
-      for (size_t t = 0; t < ref.params.size(); ++t) {
-        const Param& p = ref.params[t];
-        if (unit_of(p.name) != unit) continue;
-        const std::vector<float> g = grad_of(run.world, comm.rank(), step, t);
-        std::memcpy(s.grad_as<float>(ids[p.name]), g.data(), g.size() * sizeof(float));
-      }
-    }
-    engine.step();
-    const bool checked = ref.after.count(step) > 0;
-    double worst = 0.0;
-    for (int unit = 0; unit < 4; ++unit) {
-      UnitScope s = engine.gather(unit);
-      for (const Param& p : ref.params) {
-        if (unit_of(p.name) != unit) continue;
-        const float* w = s.param_as<float>(ids[p.name]);
-        out.params[p.name].assign(w, w + p.numel());
-        if (!checked) continue;
-        const std::vector<float>& want = ref.after.at(step).at(p.name);
-        worst = std::max(worst, testing::relative_error(w, want));
-      }
-    }
-    if (checked) out.errors[step] = worst;
-  }
-  engine.save(run.save_after_step_3.empty() ? final_dir(run) : run.save_after_step_3);
-  return out;
 }
 
 std::string temp_dir(const std::string& leaf) {
@@ -212,9 +120,11 @@ std::string temp_dir(const std::string& leaf) {
   return std::string(tmp != nullptr ? tmp : "/tmp") + "/adamw8bit_engine_test_" + leaf;
 }
 
-std::string final_dir(const Run& run) {
-  return temp_dir(fmt::format("s{}w{}o{}d{}t{}f{}l{}{}", run.stage, run.world, run.offload, run.deterministic, run.threads,
-                              run.fp32, static_cast<int>(run.load.optimizer_state), run.stop_after_load));
+// Where a run saves after its last step.
+std::string final_dir(const Run& run, bool fp32 = false) {
+  return temp_dir(fmt::format("s{}w{}o{}d{}t{}f{}l{}{}r{}", run.stage, run.world, run.offload, run.deterministic,
+                              run.optimizer_threads, fp32, static_cast<int>(run.load.optimizer_state), run.stop_after_load,
+                              std::hash<std::string>{}(run.resume_from)));
 }
 
 // The states of every tensor as the checkpoint in `dir` holds them: "<tensor>/<state name>".
@@ -222,7 +132,7 @@ Tensors saved_state(const std::string& dir) {
   const Manifest m = read_manifest(dir);
   PieceReader reader(m);
   Tensors out;
-  for (const Param& p : reference().params) {
+  for (const ReferenceParam& p : reference().params) {
     for (const std::string& name : m.doc.at("optimizer").at("states").get<std::vector<std::string>>()) {
       std::vector<float>& v = out[p.name + "/" + name];
       v.resize(p.numel());
@@ -232,22 +142,19 @@ Tensors saved_state(const std::string& dir) {
   return out;
 }
 
-// Trains `run` on its ranks: rank 0's parameters and errors (every rank's are checked), and the
-// state saved after the last step.
-Trained train_ranks(const Run& run, double bound) {
-  std::vector<Trained> results(static_cast<size_t>(run.world));
-  testing::run_thread_ranks(run.world, [&](comm::Communicator& comm) {
-    results[static_cast<size_t>(comm.rank())] = train(comm, run);
-  });
-  for (const Trained& t : results) {
-    for (const auto& entry : t.errors) {
-      const int step = entry.first;  // (clang 14 cannot capture a structured binding)
-      CAPTURE(step);
-      CHECK(entry.second <= bound);
-    }
-  }
-  results[0].state = saved_state(run.save_after_step_3.empty() ? final_dir(run) : run.save_after_step_3);
-  return results[0];
+struct Trained {
+  std::map<int, double> errors;  // by step recorded
+  Tensors params;                // after the last step
+  Tensors state;                 // as saved after the last step
+};
+
+// Trains `run` on its ranks (every rank's errors within `bound`); rank 0's parameters and the state
+// saved after the last step.
+Trained train_ranks(Run run, double bound, bool fp32 = false) {
+  if (run.save_after_step_3.empty()) run.save_at_end = final_dir(run, fp32);
+  testing::ReferenceResult r = testing::train_reference_ranks(model(), options_of(run, fp32), run, bound);
+  return {std::move(r.errors), std::move(r.params),
+          saved_state(run.save_after_step_3.empty() ? run.save_at_end : run.save_after_step_3)};
 }
 
 // The number of elements whose codes differ from the reference's, and the largest relative
@@ -297,10 +204,10 @@ StateDiff state_diff(const Trained& t) {
 
 TEST_CASE("8-bit AdamW matches its reference at stages 0-3, on 1, 2 and 3 ranks, and offloaded") {
   REQUIRE(reference().world == 2);
-  for (const Run& run : {Run{.stage = 0}, Run{.stage = 1}, Run{.stage = 2}, Run{.stage = 3}, Run{.stage = 0, .world = 1},
-                        Run{.stage = 3, .world = 1}, Run{.stage = 1, .world = 3}, Run{.stage = 3, .world = 3},
-                        Run{.stage = 2, .offload = true}, Run{.stage = 3, .world = 3, .offload = true},
-                        Run{.stage = 1, .world = 1, .threads = 2}, Run{.stage = 2, .offload = true, .threads = 2}}) {
+  std::vector<Run> runs = testing::reference_runs();
+  runs.push_back({.stage = 1, .world = 1, .optimizer_threads = 2});
+  runs.push_back({.stage = 2, .offload = true, .optimizer_threads = 2});
+  for (const Run& run : runs) {
     CAPTURE(describe(run));
     // One or two ranks average to the reference's gradient bit for bit; three do not.
     const bool exact = run.world < 3;
@@ -322,10 +229,7 @@ TEST_CASE("8-bit AdamW in deterministic mode gives the same bits, state included
   for (const int world : {2, 3}) {
     CAPTURE(world);
     const Trained base = train_ranks({.stage = 0, .world = world, .deterministic = true}, 1e-5);
-    for (const Run& run : {Run{.stage = 1, .world = world, .deterministic = true},
-                          Run{.stage = 2, .world = world, .deterministic = true},
-                          Run{.stage = 3, .world = world, .deterministic = true},
-                          Run{.stage = 3, .world = world, .offload = true, .deterministic = true}}) {
+    for (const Run& run : testing::deterministic_runs(world)) {
       CAPTURE(describe(run));
       const Trained t = train_ranks(run, 1e-5);
       for (const Tensors* tensors : {&base.params, &base.state}) {
@@ -363,27 +267,27 @@ TEST_CASE("an AdamW checkpoint converts into 8-bit AdamW and back, or starts the
   const std::string adamw = temp_dir("from_adamw"), eight = temp_dir("from_8bit");
   std::filesystem::remove_all(adamw);
   std::filesystem::remove_all(eight);
-  train_ranks({.stage = 2, .save_after_step_3 = adamw, .fp32 = true}, 1.0);
+  train_ranks({.stage = 2, .save_after_step_3 = adamw}, 1.0, /*fp32=*/true);
   train_ranks({.stage = 2, .save_after_step_3 = eight}, 0.0);
   const Tensors from_adamw = saved_state(adamw), from_eight = saved_state(eight);
   // The same optimizer is required unless the load says otherwise; the error names both.
   std::vector<std::string> errors(2);
   testing::run_thread_ranks(2, [&](comm::Communicator& comm) {
     try {
-      train(comm, {.stage = 1, .resume_from = adamw});
+      const Run run{.stage = 1, .resume_from = adamw};
+      testing::train_reference(comm, model(), options_of(run), run);
     } catch (const std::exception& e) {
       errors[static_cast<size_t>(comm.rank())] = e.what();
     }
   });
   for (const std::string& e : errors) CHECK(e.find("saved by optimizer adamw but the engine runs adamw8bit") != std::string::npos);
   const Reference& ref = reference();
-  const auto quantized = [&](const Param& p) { return ref.state.count(p.name) > 0; };
+  const auto quantized = [&](const ReferenceParam& p) { return ref.state.count(p.name) > 0; };
 
   // AdamW -> 8-bit: each block's absmax is its largest moment, each moment within half a code's gap.
   const Run to8{.stage = 1, .resume_from = adamw, .load = {OptimizerStateLoad::kConvert}, .stop_after_load = true};
-  train_ranks(to8, 1.0);
-  const Tensors in8 = saved_state(final_dir(to8));
-  for (const Param& p : ref.params) {
+  const Tensors in8 = train_ranks(to8, 1.0).state;
+  for (const ReferenceParam& p : ref.params) {
     CAPTURE(p.name);
     for (const std::string state : {"exp_avg", "exp_avg_sq"}) {
       const std::vector<float>& want = from_adamw.at(p.name + "/" + state);
@@ -403,54 +307,34 @@ TEST_CASE("an AdamW checkpoint converts into 8-bit AdamW and back, or starts the
     }
   }
   // 8-bit -> AdamW: the dequantized moments, exactly; then it trains on.
-  const Run to32{.stage = 3, .resume_from = eight, .fp32 = true, .load = {OptimizerStateLoad::kConvert}, .stop_after_load = true};
-  train_ranks(to32, 1.0);
-  const Tensors in32 = saved_state(final_dir(to32));
-  for (const Param& p : ref.params) {
+  const Run to32{.stage = 3, .resume_from = eight, .load = {OptimizerStateLoad::kConvert}, .stop_after_load = true};
+  const Tensors in32 = train_ranks(to32, 1.0, /*fp32=*/true).state;
+  for (const ReferenceParam& p : ref.params) {
     CAPTURE(p.name);
     CHECK(in32.at(p.name + "/exp_avg") == from_eight.at(p.name + "/exp_avg"));
     CHECK(in32.at(p.name + "/exp_avg_sq") == from_eight.at(p.name + "/exp_avg_sq"));
   }
-  const Trained on = train_ranks({.stage = 3, .resume_from = eight, .fp32 = true, .load = {OptimizerStateLoad::kConvert}}, 1.0);
+  const Trained on = train_ranks({.stage = 3, .resume_from = eight, .load = {OptimizerStateLoad::kConvert}}, 1.0, /*fp32=*/true);
   CHECK(on.errors.at(5) < 1e-2);
   // Reset: every state zero, the master the checkpoint's.
   const Run reset{.stage = 2, .resume_from = adamw, .load = {OptimizerStateLoad::kReset}, .stop_after_load = true};
-  train_ranks(reset, 1.0);
-  for (const auto& entry : saved_state(final_dir(reset))) {
+  for (const auto& entry : train_ranks(reset, 1.0).state) {
     CAPTURE(entry.first);
     CHECK(std::all_of(entry.second.begin(), entry.second.end(), [](float x) { return x == 0.0f; }));
   }
 }
 
 TEST_CASE("the memory report prices 8-bit AdamW's state: a byte per moment and element, 4 per moment and block") {
+  const Reference& ref = reference();
+  uint64_t expected = 0;
+  for (const ReferenceParam& p : ref.params) {
+    const bool quantized =
+        ref.groups[static_cast<size_t>(p.group)].kind == optim::OptimizerKind::kAdamW8bit && p.numel() >= ref.min_numel;
+    expected += quantized ? 2 * p.numel() + 8 * ((p.numel() + ref.block - 1) / ref.block) : 8 * p.numel();
+  }
   for (const bool offload : {false, true}) {
     CAPTURE(offload);
-    testing::run_thread_ranks(1, [&](comm::Communicator& comm) {
-      const Reference& ref = reference();
-      Engine engine(comm, options_of({.stage = 1, .world = 1, .offload = offload}));
-      std::map<std::string, std::vector<float>> storage;
-      uint64_t expected = 0;
-      for (const Param& p : ref.params) {
-        storage[p.name].assign(p.numel(), 0.5f);
-        engine.add_param({.name = p.name, .shape = p.shape, .dtype = DType::kFloat32,
-                          .data = {storage[p.name].data(), storage[p.name].size()}, .unit = unit_of(p.name),
-                          .group = p.group});
-        const bool quantized = ref.groups[static_cast<size_t>(p.group)].kind == optim::OptimizerKind::kAdamW8bit &&
-                               p.numel() >= ref.min_numel;
-        expected += quantized ? 2 * p.numel() + 8 * ((p.numel() + ref.block - 1) / ref.block) : 8 * p.numel();
-      }
-      engine.finalize();
-      const MemoryReport report = engine.memory_report();
-      bool found = false;
-      for (const MemoryReport::Row& row : report.rows) {
-        if (row.category != (offload ? "offload state" : "optimizer_state")) continue;
-        found = true;
-        CHECK(row.current == expected);
-        CHECK(row.predicted + 8 >= expected);
-        CHECK(row.predicted <= expected + 8);
-      }
-      CHECK(found);
-    });
+    testing::check_state_bytes(options_of({.stage = 1, .world = 1, .offload = offload}), ref.params, expected);
   }
 }
 

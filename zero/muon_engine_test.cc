@@ -25,8 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
-#include "testing/steps_reference.h"
-#include "testing/thread_ranks.h"
+#include "testing/reference_training.h"
 #include "zero/engine.h"
 
 namespace zero {
@@ -82,31 +81,23 @@ const Reference& reference() {
 // The reference's tensors in four units (the embedding alone, two layers, the small ones together).
 int unit_of(const std::string& name) { return testing::reference_unit_of(name); }
 
-struct Run {
-  int stage = 1;
-  int world = 2;
-  bool offload = false;
-  bool deterministic = false;
-  std::string save_after_step_3;  // a directory: save there after step 3 and stop
-  std::string resume_from;        // a directory: load it, then train steps 4 and 5
-};
+using testing::ReferenceRun;
+using Run = ReferenceRun;
 
-std::string describe(const Run& run) {
-  return fmt::format("stage {}, {} rank(s){}{}", run.stage, run.world, run.offload ? ", offloaded" : "",
-                     run.deterministic ? ", deterministic" : "");
-}
-
-struct Trained {
-  std::vector<double> errors;  // per step: the largest |ours - reference| / max|reference| over the tensors
-  Tensors params;              // after the last step (whole tensors)
-  std::vector<double> flops;   // the Newton-Schulz FLOPs each rank ran per step
-};
-
-// Rank r's gradient: the reference has two ranks; one rank brings their mean, a third brings the
-// mean again (so the mean over three is the reference's).
-float grad_of(int world, int rank, const std::vector<float>& g0, const std::vector<float>& g1, size_t e) {
-  if (world == 1 || rank == 2) return (g0[e] + g1[e]) / 2.0f;
-  return rank == 0 ? g0[e] : g1[e];
+// The reference's model: its stored initial tensors and gradients.
+const testing::ReferenceModel& model() {
+  static const testing::ReferenceModel m = [] {
+    testing::ReferenceModel m;
+    for (const Param& p : reference().params) m.params.push_back({p.name, p.shape, p.group});
+    m.steps = reference().steps;
+    m.initial = [](size_t t) { return reference().initial.at(reference().params[t].name); };
+    m.grad = [](int step, int rank, size_t t) {
+      return reference().grads[static_cast<size_t>(step - 1)][static_cast<size_t>(rank)].at(reference().params[t].name);
+    };
+    m.after = [](int step, const std::string& name) { return &reference().after[static_cast<size_t>(step - 1)].at(name); };
+    return m;
+  }();
+  return m;
 }
 
 EngineOptions options_of(const Run& run) {
@@ -123,98 +114,32 @@ EngineOptions options_of(const Run& run) {
   return opt;
 }
 
-Trained train(comm::Communicator& comm, const Run& run) {
-  const Reference& ref = reference();
-  Engine engine(comm, options_of(run));
-  std::map<std::string, std::vector<float>> storage;
-  std::map<std::string, int> ids;
-  for (const Param& p : ref.params) {
-    storage[p.name] = ref.initial.at(p.name);
-    ids[p.name] = engine.add_param({.name = p.name, .shape = p.shape, .dtype = DType::kFloat32,
-                                    .data = {storage[p.name].data(), storage[p.name].size()}, .unit = unit_of(p.name),
-                                    .group = p.group});
-  }
-  engine.finalize();
-  int first = 0, last = ref.steps;
-  if (!run.resume_from.empty()) {
-    engine.load(run.resume_from);
-    first = 3;
-  }
-  if (!run.save_after_step_3.empty()) last = 3;
-  Trained out;
-  for (int step = first; step < last; ++step) {
-    for (int unit = 3; unit >= 0; --unit) {
-      UnitScope s = engine.gather_for_backward(unit);
-      for (const Param& p : ref.params) {
-        if (unit_of(p.name) != unit) continue;
-        float* g = s.grad_as<float>(ids[p.name]);
-        const std::vector<float>& g0 = ref.grads[static_cast<size_t>(step)][0].at(p.name);
-        const std::vector<float>& g1 = ref.grads[static_cast<size_t>(step)][1].at(p.name);
-        for (size_t e = 0; e < g0.size(); ++e) g[e] = grad_of(run.world, comm.rank(), g0, g1, e);
-      }
-    }
-    engine.step();
-    double worst = 0.0;
-    for (int unit = 0; unit < 4; ++unit) {
-      UnitScope s = engine.gather(unit);
-      for (const Param& p : ref.params) {
-        if (unit_of(p.name) != unit) continue;
-        const float* w = s.param_as<float>(ids[p.name]);
-        const std::vector<float>& want = ref.after[static_cast<size_t>(step)].at(p.name);
-        worst = std::max(worst, testing::relative_error(w, want));
-        out.params[p.name].assign(w, w + want.size());
-      }
-    }
-    out.errors.push_back(worst);
-  }
-  if (!run.save_after_step_3.empty()) engine.save(run.save_after_step_3);
-  return out;
-}
-
 // Trains `run` on its ranks; rank 0's result (every rank checks its own errors).
-Trained train_ranks(const Run& run) {
-  std::vector<Trained> results(static_cast<size_t>(run.world));
-  testing::run_thread_ranks(run.world, [&](comm::Communicator& comm) {
-    results[static_cast<size_t>(comm.rank())] = train(comm, run);
-  });
-  for (const Trained& t : results) {
-    for (size_t step = 0; step < t.errors.size(); ++step) {
-      CAPTURE(step);
-      CHECK(t.errors[step] <= 1e-5);
-    }
-  }
-  return results[0];
+testing::ReferenceResult train_ranks(const Run& run) {
+  return testing::train_reference_ranks(model(), options_of(run), run, 1e-5);
 }
 
 TEST_CASE("Muon + AdamW match the PyTorch reference at stages 0-3, on 1, 2 and 3 ranks, and offloaded") {
   REQUIRE(reference().world == 2);
-  for (const Run& run : {Run{.stage = 0}, Run{.stage = 1}, Run{.stage = 2}, Run{.stage = 3}, Run{.stage = 0, .world = 1},
-                        Run{.stage = 3, .world = 1}, Run{.stage = 1, .world = 3}, Run{.stage = 3, .world = 3},
-                        Run{.stage = 2, .offload = true}, Run{.stage = 3, .world = 3, .offload = true}}) {
+  for (const Run& run : testing::reference_runs()) {
     CAPTURE(describe(run));
-    const Trained t = train_ranks(run);
+    const testing::ReferenceResult t = train_ranks(run);
     REQUIRE(t.errors.size() == static_cast<size_t>(reference().steps));
     MESSAGE(describe(run) << ": largest error per tensor after the last step, relative to its largest value: "
-                          << t.errors.back());
+                          << t.errors.at(reference().steps));
   }
 }
 
 TEST_CASE("Muon in deterministic mode gives the same bits at every stage, offloaded or not") {
   for (const int world : {2, 3}) {
     CAPTURE(world);
-    const Trained base = train_ranks({.stage = 0, .world = world, .deterministic = true});
+    const testing::ReferenceResult base = train_ranks({.stage = 0, .world = world, .deterministic = true});
     for (const Run& run : {Run{.stage = 1, .world = world, .deterministic = true},
                           Run{.stage = 2, .world = world, .deterministic = true},
                           Run{.stage = 3, .world = world, .deterministic = true},
                           Run{.stage = 2, .world = world, .offload = true, .deterministic = true}}) {
       CAPTURE(describe(run));
-      const Trained t = train_ranks(run);
-      for (const auto& entry : base.params) {
-        const std::string& name = entry.first;  // (clang 14 cannot capture a structured binding)
-        const std::vector<float>& values = entry.second;
-        CAPTURE(name);
-        CHECK(std::memcmp(values.data(), t.params.at(name).data(), values.size() * sizeof(float)) == 0);
-      }
+      testing::check_same_bits(base.params, train_ranks(run).params);
     }
   }
 }
@@ -227,40 +152,20 @@ TEST_CASE("Muon's momentum and AdamW's moments resume from a checkpoint at anoth
   for (const Run& run : {Run{.stage = 0, .world = 1, .resume_from = dir}, Run{.stage = 3, .world = 3, .resume_from = dir},
                         Run{.stage = 1, .world = 2, .offload = true, .resume_from = dir}}) {
     CAPTURE(describe(run));
-    const Trained t = train_ranks(run);
-    CHECK(t.errors.size() == 2);
+    CHECK(train_ranks(run).errors.size() == 2);
   }
 }
 
 TEST_CASE("the memory report prices the hybrid's state: 4 bytes per Muon element, 8 per AdamW element") {
+  const Reference& ref = reference();
+  uint64_t expected = 0;
+  for (const Param& p : ref.params) {
+    const bool muon = ref.groups[static_cast<size_t>(p.group)].kind == optim::OptimizerKind::kMuon;
+    expected += shape_numel(p.shape) * (muon ? 4 : 8);
+  }
   for (const bool offload : {false, true}) {
     CAPTURE(offload);
-    testing::run_thread_ranks(1, [&](comm::Communicator& comm) {
-      const Reference& ref = reference();
-      Engine engine(comm, options_of({.stage = 1, .world = 1, .offload = offload}));
-      std::map<std::string, std::vector<float>> storage;
-      uint64_t expected = 0;
-      for (const Param& p : ref.params) {
-        storage[p.name] = ref.initial.at(p.name);
-        engine.add_param({.name = p.name, .shape = p.shape, .dtype = DType::kFloat32,
-                          .data = {storage[p.name].data(), storage[p.name].size()}, .unit = unit_of(p.name),
-                          .group = p.group});
-        const bool muon = ref.groups[static_cast<size_t>(p.group)].kind == optim::OptimizerKind::kMuon;
-        expected += storage[p.name].size() * (muon ? 4 : 8);
-      }
-      engine.finalize();
-      const MemoryReport report = engine.memory_report();
-      bool found = false;
-      for (const MemoryReport::Row& row : report.rows) {
-        if (row.category != (offload ? "offload state" : "optimizer_state")) continue;
-        found = true;
-        CHECK(row.current == expected);
-        // The formula's k is the average over the elements (a double), rounded once.
-        CHECK(row.predicted + 8 >= expected);
-        CHECK(row.predicted <= expected + 8);
-      }
-      CHECK(found);
-    });
+    testing::check_state_bytes(options_of({.stage = 1, .world = 1, .offload = offload}), model().params, expected);
   }
 }
 
