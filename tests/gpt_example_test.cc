@@ -239,9 +239,14 @@ TEST_CASE("8-bit AdamW trains at stages 1-3 with the same bits, and resumes bit 
   check_stages_and_resume("adamw8bit", {});
 }
 
-// Adafactor: every tensor's row and column sums reduced over the 2 ranks from stage 1 on.
+// Adafactor: every tensor's row and column sums reduced over the 2 ranks from stage 1 on; under
+// tensor parallelism a split tensor is refused by name.
 TEST_CASE("Adafactor trains at stages 1-3 with the same bits, and resumes bit for bit") {
   check_stages_and_resume("adafactor", {"--lr", "0.01"});
+  const auto r = testing::launch(2, "examples/gpt/train_gpt", {"--optimizer", "adafactor", "--tp", "2", "--steps", "1"});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("parameter 'wte.weight' is split across tensor-parallel ranks and its group (0) runs "
+                      "Adafactor") != std::string::npos);
 }
 
 TEST_CASE("activation recompute: the loss curve bit for bit, at the activation bytes the model predicts") {
