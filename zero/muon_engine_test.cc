@@ -78,9 +78,6 @@ const Reference& reference() {
   return ref;
 }
 
-// The reference's tensors in four units (the embedding alone, two layers, the small ones together).
-int unit_of(const std::string& name) { return testing::reference_unit_of(name); }
-
 using testing::ReferenceRun;
 using Run = ReferenceRun;
 
