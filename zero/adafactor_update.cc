@@ -7,6 +7,7 @@
 #include "base/check.h"
 #include "memory/host_kernels.h"
 #include "optim/step_coeffs.h"
+#include "zero/optimizer_runs.h"
 #include "zero/shard_optimizer.h"
 
 namespace zero {
@@ -54,12 +55,6 @@ void AdafactorUpdate::loaded() {
   merge_pending_ = true;
 }
 
-template <typename Fn>
-void AdafactorUpdate::for_each_overlap(size_t begin, size_t end, Fn&& fn) {
-  auto r = std::partition_point(runs_.begin(), runs_.end(), [&](const Run& x) { return x.end <= begin; });
-  for (; r != runs_.end() && r->begin < end; ++r) fn(*r, std::max(r->begin, begin), std::min(r->end, end));
-}
-
 void AdafactorUpdate::step(const optim::StepInput& in, size_t begin, size_t end) {
   if (meta_) return;
   const size_t bucket = stats_->bucket_at(begin);
@@ -71,7 +66,7 @@ void AdafactorUpdate::step(const optim::StepInput& in, size_t begin, size_t end)
   };
   // Pass 1: this rank's part of each tensor's row and column sums of G^2 + eps1, and of sum X^2.
   stats_buf_.assign(stats_->stats_size(bucket), 0.0);
-  for_each_overlap(begin, end, [&](const Run& r, size_t lo, size_t hi) {
+  for_each_overlap(runs_, begin, end, [&](const Run& r, size_t lo, size_t hi) {
     const size_t n = hi - lo;
     const float* g = scaled_fp32_grad(in, lo - begin, n, grad_);
     const float* w = in.master + (lo - begin);
@@ -112,7 +107,7 @@ void AdafactorUpdate::step(const optim::StepInput& in, size_t begin, size_t end)
   // Pass 2: U = G / sqrt(V) (a vector's V updated here), and this rank's part of sum U^2.
   update_buf_.assign(stats_->update_size(bucket), 0.0);
   u_.resize(end - begin);
-  for_each_overlap(begin, end, [&](const Run& r, size_t lo, size_t hi) {
+  for_each_overlap(runs_, begin, end, [&](const Run& r, size_t lo, size_t hi) {
     const size_t n = hi - lo;
     const float* g = scaled_fp32_grad(in, lo - begin, n, grad_);
     const AdafactorStats::Slot& s = *r.slot;
@@ -145,7 +140,7 @@ void AdafactorUpdate::step(const optim::StepInput& in, size_t begin, size_t end)
   stats_->sum(update_buf_.data(), update_buf_.size());
   // Pass 3: X = X (1 - alpha wd) - alpha / max(1, RMS(U) / d) U, and the model's copy.
   const size_t out_size = dtype_size(in.model_dtype);
-  for_each_overlap(begin, end, [&](const Run& r, size_t lo, size_t hi) {
+  for_each_overlap(runs_, begin, end, [&](const Run& r, size_t lo, size_t hi) {
     const size_t n = hi - lo;
     const AdafactorStats::Slot& s = *r.slot;
     const optim::Hyper& h = hyper(s);
@@ -180,23 +175,24 @@ double AdafactorUpdate::step_size(const optim::Hyper& h, double param_rms) const
   return std::fmax(optim::decimal_double(h.adafactor.eps2), param_rms) * rho;
 }
 
-
 bool AdafactorUpdate::keeps(const std::string& state) {
   return state == "exp_avg_sq" || state == "exp_avg_sq_row" || state == "exp_avg_sq_col";
 }
 
+float* AdafactorUpdate::state_at(const std::string& name, const Run& r, size_t x) {
+  const AdafactorStats::Slot& s = *r.slot;
+  if (s.t.rows == 0) return name == "exp_avg_sq" ? v() + r.v_at + (x - r.begin) : nullptr;
+  if (name == "exp_avg_sq") return nullptr;
+  const size_t e = r.segment->param_offset + (x - r.begin);
+  const Matrix& m = matrices_[matrix_of_[s.index]];
+  return name == "exp_avg_sq_row" ? rc() + m.r_at + e / s.t.cols : rc() + m.c_at + e % s.t.cols;
+}
+
 void AdafactorUpdate::read_state(const std::string& name, size_t begin, size_t n, float* out) {
   if (meta_) return;
-  for_each_overlap(begin, begin + n, [&](const Run& r, size_t lo, size_t hi) {
-    const AdafactorStats::Slot& s = *r.slot;
+  for_each_overlap(runs_, begin, begin + n, [&](const Run& r, size_t lo, size_t hi) {
     for (size_t x = lo; x < hi; ++x) {
-      const size_t e = r.segment->param_offset + (x - r.begin);
-      if (s.t.rows == 0) {
-        if (name == "exp_avg_sq") out[x - begin] = v()[r.v_at + (x - r.begin)];
-      } else if (name != "exp_avg_sq") {
-        const Matrix& m = matrices_[matrix_of_[s.index]];
-        out[x - begin] = name == "exp_avg_sq_row" ? rc()[m.r_at + e / s.t.cols] : rc()[m.c_at + e % s.t.cols];
-      }
+      if (const float* at = state_at(name, r, x)) out[x - begin] = *at;
     }
   });
 }
@@ -207,16 +203,9 @@ void AdafactorUpdate::write_state(const std::string& name, size_t begin, size_t 
     std::fill(rc(), rc() + rc_numel_, 0.0f);  // what this load does not write is zero (see loaded())
     written_ = true;
   }
-  for_each_overlap(begin, begin + n, [&](const Run& r, size_t lo, size_t hi) {
-    const AdafactorStats::Slot& s = *r.slot;
+  for_each_overlap(runs_, begin, begin + n, [&](const Run& r, size_t lo, size_t hi) {
     for (size_t x = lo; x < hi; ++x) {
-      const size_t e = r.segment->param_offset + (x - r.begin);
-      if (s.t.rows == 0) {
-        if (name == "exp_avg_sq") v()[r.v_at + (x - r.begin)] = in[x - begin];
-      } else if (name != "exp_avg_sq") {
-        const Matrix& m = matrices_[matrix_of_[s.index]];
-        (name == "exp_avg_sq_row" ? rc()[m.r_at + e / s.t.cols] : rc()[m.c_at + e % s.t.cols]) = in[x - begin];
-      }
+      if (float* at = state_at(name, r, x)) *at = in[x - begin];
     }
   });
 }

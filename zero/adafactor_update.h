@@ -55,9 +55,10 @@ class AdafactorUpdate {
   struct Matrix {
     size_t r_at = 0, c_at = 0;  // where R and C start in rc_
   };
-  template <typename Fn>
-  void for_each_overlap(size_t begin, size_t end, Fn&& fn);
   float* rc() { return rc_.as<float>(); }
+  // State `name`'s value for optimizer-space element x of run r (R of its row, C of its column, a
+  // vector's V); nullptr where the element keeps no such state.
+  float* state_at(const std::string& name, const Run& r, size_t x);
   float* v() { return v_.as<float>(); }
   double beta2(const optim::Hyper& h) const;                       // this step's
   double step_size(const optim::Hyper& h, double param_rms) const;  // alpha_t

@@ -28,6 +28,7 @@
 #include "optim/step_schedule.h"
 #include "optim/thread_pool.h"
 #include "optim/step_coeffs.h"
+#include "zero/optimizer_runs.h"
 #include "zero/shard_optimizer.h"
 
 namespace zero {
@@ -96,7 +97,7 @@ class AdamW8bitShardOptimizer final : public ShardOptimizer {
     std::vector<Share> shares;
     const size_t threads = static_cast<size_t>(pool_.size());
     const size_t target = std::max(block_, ((end - begin) / threads + block_ - 1) / block_ * block_);
-    for_each_overlap(begin, end, [&](const Run& r, size_t lo, size_t hi) {
+    for_each_overlap(runs_, begin, end, [&](const Run& r, size_t lo, size_t hi) {
       ZERO_CHECK((lo - r.begin) % block_ == 0 && (hi == r.end || (hi - r.begin) % block_ == 0),
                  "8-bit AdamW: range [{}, {}) cuts a block", begin, end);
       for (size_t at = lo; at < hi; at += target) shares.push_back({&r, at, std::min(hi, at + target)});
@@ -155,7 +156,7 @@ class AdamW8bitShardOptimizer final : public ShardOptimizer {
     std::fill(out, out + n, 0.0f);
     if (meta_) return;
     const optim::DynamicMap& map = optim::dynamic_map(k == 0);
-    for_each_overlap(begin, begin + n, [&](const Run& r, size_t lo, size_t hi) {
+    for_each_overlap(runs_, begin, begin + n, [&](const Run& r, size_t lo, size_t hi) {
       for (size_t e = lo; e < hi; ++e) {
         const float a = absmax_[k].as<float>()[r.first_block + (e - r.begin) / block_];
         out[e - begin] = absmax ? a : map.values[codes_[k].as<uint8_t>()[e]] * a;
@@ -169,10 +170,7 @@ class AdamW8bitShardOptimizer final : public ShardOptimizer {
 
   // Which moment `name` is, and whether it is the absmax; throws for another name or a bad range.
   std::pair<int, bool> state_of(const std::string& name, size_t begin, size_t n, const char* what) const {
-    if (begin > numel_ || n > numel_ - begin) {
-      ZERO_THROW(InvalidArgument, "{}('{}'): elements [{}, {}) are past the optimizer space's {}", what, name, begin,
-                 begin + n, numel_);
-    }
+    check_range(name, begin, n, what);
     for (int k = 0; k < 2; ++k) {
       if (name == kValueNames[k]) return {k, false};
       if (name == kAbsmaxNames[k]) return {k, true};
@@ -206,12 +204,6 @@ class AdamW8bitShardOptimizer final : public ShardOptimizer {
         }
       }
     }
-  }
-
-  template <typename Fn>
-  void for_each_overlap(size_t begin, size_t end, Fn&& fn) {
-    auto r = std::partition_point(runs_.begin(), runs_.end(), [&](const Run& x) { return x.end <= begin; });
-    for (; r != runs_.end() && r->begin < end; ++r) fn(*r, std::max(r->begin, begin), std::min(r->end, end));
   }
 
   void* state_data(const std::string& name) override {

@@ -30,6 +30,7 @@
 #include "optim/step_coeffs.h"
 #include "optim/step_schedule.h"
 #include "zero/adafactor_update.h"
+#include "zero/optimizer_runs.h"
 #include "zero/shard_optimizer.h"
 
 namespace zero {
@@ -46,23 +47,13 @@ struct Run {
   const optim::Segment* segment = nullptr;
 };
 
-// The runs overlapping [begin, end) (runs sorted by begin, disjoint).
-template <typename Fn>
-void for_each_overlap(const std::vector<Run>& runs, size_t begin, size_t end, Fn&& fn) {
-  auto r = std::partition_point(runs.begin(), runs.end(), [&](const Run& x) { return x.end <= begin; });
-  for (; r != runs.end() && r->begin < end; ++r) {
-    const size_t lo = std::max(r->begin, begin), hi = std::min(r->end, end);
-    fn(*r, lo, hi);
-  }
-}
-
 class GroupedShardOptimizer final : public ShardOptimizer {
  public:
   GroupedShardOptimizer(memory::Device& device, optim::OptimizerOptions options, size_t numel,
                         std::vector<optim::Segment> segments, std::chrono::milliseconds timeout,
                         OptimizerExchanges exchanges)
       : ShardOptimizer(device, numel, timeout), options_(std::move(options)), segments_(std::move(segments)),
-        matrices_(exchanges.matrices), meta_(dynamic_cast<memory::MetaDevice*>(&device) != nullptr), numel_(numel) {
+        matrices_(exchanges.matrices), meta_(dynamic_cast<memory::MetaDevice*>(&device) != nullptr) {
     optim::detail::validate_common_options(options_);
     optim::detail::validate_segments(segments_, numel, static_cast<int>(options_.groups.size()));
     names_ = optim::optimizer_state_names(options_);
@@ -164,7 +155,7 @@ class GroupedShardOptimizer final : public ShardOptimizer {
   optim::Optimizer* host_optimizer() override { return nullptr; }
 
   void read_state(const std::string& name, size_t begin, size_t n, float* out) override {
-    check_range(name, begin, n, "read_state");
+    check_state(name, begin, n, "read_state");
     std::fill(out, out + n, 0.0f);
     if (adafactor_ && AdafactorUpdate::keeps(name)) adafactor_->read_state(name, begin, n, out);
     for_each_state(name, begin, n, [&](Part* part, const Run& r, size_t lo, size_t hi) {
@@ -177,7 +168,7 @@ class GroupedShardOptimizer final : public ShardOptimizer {
     });
   }
   void write_state(const std::string& name, size_t begin, size_t n, const float* in) override {
-    check_range(name, begin, n, "write_state");
+    check_state(name, begin, n, "write_state");
     if (adafactor_ && AdafactorUpdate::keeps(name)) adafactor_->write_state(name, begin, n, in);
     for_each_state(name, begin, n, [&](Part* part, const Run& r, size_t lo, size_t hi) {
       const float* src = in + (lo - begin);
@@ -295,15 +286,12 @@ class GroupedShardOptimizer final : public ShardOptimizer {
     });
   }
 
-  void check_range(const std::string& name, size_t begin, size_t n, const char* what) const {
+  void check_state(const std::string& name, size_t begin, size_t n, const char* what) const {
     if (std::find(names_.begin(), names_.end(), name) == names_.end()) {
       ZERO_THROW(InvalidArgument, "unknown optimizer state '{}' ({} keeps {})", name, optim::optimizer_label(options_),
                  fmt::join(names_, ", "));
     }
-    if (begin > numel_ || n > numel_ - begin) {
-      ZERO_THROW(InvalidArgument, "{}('{}'): elements [{}, {}) are past the optimizer space's {}", what, name, begin,
-                 begin + n, numel_);
-    }
+    check_range(name, begin, n, what);
   }
 
   // fn(part, run, lo, hi) for each run overlapping [begin, begin + n) whose kind keeps state `name`
@@ -328,7 +316,6 @@ class GroupedShardOptimizer final : public ShardOptimizer {
   std::vector<optim::Segment> segments_;  // by begin; the runs point into it
   MatrixExchange* matrices_;
   bool meta_;
-  size_t numel_;
   std::vector<std::string> names_;
   std::vector<Part> parts_;        // the elementwise kinds
   std::vector<Run> muon_runs_;     // Muon's elements

@@ -8,11 +8,15 @@
 
 namespace zero {
 
-void* ShardOptimizer::checked_range(const std::string& name, size_t begin, size_t n, const char* what) {
+void ShardOptimizer::check_range(const std::string& name, size_t begin, size_t n, const char* what) const {
   if (begin > numel_ || n > numel_ - begin) {
     ZERO_THROW(InvalidArgument, "{}('{}'): elements [{}, {}) are past the optimizer space's {}", what, name, begin,
                begin + n, numel_);
   }
+}
+
+void* ShardOptimizer::checked_range(const std::string& name, size_t begin, size_t n, const char* what) {
+  check_range(name, begin, n, what);
   return static_cast<char*>(state_data(name)) + begin * dtype_size(state_dtype());
 }
 

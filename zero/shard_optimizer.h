@@ -52,6 +52,8 @@ class ShardOptimizer {
       : device_(device), timeout_(timeout), numel_(numel) {}
   // The array (numel elements of state_dtype()) in the device's memory; throws for an unknown name.
   virtual void* state_data(const std::string& name) = 0;
+  // InvalidArgument naming `what` and state `name` when [begin, begin + n) runs past the space.
+  void check_range(const std::string& name, size_t begin, size_t n, const char* what) const;
   memory::Device& device_;
   std::chrono::milliseconds timeout_;  // the engine's: bounds the state copies' waits
 

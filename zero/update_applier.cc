@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "base/check.h"
+#include "zero/param_registry.h"
 
 namespace zero {
 
@@ -16,12 +17,6 @@ std::pair<size_t, size_t> matrix_shape(const std::vector<int64_t>& shape) {
   return {static_cast<size_t>(shape[0]), cols};
 }
 
-size_t numel_of(const std::vector<int64_t>& shape) {
-  size_t n = 1;
-  for (int64_t d : shape) n *= static_cast<size_t>(d);
-  return n;
-}
-
 }  // namespace
 
 std::vector<optim::Segment> optimizer_segments(const ShardOwnership& own, const std::vector<UpdateTensor>& tensors) {
@@ -30,7 +25,7 @@ std::vector<optim::Segment> optimizer_segments(const ShardOwnership& own, const 
     const UpdateTensor& t = tensors[p.tensor];
     const auto [rows, cols] = matrix_shape(t.shape);
     segments.push_back({p.opt_offset, p.opt_offset + (p.tensor_end - p.tensor_begin), t.group, t.name, p.tensor_begin,
-                        t.whole, rows, cols, numel_of(t.shape)});
+                        t.whole, rows, cols, shape_numel(t.shape)});
   }
   return segments;
 }
@@ -77,7 +72,7 @@ std::unique_ptr<AdafactorStats> make_adafactor_stats(const ApplierInputs& in) {
                  u.name, u.group);
     }
     const auto [rows, cols] = matrix_shape(u.shape);
-    tensors.push_back({t, u.name, rows, cols, numel_of(u.shape), u.group});
+    tensors.push_back({t, u.name, rows, cols, shape_numel(u.shape), u.group});
   }
   if (tensors.empty()) return nullptr;
   return std::make_unique<AdafactorStats>(*in.layout, *in.ownership, std::move(tensors), in.shard, in.timeout);

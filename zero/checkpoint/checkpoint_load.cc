@@ -132,24 +132,26 @@ LoadedCheckpoint load_checkpoint(const CheckpointParts& p, const std::vector<std
           }
           // The states to read: every one the engine keeps (kSame: each must be saved), those saved
           // (kConvert), none (kReset); the others start anew.
+          std::vector<std::vector<std::string>> saved;  // each source's state names
+          for (const CheckpointSet::Source& s : set->sources()) {
+            saved.push_back(checkpoint_field<std::vector<std::string>>(checkpoint_field<json>(s.m.doc, "optimizer", s.path),
+                                                                       "states", s.path));
+          }
           for (const std::string& n : state_names(p)) {
             bool saved_everywhere = how != OptimizerStateLoad::kReset;
-            for (const CheckpointSet::Source& s : set->sources()) {
-              const auto saved_states =
-                  checkpoint_field<std::vector<std::string>>(checkpoint_field<json>(s.m.doc, "optimizer", s.path), "states", s.path);
-              if (how == OptimizerStateLoad::kReset ||
-                  std::find(saved_states.begin(), saved_states.end(), n) != saved_states.end()) {
-                continue;
+            for (size_t i = 0; i < saved.size() && how != OptimizerStateLoad::kReset; ++i) {
+              if (std::find(saved[i].begin(), saved[i].end(), n) != saved[i].end()) continue;
+              if (how == OptimizerStateLoad::kSame) {
+                checkpoint_error(set->sources()[i].path, fmt::format("has no optimizer state '{}'", n));
               }
-              if (how == OptimizerStateLoad::kSame) checkpoint_error(s.path, fmt::format("has no optimizer state '{}'", n));
               saved_everywhere = false;
             }
             (saved_everywhere ? names : out.states_reset).push_back(n);
           }
           out.states_loaded = names;
-          out.optimizer = checkpoint_field<std::string>(
-              checkpoint_field<json>(set->sources()[0].m.doc, "optimizer", set->sources()[0].path), "kind",
-              set->sources()[0].path);
+          const CheckpointSet::Source& head = set->sources()[0];
+          out.optimizer =
+              checkpoint_field<std::string>(checkpoint_field<json>(head.m.doc, "optimizer", head.path), "kind", head.path);
           for (const std::string& s : names) {
             direct_states.push_back(shard_optimizer(p).host_state(s));
             if (direct_states.back() == nullptr) direct_master = nullptr;
