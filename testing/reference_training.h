@@ -85,6 +85,21 @@ struct ReferenceResult {
   Tensors params;                // after the last step
 };
 
+// The engine options of `run` (its stage, determinism, offload and optimizer threads) with the
+// reference's `groups` and `layout` (small buckets and blocks, so that rank chunks cut the tensors).
+inline EngineOptions reference_options(const ReferenceRun& run, std::vector<optim::Hyper> groups,
+                                       const ShardLayoutOptions& layout) {
+  EngineOptions opt;
+  opt.stage = run.stage;
+  opt.optimizer.groups = std::move(groups);
+  opt.optimizer.num_threads = run.optimizer_threads;
+  opt.deterministic = run.deterministic;
+  opt.timeout = std::chrono::seconds(30);
+  opt.layout = layout;
+  opt.offload.optimizer = run.offload;
+  return opt;
+}
+
 // Rank `rank`'s gradient of tensor `index` at `step` in a world of `world` ranks.
 inline std::vector<float> rank_grad(const ReferenceModel& m, int world, int rank, int step, size_t index) {
   if (world > 1 && rank < 2) return m.grad(step, rank, index);

@@ -223,15 +223,20 @@ TEST_CASE("a user's own optimizers train at stages 1-3 with the same bits, and r
   check_stages_and_resume("lamb", {"--lr", "0.02"});
 }
 
+// `--optimizer optimizer --tp 2` fails with `message` (the split parameter, its group, the rule).
+void check_refused_under_tp(const std::string& optimizer, const std::string& message) {
+  const auto r = testing::launch(2, "examples/gpt/train_gpt", {"--optimizer", optimizer, "--tp", "2", "--steps", "1"});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find(message) != std::string::npos);
+}
+
 // Muon on the blocks' matrices, AdamW on the embeddings, the norms and the biases (the matrices
 // cut across the 2 ranks' chunks from stage 1 on, gathered per bucket); under tensor parallelism a
 // split matrix is refused by name.
 TEST_CASE("Muon with AdamW trains at stages 1-3 with the same bits, and resumes bit for bit") {
   check_stages_and_resume("muon", {"--lr", "0.01"});
-  const auto r = testing::launch(2, "examples/gpt/train_gpt", {"--optimizer", "muon", "--tp", "2", "--steps", "1"});
-  CHECK(r.exit_code != 0);
-  CHECK(r.output.find("parameter 'h.0.attn.c_attn.weight' is split across tensor-parallel ranks and its group (2) "
-                      "runs Muon") != std::string::npos);
+  check_refused_under_tp("muon", "parameter 'h.0.attn.c_attn.weight' is split across tensor-parallel ranks and its "
+                                 "group (2) runs Muon");
 }
 
 // 8-bit AdamW: the moments of every tensor of 4096 elements or more in 8 bits per block of 256.
@@ -243,10 +248,8 @@ TEST_CASE("8-bit AdamW trains at stages 1-3 with the same bits, and resumes bit 
 // tensor parallelism a split tensor is refused by name.
 TEST_CASE("Adafactor trains at stages 1-3 with the same bits, and resumes bit for bit") {
   check_stages_and_resume("adafactor", {"--lr", "0.01"});
-  const auto r = testing::launch(2, "examples/gpt/train_gpt", {"--optimizer", "adafactor", "--tp", "2", "--steps", "1"});
-  CHECK(r.exit_code != 0);
-  CHECK(r.output.find("parameter 'wte.weight' is split across tensor-parallel ranks and its group (0) runs "
-                      "Adafactor") != std::string::npos);
+  check_refused_under_tp("adafactor", "parameter 'wte.weight' is split across tensor-parallel ranks and its group (0) "
+                                      "runs Adafactor");
 }
 
 TEST_CASE("activation recompute: the loss curve bit for bit, at the activation bytes the model predicts") {

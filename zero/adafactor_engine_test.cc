@@ -28,7 +28,6 @@
 namespace zero {
 namespace {
 
-using namespace std::chrono_literals;
 using testing::ReferenceParam;
 using testing::ReferenceRun;
 
@@ -78,16 +77,9 @@ const testing::ReferenceModel& model() {
   return m;
 }
 
+// Small buckets and blocks: the matrices' rows are cut across rank chunks.
 EngineOptions options_of(const ReferenceRun& run) {
-  EngineOptions opt;
-  opt.stage = run.stage;
-  opt.optimizer.groups = reference().groups;
-  opt.deterministic = run.deterministic;
-  opt.timeout = 30s;
-  // Small buckets and blocks: the matrices' rows are cut across rank chunks.
-  opt.layout = {.alignment = 4, .bucket_numel = 640, .block = 16};
-  opt.offload.optimizer = run.offload;
-  return opt;
+  return testing::reference_options(run, reference().groups, {.alignment = 4, .bucket_numel = 640, .block = 16});
 }
 
 testing::ReferenceResult train_ranks(const ReferenceRun& run) {

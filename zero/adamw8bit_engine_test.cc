@@ -34,7 +34,6 @@
 namespace zero {
 namespace {
 
-using namespace std::chrono_literals;
 using testing::Tensors;
 
 using testing::ReferenceParam;
@@ -98,17 +97,11 @@ const testing::ReferenceModel& model() {
   return m;
 }
 
-// `fp32`: the 8-bit groups run AdamW instead.
+// Buckets and rank chunks of a few blocks: every quantized tensor is cut. `fp32`: the 8-bit groups
+// run AdamW instead.
 EngineOptions options_of(const Run& run, bool fp32 = false) {
-  EngineOptions opt;
-  opt.stage = run.stage;
-  opt.optimizer.groups = reference().groups;
-  opt.deterministic = run.deterministic;
-  opt.timeout = 30s;
-  // Buckets and rank chunks of a few blocks: every quantized tensor is cut.
-  opt.layout = {.alignment = 4, .bucket_numel = 2048, .block = 256};
-  opt.offload.optimizer = run.offload;
-  opt.optimizer.num_threads = run.optimizer_threads;
+  EngineOptions opt =
+      testing::reference_options(run, reference().groups, {.alignment = 4, .bucket_numel = 2048, .block = 256});
   if (fp32) {
     for (optim::Hyper& h : opt.optimizer.groups) h.kind = optim::OptimizerKind::kAdamW;
   }

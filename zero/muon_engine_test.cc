@@ -31,7 +31,6 @@
 namespace zero {
 namespace {
 
-using namespace std::chrono_literals;
 using testing::Tensors;
 
 struct Param {
@@ -97,17 +96,11 @@ const testing::ReferenceModel& model() {
   return m;
 }
 
+// Small buckets and blocks: the matrices spread over several buckets and rank chunks.
 EngineOptions options_of(const Run& run) {
-  const Reference& ref = reference();
-  EngineOptions opt;
-  opt.stage = run.stage;
-  opt.optimizer.groups = ref.groups;
-  opt.max_grad_norm = ref.max_grad_norm;
-  opt.deterministic = run.deterministic;
-  opt.timeout = 30s;
-  // Small buckets and blocks: the matrices spread over several buckets and rank chunks.
-  opt.layout = {.alignment = 4, .bucket_numel = 640, .block = 16};
-  opt.offload.optimizer = run.offload;
+  EngineOptions opt =
+      testing::reference_options(run, reference().groups, {.alignment = 4, .bucket_numel = 640, .block = 16});
+  opt.max_grad_norm = reference().max_grad_norm;
   return opt;
 }
 
