@@ -44,11 +44,15 @@ std::vector<std::string> optimizer_state_names(OptimizerKind kind);
 //   O = newton_schulz(u, ns_steps)                      (optim/newton_schulz.h)
 //   W = W * (1 - lr * weight_decay) - lr * rms_scale * sqrt(max(rows, cols)) * O
 // rms_scale 0.2 gives the update about AdamW's RMS, so AdamW's lr and weight decay carry over.
+// A matrix split across tensor-parallel ranks is orthogonalized whole (gathered over tp, rows and
+// cols the whole matrix's); per_part orthogonalizes each rank's part by itself, with its own shape
+// (no gather; a different update, Megatron's "blockwise" mode).
 struct MuonHyper {
   float momentum = 0.95f;
   bool nesterov = false;
   int ns_steps = 5;
   float rms_scale = 0.2f;
+  bool per_part = false;
 };
 
 // Adafactor's own hyperparameters (Shazeer and Stern, ICML 2018, without a first moment). Per tensor

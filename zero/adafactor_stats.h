@@ -8,6 +8,13 @@
 // one bucket (ShardLayoutOptions::whole_tensor_buckets and the whole-in-bucket marks), so every sum
 // is complete after its bucket's reductions. Replicated ownership (stage 0) or one rank: the owned
 // range is the whole bucket, and nothing is reduced.
+//
+// A tensor that is one rank's part of a tensor split across another group (tensor parallelism's
+// split placements; FactoredTensor::split) has the statistics of the whole tensor: its slots are
+// sized by the whole shape, each rank adds its part's elements at their whole rows and columns, and
+// after the shard group's sum those slots are summed once more over the split's group (every rank
+// of it holds the same tensors, the layouts being equal). A replicated tensor's are not: every rank
+// of that group holds all of it.
 #include <chrono>
 #include <cstddef>
 #include <map>
@@ -17,15 +24,17 @@
 #include "comm/communicator.h"
 #include "zero/shard_layout.h"
 #include "zero/shard_ownership.h"
+#include "zero/split_tensor.h"
 
 namespace zero {
 
 struct FactoredTensor {
   size_t tensor = 0;  // layout tensor index
   std::string name;
-  size_t rows = 0, cols = 0;  // a matrix (shape[0] x the rest); rows = cols = 0: a vector
-  size_t numel = 0;
+  size_t rows = 0, cols = 0;  // a matrix (shape[0] x the rest); rows = cols = 0: a vector. The whole's.
+  size_t numel = 0;           // the whole tensor's
   int group = 0;  // the optimizer group (its hyperparameters)
+  SplitTensor split;  // set where the layout tensor is a part of it
 };
 
 class AdafactorStats {
@@ -54,22 +63,32 @@ class AdafactorStats {
   const Slot* find(const std::string& name) const;
   const std::vector<FactoredTensor>& tensors() const { return tensors_; }
 
-  // Sums `n` doubles over the shard group, in place. Collective for a bucket with tensors: every
-  // rank calls it (the same n), in the same order.
-  void sum(double* values, size_t n);
-  // The element-wise maximum of `n` floats over the shard group, in place (a checkpoint's statistics,
-  // each rank having loaded the rows and columns of its own elements). Collective.
+  // Sums bucket `bucket`'s statistics (stats_size values) or update sums (update_size values) over
+  // the shard group, then the split tensors' slots over their group, in place. Collective for a
+  // bucket with tensors: every rank calls them in the same order.
+  void sum_stats(size_t bucket, double* values);
+  void sum_updates(size_t bucket, double* values);
+  // The element-wise maximum of `n` floats over the shard group and the split tensors' group, in
+  // place (a checkpoint's statistics, each rank having loaded the rows and columns of its own
+  // elements). Collective.
   void merge_max(float* values, size_t n);
   bool sharded() const { return shard_ != nullptr; }
 
  private:
+  // Sums `n` doubles over `group` (null: none), in place; `what` labels the call.
+  void sum_over(comm::Communicator* group, double* values, size_t n, const char* what);
+  // The split slots' values of one of a bucket's vectors, packed for their group's sum and back.
+  void sum_split(size_t bucket, double* values, bool updates);
+
   comm::Communicator* shard_;  // null: nothing to reduce
+  comm::Communicator* split_over_ = nullptr;  // the group split tensors' parts lie across (null: none)
   std::chrono::milliseconds timeout_;
   std::vector<FactoredTensor> tensors_;
   std::map<size_t, size_t> bucket_at_;
   std::vector<std::vector<Slot>> slots_;                // per bucket
   std::vector<std::pair<size_t, size_t>> sizes_;        // per bucket
   std::map<std::string, std::pair<size_t, size_t>> by_name_;  // bucket, slot
+  std::vector<double> packed_;  // the split slots' values for their group's sum
 };
 
 }  // namespace zero

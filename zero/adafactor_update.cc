@@ -28,7 +28,8 @@ AdafactorUpdate::AdafactorUpdate(memory::Device& device, const optim::OptimizerO
   for (const optim::Segment* s : segments) {
     const AdafactorStats::Slot* slot = stats_->find(s->param_name);
     ZERO_CHECK(slot != nullptr, "parameter '{}' runs Adafactor but has no statistics slot", s->param_name);
-    Run r{s->begin, s->end, s, slot, 0};
+    Run r{s->begin, s->end, s, slot, 0, {}};
+    if (slot->t.split) r.whole = slot->t.split.runs(s->param_offset, s->param_offset + (s->end - s->begin));
     if (slot->t.rows == 0) {
       r.v_at = v_numel_;
       v_numel_ += s->end - s->begin;
@@ -40,6 +41,24 @@ AdafactorUpdate::AdafactorUpdate(memory::Device& device, const optim::OptimizerO
   if (meta_) return;
   std::fill(rc(), rc() + rc_numel_, 0.0f);
   std::fill(v(), v() + v_numel_, 0.0f);
+}
+
+template <typename Fn>
+void AdafactorUpdate::for_each_whole(const Run& r, size_t lo, size_t n, Fn&& fn) {
+  const size_t first = r.segment->param_offset + (lo - r.begin);  // the part's element index
+  if (r.whole.empty()) {
+    for (size_t k = 0; k < n; ++k) fn(k, first + k);
+    return;
+  }
+  // The runs cover the segment in the part's order: the first one that ends past `first`, then on.
+  auto it = std::upper_bound(r.whole.begin(), r.whole.end(), first,
+                             [](size_t x, const SplitRun& w) { return x < w.local + w.n; });
+  for (size_t k = 0; k < n; ++it) {
+    ZERO_CHECK(it != r.whole.end(), "element {} of '{}' lies past its runs", first + k, r.segment->param_name);
+    const size_t from = first + k - it->local, take = std::min(it->n - from, n - k);
+    for (size_t j = 0; j < take; ++j) fn(k + j, it->whole + from + j);
+    k += take;
+  }
 }
 
 void AdafactorUpdate::begin_step(const optim::OptimizerOptions& options, int64_t step) {
@@ -72,20 +91,18 @@ void AdafactorUpdate::step(const optim::StepInput& in, size_t begin, size_t end)
     const float* w = in.master + (lo - begin);
     const AdafactorStats::Slot& s = *r.slot;
     const float eps1 = hyper(s).adafactor.eps1;
-    const size_t first = r.segment->param_offset + (lo - r.begin);
-    double squares = 0.0;
-    for (size_t k = 0; k < n; ++k) {
-      if (s.t.rows != 0) {
+    if (s.t.rows != 0) {
+      for_each_whole(r, lo, n, [&](size_t k, size_t e) {
         const float sq = g[k] * g[k] + eps1;
-        const size_t e = first + k;
         stats_buf_[s.rows_at + e / s.t.cols] += sq;
         stats_buf_[s.rows_at + s.t.rows + e % s.t.cols] += sq;
-      }
-      squares += static_cast<double>(w[k]) * w[k];
+      });
     }
+    double squares = 0.0;
+    for (size_t k = 0; k < n; ++k) squares += static_cast<double>(w[k]) * w[k];
     stats_buf_[s.squares_at] += squares;
   });
-  stats_->sum(stats_buf_.data(), stats_buf_.size());
+  stats_->sum_stats(bucket, stats_buf_.data());
   // Every matrix of the bucket: R and C from the reduced sums (the same on every rank), and sum R.
   std::vector<float> row_total(slots.size(), 0.0f);
   for (size_t i = 0; i < slots.size(); ++i) {
@@ -116,13 +133,11 @@ void AdafactorUpdate::step(const optim::StepInput& in, size_t begin, size_t end)
     if (s.t.rows != 0) {
       const Matrix& m = matrices_[matrix_of_[s.index]];
       const float total = row_total[static_cast<size_t>(&s - slots.data())];
-      const size_t first = r.segment->param_offset + (lo - r.begin);
-      for (size_t k = 0; k < n; ++k) {
-        const size_t e = first + k;
+      for_each_whole(r, lo, n, [&](size_t k, size_t e) {
         const float vhat = (rcv[m.r_at + e / s.t.cols] * rcv[m.c_at + e % s.t.cols]) / total;
         u[k] = g[k] / std::sqrt(vhat);
-        squares += static_cast<double>(u[k]) * u[k];
-      }
+      });
+      for (size_t k = 0; k < n; ++k) squares += static_cast<double>(u[k]) * u[k];
     } else {
       const double beta = beta2(hyper(s));
       const float b = static_cast<float>(beta), rest = static_cast<float>(1.0 - beta);
@@ -137,7 +152,7 @@ void AdafactorUpdate::step(const optim::StepInput& in, size_t begin, size_t end)
     }
     update_buf_[s.update_at] += squares;
   });
-  stats_->sum(update_buf_.data(), update_buf_.size());
+  stats_->sum_updates(bucket, update_buf_.data());
   // Pass 3: X = X (1 - alpha wd) - alpha / max(1, RMS(U) / d) U, and the model's copy.
   const size_t out_size = dtype_size(in.model_dtype);
   for_each_overlap(runs_, begin, end, [&](const Run& r, size_t lo, size_t hi) {
@@ -183,7 +198,8 @@ float* AdafactorUpdate::state_at(const std::string& name, const Run& r, size_t x
   const AdafactorStats::Slot& s = *r.slot;
   if (s.t.rows == 0) return name == "exp_avg_sq" ? v() + r.v_at + (x - r.begin) : nullptr;
   if (name == "exp_avg_sq") return nullptr;
-  const size_t e = r.segment->param_offset + (x - r.begin);
+  size_t e = 0;
+  for_each_whole(r, x, 1, [&](size_t, size_t whole) { e = whole; });
   const Matrix& m = matrices_[matrix_of_[s.index]];
   return name == "exp_avg_sq_row" ? rc() + m.r_at + e / s.t.cols : rc() + m.c_at + e % s.t.cols;
 }

@@ -51,11 +51,18 @@ class AdafactorUpdate {
     const optim::Segment* segment = nullptr;
     const AdafactorStats::Slot* slot = nullptr;
     size_t v_at = 0;  // a vector's: where this run's V starts in v_
+    // A split tensor's part: where this run's elements lie in the whole tensor, in order (empty: the
+    // registered tensor is the whole; its element index is the whole's).
+    std::vector<SplitRun> whole;
   };
   struct Matrix {
     size_t r_at = 0, c_at = 0;  // where R and C start in rc_
   };
   float* rc() { return rc_.as<float>(); }
+  // fn(k, e) for the run's elements from optimizer-space `lo` on, k in [0, n), e the element's index
+  // in the whole tensor.
+  template <typename Fn>
+  static void for_each_whole(const Run& r, size_t lo, size_t n, Fn&& fn);
   // State `name`'s value for optimizer-space element x of run r (R of its row, C of its column, a
   // vector's V); nullptr where the element keeps no such state.
   float* state_at(const std::string& name, const Run& r, size_t x);

@@ -57,7 +57,7 @@ void check_whole_tensor_rule(const EngineOptions& options, const GradFinalizers&
   for (const ParamSpec& p : registry.params()) {
     for (const auto& f : finalizers) {
       const comm::Communicator* across = f->splits_over();
-      if (across == nullptr || across->size() == 1 || !f->claims(p) || f->copies(p) || f->whole_tensor(p)) continue;
+      if (across == nullptr || across->size() == 1 || !f->claims(p) || f->copies(p) || f->split(p).gather) continue;
       registry.note_error(fmt::format("optimizer '{}' needs whole tensors but parameter '{}' is split across the {} "
                                       "ranks of the {} finalizer: each rank would update its slice as if it were "
                                       "the tensor",

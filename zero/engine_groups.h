@@ -31,7 +31,7 @@ void check_claimed(const GradFinalizers& finalizers, ParamRegistry& registry);
 // A rule that needs whole tensors (CustomOptimizer::needs_whole_tensors: LAMB's trust ratio, an
 // orthogonalizing rule) would see only this rank's slice of a tensor a finalizer splits across
 // several ranks, and train silently unlike the unsplit model, unless the finalizer gathers it whole
-// at update time (GradFinalizer::whole_tensor; tensor parallelism's does): refused otherwise, noted
+// at update time (GradFinalizer::split; tensor parallelism's does): refused otherwise, noted
 // on the registry naming the parameter and the finalizer.
 void check_whole_tensor_rule(const EngineOptions& options, const GradFinalizers& finalizers, ParamRegistry& registry);
 

@@ -39,6 +39,7 @@
 #include "memory/device.h"
 #include "optim/optimizer.h"
 #include "zero/param_registry.h"
+#include "zero/split_tensor.h"
 
 namespace zero {
 
@@ -71,10 +72,11 @@ class GradFinalizer {
   // A held parameter's gradient (numel elements of `dtype` at `grad`, where backward accumulated
   // it, written on the device's compute stream), completed in stream order.
   virtual void complete_held(const ParamSpec& p, void* grad, DType dtype) = 0;
-  // Update time, for a rule that needs whole tensors (optim::CustomOptimizer::needs_whole_tensors):
-  // how a parameter it splits across ranks is gathered whole and its slice kept
-  // (optim::WholeTensorGather, collective over splits_over()); empty where it splits none, or cannot.
-  virtual optim::WholeTensorGather whole_tensor(const ParamSpec& p) const {
+  // Update time, for an optimizer whose update needs the whole tensor (Muon, Adafactor, a custom
+  // rule's optim::CustomOptimizer::needs_whole_tensors): how a parameter it splits across ranks lies
+  // in the whole tensor and how it is gathered whole (zero/split_tensor.h); empty where it splits
+  // none (or its group is one rank: the part is the whole).
+  virtual SplitTensor split(const ParamSpec& p) const {
     (void)p;
     return {};
   }

@@ -30,8 +30,10 @@ MatrixExchange::MatrixExchange(const ShardLayout& layout, const ShardOwnership& 
       ZERO_THROW(InvalidArgument, "layout tensor {} lies across buckets {} and {}: Muon needs whole-tensor buckets",
                  m.tensor, first, last);
     }
-    ZERO_CHECK(m.rows * m.cols == t.numel, "matrix {} x {} for a tensor of {} elements", m.rows, m.cols, t.numel);
-    by_bucket_[first].push_back({m, t.offset - layout.buckets()[first].offset, 0});
+    const size_t whole = m.rows * m.cols;
+    ZERO_CHECK(m.whole ? whole % t.numel == 0 : whole == t.numel, "matrix {} x {} for a tensor of {} elements", m.rows,
+               m.cols, t.numel);
+    by_bucket_[first].push_back({m, t.offset - layout.buckets()[first].offset, t.numel, 0});
   }
   size_t largest = 0, owned = 0;
   for (size_t b = 0; b < by_bucket_.size(); ++b) {
@@ -89,10 +91,7 @@ void MatrixExchange::orthogonalize(size_t bucket, float* u) {
   if (placed.empty()) return;
   if (shard_ == nullptr) {
     // The owned range is the bucket: every matrix is here whole.
-    for (const Placed& p : placed) {
-      float* x = u + p.bucket_offset;
-      optim::newton_schulz(x, p.m.rows, p.m.cols, x, p.m.ns);
-    }
+    for (const Placed& p : placed) orthogonalize_one(p, u + p.bucket_offset);
     return;
   }
   const ShardLayout::Bucket& bk = layout_.buckets()[bucket];
@@ -103,9 +102,23 @@ void MatrixExchange::orthogonalize(size_t bucket, float* u) {
   std::memset(out, 0, bk.padded * sizeof(float));
   const int me = shard_->rank();
   for (const Placed& p : placed) {
-    if (p.owner == me) optim::newton_schulz(whole + p.bucket_offset, p.m.rows, p.m.cols, out + p.bucket_offset, p.m.ns);
+    if (p.owner != me) continue;
+    std::memcpy(out + p.bucket_offset, whole + p.bucket_offset, p.numel * sizeof(float));
+    orthogonalize_one(p, out + p.bucket_offset);
   }
   shard_->reduce_scatter(out, u, bk.chunk, DType::kFloat32, comm::ReduceOp::kSum)->wait(timeout_);
+}
+
+void MatrixExchange::orthogonalize_one(const Placed& p, float* x) {
+  if (!p.m.whole) {
+    optim::newton_schulz(x, p.m.rows, p.m.cols, x, p.m.ns);
+    return;
+  }
+  float* const part[] = {x};
+  p.m.whole(part, p.numel, [&](std::span<float* const> matrix, size_t numel) {
+    ZERO_CHECK(numel == p.m.rows * p.m.cols, "a {} x {} matrix gathered as {} elements", p.m.rows, p.m.cols, numel);
+    optim::newton_schulz(matrix[0], p.m.rows, p.m.cols, matrix[0], p.m.ns);
+  });
 }
 
 }  // namespace zero

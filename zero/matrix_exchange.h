@@ -14,6 +14,12 @@
 // Replicated ownership (stage 0) or one rank: the owned range is the whole bucket, and every rank
 // orthogonalizes every matrix itself (the same bits), with no collective.
 //
+// A matrix that is one rank's part of a matrix split across another group (tensor parallelism's
+// split placements; ExchangedMatrix::whole) is orthogonalized whole: its owner gathers the parts
+// over that group (every rank of it owns the same matrices, the layouts being equal), runs
+// Newton-Schulz on the whole matrix and keeps its part. Each rank of the group computes the same
+// whole matrix from the same bits, so the parts stay one matrix.
+//
 // The traffic is two bucket-sized collectives over the buckets that hold matrices, fp32 (more than
 // Moonlight's one gather per matrix, which computes every matrix on every rank instead); host
 // memory only (the shard group must take host buffers: Gloo).
@@ -26,6 +32,7 @@
 #include "comm/communicator.h"
 #include "memory/device.h"
 #include "optim/newton_schulz.h"
+#include "optim/optimizer.h"
 #include "zero/shard_layout.h"
 #include "zero/shard_ownership.h"
 
@@ -33,8 +40,9 @@ namespace zero {
 
 struct ExchangedMatrix {
   size_t tensor = 0;  // layout tensor index
-  size_t rows = 0, cols = 0;
+  size_t rows = 0, cols = 0;  // the matrix orthogonalized (the whole one where `whole` is set)
   optim::NewtonSchulzOptions ns;
+  optim::WholeTensorGather whole;  // set where the tensor is a part of a matrix split across ranks
 };
 
 class MatrixExchange {
@@ -64,8 +72,11 @@ class MatrixExchange {
   struct Placed {
     ExchangedMatrix m;
     size_t bucket_offset = 0;  // where it starts in its bucket
+    size_t numel = 0;          // its elements here (a part's where m.whole is set)
     int owner = 0;
   };
+  // Orthogonalizes p's matrix at `x` in place.
+  static void orthogonalize_one(const Placed& p, float* x);
   const ShardLayout& layout_;
   comm::Communicator* shard_;  // null: nothing to exchange
   std::chrono::milliseconds timeout_;

@@ -103,10 +103,10 @@ std::optional<ModelDtypes> check_registration(const EngineOptions& options, Para
 
 namespace {
 
-// The first finalizer's way to see `p` whole, where one splits it (empty otherwise).
-optim::WholeTensorGather whole_tensor(const GradFinalizers& finalizers, const ParamSpec& p) {
+// How `p` lies in the whole tensor where a finalizer splits it (empty otherwise).
+SplitTensor split_of(const GradFinalizers& finalizers, const ParamSpec& p) {
   for (const auto& f : finalizers) {
-    if (optim::WholeTensorGather g = f->whole_tensor(p)) return g;
+    if (SplitTensor s = f->split(p)) return s;
   }
   return {};
 }
@@ -273,7 +273,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
     const ParamSpec& p = reg.param(id);
     user_grads.push_back({p.grad.ptr});
     target.tensor_data.push_back(p.data.ptr);
-    tensors.push_back({p.name, p.group, p.data.ptr, p.dtype, whole_tensor(in.finalizers, p), p.shape});
+    tensors.push_back({p.name, p.group, p.data.ptr, p.dtype, split_of(in.finalizers, p), p.shape});
     initial.push_back({p.data.ptr, p.dtype});
   }
   if (o.offload.optimizer) parts.offload_tracker = std::make_unique<memory::MemoryTracker>();

@@ -19,13 +19,31 @@ std::pair<size_t, size_t> matrix_shape(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-std::vector<optim::Segment> optimizer_segments(const ShardOwnership& own, const std::vector<UpdateTensor>& tensors) {
+namespace {
+
+// Whether the optimizer of `t`'s group updates it as the whole tensor it is a part of.
+bool updated_whole(const UpdateTensor& t, const optim::OptimizerOptions& o) {
+  if (!t.split || o.custom) return false;
+  const optim::OptimizerKind kind = optim::group_kind(o, t.group);
+  if (kind == optim::OptimizerKind::kMuon) return !o.groups[static_cast<size_t>(t.group)].muon.per_part;
+  return kind == optim::OptimizerKind::kAdafactor;
+}
+
+// The shape `t`'s optimizer sees.
+const std::vector<int64_t>& optimizer_shape(const UpdateTensor& t, const optim::OptimizerOptions& o) {
+  return updated_whole(t, o) ? t.split.whole_shape : t.shape;
+}
+
+}  // namespace
+
+std::vector<optim::Segment> optimizer_segments(const ShardOwnership& own, const std::vector<UpdateTensor>& tensors,
+                                               const optim::OptimizerOptions& options) {
   std::vector<optim::Segment> segments;
   for (const OwnedPiece& p : own.pieces()) {
     const UpdateTensor& t = tensors[p.tensor];
-    const auto [rows, cols] = matrix_shape(t.shape);
+    const auto [rows, cols] = matrix_shape(optimizer_shape(t, options));
     segments.push_back({p.opt_offset, p.opt_offset + (p.tensor_end - p.tensor_begin), t.group, t.name, p.tensor_begin,
-                        t.whole, rows, cols, shape_numel(t.shape)});
+                        t.split.gather, rows, cols, shape_numel(t.shape)});
   }
   return segments;
 }
@@ -37,21 +55,25 @@ std::unique_ptr<MatrixExchange> make_matrix_exchange(const ApplierInputs& in, me
   for (size_t t = 0; t < in.tensors.size(); ++t) {
     const UpdateTensor& u = in.tensors[t];
     if (in.optimizer.custom || optim::group_kind(in.optimizer, u.group) != optim::OptimizerKind::kMuon) continue;
-    const auto [rows, cols] = matrix_shape(u.shape);
+    const bool whole = updated_whole(u, in.optimizer);
+    const auto [rows, cols] = matrix_shape(optimizer_shape(u, in.optimizer));
     if (rows == 0) {
       ZERO_THROW(InvalidArgument,
                  "parameter '{}' has {} dimension(s) but its group ({}) runs Muon, which updates matrices: put "
                  "vectors and scalars (biases, norms) in a group of an elementwise kind (adamw)",
                  u.name, u.shape.size(), u.group);
     }
-    if (u.whole) {
+    if (whole && !u.split.gather) {
       ZERO_THROW(InvalidArgument,
-                 "parameter '{}' is split across tensor-parallel ranks and its group ({}) runs Muon, which does not "
-                 "yet orthogonalize a split matrix whole: put it in an AdamW group",
-                 u.name, u.group);
+                 "parameter '{}' is split across {} ranks and its group ({}) runs Muon, which orthogonalizes the "
+                 "whole matrix, gathered in host memory, but the group that splits it takes device memory only: "
+                 "give the engine a host group for it, or set optimizer.groups[{}].muon.per_part to orthogonalize "
+                 "each rank's part by itself",
+                 u.name, u.split.over->size(), u.group, u.group);
     }
     const optim::Hyper& h = in.optimizer.groups[static_cast<size_t>(u.group)];
-    matrices.push_back({t, rows, cols, optim::NewtonSchulzOptions{.steps = h.muon.ns_steps}});
+    matrices.push_back({t, rows, cols, optim::NewtonSchulzOptions{.steps = h.muon.ns_steps},
+                        whole ? u.split.gather : optim::WholeTensorGather{}});
   }
   if (matrices.empty()) return nullptr;
   if (host.kind() == memory::DeviceKind::kCuda) {
@@ -65,14 +87,16 @@ std::unique_ptr<AdafactorStats> make_adafactor_stats(const ApplierInputs& in) {
   for (size_t t = 0; t < in.tensors.size(); ++t) {
     const UpdateTensor& u = in.tensors[t];
     if (in.optimizer.custom || optim::group_kind(in.optimizer, u.group) != optim::OptimizerKind::kAdafactor) continue;
-    if (u.whole) {
+    if (u.split && !u.split.over->accepts(memory::DeviceKind::kHost)) {
       ZERO_THROW(InvalidArgument,
-                 "parameter '{}' is split across tensor-parallel ranks and its group ({}) runs Adafactor, whose "
-                 "statistics are not yet summed over the parts: put it in an AdamW group",
-                 u.name, u.group);
+                 "parameter '{}' is split across {} ranks and its group ({}) runs Adafactor, whose statistics of the "
+                 "whole tensor are summed over the parts in host memory, but the group that splits it takes device "
+                 "memory only ({}): give the engine a host group for it, or put it in an AdamW group",
+                 u.name, u.split.over->size(), u.group, u.split.over->backend_name());
     }
-    const auto [rows, cols] = matrix_shape(u.shape);
-    tensors.push_back({t, u.name, rows, cols, shape_numel(u.shape), u.group});
+    const std::vector<int64_t>& shape = optimizer_shape(u, in.optimizer);
+    const auto [rows, cols] = matrix_shape(shape);
+    tensors.push_back({t, u.name, rows, cols, shape_numel(shape), u.group, u.split});
   }
   if (tensors.empty()) return nullptr;
   return std::make_unique<AdafactorStats>(*in.layout, *in.ownership, std::move(tensors), in.shard, in.timeout);
@@ -99,7 +123,7 @@ class DeviceApplier final : public UpdateApplier {
                       device_.compute_stream());
     }
     exchanges_ = make_optimizer_exchanges(in, device_);
-    optimizer_ = make_shard_optimizer(device_, in.optimizer, numel, optimizer_segments(ownership_, in.tensors), in.timeout,
+    optimizer_ = make_shard_optimizer(device_, in.optimizer, numel, optimizer_segments(ownership_, in.tensors, in.optimizer), in.timeout,
                                       exchanges_.view());
   }
 

@@ -18,6 +18,7 @@
 #include "zero/shard_layout.h"
 #include "zero/shard_optimizer.h"
 #include "zero/shard_ownership.h"
+#include "zero/split_tensor.h"
 
 namespace zero {
 
@@ -26,8 +27,8 @@ struct UpdateTensor {
   int group = 0;
   const void* data = nullptr;  // the parameter's registered values (device memory), read once for the master
   DType dtype = DType::kFloat32;  // theirs
-  optim::WholeTensorGather whole;  // a slice of a tensor held across ranks (a finalizer's split)
-  std::vector<int64_t> shape;      // as registered (Muon's matrices: rows = shape[0], cols = the rest)
+  SplitTensor split;            // a part of a tensor held across ranks (a finalizer's split); empty: whole
+  std::vector<int64_t> shape;   // as registered (the part's; Muon's matrices: rows = shape[0], cols = the rest)
 };
 
 struct ApplierInputs {
@@ -60,14 +61,19 @@ class UpdateApplier {
   virtual void publish_master(ParamWriteback& writeback) = 0;
 };
 
-// The optimizer's segments for the rank's owned pieces (optimizer-space order).
-std::vector<optim::Segment> optimizer_segments(const ShardOwnership& ownership, const std::vector<UpdateTensor>& tensors);
+// The optimizer's segments for the rank's owned pieces (optimizer-space order). A segment's matrix
+// shape is the whole tensor's where its group's optimizer updates split tensors whole (Muon unless
+// muon.per_part), else the registered part's.
+std::vector<optim::Segment> optimizer_segments(const ShardOwnership& ownership, const std::vector<UpdateTensor>& tensors,
+                                               const optim::OptimizerOptions& options);
 
 // What the optimizer shares with the shard group's other ranks: the exchange of `in`'s tensors in
 // Muon groups (zero/matrix_exchange.h, its buffers from `host`, where the optimizer runs) and the
 // statistics of those in Adafactor groups (zero/adafactor_stats.h); each null when no group runs
-// that kind. InvalidArgument naming the parameter for one they cannot update: Muon's with fewer than
-// two dimensions, either's split across ranks by a finalizer.
+// that kind. A tensor split across ranks by a finalizer is updated as the whole tensor: Muon
+// orthogonalizes it gathered whole (unless its group's muon.per_part), Adafactor sums its statistics
+// over the parts. InvalidArgument naming the parameter for one they cannot update: Muon's with fewer
+// than two dimensions, a split one whose group cannot take host memory.
 struct OwnedExchanges {
   std::unique_ptr<MatrixExchange> matrices;
   std::unique_ptr<AdafactorStats> adafactor;

@@ -60,11 +60,19 @@ void TpGrads::initial_values(const ParamRegistry& registry) {
                   entries, "", timeout_, &device);
 }
 
-optim::WholeTensorGather TpGrads::whole_tensor(const ParamSpec& p) const {
-  if (!parallel() || !p.tp.is_split() || device_ == nullptr || device_->kind() == memory::DeviceKind::kCuda) return {};
-  const std::vector<int64_t> whole_shape = full_shape(p.shape, p.tp, tp_.size());
-  return [&tp = tp_, timeout = timeout_, whole_shape, placement = p.tp, name = p.name](
-             std::span<float* const> local, size_t numel, const optim::WholeTensorUpdate& update) {
+SplitTensor TpGrads::split(const ParamSpec& p) const {
+  if (!parallel() || !p.tp.is_split()) return {};
+  SplitTensor s;
+  s.over = &tp_;
+  s.whole_shape = full_shape(p.shape, p.tp, tp_.size());
+  s.runs = [whole_shape = s.whole_shape, placement = p.tp, rank = tp_.rank(), t = tp_.size()](size_t begin, size_t end) {
+    std::vector<SplitRun> runs;
+    for (const TpRun& r : part_runs(whole_shape, placement, rank, t, begin, end)) runs.push_back({r.local, r.full, r.n});
+    return runs;
+  };
+  if (device_ == nullptr || device_->kind() == memory::DeviceKind::kCuda) return s;
+  s.gather = [&tp = tp_, timeout = timeout_, whole_shape = s.whole_shape, placement = p.tp, name = p.name](
+                 std::span<float* const> local, size_t numel, const optim::WholeTensorUpdate& update) {
     const int t = tp.size();
     const size_t whole_numel = numel * static_cast<size_t>(t);
     ZERO_CHECK(whole_numel == shape_numel(whole_shape), "'{}': a whole-tensor update of {} elements of a part, not all {}",
@@ -80,6 +88,7 @@ optim::WholeTensorGather TpGrads::whole_tensor(const ParamSpec& p) const {
     update(arrays, whole_numel);
     for (size_t k = 0; k < local.size(); ++k) shard(whole[k].data(), whole_shape, placement, tp.rank(), t, local[k]);
   };
+  return s;
 }
 
 void TpGrads::complete_held(const ParamSpec& p, void*, DType) {

@@ -41,11 +41,12 @@ class TpGrads final : public GradFinalizer {
   bool holds(const ParamSpec&) const override { return false; }
   bool sums_reduced(const ParamSpec& p) const override { return parallel() && p.tp.partial_grad; }
   void complete_held(const ParamSpec& p, void* grad, DType dtype) override;
-  // A split parameter gathered whole over tp for a whole-tensor rule: each array all-gathered (host
-  // memory: the rule runs on the host, so a host tp group; none on a CUDA device's), put together by
-  // its placement, updated, and this rank's part taken back. Every tp rank updates the same whole
-  // tensor, so the parts stay one tensor.
-  optim::WholeTensorGather whole_tensor(const ParamSpec& p) const override;
+  // A split parameter as a part of the whole tensor: its runs by its placement, and its gather for
+  // an update of the whole: each array all-gathered (host memory: the optimizers that need it run on
+  // the host, so a host tp group; none on a CUDA device's), put together by the placement, updated,
+  // and this rank's part taken back. Every tp rank updates the same whole tensor, so the parts stay
+  // one tensor.
+  SplitTensor split(const ParamSpec& p) const override;
 
  private:
   bool parallel() const { return tp_.size() > 1; }

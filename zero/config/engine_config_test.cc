@@ -622,7 +622,7 @@ EngineConfig every_field_changed() {
                                      .lr_decay = 0.5f,
                                      .initial_accumulator_value = 0.25f,
                                      .kind = optim::OptimizerKind::kAdagrad,
-                                     .muon = {.momentum = 0.9f, .nesterov = true, .ns_steps = 3, .rms_scale = 0.3f},
+                                     .muon = {.momentum = 0.9f, .nesterov = true, .ns_steps = 3, .rms_scale = 0.3f, .per_part = true},
                                      .adafactor = {.eps1 = 1e-20f,
                                                    .eps2 = 2e-3f,
                                                    .clip_threshold = 0.5f,

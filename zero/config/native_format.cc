@@ -35,7 +35,7 @@ void read_value(const json& j, const std::string& p, const Context& c, DType& v)
   v = read_name(j, p, c, "a dtype name (fp32, fp16, bf16)", parse_dtype);
 }
 void read_value(const json& j, const std::string& p, const Context& c, optim::OptimizerKind& v) {
-  v = read_name(j, p, c, "an optimizer name (adamw, adam, sgd, adagrad, lion, muon)", optim::parse_optimizer);
+  v = read_name(j, p, c, "an optimizer name (adamw, adam, sgd, adagrad, lion, muon, adamw8bit, adafactor)", optim::parse_optimizer);
 }
 void read_value(const json& j, const std::string& p, const Context& c, LossScaling& v) {
   v = read_name(j, p, c, "none, static or dynamic", parse_loss_scaling);
@@ -101,6 +101,7 @@ void visit_hyper(V& v, optim::Hyper& h) {
     v.field("nesterov", h.muon.nesterov);
     v.field("ns_steps", h.muon.ns_steps);
     v.field("rms_scale", h.muon.rms_scale);
+    v.field("per_part", h.muon.per_part);
   });
   v.object("adafactor", [&] {
     v.field("eps1", h.adafactor.eps1);
