@@ -108,7 +108,51 @@ void validate_groups(const OptimizerOptions& options) {
     } else {
       validate_hyper(group_kind(options, gi), options.groups[g], gi);
     }
+    for (const std::string& pattern : options.groups[g].params) {
+      if (pattern.empty()) ZERO_THROW(InvalidArgument, "groups[{}].params: an empty name pattern", g);
+    }
   }
+}
+
+bool name_matches(std::string_view pattern, std::string_view name) {
+  // Greedy with one backtrack point (the last '*'): linear in practice, no recursion.
+  size_t p = 0, n = 0, star = std::string_view::npos, resume = 0;
+  while (n < name.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == name[n])) {
+      ++p;
+      ++n;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      resume = n;
+    } else if (star != std::string_view::npos) {
+      p = star + 1;
+      n = ++resume;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+std::optional<int> group_by_name(const OptimizerOptions& options, std::string_view name) {
+  std::optional<int> found;
+  std::string found_pattern;
+  for (size_t g = 0; g < options.groups.size(); ++g) {
+    for (const std::string& pattern : options.groups[g].params) {
+      if (!name_matches(pattern, name)) continue;
+      if (found && *found != static_cast<int>(g)) {
+        ZERO_THROW(InvalidArgument,
+                   "parameter '{}' is matched by groups[{}].params ('{}') and by groups[{}].params ('{}'): a "
+                   "parameter belongs to one group",
+                   name, *found, found_pattern, g, pattern);
+      }
+      found = static_cast<int>(g);
+      found_pattern = pattern;
+      break;
+    }
+  }
+  return found;
 }
 
 namespace {

@@ -91,7 +91,15 @@ struct Hyper {
   std::optional<OptimizerKind> kind;
   MuonHyper muon;            // Muon
   AdafactorHyper adafactor;  // Adafactor
+  // The parameters this group takes, by name pattern ('*' matches any run of characters, '?' any one
+  // character; "h.*.attn.*.weight"): an engine puts a parameter that one group's patterns match in
+  // that group, whatever its ParamSpec::group, and refuses one that two groups' patterns match,
+  // naming both (group_by_name). Empty: the group takes the parameters registered into it.
+  std::vector<std::string> params;
 };
+
+// Whether `name` matches `pattern` ('*': any run of characters, '?': any one character).
+bool name_matches(std::string_view pattern, std::string_view name);
 
 // A contiguous element range of the flat shard.
 // A parameter held in slices across ranks (tensor parallelism's split), as a rule that needs whole
@@ -132,6 +140,10 @@ struct OptimizerOptions {
   size_t quant_block = 256;
   size_t quant_min_numel = 4096;
 };
+
+// The group whose `params` patterns match parameter `name`; nullopt when none does. InvalidArgument
+// naming the parameter, both groups and their patterns when two do.
+std::optional<int> group_by_name(const OptimizerOptions& options, std::string_view name);
 
 struct StepInput {
   float* master = nullptr;  // shard_numel fp32 master weights, updated in place

@@ -712,4 +712,34 @@ TEST_CASE("groups of several kinds: labels, state names, and the single-kind opt
 }
 
 }  // namespace
+TEST_CASE("name patterns: '*' any run, '?' one character; group_by_name finds one group or names both") {
+  CHECK(name_matches("h.*.attn.*.weight", "h.0.attn.c_attn.weight"));
+  CHECK(name_matches("h.*.attn.*.weight", "h.11.attn.c_proj.weight"));
+  CHECK_FALSE(name_matches("h.*.attn.*.weight", "h.0.mlp.c_fc.weight"));
+  CHECK_FALSE(name_matches("h.*.attn.*.weight", "h.0.attn.c_attn.bias"));
+  CHECK(name_matches("*", ""));
+  CHECK(name_matches("*.b", "h0.b"));
+  CHECK_FALSE(name_matches("*.b", "h0.bb"));
+  CHECK(name_matches("ln.?", "ln.g"));
+  CHECK_FALSE(name_matches("ln.?", "ln.gg"));
+  CHECK(name_matches("a*b*c", "aXbYbZc"));
+  CHECK_FALSE(name_matches("a*b*c", "aXbYbZ"));
+  CHECK(name_matches("wte.weight", "wte.weight"));
+  CHECK_FALSE(name_matches("wte.weight", "wte.weights"));
+
+  OptimizerOptions o;
+  o.groups = {Hyper{}, Hyper{}, Hyper{}};
+  o.groups[1].params = {"*.bias", "ln_f.*"};
+  o.groups[2].params = {"h.*.weight"};
+  CHECK(group_by_name(o, "wte.weight") == std::nullopt);
+  CHECK(group_by_name(o, "h.0.attn.c_attn.bias") == 1);
+  CHECK(group_by_name(o, "ln_f.weight") == 1);
+  CHECK(group_by_name(o, "h.3.mlp.c_fc.weight") == 2);
+  o.groups[0].params = {"h.0.*"};
+  CHECK_THROWS_WITH_AS(group_by_name(o, "h.0.mlp.c_fc.weight"),
+                       "parameter 'h.0.mlp.c_fc.weight' is matched by groups[0].params ('h.0.*') and by "
+                       "groups[2].params ('h.*.weight'): a parameter belongs to one group",
+                       InvalidArgument);
+}
+
 }  // namespace zero::optim

@@ -5,6 +5,7 @@
 // stages: gpt_4layer_dp2 at pp 2 and 4, each with dp 1 and 2, under every schedule (interleaved
 // with 2 chunks at pp 2), stages 0-3 and stage 3 with offload, uneven stages, every schedule giving
 // bitwise the same losses, norms and parameters at a fixed (dp, pp); and in 3D, dp 2 x tp 2 x pp 2.
+// Muon + AdamW and Adafactor follow their own references at stages 0-3, offloaded and under tp.
 // The layout x stage x schedule matrices run whole with ZERO_FULL_MATRIX=1 (scripts/full_matrix.sh);
 // by default a subset in which every layout, stage, schedule and flag still appears (testing/matrix.h).
 #include <doctest/doctest.h>
@@ -80,6 +81,44 @@ TEST_CASE("GPT training split over tensor-parallel ranks follows PyTorch") {
     INFO(r.output);
     CHECK(r.exit_code == 0);
     CHECK(r.output.find("dp 2 x tp 2") != std::string::npos);
+  }
+}
+
+// Muon + AdamW and Adafactor (scripts/gpt_optimizer_reference.py: PyTorch from the published
+// algorithms, 5 steps) on 1 and 2 ranks at stages 0-3, offloaded, and split over tensor-parallel
+// ranks (dp 1 and 2 x tp 2), where Muon orthogonalizes each split matrix whole and Adafactor keeps
+// the whole tensor's statistics. The covering subset: each stage once per rank count; the whole
+// matrix with ZERO_FULL_MATRIX=1.
+TEST_CASE("GPT training with Muon + AdamW and with Adafactor follows PyTorch, under tp too") {
+  for (const char* optimizer : {"muon", "adafactor"}) {
+    const std::string file = std::string("tests/data/pytorch/gpt/gpt_4layer_dp2_") + optimizer + ".json";
+    struct Layout {
+      int nproc;
+      std::vector<std::string> args;
+    };
+    std::vector<Layout> runs;
+    for (int si = 0; si < 4; ++si) {
+      for (int nproc : {1, 2}) {
+        if (!testing::full_matrix() && si % 2 != nproc - 1) continue;
+        runs.push_back({nproc, {"--stage", std::to_string(si)}});
+      }
+    }
+    runs.push_back({2, {"--stage", "2", "--offload"}});
+    runs.push_back({2, {"--stage", "1", "--tp", "2"}});
+    runs.push_back({4, {"--stage", "3", "--tp", "2"}});
+    for (const Layout& run : runs) {
+      std::vector<std::string> args = run.args;
+      args.insert(args.begin(), {"--file", file});
+      CAPTURE(optimizer);
+      CAPTURE(run.nproc);
+      std::string flags;
+      for (const std::string& a : args) flags += a + " ";
+      CAPTURE(flags);
+      const auto r = testing::launch(run.nproc, "tests/gpt_reference_worker", args);
+      INFO(r.output);
+      CHECK(r.exit_code == 0);
+      CHECK(r.output.find("check and 5 steps match PyTorch") != std::string::npos);
+    }
   }
 }
 

@@ -191,5 +191,29 @@ TEST_CASE("Muon refuses a vector, naming it, bf16 state and a bad ns_steps") {
                        InvalidArgument);
 }
 
+// The groups by name pattern (optimizer.groups[].params): every tensor registered in group 0, the
+// patterns place each where the reference has it, and the run follows the reference; a tensor two
+// groups' patterns match is refused naming both.
+TEST_CASE("groups by name pattern place the tensors; a tensor matched by two groups is refused naming both") {
+  testing::ReferenceModel unplaced = model();
+  for (testing::ReferenceParam& p : unplaced.params) p.group = 0;
+  const Run run{.stage = 2, .world = 2};
+  EngineOptions opt = options_of(run);
+  opt.optimizer.groups[0].params = {"h0.w", "h1.w", "conv.*"};
+  opt.optimizer.groups[1].params = {"h2.*"};
+  opt.optimizer.groups[2].params = {"emb"};
+  opt.optimizer.groups[3].params = {"*.b", "ln.?"};
+  CHECK(testing::train_reference_ranks(unplaced, opt, run, 1e-5).errors.size() == static_cast<size_t>(reference().steps));
+
+  opt.optimizer.groups[3].params.push_back("*.w");
+  CHECK_THROWS_WITH_AS(train_one(opt, {"h0.w", {16, 32}, 0}),
+                       doctest::Contains("parameter 'h0.w' is matched by groups[0].params ('h0.w') and by "
+                                         "groups[3].params ('*.w')"),
+                       InvalidArgument);
+  opt.optimizer.groups[3].params.back() = "";
+  CHECK_THROWS_WITH_AS(train_one(opt, {"h0.w", {16, 32}, 0}), doctest::Contains("groups[3].params: an empty name pattern"),
+                       InvalidArgument);
+}
+
 }  // namespace
 }  // namespace zero

@@ -46,7 +46,7 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
 void flatten(const json& j, const std::string& path, std::map<std::string, std::string>& out) {
   if (j.is_object()) {
     for (const auto& item : j.items()) flatten(item.value(), path.empty() ? item.key() : path + "." + item.key(), out);
-  } else if (j.is_array()) {
+  } else if (j.is_array() && !j.empty() && j[0].is_object()) {  // a list of sections; a list of values is one value
     for (size_t i = 0; i < j.size(); ++i) flatten(j[i], path + "[" + std::to_string(i) + "]", out);
   } else {
     out[path] = j.dump();
@@ -627,7 +627,8 @@ EngineConfig every_field_changed() {
                                                    .eps2 = 2e-3f,
                                                    .clip_threshold = 0.5f,
                                                    .decay_rate = 0.7f,
-                                                   .relative_step = true}},
+                                                   .relative_step = true},
+                                     .params = {"h.*.weight", "lm_head.?"}},
                         optim::Hyper{.lr = 0.1f, .dampening = 0.1f}};
   o.optimizer.state_dtype = DType::kBFloat16;
   o.optimizer.num_threads = 3;

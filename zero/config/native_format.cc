@@ -49,6 +49,11 @@ void read_value(const json& j, const std::string& p, const Context& c, MicroBatc
 void read_value(const json& j, const std::string& p, const Context& c, SimdPath& v) {
   v = read_name(j, p, c, "scalar, avx2 or avx512", parse_simd_path);
 }
+void read_value(const json& j, const std::string& p, const Context& c, std::vector<std::string>& v) {
+  if (!j.is_array()) fail_type(j, p, c, "an array of strings");
+  v.clear();
+  for (size_t i = 0; i < j.size(); ++i) v.push_back(read_string(j[i], fmt::format("{}[{}]", p, i), c, "a string"));
+}
 void read_value(const json& j, const std::string& p, const Context& c, std::chrono::milliseconds& v) {
   v = std::chrono::milliseconds(read_integer(j, p, c, 1, INT64_MAX));
 }
@@ -78,6 +83,7 @@ ordered_json write_value(SimdPath v) { return simd_path_name(v); }
 ordered_json write_value(MicroBatchReduce v) { return micro_batch_policy_name(v); }
 ordered_json write_value(MicroBatchGather v) { return micro_batch_policy_name(v); }
 ordered_json write_value(std::chrono::milliseconds v) { return static_cast<int64_t>(v.count()); }
+ordered_json write_value(const std::vector<std::string>& v) { return v; }
 
 // ---------------------------------------------------------------------------------------------
 // Our format: one description of the fields, walked by a reader, a writer and a key lister, so the
@@ -86,6 +92,7 @@ ordered_json write_value(std::chrono::milliseconds v) { return static_cast<int64
 template <typename V>
 void visit_hyper(V& v, optim::Hyper& h) {
   v.field("kind", h.kind);
+  v.field("params", h.params);
   v.field("lr", h.lr);
   v.field("weight_decay", h.weight_decay);
   v.field("beta1", h.beta1);
