@@ -5,6 +5,9 @@
 //   --save DIR [--save-every K]       an async checkpoint every K steps and at the end
 //   --resume DIR                      load DIR before the first step: saved at any (dp, tp, pp), split of
 //                                     the layers and stage
+//   --resume-optimizer same|convert|reset  where DIR's optimizer is not this run's: refuse (same), read
+//                                     each state of the same name (convert), or start the state anew
+//                                     (reset) (LoadOptions, zero/checkpoint/checkpoint_types.h)
 //   --export FILE.safetensors         the final weights
 //   --shard-group-size N              hybrid sharding: the engine on comm::HybridGroups of N ranks
 //   --optimizer NAME                  adamw, adam, sgd, adagrad, lion, muon (with AdamW: docs/optim.md),
@@ -151,6 +154,7 @@ inline EngineComms engine_comms(comm::Communicator& world, const comm::HybridGro
 struct RunFlags {
   std::string save_dir, resume_dir, export_path;
   int save_every = 0;
+  LoadOptions load;
 
   static RunFlags read(cli::Flags& flags) {
     RunFlags f;
@@ -158,18 +162,32 @@ struct RunFlags {
     f.save_every = flags.get_int("save-every", 0);
     f.resume_dir = flags.get("resume", "");
     f.export_path = flags.get("export", "");
+    const std::string how = flags.get("resume-optimizer", "same");
+    if (how == "convert") {
+      f.load.optimizer_state = OptimizerStateLoad::kConvert;
+    } else if (how == "reset") {
+      f.load.optimizer_state = OptimizerStateLoad::kReset;
+    } else if (how != "same") {
+      ZERO_THROW(InvalidArgument, "--resume-optimizer '{}': expected same, convert or reset", how);
+    }
     return f;
   }
   // Loads --resume (if given) and returns the step to start from. `report`: this rank prints (by
   // default the engine's rank 0; under model parallelism the caller picks one of the engines).
   int resume(Engine& engine, std::optional<bool> report = std::nullopt) const {
     if (resume_dir.empty()) return 0;
-    const LoadedCheckpoint c = engine.load(resume_dir);
+    const LoadedCheckpoint c = engine.load(resume_dir, load);
     if (report.value_or(engine.rank() == 0)) {
       const std::string saved_at = c.layout ? describe(*c.layout)
                                             : fmt::format("dp {} x tp {} x pp {}, stage {}", c.world_size, c.tp, c.pp, c.stage);
       std::printf("resumed from %s at step %lld (saved at %s)\n", resume_dir.c_str(), static_cast<long long>(c.state.step),
                   saved_at.c_str());
+      const std::string runs = optim::optimizer_label(engine.options().optimizer);
+      if (c.optimizer != runs || !c.states_reset.empty()) {
+        std::printf("optimizer state of %s into %s: read %s; started anew: %s\n", c.optimizer.c_str(), runs.c_str(),
+                    c.states_loaded.empty() ? "none" : fmt::format("{}", fmt::join(c.states_loaded, ", ")).c_str(),
+                    c.states_reset.empty() ? "none" : fmt::format("{}", fmt::join(c.states_reset, ", ")).c_str());
+      }
     }
     return static_cast<int>(c.state.step);
   }

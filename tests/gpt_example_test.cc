@@ -256,8 +256,28 @@ TEST_CASE("Muon with AdamW trains at stages 1-3 with the same bits, resumes bit 
 }
 
 // 8-bit AdamW: the moments of every tensor of 4096 elements or more in 8 bits per block of 256.
-TEST_CASE("8-bit AdamW trains at stages 1-3 with the same bits, and resumes bit for bit") {
+// An AdamW checkpoint resumes into it only where --resume-optimizer asks: convert (AdamW's moments
+// quantized) or reset (a fresh state).
+TEST_CASE("8-bit AdamW trains at stages 1-3 with the same bits, resumes bit for bit, and from AdamW as asked") {
   check_stages_and_resume("adamw8bit", {});
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/gpt_adamw_for_8bit_ckpt";
+  std::filesystem::remove_all(dir);
+  run_with("adamw", {}, {"--stage", "2", "--steps", "4", "--save", dir});
+  const auto refused = testing::launch(2, "examples/gpt/train_gpt",
+                                       {"--optimizer", "adamw8bit", "--steps", "6", "--resume", dir, "--val-every", "0"});
+  CHECK(refused.exit_code != 0);
+  CHECK(refused.output.find("saved by optimizer adamw but the engine runs adamw8bit") != std::string::npos);
+  for (const char* how : {"convert", "reset"}) {
+    CAPTURE(how);
+    const auto r = testing::launch(2, "examples/gpt/train_gpt",
+                                   {"--optimizer", "adamw8bit", "--steps", "6", "--resume", dir, "--resume-optimizer", how,
+                                    "--val-every", "0", "--sample-tokens", "0", "--log-every", "1"});
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(losses(r.output).size() == 2);  // steps 5 and 6
+    CHECK(r.output.find("optimizer state of adamw into adamw8bit: read ") != std::string::npos);
+  }
 }
 
 // Adafactor: every tensor's row and column sums reduced over the 2 ranks from stage 1 on; under

@@ -1,0 +1,167 @@
+// How the ranks of the shard group split Muon's orthogonalization (zero/matrix_exchange.h) of a
+// GPT-2-shaped model's hidden matrices: the layout the engine builds for them (whole-tensor buckets,
+// the engine's default bucket size; stage 3's one bucket per block), the matrices handed out by the
+// exchange's rule, each rank's Newton-Schulz FLOPs, and the time the busiest rank spends against
+// one rank doing all of them (each matrix shape timed here once, single-threaded as the engine runs
+// it), and the critical path: the exchange runs bucket by bucket and waits for each bucket's slowest
+// rank, so a step takes the sum over buckets of the slowest rank's time in each. Speed-up: one rank's
+// time over the critical path. Prints one table; no collective runs (a planning communicator stands
+// for the group).
+//
+//   bazel run -c opt --config=native //zero:muon_split_bench -- [--gpt L,C,H,V,T] [--worlds 1,2,4,8,64]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "comm/planning_communicator.h"
+#include "memory/meta_device.h"
+#include "memory/tracker.h"
+#include "optim/newton_schulz.h"
+#include "parallel/strategy/gpt2.h"
+#include "tools/cli/flags.h"
+#include "zero/engine_options.h"
+#include "zero/matrix_exchange.h"
+#include "zero/shard_layout.h"
+#include "zero/shard_ownership.h"
+
+namespace zero {
+namespace {
+
+struct Tensor {
+  size_t rows, cols;  // cols 0: a vector of `rows` elements
+  int unit;
+  size_t numel() const { return cols == 0 ? rows : rows * cols; }
+};
+
+// A block's tensors in registration order (the example's GPT): ln_1, c_attn, c_proj, ln_2, c_fc,
+// mlp.c_proj, each weight then bias.
+std::vector<Tensor> hidden_tensors(const strategy::Gpt2Shape& s) {
+  const size_t C = static_cast<size_t>(s.n_embd);
+  std::vector<Tensor> t;
+  for (int l = 0; l < s.n_layer; ++l) {
+    t.insert(t.end(), {{C, 0, l}, {C, 0, l}, {3 * C, C, l}, {3 * C, 0, l}, {C, C, l}, {C, 0, l}, {C, 0, l}, {C, 0, l},
+                       {4 * C, C, l}, {4 * C, 0, l}, {C, 4 * C, l}, {C, 0, l}});
+  }
+  return t;
+}
+
+// Seconds of one newton_schulz on a rows x cols matrix (the best of `repeats`).
+double time_newton_schulz(size_t rows, size_t cols, int repeats) {
+  std::vector<float> g(rows * cols);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>((i * 2654435761u) % 2003) / 1000.0f - 1.0f;
+  std::vector<float> out(g.size());
+  double best = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    optim::newton_schulz(g.data(), rows, cols, out.data());
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+struct Split {
+  double max_share = 0;     // the busiest rank's share of all FLOPs
+  double busiest_s = 0;     // its Newton-Schulz seconds per step
+  double critical_s = 0;    // per bucket the slowest rank's seconds (the exchange waits for it), summed
+  double imbalance = 0;     // max / mean FLOPs
+  size_t buckets = 0;       // buckets holding matrices
+};
+
+Split split_at(const std::vector<Tensor>& tensors, int world, bool unit_buckets,
+               const std::map<std::pair<size_t, size_t>, double>& seconds) {
+  std::vector<size_t> numels;
+  std::vector<int> units;
+  std::vector<bool> whole;
+  for (const Tensor& t : tensors) {
+    numels.push_back(t.numel());
+    units.push_back(t.unit);
+    whole.push_back(t.cols != 0);
+  }
+  ShardLayoutOptions o = EngineOptions{}.layout;
+  o.whole_tensor_buckets = true;
+  o.unit_buckets = unit_buckets;
+  const ShardLayout layout(numels, world, o, units, {}, {}, whole);
+  const ShardOwnership ownership = world == 1 ? ShardOwnership::replicated(layout) : ShardOwnership::sharded(layout, 0);
+  memory::MemoryTracker tracker;
+  std::unique_ptr<memory::MetaDevice> device = memory::make_meta_device(tracker);
+  memory::MetaDevice* meta = device.get();
+  comm::PlanningCommunicator group(0, world, [meta](const void* p, size_t n) { return meta->addressable(p, n); },
+                                   memory::DeviceKind::kHost);
+  std::vector<ExchangedMatrix> matrices;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].cols != 0) matrices.push_back({i, tensors[i].rows, tensors[i].cols, {}, {}});
+  }
+  const MatrixExchange exchange(layout, ownership, matrices, &group, *device, std::chrono::minutes(1));
+  const std::vector<double>& flops = exchange.flops_per_rank();
+  const double total = std::accumulate(flops.begin(), flops.end(), 0.0);
+  Split s;
+  s.max_share = *std::max_element(flops.begin(), flops.end()) / total;
+  s.imbalance = s.max_share * static_cast<double>(flops.size());
+  std::vector<double> busy(flops.size(), 0.0);
+  std::map<size_t, std::vector<double>> per_bucket;  // bucket -> seconds per rank
+  for (const ExchangedMatrix& m : matrices) {
+    const size_t owner = static_cast<size_t>(std::max(exchange.owner(m.tensor), 0));
+    const double sec = seconds.at({m.rows, m.cols});
+    busy[owner] += sec;
+    std::vector<double>& b = per_bucket[layout.buckets_of_tensor(m.tensor).first];
+    b.resize(flops.size(), 0.0);
+    b[owner] += sec;
+  }
+  s.busiest_s = *std::max_element(busy.begin(), busy.end());
+  for (const auto& [bucket, ranks] : per_bucket) s.critical_s += *std::max_element(ranks.begin(), ranks.end());
+  std::vector<bool> seen(layout.buckets().size(), false);
+  for (const ExchangedMatrix& m : matrices) seen[layout.buckets_of_tensor(m.tensor).first] = true;
+  s.buckets = static_cast<size_t>(std::count(seen.begin(), seen.end(), true));
+  return s;
+}
+
+int run(int argc, char** argv) {
+  cli::Flags flags(argc, argv);
+  const strategy::Gpt2Shape shape = strategy::parse_gpt2_shape(flags.get("gpt", "12,768,12,50257,1024"));
+  std::vector<int> worlds;
+  for (const int w : flags.get_count_list("worlds", "1,2,4,8,16,64")) worlds.push_back(w);
+  flags.check_all_used();
+  const std::vector<Tensor> tensors = hidden_tensors(shape);
+  std::map<std::pair<size_t, size_t>, double> seconds;
+  double all = 0, total_flops = 0;
+  size_t count = 0;
+  for (const Tensor& t : tensors) {
+    if (t.cols == 0) continue;
+    ++count;
+    const auto key = std::pair{t.rows, t.cols};
+    if (!seconds.count(key)) seconds[key] = time_newton_schulz(t.rows, t.cols, 3);
+    all += seconds[key];
+    total_flops += optim::newton_schulz_flops(t.rows, t.cols, 5);
+  }
+  std::printf("Muon's orthogonalization split over the shard group: GPT-2 %s's %zu hidden matrices, %.1f GFLOP "
+              "per step (5 Newton-Schulz steps), %.3f s on one rank\n",
+              strategy::gpt2_shape_text(shape).c_str(), count,
+              total_flops / 1e9, all);
+  std::printf("| ranks | layout | buckets with matrices | busiest rank's FLOPs | ideal | max / mean | busiest rank (s) | "
+              "critical path (s) | speed-up |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (int world : worlds) {
+    for (const bool unit_buckets : {false, true}) {
+      if (world == 1 && unit_buckets) continue;
+      const Split s = split_at(tensors, world, unit_buckets, seconds);
+      std::printf("| %d | %s | %zu | %.1f%% | %.1f%% | %.2f | %.3f | %.3f | %.2fx |\n", world,
+                  world == 1 ? "one rank" : unit_buckets ? "stage 3 (a bucket per block)" : "stages 1-2",
+                  s.buckets, 100 * s.max_share, 100.0 / world, s.imbalance, s.busiest_s, s.critical_s,
+                  all / s.critical_s);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace zero
+
+int main(int argc, char** argv) { return zero::cli::run_program("muon_split_bench", zero::run, argc, argv); }
