@@ -76,12 +76,24 @@ std::string optimizer_label(const OptimizerOptions& options) {
 std::vector<std::string> optimizer_state_names(const OptimizerOptions& options) {
   if (options.custom) return options.custom->state_names();
   std::vector<std::string> names;
+  auto add = [&](const std::string& s) {
+    if (std::find(names.begin(), names.end(), s) == names.end()) names.push_back(s);
+  };
   for (OptimizerKind k : group_kinds(options)) {
-    for (const std::string& s : optimizer_state_names(k)) {
-      if (std::find(names.begin(), names.end(), s) == names.end()) names.push_back(s);
+    for (const std::string& s : optimizer_state_names(k)) add(s);
+  }
+  if (adafactor_first_moment(options)) add("exp_avg_update");
+  return names;
+}
+
+bool adafactor_first_moment(const OptimizerOptions& options) {
+  for (size_t g = 0; g < options.groups.size(); ++g) {
+    if (!options.custom && group_kind(options, static_cast<int>(g)) == OptimizerKind::kAdafactor &&
+        options.groups[g].adafactor.beta1 > 0.0f) {
+      return true;
     }
   }
-  return names;
+  return false;
 }
 
 void validate_quantization(const OptimizerOptions& options) {
@@ -256,6 +268,9 @@ void validate_hyper(OptimizerKind kind, const Hyper& h, int g) {
       check_positive(h.adafactor.clip_threshold, "adafactor.clip_threshold", g);
       if (!(h.adafactor.decay_rate > 0.0f && h.adafactor.decay_rate <= 1.0f)) {
         ZERO_THROW(InvalidArgument, "groups[{}].adafactor.decay_rate must be in (0, 1] (got {})", g, h.adafactor.decay_rate);
+      }
+      if (!(h.adafactor.beta1 >= 0.0f && h.adafactor.beta1 < 1.0f)) {
+        ZERO_THROW(InvalidArgument, "groups[{}].adafactor.beta1 must be in [0, 1) (got {})", g, h.adafactor.beta1);
       }
       break;
     case OptimizerKind::kMuon:

@@ -55,14 +55,18 @@ struct MuonHyper {
   bool per_part = false;
 };
 
-// Adafactor's own hyperparameters (Shazeer and Stern, ICML 2018, without a first moment). Per tensor
-// X (a matrix: shape[0] x the rest; else a vector) and step t, with S = G^2 + eps1:
+// Adafactor's own hyperparameters (Shazeer and Stern, ICML 2018; no first moment unless beta1 > 0).
+// Per tensor X (a matrix: shape[0] x the rest; else a vector) and step t, with S = G^2 + eps1:
 //   b = 1 - t^-decay_rate
 //   matrix: R = b R + (1 - b) S 1 (row sums);  C = b C + (1 - b) 1^T S (column sums);  V = R C / (1^T R)
 //   vector: V = b V + (1 - b) S
 //   U = G / sqrt(V);  U = U / max(1, RMS(U) / clip_threshold)
 //   alpha = relative_step ? max(eps2, RMS(X)) min(1e-2, 1/sqrt(t)) : lr
-//   X = X (1 - alpha weight_decay) - alpha U
+//   beta1 = 0:  X = X (1 - alpha weight_decay) - alpha U
+//   beta1 > 0:  M = beta1 M + (1 - beta1) alpha U;  X = X (1 - alpha weight_decay) - M
+// (the first moment of the scaled update, as Hugging Face's Adafactor keeps it: state
+// "exp_avg_update", not AdamW's gradient average, so a conversion never reads one as the other; 4
+// bytes per element of the groups that set it)
 // (zero/adafactor_update.h: the sums over ranks, the arithmetic.)
 struct AdafactorHyper {
   float eps1 = 1e-30f;
@@ -70,6 +74,7 @@ struct AdafactorHyper {
   float clip_threshold = 1.0f;  // the paper's d
   float decay_rate = 0.8f;
   bool relative_step = false;
+  float beta1 = 0.0f;  // [0, 1); 0: no first moment
 };
 
 // Hyperparameters of one parameter group (PyTorch's names and defaults; Lion's defaults are the
@@ -248,7 +253,10 @@ OptimizerKind tensor_kind(const OptimizerOptions& options, int g, size_t numel);
 // in group order ("adamw"; "muon+adamw") (the checkpoint manifest's and the ranks' agreement's key).
 std::string optimizer_label(const OptimizerOptions& options);
 // The options' state arrays: the custom rule's state_names(), else those of every group's kind, in
-// group_kinds() order without repeats (an element keeps only its own kind's).
+// group_kinds() order without repeats (an element keeps only its own kind's), and "exp_avg_update"
+// where an Adafactor group keeps a first moment.
 std::vector<std::string> optimizer_state_names(const OptimizerOptions& options);
+// Whether an Adafactor group keeps a first moment (AdafactorHyper::beta1 > 0).
+bool adafactor_first_moment(const OptimizerOptions& options);
 
 }  // namespace zero::optim

@@ -8,6 +8,7 @@
 // the PyTorch data test pins that model down for AdamW, Adam, SGD and Adagrad.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -740,6 +741,20 @@ TEST_CASE("name patterns: '*' any run, '?' one character; group_by_name finds on
                        "parameter 'h.0.mlp.c_fc.weight' is matched by groups[0].params ('h.0.*') and by "
                        "groups[2].params ('h.*.weight'): a parameter belongs to one group",
                        InvalidArgument);
+}
+
+TEST_CASE("Adafactor's first moment: beta1 in [0, 1), and its state named apart from AdamW's") {
+  OptimizerOptions o;
+  o.groups = {Hyper{.kind = OptimizerKind::kAdafactor}, Hyper{}};
+  const std::vector<std::string> without = optimizer_state_names(o);
+  CHECK(std::count(without.begin(), without.end(), "exp_avg_update") == 0);
+  CHECK_FALSE(adafactor_first_moment(o));
+  o.groups[0].adafactor.beta1 = 0.9f;
+  CHECK(adafactor_first_moment(o));
+  const std::vector<std::string> names = optimizer_state_names(o);
+  CHECK(std::count(names.begin(), names.end(), "exp_avg_update") == 1);
+  o.groups[0].adafactor.beta1 = 1.0f;
+  CHECK_THROWS_WITH_AS(validate_groups(o), "groups[0].adafactor.beta1 must be in [0, 1) (got 1)", InvalidArgument);
 }
 
 }  // namespace zero::optim

@@ -13,7 +13,9 @@
 #   vector: V = V b + S (1 - b)
 #   U = G / sqrt(V);  U scaled by 1 / max(1, RMS(U) / clip_threshold)     (RMS in float64)
 #   alpha = relative_step ? max(eps2, RMS(X)) min(1e-2, 1/sqrt(t)) : lr
-#   X = X float(1 - alpha wd) - float(alpha / max(1, RMS(U) / d)) U
+#   X = X float(1 - alpha wd) - float(alpha / max(1, RMS(U) / d)) U      (beta1 = 0)
+#   M = M float(beta1) + float(1 - beta1) (float(alpha / max(1, RMS(U) / d)) U);  X = X float(1 - alpha wd) - M
+#                                                                        (beta1 > 0: Hugging Face's first moment)
 # The AdamW group: torch.optim.AdamW's update as PyTorch 1.13 computes it, in float32.
 # Inputs come from a formula (pattern(), which the test restates); the file holds the parameters
 # after every step.
@@ -50,7 +52,7 @@ PARAMS = [("emb", [40, 16], 0), ("h0.w", [16, 32], 0), ("h0.b", [32], 0), ("h1.w
 GROUPS = [{"kind": "adafactor", "lr": 0.01, "weight_decay": 0.0, "eps1": 1e-30, "eps2": 1e-3,
            "clip_threshold": 1.0, "decay_rate": 0.8, "relative_step": False},
           {"kind": "adafactor", "lr": 0.01, "weight_decay": 0.1, "eps1": 1e-30, "eps2": 1e-3,
-           "clip_threshold": 0.5, "decay_rate": 0.8, "relative_step": True},
+           "clip_threshold": 0.5, "decay_rate": 0.8, "relative_step": True, "beta1": 0.9},
           {"kind": "adamw", "lr": 0.01, "weight_decay": 0.01, "betas": [0.9, 0.95], "eps": 1e-8}]
 
 params = {n: pattern(1 + t, math.prod(s), 0.2) for t, (n, s, _) in enumerate(PARAMS)}
@@ -95,7 +97,11 @@ for step in range(1, STEPS + 1):
         rms_u = math.sqrt(float((u.astype(f64) ** 2).sum()) / u.size)
         rms_x = math.sqrt(float((x.astype(f64) ** 2).sum()) / x.size)
         alpha = max(h["eps2"], rms_x) * min(1e-2, 1 / math.sqrt(step)) if h["relative_step"] else h["lr"]
-        params[n] = x * f32(1 - alpha * h["weight_decay"]) - f32(alpha / max(1.0, rms_u / h["clip_threshold"])) * u
+        update = f32(alpha / max(1.0, rms_u / h["clip_threshold"])) * u
+        if h.get("beta1", 0.0) > 0:
+            st["M"] = st.get("M", np.zeros(x.size, f32)) * f32(h["beta1"]) + f32(1 - h["beta1"]) * update
+            update = st["M"]
+        params[n] = x * f32(1 - alpha * h["weight_decay"]) - update
     after.append({n: listed(p) for n, p in params.items()})
 
 doc = {

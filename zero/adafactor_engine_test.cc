@@ -6,6 +6,7 @@
 // another order than numpy's). Also: deterministic mode gives the same bits at every stage; a
 // checkpoint after step 3 (R and C per element, a vector's V) resumes at other stages and world
 // sizes; the memory report prices O(n + m) per matrix; a vector group, a matrix and a 3-D kernel.
+// The relative-step group keeps a first moment (adafactor.beta1 0.9, state "exp_avg_update").
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -56,7 +57,8 @@ const Reference& reference() {
       h.kind = optim::parse_optimizer(g.at("kind").get<std::string>());
       if (h.kind == optim::OptimizerKind::kAdafactor) {
         h.adafactor = {.eps1 = g.at("eps1"), .eps2 = g.at("eps2"), .clip_threshold = g.at("clip_threshold"),
-                       .decay_rate = g.at("decay_rate"), .relative_step = g.at("relative_step")};
+                       .decay_rate = g.at("decay_rate"), .relative_step = g.at("relative_step"),
+                       .beta1 = g.value("beta1", 0.0f)};
       } else {
         h.beta1 = g.at("betas").at(0);
         h.beta2 = g.at("betas").at(1);
@@ -121,13 +123,18 @@ TEST_CASE("Adafactor's row, column and vector statistics resume from a checkpoin
   }
 }
 
-TEST_CASE("the memory report prices Adafactor's state: rows plus columns per matrix, an element per vector element") {
+TEST_CASE("the memory report prices Adafactor's state: rows plus columns per matrix, an element per vector element, "
+          "and one per element with a first moment") {
   const Reference& ref = reference();
   uint64_t expected = 0;
   for (const ReferenceParam& p : ref.model.params) {
-    if (ref.groups[static_cast<size_t>(p.group)].kind != optim::OptimizerKind::kAdafactor) {
+    const optim::Hyper& h = ref.groups[static_cast<size_t>(p.group)];
+    if (h.kind != optim::OptimizerKind::kAdafactor) {
       expected += 8 * p.numel();
-    } else if (p.shape.size() >= 2) {
+      continue;
+    }
+    if (h.adafactor.beta1 > 0.0f) expected += 4 * p.numel();  // the first moment
+    if (p.shape.size() >= 2) {
       expected += 4 * (static_cast<uint64_t>(p.shape[0]) + p.numel() / static_cast<uint64_t>(p.shape[0]));
     } else {
       expected += 4 * p.numel();

@@ -28,19 +28,26 @@ AdafactorUpdate::AdafactorUpdate(memory::Device& device, const optim::OptimizerO
   for (const optim::Segment* s : segments) {
     const AdafactorStats::Slot* slot = stats_->find(s->param_name);
     ZERO_CHECK(slot != nullptr, "parameter '{}' runs Adafactor but has no statistics slot", s->param_name);
-    Run r{s->begin, s->end, s, slot, 0, {}};
+    Run r{s->begin, s->end, s, slot, 0, SIZE_MAX, {}};
     if (slot->t.split) r.whole = slot->t.split.runs(s->param_offset, s->param_offset + (s->end - s->begin));
     if (slot->t.rows == 0) {
       r.v_at = v_numel_;
       v_numel_ += s->end - s->begin;
     }
+    if (groups_.at(static_cast<size_t>(slot->t.group)).adafactor.beta1 > 0.0f) {
+      r.m_at = m_numel_;
+      m_numel_ += s->end - s->begin;
+    }
     runs_.push_back(r);
   }
+  for (const optim::Hyper& h : groups_) first_moment_.push_back(h.adafactor.beta1 > 0.0f);
   rc_ = device.allocate_elements(static_cast<int64_t>(rc_numel_), DType::kFloat32, memory::Category::kOptimizerState);
   v_ = device.allocate_elements(static_cast<int64_t>(v_numel_), DType::kFloat32, memory::Category::kOptimizerState);
+  m_ = device.allocate_elements(static_cast<int64_t>(m_numel_), DType::kFloat32, memory::Category::kOptimizerState);
   if (meta_) return;
   std::fill(rc(), rc() + rc_numel_, 0.0f);
   std::fill(v(), v() + v_numel_, 0.0f);
+  std::fill(m(), m() + m_numel_, 0.0f);
 }
 
 template <typename Fn>
@@ -62,6 +69,14 @@ void AdafactorUpdate::for_each_whole(const Run& r, size_t lo, size_t n, Fn&& fn)
 }
 
 void AdafactorUpdate::begin_step(const optim::OptimizerOptions& options, int64_t step) {
+  for (size_t g = 0; g < first_moment_.size(); ++g) {
+    if ((options.groups.at(g).adafactor.beta1 > 0.0f) != first_moment_[g]) {
+      ZERO_THROW(InvalidArgument,
+                 "groups[{}].adafactor.beta1 changed {} 0 after the engine was built: the first moment's state is "
+                 "allocated at finalize()",
+                 g, first_moment_[g] ? "to" : "from");
+    }
+  }
   groups_ = options.groups;
   step_ = step;
   if (merge_pending_ && !meta_) stats_->merge_max(rc(), rc_numel_);
@@ -168,9 +183,19 @@ void AdafactorUpdate::step(const optim::StepInput& in, size_t begin, size_t end)
         static_cast<float>(alpha / std::fmax(1.0, rms_u / optim::decimal_double(h.adafactor.clip_threshold)));
     float* w = in.master + (lo - begin);
     const float* u = u_.data() + (lo - begin);
-    for (size_t k = 0; k < n; ++k) {
-      const float decayed = w[k] * decay;
-      w[k] = decayed - scale * u[k];
+    if (r.m_at == SIZE_MAX) {
+      for (size_t k = 0; k < n; ++k) {
+        const float decayed = w[k] * decay;
+        w[k] = decayed - scale * u[k];
+      }
+    } else {
+      const float b1 = h.adafactor.beta1, rest1 = static_cast<float>(1.0 - optim::decimal_double(b1));
+      float* mm = m() + r.m_at + (lo - r.begin);
+      for (size_t k = 0; k < n; ++k) {
+        mm[k] = mm[k] * b1 + rest1 * (scale * u[k]);
+        const float decayed = w[k] * decay;
+        w[k] = decayed - mm[k];
+      }
     }
     if (in.model_out != nullptr) {
       memory::host_kernels::convert(w, DType::kFloat32, static_cast<char*>(in.model_out) + (lo - begin) * out_size,
@@ -191,10 +216,11 @@ double AdafactorUpdate::step_size(const optim::Hyper& h, double param_rms) const
 }
 
 bool AdafactorUpdate::keeps(const std::string& state) {
-  return state == "exp_avg_sq" || state == "exp_avg_sq_row" || state == "exp_avg_sq_col";
+  return state == "exp_avg_sq" || state == "exp_avg_sq_row" || state == "exp_avg_sq_col" || state == "exp_avg_update";
 }
 
 float* AdafactorUpdate::state_at(const std::string& name, const Run& r, size_t x) {
+  if (name == "exp_avg_update") return r.m_at == SIZE_MAX ? nullptr : m() + r.m_at + (x - r.begin);
   const AdafactorStats::Slot& s = *r.slot;
   if (s.t.rows == 0) return name == "exp_avg_sq" ? v() + r.v_at + (x - r.begin) : nullptr;
   if (name == "exp_avg_sq") return nullptr;
@@ -215,7 +241,7 @@ void AdafactorUpdate::read_state(const std::string& name, size_t begin, size_t n
 
 void AdafactorUpdate::write_state(const std::string& name, size_t begin, size_t n, const float* in) {
   if (meta_) return;
-  if (name != "exp_avg_sq" && !written_) {
+  if ((name == "exp_avg_sq_row" || name == "exp_avg_sq_col") && !written_) {
     std::fill(rc(), rc() + rc_numel_, 0.0f);  // what this load does not write is zero (see loaded())
     written_ = true;
   }
@@ -226,7 +252,7 @@ void AdafactorUpdate::write_state(const std::string& name, size_t begin, size_t 
   });
 }
 
-size_t AdafactorUpdate::state_bytes() const { return (rc_numel_ + v_numel_) * sizeof(float); }
+size_t AdafactorUpdate::state_bytes() const { return (rc_numel_ + v_numel_ + m_numel_) * sizeof(float); }
 
 size_t AdafactorUpdate::numel() const {
   size_t n = 0;

@@ -5,7 +5,8 @@
 //
 // State: each matrix's row and column statistics R and C, whole, on every rank of the shard group
 // (O(n + m); each rank updates them from the same reduced sums, so they agree); each vector's V for
-// this rank's elements. Checkpoints see them per element: "exp_avg_sq_row" and "exp_avg_sq_col" (an
+// this rank's elements; in groups with a first moment (adafactor.beta1 > 0) its M for this rank's
+// elements ("exp_avg_update"), fixed at construction (a group cannot take one up or drop it later). Checkpoints see them per element: "exp_avg_sq_row" and "exp_avg_sq_col" (an
 // element reads its row's R and its column's C) and "exp_avg_sq" (a vector's V). A load writes each
 // rank's own elements, so R and C are written where a rank holds their row or column: the first step
 // after it (set_step_count marks it) merges them over the shard group by maximum (the statistics
@@ -51,6 +52,7 @@ class AdafactorUpdate {
     const optim::Segment* segment = nullptr;
     const AdafactorStats::Slot* slot = nullptr;
     size_t v_at = 0;  // a vector's: where this run's V starts in v_
+    size_t m_at = SIZE_MAX;  // where this run's first moment starts in m_ (SIZE_MAX: none)
     // A split tensor's part: where this run's elements lie in the whole tensor, in order (empty: the
     // registered tensor is the whole; its element index is the whole's).
     std::vector<SplitRun> whole;
@@ -67,6 +69,7 @@ class AdafactorUpdate {
   // vector's V); nullptr where the element keeps no such state.
   float* state_at(const std::string& name, const Run& r, size_t x);
   float* v() { return v_.as<float>(); }
+  float* m() { return m_.as<float>(); }
   double beta2(const optim::Hyper& h) const;                       // this step's
   double step_size(const optim::Hyper& h, double param_rms) const;  // alpha_t
 
@@ -75,9 +78,10 @@ class AdafactorUpdate {
   std::vector<Run> runs_;                 // by begin
   std::vector<Matrix> matrices_;          // the matrices of stats_->tensors(), in order
   std::vector<size_t> matrix_of_;         // stats tensor index -> matrices_ index (SIZE_MAX: a vector)
-  memory::Buffer rc_, v_;                 // R and C of every matrix back to back; V of the vector runs
-  size_t rc_numel_ = 0, v_numel_ = 0;
+  memory::Buffer rc_, v_, m_;             // R and C of every matrix back to back; V of the vector runs; M
+  size_t rc_numel_ = 0, v_numel_ = 0, m_numel_ = 0;
   std::vector<optim::Hyper> groups_;
+  std::vector<bool> first_moment_;        // per group, as constructed
   int64_t step_ = 0;
   bool merge_pending_ = false, written_ = false;
   std::vector<double> stats_buf_, update_buf_;

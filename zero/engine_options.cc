@@ -136,8 +136,8 @@ std::vector<std::pair<std::string, std::string>> fingerprint(const EngineOptions
     add(g + "params", fmt::format("[{}]", fmt::join(h.params, ", ")));
     add(g + "muon", fmt::format("{} {} {} {} {}", h.muon.momentum, h.muon.nesterov, h.muon.ns_steps, h.muon.rms_scale,
                                 h.muon.per_part));
-    add(g + "adafactor", fmt::format("{} {} {} {} {}", h.adafactor.eps1, h.adafactor.eps2, h.adafactor.clip_threshold,
-                                     h.adafactor.decay_rate, h.adafactor.relative_step));
+    add(g + "adafactor", fmt::format("{} {} {} {} {} {}", h.adafactor.eps1, h.adafactor.eps2, h.adafactor.clip_threshold,
+                                     h.adafactor.decay_rate, h.adafactor.relative_step, h.adafactor.beta1));
   }
   add("max_grad_norm", o.max_grad_norm);
   add("param_dtype", o.param_dtype ? dtype_name(*o.param_dtype) : "registered");

@@ -627,7 +627,8 @@ EngineConfig every_field_changed() {
                                                    .eps2 = 2e-3f,
                                                    .clip_threshold = 0.5f,
                                                    .decay_rate = 0.7f,
-                                                   .relative_step = true},
+                                                   .relative_step = true,
+                                                   .beta1 = 0.5f},
                                      .params = {"h.*.weight", "lm_head.?"}},
                         optim::Hyper{.lr = 0.1f, .dampening = 0.1f}};
   o.optimizer.state_dtype = DType::kBFloat16;

@@ -116,6 +116,7 @@ void visit_hyper(V& v, optim::Hyper& h) {
     v.field("clip_threshold", h.adafactor.clip_threshold);
     v.field("decay_rate", h.adafactor.decay_rate);
     v.field("relative_step", h.adafactor.relative_step);
+    v.field("beta1", h.adafactor.beta1);
   });
 }
 
