@@ -37,6 +37,7 @@
 #include "examples/gpt/gpt_reference.h"
 #include "parallel/engine_comms.h"
 #include "parallel/pipeline/schedules.h"
+#include "testing/reference_groups.h"
 #include "zero/engine.h"
 #include "zero/tp_placement.h"
 
@@ -44,37 +45,6 @@ namespace {
 
 using namespace zero;
 using json = nlohmann::json;
-
-// A reference group's hyperparameters: its own where it names them (a "kind": adamw, muon, adafactor),
-// else the train section's (the AdamW references: lr, betas, eps).
-optim::Hyper group_hyper(const json& train, const json& g) {
-  auto number = [&](const char* key) { return g.contains(key) ? g[key].get<float>() : train[key].get<float>(); };
-  optim::Hyper h;
-  h.kind = optim::parse_optimizer(g.value("kind", std::string("adamw")));
-  h.lr = number("lr");
-  h.weight_decay = g["weight_decay"].get<float>();
-  switch (*h.kind) {
-    case optim::OptimizerKind::kAdamW: {
-      const auto betas = g.contains("betas") ? g["betas"].get<std::vector<float>>() : train["betas"].get<std::vector<float>>();
-      h.beta1 = betas.at(0);
-      h.beta2 = betas.at(1);
-      h.eps = number("eps");
-      break;
-    }
-    case optim::OptimizerKind::kMuon:
-      h.muon = {.momentum = g["momentum"].get<float>(), .nesterov = g["nesterov"].get<bool>(),
-                .rms_scale = g["rms_scale"].get<float>()};
-      break;
-    case optim::OptimizerKind::kAdafactor:
-      h.adafactor = {.eps1 = g["eps1"].get<float>(), .eps2 = g["eps2"].get<float>(),
-                     .clip_threshold = g["clip_threshold"].get<float>(), .decay_rate = g["decay_rate"].get<float>(),
-                     .relative_step = g["relative_step"].get<bool>()};
-      break;
-    default:
-      ZERO_THROW(InvalidArgument, "param_groups: kind '{}' has no reader here", g["kind"].get<std::string>());
-  }
-  return h;
-}
 
 int run(int argc, char** argv) {
   cli::Flags flags(argc, argv);
@@ -179,12 +149,8 @@ int run(int argc, char** argv) {
   opt.stage = stage;
   opt.optimizer.kind = optim::OptimizerKind::kAdamW;
   opt.optimizer.groups.clear();
-  for (const json& g : train["param_groups"]) {
-    optim::Hyper h = group_hyper(train, g);
-    // The file decides the grouping: each group takes its names (exact names are patterns).
-    h.params = g["names"].get<std::vector<std::string>>();
-    opt.optimizer.groups.push_back(std::move(h));
-  }
+  // The file decides the grouping: each group takes its names (exact names are patterns).
+  for (const json& g : train["param_groups"]) opt.optimizer.groups.push_back(testing::reference_group(g, train));
   ZERO_CHECK(train["param_groups"][0]["weight_decay"].get<float>() > 0, "group 0 is the decayed one");
   opt.max_grad_norm = train["max_grad_norm"].get<float>();
   opt.offload.optimizer = offload;
