@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -328,6 +330,33 @@ TEST_CASE("activation recompute: the loss curve bit for bit, at the activation b
       CHECK(peaks[0] == kept.forward);
       CHECK(peaks[1] == recomputed.forward + recomputed.rebuilt);
     }
+  }
+}
+
+// DeepSpeed configs in the shape DeepSpeedExamples' Megatron-LM scripts use (tests/data/deepspeed:
+// ZeRO 2, ZeRO 3, ZeRO 2 with CPU offload and "DeepSpeed_Adam"; fp16, activation checkpointing,
+// logging keys): refused only for fp16 compute, by name, and trained on with fp16 off.
+TEST_CASE("DeepSpeedExamples-shaped configs: refused only for fp16, named; with fp16 off they train") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  for (const char* name : {"megatron_zero2", "megatron_zero3", "megatron_zero_offload"}) {
+    CAPTURE(name);
+    const std::string file = std::string("tests/data/deepspeed/") + name + ".json";
+    const auto refused = testing::launch(2, "examples/gpt/train_gpt", {"--config", file, "--steps", "1"});
+    CHECK(refused.exit_code != 0);
+    CHECK(refused.output.find("the GPT runs in fp32 or bf16, got fp16") != std::string::npos);
+    std::ifstream in(file);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = text.find("\"enabled\": true");  // fp16's, the files' only one
+    REQUIRE(at != std::string::npos);
+    text.replace(at, 15, "\"enabled\": false");
+    const std::string fp32 = std::string(tmp != nullptr ? tmp : "/tmp") + "/" + name + "_fp32.json";
+    std::ofstream(fp32) << text;
+    const auto r = testing::launch(2, "examples/gpt/train_gpt",
+                                   {"--config", fp32, "--steps", "2", "--val-every", "0", "--sample-tokens", "0"});
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(!losses(r.output).empty());
+    CHECK(r.output.find("activation_checkpointing") != std::string::npos);  // how it maps, said once
   }
 }
 

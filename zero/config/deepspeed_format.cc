@@ -228,11 +228,20 @@ class DeepSpeedReader {
     with(top, "optimizer", [&](ObjectReader& r) {
       const json* type = r.find("type");
       if (type == nullptr) fail(ctx_, "optimizer.type is required (Adam, AdamW, SGD, Adagrad or Lion)");
-      const std::string name = read_string(*type, r.path("type"), ctx_, "an optimizer name");
+      std::string name = read_string(*type, r.path("type"), ctx_, "an optimizer name");
+      // DeepSpeed's CPU Adam under its names in older configs (DeepSpeedExamples' Megatron-LM offload
+      // scripts say "DeepSpeed_Adam"): Adam with adam_w_mode, on the offload tier's CPU optimizer here.
+      if (const std::string l = lower(name); l == "deepspeed_adam" || l == "deepspeedcpuadam" || l == "cpuadam") {
+        c_.notes.push_back(fmt::format("optimizer.type \"{}\": DeepSpeed's CPU Adam, read as Adam (adam_w_mode as "
+                                       "given, default true); with offload the CPU optimizer runs it",
+                                       name));
+        name = "Adam";
+      }
       const std::string t = lower(name);
       if (t != "adam" && t != "adamw" && t != "sgd" && t != "adagrad" && t != "lion") {
-        fail(ctx_,
-             fmt::format("optimizer.type \"{}\" is not supported (expected Adam, AdamW, SGD, Adagrad or Lion)", name));
+        fail(ctx_, fmt::format("optimizer.type \"{}\" is not supported (expected Adam, AdamW, SGD, Adagrad, Lion, or "
+                               "DeepSpeed_Adam for DeepSpeed's CPU Adam)",
+                               name));
       }
       std::optional<bool> w_mode = boolean(r, "adam_w_mode");
       optim::Hyper h;
@@ -315,7 +324,7 @@ class DeepSpeedReader {
     require(z, "reduce_scatter", true,
             "the engine always reduce-scatters gradients when the optimizer is sharded (stages 1 to 3)");
     require(z, "allgather_partitions", true, "the engine always all-gathers updated parameters");
-    require(z, "cpu_offload", false, "deprecated in DeepSpeed; use zero_optimization.offload_optimizer.device = cpu");
+    read_cpu_offload(z);
     require(z, "zero_quantized_weights", false, "quantized collectives (ZeRO++) are not implemented");
     require(z, "zero_quantized_gradients", false, "quantized collectives (ZeRO++) are not implemented");
     if (const auto hpz = integer(z, "zero_hpz_partition_size", 1, INT_MAX); hpz && *hpz != 1) {
@@ -327,7 +336,14 @@ class DeepSpeedReader {
     }
     read_mics(z);
     read_buckets(z);
-    with(z, "offload_optimizer", [&](ObjectReader& r) { read_offload(r, false); });
+    with(z, "offload_optimizer", [&](ObjectReader& r) {
+      if (cpu_offload_ && r.find("device") != nullptr) {
+        fail(ctx_, fmt::format("{} and {} both say where the optimizer lives: keep offload_optimizer (cpu_offload is "
+                               "DeepSpeed's deprecated form)",
+                               z.path("cpu_offload"), r.path("device")));
+      }
+      read_offload(r, false);
+    });
     with(z, "offload_param", [&](ObjectReader& r) { read_offload(r, true); });
     read_stage3(z);
     note(z, "stage3_max_reuse_distance", Kind::kCount,
@@ -340,6 +356,26 @@ class DeepSpeedReader {
     note(z, "round_robin_gradients", Kind::kBool, "offloaded gradient shards are copied bucket by bucket");
     note(z, "load_from_fp32_weights", Kind::kBool, "checkpoints always hold and load the fp32 master weights");
     note(z, "elastic_checkpoint", Kind::kBool, "checkpoints load at any world size and stage");
+  }
+
+  // DeepSpeed's deprecated cpu_offload (older configs, DeepSpeedExamples' Megatron-LM offload scripts):
+  // the optimizer offloaded to host memory, as offload_optimizer.device = cpu says now.
+  void read_cpu_offload(ObjectReader& z) {
+    const auto on = boolean(z, "cpu_offload");
+    if (!on) return;
+    cpu_offload_ = true;
+    if (ctx_.strict && *on) {
+      fail(ctx_, fmt::format("{} is DeepSpeed's deprecated form (strict reading): use "
+                             "zero_optimization.offload_optimizer.device = cpu",
+                             z.path("cpu_offload")));
+    }
+    c_.engine.offload.optimizer = *on;
+    set_by("EngineOptions.offload.optimizer", z.path("cpu_offload"));
+    if (*on) {
+      c_.notes.push_back(fmt::format("{} = true: the optimizer offloaded to host memory (DeepSpeed's deprecated form "
+                                     "of offload_optimizer.device = cpu)",
+                                     z.path("cpu_offload")));
+    }
   }
 
   // MiCS shards within groups of mics_shard_size ranks and replicates across them: hybrid sharding,
@@ -493,6 +529,7 @@ class DeepSpeedReader {
   const Context& ctx_;
   Origins origins_;
   std::optional<std::string> pinned_from_;  // the first pin_memory key read
+  bool cpu_offload_ = false;                // zero_optimization.cpu_offload was given
 };
 
 }  // namespace

@@ -105,6 +105,11 @@ TEST_CASE("each DeepSpeed key changes exactly the option it maps to") {
        zero,
        R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}})",
        {{"offload.optimizer", "true"}}},
+      {"cpu_offload (DeepSpeed's deprecated form)",
+       zero,
+       R"({"zero_optimization": {"cpu_offload": true}})",
+       {{"offload.optimizer", "true"}}},
+      {"DeepSpeed_Adam (DeepSpeed's CPU Adam)", adam, R"({"optimizer": {"type": "DeepSpeed_Adam"}})", {}},
       {"offload_optimizer.device none",
        zero,
        R"({"zero_optimization": {"offload_optimizer": {"device": "none"}}})",
@@ -470,6 +475,8 @@ TEST_CASE("hybrid sharding: a shard group size below 0, or with stage 0, is refu
 
 TEST_CASE("optimizer types and parameters: unsupported ones are refused") {
   CHECK(contains(ds_error(R"({"optimizer": {"type": "Lamb"}})"), "optimizer.type \"Lamb\" is not supported"));
+  CHECK(contains(ds_error(R"({"zero_optimization": {"cpu_offload": true, "offload_optimizer": {"device": "none"}}})"),
+                 "zero_optimization.cpu_offload and zero_optimization.offload_optimizer.device both say where"));
   CHECK(contains(ds_error(R"({"optimizer": {"params": {"lr": 0.1}}})"), "optimizer.type is required"));
   CHECK(contains(ds_error(R"({"optimizer": {"type": "AdamW", "params": {"momentum": 0.9}}})"),
                  "optimizer.params.momentum does not apply to AdamW"));
