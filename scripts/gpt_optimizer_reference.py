@@ -10,7 +10,7 @@
 #
 #   /usr/bin/python3 scripts/gpt_optimizer_reference.py
 #
-# Training, per step: each of the 2 data-parallel ranks takes the loss of its own batch (the AdamW
+# The optimizers: scripts/reference_optimizers.py. Training, per step: each of the 2 data-parallel ranks takes the loss of its own batch (the AdamW
 # reference's tokens, its 3 steps' batches used again in order for steps 4 and 5), the gradients
 # are averaged over the ranks and clipped to a global norm of 1 (torch.nn.utils.clip_grad_norm_),
 # then the optimizer steps.
@@ -32,19 +32,14 @@ import json
 import math
 import os
 
-import numpy
 import torch
 import torch.nn.functional as F
+
+from reference_optimizers import Hybrid, listed
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "pytorch", "gpt")
 BASE = "gpt_4layer_dp2"
 STEPS, MAX_NORM = 5, 1.0
-A, B, C = 3.4445, -4.7750, 2.0315
-
-
-def listed(t):
-    # Each float32 as its shortest round-trip decimal (a JSON number that parses back to the same bits).
-    return [float(numpy.format_float_positional(x, unique=True, trim="-")) for x in t.detach().flatten().numpy()]
 
 
 def layer_norm(x, p, name):
@@ -75,97 +70,6 @@ def gpt_loss(p, cfg, rows):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def newton_schulz(g, steps=5, eps=1e-7):
-    x = g.clone()
-    tall = x.size(0) > x.size(1)
-    if tall:
-        x = x.T
-    x = x / (x.norm() + eps)
-    for _ in range(steps):
-        a = x @ x.T
-        x = A * x + (B * a + C * (a @ a)) @ x
-    return x.T if tall else x
-
-
-class Muon:
-    """Muon on the hidden matrices, torch.optim.AdamW on the rest."""
-
-    def __init__(self, params, names_by_group, groups):
-        self.params, self.groups = params, groups
-        self.group_of = {n: g for g, names in enumerate(names_by_group) for n in names}
-        adamw = [k for k, h in enumerate(groups) if h["kind"] == "adamw"]
-        self.adamw = torch.optim.AdamW(
-            [{"params": [params[n] for n in names_by_group[k]], "lr": groups[k]["lr"],
-              "weight_decay": groups[k]["weight_decay"], "betas": tuple(groups[k]["betas"]), "eps": groups[k]["eps"]}
-             for k in adamw])
-        self.momentum = {n: torch.zeros_like(params[n]) for n, g in self.group_of.items() if groups[g]["kind"] == "muon"}
-
-    @torch.no_grad()
-    def step(self):
-        for n, m in self.momentum.items():
-            h, p = self.groups[self.group_of[n]], self.params[n]
-            m.mul_(h["momentum"]).add_(p.grad)
-            rows, cols = p.shape[0], math.prod(p.shape[1:])
-            o = newton_schulz(m.reshape(rows, cols)).reshape(p.shape)
-            p.mul_(1 - h["lr"] * h["weight_decay"])
-            p.add_(o, alpha=-h["lr"] * h["rms_scale"] * math.sqrt(max(rows, cols)))
-        self.adamw.step()
-
-
-class Adafactor:
-    """The paper's algorithm, per tensor, in float32 with the sums in float64."""
-
-    def __init__(self, params, names_by_group, groups):
-        self.params, self.groups, self.t = params, groups, 0
-        self.group_of = {n: g for g, names in enumerate(names_by_group) for n in names}
-        self.state = {}
-        for n, p in params.items():
-            if p.dim() >= 2:
-                self.state[n] = {"R": torch.zeros(p.shape[0]), "C": torch.zeros(math.prod(p.shape[1:]))}
-            else:
-                self.state[n] = {"V": torch.zeros_like(p)}
-
-    @torch.no_grad()
-    def step(self):
-        self.t += 1
-        for n, p in self.params.items():
-            h, st = self.groups[self.group_of[n]], self.state[n]
-            beta = 1.0 - self.t ** -h["decay_rate"]
-            g = p.grad
-            s = g * g + h["eps1"]
-            if "R" in st:
-                s2 = s.reshape(p.shape[0], -1).double()
-                st["R"] = st["R"] * beta + s2.sum(dim=1).float() * (1 - beta)
-                st["C"] = st["C"] * beta + s2.sum(dim=0).float() * (1 - beta)
-                v = ((st["R"][:, None] * st["C"][None, :]) / st["R"].double().sum().float()).reshape(p.shape)
-            else:
-                st["V"] = st["V"] * beta + s * (1 - beta)
-                v = st["V"]
-            u = g / v.sqrt()
-            rms_u = math.sqrt(float((u.double() ** 2).sum()) / u.numel())
-            rms_x = math.sqrt(float((p.double() ** 2).sum()) / p.numel())
-            alpha = max(h["eps2"], rms_x) * min(1e-2, 1 / math.sqrt(self.t)) if h["relative_step"] else h["lr"]
-            p.mul_(1 - alpha * h["weight_decay"])
-            p.sub_(u * (alpha / max(1.0, rms_u / h["clip_threshold"])))
-
-
-class Mixed:
-    """Adafactor on its groups, torch.optim.AdamW on the others."""
-
-    def __init__(self, params, names_by_group, groups):
-        factored = [k for k, h in enumerate(groups) if h["kind"] == "adafactor"]
-        self.adafactor = Adafactor({n: params[n] for k in factored for n in names_by_group[k]},
-                                   [ns if k in factored else [] for k, ns in enumerate(names_by_group)], groups)
-        self.adamw = torch.optim.AdamW(
-            [{"params": [params[n] for n in names_by_group[k]], "lr": groups[k]["lr"],
-              "weight_decay": groups[k]["weight_decay"], "betas": tuple(groups[k]["betas"]), "eps": groups[k]["eps"]}
-             for k, h in enumerate(groups) if h["kind"] == "adamw"])
-
-    def step(self):
-        self.adafactor.step()
-        self.adamw.step()
-
-
 ADAFACTOR = {"kind": "adafactor", "eps1": 1e-30, "eps2": 1e-3, "clip_threshold": 1.0, "decay_rate": 0.8}
 ADAMW = {"kind": "adamw", "betas": [0.9, 0.95], "eps": 1e-8}
 
@@ -181,14 +85,14 @@ def recipes(names):
         "muon": ([decayed, vectors, hidden],
                  [dict(ADAMW, lr=0.01, weight_decay=0.1), dict(ADAMW, lr=0.01, weight_decay=0.0),
                   {"kind": "muon", "lr": 0.01, "weight_decay": 0.1, "momentum": 0.95, "nesterov": False,
-                   "rms_scale": 0.2}], Muon),
+                   "rms_scale": 0.2}], Hybrid),
         # The linear layers' biases in AdamW: the key bias's gradient is zero but for rounding (softmax
         # ignores a constant added to a row's scores), and Adafactor's unfactored update G / sqrt(V)
         # turns that rounding into steps of the learning rate's size, which no two implementations share.
         "adafactor": ([decayed + hidden, norms, biases],
                       [dict(ADAFACTOR, lr=0.01, weight_decay=0.1, relative_step=False),
                        dict(ADAFACTOR, lr=0.01, weight_decay=0.0, relative_step=True),
-                       dict(ADAMW, lr=0.01, weight_decay=0.0)], Mixed),
+                       dict(ADAMW, lr=0.01, weight_decay=0.0)], Hybrid),
     }
 
 

@@ -9,7 +9,8 @@
 #
 # The run: 6 data-parallel reference ranks (so 1, 2, 3 and 6 engine ranks divide them, each taking
 # 6 / N of them as micro-batches), 4 samples each per step, 5 steps; the gradients averaged over the
-# ranks and clipped to a global norm of 1 (torch.nn.utils.clip_grad_norm_), then the optimizer steps.
+# ranks and clipped to a global norm of 1 (torch.nn.utils.clip_grad_norm_), then the optimizer steps
+# (scripts/reference_optimizers.py).
 # Muon + AdamW: every weight in Muon (m = 0.95 m + g; W = W (1 - lr wd) - lr 0.2 sqrt(max(rows,
 # cols)) newton_schulz(m); rows = fan_in, as the MLP stores W [fan_in, fan_out]), the biases in
 # torch.optim.AdamW. Adafactor (the paper's, with Hugging Face's first moment where beta1 > 0): the
@@ -18,20 +19,15 @@ import json
 import math
 import os
 
-import numpy
 import torch
 import torch.nn.functional as F
+
+from reference_optimizers import Hybrid, listed
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "testdata",
                    "mlp_optimizer_reference.json")
 WIDTHS = [16, 32, 32, 8]
 WORLD, BATCH, STEPS, MAX_NORM = 6, 4, 5, 1.0
-A, B, C = 3.4445, -4.7750, 2.0315
-
-
-def listed(t):
-    # Each float32 as its shortest round-trip decimal (a JSON number that parses back to the same bits).
-    return [float(numpy.format_float_positional(x, unique=True, trim="-")) for x in t.detach().flatten().numpy()]
 
 
 def mlp_loss(p, x, labels):
@@ -42,79 +38,6 @@ def mlp_loss(p, x, labels):
         if l + 1 < layers:
             h = h.clamp(min=0)
     return F.cross_entropy(h, labels)
-
-
-def newton_schulz(g, steps=5, eps=1e-7):
-    x = g.clone()
-    tall = x.size(0) > x.size(1)
-    if tall:
-        x = x.T
-    x = x / (x.norm() + eps)
-    for _ in range(steps):
-        a = x @ x.T
-        x = A * x + (B * a + C * (a @ a)) @ x
-    return x.T if tall else x
-
-
-def adamw(params, names_by_group, groups):
-    return torch.optim.AdamW(
-        [{"params": [params[n] for n in names_by_group[k]], "lr": h["lr"], "weight_decay": h["weight_decay"],
-          "betas": tuple(h["betas"]), "eps": h["eps"]} for k, h in enumerate(groups) if h["kind"] == "adamw"])
-
-
-class Muon:
-    def __init__(self, params, names_by_group, groups):
-        self.params, self.groups = params, groups
-        self.muon = {n: k for k, h in enumerate(groups) if h["kind"] == "muon" for n in names_by_group[k]}
-        self.momentum = {n: torch.zeros_like(params[n]) for n in self.muon}
-        self.rest = adamw(params, names_by_group, groups)
-
-    @torch.no_grad()
-    def step(self):
-        for n, k in self.muon.items():
-            h, p, m = self.groups[k], self.params[n], self.momentum[n]
-            m.mul_(h["momentum"]).add_(p.grad)
-            rows, cols = p.shape
-            p.mul_(1 - h["lr"] * h["weight_decay"])
-            p.add_(newton_schulz(m), alpha=-h["lr"] * h["rms_scale"] * math.sqrt(max(rows, cols)))
-        self.rest.step()
-
-
-class Adafactor:
-    def __init__(self, params, names_by_group, groups):
-        self.params, self.groups, self.t = params, groups, 0
-        self.group_of = {n: k for k, names in enumerate(names_by_group) for n in names}
-        self.state = {}
-        for n, p in params.items():
-            st = {"R": torch.zeros(p.shape[0]), "C": torch.zeros(p.shape[1])} if p.dim() == 2 else {"V": torch.zeros_like(p)}
-            if groups[self.group_of[n]]["beta1"] > 0:
-                st["M"] = torch.zeros_like(p)
-            self.state[n] = st
-
-    @torch.no_grad()
-    def step(self):
-        self.t += 1
-        for n, p in self.params.items():
-            h, st, g = self.groups[self.group_of[n]], self.state[n], self.params[n].grad
-            beta = 1.0 - self.t ** -h["decay_rate"]
-            s = g * g + h["eps1"]
-            if "R" in st:
-                st["R"] = st["R"] * beta + s.double().sum(dim=1).float() * (1 - beta)
-                st["C"] = st["C"] * beta + s.double().sum(dim=0).float() * (1 - beta)
-                v = (st["R"][:, None] * st["C"][None, :]) / st["R"].double().sum().float()
-            else:
-                st["V"] = st["V"] * beta + s * (1 - beta)
-                v = st["V"]
-            u = g / v.sqrt()
-            rms_u = math.sqrt(float((u.double() ** 2).sum()) / u.numel())
-            rms_x = math.sqrt(float((p.double() ** 2).sum()) / p.numel())
-            alpha = max(h["eps2"], rms_x) * min(1e-2, 1 / math.sqrt(self.t)) if h["relative_step"] else h["lr"]
-            update = u * (alpha / max(1.0, rms_u / h["clip_threshold"]))
-            if "M" in st:
-                st["M"] = st["M"] * h["beta1"] + update * (1 - h["beta1"])
-                update = st["M"]
-            p.mul_(1 - alpha * h["weight_decay"])
-            p.sub_(update)
 
 
 ADAFACTOR = {"kind": "adafactor", "eps1": 1e-30, "eps2": 1e-3, "clip_threshold": 1.0, "decay_rate": 0.8}
@@ -136,10 +59,10 @@ def main():
     recipes = {
         "muon": ([weights, biases],
                  [{"kind": "muon", "lr": 0.02, "weight_decay": 0.1, "momentum": 0.95, "nesterov": False,
-                   "rms_scale": 0.2}, dict(ADAMW, lr=0.01, weight_decay=0.0)], Muon),
+                   "rms_scale": 0.2}, dict(ADAMW, lr=0.01, weight_decay=0.0)], Hybrid),
         "adafactor": ([weights, biases],
                       [dict(ADAFACTOR, lr=0.01, weight_decay=0.1, relative_step=False, beta1=0.9),
-                       dict(ADAFACTOR, lr=0.01, weight_decay=0.0, relative_step=True, beta1=0.0)], Adafactor),
+                       dict(ADAFACTOR, lr=0.01, weight_decay=0.0, relative_step=True, beta1=0.0)], Hybrid),
     }
     doc = {
         "torch_version": torch.__version__, "widths": WIDTHS, "world_size": WORLD, "batch_per_rank": BATCH,

@@ -18,31 +18,13 @@ import json
 import math
 import sys
 
-import numpy
 import torch
+
+from reference_optimizers import A, B, C, listed, newton_schulz
 
 torch.manual_seed(20261206)
 OUT = sys.argv[1] if len(sys.argv) > 1 else "optim/testdata/muon_reference.json"
-A, B, C = 3.4445, -4.7750, 2.0315
 WORLD, STEPS, MAX_NORM = 2, 5, 1.0
-
-
-def listed(t):
-    # Each float32 as its shortest round-trip decimal (a JSON number that parses back to the same bits).
-    return [float(numpy.format_float_positional(x, unique=True, trim="-")) for x in t.detach().flatten().numpy()]
-
-
-def newton_schulz(g, steps=5, eps=1e-7):
-    x = g.clone()
-    tall = x.size(0) > x.size(1)
-    if tall:
-        x = x.T
-    x = x / (x.norm() + eps)
-    for _ in range(steps):
-        a = x @ x.T
-        b = B * a + C * (a @ a)
-        x = A * x + b @ x
-    return x.T if tall else x
 
 
 ns_cases = []
