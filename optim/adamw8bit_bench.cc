@@ -2,6 +2,7 @@
 // traffic, measured in the same run, and fp32 AdamW's step beside it.
 //
 //   bazel run -c opt --config=native //optim:adamw8bit_bench -- [--sizes=16,64] [--threads=1,2] [--rounds=4]
+//       [--simd=scalar|avx2|avx512]   (the step's and fp32 AdamW's path; default the CPU's best)
 //
 // 8-bit AdamW moves 16 bytes per parameter and a little more: read p and g (fp32) and the two codes,
 // write p and the two codes, plus 16 bytes of absmax per 256-element block (read and written). The
@@ -102,6 +103,7 @@ double best_of(int rounds, Fn&& fn) {
 int run(int argc, char** argv) {
   std::vector<size_t> sizes = {16, 64}, threads = {1, 2};
   int rounds = 4;
+  SimdPath path = best_simd_path();
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--sizes=", 0) == 0) {
@@ -110,13 +112,15 @@ int run(int argc, char** argv) {
       threads = parse_list(a.substr(10));
     } else if (a.rfind("--rounds=", 0) == 0) {
       rounds = std::max(1, std::stoi(a.substr(9)));
+    } else if (a.rfind("--simd=", 0) == 0) {
+      path = parse_simd_path(a.substr(7));
     } else {
-      std::fprintf(stderr, "usage: adamw8bit_bench [--sizes=16,64] [--threads=1,2] [--rounds=4]\n");
+      std::fprintf(stderr, "usage: adamw8bit_bench [--sizes=16,64] [--threads=1,2] [--rounds=4] [--simd=scalar|avx2|avx512]\n");
       return 2;
     }
   }
   fmt::print("adamw8bit_bench: {} hardware threads, SIMD path {}; best of {} rounds\n",
-             std::thread::hardware_concurrency(), simd_path_name(best_simd_path()), rounds);
+             std::thread::hardware_concurrency(), simd_path_name(path), rounds);
   const double bytes8 = 16.0 + 16.0 / kBlock, bytes32 = 28.0;
   fmt::print("{:>6} {:>7} {:<22} {:>9} {:>10} {:>11} {:>7} {:>9}\n", "Mparams", "threads", "step", "ms/step",
              "Mparams/s", "bytes/param", "GB/s", "/bound");
@@ -162,13 +166,13 @@ int run(int argc, char** argv) {
           size_t lo, hi;
           range_of(n, i, nt, lo, hi);
           StepInput in{.master = p + lo, .grad = g + lo};
-          adamw8bit_step(in, hi - lo, kBlock, c, {mc + lo, ma + lo / kBlock}, {vc + lo, va + lo / kBlock},
-                         best_simd_path());
+          adamw8bit_step(in, hi - lo, kBlock, c, {mc + lo, ma + lo / kBlock}, {vc + lo, va + lo / kBlock}, path);
         });
       });
       OptimizerOptions o;
       o.groups = {h};
       o.num_threads = nt;
+      o.simd_path = path;
       Optimizer fp32(o, n, {Segment{0, n, 0, "w", 0}});
       const double full = best_of(rounds, [&] { fp32.step(StepInput{.master = p, .grad = g}); });
       const double bound_gbs = bytes8 * static_cast<double>(n) / bound / 1e9;

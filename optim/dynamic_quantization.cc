@@ -58,12 +58,14 @@ void dequantize_block(const DynamicMap& map, const uint8_t* codes, size_t n, flo
 }
 
 namespace detail {
+const QuantizeKernels* quantize_kernels_avx2();    // dynamic_quantization_avx2.cc
 const QuantizeKernels* quantize_kernels_avx512();  // dynamic_quantization_avx512.cc
 }
 
 const QuantizeKernels& quantize_kernels(SimdPath path) {
   static const QuantizeKernels scalar{&quantize_block, &dequantize_block};
   if (path == SimdPath::kAvx512) return *detail::quantize_kernels_avx512();
+  if (path == SimdPath::kAvx2) return *detail::quantize_kernels_avx2();
   return scalar;
 }
 

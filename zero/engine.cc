@@ -58,12 +58,9 @@ int Engine::add_param(const ParamSpec& spec) {
     ZERO_THROW(InvalidArgument, "add_param('{}') after finalize(): register every parameter first", spec.name);
   }
   // A group's name patterns (optimizer.groups[].params) place the parameter, over its own group.
-  if (const std::optional<int> group = optim::group_by_name(impl_->options.optimizer, spec.name)) {
-    ParamSpec placed = spec;
-    placed.group = *group;
-    return impl_->registry.add(placed);
-  }
-  return impl_->registry.add(spec);
+  ParamSpec placed = spec;
+  placed.group = optim::group_by_name(impl_->options.optimizer, spec.name).value_or(spec.group);
+  return impl_->registry.add(placed);
 }
 
 void Engine::interleave_micro_batches(int micro_batches) {

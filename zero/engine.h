@@ -216,6 +216,8 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Registers a parameter (before finalize). Local problems are raised by finalize() on every rank.
+  // An optimizer group whose name patterns match it (optim::Hyper::params) takes it, whatever
+  // ParamSpec::group says; two such groups are refused here, naming both.
   int add_param(const ParamSpec& spec);
   // Before finalize(): the step's micro-batches (EngineOptions::micro_batches, set to this count)
   // run interleaved within one micro-step, as a pipeline schedule runs them, instead of one after
