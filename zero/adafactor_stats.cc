@@ -30,8 +30,10 @@ AdafactorStats::AdafactorStats(const ShardLayout& layout, const ShardOwnership& 
                t.name, t.numel);
     if (t.split) {
       if (split_over_ != nullptr && split_over_ != t.split.over) {
-        ZERO_THROW(InvalidArgument, "parameter '{}' is split across another group than the Adafactor tensors before it: "
-                   "their statistics are summed over one", t.name);
+        ZERO_THROW(InvalidArgument,
+                   "parameter '{}' is split across another group than the Adafactor tensors before it: their "
+                   "statistics are summed over one",
+                   t.name);
       }
       split_over_ = t.split.over;
     }
@@ -83,13 +85,14 @@ void AdafactorStats::sum_split(size_t bucket, double* values, bool updates) {
     packed_.insert(packed_.end(), values + lo, values + hi);
   }
   if (packed_.empty()) return;
-  sum_over(split_over_, packed_.data(), packed_.size(), updates ? "adafactor split update sums" : "adafactor split statistics");
+  sum_over(split_over_, packed_.data(), packed_.size(),
+           updates ? "adafactor split update sums" : "adafactor split statistics");
   size_t at = 0;
   for (const Slot& s : slots_[bucket]) {
     if (!s.t.split) continue;
     const auto [lo, hi] = range(s);
-    std::copy(packed_.begin() + static_cast<std::ptrdiff_t>(at), packed_.begin() + static_cast<std::ptrdiff_t>(at + hi - lo),
-              values + lo);
+    const auto from = packed_.begin() + static_cast<std::ptrdiff_t>(at);
+    std::copy(from, from + static_cast<std::ptrdiff_t>(hi - lo), values + lo);
     at += hi - lo;
   }
 }
@@ -98,6 +101,7 @@ void AdafactorStats::merge_max(float* values, size_t n) {
   if (n == 0) return;
   for (comm::Communicator* group : {shard_, split_over_}) {
     if (group == nullptr || group->size() == 1) continue;
+    comm::CallLabel label(*group, "adafactor statistics merge");
     group->all_reduce(values, n, DType::kFloat32, comm::ReduceOp::kMax)->wait(timeout_);
   }
 }

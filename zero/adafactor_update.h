@@ -5,12 +5,13 @@
 //
 // State: each matrix's row and column statistics R and C, whole, on every rank of the shard group
 // (O(n + m); each rank updates them from the same reduced sums, so they agree); each vector's V for
-// this rank's elements; in groups with a first moment (adafactor.beta1 > 0) its M for this rank's
-// elements ("exp_avg_update"), fixed at construction (a group cannot take one up or drop it later). Checkpoints see them per element: "exp_avg_sq_row" and "exp_avg_sq_col" (an
-// element reads its row's R and its column's C) and "exp_avg_sq" (a vector's V). A load writes each
-// rank's own elements, so R and C are written where a rank holds their row or column: the first step
-// after it (set_step_count marks it) merges them over the shard group by maximum (the statistics
-// are positive; what no load wrote is zero).
+// this rank's elements; in groups with a first moment (adafactor.beta1 > 0) M for this rank's
+// elements, fixed at construction (a group cannot take one up or drop it later). Checkpoints see
+// them per element: "exp_avg_sq_row" and "exp_avg_sq_col" (an element reads its row's R and its
+// column's C), "exp_avg_sq" (a vector's V) and "exp_avg_update" (M). A load writes each rank's own
+// elements, so R and C are written where a rank holds their row or column: the first step after it
+// (set_step_count marks it) merges them over the shard group (and over the tensor-parallel group of
+// split tensors) by maximum (the statistics are positive; what no load wrote is zero).
 #include <chrono>
 #include <cstddef>
 #include <memory>

@@ -44,7 +44,8 @@ OffloadPipeline::OffloadPipeline(const ApplierInputs& in, const OffloadConfig& c
   }
   // optimizer.num_threads threads, the caller's included, as for the CPU optimizer without offload.
   exchanges_ = make_optimizer_exchanges(in, *host_);
-  optimizer_ = make_shard_optimizer(*host_, in.optimizer, numel, optimizer_segments(ownership_, in.tensors, in.optimizer), config_.timeout,
+  optimizer_ = make_shard_optimizer(*host_, in.optimizer, numel,
+                                    optimizer_segments(ownership_, in.tensors, in.optimizer), config_.timeout,
                                     exchanges_.view());
 
   size_t most = 0, most_bytes = 0;  // the largest owned range, in elements and in its bucket's dtype

@@ -17,10 +17,6 @@ std::pair<size_t, size_t> matrix_shape(const std::vector<int64_t>& shape) {
   return {static_cast<size_t>(shape[0]), cols};
 }
 
-}  // namespace
-
-namespace {
-
 // Whether the optimizer of `t`'s group updates it as the whole tensor it is a part of.
 bool updated_whole(const UpdateTensor& t, const optim::OptimizerOptions& o) {
   if (!t.split || o.custom) return false;
@@ -123,7 +119,8 @@ class DeviceApplier final : public UpdateApplier {
                       device_.compute_stream());
     }
     exchanges_ = make_optimizer_exchanges(in, device_);
-    optimizer_ = make_shard_optimizer(device_, in.optimizer, numel, optimizer_segments(ownership_, in.tensors, in.optimizer), in.timeout,
+    optimizer_ = make_shard_optimizer(device_, in.optimizer, numel,
+                                      optimizer_segments(ownership_, in.tensors, in.optimizer), in.timeout,
                                       exchanges_.view());
   }
 

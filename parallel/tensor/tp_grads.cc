@@ -65,9 +65,12 @@ SplitTensor TpGrads::split(const ParamSpec& p) const {
   SplitTensor s;
   s.over = &tp_;
   s.whole_shape = full_shape(p.shape, p.tp, tp_.size());
-  s.runs = [whole_shape = s.whole_shape, placement = p.tp, rank = tp_.rank(), t = tp_.size()](size_t begin, size_t end) {
+  s.runs = [whole_shape = s.whole_shape, placement = p.tp, rank = tp_.rank(), t = tp_.size()](size_t begin,
+                                                                                             size_t end) {
     std::vector<SplitRun> runs;
-    for (const TpRun& r : part_runs(whole_shape, placement, rank, t, begin, end)) runs.push_back({r.local, r.full, r.n});
+    for (const TpRun& r : part_runs(whole_shape, placement, rank, t, begin, end)) {
+      runs.push_back({r.local, r.full, r.n});
+    }
     return runs;
   };
   if (device_ == nullptr || device_->kind() == memory::DeviceKind::kCuda) return s;
