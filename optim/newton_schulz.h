@@ -18,6 +18,12 @@ struct NewtonSchulzOptions {
   int steps = 5;
   float a = 3.4445f, b = -4.7750f, c = 2.0315f;
   float eps = 1e-7f;  // added to the Frobenius norm (a zero matrix stays zero)
+  // In bf16, as GPU recipes run it (X = G.bfloat16()): the input, the norm, and the result of every
+  // operation rounded to bf16 (to nearest even), products accumulated in fp32, as bf16 matrix units
+  // compute them:  A = bf(X X^T);  B = bf(bf(b A) + bf(c bf(A A)));  X = bf(bf(a X) + bf(B X)).
+  // The result is bf16 values in fp32. Emulated here (no faster than fp32 on a CPU): for parity
+  // with a bf16 run elsewhere, not for speed.
+  bool bf16 = false;
 };
 
 // out = NS(g) for a rows x cols row-major matrix; out may equal g. Throws InvalidArgument for a zero

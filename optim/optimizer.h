@@ -46,13 +46,15 @@ std::vector<std::string> optimizer_state_names(OptimizerKind kind);
 // rms_scale 0.2 gives the update about AdamW's RMS, so AdamW's lr and weight decay carry over.
 // A matrix split across tensor-parallel ranks is orthogonalized whole (gathered over tp, rows and
 // cols the whole matrix's); per_part orthogonalizes each rank's part by itself, with its own shape
-// (no gather; a different update, Megatron's "blockwise" mode).
+// (no gather; a different update, Megatron's "blockwise" mode). bf16 runs Newton-Schulz in bf16 as
+// GPU recipes do (NewtonSchulzOptions::bf16; emulated on the host, for parity, not speed).
 struct MuonHyper {
   float momentum = 0.95f;
   bool nesterov = false;
   int ns_steps = 5;
   float rms_scale = 0.2f;
   bool per_part = false;
+  bool bf16 = false;
 };
 
 // Adafactor's own hyperparameters (Shazeer and Stern, ICML 2018; no first moment unless beta1 > 0).

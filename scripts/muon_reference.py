@@ -7,7 +7,8 @@
 #   /usr/bin/python3 scripts/muon_reference.py [OUT]
 #
 # newton_schulz: X = G / (||G||_F + 1e-7), transposed when rows > cols; five times
-#   A = X X^T;  X = a X + (b A + c A A) X   with (a, b, c) = (3.4445, -4.7750, 2.0315); in fp32.
+#   A = X X^T;  X = a X + (b A + c A A) X   with (a, b, c) = (3.4445, -4.7750, 2.0315); in fp32, and
+#   in bf16 for "bf16_cases" (every operation's result rounded to bfloat16, products summed in fp32).
 # Training: Moonlight's hybrid. Matrices (and a 3-D tensor, as shape[0] x the rest) in Muon groups,
 # per step t and matrix W with g the averaged, clipped gradient:
 #   m = mu m + g;  u = nesterov ? g + mu m : m;  O = newton_schulz(u)
@@ -20,7 +21,7 @@ import sys
 
 import torch
 
-from reference_optimizers import A, B, C, listed, newton_schulz
+from reference_optimizers import A, B, C, listed, newton_schulz, newton_schulz_bf16
 
 torch.manual_seed(20261206)
 OUT = sys.argv[1] if len(sys.argv) > 1 else "optim/testdata/muon_reference.json"
@@ -84,6 +85,16 @@ doc = {
         "params_after_step": after,
     },
 }
+# Newton-Schulz in bf16 (the option NewtonSchulzOptions::bf16), from a generator of its own so the
+# cases above keep their values.
+gen = torch.Generator().manual_seed(7)
+bf16_cases = []
+for rows, cols in [(8, 8), (24, 5), (16, 48), (64, 96)]:
+    g = torch.randn(rows, cols, generator=gen, dtype=torch.float32) * 0.1
+    bf16_cases.append({"rows": rows, "cols": cols, "steps": 5, "input": listed(g),
+                       "output": listed(newton_schulz_bf16(g, 5))})
+doc["newton_schulz"]["bf16_cases"] = bf16_cases
+
 with open(OUT, "w") as f:
     json.dump(doc, f, separators=(",", ":"))
     f.write("\n")

@@ -28,6 +28,11 @@ def listed(t):
     return [float(numpy.format_float_positional(x, unique=True, trim="-")) for x in t.detach().flatten().numpy()]
 
 
+def bf16(t):
+    """Rounded to bfloat16 (to nearest even), held in float32."""
+    return t.bfloat16().float()
+
+
 def newton_schulz(g, steps=5, eps=1e-7):
     x = g.clone()
     tall = x.size(0) > x.size(1)
@@ -37,6 +42,22 @@ def newton_schulz(g, steps=5, eps=1e-7):
     for _ in range(steps):
         a = x @ x.T
         x = A * x + (B * a + C * (a @ a)) @ x
+    return x.T if tall else x
+
+
+def newton_schulz_bf16(g, steps=5, eps=1e-7):
+    """As a GPU's bf16 matrix units run it: every operation's result rounded to bfloat16, the products
+    summed in float32. (Debian's CPU build of torch sums a bfloat16 matmul in bfloat16 itself, term by
+    term, unlike a GPU's; so the rounding is spelled out here over float32 products.)"""
+    x = bf16(g)
+    tall = x.size(0) > x.size(1)
+    if tall:
+        x = x.T
+    x = bf16(x / bf16(bf16(x.norm()) + eps))
+    for _ in range(steps):
+        a = bf16(x @ x.T)
+        b = bf16(bf16(B * a) + bf16(C * bf16(a @ a)))
+        x = bf16(bf16(A * x) + bf16(b @ x))
     return x.T if tall else x
 
 

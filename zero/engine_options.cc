@@ -134,8 +134,8 @@ std::vector<std::pair<std::string, std::string>> fingerprint(const EngineOptions
     add(g + "initial_accumulator_value", h.initial_accumulator_value);
     add(g + "kind", h.kind ? optim::optimizer_name(*h.kind) : "unset");
     add(g + "params", fmt::format("[{}]", fmt::join(h.params, ", ")));
-    add(g + "muon", fmt::format("{} {} {} {} {}", h.muon.momentum, h.muon.nesterov, h.muon.ns_steps, h.muon.rms_scale,
-                                h.muon.per_part));
+    add(g + "muon", fmt::format("{} {} {} {} {} {}", h.muon.momentum, h.muon.nesterov, h.muon.ns_steps, h.muon.rms_scale,
+                                h.muon.per_part, h.muon.bf16));
     add(g + "adafactor", fmt::format("{} {} {} {} {} {}", h.adafactor.eps1, h.adafactor.eps2, h.adafactor.clip_threshold,
                                      h.adafactor.decay_rate, h.adafactor.relative_step, h.adafactor.beta1));
   }

@@ -191,6 +191,28 @@ TEST_CASE("Muon refuses a vector, naming it, bf16 state and a bad ns_steps") {
                        InvalidArgument);
 }
 
+// Newton-Schulz in bf16 (muon.bf16): the run departs from the fp32 reference by bf16's rounding of
+// the orthogonalized update (more than fp32's 1e-5, within 1e-2 of each tensor's largest value after
+// 5 steps), and is as deterministic: the same bits at every stage and offloaded.
+TEST_CASE("Muon with Newton-Schulz in bf16: within bf16's rounding of the fp32 run, the same bits at every stage") {
+  const auto bf16_options = [](const Run& run) {
+    EngineOptions opt = options_of(run);
+    for (optim::Hyper& h : opt.optimizer.groups) h.muon.bf16 = true;
+    return opt;
+  };
+  const testing::ReferenceResult base =
+      testing::train_reference_ranks(model(), bf16_options({.stage = 0, .world = 2, .deterministic = true}),
+                                     {.stage = 0, .world = 2, .deterministic = true}, 1e-2);
+  CHECK(base.errors.at(reference().steps) > 1e-5);  // bf16 did round
+  for (const Run& run : {Run{.stage = 2, .world = 2, .deterministic = true},
+                        Run{.stage = 3, .world = 2, .offload = true, .deterministic = true}}) {
+    CAPTURE(describe(run));
+    testing::check_same_bits(base.params, testing::train_reference_ranks(model(), bf16_options(run), run, 1e-2).params);
+  }
+  MESSAGE("bf16 Newton-Schulz: largest error after the last step " << base.errors.at(reference().steps)
+                                                                   << " of a tensor's largest value");
+}
+
 // The groups by name pattern (optimizer.groups[].params): every tensor registered in group 0, the
 // patterns place each where the reference has it, and the run follows the reference; a tensor two
 // groups' patterns match is refused naming both.

@@ -68,7 +68,7 @@ std::unique_ptr<MatrixExchange> make_matrix_exchange(const ApplierInputs& in, me
                  u.name, u.split.over->size(), u.group, u.group);
     }
     const optim::Hyper& h = in.optimizer.groups[static_cast<size_t>(u.group)];
-    matrices.push_back({t, rows, cols, optim::NewtonSchulzOptions{.steps = h.muon.ns_steps},
+    matrices.push_back({t, rows, cols, optim::NewtonSchulzOptions{.steps = h.muon.ns_steps, .bf16 = h.muon.bf16},
                         whole ? u.split.gather : optim::WholeTensorGather{}});
   }
   if (matrices.empty()) return nullptr;

@@ -109,6 +109,7 @@ void visit_hyper(V& v, optim::Hyper& h) {
     v.field("ns_steps", h.muon.ns_steps);
     v.field("rms_scale", h.muon.rms_scale);
     v.field("per_part", h.muon.per_part);
+    v.field("bf16", h.muon.bf16);
   });
   v.object("adafactor", [&] {
     v.field("eps1", h.adafactor.eps1);
