@@ -35,7 +35,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from reference_optimizers import Hybrid, listed
+from reference_optimizers import Hybrid, train_data_parallel
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "pytorch", "gpt")
 BASE = "gpt_4layer_dp2"
@@ -108,26 +108,12 @@ def main():
         params = {n: torch.tensor(base["initial_params"][n], dtype=torch.float32).reshape(shapes[n]).requires_grad_()
                   for n in names}
         opt = optimizer(params, names_by_group, groups)
-        tokens, losses, norms, after = [], [], [], []
-        for step in range(STEPS):
-            step_tokens = batches[step % len(batches)]
-            tokens.append(step_tokens)
-            grads = {n: torch.zeros(shapes[n]) for n in names}
-            step_losses = []
-            for r in range(world):
-                loss = gpt_loss(params, cfg, step_tokens[r])
-                step_losses.append(float(loss))
-                for n, g in zip(names, torch.autograd.grad(loss, [params[n] for n in names])):
-                    grads[n] += g
-            if step == 0:  # the model is the AdamW reference's
-                want = train["loss_per_step_per_rank"][0]
-                assert all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(step_losses, want)), (step_losses, want)
-            losses.append(step_losses)
-            for n in names:
-                params[n].grad = grads[n] / world
-            norms.append(float(torch.nn.utils.clip_grad_norm_([params[n] for n in names], MAX_NORM)))
-            opt.step()
-            after.append({n: listed(params[n]) for n in names})
+        tokens = [batches[step % len(batches)] for step in range(STEPS)]
+        losses, norms, after = train_data_parallel(
+            params, opt, lambda step: (gpt_loss(params, cfg, rows) for rows in tokens[step]), STEPS, MAX_NORM)
+        # The model is the AdamW reference's: its first step's losses are the same.
+        want = train["loss_per_step_per_rank"][0]
+        assert all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(losses[0], want)), (losses[0], want)
         doc = dict(base)
         doc["name"] = f"{BASE}_{label}"
         doc["torch_version"] = torch.__version__

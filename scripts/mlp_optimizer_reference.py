@@ -22,7 +22,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from reference_optimizers import Hybrid, listed
+from reference_optimizers import Hybrid, listed, train_data_parallel
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "testdata",
                    "mlp_optimizer_reference.json")
@@ -76,21 +76,8 @@ def main():
     for label, (names_by_group, groups, optimizer) in recipes.items():
         params = {n: initial[n].clone().requires_grad_() for n in names}
         opt = optimizer(params, names_by_group, groups)
-        losses, norms, after = [], [], []
-        for step in range(STEPS):
-            grads = {n: torch.zeros_like(params[n]) for n in names}
-            step_losses = []
-            for x, y in batches[step]:
-                loss = mlp_loss(params, x, y)
-                step_losses.append(float(loss))
-                for n, g in zip(names, torch.autograd.grad(loss, [params[n] for n in names])):
-                    grads[n] += g
-            losses.append(step_losses)
-            for n in names:
-                params[n].grad = grads[n] / WORLD
-            norms.append(float(torch.nn.utils.clip_grad_norm_([params[n] for n in names], MAX_NORM)))
-            opt.step()
-            after.append({n: listed(params[n]) for n in names})
+        losses, norms, after = train_data_parallel(
+            params, opt, lambda step: (mlp_loss(params, x, y) for x, y in batches[step]), STEPS, MAX_NORM)
         doc["runs"][label] = {
             "param_groups": [{"names": ns, **h} for ns, h in zip(names_by_group, groups)],
             "loss_per_step_per_rank": losses, "grad_norm_before_clip": norms, "params_after_step": after,

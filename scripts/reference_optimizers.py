@@ -14,6 +14,9 @@ Adafactor (Shazeer and Stern, ICML 2018; Hugging Face's first moment where beta1
   alpha = relative_step ? max(eps2, RMS(X)) min(1e-2, 1/sqrt(t)) : lr
   beta1 = 0: X = X (1 - alpha wd) - alpha U;  beta1 > 0: M = beta1 M + (1 - beta1) alpha U, X = X (1 - alpha wd) - M
 AdamW: torch.optim.AdamW.
+
+train_data_parallel: the references' data-parallel step (each rank's loss, the gradients averaged over
+the ranks and clipped to a global norm, then the optimizer's step).
 """
 import math
 
@@ -128,3 +131,25 @@ class Hybrid:
             update = st["M"]
         p.mul_(1 - alpha * h["weight_decay"])
         p.sub_(update)
+
+
+def train_data_parallel(params, opt, rank_losses, steps, max_norm):
+    """`steps` steps of `opt` on `params` (name -> leaf tensor); rank_losses(step) gives each rank's loss
+    at the current parameters. Returns each step's per-rank losses, gradient norm before clipping
+    (torch.nn.utils.clip_grad_norm_) and parameters after the step (listed)."""
+    names = list(params)
+    losses, norms, after = [], [], []
+    for step in range(steps):
+        grads = {n: torch.zeros_like(params[n]) for n in names}
+        step_losses = []
+        for loss in rank_losses(step):
+            step_losses.append(float(loss))
+            for n, g in zip(names, torch.autograd.grad(loss, [params[n] for n in names])):
+                grads[n] += g
+        losses.append(step_losses)
+        for n in names:
+            params[n].grad = grads[n] / len(step_losses)
+        norms.append(float(torch.nn.utils.clip_grad_norm_([params[n] for n in names], max_norm)))
+        opt.step()
+        after.append({n: listed(params[n]) for n in names})
+    return losses, norms, after
