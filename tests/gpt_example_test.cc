@@ -270,6 +270,11 @@ TEST_CASE("8-bit AdamW trains at stages 1-3 with the same bits, resumes bit for 
                                        {"--optimizer", "adamw8bit", "--steps", "6", "--resume", dir, "--val-every", "0"});
   CHECK(refused.exit_code != 0);
   CHECK(refused.output.find("saved by optimizer adamw but the engine runs adamw8bit") != std::string::npos);
+  const auto misspelt = testing::launch(2, "examples/gpt/train_gpt",
+                                        {"--optimizer", "adamw8bit", "--steps", "6", "--resume", dir,
+                                         "--resume-optimizer", "converted"});
+  CHECK(misspelt.exit_code != 0);
+  CHECK(misspelt.output.find("--resume-optimizer 'converted': expected same, convert or reset") != std::string::npos);
   for (const char* how : {"convert", "reset"}) {
     CAPTURE(how);
     const auto r = testing::launch(2, "examples/gpt/train_gpt",
