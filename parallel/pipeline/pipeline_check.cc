@@ -201,6 +201,10 @@ void check_schedule(const Schedule& s) {
     ZERO_THROW(InvalidArgument, "pipeline schedule '{}': {} ranks, {} chunks, {} micro-batches (each must be positive)",
                s.name, s.ranks, s.chunks, s.microbatches);
   }
+  if (s.placement == Placement::kV && s.chunks != 2) {
+    ZERO_THROW(InvalidArgument, "pipeline schedule '{}': a V placement holds 2 chunks per rank, not {}", s.name,
+               s.chunks);
+  }
   if (s.actions.size() != static_cast<size_t>(s.ranks)) {
     ZERO_THROW(InvalidArgument, "pipeline schedule '{}': action lists for {} ranks, not {}", s.name, s.actions.size(),
                s.ranks);

@@ -4,11 +4,13 @@
 // (schedule_sim.h), drawn (timeline_svg.h) and executed (the runner), and a schedule written by hand
 // goes through the same checks as a generated one (schedules.h).
 //
-// The model is cut into p x v chunks, "virtual stages" k = 0 .. p*v - 1 in model order. Rank s
-// holds chunks c = 0 .. v-1, chunk c being virtual stage c*p + s (Megatron's interleaving: with v = 1
-// rank s is stage s). Micro-batch i's activations flow from virtual stage k to k+1, their gradients
-// back from k+1 to k; between two ranks they travel as sends and receives, within a rank they are
-// handed over in place.
+// The model is cut into p x v chunks, "virtual stages" k = 0 .. p*v - 1 in model order. Where they
+// lie (Placement): in a loop, rank s holds chunks c = 0 .. v-1, chunk c being virtual stage c*p + s
+// (Megatron's interleaving: with v = 1 rank s is stage s); in a V (v = 2, zero-bubble ZB-V), rank s
+// holds virtual stages s and 2p-1-s, so rank 0 holds the first and the last and rank p-1 hands its
+// chunk 0's output to its own chunk 1. Micro-batch i's activations flow from virtual stage k to
+// k+1, their gradients back from k+1 to k; between two ranks they travel as sends and receives,
+// within a rank they are handed over in place.
 //
 //   rank 0:  F0 F1 F2 F3 B0 F4 B1 ...          (1F1B, p = 4: warm-up, then one forward, one backward)
 //   rank 3:  F0 B0 F1 B1 F2 B2 ...
@@ -42,8 +44,12 @@ struct Action {
 // "F3", "B0c1", "SendF2c1" (the chunk shown when the schedule has more than one).
 std::string describe(const Action& action, int chunks = 1);
 
+// Where a rank's chunks lie in the model (the header).
+enum class Placement { kLoop, kV };
+
 struct Schedule {
   std::string name;
+  Placement placement = Placement::kLoop;  // kV needs chunks == 2
   int ranks = 1;         // p: pipeline ranks
   int chunks = 1;        // v: model chunks per rank
   int microbatches = 1;  // m
@@ -51,9 +57,13 @@ struct Schedule {
   std::vector<std::vector<Action>> actions;  // per rank
 
   int virtual_stages() const { return ranks * chunks; }
-  int virtual_stage(int rank, int chunk) const { return chunk * ranks + rank; }
-  int rank_of(int stage) const { return stage % ranks; }
-  int chunk_of(int stage) const { return stage / ranks; }
+  int virtual_stage(int rank, int chunk) const {
+    return placement == Placement::kV && chunk == 1 ? 2 * ranks - 1 - rank : chunk * ranks + rank;
+  }
+  int rank_of(int stage) const {
+    return placement == Placement::kV && stage >= ranks ? 2 * ranks - 1 - stage : stage % ranks;
+  }
+  int chunk_of(int stage) const { return stage / ranks; }  // the same in a loop and in a V
   // The rank a transfer action of (rank, chunk) talks to: the next virtual stage's for SendF and
   // RecvB, the previous one's for RecvF and SendB.
   int peer(int rank, const Action& transfer) const;

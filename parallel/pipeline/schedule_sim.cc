@@ -155,7 +155,11 @@ SimResult simulate_checked(const Schedule& s, const ActionCosts& costs, double c
     }
   }
   if (cores < 0) ZERO_THROW(InvalidArgument, "pipeline simulation: {} cores", cores);
-  if (cores > 0 && cores < static_cast<double>(s.ranks)) return simulate_shared(s, costs, cores);
+  if (cores > 0 && cores < static_cast<double>(s.ranks)) {
+    SimResult shared = simulate_shared(s, costs, cores);
+    shared.peak_held = peak_held(s, costs.held);
+    return shared;
+  }
   const auto p = static_cast<size_t>(s.ranks);
   SimResult r = empty_result(p);
   std::vector<double> now(p, 0.0);
@@ -198,6 +202,7 @@ SimResult simulate_checked(const Schedule& s, const ActionCosts& costs, double c
     }
   }
   finish_result(r, now);
+  r.peak_held = peak_held(s, costs.held);
   return r;
 }
 

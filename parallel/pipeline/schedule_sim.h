@@ -5,7 +5,8 @@
 // later, a receive waits until then. Out come the step time (the last rank's end), each rank's busy
 // and idle time, the bubble fraction (all idle time / (ranks x step time)), the peak number of
 // micro-batches in flight per rank (forwarded, input gradient not yet computed: the activations it
-// holds), and the timeline, which timeline_svg.h draws.
+// holds), each rank's peak held activations from per-virtual-stage sizes (held_activations.h), and
+// the timeline, which timeline_svg.h draws.
 //
 // Shared cores (ranks that are processes on a CPU with fewer cores than ranks): given `cores`, the
 // compute actions running at one moment progress at min(1, cores / running) of their speed each
@@ -13,6 +14,7 @@
 // action's cost is then its time alone on a core; its span is the wall time it took.
 #include <vector>
 
+#include "parallel/pipeline/held_activations.h"
 #include "parallel/pipeline/schedule.h"
 
 namespace zero::parallel {
@@ -21,6 +23,7 @@ struct ActionCosts {
   // Per virtual stage, or one value for all; BW costs B + W.
   std::vector<double> forward{1.0}, backward{1.0}, weight{1.0};
   double transfer = 0.0;  // from a send's post to its receive's data
+  HeldBytes held;         // what a micro-batch holds (SimResult::peak_held), a unit each by default
 
   double of(Op op, int virtual_stage) const;
 };
@@ -35,6 +38,7 @@ struct SimResult {
   std::vector<double> busy, idle;  // per rank
   double bubble_fraction = 0;
   std::vector<int> peak_in_flight;     // per rank
+  std::vector<double> peak_held;       // per rank, in costs.held's unit
   std::vector<std::vector<Span>> timeline;  // per rank, the compute actions
 };
 

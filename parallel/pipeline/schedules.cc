@@ -1,6 +1,7 @@
 #include "parallel/pipeline/schedules.h"
 
 #include <algorithm>
+#include <functional>
 #include <vector>
 
 #include "base/check.h"
@@ -95,55 +96,153 @@ Schedule interleaved_1f1b(int ranks, int microbatches, int chunks, int layers) {
   return s;
 }
 
-Schedule zb_h1(int ranks, int microbatches) {
-  Schedule s = empty("zb-h1", ranks, microbatches, 1, true);
-  const int p = ranks, m = microbatches;
-  // List scheduling in unit time steps (F = B = W = 1, transfers free): at each step every idle rank
-  // takes the first of: a B whose gradient is there; a W when it already defers p-1; a forward whose
-  // input is there while fewer than p-r micro-batches are in flight; any W.
+namespace {
+
+// Zero-bubble list scheduling (ZB-H1, ZB-V) in unit time steps (F = B = W = 1, transfers free) over
+// the schedule's placement, every rank's held activations (held_activations.h) kept within
+// `budget`. At each step every idle rank takes, in 1F1B's rhythm, a forward and a B in turn (the
+// one it did not run last, else the other), else the oldest deferred W:
+//   - a B whose gradient is there (the oldest micro-batch, the later virtual stage on a tie), unless
+//     it would pass the budget and a deferred W can free room first;
+//   - a forward whose input is there, with fewer than cap(rank) micro-batches of its chunk in
+//     flight, within the budget while keeping room for one forward of a later chunk of the rank that
+//     has forwards outstanding (in a V, rank 0 must always be able to run the last stage); the later
+//     virtual stage first.
+// So W's wait for what would be bubbles, as long as memory allows. (Taking B's first instead
+// delays the forwards the later stages wait for: at p = 4 the bubble came out 0.56 of 1F1B's, not
+// the third the paper's ZB-H1 has.)
+void list_schedule(Schedule& s, const HeldBytes& held, double budget, const std::function<int(int rank)>& cap) {
+  check_held_bytes(held, s.virtual_stages());
   constexpr int kNotYet = -1;
-  std::vector<std::vector<int>> f_done(static_cast<size_t>(p), std::vector<int>(static_cast<size_t>(m), kNotYet));
+  const int p = s.ranks, v = s.chunks, m = s.microbatches, stages = s.virtual_stages();
+  const double slack = budget * 1e-12;
+  struct Progress {
+    int f = 0, b = 0, w = 0;  // the next micro-batch to forward, to B, to W
+  };
+  std::vector<std::vector<int>> f_done(static_cast<size_t>(stages), std::vector<int>(static_cast<size_t>(m), kNotYet));
   std::vector<std::vector<int>> b_done = f_done;
-  std::vector<int> nf(static_cast<size_t>(p), 0), nb(nf), nw(nf);
-  auto ready = [](int at, int t) { return at != kNotYet && at <= t; };
+  std::vector<std::vector<Progress>> at(static_cast<size_t>(p), std::vector<Progress>(static_cast<size_t>(v)));
+  std::vector<HeldTracker> trackers;
+  for (int r = 0; r < p; ++r) trackers.emplace_back(s, held, r);
+  auto ready = [](int done, int t) { return done != kNotYet && done <= t; };
+  int last_done = 0;
+  std::vector<char> after_b(static_cast<size_t>(p), 0);  // whether the rank's last F or B was a B
   for (int t = 0;; ++t) {
-    bool all = true;
+    bool finished = true, acted = false;
     for (int r = 0; r < p; ++r) {
-      const auto ur = static_cast<size_t>(r);
-      if (nw[ur] == m) continue;
-      all = false;
-      const int f = nf[ur], b = nb[ur];
-      const bool can_b = b < f && (r == p - 1 || ready(b_done[ur + 1][static_cast<size_t>(b)], t));
-      const bool can_f = f < m && f - b < p - r && (r == 0 || ready(f_done[ur - 1][static_cast<size_t>(f)], t));
-      const int deferred = b - nw[ur];
-      auto& out = s.actions[ur];
-      if (can_b) {
-        backward(s, r, b, 0, Op::kB, out);
-        b_done[ur][static_cast<size_t>(b)] = t + 1;
-        ++nb[ur];
-      } else if (deferred > p - 1 || (deferred > 0 && !can_f)) {
-        out.push_back({Op::kW, nw[ur]++, 0});
-      } else if (can_f) {
-        forward(s, r, f, 0, out);
-        f_done[ur][static_cast<size_t>(f)] = t + 1;
-        ++nf[ur];
+      auto& chunks = at[static_cast<size_t>(r)];
+      HeldTracker& tracker = trackers[static_cast<size_t>(r)];
+      int b = -1, f = -1, w = -1;  // the chosen chunk of each kind
+      for (int c = 0; c < v; ++c) {
+        const Progress& x = chunks[static_cast<size_t>(c)];
+        const int k = s.virtual_stage(r, c);
+        if (x.w < m) finished = false;
+        if (x.b < x.f && (k == stages - 1 || ready(b_done[static_cast<size_t>(k + 1)][static_cast<size_t>(x.b)], t))) {
+          if (b < 0 || x.b < chunks[static_cast<size_t>(b)].b) b = c;
+          else if (x.b == chunks[static_cast<size_t>(b)].b && k > s.virtual_stage(r, b)) b = c;
+        }
+        if (x.f < m && x.f - x.b < cap(r) &&
+            (k == 0 || ready(f_done[static_cast<size_t>(k - 1)][static_cast<size_t>(x.f)], t))) {
+          double need = tracker.high_water({Op::kF, x.f, c});
+          for (int later = 0; later < v; ++later) {
+            const int kl = s.virtual_stage(r, later);
+            if (kl > k && chunks[static_cast<size_t>(later)].f <= x.f) need += held.forward_of(kl);
+          }
+          if (need <= budget + slack && (f < 0 || k > s.virtual_stage(r, f))) f = c;
+        }
+        if (x.w < x.b && (w < 0 || x.w < chunks[static_cast<size_t>(w)].w)) w = c;
+      }
+      const bool b_fits =
+          b >= 0 && (w < 0 || tracker.high_water({Op::kB, chunks[static_cast<size_t>(b)].b, b}) <= budget + slack);
+      Action a{};
+      if (f >= 0 && (after_b[static_cast<size_t>(r)] || b < 0)) {
+        a = {Op::kF, chunks[static_cast<size_t>(f)].f++, f};
+      } else if (b_fits) {
+        a = {Op::kB, chunks[static_cast<size_t>(b)].b++, b};
+      } else if (b < 0 && f >= 0) {
+        a = {Op::kF, chunks[static_cast<size_t>(f)].f++, f};
+      } else if (w >= 0) {
+        a = {Op::kW, chunks[static_cast<size_t>(w)].w++, w};
+      } else {
+        continue;  // waits
+      }
+      acted = true;
+      if (a.op != Op::kW) after_b[static_cast<size_t>(r)] = a.op == Op::kB;
+      tracker.apply(a);
+      const auto k = static_cast<size_t>(s.virtual_stage(r, a.chunk));
+      auto& out = s.actions[static_cast<size_t>(r)];
+      if (a.op == Op::kF) {
+        forward(s, r, a.mb, a.chunk, out);
+        f_done[k][static_cast<size_t>(a.mb)] = last_done = t + 1;
+      } else if (a.op == Op::kB) {
+        backward(s, r, a.mb, a.chunk, Op::kB, out);
+        b_done[k][static_cast<size_t>(a.mb)] = last_done = t + 1;
+      } else {
+        out.push_back(a);
       }
     }
-    if (all) break;
+    if (finished) break;
+    ZERO_CHECK(acted || t < last_done, "pipeline schedule '{}': the list scheduler stalls at step {}", s.name, t);
   }
+}
+
+}  // namespace
+
+double one_f_one_b_peak(const HeldBytes& held, int ranks, int chunks, int microbatches) {
+  check_held_bytes(held, ranks * chunks);
+  HeldBytes merged;
+  merged.forward.assign(static_cast<size_t>(ranks), 0.0);
+  merged.rebuilt.assign(static_cast<size_t>(ranks), 0.0);
+  for (int s = 0; s < ranks; ++s) {
+    for (int j = 0; j < chunks; ++j) {
+      const int k = s * chunks + j;
+      merged.forward[static_cast<size_t>(s)] += held.forward_of(k);
+      merged.rebuilt[static_cast<size_t>(s)] = std::max(merged.rebuilt[static_cast<size_t>(s)], held.rebuilt_of(k));
+    }
+  }
+  const std::vector<double> peaks = peak_held(one_f_one_b(ranks, microbatches), merged);
+  return *std::max_element(peaks.begin(), peaks.end());
+}
+
+Schedule zb_h1(int ranks, int microbatches, const HeldBytes& held) {
+  Schedule s = empty("zb-h1", ranks, microbatches, 1, true);
+  check_held_bytes(held, ranks);
+  // 1F1B's bound on the forwards in flight (p - r on rank r), and its peak on the bytes.
+  list_schedule(s, held, one_f_one_b_peak(held, ranks, 1, microbatches), [ranks](int r) { return ranks - r; });
   return s;
 }
 
-Schedule make_schedule(const std::string& name, int ranks, int microbatches, int chunks, int layers) {
+Schedule zb_v(int ranks, int microbatches, const HeldBytes& held) {
+  Schedule s = empty("zb-v", ranks, microbatches, 2, true);
+  s.placement = Placement::kV;
+  check_held_bytes(held, 2 * ranks);
+  // The forwards in flight bounded by memory alone: 1F1B's peak, or where more, what rank 0 needs to
+  // fill the pipeline (2p-1 forwards of the first chunk before the first of the last arrives, then
+  // that one), which a last chunk heavier than the others (a head) raises above it.
+  const int fill = std::min(2 * ranks - 1, microbatches);
+  const double budget = std::max(one_f_one_b_peak(held, ranks, 2, microbatches),
+                                 fill * held.forward_of(0) + held.forward_of(2 * ranks - 1));
+  list_schedule(s, held, budget, [microbatches](int) { return microbatches; });
+  return s;
+}
+
+Schedule make_schedule(const std::string& name, int ranks, int microbatches, int chunks, int layers,
+                       const HeldBytes& held) {
+  if (name == "zb-v") {
+    if (chunks != 2) {
+      ZERO_THROW(InvalidArgument, "pipeline schedule 'zb-v' runs 2 chunks per rank in a V, not {} (chunks=2)", chunks);
+    }
+    return zb_v(ranks, microbatches, held);
+  }
   if (chunks != 1 && name != "interleaved") {
-    ZERO_THROW(InvalidArgument, "pipeline schedule '{}' runs one chunk per rank: {} chunks need 'interleaved'", name,
-               chunks);
+    ZERO_THROW(InvalidArgument, "pipeline schedule '{}' runs one chunk per rank: {} chunks need 'interleaved' or 'zb-v'",
+               name, chunks);
   }
   if (name == "gpipe") return gpipe(ranks, microbatches);
   if (name == "1f1b") return one_f_one_b(ranks, microbatches);
   if (name == "interleaved") return interleaved_1f1b(ranks, microbatches, chunks, layers);
-  if (name == "zb-h1") return zb_h1(ranks, microbatches);
-  ZERO_THROW(InvalidArgument, "unknown pipeline schedule '{}' (gpipe, 1f1b, interleaved, zb-h1)", name);
+  if (name == "zb-h1") return zb_h1(ranks, microbatches, held);
+  ZERO_THROW(InvalidArgument, "unknown pipeline schedule '{}' (gpipe, 1f1b, interleaved, zb-h1, zb-v)", name);
 }
 
 }  // namespace zero::parallel

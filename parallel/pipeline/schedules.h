@@ -12,12 +12,25 @@
 //                    forwards in groups of p micro-batches per chunk, the warm-up
 //                    (p-s-1)*2 + (v-1)*p. Bubble divided by v; m a multiple of p.
 //   zb-h1            zero bubble (arXiv 2401.10241): the backward split into B (input gradient) and W
-//                    (weight gradient); W deferred into what would be bubbles. Generated as a list
-//                    schedule with unit costs: B first, then a forward while fewer than p-s
-//                    micro-batches are in flight (1F1B's bound), then a W; a rank defers at most p-1
-//                    W's. Bubble about a third of 1F1B's when F = B = W.
+//                    (weight gradient); W deferred into what would be bubbles, as far as memory
+//                    allows: a list schedule in unit time (B first, then a forward while fewer than
+//                    p-s micro-batches are in flight, 1F1B's bound, then a W) that keeps every rank's
+//                    held activations within 1F1B's peak. With a forward and a deferred W holding
+//                    the same (the default sizes), rank s holds p-s forwards and defers s W's, the
+//                    paper's ZB-H1; bubble about a third of 1F1B's when F = B = W.
+//   zb-v             zero bubble in a V (the paper's ZB-V): 2 chunks per rank, rank s holding virtual
+//                    stages s and 2p-1-s, so that rank 0 runs the first and the last and the
+//                    backward turns on rank p-1 without a transfer. The same list scheduling, the
+//                    forwards bounded by memory alone (1F1B's peak on the same model, with room kept
+//                    for the rank's second chunk); near-zero bubble when F = B = W and m >= 2p.
+//
+// The zero-bubble generators take what a micro-batch holds per virtual stage (HeldBytes: after a
+// forward, and after an input part until its W); the defaults are a unit each. A run passes its
+// model's sizes so that the bound holds in bytes (every rank generates the same schedule from the
+// same sizes).
 #include <string>
 
+#include "parallel/pipeline/held_activations.h"
 #include "parallel/pipeline/schedule.h"
 
 namespace zero::parallel {
@@ -27,10 +40,18 @@ namespace zero::parallel {
 Schedule gpipe(int ranks, int microbatches);
 Schedule one_f_one_b(int ranks, int microbatches);
 Schedule interleaved_1f1b(int ranks, int microbatches, int chunks, int layers = 0);
-Schedule zb_h1(int ranks, int microbatches);
+Schedule zb_h1(int ranks, int microbatches, const HeldBytes& held = {});
+Schedule zb_v(int ranks, int microbatches, const HeldBytes& held = {});
 
-// By name: "gpipe", "1f1b", "interleaved", "zb-h1" (InvalidArgument listing them otherwise; and
-// for chunks other than 1 with a schedule that has one chunk per rank).
-Schedule make_schedule(const std::string& name, int ranks, int microbatches, int chunks = 1, int layers = 0);
+// 1F1B's peak of held activations on the same model: the p x v virtual stages merged into p stages
+// of v consecutive ones (their forwards summed), run by one_f_one_b(p, m). The bound of the
+// zero-bubble generators; with even stages, the first stage's p micro-batches.
+double one_f_one_b_peak(const HeldBytes& held, int ranks, int chunks, int microbatches);
+
+// By name: "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v" (InvalidArgument listing them otherwise;
+// for chunks other than 1 with a schedule that has one chunk per rank, other than 2 with zb-v).
+// `held` goes to the zero-bubble generators.
+Schedule make_schedule(const std::string& name, int ranks, int microbatches, int chunks = 1, int layers = 0,
+                       const HeldBytes& held = {});
 
 }  // namespace zero::parallel
