@@ -113,10 +113,11 @@ const std::vector<Field>& fields() {
     f.push_back(int_field("micro_batches", &Layout::micro_batches, 1, true));
     f.push_back({"schedule",
                  [](Layout& l, std::string_view v, const std::string& w) {
-                   if (v != "gpipe" && v != "1f1b" && v != "interleaved" && v != "zb-h1") {
-                     ZERO_THROW(InvalidArgument, "{}={} is not gpipe, 1f1b, interleaved or zb-h1", w, v);
+                   if (v != "gpipe" && v != "1f1b" && v != "interleaved" && v != "zb-h1" && v != "zb-v") {
+                     ZERO_THROW(InvalidArgument, "{}={} is not gpipe, 1f1b, interleaved, zb-h1 or zb-v", w, v);
                    }
                    l.schedule = std::string(v);
+                   if (v == "zb-v" && l.chunks == 1) l.chunks = 2;  // its V has two chunks per rank
                  },
                  [](const Layout& l) { return l.schedule; }});
     f.push_back(int_field("chunks", &Layout::chunks, 1));
@@ -193,7 +194,9 @@ void validate(const Layout& l, const std::string& source) {
     if (l.dp != 0 && l.dp % l.shard != 0) fail(fmt::format("shard={} does not divide dp={}", l.shard, l.dp));
   }
   if (l.sequence_parallel && l.tp == 1) fail("sequence_parallel needs tp above 1 (it splits the sequence over the tp ranks)");
-  if ((l.schedule == "interleaved") != (l.chunks > 1)) {
+  if (l.schedule == "zb-v") {
+    if (l.chunks != 2) fail(fmt::format("the zb-v schedule runs 2 chunks per rank in a V (schedule=zb-v, chunks={})", l.chunks));
+  } else if ((l.schedule == "interleaved") != (l.chunks > 1)) {
     fail(fmt::format("the interleaved schedule and chunks above 1 go together (schedule={}, chunks={})", l.schedule,
                      l.chunks));
   }

@@ -20,7 +20,8 @@
 //   micro_batches      micro-batches per data-parallel rank and step: one after another
 //                      (accumulation) at pp 1, through the schedule above
 //   schedule, chunks   the pipeline's: gpipe, 1f1b, interleaved (chunks above 1: rank s holds virtual
-//                      stages s, pp + s, 2 pp + s, ...) or zb-h1
+//                      stages s, pp + s, 2 pp + s, ...), zb-h1 or zb-v (2 chunks in a V: rank s holds
+//                      virtual stages s and 2 pp - 1 - s; setting the schedule sets chunks=2)
 //   sequence_parallel  the tp groups also split the residual stream's rows
 //   recompute          each block's forward runs again in its backward (activation checkpointing)
 //

@@ -76,7 +76,7 @@ TEST_CASE("bad text names the item") {
   refused("dp=-1", "layout 'dp=-1': dp=-1 is not an integer in [0,");
   refused("stage=4", "stage=4 is not an integer in [0, 3]");
   refused("tp=x", "tp=x is not an integer");
-  refused("schedule=zigzag", "schedule=zigzag is not gpipe, 1f1b, interleaved or zb-h1");
+  refused("schedule=zigzag", "schedule=zigzag is not gpipe, 1f1b, interleaved, zb-h1 or zb-v");
   refused("sp=maybe", "sequence_parallel=maybe is not true or false");
   refused("order=pp,pp,tp", "order: mesh order 'pp,pp,tp': expected pp, dp and tp once each");
   refused("dp=2,,tp=2", "an empty item");

@@ -3,8 +3,9 @@
 // and split over tensor-parallel ranks: gpt_4layer_dp2 at tp 2 and 4 with dp 1 and 2, stages 0-3,
 // with and without sequence parallelism, and with offload at stage 3; and split into pipeline
 // stages: gpt_4layer_dp2 at pp 2 and 4, each with dp 1 and 2, under every schedule (interleaved
-// with 2 chunks at pp 2), stages 0-3 and stage 3 with offload, uneven stages, every schedule giving
-// bitwise the same losses, norms and parameters at a fixed (dp, pp); and in 3D, dp 2 x tp 2 x pp 2.
+// and zb-v with 2 chunks at pp 2, zb-v at every stage), stages 0-3 and stage 3 with offload, uneven
+// stages, every schedule giving bitwise the same losses, norms and parameters at a fixed (dp, pp);
+// and in 3D, dp 2 x tp 2 x pp 2.
 // Muon + AdamW and Adafactor follow their own references at stages 0-3, offloaded and under tp.
 // The layout x stage x schedule matrices run whole with ZERO_FULL_MATRIX=1 (scripts/full_matrix.sh);
 // by default a subset in which every layout, stage, schedule and flag still appears (testing/matrix.h).
@@ -179,9 +180,10 @@ TEST_CASE("GPT training split into pipeline stages follows PyTorch, bitwise the 
       if (!testing::full_matrix() && si != li) continue;
       const std::string stage = std::to_string(si);
       SameBits same;
-      for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1"}) {
+      for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"}) {
         const bool interleaved = std::string(schedule) == "interleaved";
-        if (interleaved && l.pp != 2) continue;  // 4 layers: 2 chunks per rank at pp 2 only
+        // 4 layers: 2 chunks per rank (interleaved, zb-v's V) at pp 2 only.
+        if ((interleaved || std::string(schedule) == "zb-v") && l.pp != 2) continue;
         CAPTURE(l.dp);
         CAPTURE(l.pp);
         CAPTURE(stage);
@@ -203,6 +205,25 @@ TEST_CASE("GPT training split into pipeline stages follows PyTorch, bitwise the 
                          Run{2, {"--stage", "2", "--pp", "2", "--pp-schedule", "interleaved", "--chunks", "2",
                                  "--micro-batches", "4", "--reduce-each-micro-batch"}},
                          Run{4, {"--stage", "2", "--pp", "4", "--pp-layers", "0,2,2,0", "--micro-batches", "4"}}}) {
+    run_matching(run.nproc, run.args);
+  }
+}
+
+// ZB-V: rank 0 holds the first and the last chunk (the embedding and the head share one wte),
+// rank 1 hands its chunk 0's output to its own chunk 1; at every stage the same bits as 1F1B.
+TEST_CASE("GPT training under zb-v follows PyTorch at stages 0-3, bitwise the same as 1F1B") {
+  for (const char* stage : {"0", "1", "2", "3"}) {
+    SameBits same;
+    for (const char* schedule : {"1f1b", "zb-v"}) {
+      CAPTURE(stage);
+      CAPTURE(schedule);
+      same.check(run_matching(2, {"--stage", stage, "--pp", "2", "--pp-schedule", schedule, "--micro-batches", "4"}));
+    }
+  }
+  for (const Run& run : {Run{2, {"--stage", "3", "--offload", "--pp", "2", "--pp-schedule", "zb-v", "--micro-batches", "4"}},
+                         Run{8, {"--stage", "3", "--tp", "2", "--pp", "2", "--pp-schedule", "zb-v", "--micro-batches", "2"}},
+                         Run{2, {"--stage", "2", "--pp", "2", "--pp-schedule", "zb-v", "--micro-batches", "4",
+                                 "--reduce-each-micro-batch"}}}) {
     run_matching(run.nproc, run.args);
   }
 }
@@ -243,6 +264,7 @@ TEST_CASE("pipeline flags that do not fit fail naming the flag") {
                         Case{2, {"--pp", "2", "--pp-layers", "2,x"}, "'x' is not a layer count"},
                         Case{2, {"--pp", "2", "--pp-schedule", "pipedream"}, "pipedream"},
                         Case{2, {"--pp", "2", "--chunks", "2"}, "'1f1b' runs one chunk per rank: 2 chunks need 'interleaved'"},
+                        Case{2, {"--pp", "2", "--pp-schedule", "zb-v", "--chunks", "3"}, "'zb-v' runs 2 chunks per rank in a V, not 3"},
                         Case{2, {"--pp", "2", "--micro-batches", "3"}, "--micro-batches 3 is not a multiple"},
                         Case{3, {"--pp", "2"}, "--tp 1 x --pp 2 does not divide the 3 ranks"}}) {
     std::vector<std::string> args = {"--file", file};

@@ -8,7 +8,7 @@
 // along the sequence too), compared with the same part of PyTorch's tensors (the padding rows of a
 // vocabulary tp does not divide must stay zero). With --pp P the ranks form a (pp, dp, tp) mesh and
 // the model is split into pipeline stages run by a schedule (--pp-schedule gpipe|1f1b|interleaved|
-// zb-h1, --chunks V for interleaved, --pp-layers for uneven stages): each reference rank's batch is
+// zb-h1|zb-v, --chunks V for interleaved, --pp-layers for uneven stages): each reference rank's batch is
 // one or more micro-batches (--micro-batches M per data-parallel rank: its reference batches split
 // into equal row groups), each reference rank's loss the mean of its parts'; --reduce-each-micro-batch
 // reduces every micro-batch's gradients into the shard (stages 2 and 3); --mesh-order lays the mesh
@@ -56,7 +56,7 @@ int run(int argc, char** argv) {
   const int pp = flags.get_int("pp", 1);
   const int micro_batches_flag = flags.get_int("micro-batches", 0);
   const std::string pp_schedule = flags.get("pp-schedule", "1f1b");
-  const int chunks = flags.get_int("chunks", 1);
+  const int chunks = flags.get_int("chunks", pp_schedule == "zb-v" ? 2 : 1);  // zb-v's V holds 2
   const std::vector<int> pp_layers = examples::parse_layer_counts(flags.get("pp-layers", ""));
   const bool print_digest = flags.get_bool("print-digest", false);
   const bool reduce_each = flags.get_bool("reduce-each-micro-batch", false);
@@ -169,9 +169,14 @@ int run(int argc, char** argv) {
   std::unique_ptr<examples::GptScopes> scopes;
   std::unique_ptr<examples::GptPipeline> pipe;
   if (pp > 1) {
+    // The micro-batches' shape (the reference's batches all have the first's), for the zero-bubble
+    // schedules' memory bound.
+    const examples::TokenBatch shape = examples::split_rows(train["tokens_per_step_per_rank"][0][0]);
     pipe = std::make_unique<examples::GptPipeline>(
         full_model, parallel, mesh,
-        parallel::make_schedule(pp_schedule, pp, micro_batches, chunks, full_model.config().n_layer), pp_layers, engine);
+        examples::gpt_schedule(pp_schedule, full_model.config(), pp, micro_batches, chunks, pp_layers, tp,
+                               sequence_parallel, shape.B / parts, shape.T, false),
+        pp_layers, engine);
   } else {
     scopes = std::make_unique<examples::GptScopes>(engine, model);
   }

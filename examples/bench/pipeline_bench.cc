@@ -110,13 +110,14 @@ int run(int argc, char** argv) {
   std::vector<Row> rows;
   for (const std::string& name : schedules) {
     for (int m : ms) {
-      const int chunks = name == "interleaved" ? 2 : 1;
+      const int chunks = name == "interleaved" || name == "zb-v" ? 2 : 1;
       if (name == "interleaved" && (m % p != 0 || cfg.n_layer % (p * chunks) != 0)) continue;
       EngineOptions opt = strategy::gpt2_engine_options(1e-3f);
       opt.stage = stage;
       opt.micro_batches = m;
       Engine engine(parallel::engine_comms(mesh), opt);
-      examples::GptPipeline pipe(whole, {}, mesh, parallel::make_schedule(name, p, m, chunks, cfg.n_layer), {}, engine);
+      examples::GptPipeline pipe(whole, {}, mesh, examples::gpt_schedule(name, cfg, p, m, chunks, {}, 1, false, B, T, false),
+                                 {}, engine);
       pipe.finalize();
       size_t per_mb = 0;
       {

@@ -1,6 +1,6 @@
 // Gpt::micro_batch_bytes against activation_bytes(), byte for byte, at every point of a micro-batch's
-// life (two micro-batches in flight: forwards, a split backward's input part, its weight part, a
-// whole backward): the whole model, the stages of 3-way and 2-way pipelines (one holding only the
+// life (two micro-batches in flight: forwards, a split backward's input part, which keeps only what
+// its weight part reads, its weight part, a whole backward): the whole model, the stages of 3-way and 2-way pipelines (one holding only the
 // embedding, one only the head), at tp 1 and tp 2 with and without sequence parallelism (tp ranks as
 // threads over Gloo), at two micro-batch shapes, with and without activation recompute; the peak as
 // the replay predicts it. Recompute gives the same losses and gradients, bit for bit.
@@ -88,14 +88,16 @@ Computed check_stages(const Gpt& whole, const std::vector<GptStage>& stages, con
       check(s, expected[s], with_weight ? "whole backward" : "input part");
     }
   };
-  std::vector<size_t> one, two, split, rebuilt, none(models.size(), 0);
+  std::vector<size_t> one, two, split, rebuilt, input_part, none(models.size(), 0);
   for (size_t s = 0; s < want.size(); ++s) {
     const Gpt::MicroBatchBytes& w = want[s];
     one.push_back(w.forward);
     two.push_back(2 * w.forward);
-    split.push_back(w.forward + w.after_input());  // micro-batch 1's forward, 0's input part
-    rebuilt.push_back(w.forward + w.rebuilt);      // 1's whole backward, running a rebuilt block
+    split.push_back(w.forward + w.weight);            // micro-batch 1's forward, 0's input part
+    rebuilt.push_back(w.forward + w.rebuilt);         // 1's whole backward, running a rebuilt block
+    input_part.push_back(2 * w.forward + w.input_peak);  // 0's input part rebuilding, 1 forwarded
     CHECK((w.rebuilt > 0) == (recompute && stages[s].end_layer > stages[s].first_layer));
+    CHECK((w.input_peak > 0) == (recompute && stages[s].end_layer > stages[s].first_layer));
   }
 
   forward(0);
@@ -104,14 +106,14 @@ Computed check_stages(const Gpt& whole, const std::vector<GptStage>& stages, con
   for (size_t s = 0; s < models.size(); ++s) check(s, two[s], "forward of 1");
   backward(0, false, split);
   for (size_t s = 0; s < models.size(); ++s) {
-    CHECK(want[s].weight_work > 0);  // every stage has weight work (wpe, a block, or the head)
+    CHECK(want[s].weight > 0);  // every stage has weight work (wpe, a block, or the head)
     models[s].weight_micro_batch(0, access[s]);
     check(s, one[s], "weight part of 0");  // micro-batch 0 holds nothing
   }
   backward(1, true, none);  // nothing is held after a whole backward
   for (size_t s = 0; s < models.size(); ++s) {
     CAPTURE(s);
-    CHECK(models[s].peak_activation_bytes() == std::max({two[s], split[s], rebuilt[s]}));
+    CHECK(models[s].peak_activation_bytes() == std::max({two[s], split[s], rebuilt[s], input_part[s]}));
     models[s].reset_peak_activation_bytes();
   }
   // One micro-batch alone, a whole backward: its peak is the rebuilt block's on top of its forward.
@@ -157,11 +159,26 @@ TEST_CASE("micro_batch_bytes equals activation_bytes after every pass at tp 2, w
   check_layouts(2, true, kLayouts);
 }
 
+TEST_CASE("at the pipeline bench's shape a deferred weight part keeps less than a forward, on every stage") {
+  // n_embd 128, 4 heads, T 64, micro-batches of 2 (examples/bench/pipeline_bench.cc), 4 layers in 2
+  // and in 4 stages: the probabilities, q|k|v, the MLP's product and the normalized inputs go.
+  const GptConfig bench{.vocab_size = 65, .block_size = 64, .n_embd = 128, .n_head = 4, .n_layer = 4};
+  for (int stages : {2, 4}) {
+    for (const GptStage& s : gpt_stages(bench.n_layer, stages)) {
+      const Gpt::MicroBatchBytes w = Gpt::micro_batch_bytes(bench, s, 1, false, 2, 64);
+      CAPTURE(stages);
+      CAPTURE(s.first_layer);
+      CHECK(w.weight < w.forward);
+      CHECK(w.weight > w.forward / 2);
+    }
+  }
+}
+
 TEST_CASE("an embedding-only stage holds nothing until its input part; the formula's errors are the model's") {
   const GptStage embedding{0, 0, true, false};
   const Gpt::MicroBatchBytes e = Gpt::micro_batch_bytes(kConfig, embedding, 1, false, 2, 8);
   CHECK(e.forward == 0);
-  CHECK(e.weight_work == 2 * 8 * 16 * sizeof(float));  // wpe's output gradient
+  CHECK(e.weight == 2 * 8 * 16 * sizeof(float));  // wpe's output gradient
   CHECK_THROWS_WITH_AS(Gpt::micro_batch_bytes(kConfig, embedding, 3, false, 2, 8),
                        doctest::Contains("n_head 4 does not divide by tp 3"), InvalidArgument);
   CHECK_THROWS_WITH_AS(Gpt::micro_batch_bytes(kConfig, embedding, 2, true, 1, 7),

@@ -128,8 +128,9 @@ TEST_CASE("the GPT's description is the model: activations, tensors and memory a
           const Gpt::MicroBatchBytes bytes = Gpt::micro_batch_bytes(c, cut[static_cast<size_t>(s)], l.tp,
                                                                     l.sequence_parallel, B, c.block_size, l.recompute);
           CHECK(d.activation_bytes == bytes.forward);
-          CHECK(d.weight_work_bytes == bytes.weight_work);
+          CHECK(d.weight_bytes == bytes.weight);
           CHECK(d.rebuilt_bytes == bytes.rebuilt);
+          CHECK(d.input_peak_bytes == bytes.input_peak);
           CHECK(engine_view(*d.engine) == engine_view(*r.engine));
           CHECK(schedule_view(*d.engine) == schedule_view(*r.engine));
         }
@@ -164,7 +165,9 @@ std::vector<RankMeasured> run_pipeline(const GptConfig& c, const Layout& l, int 
     o.stage = l.stage;
     o.micro_batches = l.micro_batches;
     Engine engine(parallel::engine_comms(mesh), o);
-    GptPipeline pipe(whole, {}, mesh, parallel::make_schedule(l.schedule, l.pp, l.micro_batches, l.chunks, c.n_layer),
+    GptPipeline pipe(whole, {}, mesh,
+                     gpt_schedule(l.schedule, c, l.pp, l.micro_batches, l.chunks, {}, 1, false, B, c.block_size,
+                                  l.recompute),
                      {}, engine);
     for (Gpt& chunk : pipe.chunks()) chunk.set_recompute(l.recompute);
     pipe.finalize();
@@ -190,7 +193,7 @@ std::vector<RankMeasured> run_pipeline(const GptConfig& c, const Layout& l, int 
   return out;
 }
 
-TEST_CASE("planned pipeline ranks equal GptPipeline's: activation peaks and engine memory, interleaved included") {
+TEST_CASE("planned pipeline ranks equal GptPipeline's: activation peaks and engine memory, interleaved and zb-v included") {
   const GptConfig c{.vocab_size = 61, .block_size = 8, .n_embd = 16, .n_head = 4, .n_layer = 4};
   const strategy::DescribedModel gpt(strategy::describe_gpt2(gpt2_shape(c)), DType::kFloat32);
   const int B = 2;
@@ -198,6 +201,7 @@ TEST_CASE("planned pipeline ranks equal GptPipeline's: activation peaks and engi
   settings.engine = strategy::gpt2_engine_options(1e-3f);
   for (const Layout& base : {Layout{.pp = 2, .micro_batches = 4, .schedule = "1f1b"},
                             Layout{.pp = 2, .micro_batches = 4, .schedule = "zb-h1"},
+                            Layout{.pp = 2, .micro_batches = 4, .schedule = "zb-v", .chunks = 2},
                             Layout{.pp = 2, .micro_batches = 4, .schedule = "interleaved", .chunks = 2},
                             Layout{.pp = 2, .micro_batches = 2, .schedule = "interleaved", .chunks = 2}}) {
     for (int stage : {1, 3}) {

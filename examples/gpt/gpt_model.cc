@@ -213,10 +213,18 @@ Matrix layer_norm_backward_input(const Matrix& dy, const Matrix& xhat, const Eig
   return dx;
 }
 
-void layer_norm_backward_weight(const Matrix& dy, const Matrix& xhat, float* dw, float* db) {
-  const Eigen::Index C = dy.cols();
-  RowMap(dw, C) += (dy.array() * xhat.array()).colwise().sum().matrix();
-  RowMap(db, C) += dy.colwise().sum();
+// A LayerNorm's weight gradient in two steps: its column sums (from the output gradient and the
+// normalized input, in the input part, so that neither is kept), then their addition (the weight
+// part). A whole backward takes the same two steps: the same bits either way.
+struct LayerNormSums {
+  RowVector dw, db;
+};
+LayerNormSums layer_norm_weight_sums(const Matrix& dy, const Matrix& xhat) {
+  return {(dy.array() * xhat.array()).colwise().sum().matrix(), dy.colwise().sum()};
+}
+void add_layer_norm_sums(const LayerNormSums& sums, float* dw, float* db) {
+  RowMap(dw, sums.dw.size()) += sums.dw;
+  RowMap(db, sums.db.size()) += sums.db;
 }
 
 float gelu(float x) { return 0.5f * x * (1.0f + std::tanh(kGeluC * (x + 0.044715f * x * x * x))); }
@@ -439,28 +447,37 @@ Gpt::MicroBatchBytes Gpt::micro_batch_bytes(const GptConfig& c, const GptStage& 
   const size_t block = 2 * matrix_bytes(held, C) + 2 * matrix_bytes(BT, C) + matrix_bytes(BT, 3 * width) +
                        matrix_bytes(BT, width) + 2 * matrix_bytes(BT, hidden) +
                        static_cast<size_t>(B * heads) * matrix_bytes(T, T);
-  // A block's weight work: the two row-parallel biases' column sums, the two row-parallel weights'
-  // gathered output gradients, c_fc's and c_attn's output gradients, the LayerNorms' (held rows).
-  out.weight_work = blocks * (2 * matrix_bytes(1, C) + 2 * matrix_bytes(BT, C) + matrix_bytes(BT, hidden) +
-                              matrix_bytes(BT, 3 * width) + 2 * matrix_bytes(held, C));
-  if (recompute) {
-    // Each block's input (held rows); the rebuilt blocks as above.
-    out.forward = blocks * matrix_bytes(held, C);
-    out.weight_work += blocks * block;
-    out.rebuilt = blocks > 0 ? block : 0;
-  } else {
-    out.forward = blocks * block;
-  }
-  if (stage.first) {
-    // wpe's gradient (held rows), and under tp the vocab-parallel embedding's whole one.
-    out.weight_work += matrix_bytes(held, C) + (tp > 1 ? matrix_bytes(BT, C) : 0);
-  }
+  // What a block's weight part reads and keeps: the four linear layers' inputs (h1, att_y, h2,
+  // gelu); the two row-parallel biases' and the two LayerNorms' column sums (six rows of C); the
+  // two row-parallel weights' gathered output gradients, c_fc's and c_attn's.
+  const size_t reads = 2 * matrix_bytes(BT, C) + matrix_bytes(BT, width) + matrix_bytes(BT, hidden);
+  const size_t work = 6 * matrix_bytes(1, C) + 2 * matrix_bytes(BT, C) + matrix_bytes(BT, hidden) +
+                      matrix_bytes(BT, 3 * width);
+  const size_t input = matrix_bytes(held, C);  // a block's input (held rows), kept under recompute
+  out.forward = blocks * (recompute ? input : block);
+  out.weight = blocks * (reads + work);
+  if (recompute && blocks > 0) out.rebuilt = block;
+  // The last stage: lnf.xhat (held rows), hf (gathered), probs_out (the whole vocabulary, at tp 1
+  // only) after the forward; its weight part keeps hf, the head's logit gradients (this rank's rows
+  // of the padded vocabulary) and ln_f's two sums.
+  size_t head_forward = 0, head_weight = 0;
   if (stage.last) {
-    // lnf.xhat (held rows), hf (gathered), probs_out (the whole vocabulary, at tp 1 only); the head's
-    // logit gradients (this rank's rows of the padded vocabulary) and ln_f's output gradient.
     const Eigen::Index vocab_rows = parallel::vocab_range(c.vocab_size, 0, tp).rows();
-    out.forward += matrix_bytes(held, C) + matrix_bytes(BT, C) + (tp == 1 ? matrix_bytes(BT, c.vocab_size) : 0);
-    out.weight_work += matrix_bytes(BT, vocab_rows) + matrix_bytes(held, C);
+    head_forward = matrix_bytes(held, C) + matrix_bytes(BT, C) + (tp == 1 ? matrix_bytes(BT, c.vocab_size) : 0);
+    head_weight = matrix_bytes(BT, C) + matrix_bytes(BT, vocab_rows) + 2 * matrix_bytes(1, C);
+    out.forward += head_forward;
+    out.weight += head_weight;
+  }
+  // The first stage's weight part: wpe's gradient (held rows), and under tp the vocab-parallel
+  // embedding's whole one.
+  if (stage.first) out.weight += matrix_bytes(held, C) + (tp > 1 ? matrix_bytes(BT, C) : 0);
+  // An input part under recompute, at its last block's rebuild: the head's change (its weight part's
+  // keep for its forward's), each block before it traded its input for its weight part's keep, and
+  // the rebuilt block.
+  if (recompute && blocks > 0) {
+    const auto peak = static_cast<int64_t>(head_weight) - static_cast<int64_t>(head_forward) +
+                      static_cast<int64_t>((blocks - 1) * (reads + work - input) + block);
+    out.input_peak = static_cast<size_t>(std::max<int64_t>(0, peak));
   }
   return out;
 }
@@ -614,14 +631,16 @@ void Gpt::backward_micro_batch(int mb, float loss_scale, const float* grad_outpu
     }
     access.enter(c.n_layer + 1, pass);
     const size_t iw = p_lnf(0), ib = p_lnf(1);
-    const Matrix* xhat = &a.lnf.xhat;
     Matrix dn = layer_norm_backward_input(dx, a.lnf.xhat, a.lnf.rstd, value(access, iw));
-    const size_t bytes = matrix_bytes(dx);
-    weight_grad(c.n_layer + 1, [iw, ib, xhat, dy = std::move(dx)](const Access& w) {
-      layer_norm_backward_weight(dy, *xhat, w.grad(iw), w.grad(ib));
-    }, access, bytes);
+    weight_grad(c.n_layer + 1, [iw, ib, sums = layer_norm_weight_sums(dx, a.lnf.xhat)](const Access& w) {
+      add_layer_norm_sums(sums, w.grad(iw), w.grad(ib));
+    }, access, 2 * static_cast<size_t>(C) * sizeof(float));
     dx = std::move(dn);
     access.leave(c.n_layer + 1, pass);
+    if (!with_weight) {  // the weight part reads hf and the logits' gradient only
+      a.probs_out = Matrix();
+      a.lnf = LayerNormCache{};
+    }
   } else {
     ZERO_CHECK(grad_output != nullptr, "backward of micro-batch {}: a stage before the last needs its output's gradient",
                mb);
@@ -654,11 +673,10 @@ void Gpt::backward_micro_batch(int mb, float loss_scale, const float* grad_outpu
         linear_backward_weight(dy, *x, w.grad(iw), w.grad(ib));
       }, access, bytes);
     };
-    auto norm = [&](int j, Matrix&& dy, const Matrix* xhat) {
-      const size_t bytes = matrix_bytes(dy);
-      weight_grad(u, [iw = I(j), ib = I(j + 1), xhat, dy = std::move(dy)](const Access& w) {
-        layer_norm_backward_weight(dy, *xhat, w.grad(iw), w.grad(ib));
-      }, access, bytes);
+    auto norm = [&](int j, const Matrix& dy, const Matrix& xhat) {
+      weight_grad(u, [iw = I(j), ib = I(j + 1), sums = layer_norm_weight_sums(dy, xhat)](const Access& w) {
+        add_layer_norm_sums(sums, w.grad(iw), w.grad(ib));
+      }, access, 2 * static_cast<size_t>(C) * sizeof(float));
     };
     // Row-parallel projections: their bias added once after the sum over tp (it saw dx), their
     // weight the whole (gathered) output gradient.
@@ -677,7 +695,7 @@ void Gpt::backward_micro_batch(int mb, float loss_scale, const float* grad_outpu
     Matrix dh2 = enter_region_backward(linear_backward_input(dfc, P(8), C));
     linear(8, std::move(dfc), &k->h2);
     dx += layer_norm_backward_input(dh2, k->ln2.xhat, k->ln2.rstd, P(6));
-    norm(6, std::move(dh2), &k->ln2.xhat);
+    norm(6, dh2, k->ln2.xhat);
     // x_mid = x_in + attn(ln_1(x_in))
     bias(5, dx);
     Matrix dyf = leave_region_backward(dx);
@@ -704,9 +722,13 @@ void Gpt::backward_micro_batch(int mb, float loss_scale, const float* grad_outpu
     Matrix dh1 = enter_region_backward(linear_backward_input(dqkv, P(2), C));
     linear(2, std::move(dqkv), &k->h1);
     dx += layer_norm_backward_input(dh1, k->ln1.xhat, k->ln1.rstd, P(0));
-    norm(0, std::move(dh1), &k->ln1.xhat);
-    // A whole backward has used the rebuilt block; a split one's weight work still reads it.
-    if (recompute_ && with_weight) k->keep_input_only();
+    norm(0, dh1, k->ln1.xhat);
+    // A split backward keeps what its weight part reads; a whole one has used the rebuilt block.
+    if (!with_weight) {
+      k->keep_for_weight();
+    } else if (recompute_) {
+      k->keep_input_only();
+    }
     access.leave(u, pass);
   }
 

@@ -176,24 +176,31 @@ class Gpt {
 
   // What one B x T micro-batch holds on a stage of `config` cut by `stage` at tensor-parallel size
   // `tp` (1: no tp communicator, as train_gpt builds it; sequence_parallel: sp), in the bytes
-  // activation_bytes() counts, so that a planner can replay a schedule without running the model:
-  // `forward` from the end of its forward until its backward; a split backward's input part
-  // (with_weight false) frees nothing (the weight part reads the kept inputs) and keeps the output
-  // gradients the weight part needs, `weight_work` more, until weight_micro_batch; nothing after that,
-  // after a whole backward, or after forget. A stage's bytes are the sum over the micro-batches in
-  // flight, and peak_activation_bytes() their largest sum at the end of a forward or an input part.
-  // Exact: the same shapes forward_micro_batch and backward_micro_batch allocate. Not counted (by
-  // either): a pass's temporaries, the LayerNorms' rstd (rows held per LayerNorm), and under tensor
-  // parallelism the vocab-parallel loss's softmax (B*T x V'/tp floats, which probs_out counts at tp 1).
-  // With `recompute` (set_recompute): a block holds its input after the forward; a split backward's
-  // input part rebuilds every block and keeps them for the weight part (in weight_work); a whole
-  // backward holds one rebuilt block at a time (`rebuilt`, on top of what is held when it starts).
-  // Throws InvalidArgument, as the model would, when tp does not divide n_head or (sp) T.
+  // activation_bytes() counts, so that a planner can replay a schedule without running the model
+  // (parallel/pipeline/held_activations.h's HeldBytes, field for field):
+  // `forward` from the end of its forward until its backward. A split backward's input part
+  // (with_weight false) keeps only what the weight part reads, `weight`, until weight_micro_batch:
+  // each linear layer's input (h1, att_y, h2, the GELU's output; the head's hf) and its output
+  // gradient, the biases' and LayerNorms' column sums (computed in the input part, C floats each),
+  // and the first stage's embedding gradients; the rest (q|k|v, the MLP's product, the attention
+  // probabilities, the LayerNorms' normalized inputs, the softmax) is freed. Nothing is held after
+  // the weight part, after a whole backward, or after forget. A stage's bytes are the sum over the
+  // micro-batches in flight, and peak_activation_bytes() their largest sum at the end of a forward
+  // or an input part, or while a recompute rebuilds a block. Exact: the same shapes
+  // forward_micro_batch and backward_micro_batch allocate. Not counted (by either): a pass's
+  // temporaries, the LayerNorms' rstd (rows held per LayerNorm), and under tensor parallelism the
+  // vocab-parallel loss's softmax (B*T x V'/tp floats, which probs_out counts at tp 1).
+  // With `recompute` (set_recompute): a block holds its input after the forward; a whole backward
+  // holds one rebuilt block at a time (`rebuilt`, on top of what is held when it starts); an input
+  // part rebuilds each block, keeps what its weight part reads and drops the rest with the input
+  // (`weight` as without recompute), so while it runs it holds at most `input_peak` more than when
+  // it began (at the last block's rebuild). Throws InvalidArgument, as the model would, when tp does
+  // not divide n_head or (sp) T.
   struct MicroBatchBytes {
-    size_t forward = 0;      // after the forward, until the backward
-    size_t weight_work = 0;  // added by a split backward's input part, until the weight part
-    size_t rebuilt = 0;      // recompute: held besides while a whole backward runs a block
-    size_t after_input() const { return forward + weight_work; }
+    size_t forward = 0;     // after the forward, until the backward
+    size_t weight = 0;      // after a split backward's input part, until the weight part
+    size_t rebuilt = 0;     // recompute: held besides while a whole backward runs a block
+    size_t input_peak = 0;  // recompute: held besides (at most) while an input part runs
   };
   static MicroBatchBytes micro_batch_bytes(const GptConfig& config, const GptStage& stage, int tp,
                                            bool sequence_parallel, int B, int T, bool recompute = false);
@@ -208,6 +215,11 @@ class Gpt {
     Matrix input;  // the block's input, kept alone under recompute
     // Recompute: everything but the input dropped (rebuilt by the backward).
     void keep_input_only() { *this = BlockCache{.input = std::move(input)}; }
+    // After a split backward's input part: the four linear layers' inputs, which the weight part
+    // reads (the objects stay, so the weight work's pointers to them hold).
+    void keep_for_weight() {
+      *this = BlockCache{.h1 = std::move(h1), .att_y = std::move(att_y), .h2 = std::move(h2), .gelu = std::move(gelu)};
+    }
     Matrix h1, qkv, att_y, h2, fc, gelu;  // h1, h2: the layers' whole inputs (gathered under sp)
     LayerNormCache ln1, ln2;
     std::vector<Matrix> probs;  // per (b, head): T x T

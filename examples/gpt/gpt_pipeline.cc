@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "base/check.h"
+#include "parallel/pipeline/schedules.h"
 #include "parallel/pipeline/stage_cut.h"
 
 namespace zero::examples {
@@ -45,6 +46,31 @@ std::vector<GptStage> gpt_stages(int n_layer, int virtual_stages, const std::vec
   return stages;
 }
 
+parallel::HeldBytes gpt_held_bytes(const GptConfig& config, int virtual_stages, const std::vector<int>& layers, int tp,
+                                   bool sequence_parallel, int B, int T, bool recompute) {
+  parallel::HeldBytes h;
+  h.forward.clear();
+  h.weight.clear();
+  h.rebuilt.clear();
+  h.input_peak.clear();
+  for (const GptStage& stage : gpt_stages(config.n_layer, virtual_stages, layers)) {
+    const Gpt::MicroBatchBytes b = Gpt::micro_batch_bytes(config, stage, tp, sequence_parallel, B, T, recompute);
+    h.forward.push_back(static_cast<double>(b.forward));
+    h.weight.push_back(static_cast<double>(b.weight));
+    h.rebuilt.push_back(static_cast<double>(b.rebuilt));
+    h.input_peak.push_back(static_cast<double>(b.input_peak));
+  }
+  return h;
+}
+
+parallel::Schedule gpt_schedule(const std::string& name, const GptConfig& config, int pp, int micro_batches, int chunks,
+                                const std::vector<int>& layers, int tp, bool sequence_parallel, int B, int T,
+                                bool recompute) {
+  return parallel::make_schedule(
+      name, pp, micro_batches, chunks, config.n_layer,
+      gpt_held_bytes(config, pp * chunks, layers, tp, sequence_parallel, B, T, recompute));
+}
+
 namespace {
 
 // The cut, checked as the GPT's flags name it (--pp-layers) before the stage checks it again.
@@ -63,8 +89,14 @@ GptPipeline::GptPipeline(const Gpt& full, const GptParallel& parallel, const com
     const parallel::LayerRange l = stage_.layers(c);
     chunks_.emplace_back(full, parallel, GptStage{l.first, l.end, stage_.is_first(c), stage_.is_last(c)});
   }
-  for (Gpt& chunk : chunks_) {
-    scopes_.push_back(std::make_unique<GptScopes>(engine, chunk, dtype, fp32_norms));
+  // A V's rank 0 holds the first virtual stage (chunk 0, the embedding) and the last (the tied head):
+  // one copy of wte, which the head borrows (GptTieOnRank).
+  const bool tie_on_rank = stage_.holds_last_stage() && stage_.is_first(0) && !stage_.is_last(0);
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    GptTieOnRank tie;
+    if (tie_on_rank && c == 0) tie.lends = true;
+    if (tie_on_rank && stage_.is_last(static_cast<int>(c))) tie.lender = scopes_.front().get();
+    scopes_.push_back(std::make_unique<GptScopes>(engine, chunks_[c], dtype, fp32_norms, tie));
     access_.push_back(scopes_.back()->access());
   }
 }

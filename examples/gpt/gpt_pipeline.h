@@ -20,6 +20,7 @@
 #include "comm/mesh.h"
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_model.h"
+#include "parallel/pipeline/held_activations.h"
 #include "parallel/pipeline/pipeline_stage.h"
 #include "parallel/pipeline/schedule.h"
 
@@ -33,6 +34,18 @@ std::vector<GptStage> gpt_stages(int n_layer, int virtual_stages, const std::vec
 // "2,1,1" -> {2, 1, 1}; "" -> {} (even). Throws InvalidArgument naming --pp-layers on anything else.
 std::vector<int> parse_layer_counts(const std::string& text);
 
+// What one B x T micro-batch holds on each virtual stage of the GPT cut by `layers` (as gpt_stages
+// cuts it) at tensor-parallel size `tp` (Gpt::micro_batch_bytes, field for field).
+parallel::HeldBytes gpt_held_bytes(const GptConfig& config, int virtual_stages, const std::vector<int>& layers, int tp,
+                                   bool sequence_parallel, int B, int T, bool recompute);
+
+// The named schedule (parallel::make_schedule) for the GPT's pipeline of `pp` ranks, `chunks` each,
+// running micro-batches of B x T: the zero-bubble ones keep the held activations, in bytes, within
+// 1F1B's peak (gpt_held_bytes).
+parallel::Schedule gpt_schedule(const std::string& name, const GptConfig& config, int pp, int micro_batches, int chunks,
+                                const std::vector<int>& layers, int tp, bool sequence_parallel, int B, int T,
+                                bool recompute);
+
 // One micro-batch: B x T inputs and next-token targets.
 struct MicroBatch {
   std::vector<int> inputs, targets;
@@ -41,8 +54,10 @@ struct MicroBatch {
 
 class GptPipeline {
  public:
-  // Registers this rank's chunks (pipeline rank mesh.pp().rank(), chunks c = virtual stages c * p +
-  // rank) with `engine` (before finalize). `full` is the whole model (every rank builds the same one).
+  // Registers this rank's chunks (pipeline rank mesh.pp().rank(), chunk c = the schedule's virtual
+  // stage of (rank, c): c * p + rank in a loop, rank and 2p-1-rank in a V) with `engine` (before
+  // finalize). Where the rank holds the first and the last virtual stage (a V's rank 0), the head
+  // borrows the embedding's wte (GptTieOnRank): one copy, no tie across ranks. `full` is the whole model (every rank builds the same one).
   GptPipeline(const Gpt& full, const GptParallel& parallel, const comm::Mesh& mesh, parallel::Schedule schedule,
               const std::vector<int>& layers, Engine& engine, DType dtype = DType::kFloat32, bool fp32_norms = false);
   // Collective: the stage's checks, then engine.finalize() (parallel::PipelineStage::finalize).
@@ -65,7 +80,7 @@ class GptPipeline {
 
   const parallel::Schedule& schedule() const { return stage_.schedule(); }
   int rank() const { return rank_; }
-  // This rank's chunks (virtual stage c * p + rank for chunk c) and their engine ids.
+  // This rank's chunks (virtual stage schedule().virtual_stage(rank, c) for chunk c) and their engine ids.
   std::vector<Gpt>& chunks() { return chunks_; }
   const std::vector<int>& ids(int chunk) const { return scopes_[static_cast<size_t>(chunk)]->ids(); }
   bool holds_last_stage() const { return stage_.holds_last_stage(); }

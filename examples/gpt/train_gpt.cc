@@ -69,7 +69,9 @@ int run(int argc, char** argv) {
   std::unique_ptr<examples::GptPipeline> pipe;
   if (layout.pp > 1) {
     pipe = std::make_unique<examples::GptPipeline>(
-        whole, parallel, mesh, parallel::make_schedule(layout.schedule, layout.pp, m, layout.chunks, cfg.n_layer),
+        whole, parallel, mesh,
+        examples::gpt_schedule(layout.schedule, cfg, layout.pp, m, layout.chunks, run.pp_layers, layout.tp,
+                               layout.sequence_parallel, local, T, layout.recompute),
         run.pp_layers, engine, run.dtype, run.fp32_norms);
     for (examples::Gpt& chunk : pipe->chunks()) chunk.set_recompute(layout.recompute);
     pipe->finalize();

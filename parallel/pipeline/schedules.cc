@@ -226,6 +226,8 @@ Schedule zb_v(int ranks, int microbatches, const HeldBytes& held) {
   return s;
 }
 
+Placement placement_of(const std::string& name) { return name == "zb-v" ? Placement::kV : Placement::kLoop; }
+
 Schedule make_schedule(const std::string& name, int ranks, int microbatches, int chunks, int layers,
                        const HeldBytes& held) {
   if (name == "zb-v") {

@@ -48,6 +48,9 @@ Schedule zb_v(int ranks, int microbatches, const HeldBytes& held = {});
 // zero-bubble generators; with even stages, the first stage's p micro-batches.
 double one_f_one_b_peak(const HeldBytes& held, int ranks, int chunks, int microbatches);
 
+// Where the named schedule lays a rank's chunks: a V for "zb-v", else a loop.
+Placement placement_of(const std::string& name);
+
 // By name: "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v" (InvalidArgument listing them otherwise;
 // for chunks other than 1 with a schedule that has one chunk per rank, other than 2 with zb-v).
 // `held` goes to the zero-bubble generators.

@@ -160,6 +160,7 @@ DescribedLayer read_layer(ObjectReader& parent, const std::string& key) {
     tr.finish();
   }
   l.activations = read_terms(r, "activations");
+  if (r.find("weight_reads")) l.weight_reads = read_terms(r, "weight_reads");
   l.weight_work = read_terms(r, "weight_work");
   r.finish();
   return l;
@@ -230,11 +231,14 @@ ModelDescription parse_model_description(std::string_view text, const std::strin
       }
       if (!tied.insert(t.tied_to).second) fail(ctx, fmt::format("{}.tied_to: {} is tied twice", path, t.tied_to));
     }
-    for (const auto* terms : {&l->activations, &l->weight_work}) {
-      for (size_t k = 0; k < terms->size(); ++k) {
+    const std::pair<const char*, const std::vector<ActivationTerm>*> lists[] = {
+        {"activations", &l->activations},
+        {"weight_reads", l->weight_reads ? &*l->weight_reads : nullptr},
+        {"weight_work", &l->weight_work}};
+    for (const auto& [name, terms] : lists) {
+      for (size_t k = 0; terms != nullptr && k < terms->size(); ++k) {
         if ((*terms)[k].split == ActivationTerm::Split::kVocab && vocab == 0) {
-          fail(ctx, fmt::format("{}.{}[{}].split: \"vocab\" needs a tensor split \"vocab\"", layer,
-                                terms == &l->activations ? "activations" : "weight_work", k));
+          fail(ctx, fmt::format("{}.{}[{}].split: \"vocab\" needs a tensor split \"vocab\"", layer, name, k));
         }
       }
     }
@@ -306,6 +310,7 @@ ojson layer_json(const DescribedLayer& l) {
     j["tp"] = std::move(tp);
   }
   if (!l.activations.empty()) j["activations"] = terms_json(l.activations);
+  if (l.weight_reads) j["weight_reads"] = terms_json(*l.weight_reads);
   if (!l.weight_work.empty()) j["weight_work"] = terms_json(l.weight_work);
   return j;
 }
@@ -570,6 +575,7 @@ StageCosts DescribedModel::stage(const Layout& l, int s, int global_batch, const
     KernelLayer kind;
     int count;
   };
+  int64_t rebuilding = 0, head_change = 0;  // recompute's input part: the blocks', the head's
   const Part parts[] = {{&m.embedding, KernelLayer::kEmbedding, first ? 1 : 0},
                         {&m.block, KernelLayer::kBlock, blocks},
                         {&m.head, KernelLayer::kHead, last ? 1 : 0}};
@@ -603,18 +609,25 @@ StageCosts DescribedModel::stage(const Layout& l, int s, int global_batch, const
       }
     }
     const uint64_t held = term_bytes(layer->activations, tokens, l.tp, sp, vocab);
-    const uint64_t work = term_bytes(layer->weight_work, tokens, l.tp, sp, vocab);
-    out.weight_work_bytes += count * work;
+    const uint64_t kept = (layer->weight_reads ? term_bytes(*layer->weight_reads, tokens, l.tp, sp, vocab) : held) +
+                          term_bytes(layer->weight_work, tokens, l.tp, sp, vocab);
+    out.weight_bytes += count * kept;
     if (layer == &m.block && l.recompute) {
       // Each block keeps its input (the stream's rows this rank holds); one block rebuilt at a time
-      // in a whole backward, every one kept for a split backward's weight part.
-      out.activation_bytes += count * static_cast<uint64_t>(std::llround(sp ? stream / l.tp : stream));
-      out.weight_work_bytes += count * held;
-      out.rebuilt_bytes = held;
+      // in a whole backward; an input part rebuilds each block in turn and trades its input for
+      // what its weight part keeps, so it peaks at the last block's rebuild (after the head's).
+      const auto input = static_cast<uint64_t>(std::llround(sp ? stream / l.tp : stream));
+      out.activation_bytes += count * input;
+      if (count > 0) {
+        out.rebuilt_bytes = held;
+        rebuilding = static_cast<int64_t>((count - 1) * (kept - input) + held);
+      }
     } else {
       out.activation_bytes += count * held;
     }
+    if (layer == &m.head && count > 0) head_change = static_cast<int64_t>(kept) - static_cast<int64_t>(held);
   }
+  if (rebuilding > 0) out.input_peak_bytes = static_cast<uint64_t>(std::max<int64_t>(0, head_change + rebuilding));
   out.send_bytes = last ? 0.0 : sp ? stream / l.tp : stream;
   return out;
 }

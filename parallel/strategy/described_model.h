@@ -33,7 +33,10 @@
 //                      parallelism an all-gather and a reduce-scatter. The extra forward
 //                      all-reduces are the loss's (a vocabulary-parallel cross entropy's three).
 //   "activations":     what a micro-batch holds from its forward to its backward, a list of terms
-//   "weight_work":     what a split backward (ZB-H1) holds from its input part to its weight part
+//   "weight_reads":    of those, what a split backward's weight part reads (each linear layer's
+//                      input): the input part frees the rest. Absent: all of them (it frees nothing)
+//   "weight_work":     what a split backward's input part adds for its weight part (the output
+//                      gradients, column sums), held until the weight part
 //     term:            {"per_token": bytes | "per_micro_batch": bytes, "split": "none" | "tp" |
 //                      "sequence" | "vocab", "when": "any" | "tp1" | "tp>1"}: "tp" divided by tp,
 //                      "sequence" divided by tp under sequence parallelism (the residual stream's
@@ -94,6 +97,7 @@ struct DescribedLayer {
   int enter = 0, leave = 0;
   std::vector<double> all_reduces_per_token;
   std::vector<ActivationTerm> activations, weight_work;
+  std::optional<std::vector<ActivationTerm>> weight_reads;  // absent: the activations
 };
 
 struct ModelDescription {

@@ -88,7 +88,8 @@ TEST_CASE("a model description's tensors as each stage and tp rank holds them") 
   CHECK(first.send_bytes == 16 * 4 * 4);
   CHECK(last.send_bytes == 0);
   CHECK(first.activation_bytes == 16 * 16 + 16 * 32 + 100);
-  CHECK(first.weight_work_bytes == 16 * 4);
+  // No weight_reads: a split backward's input part frees nothing and adds its weight work.
+  CHECK(first.weight_bytes == first.activation_bytes + 16 * 4);
 }
 
 TEST_CASE("a term split as the vocabulary counts a rank's rows of the padded vocabulary") {
@@ -121,7 +122,7 @@ TEST_CASE("a described model's tp collectives and activations under tp, sp and r
   CHECK(plain.tp_forward.back().bytes == 16 * 4);
   CHECK(plain.tp_forward.front().bytes == stream);
   CHECK(plain.activation_bytes == 2 * (16 * 16 + 16 * 32 / 2 + 100));
-  CHECK(plain.weight_work_bytes == 2 * 16 * 8);
+  CHECK(plain.weight_bytes == plain.activation_bytes + 2 * 16 * 8);
   const StageCosts sp = m.stage({.tp = 2, .micro_batches = 2, .sequence_parallel = true}, 0, 4, cluster());
   CHECK(sp.tp_forward.size() == 1 + 4 + 2);  // reduce-scatter; (gather, scatter) x 2; gather, the loss's
   CHECK(sp.tp_backward.size() == 1 + 4 + 1);
@@ -132,6 +133,19 @@ TEST_CASE("a described model's tp collectives and activations under tp, sp and r
   // Each block keeps its input rows; its forward runs again, collectives and all.
   CHECK(rc.activation_bytes == 2 * static_cast<uint64_t>(stream / 2));
   CHECK(rc.rebuilt_bytes == 16 * 16 / 2 + 16 * 32 / 2 + 100);
+  // An input part keeps every rebuilt block for its weight part (no weight_reads) and frees the
+  // inputs; it peaks at the second block's rebuild: the first's keep and the second's input and
+  // rebuilt block on top of what was held.
+  const uint64_t block = rc.rebuilt_bytes, keep = block + 16 * 8;
+  CHECK(rc.weight_bytes == 2 * keep);
+  CHECK(rc.input_peak_bytes == keep - static_cast<uint64_t>(stream / 2) + block);
+  // With weight_reads the input part frees the rest: a block keeps its 32-byte term and its work.
+  const DescribedModel reads(parse_model_description(with(R"("weight_work": [)", R"("weight_reads": [{"per_token": 32, "split": "tp"}],
+            "weight_work": [)"), "m.json"), DType::kFloat32);
+  const StageCosts r = reads.stage({.tp = 2, .micro_batches = 2}, 0, 4, cluster());
+  CHECK(r.activation_bytes == plain.activation_bytes);
+  CHECK(r.weight_bytes == 2 * (16 * 32 / 2 + 16 * 8));
+  CHECK(r.input_peak_bytes == 0);  // only the ends of actions count without recompute
   CHECK(rc.tp_backward.size() == sp.tp_backward.size() + 4);
   CHECK(rc.backward_input == doctest::Approx(sp.backward_input + 2 * 16 * 64 / 1e10));  // 2 x (4 x 4 + 4 x 4) at tp 2
 }

@@ -105,10 +105,13 @@ ModelDescription describe_gpt2(const Gpt2Shape& s, bool fp32_norms) {
   // attention probabilities of its heads (T per token and head).
   m.block.activations = {token(2 * f * C, Split::kSequence), token(2 * f * C),
                          token(f * (12.0 * C + static_cast<double>(s.n_head) * T), Split::kTp)};
-  // A split backward's weight part: the row-parallel biases' column sums, the row-parallel weights'
-  // gathered output gradients, c_fc's and c_attn's output gradients, the LayerNorms'.
-  m.block.weight_work = {ActivationTerm{ActivationTerm::Per::kMicroBatch, 2 * f * C}, token(2 * f * C),
-                         token(f * 7.0 * C, Split::kTp), token(2 * f * C, Split::kSequence)};
+  // A split backward's weight part reads the four linear layers' inputs (h1 and h2 gathered, this
+  // rank's attention output and GELU); its input part adds the row-parallel biases' and the
+  // LayerNorms' column sums (six rows of C), the row-parallel weights' gathered output gradients,
+  // c_fc's and c_attn's output gradients.
+  m.block.weight_reads = std::vector<ActivationTerm>{token(2 * f * C), token(f * 5.0 * C, Split::kTp)};
+  m.block.weight_work = {ActivationTerm{ActivationTerm::Per::kMicroBatch, 6 * f * C}, token(2 * f * C),
+                         token(f * 7.0 * C, Split::kTp)};
 
   // The head: the final LayerNorm, the tied output layer and a vocabulary-parallel loss (three sums
   // of one float per token: the maximum, the exponentials, the target logits).
@@ -120,9 +123,11 @@ ModelDescription describe_gpt2(const Gpt2Shape& s, bool fp32_norms) {
   m.head.enter = 1;
   m.head.all_reduces_per_token = {f, f, f};
   // Held: ln_f's normalized input (held rows), its output (gathered), and at tp 1 the whole
-  // vocabulary's probabilities; the weight part keeps the logits' gradients and ln_f's.
+  // vocabulary's probabilities; the weight part reads ln_f's output and keeps the logits' gradients
+  // and ln_f's two column sums.
   m.head.activations = {token(f * C, Split::kSequence), token(f * C), token(f * V, Split::kNone, When::kTp1)};
-  m.head.weight_work = {token(f * V, Split::kVocab), token(f * C, Split::kSequence)};
+  m.head.weight_reads = std::vector<ActivationTerm>{token(f * C)};
+  m.head.weight_work = {token(f * V, Split::kVocab), ActivationTerm{ActivationTerm::Per::kMicroBatch, 2 * f * C}};
   return m;
 }
 

@@ -51,11 +51,13 @@ struct StageCosts {
   double forward = 0, backward_input = 0, backward_weight = 0;
   std::vector<TpCollective> tp_forward, tp_backward;  // per micro-batch
   double send_bytes = 0;  // to the next stage per micro-batch (and as much back)
-  // Activations per micro-batch: held from its forward until its backward completes, and, when the
-  // backward is split, held besides from the input part until the weight part.
-  uint64_t activation_bytes = 0, weight_work_bytes = 0;
-  // Under activation recompute: held besides while a whole backward runs (its rebuilt forward).
-  uint64_t rebuilt_bytes = 0;
+  // Activations per micro-batch, as parallel/pipeline/held_activations.h's HeldBytes: held from its
+  // forward until its backward; where the backward is split, held instead from the input part until
+  // the weight part (what the weight part reads, and the gradients the input part adds for it).
+  uint64_t activation_bytes = 0, weight_bytes = 0;
+  // Under activation recompute: held besides while a whole backward runs (its rebuilt forward), and
+  // at most while an input part runs.
+  uint64_t rebuilt_bytes = 0, input_peak_bytes = 0;
 };
 
 class ModelCosts {

@@ -16,9 +16,11 @@
 #include "base/error.h"
 #include "memory/tracker.h"
 #include "parallel/engine_comms.h"
+#include "parallel/pipeline/held_activations.h"
 #include "parallel/pipeline/pipeline_check.h"
 #include "parallel/pipeline/schedule_sim.h"
 #include "parallel/pipeline/schedules.h"
+#include "zero/param_registry.h"
 #include "zero/plan/engine_plan.h"
 
 namespace zero::strategy {
@@ -87,33 +89,35 @@ MemoryParts memory_of(const plan::EnginePlan& p, int stage) {
   return m;
 }
 
-// The virtual stage of rank `rank`'s chunk `chunk` (Schedule::virtual_stage's rule).
+// The costs of rank `rank`'s chunk `chunk` (its virtual stage in the layout's schedule's placement).
 const StageCosts& chunk_costs(const Layout& l, const std::vector<StageCosts>& stages, int rank, int chunk) {
-  return stages[static_cast<size_t>(chunk * l.pp + rank)];
+  const parallel::Schedule shape{.placement = parallel::placement_of(l.schedule), .ranks = l.pp, .chunks = l.chunks};
+  return stages[static_cast<size_t>(shape.virtual_stage(rank, chunk))];
 }
 
-// The most activation bytes pipeline rank `rank` holds at once, over all its chunks: a forward adds
-// a micro-batch's, a split backward's input part adds its weight work, the weight part (or a whole
-// backward) frees both; a whole backward under recompute holds its rebuilt part on top while it
-// runs. (A forward's own rebuilt-sized temporaries are not more: every schedule here runs a
-// backward before anything frees, holding at least as much.)
-uint64_t activation_peak(const parallel::Schedule& s, const Layout& l, const std::vector<StageCosts>& stages, int rank) {
-  uint64_t held = 0, peak = 0;
-  for (const parallel::Action& a : s.actions[static_cast<size_t>(rank)]) {
-    const StageCosts& c = chunk_costs(l, stages, rank, a.chunk);
-    switch (a.op) {
-      case parallel::Op::kF: held += c.activation_bytes; break;
-      case parallel::Op::kB: held += c.weight_work_bytes; break;
-      case parallel::Op::kW: held -= c.activation_bytes + c.weight_work_bytes; break;
-      case parallel::Op::kBW:
-        peak = std::max(peak, held + c.rebuilt_bytes);
-        held -= c.activation_bytes;
-        break;
-      default: break;
-    }
-    peak = std::max(peak, held);
+// What each virtual stage's micro-batch holds (parallel/pipeline/held_activations.h).
+parallel::HeldBytes held_bytes(const std::vector<StageCosts>& stages) {
+  parallel::HeldBytes h;
+  h.forward.clear();
+  h.weight.clear();
+  h.rebuilt.clear();
+  h.input_peak.clear();
+  for (const StageCosts& c : stages) {
+    h.forward.push_back(static_cast<double>(c.activation_bytes));
+    h.weight.push_back(static_cast<double>(c.weight_bytes));
+    h.rebuilt.push_back(static_cast<double>(c.rebuilt_bytes));
+    h.input_peak.push_back(static_cast<double>(c.input_peak_bytes));
   }
-  return peak;
+  return h;
+}
+
+// The most activation bytes pipeline rank `rank` holds at once, over all its chunks: the schedule's
+// replay (parallel::HeldTracker, the simulator's and the zero-bubble generators' own).
+uint64_t activation_peak(const parallel::Schedule& s, const std::vector<StageCosts>& stages, int rank) {
+  const parallel::HeldBytes held = held_bytes(stages);
+  parallel::HeldTracker t(s, held, rank);
+  for (const parallel::Action& a : s.actions[static_cast<size_t>(rank)]) t.apply(a);
+  return static_cast<uint64_t>(std::llround(t.peak()));
 }
 
 std::vector<int> divisors(int n) {
@@ -136,10 +140,11 @@ using PlanCache = std::map<std::string, plan::EnginePlan>;
 // action lists themselves would be gigabytes).
 class Schedules {
  public:
-  parallel::Schedule of(const Layout& l) {
+  // The zero-bubble schedules from the stages' activation sizes (their memory bound is in bytes).
+  parallel::Schedule of(const Layout& l, const std::vector<StageCosts>& stages) {
     // pp 1: one micro-batch at a time.
     const std::string name = l.pp > 1 ? l.schedule : "1f1b";
-    parallel::Schedule s = parallel::make_schedule(name, l.pp, l.micro_batches, l.chunks);
+    parallel::Schedule s = parallel::make_schedule(name, l.pp, l.micro_batches, l.chunks, 0, held_bytes(stages));
     if (checked_.insert({name, l.pp, l.micro_batches, l.chunks}).second) parallel::check_schedule(s);
     return s;
   }
@@ -158,7 +163,13 @@ std::vector<StageCosts> stage_costs(const ModelCosts& model, const Layout& l, co
 // The trainable elements pipeline rank `rank` holds over its chunks.
 uint64_t rank_numel(const Layout& l, const std::vector<StageCosts>& stages, int rank) {
   uint64_t n = 0;
-  for (int c = 0; c < l.chunks; ++c) n += chunk_costs(l, stages, rank, c).engine->numel();
+  std::set<std::string> tied;  // a tied weight both of whose uses the rank holds (a V's rank 0) counts once
+  for (int c = 0; c < l.chunks; ++c) {
+    for (const plan::TensorSpec& t : chunk_costs(l, stages, rank, c).engine->tensors) {
+      if (!t.trainable || (t.tied && !tied.insert(t.name).second)) continue;
+      n += shape_numel(t.shape);
+    }
+  }
   return n;
 }
 
@@ -173,7 +184,7 @@ MemoryFloor memory_floor(const Layout& l, const std::vector<StageCosts>& stages,
   const uint64_t bytes = dtype_size(stages.front().engine->dtype);
   for (int r = 0; r < l.pp; ++r) {
     const uint64_t params = rank_numel(l, stages, r) * bytes;
-    const uint64_t activations = activation_peak(schedule, l, stages, r);
+    const uint64_t activations = activation_peak(schedule, stages, r);
     floor.device = std::max(floor.device, activations + params / (l.stage == 3 ? l.dp : 1));
     floor.activations = std::max(floor.activations, activations);
   }
@@ -197,12 +208,39 @@ RankModel rank_model(const Layout& l, const std::vector<StageCosts>& stages, con
   std::vector<std::vector<plan::ScopeEvent>> forward(static_cast<size_t>(l.chunks)), backward = forward;
   m.spec.tensors.clear();
   m.spec.schedule.clear();
+  // A rank that holds the first and the last virtual stage (a V's rank 0) holds a tied weight once:
+  // the last chunk reads the first's, untied, and adds its gradient there (examples/gpt's
+  // GptTieOnRank), so its copy and its gradient events go, and its backward scopes of that unit
+  // only read (gathers that complete no gradient: replayed as forward ones).
+  const bool tie_on_rank = schedule.virtual_stage(rank, 0) == 0 &&
+                           schedule.rank_of(schedule.virtual_stages() - 1) == rank && l.chunks > 1;
+  std::map<std::string, size_t> tied_first;  // name -> index in the merged list
   for (int c = 0; c < l.chunks; ++c) {
     const plan::ModelSpec& chunk = *chunk_costs(l, stages, rank, c).engine;
-    const size_t offset = m.spec.tensors.size();
-    m.spec.tensors.insert(m.spec.tensors.end(), chunk.tensors.begin(), chunk.tensors.end());
+    std::vector<int64_t> index(chunk.tensors.size(), -1);  // into the merged list (-1: the first's copy)
+    std::set<int> borrowed;                                 // units whose tensors are the first's
+    for (size_t t = 0; t < chunk.tensors.size(); ++t) {
+      plan::TensorSpec spec = chunk.tensors[t];
+      if (tie_on_rank && spec.tied) {
+        if (c > 0 && tied_first.count(spec.name)) {
+          borrowed.insert(spec.unit);
+          continue;
+        }
+        tied_first[spec.name] = m.spec.tensors.size();
+        spec.tied = false;
+      }
+      index[t] = static_cast<int64_t>(m.spec.tensors.size());
+      m.spec.tensors.push_back(std::move(spec));
+    }
     for (plan::ScopeEvent e : chunk.schedule.empty() ? plan::default_schedule(chunk.tensors) : chunk.schedule) {
-      if (e.kind == plan::ScopeEvent::kGrad) e.tensor += offset;
+      if (e.kind == plan::ScopeEvent::kGrad) {
+        if (index[e.tensor] < 0) continue;
+        e.tensor = static_cast<size_t>(index[e.tensor]);
+      } else if (e.backward && borrowed.count(e.unit)) {
+        e.backward = false;  // a gather that reads, in the backward action
+        backward[static_cast<size_t>(c)].push_back(e);
+        continue;
+      }
       (e.backward ? backward : forward)[static_cast<size_t>(c)].push_back(e);
     }
   }
@@ -222,8 +260,10 @@ namespace {
 const plan::EnginePlan& engine_plan(const Layout& l, const std::vector<StageCosts>& stages,
                                     const parallel::Schedule& schedule, int rank, const PlanSettings& settings,
                                     PlanCache& cache) {
-  const std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}", l.dp, l.tp, l.pp, l.chunks, l.stage,
-                                      l.micro_batches, l.sequence_parallel, l.offload_optimizer, rank);
+  // (The placement matters with several chunks: interleaved and zb-v hold other virtual stages.)
+  const std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}", l.dp, l.tp, l.pp, l.chunks,
+                                      l.chunks > 1 ? l.schedule : "", l.stage, l.micro_batches, l.sequence_parallel,
+                                      l.offload_optimizer, rank);
   const auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   plan::PlanInputs in;
@@ -338,7 +378,7 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
     // The engine of this pipeline rank on the meta device: its memory and its data-parallel traffic.
     const plan::EnginePlan& p = engine_plan(l, stages, schedule, r, settings, cache);
     MemoryParts m = memory_of(p, l.stage);
-    m.activations = activation_peak(schedule, l, stages, r);
+    m.activations = activation_peak(schedule, stages, r);
     out.largest_activations = std::max(out.largest_activations, m.activations);
     if (m.device() >= worst_memory) {
       worst_memory = m.device();
@@ -399,7 +439,7 @@ Prediction predict(const ModelCosts& model, const Layout& l, const Cluster& clus
   if (!out.unsupported.empty()) return out;
   PlanCache cache;
   const std::vector<StageCosts> stages = stage_costs(model, l, cluster, settings);
-  const parallel::Schedule schedule = Schedules().of(l);
+  const parallel::Schedule schedule = Schedules().of(l, stages);
   return predict_stages(l, stages, schedule, pipeline_time(l, stages, schedule, cluster), model, cluster, settings, cache);
 }
 
@@ -418,7 +458,7 @@ std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int gl
           // the model refuses, e.g. more virtual stages than layers).
           std::vector<std::pair<std::string, int>> schedules = {{"1f1b", 1}};
           if (pp > 1) {
-            schedules = {{"gpipe", 1}, {"1f1b", 1}, {"zb-h1", 1}};
+            schedules = {{"gpipe", 1}, {"1f1b", 1}, {"zb-h1", 1}, {"zb-v", 2}};
             for (int v = 2; v <= kMaxChunks; v *= 2) schedules.push_back({"interleaved", v});
           }
           for (const auto& [schedule, chunks] : schedules) {
@@ -463,13 +503,13 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
       continue;
     }
     Candidate c{l, stage_costs(model, l, cluster, settings), {}, {}};
-    const parallel::Schedule schedule = schedules.of(l);
+    const parallel::Schedule schedule = schedules.of(l, c.stages);
     c.floor = memory_floor(l, c.stages, schedule);
     c.pipe = pipeline_time(l, c.stages, schedule, cluster);
     (c.floor.device <= device ? candidates : too_large).push_back(std::move(c));
   }
   auto plan = [&](const Candidate& c) {
-    return predict_stages(c.layout, c.stages, schedules.of(c.layout), c.pipe, model, cluster, settings, cache);
+    return predict_stages(c.layout, c.stages, schedules.of(c.layout, c.stages), c.pipe, model, cluster, settings, cache);
   };
   // Plan the candidates in the order of their time floors; once `exact` fit, a floor above the
   // slowest of them cannot rank among them, nor can any after it.

@@ -43,13 +43,17 @@ class ToyCosts : public ModelCosts {
       c.tp_backward = c.tp_forward;
     }
     c.send_bytes = 4096;
+    // A layer holds 1000 bytes from its forward to its backward; a split backward's input part
+    // keeps 800 of them for its weight part (its linear layers' inputs and output gradients).
     c.activation_bytes = 1000 * activation_scale * static_cast<uint64_t>(per);
-    c.weight_work_bytes = 100 * static_cast<uint64_t>(per);
+    c.weight_bytes = 800 * activation_scale * static_cast<uint64_t>(per);
     if (l.recompute) {
-      // A layer keeps 100 bytes of input; its backward runs its forward again, rebuilding 1000.
+      // A layer keeps 100 bytes of input; its backward runs its forward again, rebuilding 1000; an
+      // input part trades each layer's input for its 800 in turn, peaking at the last rebuild.
       c.activation_bytes = 100 * static_cast<uint64_t>(per);
-      c.weight_work_bytes += 1000 * static_cast<uint64_t>(per);
+      c.weight_bytes = 800 * static_cast<uint64_t>(per);
       c.rebuilt_bytes = 1000;
+      c.input_peak_bytes = 700 * static_cast<uint64_t>(per - 1) + 1000;
       c.backward_input += c.forward;
     }
     return c;
@@ -100,7 +104,28 @@ TEST_CASE("pipelines: the simulator's bubble, and the activations each schedule 
   CHECK(at("1f1b", 8).memory.activations == 4 * 1000);
   CHECK(at("1f1b", 8).time.step() == doctest::Approx(at("gpipe", 8).time.step()).epsilon(1e-3));
   CHECK(at("zb-h1", 8).time.step() < at("1f1b", 8).time.step());
-  CHECK(at("zb-h1", 8).memory.activations >= 4 * 1000);
+  // The zero-bubble schedules hold 1F1B's peak: ZB-H1 defers W's only as memory allows.
+  CHECK(at("zb-h1", 8).memory.activations == 4 * 1000);
+}
+
+TEST_CASE("zb-v: two chunks per rank in a V, at 1F1B's activation peak, below ZB-H1's bubble") {
+  const ToyCosts toy;
+  const Layout h1{.pp = 2, .micro_batches = 8, .schedule = "zb-h1"};
+  Layout v = h1;
+  v.schedule = "zb-v";
+  v.chunks = 2;
+  const Prediction p1 = predict(toy, h1, cluster(), settings()), pv = predict(toy, v, cluster(), settings());
+  REQUIRE(pv.unsupported.empty());
+  CHECK(pv.time.compute == doctest::Approx(p1.time.compute));
+  CHECK(pv.bubble_fraction < p1.bubble_fraction);
+  // Rank 0 holds layers 0 and 3 (1000 bytes each): 1F1B's peak is 2 micro-batches of 2 layers.
+  CHECK(pv.memory.activations == 2 * 2 * 1000);
+  CHECK(layout_key(v) == "dp1.tp1.pp2.z0.m8.zb-v.v2");
+  CHECK(parse_layout("pp=2,m=8,schedule=zb-v") == v);  // the schedule sets its 2 chunks
+  CHECK_THROWS_WITH_AS(parse_layout("pp=2,m=8,chunks=4,schedule=zb-v"), doctest::Contains("2 chunks per rank in a V"),
+                       InvalidArgument);
+  const std::vector<Layout> all = enumerate_layouts(toy, 4, 16);
+  CHECK(std::any_of(all.begin(), all.end(), [](const Layout& l) { return l.schedule == "zb-v"; }));
 }
 
 TEST_CASE("interleaved: a rank's chunks in the simulator and the replay; the search enumerates them") {
@@ -139,8 +164,10 @@ TEST_CASE("recompute: the layers' inputs held, one rebuilt layer on top during a
   CHECK(at(1, "1f1b", 2, true).memory.activations == 4 * 100 + 1000);
   CHECK(at(4, "1f1b", 8, true).memory.activations == 4 * 100 + 1000);  // 4 in flight on the first stage
   CHECK(at(4, "gpipe", 8, true).memory.activations == 8 * 100 + 1000);
-  // A split backward keeps the rebuilt layer for its weight part.
-  CHECK(at(4, "zb-h1", 8, true).memory.activations >= 4 * 100 + 100 + 1000);
+  // A split backward rebuilds a layer in its input part (on top of what is held) and keeps 800 of
+  // it for its weight part; ZB-H1 stays within 1F1B's peak, its rebuild included.
+  CHECK(at(4, "zb-h1", 8, true).memory.activations >= 4 * 100 + 1000 - 100);
+  CHECK(at(4, "zb-h1", 8, true).memory.activations <= at(4, "1f1b", 8, true).memory.activations);
   CHECK(at(1, "1f1b", 2, true).time.compute == doctest::Approx(2 * 4 * 4e-3));
 }
 
