@@ -2,14 +2,17 @@
 // m = 4, 8, 16 micro-batches, measured beside the simulator (parallel/pipeline/schedule_sim.h):
 //
 //   bazel-bin/comm/launch/zerorun --nproc-per-node 2 -- bazel-bin/examples/bench/pipeline_bench
-//       [--schedules gpipe,1f1b,interleaved,zb-h1] [--m 4,8,16] [--steps 6] [--warmup 2]
+//       [--schedules gpipe,1f1b,interleaved,zb-h1,zb-v] [--m 4,8,16] [--steps 6] [--warmup 2]
 //       [--n-layer 4 --n-embd 128 --n-head 4 --block-size 64 --micro-batch 2] [--stage 1] [--svg FILE --svg-m 8]
 //
 // Per row (rank 0 prints): the pipeline's measured step (the spans of every rank on one clock: the
 // steady clock is shared by the processes of a machine), the simulator's step from the measured
 // mean F/B/W cost of each virtual stage and the measured one-way transfer time of an activation,
 // their ratio, the bubble (idle / (ranks x step)) measured and simulated, each stage's measured
-// bubble, each stage's peak activation bytes and how many micro-batches' worth that is, and
+// bubble, each stage's peak activation bytes (the model's own count, Gpt::activation_bytes) and how
+// many micro-batches' worth that is, whether the replay of the schedule from the model's sizes
+// (parallel/pipeline/held_activations.h, what the planner prices) gives those peaks to the byte,
+// the largest peak over 1F1B's (the first stage's p micro-batches of the p-stage cut), and
 // tokens/s over the whole step (optimizer included). Medians over --steps after --warmup (the
 // bubbles and the timeline are the median step's). --svg
 // draws, for every schedule at --svg-m, the measured timeline above the simulated one.
@@ -73,12 +76,14 @@ struct Row {
   int m = 0;
   double measured = 0, simulated = 0, bubble = 0, sim_bubble = 0, tokens_per_s = 0;
   std::vector<double> stage_bubble, peak_bytes, held;
+  bool replay_exact = false;
+  double over_1f1b = 0;  // the largest stage peak / 1F1B's peak
   parallel::TimelinePanel measured_panel, simulated_panel;
 };
 
 int run(int argc, char** argv) {
   cli::Flags flags(argc, argv);
-  const std::vector<std::string> schedules = flags.get_list("schedules", "gpipe,1f1b,interleaved,zb-h1");
+  const std::vector<std::string> schedules = flags.get_list("schedules", "gpipe,1f1b,interleaved,zb-h1,zb-v");
   std::vector<int> ms;
   for (const std::string& m : flags.get_list("m", "4,8,16")) ms.push_back(std::stoi(m));
   const int steps = flags.get_int("steps", 6);
@@ -103,14 +108,15 @@ int run(int argc, char** argv) {
     std::printf("pipeline_bench: GPT %d layers, n_embd %d, %d heads, T %d, micro-batch %d x %d tokens, %d stages (one per "
                 "rank), ZeRO stage %d; one-way activation transfer %.3f ms; medians of %d steps after %d\n",
                 cfg.n_layer, cfg.n_embd, cfg.n_head, T, B, T, p, stage, 1e3 * transfer, steps, warmup);
-    std::printf("%-12s %3s | %9s %9s %6s | %7s %7s | %-17s | %-23s | %-13s | %8s\n", "schedule", "m", "step ms",
-                "sim ms", "sim/ms", "bubble", "sim", "bubble per stage", "peak activations/stage", "micro-batches",
-                "tok/s");
+    std::printf("%-12s %3s | %9s %9s %6s | %7s %7s | %-17s | %-23s | %-13s | %6s %6s | %8s\n", "schedule", "m",
+                "step ms", "sim ms", "sim/ms", "bubble", "sim", "bubble per stage", "peak activations/stage",
+                "micro-batches", "replay", "/1F1B", "tok/s");
   }
   std::vector<Row> rows;
   for (const std::string& name : schedules) {
     for (int m : ms) {
       const int chunks = name == "interleaved" || name == "zb-v" ? 2 : 1;
+      if (name == "zb-v" && cfg.n_layer < 2 * p) continue;  // a V of 2p chunks needs as many layers
       if (name == "interleaved" && (m % p != 0 || cfg.n_layer % (p * chunks) != 0)) continue;
       EngineOptions opt = strategy::gpt2_engine_options(1e-3f);
       opt.stage = stage;
@@ -185,6 +191,7 @@ int run(int argc, char** argv) {
       row.measured = median(pipeline_times);
       parallel::ActionCosts costs = parallel::measured_costs(s, all_spans);
       costs.transfer = transfer;
+      costs.held = examples::gpt_held_bytes(cfg, s.virtual_stages(), {}, 1, false, B, T, false);
       const parallel::SimResult sim = parallel::simulate(s, costs);
       row.simulated = sim.step_time;
       const parallel::MeasuredStep last_measure = parallel::measure(last);
@@ -197,6 +204,10 @@ int run(int argc, char** argv) {
       mesh.pp().all_gather(&mine_peak, peaks.data(), 1, DType::kFloat64)->wait();
       mesh.pp().all_gather(&mine_per, per.data(), 1, DType::kFloat64)->wait();
       row.peak_bytes = peaks;
+      row.replay_exact = peaks == sim.peak_held;
+      const double one_f_one_b =
+          parallel::one_f_one_b_peak(examples::gpt_held_bytes(cfg, p, {}, 1, false, B, T, false), p, 1, m);
+      row.over_1f1b = *std::max_element(peaks.begin(), peaks.end()) / one_f_one_b;
       for (int k = 0; k < p; ++k) row.held.push_back(per[static_cast<size_t>(k)] > 0 ? peaks[static_cast<size_t>(k)] / per[static_cast<size_t>(k)] : 0);
       row.measured_panel = {fmt::format("{} m = {} measured: step {:.1f} ms, bubble {:.1f}%", s.name, m, 1e3 * last_measure.step_time,
                                         100 * row.bubble),
@@ -211,9 +222,10 @@ int run(int argc, char** argv) {
           act += fmt::format("{}{:.0f}K", k ? " " : "", row.peak_bytes[static_cast<size_t>(k)] / 1024);
           held += fmt::format("{}{:.1f}", k ? " " : "", row.held[static_cast<size_t>(k)]);
         }
-        std::printf("%-12s %3d | %9.2f %9.2f %6.3f | %6.1f%% %6.1f%% | %-17s | %-23s | %-13s | %8.0f\n", row.schedule.c_str(), m,
-                    1e3 * row.measured, 1e3 * row.simulated, row.simulated / row.measured, 100 * row.bubble,
-                    100 * row.sim_bubble, per_stage.c_str(), act.c_str(), held.c_str(), row.tokens_per_s);
+        std::printf("%-12s %3d | %9.2f %9.2f %6.3f | %6.1f%% %6.1f%% | %-17s | %-23s | %-13s | %6s %6.3f | %8.0f\n",
+                    row.schedule.c_str(), m, 1e3 * row.measured, 1e3 * row.simulated, row.simulated / row.measured,
+                    100 * row.bubble, 100 * row.sim_bubble, per_stage.c_str(), act.c_str(), held.c_str(),
+                    row.replay_exact ? "exact" : "DIFFERS", row.over_1f1b, row.tokens_per_s);
         std::fflush(stdout);
       }
       rows.push_back(std::move(row));

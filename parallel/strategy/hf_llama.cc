@@ -119,8 +119,13 @@ ModelDescription describe_llama(std::string_view text, const std::string& source
   m.block.enter = m.block.leave = 2;
   m.block.activations = {per_token(2 * h * b16, Split::kSequence), per_token(2 * h * b16),
                          per_token(static_cast<double>(2 * q + 2 * k + 3 * f) * b16 + 4.0 * heads, Split::kTp)};
+  // A split backward's weight part reads the projections' inputs (the two regions' gathered inputs,
+  // the attention output into wo, the SwiGLU product into w2); its input part adds their output
+  // gradients (wo's and w2's gathered) and the two RMSNorms' column sums (fp32).
+  m.block.weight_reads = std::vector<ActivationTerm>{per_token(2 * h * b16),
+                                                     per_token(static_cast<double>(q + f) * b16, Split::kTp)};
   m.block.weight_work = {per_token(2 * h * b16), per_token(static_cast<double>(q + 2 * k + 2 * f) * b16, Split::kTp),
-                         per_token(2 * h * b16, Split::kSequence)};
+                         ActivationTerm{ActivationTerm::Per::kMicroBatch, 2.0 * h * 4}};
 
   DescribedTensor out = tensor("output.weight", {V, h}, TpPlacement::split(0));
   out.vocab = true;
@@ -129,7 +134,8 @@ ModelDescription describe_llama(std::string_view text, const std::string& source
   m.head.enter = 1;
   m.head.all_reduces_per_token = {4, 4, 4};  // the vocabulary-parallel loss: maximum, sum, target logit
   m.head.activations = {per_token(h * b16, Split::kSequence), per_token(h * b16), per_token(4.0 * V, Split::kVocab)};
-  m.head.weight_work = {per_token(V * b16, Split::kVocab), per_token(h * b16, Split::kSequence)};
+  m.head.weight_reads = std::vector<ActivationTerm>{per_token(h * b16)};  // the output layer's input
+  m.head.weight_work = {per_token(V * b16, Split::kVocab), ActivationTerm{ActivationTerm::Per::kMicroBatch, h * 4.0}};
   return m;
 }
 
