@@ -14,7 +14,8 @@
 // (parallel/pipeline/held_activations.h, what the planner prices) gives those peaks to the byte,
 // the largest peak over 1F1B's (the first stage's p micro-batches of the p-stage cut), and
 // tokens/s over the whole step (optimizer included). Medians over --steps after --warmup (the
-// bubbles and the timeline are the median step's). --svg
+// bubbles and the timeline are the median step's). ZB-H1 is generated from the F, B and W times of a
+// probe run of its unit-time form (2 steps after --warmup) and the model's activation sizes. --svg
 // draws, for every schedule at --svg-m, the measured timeline above the simulated one.
 #include <algorithm>
 #include <chrono>
@@ -71,6 +72,53 @@ double transfer_seconds(comm::Communicator& pp, size_t numel) {
   return t;
 }
 
+// One step of `pipe` (micro-batches of B x T tokens, varied by `salt`): every rank's spans on one
+// clock (the steady clock is shared by the processes of a machine), the slowest rank's wall time,
+// and this rank's activation peak.
+struct StepRun {
+  std::vector<std::vector<parallel::Span>> aligned;
+  double wall = 0;
+  size_t peak = 0;
+};
+StepRun run_step(examples::GptPipeline& pipe, Engine& engine, comm::Communicator& world, const comm::Mesh& mesh,
+                 const examples::GptConfig& cfg, int m, int B, int T, int salt) {
+  const int p = mesh.pp().size();
+  std::vector<examples::MicroBatch> mbs;
+  for (int q = 0; q < m; ++q) {
+    examples::MicroBatch mb{std::vector<int>(static_cast<size_t>(B * T)), std::vector<int>(static_cast<size_t>(B * T)), B, T};
+    for (size_t e = 0; e < mb.inputs.size(); ++e) {
+      mb.inputs[e] = static_cast<int>((e * 7 + static_cast<size_t>(q + salt)) % static_cast<size_t>(cfg.vocab_size));
+      mb.targets[e] = static_cast<int>((e * 5 + 3) % static_cast<size_t>(cfg.vocab_size));
+    }
+    mbs.push_back(std::move(mb));
+  }
+  world.barrier()->wait();
+  const auto t0 = Clock::now();
+  const examples::GptPipeline::StepResult r = pipe.train_step(mbs, engine.loss_scale());
+  engine.step();
+  StepRun out;
+  out.wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  out.peak = r.peak_activation_bytes;
+  // Every rank's spans and start, on every rank.
+  std::vector<double> mine = parallel::pack_spans(r.spans);
+  mine.push_back(r.start_s);
+  std::vector<double> every(mine.size() * static_cast<size_t>(p));
+  mesh.pp().all_gather(mine.data(), every.data(), mine.size(), DType::kFloat64)->wait();
+  double first = every[mine.size() - 1];
+  for (int k = 0; k < p; ++k) first = std::min(first, every[(k + 1) * mine.size() - 1]);
+  for (int k = 0; k < p; ++k) {
+    std::vector<parallel::Span> spans = parallel::unpack_spans(every.data() + k * mine.size(), r.spans.size());
+    const double shift = every[(k + 1) * mine.size() - 1] - first;
+    for (parallel::Span& x : spans) {
+      x.start += shift;
+      x.end += shift;
+    }
+    out.aligned.push_back(std::move(spans));
+  }
+  world.all_reduce(&out.wall, 1, DType::kFloat64, comm::ReduceOp::kMax)->wait();
+  return out;
+}
+
 struct Row {
   std::string schedule;
   int m = 0;
@@ -121,8 +169,29 @@ int run(int argc, char** argv) {
       EngineOptions opt = strategy::gpt2_engine_options(1e-3f);
       opt.stage = stage;
       opt.micro_batches = m;
+      // ZB-H1 fits its order to the F, B and W times, as the paper's scheduler takes profiled ones:
+      // a probe run of the unit-time schedule measures them (every rank gets the same figures, so
+      // every rank generates the same schedule).
+      parallel::ActionCosts times;
+      if (name == "zb-h1") {
+        Engine probe_engine(parallel::engine_comms(mesh), opt);
+        examples::GptPipeline probe(whole, {}, mesh, examples::gpt_schedule(name, cfg, p, m, chunks, {}, 1, false, B, T, false),
+                                    {}, probe_engine);
+        probe.finalize();
+        std::vector<std::vector<parallel::Span>> spans(static_cast<size_t>(p));
+        for (int i = 0; i < warmup + 2; ++i) {
+          const StepRun run = run_step(probe, probe_engine, world, mesh, cfg, m, B, T, i);
+          if (i < warmup) continue;
+          for (int k = 0; k < p; ++k) {
+            spans[static_cast<size_t>(k)].insert(spans[static_cast<size_t>(k)].end(), run.aligned[static_cast<size_t>(k)].begin(),
+                                                 run.aligned[static_cast<size_t>(k)].end());
+          }
+        }
+        times = parallel::measured_costs(probe.schedule(), spans);
+        times.transfer = transfer;
+      }
       Engine engine(parallel::engine_comms(mesh), opt);
-      examples::GptPipeline pipe(whole, {}, mesh, examples::gpt_schedule(name, cfg, p, m, chunks, {}, 1, false, B, T, false),
+      examples::GptPipeline pipe(whole, {}, mesh, examples::gpt_schedule(name, cfg, p, m, chunks, {}, 1, false, B, T, false, times),
                                  {}, engine);
       pipe.finalize();
       size_t per_mb = 0;
@@ -136,48 +205,16 @@ int run(int argc, char** argv) {
       std::vector<std::vector<std::vector<parallel::Span>>> measured_steps;  // aligned, per step
       size_t peak = 0;
       for (int i = 0; i < warmup + steps; ++i) {
-        std::vector<examples::MicroBatch> mbs;
-        for (int q = 0; q < m; ++q) {
-          examples::MicroBatch mb{std::vector<int>(static_cast<size_t>(B * T)), std::vector<int>(static_cast<size_t>(B * T)), B, T};
-          for (size_t e = 0; e < mb.inputs.size(); ++e) {
-            mb.inputs[e] = static_cast<int>((e * 7 + static_cast<size_t>(q + i)) % static_cast<size_t>(cfg.vocab_size));
-            mb.targets[e] = static_cast<int>((e * 5 + 3) % static_cast<size_t>(cfg.vocab_size));
-          }
-          mbs.push_back(std::move(mb));
-        }
-        world.barrier()->wait();
-        const auto t0 = Clock::now();
-        const examples::GptPipeline::StepResult r = pipe.train_step(mbs, engine.loss_scale());
-        engine.step();
-        const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-        // Every rank's spans and start, on every rank.
-        std::vector<double> mine = parallel::pack_spans(r.spans);
-        mine.push_back(r.start_s);
-        std::vector<double> every(mine.size() * static_cast<size_t>(p));
-        mesh.pp().all_gather(mine.data(), every.data(), mine.size(), DType::kFloat64)->wait();
-        double first = every[mine.size() - 1];
-        for (int k = 0; k < p; ++k) first = std::min(first, every[(k + 1) * mine.size() - 1]);
-        std::vector<std::vector<parallel::Span>> aligned;
-        for (int k = 0; k < p; ++k) {
-          std::vector<parallel::Span> spans = parallel::unpack_spans(every.data() + k * mine.size(), r.spans.size());
-          const double shift = every[(k + 1) * mine.size() - 1] - first;
-          for (parallel::Span& x : spans) {
-            x.start += shift;
-            x.end += shift;
-          }
-          aligned.push_back(std::move(spans));
-        }
-        double dt_max = dt;
-        world.all_reduce(&dt_max, 1, DType::kFloat64, comm::ReduceOp::kMax)->wait();
+        StepRun run = run_step(pipe, engine, world, mesh, cfg, m, B, T, i);
         if (i < warmup) continue;
-        step_times.push_back(dt_max);
-        pipeline_times.push_back(parallel::measure(aligned).step_time);
+        step_times.push_back(run.wall);
+        pipeline_times.push_back(parallel::measure(run.aligned).step_time);
         for (int k = 0; k < p; ++k) {
-          all_spans[static_cast<size_t>(k)].insert(all_spans[static_cast<size_t>(k)].end(), aligned[static_cast<size_t>(k)].begin(),
-                                                   aligned[static_cast<size_t>(k)].end());
+          all_spans[static_cast<size_t>(k)].insert(all_spans[static_cast<size_t>(k)].end(), run.aligned[static_cast<size_t>(k)].begin(),
+                                                   run.aligned[static_cast<size_t>(k)].end());
         }
-        peak = std::max(peak, r.peak_activation_bytes);
-        measured_steps.push_back(std::move(aligned));
+        peak = std::max(peak, run.peak);
+        measured_steps.push_back(std::move(run.aligned));
       }
       // The step of median pipeline time: its timeline and bubbles stand for the row.
       std::vector<size_t> order(pipeline_times.size());

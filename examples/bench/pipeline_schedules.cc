@@ -70,7 +70,7 @@ int run(int argc, char** argv) {
     }
     chunk_costs.held.forward = {1.0 / chunks};
     chunk_costs.held.weight = {keeps / chunks};
-    const parallel::Schedule s = parallel::make_schedule(name, p, m, chunks, 0, chunk_costs.held);
+    const parallel::Schedule s = parallel::make_schedule(name, p, m, chunks, 0, chunk_costs);
     const parallel::SimResult r = parallel::simulate(s, chunk_costs);  // checks it first
     const double closed = name == "zb-v" ? 0.0 : closed_form(name, p, m, chunks, c.forward[0], c.backward[0], c.weight[0]);
     const double held = *std::max_element(r.peak_held.begin(), r.peak_held.end()) /

@@ -65,10 +65,10 @@ parallel::HeldBytes gpt_held_bytes(const GptConfig& config, int virtual_stages, 
 
 parallel::Schedule gpt_schedule(const std::string& name, const GptConfig& config, int pp, int micro_batches, int chunks,
                                 const std::vector<int>& layers, int tp, bool sequence_parallel, int B, int T,
-                                bool recompute) {
-  return parallel::make_schedule(
-      name, pp, micro_batches, chunks, config.n_layer,
-      gpt_held_bytes(config, pp * chunks, layers, tp, sequence_parallel, B, T, recompute));
+                                bool recompute, const parallel::ActionCosts& times) {
+  parallel::ActionCosts costs = times;
+  costs.held = gpt_held_bytes(config, pp * chunks, layers, tp, sequence_parallel, B, T, recompute);
+  return parallel::make_schedule(name, pp, micro_batches, chunks, config.n_layer, costs);
 }
 
 namespace {

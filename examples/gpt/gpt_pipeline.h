@@ -23,6 +23,7 @@
 #include "parallel/pipeline/held_activations.h"
 #include "parallel/pipeline/pipeline_stage.h"
 #include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/schedule_sim.h"
 
 namespace zero::examples {
 
@@ -41,10 +42,11 @@ parallel::HeldBytes gpt_held_bytes(const GptConfig& config, int virtual_stages, 
 
 // The named schedule (parallel::make_schedule) for the GPT's pipeline of `pp` ranks, `chunks` each,
 // running micro-batches of B x T: the zero-bubble ones keep the held activations, in bytes, within
-// 1F1B's peak (gpt_held_bytes).
+// 1F1B's peak (gpt_held_bytes), their order fitted to `times` (each virtual stage's F, B and W, as
+// a run measured them: parallel::measured_costs; default a unit each).
 parallel::Schedule gpt_schedule(const std::string& name, const GptConfig& config, int pp, int micro_batches, int chunks,
                                 const std::vector<int>& layers, int tp, bool sequence_parallel, int B, int T,
-                                bool recompute);
+                                bool recompute, const parallel::ActionCosts& times = {});
 
 // One micro-batch: B x T inputs and next-token targets.
 struct MicroBatch {

@@ -147,13 +147,19 @@ SimResult simulate(const Schedule& s, const ActionCosts& costs, double cores) {
   return simulate_checked(s, costs, cores);
 }
 
-SimResult simulate_checked(const Schedule& s, const ActionCosts& costs, double cores) {
+void check_costs(const ActionCosts& costs, int virtual_stages) {
   for (const auto* v : {&costs.forward, &costs.backward, &costs.weight}) {
-    if (v->size() != 1 && v->size() != static_cast<size_t>(s.virtual_stages())) {
+    if (v->size() != 1 && v->size() != static_cast<size_t>(virtual_stages)) {
       ZERO_THROW(InvalidArgument, "pipeline simulation: {} costs given for {} virtual stages (give 1 or {})", v->size(),
-                 s.virtual_stages(), s.virtual_stages());
+                 virtual_stages, virtual_stages);
     }
   }
+  if (!(costs.transfer >= 0)) ZERO_THROW(InvalidArgument, "pipeline simulation: transfer time {}", costs.transfer);
+  check_held_bytes(costs.held, virtual_stages);
+}
+
+SimResult simulate_checked(const Schedule& s, const ActionCosts& costs, double cores) {
+  check_costs(costs, s.virtual_stages());
   if (cores < 0) ZERO_THROW(InvalidArgument, "pipeline simulation: {} cores", cores);
   if (cores > 0 && cores < static_cast<double>(s.ranks)) {
     SimResult shared = simulate_shared(s, costs, cores);

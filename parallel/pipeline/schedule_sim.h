@@ -42,6 +42,10 @@ struct SimResult {
   std::vector<std::vector<Span>> timeline;  // per rank, the compute actions
 };
 
+// InvalidArgument naming the field: a list of costs or sizes with neither 1 nor `virtual_stages`
+// values, a negative transfer.
+void check_costs(const ActionCosts& costs, int virtual_stages);
+
 // The schedule must pass check_schedule (a deadlocking one is refused the same way). `cores`: the
 // cores the ranks share (may be fractional: a pipeline among others on the same cores); 0, or at
 // least one per rank: each rank has its own.

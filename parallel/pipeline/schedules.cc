@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "base/check.h"
+#include "parallel/pipeline/schedule_sim.h"
 
 namespace zero::parallel {
 namespace {
@@ -98,91 +100,134 @@ Schedule interleaved_1f1b(int ranks, int microbatches, int chunks, int layers) {
 
 namespace {
 
-// Zero-bubble list scheduling (ZB-H1, ZB-V) in unit time steps (F = B = W = 1, transfers free) over
-// the schedule's placement, every rank's held activations (held_activations.h) kept within
-// `budget`. At each step every idle rank takes, in 1F1B's rhythm, a forward and a B in turn (the
-// one it did not run last, else the other), else the oldest deferred W:
+// Zero-bubble list scheduling (ZB-H1) over the schedule's placement, in the time `costs` give
+// (each virtual stage's F, B and W; a transfer between ranks), every rank's held activations
+// (costs.held, held_activations.h) kept within `budget`. Events in time order: whenever a rank is
+// free it takes, in 1F1B's rhythm, a forward and a B in turn (the one it did not run last, else the
+// other), else the oldest deferred W:
 //   - a B whose gradient is there (the oldest micro-batch, the later virtual stage on a tie), unless
 //     it would pass the budget and a deferred W can free room first;
 //   - a forward whose input is there, with fewer than cap(rank) micro-batches of its chunk in
 //     flight, within the budget while keeping room for one forward of a later chunk of the rank that
 //     has forwards outstanding (in a V, rank 0 must always be able to run the last stage); the later
 //     virtual stage first.
-// So W's wait for what would be bubbles, as long as memory allows. (Taking B's first instead
-// delays the forwards the later stages wait for: at p = 4 the bubble came out 0.56 of 1F1B's, not
-// the third the paper's ZB-H1 has.)
-void list_schedule(Schedule& s, const HeldBytes& held, double budget, const std::function<int(int rank)>& cap) {
-  check_held_bytes(held, s.virtual_stages());
-  constexpr int kNotYet = -1;
+// So W's wait for what would be bubbles, as long as memory allows; with nothing to run a rank waits
+// for the next action to end anywhere. Given the costs a run measured (or a model's), the order fits
+// them, as the paper's scheduler takes profiled F, B and W times; unit costs give its handcrafted
+// shapes. (Taking B's first instead of the rhythm delays the forwards the later stages wait for: at
+// p = 4 the bubble came out 0.56 of 1F1B's, not the third the paper's ZB-H1 has.)
+void list_schedule(Schedule& s, const ActionCosts& costs, double budget, const std::function<int(int rank)>& cap) {
+  check_held_bytes(costs.held, s.virtual_stages());
+  constexpr double kNotYet = std::numeric_limits<double>::infinity();
   const int p = s.ranks, v = s.chunks, m = s.microbatches, stages = s.virtual_stages();
+  const HeldBytes& held = costs.held;
   const double slack = budget * 1e-12;
   struct Progress {
     int f = 0, b = 0, w = 0;  // the next micro-batch to forward, to B, to W
   };
-  std::vector<std::vector<int>> f_done(static_cast<size_t>(stages), std::vector<int>(static_cast<size_t>(m), kNotYet));
-  std::vector<std::vector<int>> b_done = f_done;
+  // When each (virtual stage, micro-batch)'s F and B end.
+  std::vector<std::vector<double>> f_done(static_cast<size_t>(stages), std::vector<double>(static_cast<size_t>(m), kNotYet));
+  std::vector<std::vector<double>> b_done = f_done;
   std::vector<std::vector<Progress>> at(static_cast<size_t>(p), std::vector<Progress>(static_cast<size_t>(v)));
   std::vector<HeldTracker> trackers;
   for (int r = 0; r < p; ++r) trackers.emplace_back(s, held, r);
-  auto ready = [](int done, int t) { return done != kNotYet && done <= t; };
-  int last_done = 0;
+  std::vector<double> free_at(static_cast<size_t>(p), 0.0);
   std::vector<char> after_b(static_cast<size_t>(p), 0);  // whether the rank's last F or B was a B
-  for (int t = 0;; ++t) {
-    bool finished = true, acted = false;
-    for (int r = 0; r < p; ++r) {
-      auto& chunks = at[static_cast<size_t>(r)];
-      HeldTracker& tracker = trackers[static_cast<size_t>(r)];
-      int b = -1, f = -1, w = -1;  // the chosen chunk of each kind
-      for (int c = 0; c < v; ++c) {
-        const Progress& x = chunks[static_cast<size_t>(c)];
-        const int k = s.virtual_stage(r, c);
-        if (x.w < m) finished = false;
-        if (x.b < x.f && (k == stages - 1 || ready(b_done[static_cast<size_t>(k + 1)][static_cast<size_t>(x.b)], t))) {
-          if (b < 0 || x.b < chunks[static_cast<size_t>(b)].b) b = c;
-          else if (x.b == chunks[static_cast<size_t>(b)].b && k > s.virtual_stage(r, b)) b = c;
+  std::vector<double> ends;                               // every decided action's end, for waiting
+  // When the output of virtual stage `from` (done at `done`) can be used on rank `r`.
+  auto arrival = [&](int from, double done, int r) {
+    return done == kNotYet ? kNotYet : done + (s.rank_of(from) == r ? 0.0 : costs.transfer);
+  };
+  // Rank r, free at t, takes its next action (false: nothing it can run now).
+  auto decide = [&](int r, double t) {
+    auto& chunks = at[static_cast<size_t>(r)];
+    HeldTracker& tracker = trackers[static_cast<size_t>(r)];
+    int b = -1, f = -1, w = -1;  // the chosen chunk of each kind
+    for (int c = 0; c < v; ++c) {
+      const Progress& x = chunks[static_cast<size_t>(c)];
+      const int k = s.virtual_stage(r, c);
+      const auto mb_b = static_cast<size_t>(x.b), mb_f = static_cast<size_t>(x.f);
+      if (x.b < x.f && (k == stages - 1 || arrival(k + 1, b_done[static_cast<size_t>(k + 1)][mb_b], r) <= t)) {
+        if (b < 0 || x.b < chunks[static_cast<size_t>(b)].b ||
+            (x.b == chunks[static_cast<size_t>(b)].b && k > s.virtual_stage(r, b))) {
+          b = c;
         }
-        if (x.f < m && x.f - x.b < cap(r) &&
-            (k == 0 || ready(f_done[static_cast<size_t>(k - 1)][static_cast<size_t>(x.f)], t))) {
-          double need = tracker.high_water({Op::kF, x.f, c});
-          for (int later = 0; later < v; ++later) {
-            const int kl = s.virtual_stage(r, later);
-            if (kl > k && chunks[static_cast<size_t>(later)].f <= x.f) need += held.forward_of(kl);
-          }
-          if (need <= budget + slack && (f < 0 || k > s.virtual_stage(r, f))) f = c;
+      }
+      if (x.f < m && x.f - x.b < cap(r) &&
+          (k == 0 || arrival(k - 1, f_done[static_cast<size_t>(k - 1)][mb_f], r) <= t)) {
+        double need = tracker.high_water({Op::kF, x.f, c});
+        for (int later = 0; later < v; ++later) {
+          const int kl = s.virtual_stage(r, later);
+          if (kl > k && chunks[static_cast<size_t>(later)].f <= x.f) need += held.forward_of(kl);
         }
-        if (x.w < x.b && (w < 0 || x.w < chunks[static_cast<size_t>(w)].w)) w = c;
+        if (need <= budget + slack && (f < 0 || k > s.virtual_stage(r, f))) f = c;
       }
-      const bool b_fits =
-          b >= 0 && (w < 0 || tracker.high_water({Op::kB, chunks[static_cast<size_t>(b)].b, b}) <= budget + slack);
-      Action a{};
-      if (f >= 0 && (after_b[static_cast<size_t>(r)] || b < 0)) {
-        a = {Op::kF, chunks[static_cast<size_t>(f)].f++, f};
-      } else if (b_fits) {
-        a = {Op::kB, chunks[static_cast<size_t>(b)].b++, b};
-      } else if (b < 0 && f >= 0) {
-        a = {Op::kF, chunks[static_cast<size_t>(f)].f++, f};
-      } else if (w >= 0) {
-        a = {Op::kW, chunks[static_cast<size_t>(w)].w++, w};
-      } else {
-        continue;  // waits
-      }
-      acted = true;
-      if (a.op != Op::kW) after_b[static_cast<size_t>(r)] = a.op == Op::kB;
-      tracker.apply(a);
-      const auto k = static_cast<size_t>(s.virtual_stage(r, a.chunk));
-      auto& out = s.actions[static_cast<size_t>(r)];
-      if (a.op == Op::kF) {
-        forward(s, r, a.mb, a.chunk, out);
-        f_done[k][static_cast<size_t>(a.mb)] = last_done = t + 1;
-      } else if (a.op == Op::kB) {
-        backward(s, r, a.mb, a.chunk, Op::kB, out);
-        b_done[k][static_cast<size_t>(a.mb)] = last_done = t + 1;
-      } else {
-        out.push_back(a);
-      }
+      if (x.w < x.b && (w < 0 || x.w < chunks[static_cast<size_t>(w)].w)) w = c;
     }
-    if (finished) break;
-    ZERO_CHECK(acted || t < last_done, "pipeline schedule '{}': the list scheduler stalls at step {}", s.name, t);
+    const bool b_fits =
+        b >= 0 && (w < 0 || tracker.high_water({Op::kB, chunks[static_cast<size_t>(b)].b, b}) <= budget + slack);
+    Action a{};
+    if (f >= 0 && (after_b[static_cast<size_t>(r)] || b < 0)) {
+      a = {Op::kF, chunks[static_cast<size_t>(f)].f++, f};
+    } else if (b_fits) {
+      a = {Op::kB, chunks[static_cast<size_t>(b)].b++, b};
+    } else if (b < 0 && f >= 0) {
+      a = {Op::kF, chunks[static_cast<size_t>(f)].f++, f};
+    } else if (w >= 0) {
+      a = {Op::kW, chunks[static_cast<size_t>(w)].w++, w};
+    } else {
+      return false;  // nothing to run
+    }
+    if (a.op != Op::kW) after_b[static_cast<size_t>(r)] = a.op == Op::kB;
+    tracker.apply(a);
+    const int k = s.virtual_stage(r, a.chunk);
+    const double end = t + costs.of(a.op, k);
+    free_at[static_cast<size_t>(r)] = end;
+    ends.push_back(end);
+    auto& out = s.actions[static_cast<size_t>(r)];
+    if (a.op == Op::kF) {
+      forward(s, r, a.mb, a.chunk, out);
+      f_done[static_cast<size_t>(k)][static_cast<size_t>(a.mb)] = end;
+    } else if (a.op == Op::kB) {
+      backward(s, r, a.mb, a.chunk, Op::kB, out);
+      b_done[static_cast<size_t>(k)][static_cast<size_t>(a.mb)] = end;
+    } else {
+      out.push_back(a);
+    }
+    return true;
+  };
+  auto has_work = [&](int q) {
+    for (const Progress& x : at[static_cast<size_t>(q)]) {
+      if (x.w < m) return true;
+    }
+    return false;
+  };
+  // Rounds: every rank free at the earliest time t decides (in rank order: a decision at t ends after
+  // t, so it changes nothing another rank sees at t); a rank with nothing to run then waits for the
+  // next end, or arrival, after t.
+  for (;;) {
+    double t = kNotYet;
+    for (int q = 0; q < p; ++q) {
+      if (has_work(q)) t = std::min(t, free_at[static_cast<size_t>(q)]);
+    }
+    if (t == kNotYet) break;  // every rank is done
+    std::vector<int> waiting;
+    for (int r = 0; r < p; ++r) {
+      if (!has_work(r) || free_at[static_cast<size_t>(r)] != t) continue;
+      if (!decide(r, t)) waiting.push_back(r);
+    }
+    if (waiting.empty()) continue;
+    double next = kNotYet;
+    for (double e : ends) {
+      if (e > t) next = std::min(next, e);
+      if (e + costs.transfer > t) next = std::min(next, e + costs.transfer);
+    }
+    for (int q = 0; q < p; ++q) {
+      if (has_work(q) && free_at[static_cast<size_t>(q)] > t) next = std::min(next, free_at[static_cast<size_t>(q)]);
+    }
+    ZERO_CHECK(next != kNotYet, "pipeline schedule '{}': the list scheduler stalls at {} (rank {} has nothing to run)",
+               s.name, t, waiting.front());
+    for (int r : waiting) free_at[static_cast<size_t>(r)] = next;
   }
 }
 
@@ -204,37 +249,89 @@ double one_f_one_b_peak(const HeldBytes& held, int ranks, int chunks, int microb
   return *std::max_element(peaks.begin(), peaks.end());
 }
 
-Schedule zb_h1(int ranks, int microbatches, const HeldBytes& held) {
+Schedule zb_h1(int ranks, int microbatches, const ActionCosts& costs) {
   Schedule s = empty("zb-h1", ranks, microbatches, 1, true);
-  check_held_bytes(held, ranks);
+  check_costs(costs, ranks);
   // 1F1B's bound on the forwards in flight (p - r on rank r), and its peak on the bytes.
-  list_schedule(s, held, one_f_one_b_peak(held, ranks, 1, microbatches), [ranks](int r) { return ranks - r; });
+  list_schedule(s, costs, one_f_one_b_peak(costs.held, ranks, 1, microbatches), [ranks](int r) { return ranks - r; });
   return s;
 }
 
-Schedule zb_v(int ranks, int microbatches, const HeldBytes& held) {
+Schedule zb_v(int ranks, int microbatches) {
   Schedule s = empty("zb-v", ranks, microbatches, 2, true);
   s.placement = Placement::kV;
-  check_held_bytes(held, 2 * ranks);
-  // The forwards in flight bounded by memory alone: 1F1B's peak, or where more, what rank 0 needs to
-  // fill the pipeline (2p-1 forwards of the first chunk before the first of the last arrives, then
-  // that one), which a last chunk heavier than the others (a head) raises above it.
-  const int fill = std::min(2 * ranks - 1, microbatches);
-  const double budget = std::max(one_f_one_b_peak(held, ranks, 2, microbatches),
-                                 fill * held.forward_of(0) + held.forward_of(2 * ranks - 1));
-  list_schedule(s, held, budget, [microbatches](int) { return microbatches; });
+  const int p = ranks, m = microbatches;
+  // The paper's V order for n = max(m, 2p-1) micro-batches (fewer cannot fill the V; the missing
+  // ones are left out after, which keeps every dependency's order). Rank r, chunk 0 its way down
+  // the V and chunk 1 its way back:
+  //   warm-up   2(p-r)-1 forwards of chunk 0; r times a forward of chunk 1 and one of chunk 0;
+  //             p-r times a forward, B and W of chunk 1
+  //   steady    while forwards remain: a forward of chunk 0 (while any is left), B and W of chunk 0,
+  //             a forward, B and W of chunk 1
+  //   cool-down r times a B of chunk 0 and one of chunk 1; p-r times a B and a W of chunk 0; the
+  //             W's left, chunk 1's first
+  // So rank 0 holds 2p chunk forwards at most (2p-1 of chunk 0 and the first of chunk 1): 1F1B's
+  // peak on the same layers when the chunks hold alike.
+  const int n = std::max(m, 2 * p - 1);
+  for (int r = 0; r < p; ++r) {
+    std::vector<Action> order;
+    int next[3][2] = {};  // [F, B, W][chunk]: the next micro-batch
+    auto add = [&](Op op, int kind, int chunk) { order.push_back({op, next[kind][chunk]++, chunk}); };
+    auto F = [&](int c) { add(Op::kF, 0, c); };
+    auto B = [&](int c) { add(Op::kB, 1, c); };
+    auto W = [&](int c) { add(Op::kW, 2, c); };
+    for (int i = 0; i < 2 * (p - r) - 1; ++i) F(0);
+    for (int i = 0; i < r; ++i) {
+      F(1);
+      F(0);
+    }
+    for (int i = 0; i < p - r; ++i) {
+      F(1);
+      B(1);
+      W(1);
+    }
+    while (next[0][1] < next[0][0] || next[0][0] < n) {
+      if (next[0][0] < n) F(0);
+      B(0);
+      W(0);
+      F(1);
+      B(1);
+      W(1);
+    }
+    for (int i = 0; i < r; ++i) {
+      B(0);
+      B(1);
+    }
+    for (int i = 0; i < p - r; ++i) {
+      B(0);
+      W(0);
+    }
+    while (next[2][1] < next[1][1]) W(1);
+    while (next[2][0] < next[1][0]) W(0);
+    auto& out = s.actions[static_cast<size_t>(r)];
+    for (const Action& a : order) {
+      if (a.mb >= m) continue;
+      if (a.op == Op::kF) {
+        forward(s, r, a.mb, a.chunk, out);
+      } else if (a.op == Op::kB) {
+        backward(s, r, a.mb, a.chunk, Op::kB, out);
+      } else {
+        out.push_back(a);
+      }
+    }
+  }
   return s;
 }
 
 Placement placement_of(const std::string& name) { return name == "zb-v" ? Placement::kV : Placement::kLoop; }
 
 Schedule make_schedule(const std::string& name, int ranks, int microbatches, int chunks, int layers,
-                       const HeldBytes& held) {
+                       const ActionCosts& costs) {
   if (name == "zb-v") {
     if (chunks != 2) {
       ZERO_THROW(InvalidArgument, "pipeline schedule 'zb-v' runs 2 chunks per rank in a V, not {} (chunks=2)", chunks);
     }
-    return zb_v(ranks, microbatches, held);
+    return zb_v(ranks, microbatches);
   }
   if (chunks != 1 && name != "interleaved") {
     ZERO_THROW(InvalidArgument, "pipeline schedule '{}' runs one chunk per rank: {} chunks need 'interleaved' or 'zb-v'",
@@ -243,7 +340,7 @@ Schedule make_schedule(const std::string& name, int ranks, int microbatches, int
   if (name == "gpipe") return gpipe(ranks, microbatches);
   if (name == "1f1b") return one_f_one_b(ranks, microbatches);
   if (name == "interleaved") return interleaved_1f1b(ranks, microbatches, chunks, layers);
-  if (name == "zb-h1") return zb_h1(ranks, microbatches, held);
+  if (name == "zb-h1") return zb_h1(ranks, microbatches, costs);
   ZERO_THROW(InvalidArgument, "unknown pipeline schedule '{}' (gpipe, 1f1b, interleaved, zb-h1, zb-v)", name);
 }
 

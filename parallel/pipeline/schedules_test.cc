@@ -151,7 +151,7 @@ TEST_CASE("ZB-H1 keeps 1F1B's peak of held activations in bytes, with its bubble
         ActionCosts c;
         c.held = model_sizes(p, 4 * p, ratio);
         const double bound = one_f_one_b_peak(c.held, p, 1, m);
-        const SimResult z = simulate(zb_h1(p, m, c.held), c), o = simulate(one_f_one_b(p, m), c);
+        const SimResult z = simulate(zb_h1(p, m, c), c), o = simulate(one_f_one_b(p, m), c);
         CHECK(*std::max_element(o.peak_held.begin(), o.peak_held.end()) == doctest::Approx(bound));
         for (double held : z.peak_held) CHECK(held <= bound * (1 + 1e-12));
         CHECK(z.bubble_fraction < o.bubble_fraction);
@@ -161,7 +161,7 @@ TEST_CASE("ZB-H1 keeps 1F1B's peak of held activations in bytes, with its bubble
   // A deferred W that keeps more than a forward: a B cannot stay under the bound, so W's run at
   // once; the peak passes it by at most one W's excess.
   HeldBytes heavy{.forward = {1.0}, .weight = {1.25}};
-  const std::vector<double> peaks = peak_held(zb_h1(4, 8, heavy), heavy);
+  const std::vector<double> peaks = peak_held(zb_h1(4, 8, ActionCosts{.held = heavy}), heavy);
   for (double held : peaks) CHECK(held <= 4.0 + 0.25);
 }
 
@@ -193,8 +193,8 @@ TEST_CASE("ZB-V: rank s holds virtual stages s and 2p-1-s; its bubble below ZB-H
         half.held = model_sizes(2 * p, 4 * p, ratio);
         ActionCosts whole;
         whole.held = model_sizes(p, 4 * p, ratio);
-        const SimResult zv = simulate(zb_v(p, m, half.held), half);
-        const SimResult zh = simulate(zb_h1(p, m, whole.held), whole);
+        const SimResult zv = simulate(zb_v(p, m), half);
+        const SimResult zh = simulate(zb_h1(p, m, whole), whole);
         CHECK(zv.bubble_fraction < zh.bubble_fraction);
         // 1F1B's peak, or rank 0's fill of the pipeline (2p-1 forwards of the first chunk, one of
         // the heavier last) where that is more; within 10% of 1F1B's peak.
