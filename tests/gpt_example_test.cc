@@ -121,7 +121,8 @@ TEST_CASE("split into two pipeline stages, the loss curve is the same under ever
                 {"--pp", "2", "--stage", "3", "--pp-schedule", "gpipe"},
                 {"--pp", "2", "--stage", "1", "--pp-schedule", "zb-h1"}});
   check_curves({{"--pp", "2", "--stage", "2", "--n-layer", "4", "--pp-schedule", "1f1b"},
-                {"--pp", "2", "--stage", "2", "--n-layer", "4", "--pp-schedule", "interleaved", "--chunks", "2"}});
+                {"--pp", "2", "--stage", "2", "--n-layer", "4", "--pp-schedule", "interleaved", "--chunks", "2"},
+                {"--pp", "2", "--stage", "2", "--n-layer", "4", "--pp-schedule", "zb-v"}});  // its 2 chunks implied
 }
 
 TEST_CASE("a pipelined run prints its bubble, writes its timeline and one export") {
