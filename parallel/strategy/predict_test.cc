@@ -108,16 +108,30 @@ TEST_CASE("pipelines: the simulator's bubble, and the activations each schedule 
   CHECK(at("zb-h1", 8).memory.activations == 4 * 1000);
 }
 
+// `one` and the same layout under `schedule` with 2 chunks per rank, predicted on the toy: the same
+// work per rank, a smaller bubble.
+struct ChunkPair {
+  Layout two;
+  Prediction p1, p2;
+};
+ChunkPair with_two_chunks(const Layout& one, const std::string& schedule) {
+  const ToyCosts toy;
+  ChunkPair c{one, {}, {}};
+  c.two.schedule = schedule;
+  c.two.chunks = 2;
+  c.p1 = predict(toy, one, cluster(), settings());
+  c.p2 = predict(toy, c.two, cluster(), settings());
+  REQUIRE(c.p2.unsupported.empty());
+  CHECK(c.p2.time.compute == doctest::Approx(c.p1.time.compute));
+  CHECK(c.p2.bubble_fraction < c.p1.bubble_fraction);
+  return c;
+}
+
 TEST_CASE("zb-v: two chunks per rank in a V, at 1F1B's activation peak, below ZB-H1's bubble") {
   const ToyCosts toy;
-  const Layout h1{.pp = 2, .micro_batches = 8, .schedule = "zb-h1"};
-  Layout v = h1;
-  v.schedule = "zb-v";
-  v.chunks = 2;
-  const Prediction p1 = predict(toy, h1, cluster(), settings()), pv = predict(toy, v, cluster(), settings());
-  REQUIRE(pv.unsupported.empty());
-  CHECK(pv.time.compute == doctest::Approx(p1.time.compute));
-  CHECK(pv.bubble_fraction < p1.bubble_fraction);
+  const ChunkPair c = with_two_chunks({.pp = 2, .micro_batches = 8, .schedule = "zb-h1"}, "zb-v");
+  const Layout& v = c.two;
+  const Prediction& pv = c.p2;
   // Rank 0 holds layers 0 and 3 (1000 bytes each): 1F1B's peak is 2 micro-batches of 2 layers.
   CHECK(pv.memory.activations == 2 * 2 * 1000);
   CHECK(layout_key(v) == "dp1.tp1.pp2.z0.m8.zb-v.v2");
@@ -130,15 +144,9 @@ TEST_CASE("zb-v: two chunks per rank in a V, at 1F1B's activation peak, below ZB
 
 TEST_CASE("interleaved: a rank's chunks in the simulator and the replay; the search enumerates them") {
   const ToyCosts toy;
-  const Layout one{.pp = 2, .micro_batches = 4, .schedule = "1f1b"};
-  Layout two = one;
-  two.schedule = "interleaved";
-  two.chunks = 2;
-  const Prediction p1 = predict(toy, one, cluster(), settings()), p2 = predict(toy, two, cluster(), settings());
-  REQUIRE(p2.unsupported.empty());
-  // The same work per rank; the bubble smaller with two chunks per rank.
-  CHECK(p2.time.compute == doctest::Approx(p1.time.compute));
-  CHECK(p2.bubble_fraction < p1.bubble_fraction);
+  const ChunkPair c = with_two_chunks({.pp = 2, .micro_batches = 4, .schedule = "1f1b"}, "interleaved");
+  const Layout& two = c.two;
+  const Prediction &p1 = c.p1, &p2 = c.p2;
   // Rank 0 holds layers 0 and 2 (1000 bytes per micro-batch each): its warm-up runs 4 forwards (2 per
   // chunk), the first steady forward a fifth, before its first backward.
   CHECK(p2.memory.activations == 5 * 1000);
