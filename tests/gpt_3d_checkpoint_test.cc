@@ -114,6 +114,13 @@ TEST_CASE("a checkpoint saved at one (dp, tp, pp, stage, offload) resumes at ano
        {8, {"--tp", "2", "--stage", "0"}},
        "dp 2 x tp 2 x pp 2, stage 2, gpipe x 2, offload, recompute"},
       {{1, {}}, {8, {"--tp", "2", "--pp", "2", "--stage", "3", "--pp-schedule", "zb-h1"}}, "dp 1 x tp 1 x pp 1, stage 3"},
+      // A V (rank 0 holds the embedding and the head, one wte) out of and into loop layouts.
+      {{4, {"--pp", "2", "--stage", "3", "--pp-schedule", "zb-v"}},
+       {8, {"--tp", "2", "--pp", "2", "--stage", "2"}},
+       "dp 2 x tp 1 x pp 2, stage 3, zb-v x 4, 2 chunks"},
+      {{8, {"--tp", "2", "--pp", "2", "--stage", "1"}},
+       {4, {"--pp", "2", "--stage", "2", "--pp-schedule", "zb-v"}},
+       "dp 2 x tp 2 x pp 2, stage 1, 1f1b x 4"},
   };
   for (size_t k = 0; k < moves.size(); ++k) {
     const Move& m = moves[k];

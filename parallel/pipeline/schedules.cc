@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <limits>
+#include <queue>
 #include <vector>
 
 #include "base/check.h"
@@ -133,7 +134,9 @@ void list_schedule(Schedule& s, const ActionCosts& costs, double budget, const s
   for (int r = 0; r < p; ++r) trackers.emplace_back(s, held, r);
   std::vector<double> free_at(static_cast<size_t>(p), 0.0);
   std::vector<char> after_b(static_cast<size_t>(p), 0);  // whether the rank's last F or B was a B
-  std::vector<double> ends;                               // every decided action's end, for waiting
+  // The ends (and arrivals) of decided actions still ahead of the clock, soonest on top: when a rank
+  // waits, the next moment anything can change for it.
+  std::priority_queue<double, std::vector<double>, std::greater<>> ahead;
   // When the output of virtual stage `from` (done at `done`) can be used on rank `r`.
   auto arrival = [&](int from, double done, int r) {
     return done == kNotYet ? kNotYet : done + (s.rank_of(from) == r ? 0.0 : costs.transfer);
@@ -183,7 +186,8 @@ void list_schedule(Schedule& s, const ActionCosts& costs, double budget, const s
     const int k = s.virtual_stage(r, a.chunk);
     const double end = t + costs.of(a.op, k);
     free_at[static_cast<size_t>(r)] = end;
-    ends.push_back(end);
+    ahead.push(end);
+    if (costs.transfer > 0) ahead.push(end + costs.transfer);
     auto& out = s.actions[static_cast<size_t>(r)];
     if (a.op == Op::kF) {
       forward(s, r, a.mb, a.chunk, out);
@@ -217,11 +221,8 @@ void list_schedule(Schedule& s, const ActionCosts& costs, double budget, const s
       if (!decide(r, t)) waiting.push_back(r);
     }
     if (waiting.empty()) continue;
-    double next = kNotYet;
-    for (double e : ends) {
-      if (e > t) next = std::min(next, e);
-      if (e + costs.transfer > t) next = std::min(next, e + costs.transfer);
-    }
+    while (!ahead.empty() && ahead.top() <= t) ahead.pop();
+    double next = ahead.empty() ? kNotYet : ahead.top();
     for (int q = 0; q < p; ++q) {
       if (has_work(q) && free_at[static_cast<size_t>(q)] > t) next = std::min(next, free_at[static_cast<size_t>(q)]);
     }
