@@ -6,7 +6,8 @@
 // another order than numpy's). Also: deterministic mode gives the same bits at every stage; a
 // checkpoint after step 3 (R and C per element, a vector's V) resumes at other stages and world
 // sizes; the memory report prices O(n + m) per matrix; a vector group, a matrix and a 3-D kernel.
-// The relative-step group keeps a first moment (adafactor.beta1 0.9, state "exp_avg_update").
+// The relative-step group keeps a first moment (adafactor.beta1 0.9, state "exp_avg_update"); a
+// beta1 changed between steps is taken where the group has a first moment and refused across 0.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -24,6 +26,7 @@
 
 #include "base/error.h"
 #include "testing/reference_training.h"
+#include "testing/thread_ranks.h"
 #include "zero/engine.h"
 
 namespace zero {
@@ -121,6 +124,62 @@ TEST_CASE("Adafactor's row, column and vector statistics resume from a checkpoin
     CAPTURE(describe(run));
     CHECK(train_ranks(run).errors.size() == 2);
   }
+}
+
+// One rank: the reference model's parameters in an engine of its options, `steps` steps of the
+// reference's gradients, `change` called on the engine before the step numbered `change_before`;
+// the parameters after, or the error a step raised (an exception may not leave a rank's thread).
+struct ChangedRun {
+  testing::Tensors params;
+  std::string error;
+};
+ChangedRun steps_with_change(int steps, int change_before, const std::function<void(Engine&)>& change) {
+  ChangedRun out;
+  testing::run_thread_ranks(1, [&](comm::Communicator& comm) {
+    const testing::ReferenceModel& m = model();
+    Engine engine(comm, options_of({.stage = 1, .world = 1}));
+    std::vector<std::vector<float>> storage(m.params.size());
+    std::vector<int> ids;
+    for (size_t t = 0; t < m.params.size(); ++t) {
+      storage[t] = m.initial(t);
+      ids.push_back(engine.add_param({.name = m.params[t].name, .shape = m.params[t].shape, .dtype = DType::kFloat32,
+                                      .data = {storage[t].data(), storage[t].size()}, .group = m.params[t].group}));
+    }
+    engine.finalize();
+    try {
+      for (int step = 1; step <= steps; ++step) {
+        if (step == change_before) change(engine);
+        for (size_t t = 0; t < m.params.size(); ++t) {
+          const std::vector<float> g = testing::rank_grad(m, 1, 0, step, t);
+          std::memcpy(engine.grad_as<float>(ids[t]), g.data(), g.size() * sizeof(float));
+        }
+        engine.step();
+      }
+    } catch (const InvalidArgument& e) {
+      out.error = e.what();
+    }
+    for (size_t t = 0; t < m.params.size(); ++t) out.params[m.params[t].name] = storage[t];
+  });
+  return out;
+}
+
+TEST_CASE("adafactor.beta1 changed between steps: taken where the group keeps a first moment, refused across 0") {
+  // Group 1 keeps a first moment (beta1 0.9), group 0 none. Another beta1 in (0, 1) for group 1 is
+  // the next step's: its parameters move otherwise than without the change, group 0's do not.
+  auto to_half = [](Engine& e) { e.param_group(1).adafactor.beta1 = 0.5f; };
+  const ChangedRun same = steps_with_change(3, 3, [](Engine&) {}), changed = steps_with_change(3, 3, to_half);
+  REQUIRE(same.error.empty());
+  REQUIRE(changed.error.empty());
+  CHECK(changed.params.at("h1.w") != same.params.at("h1.w"));
+  CHECK(changed.params.at("h0.w") == same.params.at("h0.w"));
+  CHECK(steps_with_change(2, 3, to_half).params.at("h1.w") == steps_with_change(2, 3, [](Engine&) {}).params.at("h1.w"));
+  // Across 0 the state would have to appear or go: refused, naming the group, before the step
+  // changes a parameter.
+  const ChangedRun off = steps_with_change(3, 2, [](Engine& e) { e.param_group(1).adafactor.beta1 = 0.0f; });
+  CHECK(off.error.find("groups[1].adafactor.beta1 changed to 0 after the engine was built") != std::string::npos);
+  CHECK(off.params.at("h1.w") == steps_with_change(1, 2, [](Engine&) {}).params.at("h1.w"));
+  const ChangedRun on = steps_with_change(3, 2, [](Engine& e) { e.param_group(0).adafactor.beta1 = 0.9f; });
+  CHECK(on.error.find("groups[0].adafactor.beta1 changed from 0 after the engine was built") != std::string::npos);
 }
 
 TEST_CASE("the memory report prices Adafactor's state: rows plus columns per matrix, an element per vector element, "
