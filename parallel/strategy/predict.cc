@@ -140,20 +140,12 @@ using PlanCache = std::map<std::string, plan::EnginePlan>;
 // action lists themselves would be gigabytes).
 class Schedules {
  public:
-  // The zero-bubble schedules from the stages' compute times and activation sizes (their order fits
-  // the times; their memory bound is in bytes).
+  // ZB-H1 from the stages' activation sizes (its memory bound is in bytes) and unit times, as a run
+  // generates it (train_gpt, gpt_schedule), so that the plan is of the schedule that runs.
   parallel::Schedule of(const Layout& l, const std::vector<StageCosts>& stages) {
     // pp 1: one micro-batch at a time.
     const std::string name = l.pp > 1 ? l.schedule : "1f1b";
     parallel::ActionCosts costs;
-    costs.forward.clear();
-    costs.backward.clear();
-    costs.weight.clear();
-    for (const StageCosts& c : stages) {
-      costs.forward.push_back(c.forward);
-      costs.backward.push_back(c.backward_input);
-      costs.weight.push_back(c.backward_weight);
-    }
     costs.held = held_bytes(stages);
     parallel::Schedule s = parallel::make_schedule(name, l.pp, l.micro_batches, l.chunks, 0, costs);
     if (checked_.insert({name, l.pp, l.micro_batches, l.chunks}).second) parallel::check_schedule(s);

@@ -75,7 +75,7 @@ Prediction predict(const ModelCosts& model, const Layout& layout, const Cluster&
 
 // Every layout of `world` ranks the model supports: dp x tp x pp, ZeRO stages 0-3, micro-batches
 // (pp times a power of two, at most the batch per dp rank) dividing the batch, the schedules (GPipe,
-// 1F1B, ZB-H1, interleaved 1F1B at 2, 4, ... 16 chunks per rank),
+// 1F1B, ZB-H1, ZB-V, interleaved 1F1B at 2, 4, ... 16 chunks per rank),
 // sequence parallelism at tp above 1, offload at stages 1-3, and activation recompute.
 std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int global_batch);
 
