@@ -16,8 +16,8 @@
 // ParamSpec.param_dtype (an fp32 model). The engine holds both dtypes; those are read in place.
 #include <algorithm>
 #include <map>
-#include <string>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "base/check.h"

@@ -9,8 +9,8 @@
 // actions count). A rank's peak is the most it holds after any action or at such a moment, over all
 // its chunks.
 //
-// One replay for everyone who needs it: the simulator reports each rank's peak (SimResult), the
-// zero-bubble generators keep it under 1F1B's (schedules.h), the planner prices it.
+// One replay for everyone who needs it: the simulator reports each rank's peak (SimResult), ZB-H1's
+// generator keeps it under 1F1B's (schedules.h), the planner prices it.
 #include <vector>
 
 #include "parallel/pipeline/schedule.h"
