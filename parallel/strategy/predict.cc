@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <queue>
@@ -500,7 +501,21 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
   std::vector<Candidate> candidates, too_large;
   Schedules schedules;
   const uint64_t device = static_cast<uint64_t>(cluster.device_memory);
+  // Progress, every settings.progress_seconds and at the end.
+  SearchProgress progress;
+  progress.layouts = layouts.size();
+  using Clock = std::chrono::steady_clock;
+  auto reported = Clock::now();
+  auto report = [&](bool last) {
+    if (!settings.progress) return;
+    const auto now = Clock::now();
+    if (!last && std::chrono::duration<double>(now - reported).count() < settings.progress_seconds) return;
+    reported = now;
+    progress.done = last;
+    settings.progress(progress);
+  };
   for (const Layout& l : layouts) {
+    ++progress.examined;
     if (!model.unsupported(l, settings.global_batch).empty()) {
       out.push_back(predict(model, l, cluster, settings));
       continue;
@@ -509,7 +524,13 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
     const parallel::Schedule schedule = schedules.of(l, c.stages);
     c.floor = memory_floor(l, c.stages, schedule);
     c.pipe = pipeline_time(l, c.stages, schedule, cluster);
+    if (c.floor.device <= device) {
+      ++progress.fitting_floors;
+      const double floor = c.pipe.floor();
+      if (progress.fastest_floor == 0 || floor < progress.fastest_floor) progress.fastest_floor = floor;
+    }
     (c.floor.device <= device ? candidates : too_large).push_back(std::move(c));
+    report(false);
   }
   auto plan = [&](const Candidate& c) {
     return predict_stages(c.layout, c.stages, schedules.of(c.layout, c.stages), c.pipe, model, cluster, settings, cache);
@@ -523,10 +544,16 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
   for (; next < candidates.size(); ++next) {
     if (fastest.size() >= exact && candidates[next].pipe.floor() > fastest.top()) break;
     out.push_back(plan(candidates[next]));
+    ++progress.planned;
     if (out.back().fits) {
       fastest.push(out.back().time.step());
       if (fastest.size() > exact) fastest.pop();
+      if (!progress.best || out.back().time.step() < progress.best_step) {
+        progress.best = out.back().layout;
+        progress.best_step = out.back().time.step();
+      }
     }
+    report(false);
   }
   auto floor_of = [](const Candidate& c, Estimate estimate) {
     Prediction p;
@@ -556,9 +583,11 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
   size_t planned = 0;
   while (!any_fits && planned < too_large.size() && too_large[planned].floor.device < smallest) {
     out.push_back(plan(too_large[planned++]));
+    ++progress.planned;
     smallest = std::min(smallest, out.back().memory.device());
   }
   for (size_t i = planned; i < too_large.size(); ++i) out.push_back(floor_of(too_large[i], Estimate::kTooLarge));
+  report(true);
   // Fitting first, fastest first (equal times: the smaller); then the too slow, by their floors;
   // then the rest, smallest first.
   auto group = [](const Prediction& p) { return p.fits ? 0 : p.estimate == Estimate::kTooSlow ? 1 : 2; };

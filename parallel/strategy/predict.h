@@ -6,6 +6,8 @@
 // Every figure is per rank of the stage that costs most, and comes with its parts (explain()).
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,9 +66,24 @@ struct Prediction {
   double tokens_per_s = 0;
 };
 
+// Where a search (rank_layouts) stands: layouts examined (their floors computed) of all given, then
+// those planned exactly; the fastest floor of a layout whose floors fit so far (a lower bound on the
+// answer's step), and the fastest planned layout that fits.
+struct SearchProgress {
+  size_t examined = 0, layouts = 0, planned = 0, fitting_floors = 0;
+  double fastest_floor = 0;  // seconds; 0: none yet
+  std::optional<Layout> best;
+  double best_step = 0;  // seconds, of `best`
+  bool done = false;     // the last call, as the search ends
+};
+
 struct PlanSettings {
   EngineOptions engine;  // optimizer, groups, dtypes: the stage, offload and micro-batches are set per layout
   int global_batch = 1;  // sequences per step
+  // Called by rank_layouts about every `progress_seconds` while it searches, and once at its end
+  // (zero_plan prints a line each time); empty: not called.
+  std::function<void(const SearchProgress&)> progress;
+  double progress_seconds = 5.0;
 };
 
 Prediction predict(const ModelCosts& model, const Layout& layout, const Cluster& cluster, const PlanSettings& settings);

@@ -179,6 +179,36 @@ TEST_CASE("recompute: the layers' inputs held, one rebuilt layer on top during a
   CHECK(at(1, "1f1b", 2, true).time.compute == doctest::Approx(2 * 4 * 4e-3));
 }
 
+TEST_CASE("a search reports where it stands: layouts examined, floors within memory, planned, the best so far") {
+  const ToyCosts toy;
+  const std::vector<Layout> all = enumerate_layouts(toy, 4, 16);
+  PlanSettings s = settings();
+  s.progress_seconds = 0;  // every layout
+  std::vector<SearchProgress> seen;
+  s.progress = [&](const SearchProgress& p) { seen.push_back(p); };
+  const std::vector<Prediction> ranked = rank_layouts(toy, all, cluster(), s, 3);
+  REQUIRE(seen.size() > all.size());
+  for (size_t i = 1; i < seen.size(); ++i) {
+    CHECK(seen[i].examined >= seen[i - 1].examined);
+    CHECK(seen[i].planned >= seen[i - 1].planned);
+    CHECK(!seen[i - 1].done);
+  }
+  const SearchProgress& last = seen.back();
+  CHECK(last.done);
+  CHECK(last.examined == all.size());
+  CHECK(last.layouts == all.size());
+  CHECK(last.planned >= 3);
+  CHECK(last.fitting_floors >= last.planned);
+  // The fastest planned (the ranking breaks its ties by memory; the progress keeps the first found).
+  REQUIRE(last.best.has_value());
+  CHECK(last.best_step == ranked.front().time.step());
+  CHECK(std::any_of(ranked.begin(), ranked.end(), [&](const Prediction& p) {
+    return p.fits && p.layout == *last.best && p.time.step() == last.best_step;
+  }));
+  CHECK(last.fastest_floor > 0);
+  CHECK(last.fastest_floor <= last.best_step);
+}
+
 TEST_CASE("the search plans only what can fit, and shares plans without changing a prediction") {
   ToyCosts toy;
   toy.activation_scale = 1000;  // activations, not the engine, decide what fits

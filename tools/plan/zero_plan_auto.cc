@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -128,6 +129,20 @@ int run_strategy(cli::Flags& flags) {
     return 0;
   }
   const std::vector<Layout> layouts = strategy::enumerate_layouts(model, world, batch);
+  // A search that takes a while says where it stands, on stderr (stdout stays the table or --list).
+  const auto started = std::chrono::steady_clock::now();
+  bool reported = false;
+  settings.progress = [&](const strategy::SearchProgress& p) {
+    if (p.done && !reported) return;
+    reported = true;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    std::string best = "none planned yet";
+    if (p.best) best = fmt::format("best {} at {:.2f} ms", describe(*p.best), 1e3 * p.best_step);
+    std::fprintf(stderr, "searching: %zu of %zu layouts examined, %zu within memory by their floors (fastest floor %.2f ms), "
+                 "%zu planned, %s (%.0f s)%s\n",
+                 p.examined, p.layouts, p.fitting_floors, 1e3 * p.fastest_floor, p.planned, best.c_str(), elapsed,
+                 p.done ? ", done" : "");
+  };
   // The table ranks its --top rows exactly (the rest by their floors, which is much faster at many
   // ranks); --list (what the validation reads) and the chart, every layout.
   const bool every = list || !svg.empty();
