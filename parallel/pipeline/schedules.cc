@@ -101,111 +101,81 @@ Schedule interleaved_1f1b(int ranks, int microbatches, int chunks, int layers) {
 
 namespace {
 
-// Zero-bubble list scheduling (ZB-H1) over the schedule's placement, in the time `costs` give
-// (each virtual stage's F, B and W; a transfer between ranks), every rank's held activations
-// (costs.held, held_activations.h) kept within `budget`. Events in time order: whenever a rank is
-// free it takes, in 1F1B's rhythm, a forward and a B in turn (the one it did not run last, else the
-// other), else the oldest deferred W:
-//   - a B whose gradient is there (the oldest micro-batch, the later virtual stage on a tie), unless
-//     it would pass the budget and a deferred W can free room first;
-//   - a forward whose input is there, with fewer than cap(rank) micro-batches of its chunk in
-//     flight, within the budget while keeping room for one forward of a later chunk of the rank that
-//     has forwards outstanding (in a V, rank 0 must always be able to run the last stage); the later
-//     virtual stage first.
+// ZB-H1's list scheduling (one chunk per rank: rank r is stage r), in the time `costs` give (each
+// stage's F, B and W; a transfer between ranks), every rank's held activations (costs.held,
+// held_activations.h) kept within `budget`. Events in time order: whenever a rank is free it takes,
+// in 1F1B's rhythm, a forward and a B in turn (the one it did not run last, else the other), else
+// its oldest deferred W:
+//   - a B whose gradient is there, unless it would pass the budget and a deferred W can free room
+//     first;
+//   - a forward whose input is there, with fewer than p-r micro-batches in flight (1F1B's bound),
+//     within the budget.
 // So W's wait for what would be bubbles, as long as memory allows; with nothing to run a rank waits
 // for the next action to end anywhere. Given the costs a run measured (or a model's), the order fits
 // them, as the paper's scheduler takes profiled F, B and W times; unit costs give its handcrafted
-// shapes. (Taking B's first instead of the rhythm delays the forwards the later stages wait for: at
+// shape. (Taking B's first instead of the rhythm delays the forwards the later stages wait for: at
 // p = 4 the bubble came out 0.56 of 1F1B's, not the third the paper's ZB-H1 has.)
-void list_schedule(Schedule& s, const ActionCosts& costs, double budget, const std::function<int(int rank)>& cap) {
-  check_held_bytes(costs.held, s.virtual_stages());
+void list_schedule(Schedule& s, const ActionCosts& costs, double budget) {
+  ZERO_CHECK(s.chunks == 1 && s.placement == Placement::kLoop, "the list scheduler runs one chunk per rank");
   constexpr double kNotYet = std::numeric_limits<double>::infinity();
-  const int p = s.ranks, v = s.chunks, m = s.microbatches, stages = s.virtual_stages();
-  const HeldBytes& held = costs.held;
+  const int p = s.ranks, m = s.microbatches;
   const double slack = budget * 1e-12;
   struct Progress {
     int f = 0, b = 0, w = 0;  // the next micro-batch to forward, to B, to W
   };
-  // When each (virtual stage, micro-batch)'s F and B end.
-  std::vector<std::vector<double>> f_done(static_cast<size_t>(stages), std::vector<double>(static_cast<size_t>(m), kNotYet));
+  // When each (stage, micro-batch)'s F and B end.
+  std::vector<std::vector<double>> f_done(static_cast<size_t>(p), std::vector<double>(static_cast<size_t>(m), kNotYet));
   std::vector<std::vector<double>> b_done = f_done;
-  std::vector<std::vector<Progress>> at(static_cast<size_t>(p), std::vector<Progress>(static_cast<size_t>(v)));
+  std::vector<Progress> at(static_cast<size_t>(p));
   std::vector<HeldTracker> trackers;
-  for (int r = 0; r < p; ++r) trackers.emplace_back(s, held, r);
+  for (int r = 0; r < p; ++r) trackers.emplace_back(s, costs.held, r);
   std::vector<double> free_at(static_cast<size_t>(p), 0.0);
   std::vector<char> after_b(static_cast<size_t>(p), 0);  // whether the rank's last F or B was a B
   // The ends (and arrivals) of decided actions still ahead of the clock, soonest on top: when a rank
   // waits, the next moment anything can change for it.
   std::priority_queue<double, std::vector<double>, std::greater<>> ahead;
-  // When the output of virtual stage `from` (done at `done`) can be used on rank `r`.
-  auto arrival = [&](int from, double done, int r) {
-    return done == kNotYet ? kNotYet : done + (s.rank_of(from) == r ? 0.0 : costs.transfer);
-  };
+  // When stage `from`'s output (done at `done`) is on the next or previous rank.
+  auto arrival = [&](double done) { return done == kNotYet ? kNotYet : done + costs.transfer; };
   // Rank r, free at t, takes its next action (false: nothing it can run now).
   auto decide = [&](int r, double t) {
-    auto& chunks = at[static_cast<size_t>(r)];
+    Progress& x = at[static_cast<size_t>(r)];
     HeldTracker& tracker = trackers[static_cast<size_t>(r)];
-    int b = -1, f = -1, w = -1;  // the chosen chunk of each kind
-    for (int c = 0; c < v; ++c) {
-      const Progress& x = chunks[static_cast<size_t>(c)];
-      const int k = s.virtual_stage(r, c);
-      const auto mb_b = static_cast<size_t>(x.b), mb_f = static_cast<size_t>(x.f);
-      if (x.b < x.f && (k == stages - 1 || arrival(k + 1, b_done[static_cast<size_t>(k + 1)][mb_b], r) <= t)) {
-        if (b < 0 || x.b < chunks[static_cast<size_t>(b)].b ||
-            (x.b == chunks[static_cast<size_t>(b)].b && k > s.virtual_stage(r, b))) {
-          b = c;
-        }
-      }
-      if (x.f < m && x.f - x.b < cap(r) &&
-          (k == 0 || arrival(k - 1, f_done[static_cast<size_t>(k - 1)][mb_f], r) <= t)) {
-        double need = tracker.high_water({Op::kF, x.f, c});
-        for (int later = 0; later < v; ++later) {
-          const int kl = s.virtual_stage(r, later);
-          if (kl > k && chunks[static_cast<size_t>(later)].f <= x.f) need += held.forward_of(kl);
-        }
-        if (need <= budget + slack && (f < 0 || k > s.virtual_stage(r, f))) f = c;
-      }
-      if (x.w < x.b && (w < 0 || x.w < chunks[static_cast<size_t>(w)].w)) w = c;
-    }
-    const bool b_fits =
-        b >= 0 && (w < 0 || tracker.high_water({Op::kB, chunks[static_cast<size_t>(b)].b, b}) <= budget + slack);
+    const bool can_b =
+        x.b < x.f && (r == p - 1 || arrival(b_done[static_cast<size_t>(r + 1)][static_cast<size_t>(x.b)]) <= t);
+    const bool can_f = x.f < m && x.f - x.b < p - r &&
+                       (r == 0 || arrival(f_done[static_cast<size_t>(r - 1)][static_cast<size_t>(x.f)]) <= t) &&
+                       tracker.high_water({Op::kF, x.f, 0}) <= budget + slack;
+    const bool can_w = x.w < x.b;
+    const bool b_fits = can_b && (!can_w || tracker.high_water({Op::kB, x.b, 0}) <= budget + slack);
     Action a{};
-    if (f >= 0 && (after_b[static_cast<size_t>(r)] || b < 0)) {
-      a = {Op::kF, chunks[static_cast<size_t>(f)].f++, f};
+    if (can_f && (after_b[static_cast<size_t>(r)] || !can_b)) {
+      a = {Op::kF, x.f++, 0};
     } else if (b_fits) {
-      a = {Op::kB, chunks[static_cast<size_t>(b)].b++, b};
-    } else if (b < 0 && f >= 0) {
-      a = {Op::kF, chunks[static_cast<size_t>(f)].f++, f};
-    } else if (w >= 0) {
-      a = {Op::kW, chunks[static_cast<size_t>(w)].w++, w};
+      a = {Op::kB, x.b++, 0};
+    } else if (can_w) {
+      a = {Op::kW, x.w++, 0};
     } else {
       return false;  // nothing to run
     }
     if (a.op != Op::kW) after_b[static_cast<size_t>(r)] = a.op == Op::kB;
     tracker.apply(a);
-    const int k = s.virtual_stage(r, a.chunk);
-    const double end = t + costs.of(a.op, k);
+    const double end = t + costs.of(a.op, r);
     free_at[static_cast<size_t>(r)] = end;
     ahead.push(end);
     if (costs.transfer > 0) ahead.push(end + costs.transfer);
     auto& out = s.actions[static_cast<size_t>(r)];
     if (a.op == Op::kF) {
-      forward(s, r, a.mb, a.chunk, out);
-      f_done[static_cast<size_t>(k)][static_cast<size_t>(a.mb)] = end;
+      forward(s, r, a.mb, 0, out);
+      f_done[static_cast<size_t>(r)][static_cast<size_t>(a.mb)] = end;
     } else if (a.op == Op::kB) {
-      backward(s, r, a.mb, a.chunk, Op::kB, out);
-      b_done[static_cast<size_t>(k)][static_cast<size_t>(a.mb)] = end;
+      backward(s, r, a.mb, 0, Op::kB, out);
+      b_done[static_cast<size_t>(r)][static_cast<size_t>(a.mb)] = end;
     } else {
       out.push_back(a);
     }
     return true;
   };
-  auto has_work = [&](int q) {
-    for (const Progress& x : at[static_cast<size_t>(q)]) {
-      if (x.w < m) return true;
-    }
-    return false;
-  };
+  auto has_work = [&](int q) { return at[static_cast<size_t>(q)].w < m; };
   // Rounds: every rank free at the earliest time t decides (in rank order: a decision at t ends after
   // t, so it changes nothing another rank sees at t); a rank with nothing to run then waits for the
   // next end, or arrival, after t.
@@ -254,7 +224,7 @@ Schedule zb_h1(int ranks, int microbatches, const ActionCosts& costs) {
   Schedule s = empty("zb-h1", ranks, microbatches, 1, true);
   check_costs(costs, ranks);
   // 1F1B's bound on the forwards in flight (p - r on rank r), and its peak on the bytes.
-  list_schedule(s, costs, one_f_one_b_peak(costs.held, ranks, 1, microbatches), [ranks](int r) { return ranks - r; });
+  list_schedule(s, costs, one_f_one_b_peak(costs.held, ranks, 1, microbatches));
   return s;
 }
 
