@@ -76,6 +76,15 @@ class GptScopes {
                                        .tp = p.tp, .tied = p.tied && !tie.lends,
                                        .param_dtype = d.param_dtype}));
     }
+    // The units whose parameters are all borrowed, and the lender's unit each reads (mixing is not
+    // supported).
+    for (size_t i = 0; i < n; ++i) {
+      if (borrowed_[i]) borrowed_units_[model.params()[i].unit] = tie.lender->lent_.at(ids_[i]).unit;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      ZERO_CHECK(borrowed_[i] || !borrowed_units_.count(model.params()[i].unit),
+                 "unit {} mixes borrowed and own parameters", model.params()[i].unit);
+    }
   }
   // A block's matrix (not the embeddings, whose rows are looked up, nor the head tied to wte).
   static bool hidden_matrix(const Gpt::Param& p) { return p.shape.size() == 2 && p.name.rfind("h.", 0) == 0; }
@@ -112,17 +121,7 @@ class GptScopes {
     }
     ZERO_THROW(InvalidArgument, "parameter '{}': the chunk that lends tied weights holds no such tied weight", name);
   }
-  // Every parameter of `unit` in this model borrowed (mixing is not supported).
-  bool borrowed_unit(int unit) const {
-    bool any = false, all = true;
-    for (size_t i = 0; i < ids_.size(); ++i) {
-      if (model_.params()[i].unit != unit) continue;
-      any = any || borrowed_[i];
-      all = all && borrowed_[i];
-    }
-    ZERO_CHECK(!any || all, "unit {} mixes borrowed and own parameters", unit);
-    return any;
-  }
+  bool borrowed_unit(int unit) const { return borrowed_units_.count(unit) > 0; }
   // The lender, as its unit's last gradient-writing scope of the step closes: each lent parameter's
   // borrowed gradient (complete: the borrower's weight parts of the step all came first) added once.
   void add_lent(int unit, size_t i) {
@@ -152,9 +151,9 @@ class GptScopes {
       // The lender's registration read (a backward's input part, which counts toward no gradient);
       // a weight part reads nothing and writes the borrowed gradient.
       if (pass == Gpt::Pass::kForward) {
-        open_[unit].emplace(engine_.gather(unit_of_borrowed(unit)));
+        open_[unit].emplace(engine_.gather(borrowed_units_.at(unit)));
       } else if (reads_params(pass)) {
-        open_[unit].emplace(engine_.gather_for_backward(unit_of_borrowed(unit), BackwardPart::kInput));
+        open_[unit].emplace(engine_.gather_for_backward(borrowed_units_.at(unit), BackwardPart::kInput));
       }
       widen(unit, pass);
       return;
@@ -181,12 +180,6 @@ class GptScopes {
       }
       if (writes_grads(pass) && !borrowed_[i]) wide_grad_[i].assign(wide_[i].size(), 0.0f);
     }
-  }
-  int unit_of_borrowed(int unit) const {
-    for (size_t i = 0; i < ids_.size(); ++i) {
-      if (model_.params()[i].unit == unit) return tie_.lender->lent_.at(ids_[i]).unit;
-    }
-    return unit;
   }
   void leave(int unit, Gpt::Pass pass) {
     if (borrowed_unit(unit)) {
@@ -218,7 +211,8 @@ class GptScopes {
   std::vector<std::vector<float>> wide_, wide_grad_;       // bf16: fp32 views of the open units
   std::map<int, std::optional<UnitScope>> open_;
   GptTieOnRank tie_;
-  std::vector<bool> borrowed_;  // per parameter: read through the lender's registration
+  std::vector<bool> borrowed_;          // per parameter: read through the lender's registration
+  std::map<int, int> borrowed_units_;  // this model's units whose parameters are borrowed -> the lender's unit
   struct Lent {
     std::vector<float> grad;  // the borrower's part of the gradient, this step
     int borrower_passes = 0;  // the borrower's gradient-writing scopes this step
