@@ -112,15 +112,6 @@ parallel::HeldBytes held_bytes(const std::vector<StageCosts>& stages) {
   return h;
 }
 
-// The most activation bytes pipeline rank `rank` holds at once, over all its chunks: the schedule's
-// replay (parallel::HeldTracker, the simulator's and the zero-bubble generators' own).
-uint64_t activation_peak(const parallel::Schedule& s, const std::vector<StageCosts>& stages, int rank) {
-  const parallel::HeldBytes held = held_bytes(stages);
-  parallel::HeldTracker t(s, held, rank);
-  for (const parallel::Action& a : s.actions[static_cast<size_t>(rank)]) t.apply(a);
-  return static_cast<uint64_t>(std::llround(t.peak()));
-}
-
 std::vector<int> divisors(int n) {
   std::vector<int> d;
   for (int i = 1; i <= n; ++i) {
@@ -179,16 +170,17 @@ uint64_t rank_numel(const Layout& l, const std::vector<StageCosts>& stages, int 
 
 // The least device memory any pipeline rank of the layout needs, without its engine: the
 // activations at the schedule's peak and the parameters the engine keeps (the rank's all below
-// ZeRO-3, a 1/dp share at 3); and the largest activation peak of any rank.
+// ZeRO-3, a 1/dp share at 3); and the largest activation peak of any rank. `peaks`: each rank's
+// (PipelineTime::activations).
 struct MemoryFloor {
   uint64_t device = 0, activations = 0;
 };
-MemoryFloor memory_floor(const Layout& l, const std::vector<StageCosts>& stages, const parallel::Schedule& schedule) {
+MemoryFloor memory_floor(const Layout& l, const std::vector<StageCosts>& stages, const std::vector<uint64_t>& peaks) {
   MemoryFloor floor;
   const uint64_t bytes = dtype_size(stages.front().engine->dtype);
   for (int r = 0; r < l.pp; ++r) {
     const uint64_t params = rank_numel(l, stages, r) * bytes;
-    const uint64_t activations = activation_peak(schedule, stages, r);
+    const uint64_t activations = peaks[static_cast<size_t>(r)];
     floor.device = std::max(floor.device, activations + params / (l.stage == 3 ? l.dp : 1));
     floor.activations = std::max(floor.activations, activations);
   }
@@ -301,6 +293,10 @@ struct PipelineTime {
   std::vector<double> receives;       // per pipeline rank: the activations and gradients it waits for
   TimeParts time;                     // compute, tp_comm and bubble
   double bubble_fraction = 0;
+  // Per pipeline rank: the most activation bytes it holds at once over all its chunks, the
+  // schedule's replay (parallel::HeldTracker, the simulator's and ZB-H1's generator's own) from the
+  // stages' sizes (costs.held).
+  std::vector<uint64_t> activations;
   // The slowest rank's optimizer: the step waits for it.
   double slowest_optimizer() const { return *std::max_element(optimizer.begin(), optimizer.end()); }
   // No step is shorter: the data-parallel collectives' exposed part is at least nothing.
@@ -326,7 +322,7 @@ PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stage
   out.optimizer = out.busy = out.tp_syncs = out.receives = out.tp;
   for (size_t k = 0; k < stages.size(); ++k) {
     const StageCosts& c = stages[k];
-    const size_t rank = k % static_cast<size_t>(l.pp);
+    const auto rank = static_cast<size_t>(schedule.rank_of(static_cast<int>(k)));
     const double tf = tp_time(c.tp_forward, l.tp, tp_link), tb = tp_time(c.tp_backward, l.tp, tp_link);
     costs.forward[k] = c.forward * compute_slow + tf;
     costs.backward[k] = c.backward_input * compute_slow + tb;
@@ -335,6 +331,7 @@ PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stage
     out.tp_syncs[rank] += static_cast<double>(c.tp_forward.size() + c.tp_backward.size()) * l.micro_batches;
     costs.transfer = std::max(costs.transfer, l.pp > 1 ? pp_link.time(c.send_bytes) : 0.0);
   }
+  costs.held = held_bytes(stages);
   for (int r = 0; r < l.pp; ++r) {
     const double elements = static_cast<double>(rank_numel(l, stages, r)) / (l.stage >= 1 ? l.dp : 1);
     double& optimizer = out.optimizer[static_cast<size_t>(r)];
@@ -359,10 +356,12 @@ PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stage
     out.time.tp_comm = out.tp[busiest];
     out.bubble_fraction = sim.bubble_fraction;
     out.busy = sim.busy;
+    for (double peak : sim.peak_held) out.activations.push_back(static_cast<uint64_t>(std::llround(peak)));
   } else {
     out.time.compute = (costs.forward[0] + costs.backward[0] + costs.weight[0]) * l.micro_batches;
     out.time.tp_comm = out.tp[0];  // the one stage
     out.busy = {out.time.compute};
+    out.activations = {static_cast<uint64_t>(std::llround(parallel::peak_held(schedule, costs.held).front()))};
   }
   return out;
 }
@@ -382,7 +381,7 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
     // The engine of this pipeline rank on the meta device: its memory and its data-parallel traffic.
     const plan::EnginePlan& p = engine_plan(l, stages, schedule, r, settings, cache);
     MemoryParts m = memory_of(p, l.stage);
-    m.activations = activation_peak(schedule, stages, r);
+    m.activations = pipe.activations[static_cast<size_t>(r)];
     out.largest_activations = std::max(out.largest_activations, m.activations);
     if (m.device() >= worst_memory) {
       worst_memory = m.device();
@@ -522,8 +521,8 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
     }
     Candidate c{l, stage_costs(model, l, cluster, settings), {}, {}};
     const parallel::Schedule schedule = schedules.of(l, c.stages);
-    c.floor = memory_floor(l, c.stages, schedule);
     c.pipe = pipeline_time(l, c.stages, schedule, cluster);
+    c.floor = memory_floor(l, c.stages, c.pipe.activations);
     if (c.floor.device <= device) {
       ++progress.fitting_floors;
       const double floor = c.pipe.floor();

@@ -26,6 +26,7 @@ class ToyCosts : public ModelCosts {
     return "";
   }
   uint64_t activation_scale = 1;  // the forward's activations times this
+  int head_all_reduces = 0;        // under tp, the last virtual stage's extra forward all-reduces (a loss's)
   StageCosts stage(const Layout& l, int s, int, const Cluster&) const override {
     StageCosts c;
     const int per = 4 / l.virtual_stages();
@@ -41,6 +42,9 @@ class ToyCosts : public ModelCosts {
     if (l.tp > 1) {
       c.tp_forward.assign(static_cast<size_t>(per), {TpCollective::kAllReduce, 4096});
       c.tp_backward = c.tp_forward;
+      if (s == l.virtual_stages() - 1) {
+        c.tp_forward.insert(c.tp_forward.end(), static_cast<size_t>(head_all_reduces), {TpCollective::kAllReduce, 65536});
+      }
     }
     c.send_bytes = 4096;
     // A layer holds 1000 bytes from its forward to its backward; a split backward's input part
@@ -140,6 +144,20 @@ TEST_CASE("zb-v: two chunks per rank in a V, at 1F1B's activation peak, below ZB
                        InvalidArgument);
   const std::vector<Layout> all = enumerate_layouts(toy, 4, 16);
   CHECK(std::any_of(all.begin(), all.end(), [](const Layout& l) { return l.schedule == "zb-v"; }));
+}
+
+TEST_CASE("a stage's tp collectives are its rank's, in a V as in a loop") {
+  // The last virtual stage's loss all-reduces: on rank 1 under 1F1B, on rank 0 under zb-v (which
+  // holds the first and the last); the busiest rank, the one holding them, waits for them.
+  for (const auto& [schedule, chunks] : {std::pair<const char*, int>{"1f1b", 1}, std::pair<const char*, int>{"zb-v", 2}}) {
+    CAPTURE(schedule);
+    const Layout l{.tp = 2, .pp = 2, .micro_batches = 4, .schedule = schedule, .chunks = chunks};
+    ToyCosts plain, loss;
+    loss.head_all_reduces = 3;
+    const Prediction a = predict(plain, l, cluster(), settings()), b = predict(loss, l, cluster(), settings());
+    REQUIRE(a.unsupported.empty());
+    CHECK(b.time.tp_comm > a.time.tp_comm);
+  }
 }
 
 TEST_CASE("interleaved: a rank's chunks in the simulator and the replay; the search enumerates them") {
