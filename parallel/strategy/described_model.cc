@@ -491,7 +491,7 @@ std::string DescribedModel::unsupported(const Layout& l, int global_batch) const
     return l.chunks > 1 ? fmt::format("pp {} x {} chunks is more stages than the {} blocks", l.pp, l.chunks, m.blocks)
                         : fmt::format("pp {} is more stages than the {} blocks", l.pp, m.blocks);
   }
-  if (l.chunks > 1 && l.micro_batches % l.pp != 0) {
+  if (l.schedule == "interleaved" && l.micro_batches % l.pp != 0) {
     return fmt::format("interleaved: {} micro-batches are not a multiple of pp {}", l.micro_batches, l.pp);
   }
   if (global_batch % (l.dp * l.micro_batches) != 0) {

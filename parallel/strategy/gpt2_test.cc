@@ -61,6 +61,13 @@ TEST_CASE("what the GPT cannot run is named") {
   CHECK(gpt.unsupported({.pp = 8}, 16) == "pp 8 is more stages than the 4 blocks");
   CHECK(gpt.unsupported({.dp = 2, .micro_batches = 3}, 16) == "the batch 16 does not divide into dp 2 x 3 micro-batches");
   CHECK(gpt.unsupported({.dp = 2, .tp = 2, .pp = 2, .micro_batches = 4}, 16).empty());
+  // Interleaving groups its forwards by p micro-batches; the V takes any count.
+  CHECK(gpt.unsupported({.pp = 2, .micro_batches = 6, .schedule = "interleaved", .chunks = 2}, 12).empty());
+  CHECK(gpt.unsupported({.pp = 2, .micro_batches = 3, .schedule = "interleaved", .chunks = 2}, 12) ==
+        "interleaved: 3 micro-batches are not a multiple of pp 2");
+  CHECK(gpt.unsupported({.pp = 2, .micro_batches = 3, .schedule = "zb-v", .chunks = 2}, 12).empty());
+  CHECK(gpt.unsupported({.pp = 4, .micro_batches = 4, .schedule = "zb-v", .chunks = 2}, 16) ==
+        "pp 4 x 2 chunks is more stages than the 4 blocks");
 }
 
 TEST_CASE("a GPT stage's tp collectives are Megatron's f and g, its sends the residual stream") {
