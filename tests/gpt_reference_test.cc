@@ -265,6 +265,9 @@ TEST_CASE("pipeline flags that do not fit fail naming the flag") {
                         Case{2, {"--pp", "2", "--pp-schedule", "pipedream"}, "pipedream"},
                         Case{2, {"--pp", "2", "--chunks", "2"}, "'1f1b' runs one chunk per rank: 2 chunks need 'interleaved'"},
                         Case{2, {"--pp", "2", "--pp-schedule", "zb-v", "--chunks", "3"}, "'zb-v' runs 2 chunks per rank in a V, not 3"},
+                        // 4 layers in a V of 8 chunks: the chunks past the layers would hold nothing.
+                        Case{4, {"--pp", "4", "--pp-schedule", "zb-v", "--micro-batches", "4"},
+                             "layers [4, 4) hold no block, and the stage is neither the first nor the last"},
                         Case{2, {"--pp", "2", "--micro-batches", "3"}, "--micro-batches 3 is not a multiple"},
                         Case{3, {"--pp", "2"}, "--tp 1 x --pp 2 does not divide the 3 ranks"}}) {
     std::vector<std::string> args = {"--file", file};

@@ -6,6 +6,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 #include <string>
@@ -113,6 +114,33 @@ TEST_CASE("the global norm over (dp, tp, pp) equals one rank's, with stages hold
       CHECK(std::abs(got - want) <= 1e-6 * want);
     }
   }
+}
+
+// A V holds the embedding and the tied head on one rank: the head's gradient joins wte's as the
+// embedding's last weight part of the step closes, so a schedule that runs that part before the
+// head's last is refused, naming the parameter, where it would otherwise train silently wrong.
+TEST_CASE("a V schedule with the embedding's last weight part before the head's is refused naming wte") {
+  parallel::Schedule s = parallel::zb_v(1, 1);  // one rank: F0 F1 B1 W1 B0 W0
+  std::vector<parallel::Action>& order = s.actions[0];
+  const auto w1 = std::find(order.begin(), order.end(), parallel::Action{parallel::Op::kW, 0, 1});
+  REQUIRE(w1 != order.end());
+  order.erase(w1);
+  order.push_back({parallel::Op::kW, 0, 1});  // F0 F1 B1 B0 W0 W1: still a valid order
+  std::string error;
+  testing::run_thread_ranks(1, [&](comm::Communicator& world) {
+    comm::Mesh mesh(world, comm::MeshShape{.pp = 1, .dp = 1, .tp = 1});
+    const Gpt whole(kConfig, 3);
+    Engine engine(parallel::engine_comms(mesh), options(1, 1));
+    GptPipeline pipe(whole, {}, mesh, s, {}, engine);
+    pipe.finalize();
+    try {
+      pipe.train_step(micro_batches(0, kMicroBatches), engine.loss_scale());  // one micro-batch
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  CHECK(error.find("tied parameter 'wte.weight'") != std::string::npos);
+  CHECK(error.find("after 0 of the 1 weight parts of the chunk that borrows it") != std::string::npos);
 }
 
 }  // namespace
