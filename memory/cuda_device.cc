@@ -219,6 +219,27 @@ class CudaDevice final : public Device {
     launch("convert", cuda_kernels::convert(src, src_dtype, dst, dst_dtype, n, s.handle()));
   }
 
+  void convert_rows(const void* src, DType src_dtype, size_t src_stride, void* dst, DType dst_dtype, size_t dst_stride,
+                    size_t rows, size_t n, Stream& stream) override {
+    const CudaDeviceStream& s = usable(stream);
+    const char* dev = name_.c_str();
+    op_checks::float_dtype(src_dtype, dev, "convert_rows");
+    op_checks::float_dtype(dst_dtype, dev, "convert_rows");
+    const op_checks::RowExtents e = op_checks::rows(rows, n, src_stride, src_dtype, dst_stride, dst_dtype, dev);
+    op_checks::pointer(src, e.src_bytes, dev, "convert_rows", "src");
+    op_checks::pointer(dst, e.dst_bytes, dev, "convert_rows", "dst");
+    if (rows == 0 || n == 0) return;
+    DeviceGuard guard(ordinal_);
+    if (src_dtype == dst_dtype) {
+      const size_t b = dtype_size(src_dtype);
+      ZERO_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_stride * b, src, src_stride * b, n * b, rows, cudaMemcpyDefault,
+                                        s.handle()));
+      return;
+    }
+    launch("convert_rows",
+           cuda_kernels::convert_rows(src, src_dtype, src_stride, dst, dst_dtype, dst_stride, rows, n, s.handle()));
+  }
+
   void accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n,
                   Stream& stream) override {
     const CudaDeviceStream& s = usable(stream);

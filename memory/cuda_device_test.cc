@@ -128,6 +128,17 @@ TEST_CASE("convert, accumulate, scale and ordered_sum give the host device's bit
           p.host->convert(hsrc.data(), a, hd.data(), b, n, hs);
           check_same(b, p.download(gd), hd, n, false);
         }
+        // convert_rows: 3 rows of n from stride n + 5 into stride n + 2 (a 2-D copy when a == b);
+        // the gaps between the destination's rows keep their bits.
+        {
+          const size_t rows = 3, ss = n + 5, ds = n + 2;
+          const auto src = pattern(a, rows * ss, seed + 3), dst = pattern(b, rows * ds, seed + 4);
+          Buffer gs = p.upload(src), gd = p.upload(dst);
+          Buffer hsrc = p.host_copy(src), hd = p.host_copy(dst);
+          p.gpu->convert_rows(gs.data(), a, ss, gd.data(), b, ds, rows, n, *p.stream);
+          p.host->convert_rows(hsrc.data(), a, ss, hd.data(), b, ds, rows, n, hs);
+          check_same(b, p.download(gd), hd, rows * ds, false);
+        }
         // accumulate a += b. The GPU returns the canonical NaN where the host propagates an
         // input's payload, so NaN outputs compare as NaN.
         {

@@ -58,6 +58,15 @@ __global__ void convert_kernel(const typename S::T* src, typename D::T* dst, siz
   ZERO_GRID_STRIDE(i, n) { D::store(dst, i, S::load(src, i)); }
 }
 
+template <class S, class D>
+__global__ void convert_rows_kernel(const typename S::T* src, size_t src_stride, typename D::T* dst,
+                                    size_t dst_stride, size_t n, size_t total) {
+  ZERO_GRID_STRIDE(i, total) {
+    const size_t r = i / n, j = i % n;
+    D::store(dst, r * dst_stride + j, S::load(src, r * src_stride + j));
+  }
+}
+
 template <class D, class S>
 __global__ void accumulate_kernel(typename D::T* dst, const typename S::T* src, size_t n) {
   ZERO_GRID_STRIDE(i, n) { D::store(dst, i, __fadd_rn(D::load(dst, i), S::load(src, i))); }
@@ -120,6 +129,23 @@ int convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t
       using D = decltype(de);
       convert_kernel<S, D><<<grid_for(n), kThreads, 0, s>>>(
           static_cast<const typename S::T*>(src), static_cast<typename D::T*>(dst), n);
+      return launched();
+    });
+  });
+}
+
+int convert_rows(const void* src, DType src_dtype, size_t src_stride, void* dst, DType dst_dtype, size_t dst_stride,
+                 size_t rows, size_t n, void* stream) {
+  const size_t total = rows * n;
+  if (total == 0) return 0;
+  auto s = static_cast<cudaStream_t>(stream);
+  return with_dtype(src_dtype, [&](auto se) {
+    return with_dtype(dst_dtype, [&](auto de) {
+      using S = decltype(se);
+      using D = decltype(de);
+      convert_rows_kernel<S, D><<<grid_for(total), kThreads, 0, s>>>(
+          static_cast<const typename S::T*>(src), src_stride, static_cast<typename D::T*>(dst), dst_stride, n,
+          total);
       return launched();
     });
   });

@@ -16,6 +16,8 @@ namespace zero::memory::cuda_kernels {
 // Each launches on `stream` (a cudaStream_t) and returns the cudaError_t of the launch (0: success);
 // n == 0 launches nothing. Source and destination dtypes differ for convert (a copy otherwise).
 int convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n, void* stream);
+int convert_rows(const void* src, DType src_dtype, size_t src_stride, void* dst, DType dst_dtype, size_t dst_stride,
+                 size_t rows, size_t n, void* stream);
 int accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n, void* stream);
 int scale(void* x, DType dtype, size_t n, float factor, void* stream);
 int ordered_sum(const void* ins, DType in_dtype, size_t stride, int k, void* out, DType out_dtype,

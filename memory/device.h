@@ -96,6 +96,12 @@ class Device {
   // dst[i] = src[i], converting dtypes (fp32/fp16/bf16; RNE; a plain copy when they match).
   virtual void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n,
                        Stream& stream) = 0;
+  // rows x n elements: dst[r * dst_stride + i] = src[r * src_stride + i], converting as convert()
+  // does (strides in elements, each at least n when rows > 1). One operation where a caller would
+  // make `rows`: the gradient reducer's pieces take one slice of every rank's chunk, and at a
+  // thousand ranks a kernel launch per slice would cost more than the data.
+  virtual void convert_rows(const void* src, DType src_dtype, size_t src_stride, void* dst, DType dst_dtype,
+                            size_t dst_stride, size_t rows, size_t n, Stream& stream) = 0;
   // dst[i] += src[i] in fp32 arithmetic, rounded once into dst_dtype.
   virtual void accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n,
                           Stream& stream) = 0;

@@ -269,6 +269,16 @@ class HostDevice final : public Device {
     submit(stream, [=] { host_kernels::convert(src, src_dtype, dst, dst_dtype, n); });
   }
 
+  void convert_rows(const void* src, DType src_dtype, size_t src_stride, void* dst, DType dst_dtype, size_t dst_stride,
+                    size_t rows, size_t n, Stream& stream) override {
+    op_checks::float_dtype(src_dtype, kDeviceName, "convert_rows");
+    op_checks::float_dtype(dst_dtype, kDeviceName, "convert_rows");
+    const op_checks::RowExtents e = op_checks::rows(rows, n, src_stride, src_dtype, dst_stride, dst_dtype, kDeviceName);
+    op_checks::pointer(src, e.src_bytes, kDeviceName, "convert_rows", "src");
+    op_checks::pointer(dst, e.dst_bytes, kDeviceName, "convert_rows", "dst");
+    submit(stream, [=] { host_kernels::convert_rows(src, src_dtype, src_stride, dst, dst_dtype, dst_stride, rows, n); });
+  }
+
   void accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n,
                   Stream& stream) override {
     op_checks::float_dtype(dst_dtype, kDeviceName, "accumulate");

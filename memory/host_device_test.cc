@@ -185,6 +185,38 @@ TEST_CASE("copy and fill_zero") {
   }
 }
 
+TEST_CASE("convert_rows: each row as convert gives it, the gaps between rows untouched, overlap refused") {
+  for (const Mode& mode : kModes) {
+    Fixture f(mode.threaded);
+    for (DType from : kFloatTypes) {
+      for (DType to : kFloatTypes) {
+        for (size_t n : kSizes) {
+          CAPTURE(mode.name);
+          CAPTURE(dtype_name(from));
+          CAPTURE(dtype_name(to));
+          CAPTURE(n);
+          const size_t rows = 4, ss = n + 3, ds = n + 1;
+          Buffer src = f.filled(from, rows * ss, 21 + static_cast<uint32_t>(n));
+          Buffer dst = f.filled(to, rows * ds, 22);
+          Buffer want = f.filled(to, rows * ds, 22);
+          f.device->convert_rows(src.data(), from, ss, dst.data(), to, ds, rows, n, *f.stream);
+          for (size_t r = 0; r < rows; ++r) {
+            f.device->convert(src.as<char>() + r * ss * dtype_size(from), from,
+                              want.as<char>() + r * ds * dtype_size(to), to, n, *f.stream);
+          }
+          f.sync();
+          CHECK(first_difference(to, dst.data(), want.data(), rows * ds, false) == rows * ds);
+        }
+      }
+    }
+    Buffer b = f.filled(DType::kFloat32, 16, 1);
+    const std::string m = message_of(
+        [&] { f.device->convert_rows(b.data(), DType::kFloat32, 3, b.data(), DType::kFloat32, 4, 2, 4, *f.stream); });
+    CHECK(m.find("convert_rows") != std::string::npos);
+    CHECK(m.find("overlap") != std::string::npos);
+  }
+}
+
 TEST_CASE("convert: every pair of fp32/fp16/bf16, RNE, NaN payloads and subnormals as base/dtype") {
   for (const Mode& mode : kModes) {
     Fixture f(mode.threaded);

@@ -81,6 +81,13 @@ void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_
   }
 }
 
+void convert_rows(const void* src, DType src_dtype, size_t src_stride, void* dst, DType dst_dtype, size_t dst_stride,
+                  size_t rows, size_t n) {
+  for (size_t r = 0; r < rows; ++r) {
+    convert(at(src, src_dtype, r * src_stride), src_dtype, at(dst, dst_dtype, r * dst_stride), dst_dtype, n);
+  }
+}
+
 void accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n) {
   float a[kTile], b[kTile];
   for (size_t i = 0; i < n; i += kTile) {

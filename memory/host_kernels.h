@@ -16,6 +16,9 @@ namespace zero::memory::host_kernels {
 
 // dst[i] = src[i], converting (a memmove when the dtypes match).
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n);
+// Row r of n elements: src + r * src_stride to dst + r * dst_stride (strides in elements), converting.
+void convert_rows(const void* src, DType src_dtype, size_t src_stride, void* dst, DType dst_dtype, size_t dst_stride,
+                  size_t rows, size_t n);
 // dst[i] = dst[i] + src[i] in fp32, rounded once into dst_dtype.
 void accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n);
 // x[i] = x[i] * factor in fp32.

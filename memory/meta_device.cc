@@ -161,6 +161,15 @@ class MetaDeviceImpl final : public MetaDevice {
     const size_t db = op_checks::bytes_of(n, dst_dtype, kDeviceName, "convert");
     if (real(src, sb) && real(dst, db)) host_kernels::convert(src, src_dtype, dst, dst_dtype, n);
   }
+  void convert_rows(const void* src, DType src_dtype, size_t src_stride, void* dst, DType dst_dtype, size_t dst_stride,
+                    size_t rows, size_t n, Stream&) override {
+    op_checks::float_dtype(src_dtype, kDeviceName, "convert_rows");
+    op_checks::float_dtype(dst_dtype, kDeviceName, "convert_rows");
+    const op_checks::RowExtents e = op_checks::rows(rows, n, src_stride, src_dtype, dst_stride, dst_dtype, kDeviceName);
+    if (real(src, e.src_bytes) && real(dst, e.dst_bytes)) {
+      host_kernels::convert_rows(src, src_dtype, src_stride, dst, dst_dtype, dst_stride, rows, n);
+    }
+  }
   void accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n, Stream&) override {
     op_checks::float_dtype(dst_dtype, kDeviceName, "accumulate");
     op_checks::float_dtype(src_dtype, kDeviceName, "accumulate");

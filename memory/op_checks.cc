@@ -40,4 +40,20 @@ void ordered_sum(int k, size_t stride, size_t n, DType in_dtype, const char* dev
   bytes_of(last, in_dtype, device, "ordered_sum");
 }
 
+RowExtents rows(size_t rows, size_t n, size_t src_stride, DType src_dtype, size_t dst_stride, DType dst_dtype,
+                const char* device) {
+  if (rows > 1 && (src_stride < n || dst_stride < n)) {
+    ZERO_THROW(InvalidArgument, "{} convert_rows: strides {} and {} must be at least n {}: the rows overlap", device,
+               src_stride, dst_stride, n);
+  }
+  auto extent = [&](size_t stride, DType dtype) {
+    size_t last = 0;
+    if (rows > 0 && (__builtin_mul_overflow(rows - 1, stride, &last) || __builtin_add_overflow(last, n, &last))) {
+      ZERO_THROW(InvalidArgument, "{} convert_rows: {} rows of stride {} overflow", device, rows, stride);
+    }
+    return rows == 0 ? 0 : bytes_of(last, dtype, device, "convert_rows");
+  };
+  return {extent(src_stride, src_dtype), extent(dst_stride, dst_dtype)};
+}
+
 }  // namespace zero::memory::op_checks

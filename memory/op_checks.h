@@ -15,6 +15,13 @@ void pointer(const void* p, size_t bytes, const char* device, const char* op, co
 // The element-count arguments of ordered_sum: k >= 1 and, for k > 1, stride >= n (the k inputs do not
 // overlap); the byte sizes must not overflow.
 void ordered_sum(int k, size_t stride, size_t n, DType in_dtype, const char* device);
+// The arguments of convert_rows: with rows > 1 each stride at least n (rows do not overlap); the
+// extents must not overflow. Returns the bytes the source and the destination span.
+struct RowExtents {
+  size_t src_bytes = 0, dst_bytes = 0;
+};
+RowExtents rows(size_t rows, size_t n, size_t src_stride, DType src_dtype, size_t dst_stride, DType dst_dtype,
+                const char* device);
 // n * dtype_size(dtype) must not overflow; returns it.
 size_t bytes_of(size_t n, DType dtype, const char* device, const char* op);
 

@@ -71,6 +71,10 @@ class CountingDevice final : public memory::Device {
                memory::Stream& stream) override {
     inner_.convert(src, src_dtype, dst, dst_dtype, n, stream);
   }
+  void convert_rows(const void* src, DType src_dtype, size_t src_stride, void* dst, DType dst_dtype, size_t dst_stride,
+                    size_t rows, size_t n, memory::Stream& stream) override {
+    inner_.convert_rows(src, src_dtype, src_stride, dst, dst_dtype, dst_stride, rows, n, stream);
+  }
   void accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n,
                   memory::Stream& stream) override {
     inner_.accumulate(dst, dst_dtype, src, src_dtype, n, stream);

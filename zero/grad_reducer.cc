@@ -273,9 +273,7 @@ void GradReducer::launch_in_pieces(size_t b, const void* grads) {
   s.send = buffers_.take(world * std::min(per_rank, B.chunk) * dtype_size(rd), *stream_);
   for (size_t begin = 0; begin < B.chunk; begin += per_rank) {
     const size_t len = std::min(per_rank, B.chunk - begin);
-    for (size_t r = 0; r < world; ++r) {
-      device_.convert(at(grads, md, r * B.chunk + begin), md, at(s.send.data(), rd, r * len), rd, len, *stream_);
-    }
+    device_.convert_rows(at(grads, md, begin), md, B.chunk, s.send.data(), rd, len, world, len, *stream_);
     const Piece piece{s.send.data(), begin, len};
     comm::WorkHandle work = issue(b, piece);
     finish(b, piece, *work);

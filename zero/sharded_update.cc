@@ -27,20 +27,18 @@ ShardedUpdate::ShardedUpdate(UpdateConfig config, const ShardLayout& layout, con
     gathered_sums_ = device_.allocate_elements(static_cast<int64_t>(owned_blocks_ * world), DType::kFloat64, cat);
   }
   host_sums_ = device_.allocate_host_staging(owned_blocks_ * world * sizeof(double), cat);
-  // The per-block lists as runs, then released: nothing else reads them.
-  const std::vector<bool>& counted = config_.counted;
-  const std::vector<int>& unit = config_.block_unit;
-  for (size_t k = 0; k < std::max(counted.size(), unit.size()); ++k) {
-    const BlockRun r{k + 1, k < unit.size() ? unit[k] : 0, counted.empty() || (k < counted.size() && counted[k])};
+  // The runs, adjacent equal ones merged, then the open-ended rest.
+  for (const BlockRun& r : config_.runs) {
+    ZERO_CHECK(runs_.empty() || r.end > runs_.back().end, "UpdateConfig.runs: run ending at block {} is out of order",
+               r.end);
     if (!runs_.empty() && runs_.back().unit == r.unit && runs_.back().counted == r.counted) {
       runs_.back().end = r.end;
     } else {
       runs_.push_back(r);
     }
   }
-  runs_.push_back({SIZE_MAX, 0, counted.empty()});  // past both lists: unit 0, counted when all are
-  config_.counted = {};
-  config_.block_unit = {};
+  runs_.push_back({SIZE_MAX, 0, config_.rest_counted});
+  config_.runs = {};
   int64_t units = 1;
   for (const BlockRun& r : runs_) units = std::max<int64_t>(units, int64_t{r.unit} + 1);
   if (config_.model_parallel != nullptr && config_.model_parallel->size() > 1) {

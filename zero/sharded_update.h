@@ -39,12 +39,20 @@ struct UpdateConfig {
   // `counted` marks (per block of the flat space; empty: all) and is then added over
   // `model_parallel`, so that every element of the model counts once.
   comm::Communicator* model_parallel = nullptr;
-  std::vector<bool> counted;
-  // The unit of every block of the flat space (empty: all unit 0). The sum of squares is kept per
-  // unit and the units are added in id order after the sum over `model_parallel`, so the norm's
-  // rounding does not depend on which pipeline stage holds which unit (schedules with other
-  // layouts give bitwise the same step when the stages number their units as one model does).
-  std::vector<int> block_unit;
+  // The flat space's blocks in runs of one unit and one `counted` state, in order (a run starts
+  // where the previous one ends); blocks past the last run: unit 0, counted when `rest_counted`.
+  // Empty: every block unit 0 and counted. The sum of squares is kept per unit and the units are
+  // added in id order after the sum over `model_parallel`, so the norm's rounding does not depend
+  // on which pipeline stage holds which unit (schedules with other layouts give bitwise the same
+  // step when the stages number their units as one model does). Runs, not a list per block: a
+  // model of a trillion parameters has a billion blocks.
+  struct BlockRun {
+    size_t end = 0;  // one past the run's last block
+    int unit = 0;
+    bool counted = true;
+  };
+  std::vector<BlockRun> runs;
+  bool rest_counted = true;
 };
 
 class ShardedUpdate {
@@ -85,13 +93,9 @@ class ShardedUpdate {
   std::unique_ptr<CollectiveOrder> mp_order_;             // with tensor or pipeline parallelism
   memory::Buffer mp_total_, mp_host_;                     // the per-unit sums of squares, added over mp
   size_t units_ = 1;                                      // unit ids below this, on every mp rank
-  // The flat space's blocks in runs of one unit and one `counted` state, in order, the last open-
-  // ended: the step's host sum adds a run's blocks in a register instead of looking each block up.
-  struct BlockRun {
-    size_t end = 0;  // one past the run's last block (it starts where the previous one ends)
-    int unit = 0;
-    bool counted = true;
-  };
+  // UpdateConfig's runs, the last open-ended: the step's host sum adds a run's blocks in a register
+  // instead of looking each block up.
+  using BlockRun = UpdateConfig::BlockRun;
   std::vector<BlockRun> runs_;
 };
 

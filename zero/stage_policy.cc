@@ -30,9 +30,13 @@ void poison_registered_storage(memory::Device& device, const std::vector<Registe
       pattern = device.allocate_host_staging(kPattern * es, memory::Category::kOther);
       for (size_t i = 0; i < kPattern; ++i) std::memcpy(pattern.as<char>() + i * es, &nan_bits, es);
     }
+    // The pattern once, then what is poisoned so far copied after itself: a copy per doubling, not
+    // one per pattern (a billion-element tensor took 60,000 copies).
     char* dst = static_cast<char*>(const_cast<void*>(storage[t].data));
-    for (size_t done = 0; done < numels[t]; done += kPattern) {
-      device.copy(dst + done * es, pattern.data(), std::min(kPattern, numels[t] - done) * es, compute);
+    size_t done = std::min(kPattern, numels[t]);
+    if (done > 0) device.copy(dst, pattern.data(), done * es, compute);
+    for (; done < numels[t]; done += std::min(done, numels[t] - done)) {
+      device.copy(dst + done * es, dst, std::min(done, numels[t] - done) * es, compute);
     }
   }
   device.synchronize(compute, timeout);  // the patterns are read until here
@@ -339,17 +343,23 @@ EngineParts wire_stage(const PolicyInputs& in) {
     if (!partial.empty()) partial_sums.push_back(std::make_unique<PartialGradSum>(device, *f->group(), partial, o.timeout));
   }
   uc.model_parallel = in.norm_group;
-  // Each block's unit (the norm's per-unit sums) and, with classes, whether this rank counts it.
-  uc.block_unit.assign(layout.num_blocks(), 0);
-  if (classes) uc.counted.assign(layout.num_blocks(), true);
+  // The blocks' units (the norm's per-unit sums) and, with classes, whether this rank counts them,
+  // as runs over the tensors in flat order; the padding between them is unit 0 and counted. A
+  // block two tensors share has one unit and one class (units and classes start on a block).
   const size_t block = layout.options().block;
+  size_t next = 0;  // the first block no run covers yet
   for (size_t t = 0; t < in.tensor_param.size(); ++t) {
     const ShardLayout::Tensor& lt = layout.tensors()[t];
     const bool counted = !classes || counted_here(in.tensor_param[t]);
-    for (size_t k = lt.offset / block; k * block < lt.offset + lt.numel; ++k) {
-      uc.block_unit[k] = units[t];
-      if (!counted) uc.counted[k] = false;
+    const size_t first = lt.offset / block, end = (lt.offset + lt.numel + block - 1) / block;
+    ZERO_CHECK(first + 1 >= next, "tensor {} of the shard layout is out of flat order", t);
+    if (first < next) {
+      ZERO_CHECK(uc.runs.back().unit == units[t] && uc.runs.back().counted == counted,
+                 "tensor {} shares a block with a tensor of another unit or norm class", t);
     }
+    if (first > next) uc.runs.push_back({first, 0, true});
+    if (end > next) uc.runs.push_back({end, units[t], counted});
+    next = std::max(next, end);
   }
   parts.update = std::make_unique<ShardedUpdate>(std::move(uc), layout, *parts.ownership, *in.shard, device, std::move(applier),
                                                  *parts.writeback, std::move(partial_sums));

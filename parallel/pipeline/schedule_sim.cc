@@ -4,6 +4,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <vector>
 #include <tuple>
 #include <utility>
 
@@ -144,7 +145,7 @@ SimResult simulate_shared(const Schedule& s, const ActionCosts& costs, double co
 
 SimResult simulate(const Schedule& s, const ActionCosts& costs, double cores) {
   check_schedule(s);
-  return simulate_checked(s, costs, cores);
+  return simulate_checked(s, costs, cores, Record::kTimeline);
 }
 
 void check_costs(const ActionCosts& costs, int virtual_stages) {
@@ -158,23 +159,52 @@ void check_costs(const ActionCosts& costs, int virtual_stages) {
   check_held_bytes(costs.held, virtual_stages);
 }
 
-SimResult simulate_checked(const Schedule& s, const ActionCosts& costs, double cores) {
+SimResult simulate_checked(const Schedule& s, const ActionCosts& costs, double cores, Record record) {
   check_costs(costs, s.virtual_stages());
   if (cores < 0) ZERO_THROW(InvalidArgument, "pipeline simulation: {} cores", cores);
   if (cores > 0 && cores < static_cast<double>(s.ranks)) {
     SimResult shared = simulate_shared(s, costs, cores);
     shared.peak_held = peak_held(s, costs.held);
+    if (record == Record::kTimes) shared.timeline.clear();
     return shared;
   }
+  // A planner's search simulates thousands of schedules of up to millions of actions: the costs are
+  // looked up once per virtual stage, the in-flight micro-batches counted (a rank's forward of a
+  // (micro-batch, chunk) precedes its backward in a checked schedule), and each channel's queue
+  // found from a table per (rank, chunk) built once.
   const auto p = static_cast<size_t>(s.ranks);
+  const auto v = static_cast<size_t>(s.chunks);
   SimResult r = empty_result(p);
+  if (record == Record::kTimes) r.timeline.clear();
+  std::vector<double> cost_of[4];  // by Op (F, B, W, BW), per virtual stage
+  for (Op op : {Op::kF, Op::kB, Op::kW, Op::kBW}) {
+    for (int k = 0; k < s.virtual_stages(); ++k) cost_of[static_cast<int>(op)].push_back(costs.of(op, k));
+  }
+  // Channels (from, to, gradients?), numbered; per (rank, chunk) and transfer op, its channel.
+  std::map<Channel, size_t> number;
+  std::vector<size_t> channel_of(p * v * 4);  // [rank][chunk][SendF, RecvF, SendB, RecvB]
+  for (size_t rank = 0; rank < p; ++rank) {
+    for (size_t c = 0; c < v; ++c) {
+      const Op ops[] = {Op::kSendF, Op::kRecvF, Op::kSendB, Op::kRecvB};
+      for (size_t i = 0; i < 4; ++i) {
+        const Action a{ops[i], 0, static_cast<int>(c)};
+        const int rk = static_cast<int>(rank), peer = s.peer(rk, a);
+        const bool grads = i >= 2, sends = i % 2 == 0;
+        const Channel ch = sends ? Channel{rk, peer, grads} : Channel{peer, rk, grads};
+        channel_of[(rank * v + c) * 4 + i] = number.emplace(ch, number.size()).first->second;
+      }
+    }
+  }
+  auto transfer_index = [](Op op) { return op == Op::kSendF ? 0 : op == Op::kRecvF ? 1 : op == Op::kSendB ? 2 : 3; };
+  // Per channel: when each posted send's data arrives, in order; how many receives took theirs.
+  std::vector<std::vector<double>> arrivals(number.size());
+  std::vector<size_t> taken(number.size(), 0);
   std::vector<double> now(p, 0.0);
   std::vector<size_t> pc(p, 0);
-  std::vector<std::set<std::pair<int, int>>> in_flight(p);  // (mb, chunk) forwarded, no B yet
-  // Per channel (from, to, gradients?): when each posted send's data arrives, in order; how many
-  // receives took theirs.
-  std::map<Channel, std::vector<double>> arrivals;
-  std::map<Channel, size_t> taken;
+  std::vector<int> in_flight(p, 0);
+  std::vector<HeldTracker> held;
+  check_held_bytes(costs.held, s.virtual_stages());
+  for (size_t rank = 0; rank < p; ++rank) held.emplace_back(s, costs.held, static_cast<int>(rank));
   for (bool progress = true; progress;) {
     progress = false;
     for (size_t rank = 0; rank < p; ++rank) {
@@ -182,24 +212,22 @@ SimResult simulate_checked(const Schedule& s, const ActionCosts& costs, double c
       const auto& actions = s.actions[rank];
       for (; pc[rank] < actions.size(); ++pc[rank], progress = true) {
         const Action& a = actions[pc[rank]];
-        const int k = s.virtual_stage(rk, a.chunk);
         if (is_compute(a.op)) {
-          const double start = now[rank], end = start + costs.of(a.op, k);
-          r.timeline[rank].push_back({a, start, end});
+          const double start = now[rank];
+          const double end = start + cost_of[static_cast<int>(a.op)][static_cast<size_t>(s.virtual_stage(rk, a.chunk))];
+          if (record == Record::kTimeline) r.timeline[rank].push_back({a, start, end});
           r.busy[rank] += end - start;
           now[rank] = end;
-          if (a.op == Op::kF) in_flight[rank].insert({a.mb, a.chunk});
-          if (a.op == Op::kB || a.op == Op::kBW) in_flight[rank].erase({a.mb, a.chunk});
-          r.peak_in_flight[rank] = std::max(r.peak_in_flight[rank], static_cast<int>(in_flight[rank].size()));
+          held[rank].apply(a);
+          if (a.op == Op::kF) r.peak_in_flight[rank] = std::max(r.peak_in_flight[rank], ++in_flight[rank]);
+          if (a.op == Op::kB || a.op == Op::kBW) --in_flight[rank];
           continue;
         }
-        const bool grads = a.op == Op::kSendB || a.op == Op::kRecvB;
-        const int peer = s.peer(rk, a);
+        const size_t channel = channel_of[(rank * v + static_cast<size_t>(a.chunk)) * 4 + transfer_index(a.op)];
         if (a.op == Op::kSendF || a.op == Op::kSendB) {
-          arrivals[{rk, peer, grads}].push_back(now[rank] + costs.transfer);
+          arrivals[channel].push_back(now[rank] + costs.transfer);
           continue;
         }
-        const auto channel = std::make_tuple(peer, rk, grads);
         const std::vector<double>& posted = arrivals[channel];
         size_t& n = taken[channel];
         if (n == posted.size()) break;  // its send is not posted yet: the other ranks go on first
@@ -208,7 +236,7 @@ SimResult simulate_checked(const Schedule& s, const ActionCosts& costs, double c
     }
   }
   finish_result(r, now);
-  r.peak_held = peak_held(s, costs.held);
+  for (const HeldTracker& t : held) r.peak_held.push_back(t.peak());
   return r;
 }
 

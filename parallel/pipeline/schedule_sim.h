@@ -39,7 +39,7 @@ struct SimResult {
   double bubble_fraction = 0;
   std::vector<int> peak_in_flight;     // per rank
   std::vector<double> peak_held;       // per rank, in costs.held's unit
-  std::vector<std::vector<Span>> timeline;  // per rank, the compute actions
+  std::vector<std::vector<Span>> timeline;  // per rank, the compute actions (Record::kTimeline)
 };
 
 // InvalidArgument naming the field: a list of costs or sizes with neither 1 nor `virtual_stages`
@@ -50,9 +50,14 @@ void check_costs(const ActionCosts& costs, int virtual_stages);
 // cores the ranks share (may be fractional: a pipeline among others on the same cores); 0, or at
 // least one per rank: each rank has its own.
 SimResult simulate(const Schedule& schedule, const ActionCosts& costs, double cores = 0);
+// What a simulation keeps besides the times: the timeline (to draw or measure), or not (a search
+// that simulates thousands of schedules wants only the step, the busy times and the peaks).
+enum class Record { kTimeline, kTimes };
+
 // The same for a schedule that already passed check_schedule, which is not run again: for a caller
 // that simulates one schedule under many costs (the strategy planner, where checking every time
 // took a third of a search). The costs are still checked.
-SimResult simulate_checked(const Schedule& checked_schedule, const ActionCosts& costs, double cores = 0);
+SimResult simulate_checked(const Schedule& checked_schedule, const ActionCosts& costs, double cores = 0,
+                           Record record = Record::kTimeline);
 
 }  // namespace zero::parallel

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <queue>
 #include <set>
 #include <string>
@@ -23,6 +24,7 @@
 #include "parallel/pipeline/schedules.h"
 #include "zero/param_registry.h"
 #include "zero/plan/engine_plan.h"
+#include "zero/stage_policy.h"
 
 namespace zero::strategy {
 namespace {
@@ -155,33 +157,85 @@ std::vector<StageCosts> stage_costs(const ModelCosts& model, const Layout& l, co
   return out;
 }
 
-// The trainable elements pipeline rank `rank` holds over its chunks.
-uint64_t rank_numel(const Layout& l, const std::vector<StageCosts>& stages, int rank) {
-  uint64_t n = 0;
+// The trainable elements pipeline rank `rank` holds over its chunks, and their bytes in their dtypes.
+struct RankTensors {
+  uint64_t numel = 0, bytes = 0;
+  uint64_t narrow_numel = 0;  // of them, in a dtype narrower than fp32 (an fp32 master each)
+  // Gathered at 16 bits at most (a narrower param_dtype than the tensor's may gather it so): the
+  // largest of the rank's units (ZeRO-3 gathers one whole to compute it), and all of them.
+  uint64_t largest_unit_bytes = 0, gathered_bytes = 0;
+};
+RankTensors rank_tensors(const Layout& l, const std::vector<StageCosts>& stages, int rank) {
+  RankTensors n;
   std::set<std::string> tied;  // a tied weight both of whose uses the rank holds (a V's rank 0) counts once
   for (int c = 0; c < l.chunks; ++c) {
-    for (const plan::TensorSpec& t : chunk_costs(l, stages, rank, c).engine->tensors) {
+    const plan::ModelSpec& spec = *chunk_costs(l, stages, rank, c).engine;
+    std::map<int, uint64_t> unit_bytes;
+    for (const plan::TensorSpec& t : spec.tensors) {
       if (!t.trainable || (t.tied && !tied.insert(t.name).second)) continue;
-      n += shape_numel(t.shape);
+      const uint64_t numel = shape_numel(t.shape), size = dtype_size(t.dtype.value_or(spec.dtype));
+      n.numel += numel;
+      n.bytes += numel * size;
+      if (size < 4) n.narrow_numel += numel;
+      const uint64_t gathered = numel * std::min<uint64_t>(size, 2);
+      n.gathered_bytes += gathered;
+      n.largest_unit_bytes = std::max(n.largest_unit_bytes, unit_bytes[t.unit] += gathered);
     }
   }
   return n;
 }
+uint64_t rank_numel(const Layout& l, const std::vector<StageCosts>& stages, int rank) {
+  return rank_tensors(l, stages, rank).numel;
+}
 
-// The least device memory any pipeline rank of the layout needs, without its engine: the
-// activations at the schedule's peak and the parameters the engine keeps (the rank's all below
-// ZeRO-3, a 1/dp share at 3); and the largest activation peak of any rank. `peaks`: each rank's
-// (PipelineTime::activations).
+// Bytes per element the optimizer's state surely takes: AdamW's and Adam's two moments in the
+// state dtype where every group runs one of them; else none (8-bit, factored, a user's rule: the
+// plan says).
+double least_state_bytes(const EngineOptions& o) {
+  const optim::OptimizerOptions& opt = o.optimizer;
+  if (opt.custom) return 0;
+  for (const optim::Hyper& h : opt.groups) {
+    const optim::OptimizerKind k = h.kind.value_or(opt.kind);
+    if (k != optim::OptimizerKind::kAdamW && k != optim::OptimizerKind::kAdam) return 0;
+  }
+  return 2.0 * static_cast<double>(dtype_size(opt.state_dtype));
+}
+
+// The least device memory any pipeline rank of the layout needs, without planning its engine: the
+// activations at the schedule's peak and what the engine must keep of the rank's tensors whatever
+// its buffers: the parameters (a 1/dp share at ZeRO-3, where it also gathers at least its largest
+// unit whole to compute it), their gradients in their dtypes (a 1/dp share from ZeRO-2), and,
+// unless offloaded, the fp32 master of parameters narrower than fp32 and AdamW's moments (a 1/dp
+// share from ZeRO-1). The gradient shard's own dtype, other optimizers' state and the buffers are
+// left to the plan, and every share is rounded down where the engine pads up, so this never
+// exceeds the plan (predict_test holds the two). Also the largest activation peak of any rank.
+// `peaks`: each rank's (PipelineTime::activations).
 struct MemoryFloor {
   uint64_t device = 0, activations = 0;
 };
-MemoryFloor memory_floor(const Layout& l, const std::vector<StageCosts>& stages, const std::vector<uint64_t>& peaks) {
+MemoryFloor memory_floor(const Layout& l, const std::vector<StageCosts>& stages, const std::vector<uint64_t>& peaks,
+                         const EngineOptions& base) {
   MemoryFloor floor;
-  const uint64_t bytes = dtype_size(stages.front().engine->dtype);
+  const auto dp = static_cast<uint64_t>(l.dp);
+  const EngineOptions options = engine_options(l, base);
+  const double state = least_state_bytes(options);
+  // A pipeline's micro-batches interleave: at ZeRO-3 its units stay gathered through the step
+  // (unless a window limit is set) and from ZeRO-2 each unit's gradient accumulates whole until
+  // its last micro-batch (unless reduced at each), so at the last micro-batch's backward the rank
+  // holds both whole.
+  const MicroBatching mb = micro_batching(options, l.pp > 1);
+  const bool whole_window = mb.keep_gathered && options.max_live_gathered_bytes == 0;
+  const bool whole_grads = l.pp > 1 && l.stage >= 2 && l.micro_batches > 1 && !mb.reduce_each_pass;
   for (int r = 0; r < l.pp; ++r) {
-    const uint64_t params = rank_numel(l, stages, r) * bytes;
+    const RankTensors t = rank_tensors(l, stages, r);
+    const uint64_t window = l.stage < 3 || dp == 1 ? 0 : whole_window ? t.gathered_bytes : t.largest_unit_bytes;
+    const uint64_t params = (l.stage == 3 ? t.bytes / dp : t.bytes) + window;
+    const uint64_t grads = (l.stage >= 2 ? t.bytes / dp : t.bytes) + (whole_grads ? t.bytes : 0);
+    const uint64_t sharded = l.stage >= 1 ? dp : 1;
+    const uint64_t optimizer =
+        l.offload_optimizer ? 0 : 4 * t.narrow_numel / sharded + static_cast<uint64_t>(state * t.numel) / sharded;
     const uint64_t activations = peaks[static_cast<size_t>(r)];
-    floor.device = std::max(floor.device, activations + params / (l.stage == 3 ? l.dp : 1));
+    floor.device = std::max(floor.device, activations + params + grads + optimizer);
     floor.activations = std::max(floor.activations, activations);
   }
   return floor;
@@ -253,17 +307,53 @@ RankModel rank_model(const Layout& l, const std::vector<StageCosts>& stages, con
 
 namespace {
 
+// What a rank's engine plan depends on besides the layout, as two 64-bit hashes: its tensors' shapes,
+// dtypes, placements, groups and flags with their units counted from the rank's first, and its
+// step's scope events. Pipeline ranks that hold the same layers (the middle ones of a deep
+// pipeline) share a plan; names, which differ, do not matter to the engine.
+std::pair<uint64_t, uint64_t> model_signature(const RankModel& m) {
+  uint64_t a = 1469598103934665603ull, b = 1099511628211ull;
+  auto mix = [&](uint64_t x) {
+    a = (a ^ x) * 1099511628211ull;
+    b = (b + x) * 0x9E3779B97F4A7C15ull;
+    b ^= b >> 29;
+  };
+  int first = INT32_MAX;
+  for (const plan::TensorSpec& t : m.spec.tensors) first = std::min(first, t.unit);
+  mix(static_cast<uint64_t>(m.spec.dtype));
+  for (const plan::TensorSpec& t : m.spec.tensors) {
+    mix(t.shape.size());
+    for (int64_t d : t.shape) mix(static_cast<uint64_t>(d));
+    mix(static_cast<uint64_t>(t.unit - first));
+    mix((t.trainable ? 1u : 0u) | (t.tied ? 2u : 0u) | (static_cast<uint64_t>(t.group) << 2));
+    mix(static_cast<uint64_t>(t.tp.kind) | (t.tp.partial_grad ? 2u : 0u) | static_cast<uint64_t>(t.tp.dim + 1) << 2 |
+        static_cast<uint64_t>(t.tp.blocks) << 12);
+    mix(t.dtype ? static_cast<uint64_t>(*t.dtype) + 1 : 0);
+    mix(t.param_dtype ? static_cast<uint64_t>(*t.param_dtype) + 1 : 0);
+  }
+  mix(m.spec.schedule.size());
+  mix(m.step.size());
+  for (const auto* events : {&m.spec.schedule, &m.step}) {
+    for (const plan::ScopeEvent& e : *events) {
+      mix(static_cast<uint64_t>(e.kind) | (e.backward ? 4u : 0u) | static_cast<uint64_t>(e.unit - first) << 3);
+      mix(e.tensor);
+    }
+  }
+  return {a, b};
+}
+
 const plan::EnginePlan& engine_plan(const Layout& l, const std::vector<StageCosts>& stages,
                                     const parallel::Schedule& schedule, int rank, const PlanSettings& settings,
                                     PlanCache& cache) {
+  RankModel model = rank_model(l, stages, schedule, rank);
   // (The placement matters with several chunks: interleaved and zb-v hold other virtual stages.)
-  const std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}", l.dp, l.tp, l.pp, l.chunks,
+  const auto [h1, h2] = model_signature(model);
+  const std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{:x}{:x}", l.dp, l.tp, l.pp, l.chunks,
                                       l.chunks > 1 ? l.schedule : "", l.stage, l.micro_batches, l.sequence_parallel,
-                                      l.offload_optimizer, rank);
+                                      l.offload_optimizer, h1, h2);
   const auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   plan::PlanInputs in;
-  RankModel model = rank_model(l, stages, schedule, rank);
   in.model = std::move(model.spec);
   in.step_schedule = std::move(model.step);
   in.options = engine_options(l, settings.engine);
@@ -284,7 +374,8 @@ int reducing_micro_steps(const Layout& l, const EngineOptions& options) {
 
 // The part of a layout's step that needs no engine plan: each virtual stage's forward, input and
 // weight parts with their tp collectives, through the pipeline simulator (or the one stage's
-// micro-batches one after another), and each pipeline rank's optimizer over its shard.
+// micro-batches one after another), and each pipeline rank's optimizer over its shard
+// (set_optimizer_times).
 struct PipelineTime {
   parallel::ActionCosts costs;        // per virtual stage
   std::vector<double> tp, optimizer;  // per pipeline rank and step
@@ -319,7 +410,7 @@ PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stage
   costs.forward.assign(stages.size(), 0.0);
   costs.backward = costs.weight = costs.forward;
   out.tp.assign(static_cast<size_t>(l.pp), 0.0);
-  out.optimizer = out.busy = out.tp_syncs = out.receives = out.tp;
+  out.busy = out.tp_syncs = out.receives = out.tp;
   for (size_t k = 0; k < stages.size(); ++k) {
     const StageCosts& c = stages[k];
     const auto rank = static_cast<size_t>(schedule.rank_of(static_cast<int>(k)));
@@ -332,24 +423,13 @@ PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stage
     costs.transfer = std::max(costs.transfer, l.pp > 1 ? pp_link.time(c.send_bytes) : 0.0);
   }
   costs.held = held_bytes(stages);
-  for (int r = 0; r < l.pp; ++r) {
-    const double elements = static_cast<double>(rank_numel(l, stages, r)) / (l.stage >= 1 ? l.dp : 1);
-    double& optimizer = out.optimizer[static_cast<size_t>(r)];
-    optimizer = elements / cluster.optimizer_rate * slow;
-    if (l.offload_optimizer) {
-      // The shard's gradients to the host and its parameters back, then the host's optimizer.
-      const double host_rate = cluster.host_optimizer_rate > 0 ? cluster.host_optimizer_rate : cluster.optimizer_rate;
-      const double bytes = elements * 2 * dtype_size(stages.front().engine->dtype);
-      optimizer = elements / host_rate * slow + (cluster.host_link ? cluster.host_link->time(bytes) : 0.0);
-    }
-  }
   if (l.pp > 1) {
     for (size_t r = 0; r < out.receives.size(); ++r) {
       for (const parallel::Action& a : schedule.actions[r]) {
         if (parallel::is_receive(a.op)) out.receives[r] += 1;
       }
     }
-    const parallel::SimResult sim = parallel::simulate_checked(schedule, costs, pipeline_cores);
+    const parallel::SimResult sim = parallel::simulate_checked(schedule, costs, pipeline_cores, parallel::Record::kTimes);
     const size_t busiest = static_cast<size_t>(std::max_element(sim.busy.begin(), sim.busy.end()) - sim.busy.begin());
     out.time.compute = sim.busy[busiest];
     out.time.bubble = sim.step_time - sim.busy[busiest];
@@ -364,6 +444,25 @@ PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stage
     out.activations = {static_cast<uint64_t>(std::llround(parallel::peak_held(schedule, costs.held).front()))};
   }
   return out;
+}
+
+// Each pipeline rank's optimizer over its shard (on the host with offload, its gradients going down
+// and its parameters up): the one part of PipelineTime that depends on the ZeRO stage and offload,
+// so the layouts that differ only in those share the rest.
+void set_optimizer_times(PipelineTime& pipe, const Layout& l, const std::vector<StageCosts>& stages,
+                         const Cluster& cluster) {
+  const double slow = cluster.shared_cores ? std::max(1.0, static_cast<double>(l.world()) / cluster.devices()) : 1.0;
+  pipe.optimizer.assign(static_cast<size_t>(l.pp), 0.0);
+  for (int r = 0; r < l.pp; ++r) {
+    const double elements = static_cast<double>(rank_numel(l, stages, r)) / (l.stage >= 1 ? l.dp : 1);
+    double& optimizer = pipe.optimizer[static_cast<size_t>(r)];
+    optimizer = elements / cluster.optimizer_rate * slow;
+    if (l.offload_optimizer) {
+      const double host_rate = cluster.host_optimizer_rate > 0 ? cluster.host_optimizer_rate : cluster.optimizer_rate;
+      const double bytes = elements * 2 * dtype_size(stages.front().engine->dtype);
+      optimizer = elements / host_rate * slow + (cluster.host_link ? cluster.host_link->time(bytes) : 0.0);
+    }
+  }
 }
 
 Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages, const parallel::Schedule& schedule,
@@ -443,7 +542,9 @@ Prediction predict(const ModelCosts& model, const Layout& l, const Cluster& clus
   PlanCache cache;
   const std::vector<StageCosts> stages = stage_costs(model, l, cluster, settings);
   const parallel::Schedule schedule = Schedules().of(l, stages);
-  return predict_stages(l, stages, schedule, pipeline_time(l, stages, schedule, cluster), model, cluster, settings, cache);
+  PipelineTime pipe = pipeline_time(l, stages, schedule, cluster);
+  set_optimizer_times(pipe, l, stages, cluster);
+  return predict_stages(l, stages, schedule, pipe, model, cluster, settings, cache);
 }
 
 std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int global_batch) {
@@ -493,10 +594,18 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
   // makes it again.)
   struct Candidate {
     Layout layout;
-    std::vector<StageCosts> stages;
+    std::shared_ptr<const std::vector<StageCosts>> stages;
     MemoryFloor floor;
     PipelineTime pipe;
   };
+  // The stages and the pipeline (simulated) of the layouts that differ only in their ZeRO stage and
+  // offload: those change neither the model's stages nor the schedule, only the optimizer's time
+  // and the engine, so the simulation runs once for the seven of them.
+  struct Shared {
+    std::shared_ptr<const std::vector<StageCosts>> stages;
+    PipelineTime pipe;
+  };
+  std::map<std::tuple<int, int, int, int, std::string, int, bool, bool>, Shared> shared;
   std::vector<Candidate> candidates, too_large;
   Schedules schedules;
   const uint64_t device = static_cast<uint64_t>(cluster.device_memory);
@@ -519,10 +628,17 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
       out.push_back(predict(model, l, cluster, settings));
       continue;
     }
-    Candidate c{l, stage_costs(model, l, cluster, settings), {}, {}};
-    const parallel::Schedule schedule = schedules.of(l, c.stages);
-    c.pipe = pipeline_time(l, c.stages, schedule, cluster);
-    c.floor = memory_floor(l, c.stages, c.pipe.activations);
+    const auto key = std::make_tuple(l.dp, l.tp, l.pp, l.micro_batches, l.schedule, l.chunks, l.sequence_parallel,
+                                     l.recompute);
+    auto it = shared.find(key);
+    if (it == shared.end()) {
+      auto stages = std::make_shared<const std::vector<StageCosts>>(stage_costs(model, l, cluster, settings));
+      PipelineTime pipe = pipeline_time(l, *stages, schedules.of(l, *stages), cluster);
+      it = shared.emplace(key, Shared{std::move(stages), std::move(pipe)}).first;
+    }
+    Candidate c{l, it->second.stages, {}, it->second.pipe};
+    set_optimizer_times(c.pipe, l, *c.stages, cluster);
+    c.floor = memory_floor(l, *c.stages, c.pipe.activations, settings.engine);
     if (c.floor.device <= device) {
       ++progress.fitting_floors;
       const double floor = c.pipe.floor();
@@ -532,7 +648,21 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
     report(false);
   }
   auto plan = [&](const Candidate& c) {
-    return predict_stages(c.layout, c.stages, schedules.of(c.layout, c.stages), c.pipe, model, cluster, settings, cache);
+    Prediction p;
+    try {
+      p = predict_stages(c.layout, *c.stages, schedules.of(c.layout, *c.stages), c.pipe, model, cluster, settings,
+                         cache);
+    } catch (const InvalidArgument& e) {
+      // A layout the engine refuses (its options cannot run the model) is not one to run: named, and
+      // the search goes on.
+      p = Prediction{};
+      p.layout = c.layout;
+      p.unsupported = fmt::format("the engine refuses it: {}", e.what());
+      return p;
+    }
+    p.memory_floor = c.floor.device;
+    p.time_floor = c.pipe.floor();
+    return p;
   };
   // Plan the candidates in the order of their time floors; once `exact` fit, a floor above the
   // slowest of them cannot rank among them, nor can any after it.
@@ -558,6 +688,8 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
     Prediction p;
     p.layout = c.layout;
     p.estimate = estimate;
+    p.memory_floor = c.floor.device;
+    p.time_floor = c.pipe.floor();
     p.largest_activations = p.memory.activations = c.floor.activations;
     p.memory.engine_peak = c.floor.device - c.floor.activations;  // the device floor holds the largest peak
     return p;

@@ -64,6 +64,10 @@ struct Prediction {
   TimeParts time;
   double bubble_fraction = 0;
   double tokens_per_s = 0;
+  // What rank_layouts pruned with (0 from predict): the floors of the device memory and of the step,
+  // never above the exact figures (predict_test holds them).
+  uint64_t memory_floor = 0;
+  double time_floor = 0;
 };
 
 // Where a search (rank_layouts) stands: layouts examined (their floors computed) of all given, then

@@ -18,6 +18,7 @@
 #include "parallel/strategy/described_model.h"
 #include "parallel/strategy/gpt2.h"
 #include "parallel/strategy/hf_llama.h"
+#include "parallel/strategy/megatron_gpt.h"
 #include "parallel/strategy/predict.h"
 #include "zero/config/engine_config.h"
 
@@ -69,10 +70,12 @@ void write_config(const std::string& path, const EngineConfig& c, const Layout& 
 
 int run_strategy(cli::Flags& flags) {
   const std::string gpt = flags.get("gpt", ""), model_path = flags.get("model", ""), hf = flags.get("hf-config", "");
-  if (!gpt.empty() + !model_path.empty() + !hf.empty() != 1) {
+  const std::string megatron = flags.get("megatron", "");
+  if (!gpt.empty() + !model_path.empty() + !hf.empty() + !megatron.empty() != 1) {
     ZERO_THROW(InvalidArgument,
-               "--auto, --explain and --describe plan one model: --gpt L,C,H[,V,T], --model FILE (a model "
-               "description) or --hf-config FILE (a LLaMA-family HuggingFace config.json)");
+               "--auto, --explain and --describe plan one model: --gpt L,C,H[,V,T], --megatron L,C,H,V,T (Megatron-LM's "
+               "GPT as its papers count it), --model FILE (a model description) or --hf-config FILE (a LLaMA-family "
+               "HuggingFace config.json)");
   }
   const bool has_seq_len = flags.has("seq-len");
   const int seq_len = flags.get_int("seq-len", 0);
@@ -83,6 +86,7 @@ int run_strategy(cli::Flags& flags) {
   if (!gpt.empty()) description = strategy::describe_gpt2(strategy::parse_gpt2_shape(gpt));
   if (!model_path.empty()) description = strategy::load_model_description(model_path);
   if (!hf.empty()) description = strategy::load_llama_description(hf, seq_len);
+  if (!megatron.empty()) description = strategy::describe_megatron_gpt(strategy::parse_gpt2_shape(megatron, "--megatron"));
   if (flags.get_bool("describe", false)) {
     flags.check_all_used();
     std::printf("%s", strategy::to_json(*description).c_str());
@@ -108,8 +112,9 @@ int run_strategy(cli::Flags& flags) {
   const std::string explain_text = flags.get("explain", "");
   flags.get_bool("auto", false);
   flags.check_all_used();
-  if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
-    ZERO_THROW(InvalidArgument, "--dtype: the planner's models run in fp32 or bf16, got {}", dtype_name(dtype));
+  if (dtype != DType::kFloat32 && dtype != DType::kBFloat16 && (dtype != DType::kFloat16 || !gpt.empty())) {
+    ZERO_THROW(InvalidArgument, "--dtype: the planner's models run in fp32, bf16 or (described ones) fp16, got {}{}",
+               dtype_name(dtype), dtype == DType::kFloat16 ? " for --gpt (train_gpt runs fp32 or bf16)" : "");
   }
   if (!write_path.empty() && list) ZERO_THROW(InvalidArgument, "--write-config writes one layout: not with --list");
 

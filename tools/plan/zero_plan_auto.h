@@ -5,6 +5,7 @@
 //             [--top K] [--svg FILE] [--list]
 //   zero_plan --auto --model MODEL.json ...   (a model description: parallel/strategy/described_model.h)
 //   zero_plan --auto --hf-config config.json [--seq-len T] ...   (a LLaMA-family model: hf_llama.h)
+//   zero_plan --auto --megatron L,C,H,V,T ...   (Megatron-LM's GPT as its papers count it: megatron_gpt.h)
 //   zero_plan --explain "dp=2,tp=2,pp=2,stage=3,m=4,schedule=1f1b" --gpt ... --batch B --cluster ...
 //   zero_plan --describe --gpt L,C,H[,V,T] | --hf-config config.json [--seq-len T] > MODEL.json
 //                                                          (the model's description, to edit)
@@ -18,7 +19,7 @@
 // (dp, tp, sequence_parallel, pp, schedule, chunks, recompute); train_gpt --config RUN.json runs it.
 //
 // --world defaults to the cluster's devices; --dtype (the parameters') to fp32 for --gpt (train_gpt's)
-// and bf16 for --model and --hf-config. The table lists the layouts that fit first, fastest
+// and bf16 for --model, --hf-config and --megatron (fp16 also for those). The table lists the layouts that fit first, fastest
 // first (memory per rank by category, predicted step time, tokens/s, bubble, exposed data-parallel
 // communication), then those that do not, smallest first; a line says why the first is chosen. Only
 // the first K (default 20) are planned exactly: a layout whose time floor cannot rank among them is
