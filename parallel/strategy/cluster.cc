@@ -66,6 +66,9 @@ Cluster parse_cluster(std::string_view text, const std::string& source) {
   c.devices_per_node = config_internal::read_int(require(r, "devices_per_node"), "devices_per_node", ctx, 1);
   c.nodes = config_internal::read_int(require(r, "nodes"), "nodes", ctx, 1);
   c.device_memory = positive(r, "device_memory");
+  c.runtime_reserve = r.find("runtime_reserve") ? non_negative(r, "runtime_reserve", c.device_memory)
+                                                 : std::min(kDefaultRuntimeReserve, c.device_memory / 2);
+  c.fragmentation = r.find("fragmentation") ? non_negative(r, "fragmentation", 1.0) : kDefaultFragmentation;
   c.peak_flops = positive(r, "peak_flops");
   c.matmul_efficiency = positive(r, "matmul_efficiency");
   if (c.matmul_efficiency > 1) fail(ctx, fmt::format("matmul_efficiency must be in (0, 1], got {}", c.matmul_efficiency));
@@ -99,6 +102,8 @@ std::string to_json(const Cluster& c) {
             {"devices_per_node", c.devices_per_node},
             {"nodes", c.nodes},
             {"device_memory", c.device_memory},
+            {"runtime_reserve", c.runtime_reserve},
+            {"fragmentation", c.fragmentation},
             {"peak_flops", c.peak_flops},
             {"matmul_efficiency", c.matmul_efficiency},
             {"intra", link_json(c.intra)},

@@ -8,7 +8,11 @@
 //   {
 //     "name": "8x H100 80GB, NVLink, 400 Gb/s",
 //     "devices_per_node": 8, "nodes": 1,
-//     "device_memory": 85899345920,          // usable by training, per device
+//     "device_memory": 85899345920,          // the device's physical memory
+//     "runtime_reserve": 2147483648,          // optional: what the runtime takes before training
+//                                             // does (CUDA context, NCCL's buffers); absent: 2 GiB
+//     "fragmentation": 0.05,                  // optional: the share of the rest the allocator
+//                                             // cannot hand out; absent: 0.05
 //     "peak_flops": 9.89e14,                  // dense matrix FLOP/s per device, the model dtype's
 //     "matmul_efficiency": 0.5,               // the fraction of peak_flops the model's products reach
 //     "intra": {"bandwidth": 1.5e11, "latency": 5e-6},   // per rank, one direction (ring bus rate)
@@ -55,10 +59,21 @@ struct SyncWait {
   double time(double syncs, double compute) const { return syncs > 0 ? syncs * latency + fraction * compute : 0.0; }
 };
 
+// A file's defaults for the memory a run cannot use (docs/strategy.md, "Headroom", says why):
+// the CUDA context with its libraries (about 1 GiB) and NCCL's buffers (per communicator, per
+// peer and channel 4 MiB for the Simple protocol, 4.7 for LL128 and 0.5 for LL: about 0.3 GiB
+// each for a ring's two peers over 16 channels, three communicators for dp, tp and pp), and a
+// caching allocator's fragmentation.
+inline constexpr double kDefaultRuntimeReserve = 2.0 * (1ull << 30);
+inline constexpr double kDefaultFragmentation = 0.05;
+
 struct Cluster {
   std::string name;
   int devices_per_node = 1, nodes = 1;
-  double device_memory = 0;
+  double device_memory = 0;  // physical, per device
+  // Built in code a cluster means what it says (no reserve); a file without them gets the defaults.
+  double runtime_reserve = 0;  // bytes per device the runtime holds
+  double fragmentation = 0;    // of the rest, in [0, 1)
   double peak_flops = 0;
   double matmul_efficiency = 1;
   Link intra, inter;
@@ -71,6 +86,9 @@ struct Cluster {
   std::map<std::string, double> kernels;
 
   int devices() const { return devices_per_node * nodes; }
+  // What a layout may take per device: the physical memory less the runtime's, less the share
+  // fragmentation loses.
+  double usable_memory() const { return (device_memory - runtime_reserve) * (1 - fragmentation); }
 };
 
 Cluster parse_cluster(std::string_view json_text, const std::string& source);

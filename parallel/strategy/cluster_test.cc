@@ -55,6 +55,29 @@ TEST_CASE("a cluster file reads back from its own JSON") {
   CHECK(to_json(back) == to_json(c));
 }
 
+TEST_CASE("device_memory is physical: a file's runtime reserve and fragmentation margin, defaulted, come off it") {
+  // kGood says neither: 2 GiB for the runtime (at most half the device), then 5% of the rest.
+  const Cluster d = parse_cluster(kGood, "c.json");
+  CHECK(d.runtime_reserve == 0.5e9);
+  CHECK(d.fragmentation == kDefaultFragmentation);
+  CHECK(d.usable_memory() == doctest::Approx(0.5e9 * 0.95));
+  const Cluster big = parse_cluster(with(R"("device_memory": 1e9)", R"("device_memory": 85899345920)"), "c.json");
+  CHECK(big.runtime_reserve == kDefaultRuntimeReserve);
+  CHECK(big.usable_memory() == doctest::Approx((80.0 - 2.0) * (1 << 30) * 0.95));
+  const Cluster own =
+      parse_cluster(with(R"("device_memory": 1e9)", R"("device_memory": 1e9, "runtime_reserve": 1e8, "fragmentation": 0.1)"),
+                    "c.json");
+  CHECK(own.usable_memory() == doctest::Approx(0.9e9 * 0.9));
+  CHECK(parse_cluster(to_json(own), "again.json").usable_memory() == own.usable_memory());
+  CHECK(Cluster{}.runtime_reserve == 0);  // built in code: what it says
+  CHECK(error_of(with(R"("device_memory": 1e9)", R"("device_memory": 1e9, "runtime_reserve": 2e9)"))
+            .find("runtime_reserve must be below 1000000000") != std::string::npos);
+  CHECK(error_of(with(R"("device_memory": 1e9)", R"("device_memory": 1e9, "fragmentation": 1)"))
+            .find("fragmentation must be below 1") != std::string::npos);
+  CHECK(error_of(with(R"("device_memory": 1e9)", R"("device_memory": 1e9, "fragmentation": -0.1)"))
+            .find("fragmentation must be >= 0") != std::string::npos);
+}
+
 TEST_CASE("a missing, negative, out-of-range, mistyped or unknown field is named") {
   CHECK(error_of(with(R"("optimizer_rate": 1e8, )", "")).find("c.json: missing field optimizer_rate") !=
         std::string::npos);

@@ -527,7 +527,7 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
       out.time.optimizer = optimizer;
     }
   }
-  out.fits = out.memory.device() <= static_cast<uint64_t>(cluster.device_memory);
+  out.fits = out.memory.device() <= static_cast<uint64_t>(cluster.usable_memory());
   out.tokens_per_s = settings.global_batch * static_cast<double>(model.sequence_length()) / out.time.step();
   return out;
 }
@@ -608,7 +608,7 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
   std::map<std::tuple<int, int, int, int, std::string, int, bool, bool>, Shared> shared;
   std::vector<Candidate> candidates, too_large;
   Schedules schedules;
-  const uint64_t device = static_cast<uint64_t>(cluster.device_memory);
+  const uint64_t device = static_cast<uint64_t>(cluster.usable_memory());
   // Progress, every settings.progress_seconds and at the end.
   SearchProgress progress;
   progress.layouts = layouts.size();

@@ -110,6 +110,8 @@ int run_strategy(cli::Flags& flags) {
   const std::string svg = flags.get("svg", "");
   const bool list = flags.get_bool("list", false);
   const std::string explain_text = flags.get("explain", "");
+  // --tp N, --pp N: only the layouts of that degree (a published run's, to set beside the choice).
+  const int only_tp = flags.get_int("tp", 0), only_pp = flags.get_int("pp", 0);
   flags.get_bool("auto", false);
   flags.check_all_used();
   if (dtype != DType::kFloat32 && dtype != DType::kBFloat16 && (dtype != DType::kFloat16 || !gpt.empty())) {
@@ -133,7 +135,8 @@ int run_strategy(cli::Flags& flags) {
     if (!write_path.empty()) write_config(write_path, layout_config(l, settings.engine, dtype, batch, file), l);
     return 0;
   }
-  const std::vector<Layout> layouts = strategy::enumerate_layouts(model, world, batch);
+  std::vector<Layout> layouts = strategy::enumerate_layouts(model, world, batch);
+  std::erase_if(layouts, [&](const Layout& l) { return (only_tp > 0 && l.tp != only_tp) || (only_pp > 0 && l.pp != only_pp); });
   // A search that takes a while says where it stands, on stderr (stdout stays the table or --list).
   const auto started = std::chrono::steady_clock::now();
   bool reported = false;
@@ -162,9 +165,13 @@ int run_strategy(cli::Flags& flags) {
     }
     return 0;
   }
-  std::printf("%s on %d ranks of %s (%s per device), global batch %d; %zu layouts\n", model.name().c_str(), world,
-              cluster.name.c_str(), memory::format_bytes(static_cast<uint64_t>(cluster.device_memory)).c_str(), batch,
-              ranked.size());
+  std::printf("%s on %d ranks of %s (%s per device, %s usable: %s for the runtime, %.0f%% of the rest for "
+              "fragmentation), global batch %d; %zu layouts\n",
+              model.name().c_str(), world, cluster.name.c_str(),
+              memory::format_bytes(static_cast<uint64_t>(cluster.device_memory)).c_str(),
+              memory::format_bytes(static_cast<uint64_t>(cluster.usable_memory())).c_str(),
+              memory::format_bytes(static_cast<uint64_t>(cluster.runtime_reserve)).c_str(), 100 * cluster.fragmentation,
+              batch, ranked.size());
   std::printf("%s", strategy::table(ranked, static_cast<size_t>(top)).c_str());
   std::printf("choice: %s\n", strategy::reason(ranked).c_str());
   if (!write_path.empty()) {
@@ -175,7 +182,7 @@ int run_strategy(cli::Flags& flags) {
     write_config(write_path, layout_config(l, settings.engine, dtype, batch, file), l);
   }
   if (!svg.empty()) {
-    std::ofstream(svg) << strategy::frontier_svg(ranked, cluster.device_memory,
+    std::ofstream(svg) << strategy::frontier_svg(ranked, cluster.usable_memory(),
                                                  fmt::format("{}: predicted step time against memory per rank, {} ranks",
                                                              model.name(), world));
     std::printf("chart: %s\n", svg.c_str());

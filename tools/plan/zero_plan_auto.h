@@ -2,7 +2,7 @@
 // zero_plan's strategy mode (parallel/strategy/): every layout of a model on a cluster, ranked.
 //
 //   zero_plan --auto --gpt L,C,H[,V,T] --batch B --cluster CLUSTER.json [--world N] [--dtype fp32|bf16]
-//             [--top K] [--svg FILE] [--list]
+//             [--top K] [--svg FILE] [--list] [--tp N] [--pp N]
 //   zero_plan --auto --model MODEL.json ...   (a model description: parallel/strategy/described_model.h)
 //   zero_plan --auto --hf-config config.json [--seq-len T] ...   (a LLaMA-family model: hf_llama.h)
 //   zero_plan --auto --megatron L,C,H,V,T ...   (Megatron-LM's GPT as its papers count it: megatron_gpt.h)
@@ -24,6 +24,7 @@
 // communication), then those that do not, smallest first; a line says why the first is chosen. Only
 // the first K (default 20) are planned exactly: a layout whose time floor cannot rank among them is
 // listed by that floor ("slower (at least)"), which keeps a search over thousands of layouts short.
+// --tp and --pp keep only the layouts of that degree (a published layout's best, beside the choice).
 // --svg (which plans every layout) draws time against memory with the frontier; --list plans every
 // layout and prints one tab-separated line per layout for scripts (key, train_gpt flags ("-" for a
 // model other than --gpt), ranks, predicted ms, device bytes of the largest stage, the largest
