@@ -92,6 +92,37 @@ TEST_CASE("zero_plan --auto ranks the GPT's layouts on a cluster; --explain brea
   r = plan({"--explain", "dp=3", "--world", "4", "--cluster", cluster});
   CHECK(r.exit_code != 0);
   CHECK(r.output.find("is 3 ranks but --world is 4") != std::string::npos);
+  // --tp/--pp keep one degree: the published layout's best beside the choice; a degree the model
+  // cannot run, a non-positive one, or one beside --explain is refused by name.
+  r = plan({"--auto", "--cluster", cluster, "--top", "3", "--tp", "2", "--pp", "2"});
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("choice: dp 1 x tp 2 x pp 2") != std::string::npos);
+  r = plan({"--auto", "--cluster", cluster, "--tp", "3"});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("--tp 3 --pp 0: the model runs no layout of that degree on 4 ranks") != std::string::npos);
+  r = plan({"--auto", "--cluster", cluster, "--pp", "0"});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("the degrees to keep are positive") != std::string::npos);
+  r = plan({"--explain", "tp=2", "--tp", "2", "--cluster", cluster});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("--explain names its own layout") != std::string::npos);
+}
+
+TEST_CASE("zero_plan --megatron plans Megatron-LM's GPT from all five numbers, fp16 allowed; not the example GPT in fp16") {
+  const std::string cluster = write_cluster("m.json", "1e10", "1e10");
+  auto plan = [&](std::vector<std::string> args) { return testing::run("tools/plan/zero_plan", args); };
+  auto r = plan({"--auto", "--megatron", "4,64,4,512,128", "--batch", "16", "--cluster", cluster, "--dtype", "fp16",
+                 "--top", "3"});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("Megatron GPT 4 layers, hidden 64, 4 heads, vocabulary 512, sequence 128") != std::string::npos);
+  CHECK(r.output.find("choice: ") != std::string::npos);
+  r = plan({"--auto", "--megatron", "4,64,4", "--batch", "16", "--cluster", cluster});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("--megatron '4,64,4': expected L,C,H,V,T") != std::string::npos);
+  r = plan({"--auto", "--gpt", "4,64,4,256,64", "--batch", "16", "--cluster", cluster, "--dtype", "fp16"});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("for --gpt (train_gpt runs fp32 or bf16)") != std::string::npos);
 }
 
 TEST_CASE("zero_plan --auto --model plans a described model; the GPT's description ranks as the GPT") {

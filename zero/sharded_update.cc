@@ -37,7 +37,7 @@ ShardedUpdate::ShardedUpdate(UpdateConfig config, const ShardLayout& layout, con
       runs_.push_back(r);
     }
   }
-  runs_.push_back({SIZE_MAX, 0, config_.rest_counted});
+  runs_.push_back({SIZE_MAX, 0, true});
   config_.runs = {};
   int64_t units = 1;
   for (const BlockRun& r : runs_) units = std::max<int64_t>(units, int64_t{r.unit} + 1);

@@ -40,7 +40,7 @@ struct UpdateConfig {
   // `model_parallel`, so that every element of the model counts once.
   comm::Communicator* model_parallel = nullptr;
   // The flat space's blocks in runs of one unit and one `counted` state, in order (a run starts
-  // where the previous one ends); blocks past the last run: unit 0, counted when `rest_counted`.
+  // where the previous one ends); blocks past the last run (padding, zeros): unit 0, counted.
   // Empty: every block unit 0 and counted. The sum of squares is kept per unit and the units are
   // added in id order after the sum over `model_parallel`, so the norm's rounding does not depend
   // on which pipeline stage holds which unit (schedules with other layouts give bitwise the same
@@ -52,7 +52,6 @@ struct UpdateConfig {
     bool counted = true;
   };
   std::vector<BlockRun> runs;
-  bool rest_counted = true;
 };
 
 class ShardedUpdate {

@@ -202,8 +202,7 @@ SimResult simulate_checked(const Schedule& s, const ActionCosts& costs, double c
   std::vector<double> now(p, 0.0);
   std::vector<size_t> pc(p, 0);
   std::vector<int> in_flight(p, 0);
-  std::vector<HeldTracker> held;
-  check_held_bytes(costs.held, s.virtual_stages());
+  std::vector<HeldTracker> held;  // (check_costs checked the sizes)
   for (size_t rank = 0; rank < p; ++rank) held.emplace_back(s, costs.held, static_cast<int>(rank));
   for (bool progress = true; progress;) {
     progress = false;

@@ -12,7 +12,8 @@ namespace zero::strategy {
 // The layouts on the frontier, by memory: fitting, and no fitting layout both faster and smaller.
 std::vector<const Prediction*> frontier(const std::vector<Prediction>& predictions);
 
-// An SVG of `predictions` (supported ones) for a cluster of `device_memory` bytes per device.
+// An SVG of `predictions` (supported ones) against `device_memory`, what a layout may use per device
+// (Cluster::usable_memory).
 std::string frontier_svg(const std::vector<Prediction>& predictions, double device_memory, const std::string& title);
 
 }  // namespace zero::strategy

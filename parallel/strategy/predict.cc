@@ -33,6 +33,11 @@ namespace {
 // inside a node when the node holds them all.
 const Link& link_for(const Cluster& c, int span) { return span <= c.devices_per_node ? c.intra : c.inter; }
 
+// More ranks than devices on a machine whose ranks share its cores: each runs that much slower.
+double shared_core_slowdown(const Layout& l, const Cluster& cluster) {
+  return cluster.shared_cores ? std::max(1.0, static_cast<double>(l.world()) / cluster.devices()) : 1.0;
+}
+
 // Ring collectives over n ranks: an all-reduce sends 2 (n-1)/n of the buffer in 2 (n-1) messages,
 // an all-gather or a reduce-scatter (n-1)/n in n-1.
 double collective_time(TpCollective::Kind kind, double bytes, int n, const Link& link) {
@@ -184,8 +189,12 @@ RankTensors rank_tensors(const Layout& l, const std::vector<StageCosts>& stages,
   }
   return n;
 }
-uint64_t rank_numel(const Layout& l, const std::vector<StageCosts>& stages, int rank) {
-  return rank_tensors(l, stages, rank).numel;
+// Every pipeline rank's: what the memory floor and the optimizer's time read (the same for the
+// layouts that differ only in ZeRO stage and offload, so a search computes them once for those).
+std::vector<RankTensors> ranks_tensors(const Layout& l, const std::vector<StageCosts>& stages) {
+  std::vector<RankTensors> out;
+  for (int r = 0; r < l.pp; ++r) out.push_back(rank_tensors(l, stages, r));
+  return out;
 }
 
 // Bytes per element the optimizer's state surely takes: AdamW's and Adam's two moments in the
@@ -209,11 +218,11 @@ double least_state_bytes(const EngineOptions& o) {
 // share from ZeRO-1). The gradient shard's own dtype, other optimizers' state and the buffers are
 // left to the plan, and every share is rounded down where the engine pads up, so this never
 // exceeds the plan (predict_test holds the two). Also the largest activation peak of any rank.
-// `peaks`: each rank's (PipelineTime::activations).
+// `peaks`: each rank's (PipelineTime::activations); `ranks`: ranks_tensors.
 struct MemoryFloor {
   uint64_t device = 0, activations = 0;
 };
-MemoryFloor memory_floor(const Layout& l, const std::vector<StageCosts>& stages, const std::vector<uint64_t>& peaks,
+MemoryFloor memory_floor(const Layout& l, const std::vector<RankTensors>& ranks, const std::vector<uint64_t>& peaks,
                          const EngineOptions& base) {
   MemoryFloor floor;
   const auto dp = static_cast<uint64_t>(l.dp);
@@ -227,7 +236,7 @@ MemoryFloor memory_floor(const Layout& l, const std::vector<StageCosts>& stages,
   const bool whole_window = mb.keep_gathered && options.max_live_gathered_bytes == 0;
   const bool whole_grads = l.pp > 1 && l.stage >= 2 && l.micro_batches > 1 && !mb.reduce_each_pass;
   for (int r = 0; r < l.pp; ++r) {
-    const RankTensors t = rank_tensors(l, stages, r);
+    const RankTensors& t = ranks[static_cast<size_t>(r)];
     const uint64_t window = l.stage < 3 || dp == 1 ? 0 : whole_window ? t.gathered_bytes : t.largest_unit_bytes;
     const uint64_t params = (l.stage == 3 ? t.bytes / dp : t.bytes) + window;
     const uint64_t grads = (l.stage >= 2 ? t.bytes / dp : t.bytes) + (whole_grads ? t.bytes : 0);
@@ -397,10 +406,9 @@ struct PipelineTime {
 PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stages, const parallel::Schedule& schedule,
                            const Cluster& cluster) {
   PipelineTime out;
-  // More ranks than devices on a machine whose ranks share its cores: each runs that much slower.
-  // In a pipeline the simulator shares the cores instead (a rank in its bubble frees its share):
-  // each pipeline gets devices / (dp x tp) of them.
-  const double slow = cluster.shared_cores ? std::max(1.0, static_cast<double>(l.world()) / cluster.devices()) : 1.0;
+  // In a pipeline the simulator shares the cores instead of slowing each rank (a rank in its
+  // bubble frees its share): each pipeline gets devices / (dp x tp) of them.
+  const double slow = shared_core_slowdown(l, cluster);
   const double pipeline_cores =
       cluster.shared_cores ? static_cast<double>(cluster.devices()) / static_cast<double>(l.dp * l.tp) : 0.0;
   const double compute_slow = l.pp > 1 ? 1.0 : slow;  // the simulator's cores slow a pipeline's compute
@@ -450,11 +458,11 @@ PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stage
 // and its parameters up): the one part of PipelineTime that depends on the ZeRO stage and offload,
 // so the layouts that differ only in those share the rest.
 void set_optimizer_times(PipelineTime& pipe, const Layout& l, const std::vector<StageCosts>& stages,
-                         const Cluster& cluster) {
-  const double slow = cluster.shared_cores ? std::max(1.0, static_cast<double>(l.world()) / cluster.devices()) : 1.0;
+                         const std::vector<RankTensors>& ranks, const Cluster& cluster) {
+  const double slow = shared_core_slowdown(l, cluster);
   pipe.optimizer.assign(static_cast<size_t>(l.pp), 0.0);
   for (int r = 0; r < l.pp; ++r) {
-    const double elements = static_cast<double>(rank_numel(l, stages, r)) / (l.stage >= 1 ? l.dp : 1);
+    const double elements = static_cast<double>(ranks[static_cast<size_t>(r)].numel) / (l.stage >= 1 ? l.dp : 1);
     double& optimizer = pipe.optimizer[static_cast<size_t>(r)];
     optimizer = elements / cluster.optimizer_rate * slow;
     if (l.offload_optimizer) {
@@ -543,7 +551,7 @@ Prediction predict(const ModelCosts& model, const Layout& l, const Cluster& clus
   const std::vector<StageCosts> stages = stage_costs(model, l, cluster, settings);
   const parallel::Schedule schedule = Schedules().of(l, stages);
   PipelineTime pipe = pipeline_time(l, stages, schedule, cluster);
-  set_optimizer_times(pipe, l, stages, cluster);
+  set_optimizer_times(pipe, l, stages, ranks_tensors(l, stages), cluster);
   return predict_stages(l, stages, schedule, pipe, model, cluster, settings, cache);
 }
 
@@ -603,6 +611,7 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
   // and the engine, so the simulation runs once for the seven of them.
   struct Shared {
     std::shared_ptr<const std::vector<StageCosts>> stages;
+    std::vector<RankTensors> ranks;
     PipelineTime pipe;
   };
   std::map<std::tuple<int, int, int, int, std::string, int, bool, bool>, Shared> shared;
@@ -634,11 +643,13 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
     if (it == shared.end()) {
       auto stages = std::make_shared<const std::vector<StageCosts>>(stage_costs(model, l, cluster, settings));
       PipelineTime pipe = pipeline_time(l, *stages, schedules.of(l, *stages), cluster);
-      it = shared.emplace(key, Shared{std::move(stages), std::move(pipe)}).first;
+      std::vector<RankTensors> ranks = ranks_tensors(l, *stages);
+      it = shared.emplace(key, Shared{std::move(stages), std::move(ranks), std::move(pipe)}).first;
     }
-    Candidate c{l, it->second.stages, {}, it->second.pipe};
-    set_optimizer_times(c.pipe, l, *c.stages, cluster);
-    c.floor = memory_floor(l, *c.stages, c.pipe.activations, settings.engine);
+    const Shared& group = it->second;
+    Candidate c{l, group.stages, {}, group.pipe};
+    set_optimizer_times(c.pipe, l, *c.stages, group.ranks, cluster);
+    c.floor = memory_floor(l, group.ranks, c.pipe.activations, settings.engine);
     if (c.floor.device <= device) {
       ++progress.fitting_floors;
       const double floor = c.pipe.floor();
@@ -655,7 +666,6 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
     } catch (const InvalidArgument& e) {
       // A layout the engine refuses (its options cannot run the model) is not one to run: named, and
       // the search goes on.
-      p = Prediction{};
       p.layout = c.layout;
       p.unsupported = fmt::format("the engine refuses it: {}", e.what());
       return p;

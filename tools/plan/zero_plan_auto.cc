@@ -73,9 +73,9 @@ int run_strategy(cli::Flags& flags) {
   const std::string megatron = flags.get("megatron", "");
   if (!gpt.empty() + !model_path.empty() + !hf.empty() + !megatron.empty() != 1) {
     ZERO_THROW(InvalidArgument,
-               "--auto, --explain and --describe plan one model: --gpt L,C,H[,V,T], --megatron L,C,H,V,T (Megatron-LM's "
-               "GPT as its papers count it), --model FILE (a model description) or --hf-config FILE (a LLaMA-family "
-               "HuggingFace config.json)");
+               "--auto, --explain and --describe plan one model: --gpt L,C,H[,V,T], --model FILE (a model "
+               "description) or --hf-config FILE (a LLaMA-family HuggingFace config.json); or, beside published runs, "
+               "--megatron L,C,H,V,T (Megatron-LM's GPT as its papers count it)");
   }
   const bool has_seq_len = flags.has("seq-len");
   const int seq_len = flags.get_int("seq-len", 0);
@@ -86,7 +86,14 @@ int run_strategy(cli::Flags& flags) {
   if (!gpt.empty()) description = strategy::describe_gpt2(strategy::parse_gpt2_shape(gpt));
   if (!model_path.empty()) description = strategy::load_model_description(model_path);
   if (!hf.empty()) description = strategy::load_llama_description(hf, seq_len);
-  if (!megatron.empty()) description = strategy::describe_megatron_gpt(strategy::parse_gpt2_shape(megatron, "--megatron"));
+  if (!megatron.empty()) {
+    // All five: a published run's vocabulary and sequence, not the example GPT's defaults.
+    if (std::count(megatron.begin(), megatron.end(), ',') != 4) {
+      ZERO_THROW(InvalidArgument, "--megatron '{}': expected L,C,H,V,T (layers, hidden, heads, vocabulary, sequence)",
+                 megatron);
+    }
+    description = strategy::describe_megatron_gpt(strategy::parse_gpt2_shape(megatron, "--megatron"));
+  }
   if (flags.get_bool("describe", false)) {
     flags.check_all_used();
     std::printf("%s", strategy::to_json(*description).c_str());
@@ -112,6 +119,12 @@ int run_strategy(cli::Flags& flags) {
   const std::string explain_text = flags.get("explain", "");
   // --tp N, --pp N: only the layouts of that degree (a published run's, to set beside the choice).
   const int only_tp = flags.get_int("tp", 0), only_pp = flags.get_int("pp", 0);
+  if ((flags.has("tp") && only_tp < 1) || (flags.has("pp") && only_pp < 1)) {
+    ZERO_THROW(InvalidArgument, "--tp {} --pp {}: the degrees to keep are positive", only_tp, only_pp);
+  }
+  if ((only_tp > 0 || only_pp > 0) && !explain_text.empty()) {
+    ZERO_THROW(InvalidArgument, "--tp and --pp restrict --auto's search; --explain names its own layout");
+  }
   flags.get_bool("auto", false);
   flags.check_all_used();
   if (dtype != DType::kFloat32 && dtype != DType::kBFloat16 && (dtype != DType::kFloat16 || !gpt.empty())) {
@@ -137,6 +150,10 @@ int run_strategy(cli::Flags& flags) {
   }
   std::vector<Layout> layouts = strategy::enumerate_layouts(model, world, batch);
   std::erase_if(layouts, [&](const Layout& l) { return (only_tp > 0 && l.tp != only_tp) || (only_pp > 0 && l.pp != only_pp); });
+  if (layouts.empty() && (only_tp > 0 || only_pp > 0)) {
+    ZERO_THROW(InvalidArgument, "--tp {} --pp {}: the model runs no layout of that degree on {} ranks with batch {}",
+               only_tp, only_pp, world, batch);
+  }
   // A search that takes a while says where it stands, on stderr (stdout stays the table or --list).
   const auto started = std::chrono::steady_clock::now();
   bool reported = false;
