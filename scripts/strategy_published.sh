@@ -2,9 +2,9 @@
 # The planner beside published 3D runs (docs/strategy.md, "Against published layouts"): Megatron-LM's
 # weak-scaling rows (Narayanan et al. 2021, Table 1), BLOOM 176B and GPT-NeoX-20B, each planned on
 # its cluster (docs/validation/cluster_*.json) as Megatron's GPT (zero_plan --megatron, fp16).
-# Per row: the search's time, the choice, the best layout with the published (tp, pp) and its step
-# against the choice's, the rank of the published (tp, pp) among the distinct pairs of the first 200
-# layouts, and the predicted TFLOP/s per GPU in the paper's formula (96 B s l h^2 (1 + s/6h +
+# Per row: the search's time (zero_plan --top 3) and its choice, the best layout with the published
+# (tp, pp) and its step against the choice's, the rank of the published (tp, pp) among the distinct
+# pairs of the first 50 planned layouts (a second search, not timed), and the predicted TFLOP/s per GPU in the paper's formula (96 B s l h^2 (1 + s/6h +
 # V/16lh), recompute counted) beside the published. EFF=0.6 (the matmul efficiency, calibrated from
 # one row); SENS=1 adds the choice with the efficiency and the bandwidth between nodes moved by 20%.
 #   bash scripts/strategy_published.sh [> table.md]
@@ -57,15 +57,16 @@ echo "| run | GPUs | published (tp, pp) | search | choice | step | published pai
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 for row in "${rows[@]}"; do
   IFS='|' read -r name shape gpus batch ptp ppp tflops cl <<<"$row"
-  [[ -n "$ONLY" && "$name" != *"$ONLY"* ]] && continue
+  [[ -n "$ONLY" && " $name " != *" $ONLY "* ]] && continue  # a whole word: 76B is not BLOOM 176B
   IFS=',' read -r L h a V s <<<"$shape"
   c=$(cluster "$cl" "$EFF" 1)
   args=(--auto --megatron "$shape" --cluster "$c" --world "$gpus" --batch "$batch" --dtype fp16)
   start=$(date +%s.%N)
-  "$Z" "${args[@]}" --top 200 > "$tmp/out" 2>/dev/null || true
+  "$Z" "${args[@]}" --top 3 > "$tmp/choice" 2>/dev/null || true
   secs=$(python3 -c "import time; print(f'{time.time()-$start:.1f}')")
-  choice=$(sed -n 's/^choice: \([^:]*\):.*/\1/p' "$tmp/out")
-  step=$(awk '$1=="1"{print $(NF-3)}' "$tmp/out" | head -1)
+  choice=$(sed -n 's/^choice: \([^:]*\):.*/\1/p' "$tmp/choice")
+  step=$(awk '$1=="1"{print $(NF-3)}' "$tmp/choice" | head -1)
+  "$Z" "${args[@]}" --top 50 > "$tmp/out" 2>/dev/null || true
   # Distinct (tp, pp) pairs in rank order among the planned rows, and where the published one is.
   rank=$(python3 - "$tmp/out" "$ptp" "$ppp" <<'PY'
 import re, sys
