@@ -555,6 +555,29 @@ Prediction predict(const ModelCosts& model, const Layout& l, const Cluster& clus
   return predict_stages(l, stages, schedule, pipe, model, cluster, settings, cache);
 }
 
+// The micro-batch counts a replica of dp ranks tries: about pp x 1, 2, 4, ... while a micro-batch
+// keeps a sequence (smaller ones hold fewer activations and, in a pipeline, leave a smaller bubble).
+// For each target the smallest count at or above it that divides the replica's batch, and the
+// smallest such multiple of pp (the interleaved schedule's need): a batch without a factor of pp
+// (BLOOM's 2048 over pp 12) still gets counts, and pp x 2^k is kept wherever it divides.
+std::vector<int> micro_batch_counts(int global_batch, int dp, int pp) {
+  std::set<int> out;
+  if (global_batch % dp != 0) return {};
+  const int replica = global_batch / dp;
+  for (int target = pp; target <= replica; target *= 2) {
+    int any = 0, of_pp = 0;
+    for (int m = target; m <= replica && (any == 0 || of_pp == 0); ++m) {
+      if (replica % m != 0) continue;
+      if (any == 0) any = m;
+      if (of_pp == 0 && m % pp == 0) of_pp = m;
+    }
+    for (int m : {any, of_pp}) {
+      if (m > 0) out.insert(m);
+    }
+  }
+  return {out.begin(), out.end()};
+}
+
 std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int global_batch) {
   constexpr int kMaxChunks = 16;
   if (world < 1) ZERO_THROW(InvalidArgument, "enumerate_layouts: world {} is not positive", world);
@@ -563,9 +586,7 @@ std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int gl
     for (int pp : divisors(world / tp)) {
       const int dp = world / (tp * pp);
       for (int stage = 0; stage <= 3; ++stage) {
-        // Micro-batches: pp x 1, 2, 4, ... while a micro-batch keeps a sequence (smaller ones hold
-        // fewer activations and, in a pipeline, leave a smaller bubble).
-        for (int m = pp; m <= global_batch / dp; m *= 2) {
+        for (int m : micro_batch_counts(global_batch, dp, pp)) {
           // The schedules with their chunks per rank: interleaved at 2, 4, 8, ... chunks (up to what
           // the model refuses, e.g. more virtual stages than layers).
           std::vector<std::pair<std::string, int>> schedules = {{"1f1b", 1}};

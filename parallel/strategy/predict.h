@@ -94,8 +94,13 @@ Prediction predict(const ModelCosts& model, const Layout& layout, const Cluster&
 
 // (The engine's options of a layout's plan are zero::engine_options(layout, settings.engine).)
 
-// Every layout of `world` ranks the model supports: dp x tp x pp, ZeRO stages 0-3, micro-batches
-// (pp times a power of two, at most the batch per dp rank) dividing the batch, the schedules (GPipe,
+// The micro-batch counts the search tries for a replica of `global_batch` / dp sequences: for each
+// of pp, 2 pp, 4 pp, ... up to that batch, the smallest count at or above it dividing the batch and
+// the smallest such multiple of pp (ascending, no repeats; none where dp does not divide the batch).
+std::vector<int> micro_batch_counts(int global_batch, int dp, int pp);
+
+// Every layout of `world` ranks the model supports: dp x tp x pp, ZeRO stages 0-3, the micro-batch
+// counts above, the schedules (GPipe,
 // 1F1B, ZB-H1, ZB-V, interleaved 1F1B at 2, 4, ... 16 chunks per rank),
 // sequence parallelism at tp above 1, offload at stages 1-3, and activation recompute.
 std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int global_batch);

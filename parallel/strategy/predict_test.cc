@@ -146,6 +146,21 @@ TEST_CASE("zb-v: two chunks per rank in a V, at 1F1B's activation peak, below ZB
   CHECK(std::any_of(all.begin(), all.end(), [](const Layout& l) { return l.schedule == "zb-v"; }));
 }
 
+TEST_CASE("micro-batch counts: pp x 2^k where it divides the replica's batch, the next divisors where not") {
+  // A power-of-two batch over a power-of-two pp: pp, 2 pp, 4 pp, ... as before.
+  CHECK(micro_batch_counts(16, 2, 2) == std::vector<int>{2, 4, 8});
+  CHECK(micro_batch_counts(16, 1, 1) == std::vector<int>{1, 2, 4, 8, 16});
+  // BLOOM's 2048 over dp 8 and pp 12: no multiple of 12 divides 256, so the counts are the divisors
+  // above 12, 24, 48, 96, 192 (its published 128 among them), none a multiple of pp.
+  CHECK(micro_batch_counts(2048, 8, 12) == std::vector<int>{16, 32, 64, 128, 256});
+  // 2520 over dp 9 and pp 35 (Megatron's 530B): 280 per replica; 35 divides it (the interleaved
+  // schedule's multiple), and the smallest divisors at or above 70, 140 and 280.
+  CHECK(micro_batch_counts(2520, 9, 35) == std::vector<int>{35, 70, 140, 280});
+  // 24 over pp 5: targets 5, 10, 20; divisors 6, 12, 24; no multiple of 5 divides 24.
+  CHECK(micro_batch_counts(24, 1, 5) == std::vector<int>{6, 12, 24});
+  CHECK(micro_batch_counts(10, 3, 1).empty());  // dp 3 does not divide the batch
+}
+
 TEST_CASE("a stage's tp collectives are its rank's, in a V as in a loop") {
   // The last virtual stage's loss all-reduces: on rank 1 under 1F1B, on rank 0 under zb-v (which
   // holds the first and the last); the busiest rank, the one holding them, waits for them.
