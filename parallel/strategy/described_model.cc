@@ -502,11 +502,16 @@ std::string DescribedModel::unsupported(const Layout& l, int global_batch) const
 
 std::shared_ptr<const plan::ModelSpec> DescribedModel::spec(int tp, bool sp, int stages, int s) const {
   const auto key = std::make_tuple(tp, sp, stages, s);
-  if (auto it = specs_.find(key); it != specs_.end()) return it->second;
+  {
+    std::lock_guard<std::mutex> lock(specs_mutex_);
+    if (auto it = specs_.find(key); it != specs_.end()) return it->second;
+  }
+  // Made outside the lock (two threads may make the same; the first kept).
   const auto [begin, end] = parallel::even_stage_range(description_.blocks, stages, s);
   auto made = std::make_shared<const plan::ModelSpec>(
       stage_model({.tp = tp, .sequence_parallel = sp, .first_block = begin, .end_block = end, .first = s == 0,
                    .last = s == stages - 1, .stages = stages}));
+  std::lock_guard<std::mutex> lock(specs_mutex_);
   return specs_.emplace(key, std::move(made)).first->second;
 }
 

@@ -58,6 +58,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -153,6 +154,7 @@ class DescribedModel : public ModelCosts {
   DType dtype_;
   // The engine's tensors by (tp, sp, virtual stages, stage), shared by the layouts that differ in
   // the rest (used from one thread, as rank_layouts does).
+  mutable std::mutex specs_mutex_;  // a search's threads share the model
   mutable std::map<std::tuple<int, bool, int, int>, std::shared_ptr<const plan::ModelSpec>> specs_;
 };
 

@@ -189,30 +189,40 @@ TEST_CASE("the planner ranks the GPT's layouts of 8 ranks, each within its memor
 // The search prunes with floors that must never exceed the plan: a floor above it would drop a
 // layout that fits, or rank one below where it belongs. Every layout of 8 ranks planned, in fp32
 // and in bf16 with fp32 norms (masters for the narrow tensors only), every stage, pipeline and
-// schedule (ZeRO-3 pipelines keep their units gathered and their gradients whole).
+// schedule (ZeRO-3 pipelines keep their units gathered and their gradients whole). On links with and
+// without a latency (the time floor counts the data-parallel collectives' bytes, not their messages),
+// and on a link so slow that those collectives are most of the step (where their floor matters).
 TEST_CASE("the search's memory and time floors are never above a layout's plan") {
+  Cluster no_latency = cluster(), slow_link = cluster();
+  no_latency.intra.latency = no_latency.inter.latency = 0;
+  slow_link.intra = slow_link.inter = {1e6, 0};
   for (const bool bf16 : {false, true}) {
-    CAPTURE(bf16);
-    const DescribedModel gpt(describe_gpt2(kShape, bf16), bf16 ? DType::kBFloat16 : DType::kFloat32);
-    PlanSettings settings;
-    settings.engine = gpt2_engine_options(3e-3f);
-    settings.global_batch = 16;
-    const std::vector<Layout> layouts = enumerate_layouts(gpt, 8, 16);
-    const std::vector<Prediction> ranked = rank_layouts(gpt, layouts, cluster(), settings);
-    size_t planned = 0, tight = 0, refused = 0;
-    for (const Prediction& p : ranked) {
-      refused += p.unsupported.find("the engine refuses it") == 0 ? 1 : 0;
-      if (!p.unsupported.empty() || p.estimate != Estimate::kExact) continue;
-      CAPTURE(describe(p.layout));
-      ++planned;
-      CHECK(p.memory_floor > p.memory.activations);
-      CHECK(p.memory_floor <= p.memory.device());
-      CHECK(p.time_floor <= p.time.step());
-      tight += p.memory_floor * 10 >= p.memory.device() * 9 ? 1 : 0;
+    for (const Cluster& c : {cluster(), no_latency, slow_link}) {
+      CAPTURE(bf16);
+      CAPTURE(c.intra.latency);
+      CAPTURE(c.intra.bandwidth);
+      const DescribedModel gpt(describe_gpt2(kShape, bf16), bf16 ? DType::kBFloat16 : DType::kFloat32);
+      PlanSettings settings;
+      settings.engine = gpt2_engine_options(3e-3f);
+      settings.global_batch = 16;
+      const std::vector<Layout> layouts = enumerate_layouts(gpt, 8, 16);
+      const std::vector<Prediction> ranked = rank_layouts(gpt, layouts, c, settings);
+      size_t planned = 0, tight = 0, refused = 0, tight_time = 0;
+      for (const Prediction& p : ranked) {
+        refused += p.unsupported.find("the engine refuses it") == 0 ? 1 : 0;
+        if (!p.unsupported.empty() || p.estimate != Estimate::kExact) continue;
+        CAPTURE(describe(p.layout));
+        ++planned;
+        CHECK(p.memory_floor > p.memory.activations);
+        CHECK(p.memory_floor <= p.memory.device());
+        CHECK(p.time_floor <= p.time.step());
+        tight += p.memory_floor * 10 >= p.memory.device() * 9 ? 1 : 0;
+        tight_time += p.time_floor * 10 >= p.time.step() * 9 ? 1 : 0;
+      }
+      CHECK(planned + refused == layouts.size());
+      MESSAGE(tight << " of " << planned << " memory floors and " << tight_time << " time floors within 10% of the plan; "
+                    << refused << " layouts the engine refuses");
     }
-    CHECK(planned + refused == layouts.size());
-    MESSAGE(tight << " of " << planned << " memory floors within 10% of the plan; " << refused
-                  << " layouts the engine refuses");
   }
 }
 

@@ -60,6 +60,8 @@ struct StageCosts {
   uint64_t rebuilt_bytes = 0, input_peak_bytes = 0;
 };
 
+// A search with PlanSettings::threads above 1 calls unsupported() and stage() from that many
+// threads at once.
 class ModelCosts {
  public:
   virtual ~ModelCosts() = default;

@@ -3,13 +3,19 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <exception>
+#include <functional>
+#include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <queue>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -131,7 +137,36 @@ std::vector<int> divisors(int n) {
 // change neither the engine's tensors (ModelCosts' contract) nor its options, so those share one
 // (with several chunks per rank the scopes' order is the interleaved schedule's, which the chunks
 // and micro-batches determine).
-using PlanCache = std::map<std::string, plan::EnginePlan>;
+// Shared by a search's threads: a plan being made by one is waited for by another that needs it.
+class PlanCache {
+ public:
+  const plan::EnginePlan& get(const std::string& key, const std::function<plan::EnginePlan()>& make) {
+    std::promise<plan::EnginePlan> made;
+    std::shared_future<plan::EnginePlan> plan;
+    bool mine = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = plans_.find(key);
+      if (it == plans_.end()) {
+        it = plans_.emplace(key, made.get_future().share()).first;
+        mine = true;
+      }
+      plan = it->second;
+    }
+    if (mine) {
+      try {
+        made.set_value(make());
+      } catch (...) {
+        made.set_exception(std::current_exception());
+      }
+    }
+    return plan.get();  // the map's future holds the value as long as the cache lives
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::string, std::shared_future<plan::EnginePlan>> plans_;
+};
 
 // The layouts' schedules, each kind checked (check_schedule) the first time it is made: a search
 // simulates one schedule under the costs of thousands of layouts, and checking it every time took a
@@ -147,11 +182,17 @@ class Schedules {
     parallel::ActionCosts costs;
     costs.held = held_bytes(stages);
     parallel::Schedule s = parallel::make_schedule(name, l.pp, l.micro_batches, l.chunks, 0, costs);
-    if (checked_.insert({name, l.pp, l.micro_batches, l.chunks}).second) parallel::check_schedule(s);
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);  // a search's threads share it
+      first = checked_.insert({name, l.pp, l.micro_batches, l.chunks}).second;
+    }
+    if (first) parallel::check_schedule(s);
     return s;
   }
 
  private:
+  std::mutex mutex_;
   std::set<std::tuple<std::string, int, int, int>> checked_;
 };
 
@@ -360,18 +401,18 @@ const plan::EnginePlan& engine_plan(const Layout& l, const std::vector<StageCost
   const std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{:x}{:x}", l.dp, l.tp, l.pp, l.chunks,
                                       l.chunks > 1 ? l.schedule : "", l.stage, l.micro_batches, l.sequence_parallel,
                                       l.offload_optimizer, h1, h2);
-  const auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  plan::PlanInputs in;
-  in.model = std::move(model.spec);
-  in.step_schedule = std::move(model.step);
-  in.options = engine_options(l, settings.engine);
-  in.world_size = l.dp;
-  in.tp = l.tp;
-  in.pp = l.pp;
-  in.finalizers = parallel::model_parallel_finalizers;
-  if (l.pp > 1) in.model_parallel_units = stages.front().units;
-  return cache.emplace(key, plan::plan_engine(in)).first->second;
+  return cache.get(key, [&] {
+    plan::PlanInputs in;
+    in.model = std::move(model.spec);
+    in.step_schedule = std::move(model.step);
+    in.options = engine_options(l, settings.engine);
+    in.world_size = l.dp;
+    in.tp = l.tp;
+    in.pp = l.pp;
+    in.finalizers = parallel::model_parallel_finalizers;
+    if (l.pp > 1) in.model_parallel_units = stages.front().units;
+    return plan::plan_engine(in);
+  });
 }
 
 // The micro-steps of a step whose gradients are reduced at their end: without a pipeline each
@@ -381,13 +422,26 @@ int reducing_micro_steps(const Layout& l, const EngineOptions& options) {
   return l.pp == 1 && options.micro_batch_reduce != MicroBatchReduce::kOnce ? l.micro_batches : 1;
 }
 
+// The part of a data-parallel collective's time a rank waits for, given the compute it can hide
+// behind: the last unit's reduction (and at stage 3 the first unit's gather) waits for nothing to
+// hide behind, so one unit's share is exposed at least.
+double exposed_collectives(double collectives, double window, int units) {
+  return std::max(collectives - window, collectives / std::max(1, units));
+}
+
 // The part of a layout's step that needs no engine plan: each virtual stage's forward, input and
 // weight parts with their tp collectives, through the pipeline simulator (or the one stage's
-// micro-batches one after another), and each pipeline rank's optimizer over its shard
-// (set_optimizer_times).
+// micro-batches one after another), and each pipeline rank's time after it (set_rank_tails).
 struct PipelineTime {
   parallel::ActionCosts costs;        // per virtual stage
   std::vector<double> tp, optimizer;  // per pipeline rank and step
+  // Per pipeline rank and step, over the chunks it holds: its backward (input and weight parts) and
+  // its forward, what its data-parallel collectives can hide behind.
+  std::vector<double> backward_window, forward_window;
+  // The least the data-parallel collectives and the optimizer add after the pipeline, on the rank
+  // where that is most (set_rank_tails).
+  double tail_floor = 0;
+  double tail_floor_exposed = 0;  // of which the collectives' exposed part
   std::vector<double> busy;           // per pipeline rank: its compute per step
   std::vector<double> tp_syncs;       // per pipeline rank: its tp collectives priced from the link
   std::vector<double> receives;       // per pipeline rank: the activations and gradients it waits for
@@ -397,10 +451,8 @@ struct PipelineTime {
   // schedule's replay (parallel::HeldTracker, the simulator's and ZB-H1's generator's own) from the
   // stages' sizes (costs.held).
   std::vector<uint64_t> activations;
-  // The slowest rank's optimizer: the step waits for it.
-  double slowest_optimizer() const { return *std::max_element(optimizer.begin(), optimizer.end()); }
-  // No step is shorter: the data-parallel collectives' exposed part is at least nothing.
-  double floor() const { return time.compute + time.bubble + slowest_optimizer(); }
+  // No step is shorter (sync waits and the engine's own tp collectives are at least nothing).
+  double floor() const { return time.compute + time.bubble + tail_floor; }
 };
 
 PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stages, const parallel::Schedule& schedule,
@@ -418,7 +470,7 @@ PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stage
   costs.forward.assign(stages.size(), 0.0);
   costs.backward = costs.weight = costs.forward;
   out.tp.assign(static_cast<size_t>(l.pp), 0.0);
-  out.busy = out.tp_syncs = out.receives = out.tp;
+  out.busy = out.tp_syncs = out.receives = out.backward_window = out.forward_window = out.tp;
   for (size_t k = 0; k < stages.size(); ++k) {
     const StageCosts& c = stages[k];
     const auto rank = static_cast<size_t>(schedule.rank_of(static_cast<int>(k)));
@@ -428,6 +480,8 @@ PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stage
     costs.weight[k] = c.backward_weight * compute_slow;
     out.tp[rank] += (tf + tb) * l.micro_batches;
     out.tp_syncs[rank] += static_cast<double>(c.tp_forward.size() + c.tp_backward.size()) * l.micro_batches;
+    out.backward_window[rank] += (costs.backward[k] + costs.weight[k]) * l.micro_batches;
+    out.forward_window[rank] += costs.forward[k] * l.micro_batches;
     costs.transfer = std::max(costs.transfer, l.pp > 1 ? pp_link.time(c.send_bytes) : 0.0);
   }
   costs.held = held_bytes(stages);
@@ -454,21 +508,48 @@ PipelineTime pipeline_time(const Layout& l, const std::vector<StageCosts>& stage
   return out;
 }
 
-// Each pipeline rank's optimizer over its shard (on the host with offload, its gradients going down
-// and its parameters up): the one part of PipelineTime that depends on the ZeRO stage and offload,
-// so the layouts that differ only in those share the rest.
-void set_optimizer_times(PipelineTime& pipe, const Layout& l, const std::vector<StageCosts>& stages,
-                         const std::vector<RankTensors>& ranks, const Cluster& cluster) {
+// What the data-parallel collectives of pipeline rank `r` can hide behind: on separate engines,
+// the backward that follows a gradient's completion (and at stage 3 the forward the gathers are
+// prefetched into), over every chunk of the rank; on shared cores, nothing.
+double overlap_window(const PipelineTime& pipe, const Layout& l, const Cluster& cluster, int r) {
+  if (cluster.shared_cores) return 0.0;
+  const auto k = static_cast<size_t>(r);
+  return pipe.backward_window[k] + (l.stage == 3 ? pipe.forward_window[k] : 0.0);
+}
+
+// Each pipeline rank's time after its pipeline, the one part of PipelineTime that depends on the
+// ZeRO stage and offload (so the layouts that differ only in those share the rest): its optimizer
+// over its shard (on the host with offload, its gradients going down and its parameters up), and
+// the floor of that tail with its data-parallel collectives. Those move every trainable element at
+// least twice at every stage: an all-reduce of the gradients at stage 0, or a reduce-scatter of
+// them and an all-gather of the parameters (stages 1-3), each in the tensor's dtype or wider and
+// (a ring, or HSDP's groups) 2 (n - 1) / n of its bytes per rank, less a thousandth for the byte
+// the tallies round off per call.
+void set_rank_tails(PipelineTime& pipe, const Layout& l, const std::vector<StageCosts>& stages,
+                    const std::vector<RankTensors>& ranks, const Cluster& cluster) {
   const double slow = shared_core_slowdown(l, cluster);
+  const Link& dp_link = link_for(cluster, l.tp * l.dp);
   pipe.optimizer.assign(static_cast<size_t>(l.pp), 0.0);
+  pipe.tail_floor = pipe.tail_floor_exposed = 0;
   for (int r = 0; r < l.pp; ++r) {
-    const double elements = static_cast<double>(ranks[static_cast<size_t>(r)].numel) / (l.stage >= 1 ? l.dp : 1);
+    const RankTensors& tensors = ranks[static_cast<size_t>(r)];
+    const double elements = static_cast<double>(tensors.numel) / (l.stage >= 1 ? l.dp : 1);
     double& optimizer = pipe.optimizer[static_cast<size_t>(r)];
     optimizer = elements / cluster.optimizer_rate * slow;
     if (l.offload_optimizer) {
       const double host_rate = cluster.host_optimizer_rate > 0 ? cluster.host_optimizer_rate : cluster.optimizer_rate;
       const double bytes = elements * 2 * dtype_size(stages.front().engine->dtype);
       optimizer = elements / host_rate * slow + (cluster.host_link ? cluster.host_link->time(bytes) : 0.0);
+    }
+    double least = 0;
+    if (l.dp > 1) {
+      const double n = l.dp;
+      least = 0.999 * 2 * (n - 1) / n * static_cast<double>(tensors.bytes) / dp_link.bandwidth;
+    }
+    const double exposed = exposed_collectives(least, overlap_window(pipe, l, cluster, r), stages.front().units);
+    if (exposed + optimizer >= pipe.tail_floor) {
+      pipe.tail_floor = exposed + optimizer;
+      pipe.tail_floor_exposed = exposed;
     }
   }
 }
@@ -481,7 +562,6 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
   out.time = pipe.time;
   out.bubble_fraction = pipe.bubble_fraction;
   const Link& dp_link = link_for(cluster, l.tp * l.dp);
-  const parallel::ActionCosts& costs = pipe.costs;
   double after_pipeline = 0;
   uint64_t worst_memory = 0;
   for (int r = 0; r < l.pp; ++r) {
@@ -499,17 +579,7 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
     // parameters sequence parallelism replicates, the norm's sum).
     const double engine_tp = engine_collectives_time(p.tp_traffic, l.tp, link_for(cluster, l.tp), cluster.copy);
     const double dp = engine_collectives_time(p.traffic, l.dp, dp_link, cluster.copy) + engine_tp;
-    // What they can hide behind: on separate engines, the backward that follows a gradient's
-    // completion (and at stage 3 the forward the gathers are prefetched into), over every chunk of
-    // the rank; on shared cores, nothing.
-    double window = 0;
-    for (int c = 0; c < l.chunks && !cluster.shared_cores; ++c) {
-      const size_t k = static_cast<size_t>(c * l.pp + r);
-      window += (costs.backward[k] + costs.weight[k] + (l.stage == 3 ? costs.forward[k] : 0.0)) * l.micro_batches;
-    }
-    // The last unit's reduction (and at stage 3 the first unit's gather) waits for nothing to hide
-    // behind, so one unit's share is exposed at least.
-    const double exposed = std::max(dp - window, dp / std::max(1, stages.front().units));
+    const double exposed = exposed_collectives(dp, overlap_window(pipe, l, cluster, r), stages.front().units);
     // Its waits for the slowest rank: with dp above 1 the end of each micro-step that reduces
     // (Engine::finish_backward completes its reductions before the next compute) and each
     // all-gather (what follows waits for it: at stage 3 each unit's parameters before its compute,
@@ -540,9 +610,44 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
   return out;
 }
 
+// Runs work(i) for i = 0, 1, ... count - 1 on `threads` threads (this one among them), each taking
+// the next index until none is left or stop() says so; between its items this thread calls
+// between() (where the search reports its progress). The first exception any item throws ends the
+// others' taking and is thrown here once they are done. Returns how many items were taken.
+size_t for_each_index(size_t count, int threads, const std::function<void(size_t)>& work,
+                      const std::function<bool()>& stop, const std::function<void()>& between) {
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  auto run = [&](bool reporter) {
+    for (;;) {
+      if (failed.load() || stop()) return;
+      const size_t i = next.fetch_add(1);
+      if (i >= count) return;
+      try {
+        work(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+        failed = true;
+      }
+      if (reporter) between();
+    }
+  };
+  std::vector<std::thread> helpers;
+  const size_t extra = static_cast<size_t>(std::max(1, threads)) - 1;
+  for (size_t t = 0; t < std::min(extra, count); ++t) helpers.emplace_back(run, false);
+  run(true);
+  for (std::thread& t : helpers) t.join();
+  if (error) std::rethrow_exception(error);
+  return std::min(next.load(), count);
+}
+
 }  // namespace
 
 Prediction predict(const ModelCosts& model, const Layout& l, const Cluster& cluster, const PlanSettings& settings) {
+
   Prediction out;
   out.layout = l;
   out.unsupported = model.unsupported(l, settings.global_batch);
@@ -551,7 +656,7 @@ Prediction predict(const ModelCosts& model, const Layout& l, const Cluster& clus
   const std::vector<StageCosts> stages = stage_costs(model, l, cluster, settings);
   const parallel::Schedule schedule = Schedules().of(l, stages);
   PipelineTime pipe = pipeline_time(l, stages, schedule, cluster);
-  set_optimizer_times(pipe, l, stages, ranks_tensors(l, stages), cluster);
+  set_rank_tails(pipe, l, stages, ranks_tensors(l, stages), cluster);
   return predict_stages(l, stages, schedule, pipe, model, cluster, settings, cache);
 }
 
@@ -616,33 +721,20 @@ std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int gl
 std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<Layout>& layouts, const Cluster& cluster,
                                      const PlanSettings& settings, size_t exact) {
   exact = std::max<size_t>(exact, 1);
+  const int threads = std::max(1, settings.threads);
+  using Clock = std::chrono::steady_clock;
+  const auto started = Clock::now();
+  auto out_of_time = [&] {
+    return settings.time_limit > 0 &&
+           std::chrono::duration<double>(Clock::now() - started).count() >= settings.time_limit;
+  };
   std::vector<Prediction> out;
   PlanCache cache;
-  // A supported layout with what predicting it needs, and its floors. (Not its schedule: at many
-  // ranks and micro-batches the action lists of thousands of layouts would be gigabytes; planning
-  // makes it again.)
-  struct Candidate {
-    Layout layout;
-    std::shared_ptr<const std::vector<StageCosts>> stages;
-    MemoryFloor floor;
-    PipelineTime pipe;
-  };
-  // The stages and the pipeline (simulated) of the layouts that differ only in their ZeRO stage and
-  // offload: those change neither the model's stages nor the schedule, only the optimizer's time
-  // and the engine, so the simulation runs once for the seven of them.
-  struct Shared {
-    std::shared_ptr<const std::vector<StageCosts>> stages;
-    std::vector<RankTensors> ranks;
-    PipelineTime pipe;
-  };
-  std::map<std::tuple<int, int, int, int, std::string, int, bool, bool>, Shared> shared;
-  std::vector<Candidate> candidates, too_large;
   Schedules schedules;
   const uint64_t device = static_cast<uint64_t>(cluster.usable_memory());
-  // Progress, every settings.progress_seconds and at the end.
+  // Progress, every settings.progress_seconds and at the end (from this thread only).
   SearchProgress progress;
   progress.layouts = layouts.size();
-  using Clock = std::chrono::steady_clock;
   auto reported = Clock::now();
   auto report = [&](bool last) {
     if (!settings.progress) return;
@@ -652,33 +744,82 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
     progress.done = last;
     settings.progress(progress);
   };
-  for (const Layout& l : layouts) {
-    ++progress.examined;
+
+  // The layouts that differ only in their ZeRO stage and offload share a group: those change
+  // neither the model's stages nor the schedule, only the optimizer's time and the engine, so the
+  // stages, the simulation and the ranks' tallies are made once for the seven of them.
+  struct Group {
+    Layout first;
+    size_t members = 0;
+    bool done = false;  // made (a time limit may stop the search before)
+    std::shared_ptr<const std::vector<StageCosts>> stages;
+    std::vector<RankTensors> ranks;
+    PipelineTime pipe;
+  };
+  std::map<std::tuple<int, int, int, int, std::string, int, bool, bool>, size_t> group_of;
+  std::vector<Group> groups;
+  std::vector<size_t> layout_group(layouts.size(), SIZE_MAX);  // SIZE_MAX: the model cannot run it
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    const Layout& l = layouts[i];
     if (!model.unsupported(l, settings.global_batch).empty()) {
       out.push_back(predict(model, l, cluster, settings));
+      ++progress.examined;
       continue;
     }
     const auto key = std::make_tuple(l.dp, l.tp, l.pp, l.micro_batches, l.schedule, l.chunks, l.sequence_parallel,
                                      l.recompute);
-    auto it = shared.find(key);
-    if (it == shared.end()) {
-      auto stages = std::make_shared<const std::vector<StageCosts>>(stage_costs(model, l, cluster, settings));
-      PipelineTime pipe = pipeline_time(l, *stages, schedules.of(l, *stages), cluster);
-      std::vector<RankTensors> ranks = ranks_tensors(l, *stages);
-      it = shared.emplace(key, Shared{std::move(stages), std::move(ranks), std::move(pipe)}).first;
+    const auto [it, added] = group_of.emplace(key, groups.size());
+    if (added) groups.push_back(Group{.first = l});
+    ++groups[it->second].members;
+    layout_group[i] = it->second;
+  }
+  // The groups on the search's threads, in the order given (a time limit leaves the last unmade).
+  std::atomic<size_t> examined{progress.examined};
+  for_each_index(
+      groups.size(), threads,
+      [&](size_t g) {
+        Group& group = groups[g];
+        group.stages = std::make_shared<const std::vector<StageCosts>>(
+            stage_costs(model, group.first, cluster, settings));
+        group.pipe = pipeline_time(group.first, *group.stages, schedules.of(group.first, *group.stages), cluster);
+        group.ranks = ranks_tensors(group.first, *group.stages);
+        group.done = true;
+        examined += group.members;
+      },
+      out_of_time,
+      [&] {
+        progress.examined = examined.load();
+        report(false);
+      });
+  progress.examined = examined.load();
+
+  // Each layout's floors from its group's.
+  struct Candidate {
+    Layout layout;
+    std::shared_ptr<const std::vector<StageCosts>> stages;
+    MemoryFloor floor;
+    PipelineTime pipe;
+  };
+  std::vector<Candidate> candidates, too_large;
+  std::vector<Layout> not_examined;
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    if (layout_group[i] == SIZE_MAX) continue;
+    const Group& group = groups[layout_group[i]];
+    if (!group.done) {
+      not_examined.push_back(layouts[i]);
+      continue;
     }
-    const Shared& group = it->second;
-    Candidate c{l, group.stages, {}, group.pipe};
-    set_optimizer_times(c.pipe, l, *c.stages, group.ranks, cluster);
-    c.floor = memory_floor(l, group.ranks, c.pipe.activations, settings.engine);
+    Candidate c{layouts[i], group.stages, {}, group.pipe};
+    set_rank_tails(c.pipe, c.layout, *c.stages, group.ranks, cluster);
+    c.floor = memory_floor(c.layout, group.ranks, c.pipe.activations, settings.engine);
     if (c.floor.device <= device) {
       ++progress.fitting_floors;
       const double floor = c.pipe.floor();
       if (progress.fastest_floor == 0 || floor < progress.fastest_floor) progress.fastest_floor = floor;
     }
     (c.floor.device <= device ? candidates : too_large).push_back(std::move(c));
-    report(false);
   }
+  report(false);
   auto plan = [&](const Candidate& c) {
     Prediction p;
     try {
@@ -696,21 +837,38 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
     return p;
   };
   // Plan the candidates in the order of their time floors; once `exact` fit, a floor above the
-  // slowest of them cannot rank among them, nor can any after it.
+  // slowest of them cannot rank among them, nor can any after it. The threads plan the next few at
+  // once; their results are taken in order as planning one at a time would (one past the bound is
+  // dropped), so the answer and the table do not depend on the number of threads.
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](const Candidate& a, const Candidate& b) { return a.pipe.floor() < b.pipe.floor(); });
   std::priority_queue<double> fastest;  // the `exact` fastest fitting steps so far, the slowest on top
+  auto beyond_bound = [&](size_t i) { return fastest.size() >= exact && candidates[i].pipe.floor() > fastest.top(); };
   size_t next = 0;
-  for (; next < candidates.size(); ++next) {
-    if (fastest.size() >= exact && candidates[next].pipe.floor() > fastest.top()) break;
-    out.push_back(plan(candidates[next]));
-    ++progress.planned;
-    if (out.back().fits) {
-      fastest.push(out.back().time.step());
-      if (fastest.size() > exact) fastest.pop();
-      if (!progress.best || out.back().time.step() < progress.best_step) {
-        progress.best = out.back().layout;
-        progress.best_step = out.back().time.step();
+  bool timed_out = false;
+  while (next < candidates.size() && !beyond_bound(next)) {
+    if (out_of_time()) {
+      timed_out = true;
+      break;
+    }
+    size_t end = next;
+    while (end < candidates.size() && end - next < static_cast<size_t>(threads) && !beyond_bound(end)) ++end;
+    std::vector<Prediction> planned(end - next);
+    for_each_index(
+        planned.size(), threads, [&](size_t i) { planned[i] = plan(candidates[next + i]); }, [] { return false; },
+        [] {});
+    for (Prediction& p : planned) {
+      if (beyond_bound(next)) break;
+      out.push_back(std::move(p));
+      ++next;
+      ++progress.planned;
+      if (out.back().fits) {
+        fastest.push(out.back().time.step());
+        if (fastest.size() > exact) fastest.pop();
+        if (!progress.best || out.back().time.step() < progress.best_step) {
+          progress.best = out.back().layout;
+          progress.best_step = out.back().time.step();
+        }
       }
     }
     report(false);
@@ -727,9 +885,10 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
   };
   for (size_t i = next; i < candidates.size(); ++i) {
     const Candidate& c = candidates[i];
-    Prediction p = floor_of(c, Estimate::kTooSlow);
+    Prediction p = floor_of(c, timed_out ? Estimate::kNotPlanned : Estimate::kTooSlow);
     p.time = c.pipe.time;
-    p.time.optimizer = c.pipe.slowest_optimizer();
+    p.time.optimizer = c.pipe.tail_floor - c.pipe.tail_floor_exposed;
+    p.time.dp_exposed = c.pipe.tail_floor_exposed;
     p.bubble_fraction = c.pipe.bubble_fraction;
     p.tokens_per_s = settings.global_batch * static_cast<double>(model.sequence_length()) / p.time.step();
     out.push_back(p);
@@ -743,18 +902,30 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
     if (p.unsupported.empty()) smallest = std::min(smallest, p.memory.device());
   }
   size_t planned = 0;
-  while (!any_fits && planned < too_large.size() && too_large[planned].floor.device < smallest) {
+  while (!any_fits && !timed_out && planned < too_large.size() && too_large[planned].floor.device < smallest) {
     out.push_back(plan(too_large[planned++]));
     ++progress.planned;
     smallest = std::min(smallest, out.back().memory.device());
+    timed_out = out_of_time();
   }
   for (size_t i = planned; i < too_large.size(); ++i) out.push_back(floor_of(too_large[i], Estimate::kTooLarge));
+  for (const Layout& l : not_examined) {
+    Prediction p;
+    p.layout = l;
+    p.estimate = Estimate::kNotExamined;
+    out.push_back(p);
+  }
   report(true);
-  // Fitting first, fastest first (equal times: the smaller); then the too slow, by their floors;
-  // then the rest, smallest first.
-  auto group = [](const Prediction& p) { return p.fits ? 0 : p.estimate == Estimate::kTooSlow ? 1 : 2; };
+  // Fitting first, fastest first (equal times: the smaller); then the too slow and the unplanned,
+  // by their floors; then the rest, smallest first; the unexamined last.
+  auto group = [](const Prediction& p) {
+    if (p.fits) return 0;
+    if (p.estimate == Estimate::kTooSlow || p.estimate == Estimate::kNotPlanned) return 1;
+    return p.estimate == Estimate::kNotExamined ? 3 : 2;
+  };
   std::stable_sort(out.begin(), out.end(), [&](const Prediction& a, const Prediction& b) {
     if (group(a) != group(b)) return group(a) < group(b);
+    if (group(a) == 3) return false;
     if (group(a) == 2 || a.time.step() == b.time.step()) return a.memory.device() < b.memory.device();
     return a.time.step() < b.time.step();
   });
@@ -778,13 +949,17 @@ std::string table(const std::vector<Prediction>& ranked, size_t limit) {
                fmt::format("{:.2f}", 1e3 * p.time.step()), fmt::format("{:.0f}", p.tokens_per_s),
                fmt::format("{:.1f}%", 100 * p.bubble_fraction), fmt::format("{:.2f}", 1e3 * p.time.dp_exposed),
                p.fits ? "" : "does not fit"};
+    } else if (p.estimate == Estimate::kNotExamined) {
+      cells = {"-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "not examined (time limit)"};
     } else {
-      const bool slow = p.estimate == Estimate::kTooSlow;
+      const bool timed = p.estimate != Estimate::kTooLarge;  // too slow or not planned: a time floor
       cells = {"-", "-", "-", "-", "-", "-", format_bytes(m.activations), ">" + format_bytes(m.device()),
-               slow ? fmt::format(">{:.2f}", 1e3 * p.time.step()) : "-",
-               slow ? fmt::format("<{:.0f}", p.tokens_per_s) : "-",
-               slow ? fmt::format("{:.1f}%", 100 * p.bubble_fraction) : "-", "-",
-               slow ? "slower (at least)" : "does not fit (at least)"};
+               timed ? fmt::format(">{:.2f}", 1e3 * p.time.step()) : "-",
+               timed ? fmt::format("<{:.0f}", p.tokens_per_s) : "-",
+               timed ? fmt::format("{:.1f}%", 100 * p.bubble_fraction) : "-", "-",
+               p.estimate == Estimate::kTooSlow     ? "slower (at least)"
+               : p.estimate == Estimate::kNotPlanned ? "not planned (time limit; at least)"
+                                                     : "does not fit (at least)"};
     }
     rows.emplace_back(describe(p.layout), std::move(cells));
     width = std::max(width, rows.back().first.size());
@@ -804,15 +979,36 @@ std::string table(const std::vector<Prediction>& ranked, size_t limit) {
 std::string reason(const std::vector<Prediction>& ranked) {
   using memory::format_bytes;
   if (ranked.empty()) return "no layout: the model supports none at this world size and batch";
-  const Prediction& best = ranked.front();
-  if (!best.fits) {
-    return fmt::format("no layout fits: the smallest, {}, needs {} per device ({} of it activations)",
-                       describe(best.layout), format_bytes(best.memory.device()), format_bytes(best.memory.activations));
-  }
-  size_t fitting = 0, slower = 0;
+  size_t fitting = 0, slower = 0, not_planned = 0, not_examined = 0;
   for (const Prediction& p : ranked) {
     fitting += p.fits ? 1 : 0;
     slower += p.estimate == Estimate::kTooSlow ? 1 : 0;
+    not_planned += p.estimate == Estimate::kNotPlanned ? 1 : 0;
+    not_examined += p.estimate == Estimate::kNotExamined ? 1 : 0;
+  }
+  // What a time limit left out: the answer is the best of the rest.
+  const std::string cut =
+      not_planned + not_examined == 0
+          ? ""
+          : fmt::format("; the time limit ended the search with {} layouts not examined and {} whose floors were "
+                        "made not planned (the fastest floor among these {:.2f} ms)",
+                        not_examined, not_planned, [&] {
+                          double least = 0;
+                          for (const Prediction& p : ranked) {
+                            if (p.estimate == Estimate::kNotPlanned && (least == 0 || p.time.step() < least)) {
+                              least = p.time.step();
+                            }
+                          }
+                          return 1e3 * least;
+                        }());
+  const Prediction& best = ranked.front();
+  if (!best.fits) {
+    if (best.estimate == Estimate::kNotPlanned || best.estimate == Estimate::kNotExamined) {
+      return "no layout planned in time fits" + cut;
+    }
+    return fmt::format("no layout fits: the smallest, {}, needs {} per device ({} of it activations){}",
+                       describe(best.layout), format_bytes(best.memory.device()), format_bytes(best.memory.activations),
+                       cut);
   }
   std::string s = fmt::format("{}: the fastest of {} layouts that fit{} ({:.2f} ms per step, {})", describe(best.layout),
                               fitting, slower > 0 ? fmt::format(" and {} more whose floors are slower", slower) : "",
@@ -822,7 +1018,7 @@ std::string reason(const std::vector<Prediction>& ranked) {
     s += fmt::format("; next {} at {:.2f} ms ({:+.1f}%)", describe(next.layout), 1e3 * next.time.step(),
                      100 * (next.time.step() / best.time.step() - 1));
   }
-  return s;
+  return s + cut;
 }
 
 std::string explain(const Prediction& p) {

@@ -51,6 +51,11 @@ enum class Estimate {
   // no dp collectives) is above the step of every layout the search was asked to rank exactly.
   // `time` is that floor, `memory` the floor above; whether it fits is not known.
   kTooSlow,
+  // Not planned: the time limit (PlanSettings::time_limit) ended the search first. `time` and
+  // `memory` are floors as for kTooSlow, but the layout might have ranked first.
+  kNotPlanned,
+  // Not examined: the time limit ended the search before its floors were made. No figures.
+  kNotExamined,
 };
 
 struct Prediction {
@@ -88,6 +93,12 @@ struct PlanSettings {
   // (zero_plan prints a line each time); empty: not called.
   std::function<void(const SearchProgress&)> progress;
   double progress_seconds = 5.0;
+  // rank_layouts' threads: the model's stage() and unsupported() are called from this many at once
+  // (DescribedModel allows it; a model of one's own must, or keep 1).
+  int threads = 1;
+  // Seconds after which rank_layouts stops examining and planning and ranks what it has (the rest
+  // are Estimate::kNotExamined and kNotPlanned); 0: no limit.
+  double time_limit = 0;
 };
 
 Prediction predict(const ModelCosts& model, const Layout& layout, const Cluster& cluster, const PlanSettings& settings);
@@ -112,7 +123,8 @@ std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int gl
 // in the order of their time floors until `exact` fitting layouts are known and no floor is below
 // the slowest of them (the rest: Estimate::kTooSlow): the first `exact` are the same as planning
 // everything would rank first. Layouts that differ only in schedule or recompute share their
-// engine plans.
+// engine plans. The answer does not depend on settings.threads; with settings.time_limit it is the
+// best of what was planned in time, and reason() says what was not.
 std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<Layout>& layouts, const Cluster& cluster,
                                      const PlanSettings& settings, size_t exact = SIZE_MAX);
 

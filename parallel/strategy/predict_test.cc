@@ -3,9 +3,12 @@
 #include "parallel/strategy/chart.h"
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <set>
 #include <string>
 
 #include "base/error.h"
@@ -164,9 +167,10 @@ TEST_CASE("micro-batch counts: pp x 2^k where it divides the replica's batch, th
 TEST_CASE("a stage's tp collectives are its rank's, in a V as in a loop") {
   // The last virtual stage's loss all-reduces: on rank 1 under 1F1B, on rank 0 under zb-v (which
   // holds the first and the last); the busiest rank, the one holding them, waits for them.
-  for (const auto& [schedule, chunks] : {std::pair<const char*, int>{"1f1b", 1}, std::pair<const char*, int>{"zb-v", 2}}) {
+  for (const auto& kind : {std::pair<const char*, int>{"1f1b", 1}, std::pair<const char*, int>{"zb-v", 2}}) {
+    const char* schedule = kind.first;  // (not a structured binding: clang cannot capture one)
     CAPTURE(schedule);
-    const Layout l{.tp = 2, .pp = 2, .micro_batches = 4, .schedule = schedule, .chunks = chunks};
+    const Layout l{.tp = 2, .pp = 2, .micro_batches = 4, .schedule = schedule, .chunks = kind.second};
     ToyCosts plain, loss;
     loss.head_all_reduces = 3;
     const Prediction a = predict(plain, l, cluster(), settings()), b = predict(loss, l, cluster(), settings());
@@ -220,7 +224,15 @@ TEST_CASE("a search reports where it stands: layouts examined, floors within mem
   std::vector<SearchProgress> seen;
   s.progress = [&](const SearchProgress& p) { seen.push_back(p); };
   const std::vector<Prediction> ranked = rank_layouts(toy, all, cluster(), s, 3);
-  REQUIRE(seen.size() > all.size());
+  // A report after each group of layouts sharing a simulation (those differing only in stage and
+  // offload), and after each plan.
+  std::set<std::string> groups;
+  for (const Layout& l : all) {
+    groups.insert(fmt::format("{}.{}.{}.{}.{}.{}.{}.{}", l.dp, l.tp, l.pp, l.micro_batches, l.schedule, l.chunks,
+                              l.sequence_parallel, l.recompute));
+  }
+  REQUIRE(!seen.empty());
+  REQUIRE(seen.size() >= groups.size() + seen.back().planned);
   for (size_t i = 1; i < seen.size(); ++i) {
     CHECK(seen[i].examined >= seen[i - 1].examined);
     CHECK(seen[i].planned >= seen[i - 1].planned);
@@ -240,6 +252,40 @@ TEST_CASE("a search reports where it stands: layouts examined, floors within mem
   }));
   CHECK(last.fastest_floor > 0);
   CHECK(last.fastest_floor <= last.best_step);
+}
+
+TEST_CASE("a search on several threads answers as on one; a time limit ranks what it reached and says so") {
+  ToyCosts toy;
+  toy.activation_scale = 1000;
+  const std::vector<Layout> all = enumerate_layouts(toy, 4, 16);
+  Cluster slow = cluster();
+  slow.intra = slow.inter = {1e6, 1e-5};  // floors and steps apart: the pruning decides
+  PlanSettings one = settings(), four = settings();
+  four.threads = 4;
+  for (size_t exact : {size_t{1}, size_t{5}, SIZE_MAX}) {
+    CAPTURE(exact);
+    const std::vector<Prediction> a = rank_layouts(toy, all, slow, one, exact), b = rank_layouts(toy, all, slow, four, exact);
+    REQUIRE(a.size() == b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      CAPTURE(i);
+      CHECK(a[i].layout == b[i].layout);
+      CHECK(a[i].estimate == b[i].estimate);
+      CHECK(a[i].time.step() == b[i].time.step());
+      CHECK(a[i].memory.device() == b[i].memory.device());
+      CHECK(a[i].unsupported == b[i].unsupported);
+    }
+  }
+  // A limit reached at once: nothing examined, every supported layout named, none lost.
+  PlanSettings limited = settings();
+  limited.time_limit = 1e-9;
+  const std::vector<Prediction> cut = rank_layouts(toy, all, slow, limited, 3);
+  REQUIRE(cut.size() == all.size());
+  size_t not_examined = 0;
+  for (const Prediction& p : cut) not_examined += p.estimate == Estimate::kNotExamined ? 1 : 0;
+  CHECK(not_examined > 0);
+  CHECK(cut.back().estimate == Estimate::kNotExamined);  // ranked last
+  CHECK_MESSAGE(reason(cut).find(fmt::format("{} layouts not examined", not_examined)) != std::string::npos, reason(cut));
+  CHECK(table(cut, cut.size()).find("not examined (time limit)") != std::string::npos);
 }
 
 TEST_CASE("the search plans only what can fit, and shares plans without changing a prediction") {

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/check.h"
@@ -125,6 +126,14 @@ int run_strategy(cli::Flags& flags) {
   if ((only_tp > 0 || only_pp > 0) && !explain_text.empty()) {
     ZERO_THROW(InvalidArgument, "--tp and --pp restrict --auto's search; --explain names its own layout");
   }
+  // The search's threads (default: the machine's cores) and its time limit (0: none).
+  const int threads = flags.get_int("threads", static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  if (threads < 1) ZERO_THROW(InvalidArgument, "--threads must be positive, got {}", threads);
+  const double time_limit = flags.get_double("time-limit", 0);
+  if (!(time_limit >= 0)) ZERO_THROW(InvalidArgument, "--time-limit (seconds) must be positive, got {}", time_limit);
+  if (flags.has("time-limit") && time_limit == 0) {
+    ZERO_THROW(InvalidArgument, "--time-limit (seconds) must be positive, got 0 (leave it out for no limit)");
+  }
   flags.get_bool("auto", false);
   flags.check_all_used();
   if (dtype != DType::kFloat32 && dtype != DType::kBFloat16 && (dtype != DType::kFloat16 || !gpt.empty())) {
@@ -137,6 +146,8 @@ int run_strategy(cli::Flags& flags) {
   strategy::PlanSettings settings;
   settings.engine = base_options(file, dtype);
   settings.global_batch = batch;
+  settings.threads = threads;
+  settings.time_limit = time_limit;
 
   if (!explain_text.empty()) {
     const Layout l = parse_layout(explain_text);
