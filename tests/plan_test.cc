@@ -106,6 +106,21 @@ TEST_CASE("zero_plan --auto ranks the GPT's layouts on a cluster; --explain brea
   r = plan({"--explain", "tp=2", "--tp", "2", "--cluster", cluster});
   CHECK(r.exit_code != 0);
   CHECK(r.output.find("--explain names its own layout") != std::string::npos);
+  // Threads do not change the table; a time limit ranks what it reached and says what it did not.
+  const auto one = plan({"--auto", "--cluster", cluster, "--top", "8", "--threads", "1"});
+  const auto two = plan({"--auto", "--cluster", cluster, "--top", "8", "--threads", "2"});
+  CHECK(one.exit_code == 0);
+  CHECK(one.output == two.output);
+  r = plan({"--auto", "--cluster", cluster, "--time-limit", "1e-9"});
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("the time limit ended the search with") != std::string::npos);
+  CHECK(r.output.find("not examined (time limit)") != std::string::npos);
+  r = plan({"--auto", "--cluster", cluster, "--threads", "0"});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("--threads must be positive, got 0") != std::string::npos);
+  r = plan({"--auto", "--cluster", cluster, "--time-limit", "-1"});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("--time-limit (seconds) must be positive, got -1") != std::string::npos);
 }
 
 TEST_CASE("zero_plan --megatron plans Megatron-LM's GPT from all five numbers, fp16 allowed; not the example GPT in fp16") {
