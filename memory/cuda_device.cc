@@ -240,6 +240,33 @@ class CudaDevice final : public Device {
            cuda_kernels::convert_rows(src, src_dtype, src_stride, dst, dst_dtype, dst_stride, rows, n, s.handle()));
   }
 
+  void quantize_blocks(const void* src, DType src_dtype, size_t n, const BlockQuantization& q, void* segment,
+                       uint64_t* nonfinite, Stream& stream) override {
+    const CudaDeviceStream& s = usable(stream);
+    const char* dev = name_.c_str();
+    const op_checks::QuantizedExtents e = op_checks::quantized(1, n, q, 0, src_dtype, 0, dev, "quantize_blocks");
+    op_checks::pointer(src, e.element_bytes, dev, "quantize_blocks", "src");
+    op_checks::pointer(segment, e.segment_bytes, dev, "quantize_blocks", "segment");
+    if (n == 0) return;
+    DeviceGuard guard(ordinal_);
+    launch("quantize_blocks",
+           cuda_kernels::quantize_blocks(src, src_dtype, n, q.block, q.bits, segment, nonfinite, s.handle()));
+  }
+
+  void dequantize_rows(const void* segments, size_t segment_stride, size_t rows, size_t n, const BlockQuantization& q,
+                       void* dst, DType dst_dtype, size_t dst_stride, Stream& stream) override {
+    const CudaDeviceStream& s = usable(stream);
+    const char* dev = name_.c_str();
+    const op_checks::QuantizedExtents e =
+        op_checks::quantized(rows, n, q, segment_stride, dst_dtype, dst_stride, dev, "dequantize_rows");
+    op_checks::pointer(segments, e.segment_bytes, dev, "dequantize_rows", "segments");
+    op_checks::pointer(dst, e.element_bytes, dev, "dequantize_rows", "dst");
+    if (rows == 0 || n == 0) return;
+    DeviceGuard guard(ordinal_);
+    launch("dequantize_rows", cuda_kernels::dequantize_rows(segments, segment_stride, rows, n, q.block, q.bits, dst,
+                                                            dst_dtype, dst_stride, s.handle()));
+  }
+
   void accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n,
                   Stream& stream) override {
     const CudaDeviceStream& s = usable(stream);

@@ -118,6 +118,88 @@ __global__ void __launch_bounds__(kSumThreads)
   if (lane == 0 && j < blocks) out[j] = mine[0];
 }
 
+// Quantization (memory/block_quantization.h), bit for bit the host's: each block's largest finite
+// |x| into its scale's slot (a max is exact in any order), then the codes from it, then each slot
+// turned into its scale: three launches, so no thread reads a slot another rewrites.
+constexpr float kSmallestAbsmax = 0x1p-120f;  // the host's: below it a block is zeros
+
+__device__ bool finite(float v) { return fabsf(v) <= 3.402823466e+38f; }
+
+__device__ int code_of(float v, float absmax, float qmax) {
+  if (!finite(v)) return -static_cast<int>(qmax) - 1;
+  const float inv = absmax < kSmallestAbsmax ? 0.0f : __fdiv_rn(qmax, absmax);
+  return static_cast<int>(fminf(fmaxf(rintf(__fmul_rn(v, inv)), -qmax), qmax));
+}
+
+template <class E>
+__global__ void __launch_bounds__(kThreads)
+    block_absmax_kernel(const typename E::T* x, size_t n, size_t block, size_t blocks, float* slots) {
+  __shared__ float part[kThreads];
+  for (size_t k = blockIdx.x; k < blocks; k += gridDim.x) {
+    const size_t first = k * block;
+    const size_t len = block < n - first ? block : n - first;
+    float m = 0.0f;
+    for (size_t i = threadIdx.x; i < len; i += blockDim.x) {
+      const float a = fabsf(E::load(x, first + i));
+      m = fmaxf(m, finite(a) ? a : 0.0f);
+    }
+    part[threadIdx.x] = m;
+    __syncthreads();
+    for (int w = kThreads / 2; w >= 1; w /= 2) {
+      if (threadIdx.x < w) part[threadIdx.x] = fmaxf(part[threadIdx.x], part[threadIdx.x + w]);
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) slots[k] = part[0];
+    __syncthreads();
+  }
+}
+
+// One byte per thread: an int8 code, or two int4 codes (element 2u low, 2u + 1 high).
+template <class E>
+__global__ void block_codes_kernel(const typename E::T* x, size_t n, size_t block, int bits, const float* absmax,
+                                   uint8_t* codes, unsigned long long* nonfinite) {
+  const float qmax = bits == 8 ? 127.0f : 7.0f;
+  const size_t bytes = bits == 8 ? n : (n + 1) / 2;
+  ZERO_GRID_STRIDE(u, bytes) {
+    const int per = bits == 8 ? 1 : 2;
+    unsigned byte = 0;
+    for (int h = 0; h < per; ++h) {
+      const size_t e = u * per + h;
+      if (e >= n) break;
+      const float v = E::load(x, e);
+      const int c = code_of(v, absmax[e / block], qmax);
+      if (!finite(v) && nonfinite != nullptr) atomicAdd(nonfinite, 1ull);
+      byte |= bits == 8 ? static_cast<unsigned>(c) & 0xFFu : (static_cast<unsigned>(c) & 0xFu) << (4 * h);
+    }
+    codes[u] = static_cast<uint8_t>(byte);
+  }
+}
+
+__global__ void block_scales_kernel(float* slots, size_t blocks, float qmax) {
+  ZERO_GRID_STRIDE(k, blocks) { slots[k] = slots[k] < kSmallestAbsmax ? 0.0f : __fdiv_rn(slots[k], qmax); }
+}
+
+template <class D>
+__global__ void dequantize_rows_kernel(const uint8_t* segments, size_t segment_stride, size_t n, size_t block, int bits,
+                                       size_t scales_bytes, typename D::T* dst, size_t dst_stride, size_t total) {
+  const int marker = bits == 8 ? -128 : -8;
+  ZERO_GRID_STRIDE(i, total) {
+    const size_t r = i / n, e = i % n;
+    const uint8_t* seg = segments + r * segment_stride;
+    const float* scales = reinterpret_cast<const float*>(seg);
+    const uint8_t* codes = seg + scales_bytes;
+    int c = 0;
+    if (bits == 8) {
+      c = static_cast<int8_t>(codes[e]);
+    } else {
+      const int nibble = (codes[e / 2] >> (4 * (e % 2))) & 0xF;
+      c = nibble >= 8 ? nibble - 16 : nibble;
+    }
+    const float v = c == marker ? __int_as_float(0x7fc00000) : __fmul_rn(static_cast<float>(c), scales[e / block]);
+    D::store(dst, r * dst_stride + e, v);
+  }
+}
+
 }  // namespace
 
 int convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n, void* stream) {
@@ -200,6 +282,50 @@ int block_sum_of_squares(const void* x, DType dtype, size_t block, size_t blocks
     using E = decltype(e);
     block_sum_of_squares_kernel<E><<<static_cast<unsigned>(ctas), kSumThreads, 0, s>>>(
         static_cast<const typename E::T*>(x), block, blocks, out);
+    return launched();
+  });
+}
+
+int quantize_blocks(const void* src, DType src_dtype, size_t n, size_t block, int bits, void* segment,
+                    uint64_t* nonfinite, void* stream) {
+  if (n == 0) return 0;
+  auto s = static_cast<cudaStream_t>(stream);
+  const size_t blocks = (n + block - 1) / block;
+  const size_t scales_bytes = blocks * sizeof(float);
+  const size_t code_bytes = bits == 8 ? n : (n + 1) / 2;
+  const size_t segment_bytes = (scales_bytes + code_bytes + 3) / 4 * 4;
+  auto* slots = static_cast<float*>(segment);
+  auto* codes = static_cast<uint8_t*>(segment) + scales_bytes;
+  if (segment_bytes > scales_bytes + code_bytes) {
+    const cudaError_t pad = cudaMemsetAsync(codes + code_bytes, 0, segment_bytes - scales_bytes - code_bytes, s);
+    if (pad != cudaSuccess) return static_cast<int>(pad);
+  }
+  return with_dtype(src_dtype, [&](auto e) {
+    using E = decltype(e);
+    const auto* x = static_cast<const typename E::T*>(src);
+    const unsigned ctas = blocks < kMaxBlocks ? static_cast<unsigned>(blocks) : kMaxBlocks;
+    block_absmax_kernel<E><<<ctas, kThreads, 0, s>>>(x, n, block, blocks, slots);
+    if (const int err = launched(); err != 0) return err;
+    block_codes_kernel<E><<<grid_for(code_bytes), kThreads, 0, s>>>(
+        x, n, block, bits, slots, codes, reinterpret_cast<unsigned long long*>(nonfinite));
+    if (const int err = launched(); err != 0) return err;
+    block_scales_kernel<<<grid_for(blocks), kThreads, 0, s>>>(slots, blocks, bits == 8 ? 127.0f : 7.0f);
+    return launched();
+  });
+}
+
+int dequantize_rows(const void* segments, size_t segment_stride, size_t rows, size_t n, size_t block, int bits,
+                    void* dst, DType dst_dtype, size_t dst_stride, void* stream) {
+  const size_t total = rows * n;
+  if (total == 0) return 0;
+  auto s = static_cast<cudaStream_t>(stream);
+  const size_t scales_bytes = (n + block - 1) / block * sizeof(float);
+  return with_dtype(dst_dtype, [&](auto de) {
+    using D = decltype(de);
+    dequantize_rows_kernel<D><<<grid_for(total), kThreads, 0, s>>>(static_cast<const uint8_t*>(segments),
+                                                                    segment_stride, n, block, bits, scales_bytes,
+                                                                    static_cast<typename D::T*>(dst), dst_stride,
+                                                                    total);
     return launched();
   });
 }

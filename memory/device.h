@@ -30,6 +30,7 @@
 #include <string>
 
 #include "base/dtype.h"
+#include "memory/block_quantization.h"
 #include "memory/buffer.h"
 #include "memory/tracker.h"
 
@@ -115,6 +116,16 @@ class Device {
   // holds `blocks` doubles in this device's memory.
   virtual void block_sum_of_squares(const void* x, DType dtype, size_t block, size_t blocks,
                                     double* out, Stream& stream) = 0;
+  // Compressed collectives' quantization (memory/block_quantization.h): the segment of src[0, n)
+  // (fp32/fp16/bf16) at `segment` (q.segment_bytes(n) bytes); when `nonfinite` is not null (a
+  // uint64_t in this device's memory) the count of non-finite elements is added to it.
+  virtual void quantize_blocks(const void* src, DType src_dtype, size_t n, const BlockQuantization& q, void* segment,
+                               uint64_t* nonfinite, Stream& stream) = 0;
+  // rows segments of n elements (segment r at segments + r * segment_stride bytes) into dst + r *
+  // dst_stride elements (fp32/fp16/bf16): a gathered unit's every rank in one operation.
+  virtual void dequantize_rows(const void* segments, size_t segment_stride, size_t rows, size_t n,
+                               const BlockQuantization& q, void* dst, DType dst_dtype, size_t dst_stride,
+                               Stream& stream) = 0;
   // Runs `fn` on the host in stream order: after the stream's earlier work, before its later work
   // (host device: on the stream's thread; CUDA: cudaLaunchHostFunc). `fn` must not call the device.
   virtual void host_task(Stream& stream, std::function<void()> fn) = 0;

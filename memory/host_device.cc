@@ -27,6 +27,7 @@
 #include <fmt/format.h>
 
 #include "base/check.h"
+#include "memory/block_quantization.h"
 #include "memory/buffer.h"
 #include "memory/device.h"
 #include "memory/host_kernels.h"
@@ -320,6 +321,29 @@ class HostDevice final : public Device {
                        kDeviceName, "block_sum_of_squares", "x");
     op_checks::pointer(out, blocks, kDeviceName, "block_sum_of_squares", "out");
     submit(stream, [=] { host_kernels::block_sum_of_squares(x, dtype, block, blocks, out); });
+  }
+
+  void quantize_blocks(const void* src, DType src_dtype, size_t n, const BlockQuantization& q, void* segment,
+                       uint64_t* nonfinite, Stream& stream) override {
+    const op_checks::QuantizedExtents e =
+        op_checks::quantized(1, n, q, 0, src_dtype, 0, kDeviceName, "quantize_blocks");
+    op_checks::pointer(src, e.element_bytes, kDeviceName, "quantize_blocks", "src");
+    op_checks::pointer(segment, e.segment_bytes, kDeviceName, "quantize_blocks", "segment");
+    submit(stream, [=] {
+      const uint64_t bad = host_kernels::quantize_blocks(src, src_dtype, n, q, segment);
+      if (nonfinite != nullptr) *nonfinite += bad;
+    });
+  }
+
+  void dequantize_rows(const void* segments, size_t segment_stride, size_t rows, size_t n, const BlockQuantization& q,
+                       void* dst, DType dst_dtype, size_t dst_stride, Stream& stream) override {
+    const op_checks::QuantizedExtents e =
+        op_checks::quantized(rows, n, q, segment_stride, dst_dtype, dst_stride, kDeviceName, "dequantize_rows");
+    op_checks::pointer(segments, e.segment_bytes, kDeviceName, "dequantize_rows", "segments");
+    op_checks::pointer(dst, e.element_bytes, kDeviceName, "dequantize_rows", "dst");
+    submit(stream, [=] {
+      host_kernels::dequantize_rows(segments, segment_stride, rows, n, q, dst, dst_dtype, dst_stride);
+    });
   }
 
   void host_task(Stream& stream, std::function<void()> fn) override {

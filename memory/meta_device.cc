@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "base/check.h"
+#include "memory/block_quantization.h"
 #include "memory/host_kernels.h"
 #include "memory/op_checks.h"
 
@@ -200,6 +201,23 @@ class MetaDeviceImpl final : public MetaDevice {
     }
     if (real(x, n * dtype_size(dtype)) && real(out, blocks * sizeof(double))) {
       host_kernels::block_sum_of_squares(x, dtype, block, blocks, out);
+    }
+  }
+  void quantize_blocks(const void* src, DType src_dtype, size_t n, const BlockQuantization& q, void* segment,
+                       uint64_t* nonfinite, Stream&) override {
+    const op_checks::QuantizedExtents e =
+        op_checks::quantized(1, n, q, 0, src_dtype, 0, kDeviceName, "quantize_blocks");
+    if (real(src, e.element_bytes) && real(segment, e.segment_bytes)) {
+      const uint64_t bad = host_kernels::quantize_blocks(src, src_dtype, n, q, segment);
+      if (nonfinite != nullptr && real(nonfinite, sizeof(uint64_t))) *nonfinite += bad;
+    }
+  }
+  void dequantize_rows(const void* segments, size_t segment_stride, size_t rows, size_t n, const BlockQuantization& q,
+                       void* dst, DType dst_dtype, size_t dst_stride, Stream&) override {
+    const op_checks::QuantizedExtents e =
+        op_checks::quantized(rows, n, q, segment_stride, dst_dtype, dst_stride, kDeviceName, "dequantize_rows");
+    if (real(segments, e.segment_bytes) && real(dst, e.element_bytes)) {
+      host_kernels::dequantize_rows(segments, segment_stride, rows, n, q, dst, dst_dtype, dst_stride);
     }
   }
   void host_task(Stream&, std::function<void()> fn) override {

@@ -1,5 +1,10 @@
 #include "memory/op_checks.h"
 
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <string>
+
 #include "base/check.h"
 
 namespace zero::memory::op_checks {
@@ -54,6 +59,31 @@ RowExtents rows(size_t rows, size_t n, size_t src_stride, DType src_dtype, size_
     return rows == 0 ? 0 : bytes_of(last, dtype, device, "convert_rows");
   };
   return {extent(src_stride, src_dtype), extent(dst_stride, dst_dtype)};
+}
+
+QuantizedExtents quantized(size_t rows, size_t n, const BlockQuantization& q, size_t segment_stride, DType dtype,
+                           size_t element_stride, const char* device, const char* op) {
+  const std::string what = fmt::format("{} {}", device, op);
+  check_block_quantization(q, what.c_str());
+  float_dtype(dtype, device, op);
+  // The segment of n elements must be computable (its scales and codes), before strides compare to it.
+  if (n > (SIZE_MAX - 8) / sizeof(float)) ZERO_THROW(InvalidArgument, "{}: {} elements overflow a segment", what, n);
+  const size_t segment = q.segment_bytes(n);
+  if (rows > 1 && (segment_stride < segment || element_stride < n)) {
+    ZERO_THROW(InvalidArgument,
+               "{}: strides {} (bytes; a segment of {} elements is {}) and {} (elements) are too short: the rows "
+               "overlap",
+               what, segment_stride, n, segment, element_stride);
+  }
+  // (rows - 1) strides and one last row.
+  auto extent = [&](size_t stride, size_t last_row) {
+    size_t last = 0;
+    if (rows > 0 && (__builtin_mul_overflow(rows - 1, stride, &last) || __builtin_add_overflow(last, last_row, &last))) {
+      ZERO_THROW(InvalidArgument, "{}: {} rows of stride {} overflow", what, rows, stride);
+    }
+    return rows == 0 ? 0 : last;
+  };
+  return {extent(segment_stride, segment), bytes_of(extent(element_stride, n), dtype, device, op)};
 }
 
 }  // namespace zero::memory::op_checks

@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include "base/dtype.h"
+#include "memory/block_quantization.h"
 
 namespace zero::memory::op_checks {
 
@@ -22,6 +23,15 @@ struct RowExtents {
 };
 RowExtents rows(size_t rows, size_t n, size_t src_stride, DType src_dtype, size_t dst_stride, DType dst_dtype,
                 const char* device);
+// The arguments of quantize_blocks (rows = 1, stride unused) and dequantize_rows: a valid
+// quantization, a float dtype, with rows > 1 a segment stride of at least one segment and a
+// destination stride of at least n; the extents must not overflow. Returns the bytes the segments
+// and the elements span.
+struct QuantizedExtents {
+  size_t segment_bytes = 0, element_bytes = 0;
+};
+QuantizedExtents quantized(size_t rows, size_t n, const BlockQuantization& q, size_t segment_stride, DType dtype,
+                           size_t element_stride, const char* device, const char* op);
 // n * dtype_size(dtype) must not overflow; returns it.
 size_t bytes_of(size_t n, DType dtype, const char* device, const char* op);
 

@@ -90,6 +90,15 @@ class CountingDevice final : public memory::Device {
                             memory::Stream& stream) override {
     inner_.block_sum_of_squares(x, dtype, block, blocks, out, stream);
   }
+  void quantize_blocks(const void* src, DType src_dtype, size_t n, const memory::BlockQuantization& q, void* segment,
+                       uint64_t* nonfinite, memory::Stream& stream) override {
+    inner_.quantize_blocks(src, src_dtype, n, q, segment, nonfinite, stream);
+  }
+  void dequantize_rows(const void* segments, size_t segment_stride, size_t rows, size_t n,
+                       const memory::BlockQuantization& q, void* dst, DType dst_dtype, size_t dst_stride,
+                       memory::Stream& stream) override {
+    inner_.dequantize_rows(segments, segment_stride, rows, n, q, dst, dst_dtype, dst_stride, stream);
+  }
   void host_task(memory::Stream& stream, std::function<void()> fn) override { inner_.host_task(stream, std::move(fn)); }
   void* native_handle(memory::Stream& stream) override { return inner_.native_handle(stream); }
 

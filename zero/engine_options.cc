@@ -90,6 +90,19 @@ void validate(const EngineOptions& o) {
   if (o.timeout.count() <= 0) {
     ZERO_THROW(InvalidArgument, "EngineOptions.timeout must be positive");
   }
+  const EngineOptions::QuantizedGathers& qw = o.quantized_weights;
+  if (qw.bits != 0 && qw.bits != 8 && qw.bits != 4) {
+    ZERO_THROW(InvalidArgument, "EngineOptions.quantized_weights.bits must be 0 (off), 8 or 4, got {}", qw.bits);
+  }
+  if (qw.bits != 0 && qw.block == 0) {
+    ZERO_THROW(InvalidArgument, "EngineOptions.quantized_weights.block must be positive");
+  }
+  if (qw.bits != 0 && o.stage != 3) {
+    ZERO_THROW(InvalidArgument,
+               "EngineOptions.quantized_weights (qwZ) needs stage 3 (got stage {}): only stage 3 gathers the "
+               "parameters before each use",
+               o.stage);
+  }
   if (o.optimizer.custom && o.optimizer.custom->needs_whole_tensors() && !o.layout.whole_tensors) {
     ZERO_THROW(InvalidArgument,
                "EngineOptions.optimizer.custom: '{}' needs whole tensors (a per-tensor rule), but the flat ranges cut "
@@ -165,6 +178,9 @@ std::vector<std::pair<std::string, std::string>> fingerprint(const EngineOptions
   add("prefetch_bytes", o.prefetch_bytes);
   add("max_live_gathered_bytes", o.max_live_gathered_bytes);
   add("param_persistence_bytes", o.param_persistence_bytes);
+  add("quantized_weights.bits", o.quantized_weights.bits);
+  add("quantized_weights.block", o.quantized_weights.block);
+  add("quantized_weights.backward", o.quantized_weights.backward);
   add("offload.optimizer", o.offload.optimizer);
   add("offload.params", o.offload.params);
   return f;

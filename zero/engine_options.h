@@ -136,6 +136,17 @@ struct EngineOptions {
   size_t max_live_gathered_bytes = 0;
   // Units of at most this many bytes stay gathered from their first use to the end of the step.
   size_t param_persistence_bytes = 0;
+  // Quantized gathers (ZeRO++'s qwZ): each rank's chunk of a unit goes over the wire as `bits`-bit
+  // codes with one fp32 scale per `block` elements (memory/block_quantization.h) and is
+  // dequantized into the unit's dtype; the shard, the master and the update stay at full precision.
+  // Every rank computes with the same dequantized values (its own chunk included). A unit kept from
+  // its forward for its backward keeps its forward's values whatever `backward` says.
+  struct QuantizedGathers {
+    int bits = 0;          // 0: off; 8 or 4
+    size_t block = 256;    // elements per scale
+    bool backward = true;  // the backward's gathers too (false: the forward's and evaluations' only)
+  };
+  QuantizedGathers quantized_weights;
 
   OffloadOptions offload;
 

@@ -14,7 +14,8 @@ ParamGatherer::ParamGatherer(const GathererConfig& config, const ShardLayout& la
                              const ShardOwnership& ownership, comm::Communicator& shard_comm,
                              memory::Device& device, const std::vector<RegisteredValues>& initial)
     : config_(config), layout_(layout), comm_(shard_comm), device_(device), order_(device, shard_comm, config.timeout),
-      window_(device, memory::Category::kGatherWindow) {
+      window_(device, memory::Category::kGatherWindow), segments_(device, memory::Category::kCommBuffer) {
+  if (config_.quantized) memory::check_block_quantization(*config_.quantized, "EngineOptions.quantized_weights");
   memory::Stream& compute = device_.compute_stream();
   const size_t shard_bytes = layout_.shard_bytes();
   const bool offload = config_.offload_tracker != nullptr;
@@ -62,10 +63,12 @@ ParamGatherer::ParamGatherer(const GathererConfig& config, const ShardLayout& la
   units_.resize(layout_.buckets().size());
   training_.order = &recorded_;
   evaluation_.order = &recorded_forward_;
-  const size_t world = static_cast<size_t>(comm_.size());
-  hash_send_ = device_.allocate_elements(1, DType::kInt64, memory::Category::kCommBuffer);
-  hash_recv_ = device_.allocate_elements(static_cast<int64_t>(world), DType::kInt64, memory::Category::kCommBuffer);
-  hash_host_ = device_.allocate_host_staging((world + 1) * sizeof(int64_t), memory::Category::kCommBuffer);
+  const size_t world = static_cast<size_t>(comm_.size()), slots = check_slots();
+  hash_send_ = device_.allocate_elements(static_cast<int64_t>(slots), DType::kInt64, memory::Category::kCommBuffer);
+  hash_recv_ =
+      device_.allocate_elements(static_cast<int64_t>(world * slots), DType::kInt64, memory::Category::kCommBuffer);
+  hash_host_ = device_.allocate_host_staging((world * slots + 1) * sizeof(int64_t), memory::Category::kCommBuffer);
+  device_.fill_zero(hash_send_.data(), hash_send_.size_bytes(), compute);  // the non-finite counts start at 0
 }
 
 ParamGatherer::~ParamGatherer() {
@@ -157,38 +160,61 @@ bool ParamGatherer::make_prefetch_room(size_t bytes, const std::vector<size_t>& 
   return true;
 }
 
+bool ParamGatherer::quantizes(GatherUse use) const {
+  return config_.quantized && (use != GatherUse::kBackward || config_.quantize_backward);
+}
+
 void ParamGatherer::issue(size_t b, GatherUse use, bool ahead) {
   Unit& u = units_[b];
   const auto& B = layout_.buckets()[b];
   const size_t es = dtype_size(B.dtype);
+  const size_t rank = static_cast<size_t>(comm_.rank()), world = static_cast<size_t>(comm_.size());
   memory::Stream& compute = device_.compute_stream();
   u.data = window_.take(unit_bytes(b), compute);
   u.use = use;
   u.issued = ++clock_;
   char* full = static_cast<char*>(u.data.data());
   const char* send = shard_.as<char>() + B.shard_bytes;
+  // The shard was last written by the update on the compute stream.
+  memory::Stream* producer = &compute;
   if (h2d_) {
     // Parameter offload: the chunk comes over into its own place in the buffer (in place all-gather)
     // once the compute stream is done with the buffer's previous unit and with the update that wrote
     // the shard.
-    char* own = full + static_cast<size_t>(comm_.rank()) * B.chunk * es;
+    char* own = full + rank * B.chunk * es;
     device_.record(*slot_free_, compute);
     device_.wait(*h2d_, *slot_free_);
     device_.copy(own, send, B.chunk * es, *h2d_);
-    order_.before_issue(*h2d_);
+    producer = h2d_.get();
     send = own;
-  } else {
-    // The shard was last written by the update on the compute stream.
-    order_.before_issue(compute);
   }
+  void* recv = full;
+  size_t count = B.chunk;
+  DType dtype = B.dtype;
+  if (quantizes(use)) {
+    // This rank's segment, quantized into its own place among every rank's (in place all-gather),
+    // counting its non-finite values into the step's check.
+    const memory::BlockQuantization& q = *config_.quantized;
+    const size_t segment = q.segment_bytes(B.chunk);
+    u.segments = segments_.take(segment * world, *producer);
+    char* mine = u.segments.as<char>() + rank * segment;
+    auto* counts = reinterpret_cast<uint64_t*>(hash_send_.as<int64_t>() + 1);
+    device_.quantize_blocks(send, B.dtype, B.chunk, q, mine, counts + b, *producer);
+    send = mine;
+    recv = u.segments.data();
+    count = segment;
+    dtype = DType::kUInt8;
+  }
+  order_.before_issue(*producer);
   // The unit travels in the schedule check's record: ranks that gather different units here (even
   // units of the same size) fail with the communicator's mismatch error, which names each rank's
   // unit, before any data is used.
   comm::CallLabel label(comm_, unit_label(b, use));
-  u.work = comm_.all_gather(send, full, B.chunk, B.dtype);
+  u.work = comm_.all_gather(send, recv, count, dtype);
   if (StepTimings* t = timings()) {
-    t->gathered_bytes += unit_bytes(b);
-    if (ahead) t->prefetched_bytes += unit_bytes(b);
+    const uint64_t moved = count * dtype_size(dtype) * world;
+    t->gathered_bytes += moved;
+    if (ahead) t->prefetched_bytes += moved;
   }
 }
 
@@ -196,15 +222,26 @@ void ParamGatherer::finish(size_t b) {
   Unit& u = units_[b];
   if (!u.work) return;
   ScopedTimer waiting(timings() ? &timings()->gather_wait_s : nullptr);
+  memory::Stream& compute = device_.compute_stream();
   try {
-    order_.after(*u.work, device_.compute_stream());
+    order_.after(*u.work, compute);
   } catch (const Error& e) {
     const std::string what = fmt::format("stage 3: the all-gather of {} failed: {}", unit_label(b, u.use), e.what());
     u.work.reset();
+    if (!u.segments.empty()) segments_.give(std::move(u.segments), compute);
     if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(what);
     throw CommError(what);
   }
   u.work.reset();
+  if (!u.segments.empty()) {
+    // Every rank's segment (this one's too) into the unit's buffer, where the compute reads it.
+    const auto& B = layout_.buckets()[b];
+    const memory::BlockQuantization& q = *config_.quantized;
+    const size_t segment = q.segment_bytes(B.chunk);
+    device_.dequantize_rows(u.segments.data(), segment, static_cast<size_t>(comm_.size()), B.chunk, q, u.data.data(),
+                            B.dtype, B.chunk, compute);
+    segments_.give(std::move(u.segments), compute);
+  }
 }
 
 void ParamGatherer::follow(int64_t entry) {
@@ -338,7 +375,7 @@ void ParamGatherer::end_evaluation() {
 bool ParamGatherer::same_order_everywhere() {
   uint64_t h = 1469598103934665603ull ^ current_.size();  // FNV-1a over the entries
   for (int64_t e : current_) h = (h ^ static_cast<uint64_t>(e)) * 1099511628211ull;
-  const size_t world = static_cast<size_t>(comm_.size());
+  const size_t world = static_cast<size_t>(comm_.size()), slots = check_slots();
   int64_t* host = hash_host_.as<int64_t>();
   host[0] = static_cast<int64_t>(h);
   memory::Stream& compute = device_.compute_stream();
@@ -347,12 +384,34 @@ bool ParamGatherer::same_order_everywhere() {
   comm::WorkHandle w;
   {
     comm::CallLabel label(comm_, "stage 3 unit order");
-    w = comm_.all_gather(hash_send_.data(), hash_recv_.data(), 1, DType::kInt64);
+    w = comm_.all_gather(hash_send_.data(), hash_recv_.data(), slots, DType::kInt64);
   }
   order_.after(*w, compute);
-  device_.copy(host + 1, hash_recv_.data(), world * sizeof(int64_t), compute);
+  device_.copy(host + 1, hash_recv_.data(), world * slots * sizeof(int64_t), compute);
+  // The next step's non-finite counts start at 0 (its quantizers run after this on the compute
+  // stream, or on the offload copy stream after an event the compute stream records later).
+  if (slots > 1) device_.fill_zero(hash_send_.as<int64_t>() + 1, (slots - 1) * sizeof(int64_t), compute);
   device_.synchronize(compute, config_.timeout);
-  return std::all_of(host + 1, host + 1 + world, [&](int64_t x) { return x == host[0]; });
+  const int64_t* all = host + 1;
+  // Every rank sees every count: a non-finite parameter stops every rank with the same error.
+  std::string held;
+  for (size_t r = 0; r < world; ++r) {
+    for (size_t b = 0; b + 1 < slots; ++b) {
+      const int64_t n = all[r * slots + 1 + b];
+      if (n > 0) held += fmt::format("{}rank {} unit {} ({} values)", held.empty() ? "" : ", ", r, layout_.buckets()[b].unit, n);
+    }
+  }
+  if (!held.empty()) {
+    ZERO_THROW(Error,
+               "stage 3, quantized gathers (EngineOptions.quantized_weights): non-finite parameters this step: {}; "
+               "they came back as NaN in their own elements. The parameters were non-finite before the gather (an "
+               "update or a load made them so)",
+               held);
+  }
+  for (size_t r = 0; r < world; ++r) {
+    if (all[r * slots] != host[0]) return false;
+  }
+  return true;
 }
 
 void ParamGatherer::invalidate() {

@@ -42,12 +42,24 @@
 // error names this rank's unit too. At the step's end the ranks compare a hash of the order they
 // followed (one tiny all-gather), which also catches a difference that moved no data (a unit served
 // from the window on one rank and gathered on another).
+//
+// Quantized gathers (ZeRO++'s qwZ, GathererConfig::quantized). A unit's gather quantizes this
+// rank's chunk into its place in a buffer of every rank's segment (memory/block_quantization.h),
+// all-gathers the segments as bytes in place, and once they are in dequantizes all of them (this
+// rank's too, so that every rank computes with the same values) into the unit's buffer in the
+// window, on the compute stream that waits for the gather anyway. The segments' buffers come from
+// a cache of their own (comm buffers), given back as the dequantization is issued. A non-finite
+// parameter comes back as NaN in its own element only, and is counted per unit; the step's order
+// check carries each rank's count, so that every rank stops together naming the ranks and units
+// that held one instead of training on.
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "memory/block_quantization.h"
 #include "memory/buffer_cache.h"
 #include "memory/device.h"
 #include "zero/collective_order.h"
@@ -76,6 +88,10 @@ struct GathererConfig {
   // unit's window buffer, on a copy stream of its own, and all-gathers in place; a prefetch brings
   // the chunk over as early as it issues the gather.
   memory::MemoryTracker* offload_tracker = nullptr;
+  // Quantized gathers (see the top comment): empty, full precision. `quantize_backward`: the
+  // backward's gathers too (else the forward's and evaluations' only).
+  std::optional<memory::BlockQuantization> quantized;
+  bool quantize_backward = true;
 };
 
 // What a scope is for: a training forward or backward (recorded in the unit order) or an
@@ -119,6 +135,7 @@ class ParamGatherer {
  private:
   struct Unit {
     memory::Buffer data;    // the gathered copy (or the one being gathered); empty: not resident
+    memory::Buffer segments;  // quantized gathers: every rank's segment, until dequantized into data
     bool valid = false;     // gathered after the last update
     int users = 0;          // open scopes
     bool persistent = false;  // kept to the step's end (persistence bytes, or forward kept for backward)
@@ -151,7 +168,12 @@ class ParamGatherer {
   void prefetch();
   bool next_entry_is(size_t b) const;  // the order followed (or training's) needs unit b next
   bool needed_later(size_t b) const;   // the rest of the order followed asks for unit b again
-  bool same_order_everywhere();  // collective: every rank followed the same unit order this step
+  // Collective: every rank followed the same unit order this step. With quantized gathers it also
+  // brings every rank's non-finite counts and throws Error on every rank alike, naming each rank
+  // and unit that held one.
+  bool same_order_everywhere();
+  bool quantizes(GatherUse use) const;
+  size_t check_slots() const { return 1 + (config_.quantized ? units_.size() : 0); }  // int64s per rank
   size_t unit_bytes(size_t b) const;
   std::string held_units() const;
 
@@ -164,8 +186,11 @@ class ParamGatherer {
   std::unique_ptr<memory::Stream> h2d_;  // parameter offload: the shard chunks' copies
   std::unique_ptr<memory::Event> slot_free_;
   memory::BufferCache window_;  // the gathered units (kGatherWindow)
+  memory::BufferCache segments_;  // quantized gathers: the units' segments in flight (kCommBuffer)
   size_t cap_ = 0;
-  memory::Buffer hash_send_, hash_recv_, hash_host_;  // the step's order check
+  // The step's order check: this rank's hash, then with quantized gathers its non-finite count per
+  // bucket (the quantizer adds into them on the device), every rank's gathered.
+  memory::Buffer hash_send_, hash_recv_, hash_host_;
   std::vector<Unit> units_;  // by bucket
   uint64_t clock_ = 0;
   // Unit order: recorded_ (agreed, used for prefetch), its forward entries (evaluation), and this

@@ -289,6 +289,10 @@ EngineParts wire_stage(const PolicyInputs& in) {
     gc.prefetch_bytes = o.prefetch_bytes;
     gc.max_live_bytes = o.max_live_gathered_bytes;
     gc.persistence_bytes = o.param_persistence_bytes;
+    if (o.quantized_weights.bits != 0) {
+      gc.quantized = memory::BlockQuantization{.block = o.quantized_weights.block, .bits = o.quantized_weights.bits};
+      gc.quantize_backward = o.quantized_weights.backward;
+    }
     if (in.micro.keep_gathered) {
       // Every unit stays from its first use to the step's end; the window holds them all unless the
       // user bounds it.

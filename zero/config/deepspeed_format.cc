@@ -325,8 +325,12 @@ class DeepSpeedReader {
             "the engine always reduce-scatters gradients when the optimizer is sharded (stages 1 to 3)");
     require(z, "allgather_partitions", true, "the engine always all-gathers updated parameters");
     read_cpu_offload(z);
-    require(z, "zero_quantized_weights", false, "quantized collectives (ZeRO++) are not implemented");
-    require(z, "zero_quantized_gradients", false, "quantized collectives (ZeRO++) are not implemented");
+    if (const auto qw = boolean(z, "zero_quantized_weights"); qw && *qw) {
+      // ZeRO++'s qwZ: its int8 blocks, both passes' gathers.
+      c_.engine.quantized_weights = {.bits = 8, .block = 256, .backward = true};
+      set_by("quantized_weights", z.path("zero_quantized_weights"));
+    }
+    require(z, "zero_quantized_gradients", false, "quantized gradient reduction (ZeRO++ qgZ) is not implemented yet");
     if (const auto hpz = integer(z, "zero_hpz_partition_size", 1, INT_MAX); hpz && *hpz != 1) {
       fail(ctx_,
            "zero_optimization.zero_hpz_partition_size is not supported: ZeRO++ hpZ keeps a secondary copy of the "

@@ -123,6 +123,10 @@ TEST_CASE("each DeepSpeed key changes exactly the option it maps to") {
        R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
            "offload_param": {"device": "cpu"}}})",
        {{"offload.params", "true"}}},
+      {"zero_quantized_weights (ZeRO++ qwZ: int8 blocks of 256, both passes)",
+       R"({"zero_optimization": {"stage": 3}})",
+       R"({"zero_optimization": {"stage": 3, "zero_quantized_weights": true}})",
+       {{"quantized_weights.bits", "8"}}},
       {"offload_param.pin_memory",
        R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})",
        R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
@@ -399,7 +403,9 @@ TEST_CASE("settings the engine always has cannot be turned off") {
   }
   CHECK(contains(ds_error(R"({"optimizer": {"type": "Adam", "params": {"bias_correction": false}}})"),
                  "optimizer.params.bias_correction = false is not supported"));
-  CHECK(contains(ds_error(R"({"zero_optimization": {"zero_quantized_weights": true}})"), "ZeRO++"));
+  CHECK(contains(ds_error(R"({"zero_optimization": {"zero_quantized_gradients": true}})"), "ZeRO++ qgZ"));
+  CHECK(contains(ds_error(R"({"zero_optimization": {"stage": 2, "zero_quantized_weights": true}})"),
+                 "quantized_weights (qwZ) needs stage 3"));
   CHECK(contains(ds_error(R"({"zero_optimization": {"zero_hpz_partition_size": 8}})"), "replica communicator"));
   CHECK(contains(ds_error(R"({"zero_optimization": {}, "scheduler": {"type": "WarmupLR"}})"),
                  "scheduler is not supported"));
@@ -667,6 +673,7 @@ EngineConfig every_field_changed() {
   o.prefetch_bytes = 1 << 20;
   o.max_live_gathered_bytes = size_t{3} << 30;
   o.param_persistence_bytes = 4096;
+  o.quantized_weights = {.bits = 4, .block = 128, .backward = false};
   o.offload = {.optimizer = true, .params = true, .pinned_staging = false};
   o.timeout = std::chrono::milliseconds(1234);
   c.model_dtype = DType::kBFloat16;

@@ -165,6 +165,11 @@ void visit_native(V& v, EngineConfig& c) {
   v.field("prefetch_bytes", o.prefetch_bytes);
   v.field("max_live_gathered_bytes", o.max_live_gathered_bytes);
   v.field("param_persistence_bytes", o.param_persistence_bytes);
+  v.object("quantized_weights", [&] {
+    v.field("bits", o.quantized_weights.bits);
+    v.field("block", o.quantized_weights.block);
+    v.field("backward", o.quantized_weights.backward);
+  });
   v.object("offload", [&] {
     v.field("optimizer", o.offload.optimizer);
     v.field("params", o.offload.params);

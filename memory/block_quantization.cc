@@ -1,0 +1,166 @@
+#include "memory/block_quantization.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "base/check.h"
+#include "base/cpu.h"
+#include "memory/block_quantization_simd.h"
+
+namespace zero::memory {
+
+void check_block_quantization(const BlockQuantization& q, const char* what) {
+  if (q.block == 0) ZERO_THROW(InvalidArgument, "{}: the quantization block must be positive", what);
+  if (q.bits != 8 && q.bits != 4) {
+    ZERO_THROW(InvalidArgument, "{}: quantization to {} bits (8 or 4 are offered)", what, q.bits);
+  }
+}
+
+namespace host_kernels {
+namespace {
+
+// Elements widened per tile, on the stack of whichever thread runs the work.
+constexpr size_t kTile = 1024;
+
+// Below this the block is taken as zeros: qmax / absmax would overflow fp32 (2^-120 keeps it
+// finite for qmax 127), and such values are far below any scale a parameter or gradient has.
+constexpr float kSmallestAbsmax = 0x1p-120f;
+
+const void* element(const void* base, DType dtype, size_t i) {
+  return static_cast<const char*>(base) + i * dtype_size(dtype);
+}
+
+// n <= kTile elements as fp32: `src` itself for fp32, else widened into `tmp`.
+const float* widen(const void* src, DType dtype, size_t n, float* tmp, SimdPath path) {
+  switch (dtype) {
+    case DType::kFloat16: convert_fp16_to_fp32(static_cast<const uint16_t*>(src), tmp, n, path); return tmp;
+    case DType::kBFloat16: convert_bf16_to_fp32(static_cast<const uint16_t*>(src), tmp, n, path); return tmp;
+    default: return static_cast<const float*>(src);
+  }
+}
+
+void narrow(const float* src, void* dst, DType dtype, size_t n, SimdPath path) {
+  switch (dtype) {
+    case DType::kFloat16: convert_fp32_to_fp16(src, static_cast<uint16_t*>(dst), n, path); return;
+    case DType::kBFloat16: convert_fp32_to_bf16(src, static_cast<uint16_t*>(dst), n, path); return;
+    default: std::memcpy(dst, src, n * sizeof(float)); return;
+  }
+}
+
+bool finite(float v) { return std::fabs(v) <= FLT_MAX; }
+
+}  // namespace
+
+uint64_t quantize_blocks(const void* src, DType src_dtype, size_t n, const BlockQuantization& q, void* segment,
+                         SimdPath path) {
+  const QuantizeLoops& loops = quantize_loops(path);
+  auto* scales = static_cast<float*>(segment);
+  auto* codes = static_cast<uint8_t*>(segment) + q.blocks(n) * sizeof(float);
+  // The padding (and int4's codes, filled a nibble at a time) starts as zeros: a segment's bytes are
+  // a function of its values alone.
+  const size_t after_scales = q.segment_bytes(n) - q.blocks(n) * sizeof(float);
+  const size_t written = q.bits == 8 ? n : 0;
+  std::memset(codes + written, 0, after_scales - written);
+  const float qmax = static_cast<float>(q.qmax());
+  uint64_t nonfinite = 0;
+  float tmp[kTile];
+  if (q.bits == 8 && q.block <= kTile) {
+    // Whole blocks a tile at a time, widened once: the common case in one call per tile.
+    const size_t per = kTile / q.block * q.block;
+    for (size_t first = 0; first < n; first += per) {
+      const size_t m = std::min(per, n - first);
+      const float* x = widen(element(src, src_dtype, first), src_dtype, m, tmp, path);
+      nonfinite += loops.quantize8(x, m, q.block, scales + first / q.block, codes + first);
+    }
+    return nonfinite;
+  }
+  for (size_t first = 0, k = 0; first < n; first += q.block, ++k) {
+    const size_t len = std::min(q.block, n - first);
+    // A block within one tile is widened once for both passes; a longer one tile by tile, twice.
+    const float* whole = len <= kTile ? widen(element(src, src_dtype, first), src_dtype, len, tmp, path) : nullptr;
+    float absmax = 0.0f;
+    for (size_t t = 0; t < len; t += kTile) {
+      const size_t m = std::min(kTile, len - t);
+      const float* x = whole != nullptr ? whole : widen(element(src, src_dtype, first + t), src_dtype, m, tmp, path);
+      absmax = std::max(absmax, loops.absmax(x, m));
+    }
+    const bool zero = absmax < kSmallestAbsmax;
+    scales[k] = zero ? 0.0f : absmax / qmax;
+    const float inv = zero ? 0.0f : qmax / absmax;
+    for (size_t t = 0; t < len; t += kTile) {
+      const size_t m = std::min(kTile, len - t);
+      const float* x = whole != nullptr ? whole : widen(element(src, src_dtype, first + t), src_dtype, m, tmp, path);
+      const size_t e0 = first + t;
+      if (q.bits == 8) {
+        nonfinite += loops.codes8(x, m, inv, codes + e0);
+        continue;
+      }
+      for (size_t i = 0; i < m; ++i) {
+        const size_t e = e0 + i;
+        const auto c = static_cast<unsigned>(static_cast<int>(quantize_code(x[i], inv, qmax)));
+        codes[e / 2] |= static_cast<uint8_t>((c & 0xFu) << (4 * (e % 2)));
+        nonfinite += finite(x[i]) ? 0 : 1;
+      }
+    }
+  }
+  return nonfinite;
+}
+
+uint64_t quantize_blocks(const void* src, DType src_dtype, size_t n, const BlockQuantization& q, void* segment) {
+  return quantize_blocks(src, src_dtype, n, q, segment, best_simd_path());
+}
+
+void dequantize_rows(const void* segments, size_t segment_stride, size_t rows, size_t n, const BlockQuantization& q,
+                     void* dst, DType dst_dtype, size_t dst_stride, SimdPath path) {
+  const QuantizeLoops& loops = quantize_loops(path);
+  const int marker = -q.qmax() - 1;
+  const size_t es = dtype_size(dst_dtype);
+  float tmp[kTile];
+  for (size_t r = 0; r < rows; ++r) {
+    const auto* seg = static_cast<const uint8_t*>(segments) + r * segment_stride;
+    const auto* scales = reinterpret_cast<const float*>(seg);
+    const uint8_t* codes = seg + q.blocks(n) * sizeof(float);
+    char* out = static_cast<char*>(dst) + r * dst_stride * es;
+    if (q.bits == 8 && q.block <= kTile) {
+      // Whole blocks a tile at a time, narrowed once per tile.
+      const size_t per = kTile / q.block * q.block;
+      for (size_t first = 0; first < n; first += per) {
+        const size_t m = std::min(per, n - first);
+        for (size_t b = 0; b < m; b += q.block) {
+          loops.decode8(codes + first + b, std::min(q.block, m - b), scales[(first + b) / q.block], tmp + b);
+        }
+        narrow(tmp, out + first * es, dst_dtype, m, path);
+      }
+      continue;
+    }
+    // Block by block, a tile at a time: a tile lies in one block, so it has one scale.
+    for (size_t first = 0, k = 0; first < n; first += q.block, ++k) {
+      const size_t len = std::min(q.block, n - first);
+      for (size_t t = 0; t < len; t += kTile) {
+        const size_t m = std::min(kTile, len - t), e0 = first + t;
+        if (q.bits == 8) {
+          loops.decode8(codes + e0, m, scales[k], tmp);
+        } else {
+          for (size_t i = 0; i < m; ++i) {
+            const size_t e = e0 + i;
+            const int nibble = (codes[e / 2] >> (4 * (e % 2))) & 0xF;
+            const int c = nibble >= 8 ? nibble - 16 : nibble;
+            tmp[i] = c == marker ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(c) * scales[k];
+          }
+        }
+        narrow(tmp, out + e0 * es, dst_dtype, m, path);
+      }
+    }
+  }
+}
+
+void dequantize_rows(const void* segments, size_t segment_stride, size_t rows, size_t n, const BlockQuantization& q,
+                     void* dst, DType dst_dtype, size_t dst_stride) {
+  dequantize_rows(segments, segment_stride, rows, n, q, dst, dst_dtype, dst_stride, best_simd_path());
+}
+
+}  // namespace host_kernels
+}  // namespace zero::memory

@@ -1,0 +1,67 @@
+#pragma once
+// Symmetric per-block quantization for compressed collectives (ZeRO++'s quantized weight gathers
+// and gradient reductions): n elements in blocks of `block` (the last may be shorter), each block
+// one fp32 scale and its elements as signed integer codes of `bits` bits. A segment is what one
+// rank sends, moved by a collective as plain bytes:
+//
+//   [ scale 0 | scale 1 | ... | scale B-1 ][ codes ............................ ][ pad to 4 ]
+//     B = ceil(n / block) fp32               int8: n bytes
+//                                            int4: ceil(n / 2) bytes, element 2i in the low
+//                                            nibble of byte i, element 2i + 1 in the high one
+//
+// The arithmetic, in fp32 with round-to-nearest-even, the same on every device (the CUDA kernels
+// reproduce the host's bit for bit; a 16-bit input is widened exactly first):
+//
+//   qmax   = 127 (int8) or 7 (int4)
+//   absmax = the largest |x| of the block's finite elements
+//   scale  = absmax / qmax
+//   code   = rint(x * (qmax / absmax)), clamped to [-qmax, qmax]
+//   (a block whose absmax is below 2^-120, zeros or values that small, has scale 0 and codes 0:
+//   qmax / absmax would overflow)
+//   value  = code * scale, rounded once into the destination dtype
+//
+// so a finite element comes back within scale / 2 (plus the destination's rounding) of itself.
+//
+// A non-finite element (NaN, +-Inf) takes the code -qmax - 1, which no finite value takes, and
+// comes back as NaN: it stays in its own element instead of spreading through the block's scale
+// (the other elements keep theirs), and the quantizer counts it so that its caller can name it.
+#include <cstddef>
+#include <cstdint>
+
+#include "base/cpu.h"
+#include "base/dtype.h"
+
+namespace zero::memory {
+
+struct BlockQuantization {
+  size_t block = 256;  // elements per scale, > 0
+  int bits = 8;        // 8 or 4
+
+  int qmax() const { return bits == 8 ? 127 : 7; }
+  size_t blocks(size_t n) const { return (n + block - 1) / block; }
+  size_t code_bytes(size_t n) const { return bits == 8 ? n : (n + 1) / 2; }
+  // The segment of n elements: the scales, the codes, padded to 4 bytes (so that segments laid
+  // back to back keep their scales aligned).
+  size_t segment_bytes(size_t n) const { return (blocks(n) * sizeof(float) + code_bytes(n) + 3) / 4 * 4; }
+};
+
+// InvalidArgument naming `what` unless block > 0 and bits is 8 or 4.
+void check_block_quantization(const BlockQuantization& q, const char* what);
+
+namespace host_kernels {
+
+// The segment of src[0, n) (fp32, fp16 or bf16) at `segment` (q.segment_bytes(n) bytes). Returns
+// how many elements were not finite. On the CPU's best SIMD path (base/cpu.h), or the one given:
+// every path writes the same bytes.
+uint64_t quantize_blocks(const void* src, DType src_dtype, size_t n, const BlockQuantization& q, void* segment);
+uint64_t quantize_blocks(const void* src, DType src_dtype, size_t n, const BlockQuantization& q, void* segment,
+                         SimdPath path);
+// Row r of `rows` segments of n elements each (segment r at segments + r * segment_stride bytes)
+// into dst + r * dst_stride elements (fp32, fp16 or bf16).
+void dequantize_rows(const void* segments, size_t segment_stride, size_t rows, size_t n, const BlockQuantization& q,
+                     void* dst, DType dst_dtype, size_t dst_stride);
+void dequantize_rows(const void* segments, size_t segment_stride, size_t rows, size_t n, const BlockQuantization& q,
+                     void* dst, DType dst_dtype, size_t dst_stride, SimdPath path);
+
+}  // namespace host_kernels
+}  // namespace zero::memory

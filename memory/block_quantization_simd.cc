@@ -1,0 +1,192 @@
+// The inner loops of the host quantizer (block_quantization.cc) on fp32 tiles, per SIMD path, each
+// bit for bit the scalar loop: a max is exact in any order, the product and the clamp are one fp32
+// operation each, rounding to nearest even is the same instruction's job as the scalar's 1.5 x 2^23
+// trick, and a code in [-128, 127] narrows exactly.
+#include "memory/block_quantization_simd.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "base/simd.h"
+
+namespace zero::memory::host_kernels {
+namespace {
+
+bool finite(float v) { return std::fabs(v) <= FLT_MAX; }
+
+// ---- scalar ----
+
+float absmax_scalar(const float* x, size_t n) {
+  float m = 0.0f;
+  for (size_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    m = std::max(m, a <= FLT_MAX ? a : 0.0f);
+  }
+  return m;
+}
+
+// code = rint(v * inv) in [-qmax, qmax] (clamped first: the bounds are integers, so the order does
+// not matter), rounded by adding and subtracting 1.5 x 2^23 (round to nearest even for |y| < 2^22,
+// as rint in the default rounding mode); the marker -qmax - 1 for a non-finite v.
+float code_scalar(float v, float inv, float qmax) {
+  const float y = std::min(std::max(v * inv, -qmax), qmax);
+  return finite(v) ? (y + 0x1.8p23f) - 0x1.8p23f : -qmax - 1.0f;
+}
+
+uint64_t codes8_scalar(const float* x, size_t n, float inv, uint8_t* out) {
+  uint64_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = static_cast<uint8_t>(static_cast<int8_t>(code_scalar(x[i], inv, 127.0f)));
+    bad += finite(x[i]) ? 0 : 1;
+  }
+  return bad;
+}
+
+void decode8_scalar(const uint8_t* codes, size_t n, float scale, float* out) {
+  for (size_t i = 0; i < n; ++i) {
+    const int c = static_cast<int8_t>(codes[i]);
+    out[i] = c == -128 ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(c) * scale;
+  }
+}
+
+// ---- AVX2 ----
+
+#define ZERO_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
+
+ZERO_AVX2_TARGET float absmax_avx2(const float* x, size_t n) {
+  const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(FLT_MAX);
+  __m256 m = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i));
+    m = _mm256_max_ps(m, _mm256_and_ps(a, _mm256_cmp_ps(a, big, _CMP_LE_OQ)));  // not finite: 0
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float out = absmax_scalar(x + i, n - i);
+  for (float v : lanes) out = std::max(out, v);
+  return out;
+}
+
+ZERO_AVX2_TARGET uint64_t codes8_avx2(const float* x, size_t n, float inv, uint8_t* out) {
+  const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(FLT_MAX);
+  const __m256 vinv = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  const __m256i marker = _mm256_set1_epi32(-128);
+  uint64_t bad = 0;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 ok = _mm256_cmp_ps(_mm256_andnot_ps(sign, v), big, _CMP_LE_OQ);
+    const __m256 y = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v, vinv), lo), hi);
+    const __m256i c = _mm256_cvtps_epi32(_mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m256i coded = _mm256_blendv_epi8(marker, c, _mm256_castps_si256(ok));
+    const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(coded), _mm256_extracti128_si256(coded, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm_packs_epi16(w16, w16));
+    bad += static_cast<uint64_t>(8 - __builtin_popcount(static_cast<unsigned>(_mm256_movemask_ps(ok))));
+  }
+  return bad + codes8_scalar(x + i, n - i, inv, out + i);
+}
+
+ZERO_AVX2_TARGET void decode8_avx2(const uint8_t* codes, size_t n, float scale, float* out) {
+  const __m256 s = _mm256_set1_ps(scale), nan = _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN());
+  const __m256i marker = _mm256_set1_epi32(-128);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i)));
+    const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(c), s);
+    _mm256_storeu_ps(out + i, _mm256_blendv_ps(v, nan, _mm256_castsi256_ps(_mm256_cmpeq_epi32(c, marker))));
+  }
+  decode8_scalar(codes + i, n - i, scale, out + i);
+}
+
+// ---- AVX-512 ----
+
+#define ZERO_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+
+ZERO_AVX512_TARGET float absmax_avx512(const float* x, size_t n) {
+  const __m512 big = _mm512_set1_ps(FLT_MAX);
+  // Four running maxima: one would wait for the previous max every vector.
+  __m512 m[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    for (int j = 0; j < 4; ++j) {
+      const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i + 16 * j));
+      m[j] = _mm512_mask_max_ps(m[j], _mm512_cmp_ps_mask(a, big, _CMP_LE_OQ), m[j], a);
+    }
+  }
+  for (; i + 16 <= n; i += 16) {
+    const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
+    m[0] = _mm512_mask_max_ps(m[0], _mm512_cmp_ps_mask(a, big, _CMP_LE_OQ), m[0], a);
+  }
+  const __m512 all = _mm512_max_ps(_mm512_max_ps(m[0], m[1]), _mm512_max_ps(m[2], m[3]));
+  return std::max(_mm512_reduce_max_ps(all), absmax_scalar(x + i, n - i));
+}
+
+ZERO_AVX512_TARGET uint64_t codes8_avx512(const float* x, size_t n, float inv, uint8_t* out) {
+  const __m512 big = _mm512_set1_ps(FLT_MAX);
+  const __m512 vinv = _mm512_set1_ps(inv), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  const __m512i marker = _mm512_set1_epi32(-128);
+  uint64_t bad = 0;
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    const __mmask16 ok = _mm512_cmp_ps_mask(_mm512_abs_ps(v), big, _CMP_LE_OQ);
+    const __m512 y = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v, vinv), lo), hi);
+    const __m512i c = _mm512_cvtps_epi32(_mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(_mm512_mask_blend_epi32(ok, marker, c)));
+    bad += static_cast<uint64_t>(16 - __builtin_popcount(static_cast<unsigned>(ok)));
+  }
+  return bad + codes8_scalar(x + i, n - i, inv, out + i);
+}
+
+ZERO_AVX512_TARGET void decode8_avx512(const uint8_t* codes, size_t n, float scale, float* out) {
+  const __m512 s = _mm512_set1_ps(scale), nan = _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN());
+  const __m512i marker = _mm512_set1_epi32(-128);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i c = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)));
+    const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(c), s);
+    _mm512_storeu_ps(out + i, _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(c, marker), v, nan));
+  }
+  decode8_scalar(codes + i, n - i, scale, out + i);
+}
+
+// Whole blocks of x[0, n) (the last may be short) into their scales and int8 codes: the block's
+// scale and 1 / scale from its largest finite |x|, as the format says.
+constexpr float kSmallestAbsmax = 0x1p-120f;
+
+template <float (*Absmax)(const float*, size_t), uint64_t (*Codes)(const float*, size_t, float, uint8_t*)>
+uint64_t quantize8_composed(const float* x, size_t n, size_t block, float* scales, uint8_t* codes) {
+  uint64_t bad = 0;
+  for (size_t first = 0, k = 0; first < n; first += block, ++k) {
+    const size_t len = std::min(block, n - first);
+    const float absmax = Absmax(x + first, len);
+    const bool zero = absmax < kSmallestAbsmax;
+    scales[k] = zero ? 0.0f : absmax / 127.0f;
+    bad += Codes(x + first, len, zero ? 0.0f : 127.0f / absmax, codes + first);
+  }
+  return bad;
+}
+
+}  // namespace
+
+const QuantizeLoops& quantize_loops(SimdPath path) {
+  static const QuantizeLoops scalar{absmax_scalar, codes8_scalar, decode8_scalar,
+                                    quantize8_composed<absmax_scalar, codes8_scalar>};
+  static const QuantizeLoops avx2{absmax_avx2, codes8_avx2, decode8_avx2, quantize8_composed<absmax_avx2, codes8_avx2>};
+  static const QuantizeLoops avx512{absmax_avx512, codes8_avx512, decode8_avx512,
+                                    quantize8_composed<absmax_avx512, codes8_avx512>};
+  switch (path) {
+    case SimdPath::kAvx512: return avx512;
+    case SimdPath::kAvx2: return avx2;
+    case SimdPath::kScalar: return scalar;
+  }
+  return scalar;
+}
+
+float quantize_code(float v, float inv, float qmax) { return code_scalar(v, inv, qmax); }
+
+}  // namespace zero::memory::host_kernels

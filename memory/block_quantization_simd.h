@@ -1,0 +1,29 @@
+#pragma once
+// Internal to memory/block_quantization.cc: its inner loops over fp32 tiles, one set per SIMD path
+// (base/cpu.h), bit for bit the same results.
+#include <cstddef>
+#include <cstdint>
+
+#include "base/cpu.h"
+
+namespace zero::memory::host_kernels {
+
+struct QuantizeLoops {
+  // The largest finite |x| of x[0, n) (0 when none).
+  float (*absmax)(const float* x, size_t n);
+  // int8 codes of x[0, n) at `inv` = 127 / absmax (the marker -128 for a non-finite value); returns
+  // how many were not finite.
+  uint64_t (*codes8)(const float* x, size_t n, float inv, uint8_t* out);
+  // out[i] = code * scale, NaN for the marker.
+  void (*decode8)(const uint8_t* codes, size_t n, float scale, float* out);
+  // Blocks of `block` of x[0, n) (the last may be short): each one's scale and int8 codes; returns
+  // how many values were not finite.
+  uint64_t (*quantize8)(const float* x, size_t n, size_t block, float* scales, uint8_t* codes);
+};
+
+const QuantizeLoops& quantize_loops(SimdPath path);
+
+// One code, any width: rint(v * inv) clamped to [-qmax, qmax], or -qmax - 1 for a non-finite v.
+float quantize_code(float v, float inv, float qmax);
+
+}  // namespace zero::memory::host_kernels
