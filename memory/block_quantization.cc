@@ -67,6 +67,9 @@ uint64_t quantize_blocks(const void* src, DType src_dtype, size_t n, const Block
   const float qmax = static_cast<float>(q.qmax());
   uint64_t nonfinite = 0;
   float tmp[kTile];
+  if (q.bits == 8 && src_dtype == DType::kBFloat16 && loops.quantize8_bf16 != nullptr) {
+    return loops.quantize8_bf16(static_cast<const uint16_t*>(src), n, q.block, scales, codes);
+  }
   if (q.bits == 8 && q.block <= kTile) {
     // Whole blocks a tile at a time, widened once: the common case in one call per tile.
     const size_t per = kTile / q.block * q.block;
@@ -124,6 +127,10 @@ void dequantize_rows(const void* segments, size_t segment_stride, size_t rows, s
     const auto* scales = reinterpret_cast<const float*>(seg);
     const uint8_t* codes = seg + q.blocks(n) * sizeof(float);
     char* out = static_cast<char*>(dst) + r * dst_stride * es;
+    if (q.bits == 8 && dst_dtype == DType::kBFloat16 && loops.decode8_bf16 != nullptr) {
+      loops.decode8_bf16(codes, n, q.block, scales, reinterpret_cast<uint16_t*>(out));
+      continue;
+    }
     if (q.bits == 8 && q.block <= kTile) {
       // Whole blocks a tile at a time, narrowed once per tile.
       const size_t per = kTile / q.block * q.block;

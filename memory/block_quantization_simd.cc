@@ -1,7 +1,9 @@
 // The inner loops of the host quantizer (block_quantization.cc) on fp32 tiles, per SIMD path, each
-// bit for bit the scalar loop: a max is exact in any order, the product and the clamp are one fp32
-// operation each, rounding to nearest even is the same instruction's job as the scalar's 1.5 x 2^23
-// trick, and a code in [-128, 127] narrows exactly.
+// bit for bit the scalar loop: a max is exact in any order, the product is one fp32 operation, the
+// conversion to int32 rounds to nearest even (the default rounding mode) as the scalar's 1.5 x 2^23
+// trick does, and a code in [-128, 127] narrows exactly. The vector loops skip the scalar's clamp:
+// |v| <= absmax makes |v x (127 / absmax)| at most 127 (1 + 2^-24)^2, below 127.5, so the rounded
+// code is within [-127, 127] already.
 #include "memory/block_quantization_simd.h"
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "base/dtype.h"
 #include "base/simd.h"
 
 namespace zero::memory::host_kernels {
@@ -73,15 +76,14 @@ ZERO_AVX2_TARGET float absmax_avx2(const float* x, size_t n) {
 
 ZERO_AVX2_TARGET uint64_t codes8_avx2(const float* x, size_t n, float inv, uint8_t* out) {
   const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(FLT_MAX);
-  const __m256 vinv = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  const __m256 vinv = _mm256_set1_ps(inv);
   const __m256i marker = _mm256_set1_epi32(-128);
   uint64_t bad = 0;
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 v = _mm256_loadu_ps(x + i);
     const __m256 ok = _mm256_cmp_ps(_mm256_andnot_ps(sign, v), big, _CMP_LE_OQ);
-    const __m256 y = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v, vinv), lo), hi);
-    const __m256i c = _mm256_cvtps_epi32(_mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(v, vinv));  // rounds to nearest even; in range
     const __m256i coded = _mm256_blendv_epi8(marker, c, _mm256_castps_si256(ok));
     const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(coded), _mm256_extracti128_si256(coded, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm_packs_epi16(w16, w16));
@@ -106,6 +108,17 @@ ZERO_AVX2_TARGET void decode8_avx2(const uint8_t* codes, size_t n, float scale, 
 
 #define ZERO_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
+// The largest lane of a and b, folded by shuffles (the maskz forms: GCC 12's plain _mm512_max_ps and
+// _mm512_reduce_max_ps draw a false -Wuninitialized in templates, as base/simd.h says of others).
+ZERO_AVX512_TARGET float max_lane(__m512 a, __m512 b) {
+  __m512 m = _mm512_maskz_max_ps(0xFFFF, a, b);
+  m = _mm512_maskz_max_ps(0xFFFF, m, _mm512_shuffle_f32x4(m, m, 0x4E));
+  m = _mm512_maskz_max_ps(0xFFFF, m, _mm512_shuffle_f32x4(m, m, 0xB1));
+  m = _mm512_maskz_max_ps(0xFFFF, m, _mm512_shuffle_ps(m, m, 0x4E));
+  m = _mm512_maskz_max_ps(0xFFFF, m, _mm512_shuffle_ps(m, m, 0xB1));
+  return _mm512_cvtss_f32(m);
+}
+
 ZERO_AVX512_TARGET float absmax_avx512(const float* x, size_t n) {
   const __m512 big = _mm512_set1_ps(FLT_MAX);
   // Four running maxima: one would wait for the previous max every vector.
@@ -121,21 +134,19 @@ ZERO_AVX512_TARGET float absmax_avx512(const float* x, size_t n) {
     const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
     m[0] = _mm512_mask_max_ps(m[0], _mm512_cmp_ps_mask(a, big, _CMP_LE_OQ), m[0], a);
   }
-  const __m512 all = _mm512_max_ps(_mm512_max_ps(m[0], m[1]), _mm512_max_ps(m[2], m[3]));
-  return std::max(_mm512_reduce_max_ps(all), absmax_scalar(x + i, n - i));
+  return std::max(std::max(max_lane(m[0], m[1]), max_lane(m[2], m[3])), absmax_scalar(x + i, n - i));
 }
 
 ZERO_AVX512_TARGET uint64_t codes8_avx512(const float* x, size_t n, float inv, uint8_t* out) {
   const __m512 big = _mm512_set1_ps(FLT_MAX);
-  const __m512 vinv = _mm512_set1_ps(inv), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  const __m512 vinv = _mm512_set1_ps(inv);
   const __m512i marker = _mm512_set1_epi32(-128);
   uint64_t bad = 0;
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m512 v = _mm512_loadu_ps(x + i);
     const __mmask16 ok = _mm512_cmp_ps_mask(_mm512_abs_ps(v), big, _CMP_LE_OQ);
-    const __m512 y = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v, vinv), lo), hi);
-    const __m512i c = _mm512_cvtps_epi32(_mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(v, vinv));  // rounds to nearest even; in range
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(_mm512_mask_blend_epi32(ok, marker, c)));
     bad += static_cast<uint64_t>(16 - __builtin_popcount(static_cast<unsigned>(ok)));
   }
@@ -171,14 +182,126 @@ uint64_t quantize8_composed(const float* x, size_t n, size_t block, float* scale
   return bad;
 }
 
+// bf16 straight from and to its bits, without a widened tile: x's bits << 16 is its fp32 value,
+// and fp32 rounds to bf16 as base/dtype.cc does (nearest even on the bits; a NaN stays quiet).
+ZERO_AVX512_TARGET __m512 bf16x16(const uint16_t* p) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+
+// Whole blocks of an fp32 or a bf16 source (bf16: its bits, without a widened tile), fused: the
+// first pass over a block takes its largest finite |x| and notes whether any value is not finite;
+// the second (from L1) writes the codes, with the marker only in a block that needs it.
+template <bool kBf16>
+ZERO_AVX512_TARGET __m512 load16(const void* x, size_t i) {
+  if constexpr (kBf16) {
+    return bf16x16(static_cast<const uint16_t*>(x) + i);
+  } else {
+    return _mm512_loadu_ps(static_cast<const float*>(x) + i);
+  }
+}
+
+template <bool kBf16>
+ZERO_AVX512_TARGET uint64_t quantize8_fused_avx512(const void* x, size_t n, size_t block, float* scales,
+                                                   uint8_t* codes) {
+  const __m512 big = _mm512_set1_ps(FLT_MAX);
+  const __m512i marker = _mm512_set1_epi32(-128);
+  uint64_t bad = 0;
+  float tail[16];
+  for (size_t first = 0, k = 0; first < n; first += block, ++k) {
+    const size_t len = std::min(block, n - first);
+    const size_t whole = len / 16 * 16;
+    __m512 m0 = _mm512_setzero_ps(), m1 = _mm512_setzero_ps();
+    __mmask16 finite0 = 0xFFFF, finite1 = 0xFFFF;
+    size_t i = 0;
+    for (; i + 32 <= whole; i += 32) {
+      const __m512 a = _mm512_abs_ps(load16<kBf16>(x, first + i)), b = _mm512_abs_ps(load16<kBf16>(x, first + i + 16));
+      const __mmask16 oka = _mm512_cmp_ps_mask(a, big, _CMP_LE_OQ), okb = _mm512_cmp_ps_mask(b, big, _CMP_LE_OQ);
+      m0 = _mm512_mask_max_ps(m0, oka, m0, a);
+      m1 = _mm512_mask_max_ps(m1, okb, m1, b);
+      finite0 &= oka;
+      finite1 &= okb;
+    }
+    for (; i < whole; i += 16) {
+      const __m512 a = _mm512_abs_ps(load16<kBf16>(x, first + i));
+      const __mmask16 ok = _mm512_cmp_ps_mask(a, big, _CMP_LE_OQ);
+      m0 = _mm512_mask_max_ps(m0, ok, m0, a);
+      finite0 &= ok;
+    }
+    const float* rest = nullptr;
+    if constexpr (kBf16) {
+      convert_bf16_to_fp32(static_cast<const uint16_t*>(x) + first + whole, tail, len - whole, SimdPath::kScalar);
+      rest = tail;
+    } else {
+      rest = static_cast<const float*>(x) + first + whole;
+    }
+    const float absmax = std::max(max_lane(m0, m1), absmax_scalar(rest, len - whole));
+    const bool zero = absmax < kSmallestAbsmax;
+    scales[k] = zero ? 0.0f : absmax / 127.0f;
+    const float inv = zero ? 0.0f : 127.0f / absmax;
+    const __m512 vinv = _mm512_set1_ps(inv);
+    uint8_t* out = codes + first;
+    if ((finite0 & finite1) == 0xFFFF) {
+      for (i = 0; i < whole; i += 16) {
+        const __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(load16<kBf16>(x, first + i), vinv));  // in range
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(c));
+      }
+    } else {
+      for (i = 0; i < whole; i += 16) {
+        const __m512 v = load16<kBf16>(x, first + i);
+        const __mmask16 ok = _mm512_cmp_ps_mask(_mm512_abs_ps(v), big, _CMP_LE_OQ);
+        const __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(v, vinv));  // rounds to nearest even; in range
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(_mm512_mask_blend_epi32(ok, marker, c)));
+        bad += static_cast<uint64_t>(16 - __builtin_popcount(static_cast<unsigned>(ok)));
+      }
+    }
+    bad += codes8_scalar(rest, len - whole, inv, out + whole);
+  }
+  return bad;
+}
+
+uint64_t quantize8_avx512(const float* x, size_t n, size_t block, float* scales, uint8_t* codes) {
+  return quantize8_fused_avx512<false>(x, n, block, scales, codes);
+}
+
+uint64_t quantize8_bf16_avx512(const uint16_t* x, size_t n, size_t block, float* scales, uint8_t* codes) {
+  return quantize8_fused_avx512<true>(x, n, block, scales, codes);
+}
+
+ZERO_AVX512_TARGET void decode8_bf16_avx512(const uint8_t* codes, size_t n, size_t block, const float* scales,
+                                            uint16_t* out) {
+  const __m512i marker = _mm512_set1_epi32(-128), one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
+  // The quiet NaN decode8 writes, as bf16 (base/dtype.h keeps a NaN quiet: its top half).
+  const __m512i nan_bits = _mm512_set1_epi32(0x7fc0);
+  float tail[16];
+  for (size_t first = 0, k = 0; first < n; first += block, ++k) {
+    const size_t len = std::min(block, n - first);
+    const size_t whole = len / 16 * 16;
+    const __m512 s = _mm512_set1_ps(scales[k]);
+    for (size_t i = 0; i < whole; i += 16) {
+      const __m512i c = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + first + i)));
+      // code x scale is finite: rounded to bf16 on its bits; the marker's lanes take NaN's bf16 bits.
+      const __m512i x = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(c), s));
+      const __m512i rounded =
+          _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(x, 16), one), bias)), 16);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + first + i),
+                          _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(c, marker), rounded, nan_bits)));
+    }
+    decode8_scalar(codes + first + whole, len - whole, scales[k], tail);
+    convert_fp32_to_bf16(tail, out + first + whole, len - whole, SimdPath::kScalar);
+  }
+}
+
 }  // namespace
 
 const QuantizeLoops& quantize_loops(SimdPath path) {
   static const QuantizeLoops scalar{absmax_scalar, codes8_scalar, decode8_scalar,
-                                    quantize8_composed<absmax_scalar, codes8_scalar>};
-  static const QuantizeLoops avx2{absmax_avx2, codes8_avx2, decode8_avx2, quantize8_composed<absmax_avx2, codes8_avx2>};
-  static const QuantizeLoops avx512{absmax_avx512, codes8_avx512, decode8_avx512,
-                                    quantize8_composed<absmax_avx512, codes8_avx512>};
+                                    quantize8_composed<absmax_scalar, codes8_scalar>, nullptr, nullptr};
+  static const QuantizeLoops avx2{absmax_avx2, codes8_avx2, decode8_avx2, quantize8_composed<absmax_avx2, codes8_avx2>,
+                                  nullptr, nullptr};
+  static const QuantizeLoops avx512{absmax_avx512, codes8_avx512, decode8_avx512, quantize8_avx512,
+                                    quantize8_bf16_avx512, decode8_bf16_avx512};
   switch (path) {
     case SimdPath::kAvx512: return avx512;
     case SimdPath::kAvx2: return avx2;

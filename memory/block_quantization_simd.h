@@ -19,6 +19,10 @@ struct QuantizeLoops {
   // Blocks of `block` of x[0, n) (the last may be short): each one's scale and int8 codes; returns
   // how many values were not finite.
   uint64_t (*quantize8)(const float* x, size_t n, size_t block, float* scales, uint8_t* codes);
+  // The same from bf16 bits and, decoding, into bf16 (rounded as base/dtype.h rounds), without a
+  // widened tile: null on paths without them (the caller widens and narrows a tile instead).
+  uint64_t (*quantize8_bf16)(const uint16_t* x, size_t n, size_t block, float* scales, uint8_t* codes);
+  void (*decode8_bf16)(const uint8_t* codes, size_t n, size_t block, const float* scales, uint16_t* out);
 };
 
 const QuantizeLoops& quantize_loops(SimdPath path);
