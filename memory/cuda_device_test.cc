@@ -249,6 +249,49 @@ TEST_CASE("allocation is zero-filled and tracked under cuda:0; copy and fill_zer
   CHECK_THROWS_AS(make_cuda_device(1 << 20, p.gpu_tracker), Error);
 }
 
+TEST_CASE("quantize_blocks and dequantize_rows give the host device's bytes, the non-finite count too") {
+  if (!have_gpu("block quantization")) return;
+  Pair p;
+  Stream& hs = p.host->compute_stream();
+  for (DType a : kFloatTypes) {
+    for (size_t n : kSizes) {
+      for (int bits : {8, 4}) {
+        for (size_t block : {size_t{7}, size_t{256}}) {
+          CAPTURE(dtype_name(a));
+          CAPTURE(n);
+          CAPTURE(bits);
+          CAPTURE(block);
+          const BlockQuantization q{.block = block, .bits = bits};
+          const auto x = pattern(a, n, 29 + static_cast<uint32_t>(n));  // NaN and Inf among them
+          const std::vector<unsigned char> zeros(q.segment_bytes(n) + sizeof(uint64_t), 0);
+          Buffer gx = p.upload(x), gseg = p.upload(zeros);
+          Buffer hx = p.host_copy(x), hseg = p.host_copy(zeros);
+          auto* gcount = reinterpret_cast<uint64_t*>(gseg.as<char>() + q.segment_bytes(n));
+          auto* hcount = reinterpret_cast<uint64_t*>(hseg.as<char>() + q.segment_bytes(n));
+          p.gpu->quantize_blocks(gx.data(), a, n, q, gseg.data(), gcount, *p.stream);
+          p.host->quantize_blocks(hx.data(), a, n, q, hseg.data(), hcount, hs);
+          const auto segment = p.download(gseg);
+          CHECK(std::memcmp(segment.data(), hseg.data(), segment.size()) == 0);
+          // Two rows of the segment into every float dtype.
+          std::vector<unsigned char> two(2 * q.segment_bytes(n));
+          if (!two.empty()) {
+            std::memcpy(two.data(), hseg.data(), q.segment_bytes(n));
+            std::memcpy(two.data() + q.segment_bytes(n), hseg.data(), q.segment_bytes(n));
+          }
+          for (DType b : kFloatTypes) {
+            const auto init = pattern(b, 2 * n, 3);
+            Buffer gs = p.upload(two), gd = p.upload(init);
+            Buffer hsrc = p.host_copy(two), hd = p.host_copy(init);
+            p.gpu->dequantize_rows(gs.data(), q.segment_bytes(n), 2, n, q, gd.data(), b, n, *p.stream);
+            p.host->dequantize_rows(hsrc.data(), q.segment_bytes(n), 2, n, q, hd.data(), b, n, hs);
+            check_same(b, p.download(gd), hd, 2 * n, false);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("events order two streams and the compute stream; host tasks run in stream order") {
   if (!have_gpu("events")) return;
   Pair p;
