@@ -115,6 +115,17 @@ TEST_CASE("zero_plan --auto ranks the GPT's layouts on a cluster; --explain brea
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("the time limit ended the search with") != std::string::npos);
   CHECK(r.output.find("not examined (time limit)") != std::string::npos);
+  // Quantized gathers (qwZ) priced at stage 3; the rest of the search runs without them.
+  r = plan({"--auto", "--cluster", cluster, "--quantized-weights", "int8", "--top", "3"});
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("the engine refuses") == std::string::npos);
+  const auto q3 = plan({"--explain", "dp=4,stage=3", "--cluster", cluster, "--quantized-weights", "int8"});
+  const auto f3 = plan({"--explain", "dp=4,stage=3", "--cluster", cluster});
+  CHECK(q3.exit_code == 0);
+  CHECK(q3.output != f3.output);  // fewer bytes gathered: other collectives' times
+  r = plan({"--auto", "--cluster", cluster, "--quantized-weights", "int6"});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("--quantized-weights takes int8, int4 or off, got 'int6'") != std::string::npos);
   r = plan({"--auto", "--cluster", cluster, "--threads", "0"});
   CHECK(r.exit_code != 0);
   CHECK(r.output.find("--threads must be positive, got 0") != std::string::npos);

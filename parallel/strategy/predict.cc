@@ -267,7 +267,7 @@ MemoryFloor memory_floor(const Layout& l, const std::vector<RankTensors>& ranks,
                          const EngineOptions& base) {
   MemoryFloor floor;
   const auto dp = static_cast<uint64_t>(l.dp);
-  const EngineOptions options = engine_options(l, base);
+  const EngineOptions options = planned_options(l, base);
   const double state = least_state_bytes(options);
   // A pipeline's micro-batches interleave: at ZeRO-3 its units stay gathered through the step
   // (unless a window limit is set) and from ZeRO-2 each unit's gradient accumulates whole until
@@ -405,7 +405,7 @@ const plan::EnginePlan& engine_plan(const Layout& l, const std::vector<StageCost
     plan::PlanInputs in;
     in.model = std::move(model.spec);
     in.step_schedule = std::move(model.step);
-    in.options = engine_options(l, settings.engine);
+    in.options = planned_options(l, settings.engine);
     in.world_size = l.dp;
     in.tp = l.tp;
     in.pp = l.pp;
@@ -646,8 +646,13 @@ size_t for_each_index(size_t count, int threads, const std::function<void(size_t
 
 }  // namespace
 
-Prediction predict(const ModelCosts& model, const Layout& l, const Cluster& cluster, const PlanSettings& settings) {
+EngineOptions planned_options(const Layout& layout, const EngineOptions& base) {
+  EngineOptions o = engine_options(layout, base);
+  if (layout.stage != 3) o.quantized_weights = {};
+  return o;
+}
 
+Prediction predict(const ModelCosts& model, const Layout& l, const Cluster& cluster, const PlanSettings& settings) {
   Prediction out;
   out.layout = l;
   out.unsupported = model.unsupported(l, settings.global_batch);

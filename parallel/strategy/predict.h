@@ -103,7 +103,10 @@ struct PlanSettings {
 
 Prediction predict(const ModelCosts& model, const Layout& layout, const Cluster& cluster, const PlanSettings& settings);
 
-// (The engine's options of a layout's plan are zero::engine_options(layout, settings.engine).)
+// The engine's options of a planned layout: zero::engine_options(layout, base), with stage 3's own
+// features (quantized gathers) off for a layout below stage 3, so that a search given them prices
+// them where they apply and runs the rest without.
+EngineOptions planned_options(const Layout& layout, const EngineOptions& base);
 
 // The micro-batch counts the search tries for a replica of `global_batch` / dp sequences: for each
 // of pp, 2 pp, 4 pp, ... up to that batch, the smallest count at or above it dividing the batch and

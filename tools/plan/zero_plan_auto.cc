@@ -49,7 +49,7 @@ EngineOptions base_options(const std::optional<EngineConfig>& file, DType dtype)
 EngineConfig layout_config(const Layout& l, const EngineOptions& base, DType dtype, int batch,
                            const std::optional<EngineConfig>& file) {
   EngineConfig c = file.value_or(EngineConfig{});
-  c.engine = engine_options(l, base);
+  c.engine = strategy::planned_options(l, base);
   c.model_dtype = dtype;
   c.loop.global_batch_size = batch;
   c.loop.micro_batch_size.reset();  // follows from the batch and the layout
@@ -126,6 +126,11 @@ int run_strategy(cli::Flags& flags) {
   if ((only_tp > 0 || only_pp > 0) && !explain_text.empty()) {
     ZERO_THROW(InvalidArgument, "--tp and --pp restrict --auto's search; --explain names its own layout");
   }
+  // Stage 3's quantized gathers (ZeRO++ qwZ), priced in the layouts at stage 3.
+  const std::string quantized_weights = flags.get("quantized-weights", "off");
+  if (quantized_weights != "off" && quantized_weights != "int8" && quantized_weights != "int4") {
+    ZERO_THROW(InvalidArgument, "--quantized-weights takes int8, int4 or off, got '{}'", quantized_weights);
+  }
   // The search's threads (default: the machine's cores) and its time limit (0: none).
   const int threads = flags.get_int("threads", static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   if (threads < 1) ZERO_THROW(InvalidArgument, "--threads must be positive, got {}", threads);
@@ -145,6 +150,7 @@ int run_strategy(cli::Flags& flags) {
   const strategy::DescribedModel model(std::move(*description), dtype);
   strategy::PlanSettings settings;
   settings.engine = base_options(file, dtype);
+  if (quantized_weights != "off") settings.engine.quantized_weights = {.bits = quantized_weights == "int8" ? 8 : 4};
   settings.global_batch = batch;
   settings.threads = threads;
   settings.time_limit = time_limit;
