@@ -8,6 +8,7 @@
 
 #include "base/check.h"
 #include "base/cpu.h"
+#include "memory/block_quantization_kernels.h"
 #include "memory/block_quantization_simd.h"
 
 namespace zero::memory {

@@ -25,10 +25,11 @@
 // A non-finite element (NaN, +-Inf) takes the code -qmax - 1, which no finite value takes, and
 // comes back as NaN: it stays in its own element instead of spreading through the block's scale
 // (the other elements keep theirs), and the quantizer counts it so that its caller can name it.
+// The host kernels are memory/block_quantization_kernels.h; a Device runs them
+// (Device::quantize_blocks, dequantize_rows).
 #include <cstddef>
 #include <cstdint>
 
-#include "base/cpu.h"
 #include "base/dtype.h"
 
 namespace zero::memory {
@@ -48,20 +49,4 @@ struct BlockQuantization {
 // InvalidArgument naming `what` unless block > 0 and bits is 8 or 4.
 void check_block_quantization(const BlockQuantization& q, const char* what);
 
-namespace host_kernels {
-
-// The segment of src[0, n) (fp32, fp16 or bf16) at `segment` (q.segment_bytes(n) bytes). Returns
-// how many elements were not finite. On the CPU's best SIMD path (base/cpu.h), or the one given:
-// every path writes the same bytes.
-uint64_t quantize_blocks(const void* src, DType src_dtype, size_t n, const BlockQuantization& q, void* segment);
-uint64_t quantize_blocks(const void* src, DType src_dtype, size_t n, const BlockQuantization& q, void* segment,
-                         SimdPath path);
-// Row r of `rows` segments of n elements each (segment r at segments + r * segment_stride bytes)
-// into dst + r * dst_stride elements (fp32, fp16 or bf16).
-void dequantize_rows(const void* segments, size_t segment_stride, size_t rows, size_t n, const BlockQuantization& q,
-                     void* dst, DType dst_dtype, size_t dst_stride);
-void dequantize_rows(const void* segments, size_t segment_stride, size_t rows, size_t n, const BlockQuantization& q,
-                     void* dst, DType dst_dtype, size_t dst_stride, SimdPath path);
-
-}  // namespace host_kernels
 }  // namespace zero::memory

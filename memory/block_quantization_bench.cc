@@ -22,6 +22,7 @@
 #include "base/cpu.h"
 #include "base/simd.h"
 #include "memory/block_quantization.h"
+#include "memory/block_quantization_kernels.h"
 
 namespace zero::memory {
 namespace {

@@ -1,4 +1,5 @@
 #include "memory/block_quantization.h"
+#include "memory/block_quantization_kernels.h"
 
 #include <doctest/doctest.h>
 

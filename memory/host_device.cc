@@ -28,6 +28,7 @@
 
 #include "base/check.h"
 #include "memory/block_quantization.h"
+#include "memory/block_quantization_kernels.h"
 #include "memory/buffer.h"
 #include "memory/device.h"
 #include "memory/host_kernels.h"

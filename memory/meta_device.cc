@@ -13,6 +13,7 @@
 
 #include "base/check.h"
 #include "memory/block_quantization.h"
+#include "memory/block_quantization_kernels.h"
 #include "memory/host_kernels.h"
 #include "memory/op_checks.h"
 
