@@ -57,6 +57,7 @@ bool finite(float v) { return std::fabs(v) <= FLT_MAX; }
 
 uint64_t quantize_blocks(const void* src, DType src_dtype, size_t n, const BlockQuantization& q, void* segment,
                          SimdPath path) {
+  if (n == 0) return 0;  // an empty segment (whose pointer may be null)
   const QuantizeLoops& loops = quantize_loops(path);
   auto* scales = static_cast<float*>(segment);
   auto* codes = static_cast<uint8_t*>(segment) + q.blocks(n) * sizeof(float);
@@ -119,6 +120,7 @@ uint64_t quantize_blocks(const void* src, DType src_dtype, size_t n, const Block
 
 void dequantize_rows(const void* segments, size_t segment_stride, size_t rows, size_t n, const BlockQuantization& q,
                      void* dst, DType dst_dtype, size_t dst_stride, SimdPath path) {
+  if (n == 0 || rows == 0) return;  // nothing (and pointers that may be null)
   const QuantizeLoops& loops = quantize_loops(path);
   const int marker = -q.qmax() - 1;
   const size_t es = dtype_size(dst_dtype);
