@@ -11,6 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${STEPS:-1000}
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 bazel build -c opt //comm/launch:zerorun //examples/gpt:train_gpt >&2
 B=bazel-out/k8-opt/bin
 port=$((29600 + RANDOM % 300))
@@ -20,6 +21,8 @@ run() {  # name, then train_gpt's flags
   shift
   local args=(--stage 3 --dtype bf16 --steps "$STEPS" --val-every "$STEPS" --sample-tokens 0 --log-every 10 --deterministic "$@")
   port=$((port + 1))
+  ZERO_JOB_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  export ZERO_JOB_TOKEN  # the two launchers' shared secret (docs/launcher.md)
   for node in 0 1; do
     "$B/comm/launch/zerorun" --nnodes 2 --node-rank "$node" --master-addr 127.0.0.1 --master-port "$port" \
       --nproc-per-node 2 -- "$B/examples/gpt/train_gpt" "${args[@]}" >"$OUT/$name.node$node.log" 2>&1 &
@@ -37,7 +40,7 @@ for v in "qwZ int8|--quantized-weights int8" "qwZ int8, offload|--quantized-weig
          "qwZ int4|--quantized-weights int4"; do
   IFS='|' read -r name flags <<<"$v"
   # shellcheck disable=SC2086
-  loss=$(run "$(echo "$name" | tr -c 'a-z0-9' '_')" $flags)
+  loss=$(run "$(printf '%s' "$name" | tr -c 'a-zA-Z0-9' '_')" $flags)
   echo "| $name | $loss | $(python3 -c "print(f'{($loss / $plain - 1) * 100:+.2f}%')" 2>/dev/null || echo -) |"
 done
 echo "(per-step losses: $OUT/*.loss)" >&2
