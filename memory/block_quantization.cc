@@ -1,8 +1,6 @@
 #include "memory/block_quantization.h"
 
 #include <algorithm>
-#include <cfloat>
-#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -26,10 +24,6 @@ namespace {
 // Elements widened per tile, on the stack of whichever thread runs the work.
 constexpr size_t kTile = 1024;
 
-// Below this the block is taken as zeros: qmax / absmax would overflow fp32 (2^-120 keeps it
-// finite for qmax 127), and such values are far below any scale a parameter or gradient has.
-constexpr float kSmallestAbsmax = 0x1p-120f;
-
 const void* element(const void* base, DType dtype, size_t i) {
   return static_cast<const char*>(base) + i * dtype_size(dtype);
 }
@@ -50,8 +44,6 @@ void narrow(const float* src, void* dst, DType dtype, size_t n, SimdPath path) {
     default: std::memcpy(dst, src, n * sizeof(float)); return;
   }
 }
-
-bool finite(float v) { return std::fabs(v) <= FLT_MAX; }
 
 }  // namespace
 
@@ -92,22 +84,21 @@ uint64_t quantize_blocks(const void* src, DType src_dtype, size_t n, const Block
       const float* x = whole != nullptr ? whole : widen(element(src, src_dtype, first + t), src_dtype, m, tmp, path);
       absmax = std::max(absmax, loops.absmax(x, m));
     }
-    const bool zero = absmax < kSmallestAbsmax;
-    scales[k] = zero ? 0.0f : absmax / qmax;
-    const float inv = zero ? 0.0f : qmax / absmax;
+    const BlockScale bs = block_scale(absmax, qmax);
+    scales[k] = bs.scale;
     for (size_t t = 0; t < len; t += kTile) {
       const size_t m = std::min(kTile, len - t);
       const float* x = whole != nullptr ? whole : widen(element(src, src_dtype, first + t), src_dtype, m, tmp, path);
       const size_t e0 = first + t;
       if (q.bits == 8) {
-        nonfinite += loops.codes8(x, m, inv, codes + e0);
+        nonfinite += loops.codes8(x, m, bs.inv, codes + e0);
         continue;
       }
       for (size_t i = 0; i < m; ++i) {
         const size_t e = e0 + i;
-        const auto c = static_cast<unsigned>(static_cast<int>(quantize_code(x[i], inv, qmax)));
-        codes[e / 2] |= static_cast<uint8_t>((c & 0xFu) << (4 * (e % 2)));
-        nonfinite += finite(x[i]) ? 0 : 1;
+        const int c = static_cast<int>(quantize_code(x[i], bs.inv, qmax));
+        codes[e / 2] |= static_cast<uint8_t>((static_cast<unsigned>(c) & 0xFu) << (4 * (e % 2)));
+        nonfinite += c == -q.qmax() - 1 ? 1 : 0;  // the marker: a non-finite value
       }
     }
   }

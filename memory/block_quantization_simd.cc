@@ -165,19 +165,15 @@ ZERO_AVX512_TARGET void decode8_avx512(const uint8_t* codes, size_t n, float sca
   decode8_scalar(codes + i, n - i, scale, out + i);
 }
 
-// Whole blocks of x[0, n) (the last may be short) into their scales and int8 codes: the block's
-// scale and 1 / scale from its largest finite |x|, as the format says.
-constexpr float kSmallestAbsmax = 0x1p-120f;
-
+// Whole blocks of x[0, n) (the last may be short) into their scales and int8 codes.
 template <float (*Absmax)(const float*, size_t), uint64_t (*Codes)(const float*, size_t, float, uint8_t*)>
 uint64_t quantize8_composed(const float* x, size_t n, size_t block, float* scales, uint8_t* codes) {
   uint64_t bad = 0;
   for (size_t first = 0, k = 0; first < n; first += block, ++k) {
     const size_t len = std::min(block, n - first);
-    const float absmax = Absmax(x + first, len);
-    const bool zero = absmax < kSmallestAbsmax;
-    scales[k] = zero ? 0.0f : absmax / 127.0f;
-    bad += Codes(x + first, len, zero ? 0.0f : 127.0f / absmax, codes + first);
+    const BlockScale bs = block_scale(Absmax(x + first, len), 127.0f);
+    scales[k] = bs.scale;
+    bad += Codes(x + first, len, bs.inv, codes + first);
   }
   return bad;
 }
@@ -236,10 +232,9 @@ ZERO_AVX512_TARGET uint64_t quantize8_fused_avx512(const void* x, size_t n, size
     } else {
       rest = static_cast<const float*>(x) + first + whole;
     }
-    const float absmax = std::max(max_lane(m0, m1), absmax_scalar(rest, len - whole));
-    const bool zero = absmax < kSmallestAbsmax;
-    scales[k] = zero ? 0.0f : absmax / 127.0f;
-    const float inv = zero ? 0.0f : 127.0f / absmax;
+    const BlockScale bs = block_scale(std::max(max_lane(m0, m1), absmax_scalar(rest, len - whole)), 127.0f);
+    scales[k] = bs.scale;
+    const float inv = bs.inv;
     const __m512 vinv = _mm512_set1_ps(inv);
     uint8_t* out = codes + first;
     if ((finite0 & finite1) == 0xFFFF) {

@@ -27,6 +27,17 @@ struct QuantizeLoops {
 
 const QuantizeLoops& quantize_loops(SimdPath path);
 
+// A block's scale and its inverse from its largest finite |x| (memory/block_quantization.h): a
+// block whose absmax is below 2^-120 is zeros (qmax / absmax would overflow fp32).
+struct BlockScale {
+  float scale = 0, inv = 0;
+};
+inline BlockScale block_scale(float absmax, float qmax) {
+  constexpr float kSmallestAbsmax = 0x1p-120f;  // the CUDA kernels' too
+  if (absmax < kSmallestAbsmax) return {};
+  return {absmax / qmax, qmax / absmax};
+}
+
 // One code, any width: rint(v * inv) clamped to [-qmax, qmax], or -qmax - 1 for a non-finite v.
 float quantize_code(float v, float inv, float qmax);
 

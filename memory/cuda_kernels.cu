@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kSumThreads)
 // Quantization (memory/block_quantization.h), bit for bit the host's: each block's largest finite
 // |x| into its scale's slot (a max is exact in any order), then the codes from it, then each slot
 // turned into its scale: three launches, so no thread reads a slot another rewrites.
-constexpr float kSmallestAbsmax = 0x1p-120f;  // the host's: below it a block is zeros
+constexpr float kSmallestAbsmax = 0x1p-120f;  // block_quantization_simd.h's block_scale: below it a block is zeros
 
 __device__ bool finite(float v) { return fabsf(v) <= 3.402823466e+38f; }
 

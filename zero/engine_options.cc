@@ -45,6 +45,13 @@ MicroBatchGather parse_micro_batch_gather(const std::string& name) {
   return parse_policy<MicroBatchGather>(name, "micro_batch_gather");
 }
 
+int parse_quantized_bits(const std::string& name, const char* what) {
+  if (name == "int8") return 8;
+  if (name == "int4") return 4;
+  if (name == "off") return 0;
+  ZERO_THROW(InvalidArgument, "{} takes int8, int4 or off, got '{}'", what, name);
+}
+
 void validate(const EngineOptions& o) {
   if (o.stage < 0 || o.stage > 3) {
     ZERO_THROW(InvalidArgument, "EngineOptions.stage must be 0, 1, 2 or 3, got {}", o.stage);

@@ -154,6 +154,10 @@ struct EngineOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
 };
 
+// The bits of quantized gathers a flag or key names: "int8" 8, "int4" 4, "off" 0; anything else is
+// InvalidArgument naming `what` (e.g. "--quantized-weights").
+int parse_quantized_bits(const std::string& name, const char* what);
+
 // Throws InvalidArgument naming the field.
 void validate(const EngineOptions& options);
 

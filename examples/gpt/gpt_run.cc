@@ -62,11 +62,7 @@ GptRun GptRun::read(cli::Flags& flags) {
   if (flags.has("param-dtype")) opt.param_dtype = parse_dtype(flags.get("param-dtype", ""));
   // Stage 3's quantized gathers (ZeRO++ qwZ): --quantized-weights int8|int4 (both passes, blocks of 256).
   if (flags.has("quantized-weights")) {
-    const std::string q = flags.get("quantized-weights", "");
-    if (q != "int8" && q != "int4" && q != "off") {
-      ZERO_THROW(InvalidArgument, "--quantized-weights takes int8, int4 or off, got '{}'", q);
-    }
-    opt.quantized_weights.bits = q == "int8" ? 8 : q == "int4" ? 4 : 0;
+    opt.quantized_weights.bits = parse_quantized_bits(flags.get("quantized-weights", ""), "--quantized-weights");
   }
   r.fp32_norms = flags.get_bool("fp32-norms", false);
   flags.check_all_used();

@@ -613,8 +613,8 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
 // Runs work(i) for i = 0, 1, ... count - 1 on `threads` threads (this one among them), each taking
 // the next index until none is left or stop() says so; between its items this thread calls
 // between() (where the search reports its progress). The first exception any item throws ends the
-// others' taking and is thrown here once they are done. Returns how many items were taken.
-size_t for_each_index(size_t count, int threads, const std::function<void(size_t)>& work,
+// others' taking and is thrown here once they are done.
+void for_each_index(size_t count, int threads, const std::function<void(size_t)>& work,
                       const std::function<bool()>& stop, const std::function<void()>& between) {
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
@@ -641,7 +641,6 @@ size_t for_each_index(size_t count, int threads, const std::function<void(size_t
   run(true);
   for (std::thread& t : helpers) t.join();
   if (error) std::rethrow_exception(error);
-  return std::min(next.load(), count);
 }
 
 }  // namespace

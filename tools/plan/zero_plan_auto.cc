@@ -127,10 +127,7 @@ int run_strategy(cli::Flags& flags) {
     ZERO_THROW(InvalidArgument, "--tp and --pp restrict --auto's search; --explain names its own layout");
   }
   // Stage 3's quantized gathers (ZeRO++ qwZ), priced in the layouts at stage 3.
-  const std::string quantized_weights = flags.get("quantized-weights", "off");
-  if (quantized_weights != "off" && quantized_weights != "int8" && quantized_weights != "int4") {
-    ZERO_THROW(InvalidArgument, "--quantized-weights takes int8, int4 or off, got '{}'", quantized_weights);
-  }
+  const int quantized_bits = parse_quantized_bits(flags.get("quantized-weights", "off"), "--quantized-weights");
   // The search's threads (default: the machine's cores) and its time limit (0: none).
   const int threads = flags.get_int("threads", static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   if (threads < 1) ZERO_THROW(InvalidArgument, "--threads must be positive, got {}", threads);
@@ -150,7 +147,7 @@ int run_strategy(cli::Flags& flags) {
   const strategy::DescribedModel model(std::move(*description), dtype);
   strategy::PlanSettings settings;
   settings.engine = base_options(file, dtype);
-  if (quantized_weights != "off") settings.engine.quantized_weights = {.bits = quantized_weights == "int8" ? 8 : 4};
+  if (quantized_bits != 0) settings.engine.quantized_weights = {.bits = quantized_bits};
   settings.global_batch = batch;
   settings.threads = threads;
   settings.time_limit = time_limit;
