@@ -288,6 +288,21 @@ TEST_CASE("8-bit AdamW trains at stages 1-3 with the same bits, resumes bit for 
   }
 }
 
+TEST_CASE("--quantized-weights: stage 3 trains with int8 gathers; another stage or width is refused by name") {
+  const auto r = testing::launch(2, "examples/gpt/train_gpt",
+                                 {"--stage", "3", "--quantized-weights", "int8", "--steps", "4", "--val-every", "0",
+                                  "--sample-tokens", "0", "--log-every", "1"});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(losses(r.output).size() == 4);
+  const auto below = testing::launch(2, "examples/gpt/train_gpt", {"--stage", "2", "--quantized-weights", "int8", "--steps", "2"});
+  CHECK(below.exit_code != 0);
+  CHECK(below.output.find("quantized_weights (qwZ) needs stage 3 (got stage 2)") != std::string::npos);
+  const auto width = testing::launch(2, "examples/gpt/train_gpt", {"--quantized-weights", "int2", "--steps", "2"});
+  CHECK(width.exit_code != 0);
+  CHECK(width.output.find("--quantized-weights takes int8, int4 or off, got 'int2'") != std::string::npos);
+}
+
 // Adafactor: every tensor's row and column sums reduced over the 2 ranks from stage 1 on; under
 // tensor parallelism a split tensor's statistics are the whole tensor's.
 TEST_CASE("Adafactor trains at stages 1-3 with the same bits, resumes bit for bit, and under tp as at dp") {
