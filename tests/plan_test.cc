@@ -129,6 +129,9 @@ TEST_CASE("zero_plan --auto ranks the GPT's layouts on a cluster; --explain brea
   r = plan({"--auto", "--cluster", cluster, "--threads", "0"});
   CHECK(r.exit_code != 0);
   CHECK(r.output.find("--threads must be positive, got 0") != std::string::npos);
+  r = plan({"--auto", "--cluster", cluster, "--time-limit", "0"});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("--time-limit (seconds) must be positive, got 0 (leave it out for no limit)") != std::string::npos);
   r = plan({"--auto", "--cluster", cluster, "--time-limit", "-1"});
   CHECK(r.exit_code != 0);
   CHECK(r.output.find("--time-limit (seconds) must be positive, got -1") != std::string::npos);

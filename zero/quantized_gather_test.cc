@@ -183,7 +183,7 @@ TEST_CASE("qwZ: a non-finite parameter stops every rank at the step's end, namin
   CHECK(errors[0] == errors[1]);
 }
 
-TEST_CASE("qwZ: refused below stage 3 and at other widths, naming the option") {
+TEST_CASE("qwZ: refused below stage 3, at other widths and with an empty block, naming the option") {
   EngineOptions o;
   o.stage = 2;
   o.quantized_weights.bits = 8;
@@ -192,6 +192,8 @@ TEST_CASE("qwZ: refused below stage 3 and at other widths, naming the option") {
   o.quantized_weights.bits = 6;
   CHECK_THROWS_WITH_AS(validate(o), doctest::Contains("quantized_weights.bits must be 0 (off), 8 or 4, got 6"),
                        InvalidArgument);
+  o.quantized_weights = {.bits = 8, .block = 0};
+  CHECK_THROWS_WITH_AS(validate(o), doctest::Contains("quantized_weights.block must be positive"), InvalidArgument);
 }
 
 }  // namespace zero
