@@ -110,6 +110,22 @@ void validate(const EngineOptions& o) {
                "parameters before each use",
                o.stage);
   }
+  const EngineOptions::QuantizedReduction& qg = o.quantized_gradients;
+  if (qg.bits != 0 && qg.bits != 8 && qg.bits != 4) {
+    ZERO_THROW(InvalidArgument, "EngineOptions.quantized_gradients.bits must be 0 (off), 8 or 4, got {}", qg.bits);
+  }
+  if (qg.bits != 0 && qg.block == 0) {
+    ZERO_THROW(InvalidArgument, "EngineOptions.quantized_gradients.block must be positive");
+  }
+  if (o.node_size < 0) ZERO_THROW(InvalidArgument, "EngineOptions.node_size must be >= 0, got {}", o.node_size);
+  for (const auto& [on, name] : {std::pair{o.secondary_shard, "secondary_shard (hpZ)"},
+                                 std::pair{qg.bits != 0, "quantized_gradients (qgZ)"}}) {
+    if (!on) continue;
+    if (o.stage != 3) {
+      ZERO_THROW(InvalidArgument, "EngineOptions.{} needs stage 3 (got stage {}): it reshapes stage 3's gathers and "
+                 "reductions", name, o.stage);
+    }
+  }
   if (o.optimizer.custom && o.optimizer.custom->needs_whole_tensors() && !o.layout.whole_tensors) {
     ZERO_THROW(InvalidArgument,
                "EngineOptions.optimizer.custom: '{}' needs whole tensors (a per-tensor rule), but the flat ranges cut "
@@ -188,6 +204,10 @@ std::vector<std::pair<std::string, std::string>> fingerprint(const EngineOptions
   add("quantized_weights.bits", o.quantized_weights.bits);
   add("quantized_weights.block", o.quantized_weights.block);
   add("quantized_weights.backward", o.quantized_weights.backward);
+  add("node_size", o.node_size);
+  add("secondary_shard", o.secondary_shard);
+  add("quantized_gradients.bits", o.quantized_gradients.bits);
+  add("quantized_gradients.block", o.quantized_gradients.block);
   add("offload.optimizer", o.offload.optimizer);
   add("offload.params", o.offload.params);
   return f;

@@ -147,6 +147,26 @@ struct EngineOptions {
     bool backward = true;  // the backward's gathers too (false: the forward's and evaluations' only)
   };
   QuantizedGathers quantized_weights;
+  // ZeRO++'s two parts that work on nodes, stage 3. The shard group is cut into nodes of `node_size`
+  // consecutive ranks (launchers number a node's ranks consecutively; in a mesh the data-parallel
+  // peers on one node are its devices / tp): comm::HybridGroups over the shard group, its shard
+  // groups the nodes. 0: not given (hpZ and qgZ then refuse to run); it must divide the group.
+  int node_size = 0;
+  // hpZ: after a unit's forward gather each rank keeps its node's part of the gathered unit (1 /
+  // node_size of it, the values the forward computed with), and the unit's backward gather runs
+  // inside the node from those parts, so that only the forward's gather crosses nodes. The parts
+  // stay from the forward to the step's end: padded parameter bytes / node_size more per rank,
+  // counted with the gather window.
+  bool secondary_shard = false;
+  // qgZ: each unit's gradients reduced as `bits`-bit blocks in two all-to-alls, inside the node
+  // (every rank sends each node-local peer what that peer's column of nodes needs), a dequantized
+  // fp32 sum in rank order, then across nodes, and a final fp32 sum in node order, ending in the
+  // shard a reduce-scatter would give. Deterministic by construction; 0: off.
+  struct QuantizedReduction {
+    int bits = 0;          // 0: off; 8 or 4
+    size_t block = 256;    // elements per scale
+  };
+  QuantizedReduction quantized_gradients;
 
   OffloadOptions offload;
 

@@ -26,6 +26,8 @@ struct GradReducer::Slot {
   Buffer staging;  // the bucket's gradients in its dtype (when there is no full buffer)
   Buffer send;     // the bucket (or a piece) in the reduce dtype, when that differs or pieces are cut
   Buffer recv;     // deterministic mode: every rank's copy of this rank's chunk (or piece)
+  // qgZ: the quantized rows sent and received (both hops), the dequantized rows, the node's sums
+  Buffer qsend, qrecv, rows, partial;
 };
 
 struct GradReducer::BucketState {
@@ -51,6 +53,12 @@ GradReducer::GradReducer(const ReducerConfig& config, const ShardLayout& layout,
   ZERO_CHECK_EQ(user_grads_.size(), layout_.tensors().size());
   if (comms_.replica != nullptr) {
     replica_order_ = std::make_unique<CollectiveOrder>(device, *comms_.replica, config.timeout);
+  }
+  if (config_.quantized) {
+    ZERO_CHECK(comms_.node != nullptr && !ownership_.is_replicated(), "qgZ reduces sharded buckets within nodes");
+    memory::check_block_quantization(*config_.quantized, "EngineOptions.quantized_gradients");
+    node_order_ = std::make_unique<CollectiveOrder>(device, *comms_.node, config.timeout);
+    if (comms_.across_nodes) across_order_ = std::make_unique<CollectiveOrder>(device, *comms_.across_nodes, config.timeout);
   }
   if (config_.full_grads) ensure_full();
   if (config_.accumulate) {
@@ -238,12 +246,12 @@ void GradReducer::launch(size_t b) {
   const DType rd = reduce_dtype(b);
   void* grads = bucket_buffer(b);
   const bool convert = rd != B.dtype;
-  if (st.slot < 0 && (convert || config_.deterministic)) st.slot = acquire_slot();
+  const bool own_buffer = convert || config_.deterministic || config_.quantized;
+  if (st.slot < 0 && own_buffer) st.slot = acquire_slot();
   // The reduce stream picks the bucket up once backward's writes to it are done.
   device_.record(*event_, device_.compute_stream());
   device_.wait(*stream_, *event_);
   inflight_.push_back(b);
-  const bool own_buffer = convert || config_.deterministic;
   if (own_buffer && config_.piece_numel > 0 && !ownership_.is_replicated() && B.padded > config_.piece_numel) {
     launch_in_pieces(b, grads);
     return;
@@ -282,6 +290,7 @@ void GradReducer::launch_in_pieces(size_t b, const void* grads) {
 }
 
 comm::WorkHandle GradReducer::issue(size_t b, const Piece& piece) {
+  if (config_.quantized) return issue_quantized(b, piece);
   const auto& B = layout_.buckets()[b];
   BucketState& st = buckets_[b];
   const DType rd = reduce_dtype(b);
@@ -318,9 +327,16 @@ void GradReducer::finish(size_t b, const Piece& piece, comm::Work& work) {
   void* chunk = at(piece.cbuf, rd, static_cast<size_t>(comm.rank()) * piece.len);
   {
     ScopedTimer waiting(config_.timings ? &config_.timings->reduce_wait_s : nullptr);
-    shard_order_.after(work, *stream_);
+    (config_.quantized ? *node_order_ : shard_order_).after(work, *stream_);
   }
-  if (config_.deterministic) {
+  if (config_.quantized) {
+    finish_quantized(b, piece, chunk);
+    if (comms_.replica != nullptr) {
+      replica_order_->before_issue(*stream_);
+      comm::WorkHandle w = comms_.replica->all_reduce(chunk, piece.len, rd, comm::ReduceOp::kSum);
+      replica_order_->after(*w, *stream_);
+    }
+  } else if (config_.deterministic) {
     // recv holds every rank's copy of this rank's share; with replicas, gathered replica by replica,
     // which is global rank order. Sum them in that order.
     Slot& s = slot(st.slot);
@@ -363,6 +379,70 @@ void GradReducer::finish(size_t b, const Piece& piece, comm::Work& work) {
     // rounded once.
     device_.convert(reduced, rd, home, B.dtype, hi - lo, *stream_);
   }
+}
+
+// qgZ's two hops. The shard group is N nodes of L consecutive ranks: shard rank r is local rank
+// r % L of node r / L. Row r of the piece (what shard rank r gets) first goes to this node's rank of
+// local index r % L, which gathers from its L node peers the rows of every rank of its local index
+// (ZeRO++'s reordering: the rows are quantized straight into the order the all-to-all sends them).
+// It sums the L copies of each, and the second hop sends each node's sum to that node's rank.
+comm::WorkHandle GradReducer::issue_quantized(size_t b, const Piece& piece) {
+  const auto& B = layout_.buckets()[b];
+  const DType rd = reduce_dtype(b);
+  const memory::BlockQuantization& q = *config_.quantized;
+  comm::Communicator& node = *comms_.node;
+  const size_t world = static_cast<size_t>(comms_.shard->size()), local = static_cast<size_t>(node.size());
+  const size_t nodes = world / local, seg = q.segment_bytes(piece.len);
+  Slot& s = slot(buckets_[b].slot);
+  s.qsend = buffers_.take(world * seg, *stream_);
+  s.qrecv = buffers_.take(world * seg, *stream_);
+  for (size_t r = 0; r < world; ++r) {
+    char* dst = s.qsend.as<char>() + ((r % local) * nodes + r / local) * seg;
+    device_.quantize_blocks(at(piece.cbuf, rd, r * piece.len), rd, piece.len, q, dst, nullptr, *stream_);
+  }
+  node_order_->before_issue(*stream_);
+  comm::CallLabel label(node, B.unit >= 0 ? fmt::format("unit {} gradients, node", B.unit)
+                                          : fmt::format("bucket {} gradients, node", b));
+  return node.all_to_all(s.qsend.data(), s.qrecv.data(), nodes * seg, DType::kUInt8);
+}
+
+void GradReducer::finish_quantized(size_t b, const Piece& piece, void* chunk) {
+  const auto& B = layout_.buckets()[b];
+  const DType rd = reduce_dtype(b);
+  const memory::BlockQuantization& q = *config_.quantized;
+  const size_t world = static_cast<size_t>(comms_.shard->size()), local = static_cast<size_t>(comms_.node->size());
+  const size_t nodes = world / local, seg = q.segment_bytes(piece.len), len = piece.len;
+  Slot& s = slot(buckets_[b].slot);
+  // From each node peer in rank order, the rows of this local index on every node: their sums.
+  s.rows = buffers_.take(world * len * sizeof(float), *stream_);
+  device_.dequantize_rows(s.qrecv.data(), seg, world, len, q, s.rows.data(), DType::kFloat32, len, *stream_);
+  if (comms_.across_nodes == nullptr) {
+    device_.ordered_sum(s.rows.data(), DType::kFloat32, len, static_cast<int>(local), chunk, rd, len, *stream_);
+  } else {
+    s.partial = buffers_.take(nodes * len * sizeof(float), *stream_);
+    device_.ordered_sum(s.rows.data(), DType::kFloat32, nodes * len, static_cast<int>(local), s.partial.data(),
+                        DType::kFloat32, nodes * len, *stream_);
+    for (size_t n = 0; n < nodes; ++n) {
+      device_.quantize_blocks(s.partial.as<float>() + n * len, DType::kFloat32, len, q, s.qsend.as<char>() + n * seg,
+                              nullptr, *stream_);
+    }
+    comm::Communicator& across = *comms_.across_nodes;
+    across_order_->before_issue(*stream_);
+    comm::WorkHandle w;
+    {
+      comm::CallLabel label(across, B.unit >= 0 ? fmt::format("unit {} gradients, across", B.unit)
+                                                : fmt::format("bucket {} gradients, across", b));
+      w = across.all_to_all(s.qsend.data(), s.qrecv.data(), seg, DType::kUInt8);
+    }
+    {
+      ScopedTimer waiting(config_.timings ? &config_.timings->reduce_wait_s : nullptr);
+      across_order_->after(*w, *stream_);
+    }
+    device_.dequantize_rows(s.qrecv.data(), seg, nodes, len, q, s.rows.data(), DType::kFloat32, len, *stream_);
+    device_.ordered_sum(s.rows.data(), DType::kFloat32, len, static_cast<int>(nodes), chunk, rd, len, *stream_);
+  }
+  // A piece's buffers go back for the next piece (the cache orders their reuse after this work).
+  for (Buffer* buf : {&s.qsend, &s.qrecv, &s.rows, &s.partial}) buffers_.give(std::move(*buf), *stream_);
 }
 
 void GradReducer::complete(size_t b) {

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "memory/block_quantization.h"
 #include "memory/buffer_cache.h"
 #include "memory/device.h"
 #include "zero/collective_order.h"
@@ -62,6 +63,11 @@ struct ReducerConfig {
   // stage runs the same schedule, hence the same order), and begin_round() opens it again for the
   // unit's next micro-batch within the same micro-step.
   bool rounds = false;
+  // qgZ (EngineOptions.quantized_gradients): sharded buckets reduced as quantized blocks in two
+  // all-to-alls, inside the node (ReducerComms::node) then across nodes (across_nodes), each followed
+  // by a dequantized fp32 sum in rank order; the result lands where the reduce-scatter's would. Replaces
+  // the reduce-scatter and deterministic mode's all-to-all (its sums are ordered too).
+  std::optional<memory::BlockQuantization> quantized;
 };
 
 // User-provided gradient storage of one tensor (ParamSpec::grad), or null: the engine provides it.
@@ -72,6 +78,10 @@ struct UserGrad {
 struct ReducerComms {
   comm::Communicator* shard = nullptr;    // the group a bucket is reduced (and sharded) within
   comm::Communicator* replica = nullptr;  // optional: replicas of the same shard (hybrid sharding)
+  // qgZ only: this rank's node within `shard` (consecutive ranks) and its peers of the same place
+  // on the other nodes (null on one node).
+  comm::Communicator* node = nullptr;
+  comm::Communicator* across_nodes = nullptr;
 };
 
 class GradReducer {
@@ -138,6 +148,10 @@ class GradReducer {
   void launch(size_t b);
   void launch_in_pieces(size_t b, const void* grads);
   comm::WorkHandle issue(size_t b, const Piece& piece);
+  // qgZ: the first hop (quantize every rank's row, all-to-all inside the node), and once it is in
+  // the rest (sum, quantize, all-to-all across nodes, sum into `chunk`).
+  comm::WorkHandle issue_quantized(size_t b, const Piece& piece);
+  void finish_quantized(size_t b, const Piece& piece, void* chunk);
   // Waits for the piece's collective, finishes its sum (deterministic, replicas) and routes the
   // owned part into the accumulator (or the full buffer).
   void finish(size_t b, const Piece& piece, comm::Work& work);
@@ -156,6 +170,7 @@ class GradReducer {
   std::unique_ptr<memory::Event> event_;
   CollectiveOrder shard_order_;
   std::unique_ptr<CollectiveOrder> replica_order_;
+  std::unique_ptr<CollectiveOrder> node_order_, across_order_;  // qgZ's hops
   std::vector<UserGrad> user_grads_;
   memory::BufferCache buffers_;  // staging, conversion and receive buffers (kCommBuffer)
 

@@ -14,8 +14,14 @@ ParamGatherer::ParamGatherer(const GathererConfig& config, const ShardLayout& la
                              const ShardOwnership& ownership, comm::Communicator& shard_comm,
                              memory::Device& device, const std::vector<RegisteredValues>& initial)
     : config_(config), layout_(layout), comm_(shard_comm), device_(device), order_(device, shard_comm, config.timeout),
-      window_(device, memory::Category::kGatherWindow), segments_(device, memory::Category::kCommBuffer) {
+      window_(device, memory::Category::kGatherWindow), segments_(device, memory::Category::kCommBuffer),
+      secondaries_(device, memory::Category::kGatherWindow) {
   if (config_.quantized) memory::check_block_quantization(*config_.quantized, "EngineOptions.quantized_weights");
+  if (config_.node) {
+    ZERO_CHECK(shard_comm.size() % config_.node->size() == 0, "a node of {} ranks in a shard group of {}",
+               config_.node->size(), shard_comm.size());
+    node_order_ = std::make_unique<CollectiveOrder>(device, *config_.node, config.timeout);
+  }
   memory::Stream& compute = device_.compute_stream();
   const size_t shard_bytes = layout_.shard_bytes();
   const bool offload = config_.offload_tracker != nullptr;
@@ -116,7 +122,23 @@ void ParamGatherer::evict(size_t b) {
   // The compute stream was the last to read it; the next gather into the buffer is ordered after
   // the compute stream's work (before_issue).
   window_.give(std::move(u.data), device_.compute_stream());
+  memory::Buffer part = std::move(u.secondary);
   u = Unit{};
+  u.secondary = std::move(part);
+}
+
+void ParamGatherer::keep_node_part(size_t b) {
+  Unit& u = units_[b];
+  const size_t es = dtype_size(layout_.buckets()[b].dtype), n = part_numel(b) * es;
+  memory::Stream& compute = device_.compute_stream();
+  u.secondary = secondaries_.take(n, compute);
+  device_.copy(u.secondary.data(), u.data.as<char>() + static_cast<size_t>(config_.node->rank()) * n, n, compute);
+}
+
+void ParamGatherer::drop_node_parts() {
+  for (Unit& u : units_) {
+    if (!u.secondary.empty()) secondaries_.give(std::move(u.secondary), device_.compute_stream());
+  }
 }
 
 bool ParamGatherer::make_room(size_t bytes, size_t for_bucket) {
@@ -174,6 +196,21 @@ void ParamGatherer::issue(size_t b, GatherUse use, bool ahead) {
   u.use = use;
   u.issued = ++clock_;
   char* full = static_cast<char*>(u.data.data());
+  if (use == GatherUse::kBackward && !u.secondary.empty()) {
+    // hpZ: the node's parts of the forward's values, gathered inside the node (the compute stream
+    // wrote the parts and last read the buffer's previous unit).
+    comm::Communicator& node = *config_.node;
+    node_order_->before_issue(compute);
+    comm::CallLabel label(node, unit_label(b, use) + " in node");
+    u.work = node.all_gather(u.secondary.data(), full, part_numel(b), B.dtype);
+    u.in_node = true;
+    if (StepTimings* t = timings()) {
+      const uint64_t moved = B.padded * es;
+      t->gathered_bytes += moved;
+      if (ahead) t->prefetched_bytes += moved;
+    }
+    return;
+  }
   const char* send = shard_.as<char>() + B.shard_bytes;
   // The shard was last written by the update on the compute stream.
   memory::Stream* producer = &compute;
@@ -224,7 +261,7 @@ void ParamGatherer::finish(size_t b) {
   ScopedTimer waiting(timings() ? &timings()->gather_wait_s : nullptr);
   memory::Stream& compute = device_.compute_stream();
   try {
-    order_.after(*u.work, compute);
+    (u.in_node ? *node_order_ : order_).after(*u.work, compute);
   } catch (const Error& e) {
     const std::string what = fmt::format("stage 3: the all-gather of {} failed: {}", unit_label(b, u.use), e.what());
     u.work.reset();
@@ -233,6 +270,7 @@ void ParamGatherer::finish(size_t b) {
     throw CommError(what);
   }
   u.work.reset();
+  u.in_node = false;
   if (!u.segments.empty()) {
     // Every rank's segment (this one's too) into the unit's buffer, where the compute reads it.
     const auto& B = layout_.buckets()[b];
@@ -242,6 +280,7 @@ void ParamGatherer::finish(size_t b) {
                             B.dtype, B.chunk, compute);
     segments_.give(std::move(u.segments), compute);
   }
+  if (config_.node && u.use == GatherUse::kForward && u.secondary.empty()) keep_node_part(b);
 }
 
 void ParamGatherer::follow(int64_t entry) {
@@ -419,6 +458,7 @@ void ParamGatherer::invalidate() {
     ZERO_CHECK_EQ(units_[b].users, 0, "a gather scope is open while the shard is rewritten");
     if (resident(b)) evict(b);
   }
+  drop_node_parts();
 }
 
 void ParamGatherer::after_step() {
@@ -450,6 +490,7 @@ void ParamGatherer::after_step() {
     ZERO_CHECK_EQ(units_[b].users, 0, "a gather scope is still open at step()");
     if (resident(b)) evict(b);
   }
+  drop_node_parts();
   // Nothing is gathered now: the window's slab grows here if this step's placements outgrew it.
   window_.settle();
   prefetch();  // the next step's first unit, while the loop prepares its data

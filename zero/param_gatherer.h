@@ -43,6 +43,14 @@
 // followed (one tiny all-gather), which also catches a difference that moved no data (a unit served
 // from the window on one rank and gathered on another).
 //
+// Secondary shards (ZeRO++'s hpZ, GathererConfig::node). When a unit's training forward gather is
+// in, each rank copies its node's part of it (1 / node size of the unit: the part its local index
+// names) into a buffer of its own, which stays to the step's end whatever the window does with the
+// unit. The unit's backward gather then all-gathers those parts inside the node, so that the values
+// the backward reads are the forward's, bit for bit (dequantized ones included), and only the
+// forward's gather crosses nodes. Without a part (a backward that no forward preceded) the backward
+// gathers from the shard as before; every rank decides alike, as they follow the same order.
+//
 // Quantized gathers (ZeRO++'s qwZ, GathererConfig::quantized). A unit's gather quantizes this
 // rank's chunk into its place in a buffer of every rank's segment (memory/block_quantization.h),
 // all-gathers the segments as bytes in place, and once they are in dequantizes all of them (this
@@ -92,6 +100,9 @@ struct GathererConfig {
   // backward's gathers too (else the forward's and evaluations' only).
   std::optional<memory::BlockQuantization> quantized;
   bool quantize_backward = true;
+  // hpZ (see the top comment): this rank's node within the shard group (consecutive ranks); null:
+  // off.
+  comm::Communicator* node = nullptr;
 };
 
 // What a scope is for: a training forward or backward (recorded in the unit order) or an
@@ -136,6 +147,8 @@ class ParamGatherer {
   struct Unit {
     memory::Buffer data;    // the gathered copy (or the one being gathered); empty: not resident
     memory::Buffer segments;  // quantized gathers: every rank's segment, until dequantized into data
+    memory::Buffer secondary;  // hpZ: this rank's part of the forward's values; survives eviction
+    bool in_node = false;      // the gather in flight runs inside the node (from the parts)
     bool valid = false;     // gathered after the last update
     int users = 0;          // open scopes
     bool persistent = false;  // kept to the step's end (persistence bytes, or forward kept for backward)
@@ -175,6 +188,10 @@ class ParamGatherer {
   bool quantizes(GatherUse use) const;
   size_t check_slots() const { return 1 + (config_.quantized ? units_.size() : 0); }  // int64s per rank
   size_t unit_bytes(size_t b) const;
+  // hpZ: elements of bucket b in one node part, and where this rank's starts.
+  size_t part_numel(size_t b) const { return layout_.buckets()[b].padded / static_cast<size_t>(config_.node->size()); }
+  void keep_node_part(size_t b);
+  void drop_node_parts();
   std::string held_units() const;
 
   GathererConfig config_;
@@ -187,6 +204,8 @@ class ParamGatherer {
   std::unique_ptr<memory::Event> slot_free_;
   memory::BufferCache window_;  // the gathered units (kGatherWindow)
   memory::BufferCache segments_;  // quantized gathers: the units' segments in flight (kCommBuffer)
+  memory::BufferCache secondaries_;  // hpZ: the units' node parts (kGatherWindow)
+  std::unique_ptr<CollectiveOrder> node_order_;  // hpZ: the node group's gathers
   size_t cap_ = 0;
   // The step's order check: this rank's hash, then with quantized gathers its non-finite count per
   // bucket (the quantizer adds into them on the device), every rank's gathered.

@@ -281,7 +281,33 @@ EngineParts wire_stage(const PolicyInputs& in) {
     initial.push_back({p.data.ptr, p.dtype});
   }
   if (o.offload.optimizer) parts.offload_tracker = std::make_unique<memory::MemoryTracker>();
-  parts.reducer = std::make_unique<GradReducer>(rc, layout, *parts.ownership, ReducerComms{in.shard, in.replica},
+  if (o.secondary_shard || o.quantized_gradients.bits != 0) {
+    if (o.node_size == 0) {
+      ZERO_THROW(InvalidArgument,
+                 "EngineOptions.{} needs EngineOptions.node_size, the data-parallel ranks on one node (DeepSpeed's "
+                 "zero_hpz_partition_size; a program takes it from its launcher: LOCAL_WORLD_SIZE / tp)",
+                 o.secondary_shard ? "secondary_shard (hpZ)" : "quantized_gradients (qgZ)");
+    }
+    if (in.shard->size() % o.node_size != 0) {
+      ZERO_THROW(InvalidArgument,
+                 "EngineOptions.node_size = {} does not divide the shard group's {} ranks: hpZ and qgZ cut it into "
+                 "nodes of that many consecutive ranks",
+                 o.node_size, in.shard->size());
+    }
+    parts.nodes = std::make_unique<comm::HybridGroups>(*in.shard, o.node_size);
+    ZERO_LOG_INFO("stage 3: {} nodes of {} data-parallel ranks for{}{}", parts.nodes->num_shard_groups(), o.node_size,
+                  o.secondary_shard ? " hpZ (backward gathers inside the node)" : "",
+                  o.quantized_gradients.bits != 0 ? fmt::format(" qgZ (int{} gradients in two hops)", o.quantized_gradients.bits) : "");
+  }
+  if (o.quantized_gradients.bits != 0) {
+    rc.quantized = memory::BlockQuantization{.block = o.quantized_gradients.block, .bits = o.quantized_gradients.bits};
+  }
+  ReducerComms reducer_comms{in.shard, in.replica};
+  if (rc.quantized) {
+    reducer_comms.node = parts.nodes->shard();
+    reducer_comms.across_nodes = parts.nodes->replica();
+  }
+  parts.reducer = std::make_unique<GradReducer>(rc, layout, *parts.ownership, reducer_comms,
                                                 device, std::move(user_grads));
   if (o.stage == 3) {
     GathererConfig gc;
@@ -304,6 +330,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
     gc.timeout = o.timeout;
     gc.timings = in.timings;
     gc.offload_tracker = o.offload.params ? parts.offload_tracker.get() : nullptr;
+    if (o.secondary_shard) gc.node = parts.nodes->shard();
     parts.gatherer = std::make_unique<ParamGatherer>(gc, layout, *parts.ownership, *in.shard, device, initial);
     parts.writeback = make_shard_writeback(parts.gatherer->shard(), layout);
   } else if (sharded) {

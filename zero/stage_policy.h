@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/hybrid_groups.h"
 #include "memory/device.h"
 #include "zero/engine_options.h"
 #include "zero/grad_finalizer.h"
@@ -38,6 +39,10 @@ struct EngineParts {
   std::unique_ptr<memory::MemoryTracker> offload_tracker;
   std::unique_ptr<ShardLayout> layout;
   std::unique_ptr<ShardOwnership> ownership;
+  // hpZ and qgZ (EngineOptions.secondary_shard, quantized_gradients): the shard group cut into
+  // nodes; shard() is this rank's node, replica() its peers of the same place on the other nodes
+  // (null on one node). Before the parts that use it, so that it outlives them.
+  std::unique_ptr<comm::HybridGroups> nodes;
   std::unique_ptr<GradReducer> reducer;
   std::unique_ptr<ParamGatherer> gatherer;  // stage 3 only; outlives the writeback that writes its shard
   std::unique_ptr<ParamWriteback> writeback;

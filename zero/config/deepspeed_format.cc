@@ -330,13 +330,16 @@ class DeepSpeedReader {
       c_.engine.quantized_weights = {.bits = 8, .block = 256, .backward = true};
       set_by("quantized_weights", z.path("zero_quantized_weights"));
     }
-    require(z, "zero_quantized_gradients", false, "quantized gradient reduction (ZeRO++ qgZ) is not implemented yet");
+    if (const auto qg = boolean(z, "zero_quantized_gradients"); qg && *qg) {
+      // ZeRO++'s qgZ: int4 blocks in both hops, as DeepSpeed's all_to_all_quant_reduce.
+      c_.engine.quantized_gradients = {.bits = 4, .block = 256};
+      set_by("quantized_gradients", z.path("zero_quantized_gradients"));
+    }
     if (const auto hpz = integer(z, "zero_hpz_partition_size", 1, INT_MAX); hpz && *hpz != 1) {
-      fail(ctx_,
-           "zero_optimization.zero_hpz_partition_size is not supported: ZeRO++ hpZ keeps a secondary copy of the "
-           "parameters within a node, which the engine does not have; for hybrid sharding (shard within groups "
-           "of ranks, replicate across them) use zero_optimization.mics_shard_size (parallel.shard in "
-           "our format), or give the Engine a replica communicator");
+      // ZeRO++'s hpZ: the secondary shard within groups of that many ranks (a node's).
+      c_.engine.node_size = static_cast<int>(*hpz);
+      c_.engine.secondary_shard = true;
+      set_by("secondary_shard", z.path("zero_hpz_partition_size"));
     }
     read_mics(z);
     read_buckets(z);

@@ -127,6 +127,14 @@ TEST_CASE("each DeepSpeed key changes exactly the option it maps to") {
        R"({"zero_optimization": {"stage": 3}})",
        R"({"zero_optimization": {"stage": 3, "zero_quantized_weights": true}})",
        {{"quantized_weights.bits", "8"}}},
+      {"zero_quantized_gradients (ZeRO++ qgZ: int4 blocks of 256)",
+       R"({"zero_optimization": {"stage": 3}})",
+       R"({"zero_optimization": {"stage": 3, "zero_quantized_gradients": true}})",
+       {{"quantized_gradients.bits", "4"}}},
+      {"zero_hpz_partition_size (ZeRO++ hpZ within groups of that many ranks)",
+       R"({"zero_optimization": {"stage": 3}})",
+       R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}})",
+       {{"node_size", "8"}, {"secondary_shard", "true"}}},
       {"offload_param.pin_memory",
        R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})",
        R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
@@ -403,10 +411,12 @@ TEST_CASE("settings the engine always has cannot be turned off") {
   }
   CHECK(contains(ds_error(R"({"optimizer": {"type": "Adam", "params": {"bias_correction": false}}})"),
                  "optimizer.params.bias_correction = false is not supported"));
-  CHECK(contains(ds_error(R"({"zero_optimization": {"zero_quantized_gradients": true}})"), "ZeRO++ qgZ"));
+  CHECK(contains(ds_error(R"({"zero_optimization": {"stage": 2, "zero_quantized_gradients": true}})"),
+                 "quantized_gradients (qgZ) needs stage 3"));
   CHECK(contains(ds_error(R"({"zero_optimization": {"stage": 2, "zero_quantized_weights": true}})"),
                  "quantized_weights (qwZ) needs stage 3"));
-  CHECK(contains(ds_error(R"({"zero_optimization": {"zero_hpz_partition_size": 8}})"), "replica communicator"));
+  CHECK(contains(ds_error(R"({"zero_optimization": {"zero_hpz_partition_size": 8}})"),
+                 "secondary_shard (hpZ) needs stage 3"));
   CHECK(contains(ds_error(R"({"zero_optimization": {}, "scheduler": {"type": "WarmupLR"}})"),
                  "scheduler is not supported"));
   CHECK(contains(ds_error(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "ratio": 0.3}}})"),
@@ -414,10 +424,7 @@ TEST_CASE("settings the engine always has cannot be turned off") {
   CHECK(contains(ds_error(R"({"zero_optimization": {}, "gradient_allreduce_op": "sum"})"), "\"mean\""));
 }
 
-TEST_CASE("ZeRO++ hpZ is refused, pointing to the hybrid sharding keys") {
-  const std::string e = ds_error(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}})");
-  CHECK(contains(e, "zero_optimization.zero_hpz_partition_size is not supported: ZeRO++ hpZ"));
-  CHECK(contains(e, "use zero_optimization.mics_shard_size (parallel.shard in our format)"));
+TEST_CASE("ZeRO++ hpZ of 1 rank per group is no hpZ") {
   CHECK(changed(ds(R"({"zero_optimization": {"stage": 3}})"),
                 ds(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 1}})"))
             .empty());
@@ -674,6 +681,9 @@ EngineConfig every_field_changed() {
   o.max_live_gathered_bytes = size_t{3} << 30;
   o.param_persistence_bytes = 4096;
   o.quantized_weights = {.bits = 4, .block = 128, .backward = false};
+  o.node_size = 2;
+  o.secondary_shard = true;
+  o.quantized_gradients = {.bits = 8, .block = 64};
   o.offload = {.optimizer = true, .params = true, .pinned_staging = false};
   o.timeout = std::chrono::milliseconds(1234);
   c.model_dtype = DType::kBFloat16;

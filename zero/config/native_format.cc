@@ -170,6 +170,12 @@ void visit_native(V& v, EngineConfig& c) {
     v.field("block", o.quantized_weights.block);
     v.field("backward", o.quantized_weights.backward);
   });
+  v.field("node_size", o.node_size);
+  v.field("secondary_shard", o.secondary_shard);
+  v.object("quantized_gradients", [&] {
+    v.field("bits", o.quantized_gradients.bits);
+    v.field("block", o.quantized_gradients.block);
+  });
   v.object("offload", [&] {
     v.field("optimizer", o.offload.optimizer);
     v.field("params", o.offload.params);

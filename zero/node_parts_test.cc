@@ -1,0 +1,221 @@
+// ZeRO++'s parts that work on nodes, on thread ranks cut into "nodes" of consecutive ranks:
+// hpZ (EngineOptions.secondary_shard): the backward reads the forward's values bit for bit, and
+// without quantized gathers the whole run is bitwise plain stage 3's; qgZ
+// (EngineOptions.quantized_gradients): the reduced gradient is within the two hops' quantization
+// bound of the exact one at every node size (one node, one rank per node, 2 x 2), two runs are
+// bitwise equal, and offload works; wrong node sizes are refused naming the option.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "testing/thread_ranks.h"
+#include "zero/engine.h"
+
+namespace zero {
+namespace {
+
+using namespace std::chrono_literals;
+
+const std::vector<size_t> kSizes = {3000, 700, 257, 40};
+
+struct Config {
+  int node_size = 2;
+  bool hpz = false;
+  int gradient_bits = 0;  // qgZ
+  int weight_bits = 0;    // qwZ
+  bool offload = false;
+  bool sgd = false;       // plain SGD at lr 1: the update is the reduced gradient
+  int steps = 3;
+};
+
+struct Result {
+  std::vector<std::vector<float>> forward, backward;  // what the last step's scopes read, per unit
+  std::vector<std::vector<float>> initial, final;     // the parameters before and after training
+  float grad_absmax = 0;                              // the largest gradient value any rank wrote
+};
+
+float gradient(size_t u, size_t e, int rank, int step) {
+  const float x = static_cast<float>(e) * 0.013f + static_cast<float>(u);
+  return std::cos(x * static_cast<float>(rank + 1) + static_cast<float>(step)) * (e % 89 == 0 ? 2.0f : 0.3f);
+}
+
+Result train(comm::Communicator& comm, const Config& c) {
+  EngineOptions opt;
+  opt.stage = 3;
+  if (c.sgd) {
+    opt.optimizer.kind = optim::OptimizerKind::kSgd;
+    opt.optimizer.groups = {optim::Hyper{.lr = 1.0f}};
+  } else {
+    opt.optimizer.kind = optim::OptimizerKind::kAdamW;
+    opt.optimizer.groups = {optim::Hyper{.lr = 1e-2f, .weight_decay = 0.01f}};
+  }
+  opt.deterministic = true;
+  opt.timeout = 30s;
+  opt.layout = {.alignment = 4, .bucket_numel = 1024, .block = 16};
+  opt.node_size = c.node_size;
+  opt.secondary_shard = c.hpz;
+  opt.quantized_gradients = {.bits = c.gradient_bits, .block = 64};
+  opt.quantized_weights = {.bits = c.weight_bits, .block = 64, .backward = false};
+  opt.offload.optimizer = opt.offload.params = c.offload;
+  Engine engine(comm, opt);
+  Result r;
+  std::vector<std::vector<float>> storage(kSizes.size());
+  std::vector<int> ids;
+  for (size_t u = 0; u < kSizes.size(); ++u) {
+    storage[u].resize(kSizes[u]);
+    for (size_t e = 0; e < kSizes[u]; ++e) storage[u][e] = std::sin(0.37f * static_cast<float>(e) + static_cast<float>(u)) * 0.05f;
+    r.initial.push_back(storage[u]);
+    ids.push_back(engine.add_param({.name = "unit" + std::to_string(u) + ".w",
+                                    .shape = {static_cast<int64_t>(kSizes[u])}, .dtype = DType::kFloat32,
+                                    .data = {storage[u].data(), storage[u].size()}, .unit = static_cast<int>(u)}));
+  }
+  engine.finalize();
+  auto read = [&](UnitScope& s, size_t u) {
+    const float* p = s.param_as<float>(ids[u]);
+    return std::vector<float>(p, p + kSizes[u]);
+  };
+  for (int step = 0; step < c.steps; ++step) {
+    r.forward.assign(kSizes.size(), {});
+    r.backward.assign(kSizes.size(), {});
+    for (size_t u = 0; u < kSizes.size(); ++u) {
+      UnitScope s = engine.gather(static_cast<int>(u));
+      r.forward[u] = read(s, u);
+    }
+    for (size_t u = kSizes.size(); u-- > 0;) {
+      UnitScope s = engine.gather_for_backward(static_cast<int>(u));
+      r.backward[u] = read(s, u);
+      float* g = s.grad_as<float>(ids[u]);
+      for (size_t e = 0; e < kSizes[u]; ++e) {
+        g[e] += gradient(u, e, comm.rank(), step) + 0.1f * r.backward[u][e];
+        r.grad_absmax = std::max(r.grad_absmax, std::fabs(g[e]));
+      }
+    }
+    engine.step();
+  }
+  // The trained values, read by an evaluation's gathers (full precision without qwZ).
+  EvaluationScope eval = engine.evaluation();
+  for (size_t u = 0; u < kSizes.size(); ++u) {
+    UnitScope s = engine.gather(static_cast<int>(u));
+    r.final.push_back(read(s, u));
+  }
+  return r;
+}
+
+std::vector<Result> run(int world, const Config& c, std::vector<std::string>* errors = nullptr) {
+  std::vector<Result> out(static_cast<size_t>(world));
+  std::mutex mu;
+  testing::run_thread_ranks(world, [&](comm::Communicator& comm) {
+    try {
+      Result r = train(comm, c);
+      std::lock_guard<std::mutex> lock(mu);
+      out[static_cast<size_t>(comm.rank())] = std::move(r);
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (errors != nullptr) {
+        errors->push_back(e.what());
+      } else {
+        FAIL_CHECK(e.what());
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("hpZ: the backward reads the forward's values; alone it trains bitwise as plain stage 3") {
+  for (int weight_bits : {0, 8}) {
+    for (bool offload : {false, true}) {
+      CAPTURE(weight_bits);
+      CAPTURE(offload);
+      const std::vector<Result> hpz = run(4, {.hpz = true, .weight_bits = weight_bits, .offload = offload});
+      for (const Result& r : hpz) {
+        // Quantized gathers that leave the backward at full precision (backward = false) are
+        // overridden by the node parts: the backward computes with what the forward did.
+        CHECK(r.backward == r.forward);
+        CHECK(r.forward == hpz[0].forward);
+        CHECK(r.final == hpz[0].final);
+      }
+      if (weight_bits == 0) {
+        const std::vector<Result> plain = run(4, {.hpz = false, .offload = offload});
+        CHECK(hpz[0].final == plain[0].final);
+        CHECK(hpz[0].forward == plain[0].forward);
+      }
+    }
+  }
+}
+
+TEST_CASE("qgZ: the reduced gradient is within the two hops' bound at every node size, deterministic") {
+  for (const auto& [world, node] : {std::pair{4, 2}, std::pair{4, 4}, std::pair{4, 1}, std::pair{3, 3}, std::pair{2, 1}}) {
+    for (int bits : {8, 4}) {
+      CAPTURE(world);
+      CAPTURE(node);
+      CAPTURE(bits);
+      const Config q{.node_size = node, .gradient_bits = bits, .sgd = true, .steps = 1};
+      const std::vector<Result> a = run(world, q), b = run(world, q);
+      const std::vector<Result> exact = run(world, {.node_size = node, .sgd = true, .steps = 1});
+      float gmax = 0;
+      for (const Result& r : exact) gmax = std::max(gmax, r.grad_absmax);
+      // Each rank's gradient is quantized once (half a scale: gmax / qmax / 2), each node's sum of L once
+      // more (L gmax / qmax / 2); averaged over the world: at most gmax / qmax per element.
+      const float qmax = bits == 8 ? 127.0f : 7.0f;
+      const float bound = gmax / qmax * 1.001f;
+      size_t differ = 0;
+      for (size_t u = 0; u < kSizes.size(); ++u) {
+        CAPTURE(u);
+        CHECK(a[0].final[u] == b[0].final[u]);
+        for (const Result& r : a) CHECK(r.final[u] == a[0].final[u]);
+        for (size_t e = 0; e < kSizes[u]; ++e) {
+          CHECK(std::fabs(a[0].final[u][e] - exact[0].final[u][e]) <= bound);
+          differ += a[0].final[u][e] != exact[0].final[u][e] ? 1 : 0;
+        }
+      }
+      CHECK(differ > 0);
+    }
+  }
+}
+
+TEST_CASE("qgZ with hpZ and qwZ, offloaded: training stays near full precision on 2 x 2") {
+  const Result full = run(4, {})[0];
+  const std::vector<Result> all = run(4, {.hpz = true, .gradient_bits = 8, .weight_bits = 8, .offload = true});
+  for (const Result& r : all) CHECK(r.final == all[0].final);
+  for (size_t u = 0; u < kSizes.size(); ++u) {
+    CAPTURE(u);
+    // Three AdamW steps at lr 1e-2 move a parameter by at most about 3e-2 whatever the gradient.
+    for (size_t e = 0; e < kSizes[u]; ++e) CHECK(std::fabs(all[0].final[u][e] - full.final[u][e]) <= 0.07f);
+  }
+}
+
+TEST_CASE("hpZ and qgZ: refused without a node size, with one that does not divide the group, below stage 3") {
+  std::vector<std::string> errors;
+  run(4, {.node_size = 3, .hpz = true, .steps = 1}, &errors);
+  REQUIRE(errors.size() == 4);
+  for (const std::string& e : errors) {
+    CHECK(e.find("EngineOptions.node_size = 3 does not divide the shard group's 4 ranks") != std::string::npos);
+  }
+  errors.clear();
+  run(2, {.node_size = 0, .gradient_bits = 4, .steps = 1}, &errors);
+  REQUIRE(errors.size() == 2);
+  for (const std::string& e : errors) {
+    CHECK(e.find("EngineOptions.quantized_gradients (qgZ) needs EngineOptions.node_size") != std::string::npos);
+  }
+  EngineOptions o;
+  o.stage = 2;
+  o.node_size = 2;
+  o.secondary_shard = true;
+  CHECK_THROWS_WITH_AS(validate(o), doctest::Contains("secondary_shard (hpZ) needs stage 3"), InvalidArgument);
+  o.secondary_shard = false;
+  o.quantized_gradients.bits = 4;
+  CHECK_THROWS_WITH_AS(validate(o), doctest::Contains("quantized_gradients (qgZ) needs stage 3"), InvalidArgument);
+  o.stage = 3;
+  o.quantized_gradients.bits = 2;
+  CHECK_THROWS_WITH_AS(validate(o), doctest::Contains("quantized_gradients.bits must be 0 (off), 8 or 4, got 2"),
+                       InvalidArgument);
+}
+
+}  // namespace zero
