@@ -39,8 +39,8 @@ OpResult classify_failure(const std::string& what) {
 }  // namespace
 
 GlooCallRunner::GlooCallRunner(std::shared_ptr<gloo::Context> context, const GlooOptions& options,
-                               bool check)
-    : context_(std::move(context)), options_(options), check_(check) {}
+                               bool check, const TrafficTap* tap)
+    : context_(std::move(context)), options_(options), check_(check), tap_(tap) {}
 
 OpResult GlooCallRunner::run(const CallInfo& call, const CallPlan& plan, const std::string& what) {
   OpResult result = run_checked(call, plan, what);
@@ -67,6 +67,7 @@ OpResult GlooCallRunner::run_checked(const CallInfo& call, const CallPlan& plan,
   d.graveyard = &graveyard_;
   d.abort = &abort_;
   d.awaiting = &awaiting_;
+  d.tap = tap_;
   awaiting_.store(-1, std::memory_order_relaxed);
   std::string mismatch;
   // Compares the headers in the message area (one per rank, `capacity()` apart).

@@ -41,7 +41,9 @@ struct CallPlan {
 class GlooCallRunner {
  public:
   // `context`: connected, its ranks agreed on the settings (connect_and_handshake).
-  GlooCallRunner(std::shared_ptr<gloo::Context> context, const GlooOptions& options, bool check);
+  // `tap`: where every message's bytes are counted (may be nullptr); must outlive the runner.
+  GlooCallRunner(std::shared_ptr<gloo::Context> context, const GlooOptions& options, bool check,
+                 const TrafficTap* tap = nullptr);
 
   // Runs one call (after the schedule check); turns every exception into an outcome and a message
   // naming the op, its sequence number and the rank (Gloo's own text included). After a failure
@@ -71,6 +73,7 @@ class GlooCallRunner {
   const std::shared_ptr<gloo::Context> context_;
   const GlooOptions options_;
   const bool check_;
+  const TrafficTap* tap_;
 
   // Unbound buffers of failed collectives (touched only by the thread running a collective, or
   // after the worker is joined; see BufferSet in gloo_collectives.cc).

@@ -61,6 +61,13 @@ void wait_send(gloo::transport::UnboundBuffer& buf, SteadyClock::time_point dead
   if (!buf.waitSend(remaining(deadline))) throw gloo::IoException("send aborted");
 }
 
+// Every data message leaves through here, so that the tap counts what goes on the wire.
+void post_send(gloo::transport::UnboundBuffer& buf, int peer, uint64_t slot, size_t offset, size_t bytes,
+               const DirectOptions& options) {
+  buf.send(peer, slot, offset, bytes);
+  if (options.tap) options.tap->sent(peer, bytes);
+}
+
 // Owns one collective's unbound buffers. When the collective fails, Gloo's loop thread may still be
 // delivering the error to the other buffers of the failed connection (it holds only non-owning
 // pointers to them), so destroying them at that moment races with it (ThreadSanitizer showed it
@@ -278,7 +285,7 @@ void reduce_scatter_impl(gloo::Context& ctx, const void* send, void* recv,
     const int p = (me + k) % n;
     for (size_t j = 0; j < segments(layout.count[p], seg); ++j) {
       const size_t len = std::min(seg, layout.count[p] - j * seg);
-      send_buf->send(p, data_slot(j, len), (layout.offset[p] + j * seg) * es, len * es);
+      post_send(*send_buf, p, data_slot(j, len), (layout.offset[p] + j * seg) * es, len * es, options);
       ++sends;
     }
   }
@@ -300,8 +307,8 @@ void reduce_scatter_impl(gloo::Context& ctx, const void* send, void* recv,
     reduce_arrays(dtype, op, srcs.data(), srcs.size(), recv_bytes + j * seg * es, len);
     if (gather_back) {
       for (int k = 1; k < n; ++k) {
-        gather_buf->send((me + k) % n, make_slot(kAllGatherSlot, options.tag, j),
-                         (my_offset + j * seg) * es, len * es);
+        post_send(*gather_buf, (me + k) % n, make_slot(kAllGatherSlot, options.tag, j), (my_offset + j * seg) * es,
+                  len * es, options);
         ++gather_sends;
       }
     }
@@ -375,8 +382,8 @@ void exchange_regions(gloo::Context& ctx, void* in, size_t in_bytes, const void*
   for (size_t j = 0; j < most; ++j) {
     for (int k = 1; k < n; ++k) {
       if (j >= segments(dest[k].bytes, seg)) continue;
-      sb->send((me + k) % n, slot(j), dest[k].offset + j * seg,
-               std::min(seg, dest[k].bytes - j * seg));
+      post_send(*sb, (me + k) % n, slot(j), dest[k].offset + j * seg, std::min(seg, dest[k].bytes - j * seg),
+                options);
       ++sends;
     }
   }
@@ -529,7 +536,7 @@ MessageRound::MessageRound(gloo::Context& ctx, const void* header, size_t header
       last_len = header_bytes + p.bytes;
     }
     state_->sends.push_back(state_->owned.add(ctx.createUnboundBuffer(last_msg, last_len)));
-    state_->sends.back()->send(to, slot, 0, last_len);
+    post_send(*state_->sends.back(), to, slot, 0, last_len, options);
   }
 }
 

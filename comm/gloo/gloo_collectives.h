@@ -33,6 +33,7 @@
 
 #include "base/dtype.h"
 #include "comm/communicator.h"
+#include "comm/peer_traffic.h"
 #include "comm/store/store.h"
 #include "memory/buffer.h"
 
@@ -128,6 +129,8 @@ struct DirectOptions {
   Graveyard* graveyard = nullptr;
   // Registers the collective's buffers so that another thread can cut it short (may be nullptr).
   AbortSwitch* abort = nullptr;
+  // Counts every message's bytes by peer as it is posted (may be nullptr).
+  const TrafficTap* tap = nullptr;
 };
 
 // How a reduce-scatter of this rank's `my_count` elements is pipelined: messages of `seg` elements,

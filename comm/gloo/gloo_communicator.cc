@@ -67,9 +67,10 @@ class GlooCommunicator final : public Communicator, private OrderedExecutor::Own
         size_(size),
         options_(std::move(options)),
         check_(check),
+        tap_(options_.traffic, world_ranks_),
         context_(connect_and_handshake(store_, prefix_, rank_, size_, options_, check_)),
-        runner_(context_, options_, check_),
-        p2p_(context_, options_.timeout, check_),
+        runner_(context_, options_, check_, &tap_),
+        p2p_(context_, options_.timeout, check_, &tap_),
         executor_(options_.timeout, *this) {
     // A failed transfer fails the collectives too (and a failed collective the transfers:
     // failed()); the store carries why a rank closed its connections to the peer left behind.
@@ -338,6 +339,7 @@ class GlooCommunicator final : public Communicator, private OrderedExecutor::Own
   const GlooOptions options_;
   const bool check_;
   const FailureReport failure_report_{store_, prefix_, rank_, size_, options_.failure_report_grace, world_ranks_};
+  const TrafficTap tap_;  // the bytes sent to each peer, into options_.traffic
   const std::shared_ptr<gloo::Context> context_;  // shared by the collectives and the transfers
   GlooCallRunner runner_;
   GlooP2P p2p_;
@@ -401,6 +403,10 @@ std::unique_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Store> stor
   if (rank < 0 || rank >= size) {
     ZERO_THROW(InvalidArgument, "make_gloo_communicator: rank {} is out of range [0, {})", rank,
                size);
+  }
+  if (options.traffic && options.traffic->world_size() != size) {
+    ZERO_THROW(InvalidArgument, "make_gloo_communicator: GlooOptions.traffic counts a world of {} ranks, the "
+               "communicator has {}", options.traffic->world_size(), size);
   }
   const bool check = options.check_schedule && schedule_check_from_env(true);
   // Every rank creates its communicators in the same order, so the per-rank instance counter gives

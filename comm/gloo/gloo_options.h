@@ -3,7 +3,10 @@
 // calls run as one round of messages, and how large a message can be).
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <string>
+
+#include "comm/peer_traffic.h"
 
 namespace zero::comm {
 
@@ -30,6 +33,9 @@ struct GlooOptions {
   // report the same failure in the store, so that the error can name the ranks that never reached
   // the call (0: do not ask).
   std::chrono::milliseconds failure_report_grace{std::chrono::seconds(2)};
+  // Where the bytes sent to each peer are counted (comm/peer_traffic.h), by world rank; shared with
+  // the communicators split from this one. nullptr: not counted. Sized to the world.
+  std::shared_ptr<PeerTraffic> traffic;
 
   // Throws InvalidArgument naming the first bad field.
   void validate() const;

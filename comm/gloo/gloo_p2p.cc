@@ -142,8 +142,9 @@ struct GlooTransfer {
 
 class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
  public:
-  GlooP2PCore(std::shared_ptr<gloo::Context> context, std::chrono::milliseconds timeout, bool check)
-      : context_(std::move(context)), timeout_(timeout), check_(check),
+  GlooP2PCore(std::shared_ptr<gloo::Context> context, std::chrono::milliseconds timeout, bool check,
+              const TrafficTap* tap)
+      : context_(std::move(context)), timeout_(timeout), check_(check), tap_(tap),
         send_seq_(static_cast<size_t>(context_->size), 0),
         recv_seq_(static_cast<size_t>(context_->size), 0),
         stall_check_(context_->rank, context_->size,
@@ -378,6 +379,7 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
     const uint64_t slot = data_slot(from, to, t.call.seq, print, bytes);
     if (t.sending) {
       t.data->send(t.peer, slot);
+      if (tap_) tap_->sent(t.peer, n);
     } else {
       t.data->recv(t.peer, slot);
     }
@@ -482,6 +484,7 @@ class GlooP2PCore final : public std::enable_shared_from_this<GlooP2PCore> {
   const std::shared_ptr<gloo::Context> context_;
   const std::chrono::milliseconds timeout_;
   const bool check_;
+  const TrafficTap* tap_;
 
   std::mutex post_mu_;  // numbering and posting; held by fail() while it closes the connections
   std::vector<uint64_t> send_seq_, recv_seq_;  // next transfer number per peer (post_mu_)
@@ -565,8 +568,8 @@ class P2PWork final : public Work {
 }  // namespace
 
 GlooP2P::GlooP2P(std::shared_ptr<gloo::Context> context, std::chrono::milliseconds timeout,
-                 bool check)
-    : core_(std::make_shared<GlooP2PCore>(std::move(context), timeout, check)) {}
+                 bool check, const TrafficTap* tap)
+    : core_(std::make_shared<GlooP2PCore>(std::move(context), timeout, check, tap)) {}
 
 GlooP2P::~GlooP2P() { shutdown(); }
 

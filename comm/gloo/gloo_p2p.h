@@ -42,6 +42,7 @@
 #include "base/dtype.h"
 #include "comm/communicator.h"
 #include "comm/p2p_stall_check.h"
+#include "comm/peer_traffic.h"
 
 namespace zero::comm {
 
@@ -53,7 +54,9 @@ constexpr size_t kMaxTransferBytes = (size_t{1} << 36) - 1;
 class GlooP2P {
  public:
   // `context`: connected; shared with the collectives. `check`: exchange call records.
-  GlooP2P(std::shared_ptr<gloo::Context> context, std::chrono::milliseconds timeout, bool check);
+  // `tap`: where each sent transfer's bytes are counted (may be nullptr); must outlive this.
+  GlooP2P(std::shared_ptr<gloo::Context> context, std::chrono::milliseconds timeout, bool check,
+          const TrafficTap* tap = nullptr);
   // shutdown().
   ~GlooP2P();
   GlooP2P(const GlooP2P&) = delete;
