@@ -5,8 +5,10 @@
 # unquantized run's. Prints a markdown table; the per-step losses stay in OUT (default a temp dir)
 # for a chart.
 #   STEPS=1000 bash scripts/zeropp_parity.sh
-# Variants: plain stage 3; qwZ int8; qwZ int8 with optimizer and parameter offload (the case
-# DeepSpeed's hpZ + offload broke); qwZ int4.
+# Variants: plain stage 3; qwZ int8; qwZ int8 with optimizer and parameter offload; qwZ int4; hpZ
+# (nodes of 2) with qwZ; qgZ int8 and int4 alone; all three, and all three offloaded (the case
+# DeepSpeed's hpZ + offload broke). The smallest gradient norm of the logged steps is printed beside
+# each loss (DeepSpeed's broken runs showed 0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${STEPS:-1000}
@@ -28,19 +30,23 @@ run() {  # name, then train_gpt's flags
       --nproc-per-node 2 -- "$B/examples/gpt/train_gpt" "${args[@]}" >"$OUT/$name.node$node.log" 2>&1 &
   done
   wait
-  grep -E "^\[rank 0\] step +[0-9]+ \| loss" "$OUT/$name.node0.log" | awk '{print $3, $6}' >"$OUT/$name.loss"
-  sed -n 's/.*validation loss \([0-9.]*\).*/\1/p' "$OUT/$name.node0.log" | tail -1
+  grep -E "^\[rank 0\] step +[0-9]+ \| loss" "$OUT/$name.node0.log" | awk '{print $3, $6, $9}' >"$OUT/$name.loss"
+  echo "$(sed -n 's/.*validation loss \([0-9.]*\).*/\1/p' "$OUT/$name.node0.log" | tail -1)" \
+    "$(awk 'NR == 1 || $3 < m {m = $3} END {print m}' "$OUT/$name.loss")"
 }
 
-plain=$(run plain)
-echo "| variant | validation loss at step $STEPS | against plain stage 3 |"
-echo "| --- | --- | --- |"
-echo "| plain stage 3 | $plain | - |"
+read -r plain plain_norm < <(run plain)
+echo "| variant | validation loss at step $STEPS | against plain stage 3 | smallest grad norm |"
+echo "| --- | --- | --- | --- |"
+echo "| plain stage 3 | $plain | - | $plain_norm |"
+all3="--quantized-weights int8 --hpz-size 2 --quantized-gradients int4"
 for v in "qwZ int8|--quantized-weights int8" "qwZ int8, offload|--quantized-weights int8 --offload --offload-params" \
-         "qwZ int4|--quantized-weights int4"; do
+         "qwZ int4|--quantized-weights int4" "qwZ int8 + hpZ|--quantized-weights int8 --hpz-size 2" \
+         "qgZ int8|--quantized-gradients int8" "qgZ int4|--quantized-gradients int4" \
+         "qwZ int8 + hpZ + qgZ int4|$all3" "qwZ int8 + hpZ + qgZ int4, offload|$all3 --offload --offload-params"; do
   IFS='|' read -r name flags <<<"$v"
   # shellcheck disable=SC2086
-  loss=$(run "$(printf '%s' "$name" | tr -c 'a-zA-Z0-9' '_')" $flags)
-  echo "| $name | $loss | $(python3 -c "print(f'{($loss / $plain - 1) * 100:+.2f}%')" 2>/dev/null || echo -) |"
+  read -r loss norm < <(run "$(printf '%s' "$name" | tr -c 'a-zA-Z0-9' '_')" $flags)
+  echo "| $name | $loss | $(python3 -c "print(f'{($loss / $plain - 1) * 100:+.2f}%')" 2>/dev/null || echo -) | $norm |"
 done
 echo "(per-step losses: $OUT/*.loss)" >&2

@@ -38,6 +38,8 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options) {
 
   GlooOptions gloo = options.gloo;
   gloo.timeout = options.timeout;
+  if (options.count_traffic && !gloo.traffic) gloo.traffic = std::make_shared<PeerTraffic>(pg.env.world_size);
+  pg.traffic = gloo.traffic;
   pg.host = make_gloo_communicator(pg.store, pg.env.rank, pg.env.world_size, gloo);
 
   const bool want_nccl = backend == "nccl" || (backend == "auto" && nccl_available());

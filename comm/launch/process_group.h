@@ -27,6 +27,8 @@ struct ProcessGroupOptions {
   std::string backend = "auto";
   // Host communicator settings (its timeout is replaced by `timeout`).
   GlooOptions gloo;
+  // Count the bytes the host communicator (and its splits) send to each rank (ProcessGroup::traffic).
+  bool count_traffic = true;
 
   void validate() const;
 };
@@ -36,6 +38,9 @@ struct ProcessGroup {
   std::shared_ptr<Store> store;
   std::unique_ptr<Communicator> host;
   std::unique_ptr<Communicator> device;  // may be null
+  // The host communicator's bytes sent to each world rank (comm/peer_traffic.h); null when not
+  // counted.
+  std::shared_ptr<PeerTraffic> traffic;
 };
 
 ProcessGroup init_process_group(const ProcessGroupOptions& options = {});

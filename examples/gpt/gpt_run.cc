@@ -60,9 +60,23 @@ GptRun GptRun::read(cli::Flags& flags) {
   if (flags.has("micro-batch-gather")) opt.micro_batch_gather = parse_micro_batch_gather(flags.get("micro-batch-gather", ""));
   r.dtype = parse_dtype(flags.get("dtype", r.config.model_dtype() ? dtype_name(*r.config.model_dtype()) : "fp32"));
   if (flags.has("param-dtype")) opt.param_dtype = parse_dtype(flags.get("param-dtype", ""));
+  if (flags.has("reduce-dtype")) opt.reduce_dtype = parse_dtype(flags.get("reduce-dtype", ""));
   // Stage 3's quantized gathers (ZeRO++ qwZ): --quantized-weights int8|int4 (both passes, blocks of 256).
   if (flags.has("quantized-weights")) {
     opt.quantized_weights.bits = parse_quantized_bits(flags.get("quantized-weights", ""), "--quantized-weights");
+  }
+  // ZeRO++'s hpZ (--hpz-size N: the secondary shard within groups of N data-parallel ranks) and qgZ
+  // (--quantized-gradients int8|int4); without --hpz-size the node size comes from the launcher.
+  if (flags.has("hpz-size")) {
+    const int hpz = flags.get_int("hpz-size", 1);
+    if (hpz < 1) ZERO_THROW(InvalidArgument, "--hpz-size must be at least 1 (1: no hpZ), got {}", hpz);
+    if (hpz > 1) {
+      opt.node_size = hpz;
+      opt.secondary_shard = true;
+    }
+  }
+  if (flags.has("quantized-gradients")) {
+    opt.quantized_gradients.bits = parse_quantized_bits(flags.get("quantized-gradients", ""), "--quantized-gradients");
   }
   r.fp32_norms = flags.get_bool("fp32-norms", false);
   flags.check_all_used();

@@ -24,18 +24,21 @@ void ProgressLog::write(const std::string& line) {
 
 void ProgressLog::step(const StepProgress& p) {
   std::printf("step %4d | loss %.4f | norm %.2f | lr %.2e | %7.0f tok/s | %6.1f ms (gather %.1f, reduce %.1f, "
-              "update %.1f) | mem/rank %s%s | activations %s\n",
+              "update %.1f) | mem/rank %s%s | activations %s | sent %s in nodes, %s between\n",
               p.step, p.loss, p.grad_norm, p.lr, p.tokens_per_s, 1e3 * p.step_s, 1e3 * p.gather_s, 1e3 * p.reduce_s,
               1e3 * p.update_s, memory::format_bytes(p.memory_bytes).c_str(),
               p.bubble ? fmt::format(" | bubble {:.1f}%", 100 * *p.bubble).c_str() : "",
-              memory::format_bytes(p.activation_bytes).c_str());
+              memory::format_bytes(p.activation_bytes).c_str(), memory::format_bytes(p.in_node_bytes).c_str(),
+              memory::format_bytes(p.between_nodes_bytes).c_str());
   std::fflush(stdout);
   // {:.17g}: every double reads back to itself.
   write(fmt::format("{{\"step\": {}, \"loss\": {:.17g}, \"grad_norm\": {:.9g}, \"lr\": {:.9g}, \"tokens_per_s\": {:.6g}, "
                     "\"step_ms\": {:.6g}, \"gather_ms\": {:.6g}, \"reduce_ms\": {:.6g}, \"update_ms\": {:.6g}, "
-                    "\"memory_bytes\": {}, \"activation_bytes\": {}{}}}",
+                    "\"memory_bytes\": {}, \"activation_bytes\": {}, \"in_node_bytes\": {}, "
+                    "\"between_nodes_bytes\": {}{}}}",
                     p.step, p.loss, p.grad_norm, p.lr, p.tokens_per_s, 1e3 * p.step_s, 1e3 * p.gather_s,
-                    1e3 * p.reduce_s, 1e3 * p.update_s, p.memory_bytes, p.activation_bytes,
+                    1e3 * p.reduce_s, 1e3 * p.update_s, p.memory_bytes, p.activation_bytes, p.in_node_bytes,
+                    p.between_nodes_bytes,
                     p.bubble ? fmt::format(", \"bubble\": {:.6g}", *p.bubble) : ""));
 }
 

@@ -23,6 +23,9 @@ struct StepProgress {
   double step_s = 0, gather_s = 0, reduce_s = 0, update_s = 0;
   uint64_t memory_bytes = 0, activation_bytes = 0;
   std::optional<double> bubble;  // the slowest stage's, under a pipeline
+  // Bytes every rank together sent this step to ranks of its own node and of other nodes, counted
+  // at the transport (comm/peer_traffic.h).
+  uint64_t in_node_bytes = 0, between_nodes_bytes = 0;
 };
 
 class ProgressLog {

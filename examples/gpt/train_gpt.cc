@@ -11,6 +11,7 @@
 // builds the device mesh; with pp 1 this rank holds the (tensor-parallel part of the) whole model,
 // above it its pipeline stage's chunks. Every flag, --config FILE and what the lines mean:
 // docs/gpt.md.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -20,6 +21,7 @@
 
 #include "comm/launch/process_group.h"
 #include "comm/mesh.h"
+#include "comm/peer_traffic.h"
 #include "examples/gpt/gpt_engine.h"
 #include "examples/gpt/gpt_model.h"
 #include "examples/gpt/gpt_pipeline.h"
@@ -61,6 +63,9 @@ int run(int argc, char** argv) {
   const examples::Gpt whole(cfg, static_cast<uint64_t>(run.seed));
   const examples::GptParallel parallel{layout.tp > 1 ? &mesh.tp() : nullptr, layout.sequence_parallel};
 
+  // hpZ and qgZ work on nodes: without --hpz-size, the data-parallel peers on this rank's node (the
+  // launcher's LOCAL_WORLD_SIZE ranks hold tp-sized groups of them).
+  if (run.options.node_size == 0) run.options.node_size = std::clamp(pg.env.local_world_size / layout.tp, 1, world);
   // Without a pipeline: this rank's (tp part of the) model in one set of the engine's unit scopes;
   // with one, this rank's chunks in a pipeline stage whose schedule runs the step's m micro-batches.
   Engine engine(parallel::engine_comms(mesh), run.options);
@@ -115,6 +120,7 @@ int run(int argc, char** argv) {
       engine.param_group(static_cast<int>(g)).lr = groups[g].lr == lr ? step_lr : step_lr * (groups[g].lr / lr);
     }
     const auto t0 = Clock::now();
+    const std::vector<uint64_t> sent_before = pg.traffic->sent();
     // The step's m micro-batches of `local` sequences, this data-parallel rank's slice of the batch:
     // through the pipeline's schedule, or one after another, each closed by finish_backward().
     double loss = 0;
@@ -148,13 +154,21 @@ int run(int argc, char** argv) {
     double maxima[3] = {static_cast<double>(engine.device().tracker().current_total()),
                         pipe ? parallel::measure({piped.spans}).worst_bubble : 0.0, static_cast<double>(activation_peak)};
     comm.all_reduce(maxima, 3, DType::kFloat64, comm::ReduceOp::kMax)->wait();
+    // What every rank sent this step, by link (nodes: the launcher's LOCAL_WORLD_SIZE consecutive
+    // ranks); this sum's own bytes count in the next step.
+    std::vector<uint64_t> sent = pg.traffic->sent();
+    for (size_t p = 0; p < sent.size(); ++p) sent[p] -= sent_before[p];
+    const comm::LinkBytes link = comm::by_link(sent, rank, pg.env.local_world_size);
+    double links[2] = {static_cast<double>(link.in_node), static_cast<double>(link.between_nodes)};
+    comm.all_reduce(links, 2, DType::kFloat64, comm::ReduceOp::kSum)->wait();
     const StepTimings& tm = engine.step_timings();
     if (progress && ((step + 1) % run.log_every == 0 || step + 1 == run.steps)) {
       progress->step({.step = step + 1, .loss = loss, .grad_norm = r.grad_norm, .lr = step_lr,
                       .tokens_per_s = batch * T / dt, .step_s = dt, .gather_s = tm.gather_wait_s,
                       .reduce_s = tm.reduce_wait_s, .update_s = tm.optimizer_s,
                       .memory_bytes = static_cast<uint64_t>(maxima[0]), .activation_bytes = static_cast<uint64_t>(maxima[2]),
-                      .bubble = pipe ? std::optional(maxima[1]) : std::nullopt});
+                      .bubble = pipe ? std::optional(maxima[1]) : std::nullopt,
+                      .in_node_bytes = static_cast<uint64_t>(links[0]), .between_nodes_bytes = static_cast<uint64_t>(links[1])});
     }
     if (pipe && !run.timeline.empty() && step + 1 == run.steps) {
       const parallel::StepTimeline t =
