@@ -47,10 +47,13 @@ PlanningCommunicator::PlanningCommunicator(int rank, int size, Addressable addre
 
 void PlanningCommunicator::count(CollectiveKind kind, size_t count, DType dtype, uint64_t payload, uint64_t wire) {
   calls_.push_back({kind, count, dtype});
-  CollectiveTally& t = tallies_[collective_name(kind)];
-  ++t.calls;
-  t.payload_bytes += payload;
-  t.wire_bytes += wire;
+  for (auto* m : {&tallies_, parent_tally_.get()}) {
+    if (m == nullptr) continue;
+    CollectiveTally& t = (*m)[collective_name(kind)];
+    ++t.calls;
+    t.payload_bytes += payload;
+    t.wire_bytes += wire;
+  }
 }
 
 WorkHandle PlanningCommunicator::all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) {
@@ -129,8 +132,18 @@ WorkHandle PlanningCommunicator::recv(void* buf, size_t count, DType dtype, int 
   return done();  // the buffer keeps what it held: no peer exists to fill it
 }
 
-std::unique_ptr<Communicator> PlanningCommunicator::split(int, int) {
-  ZERO_THROW(InvalidArgument, "a plan covers one communicator over all ranks: split() is not supported");
+std::unique_ptr<Communicator> PlanningCommunicator::split(int color, int) {
+  const size_t i = split_tallies_.size();
+  if (i >= planned_splits_.size()) {
+    ZERO_THROW(InvalidArgument, "a plan covers the communicators it was told of: split() number {} was not planned "
+               "(PlanningCommunicator::plan_splits)", i + 1);
+  }
+  split_tallies_.push_back(std::make_shared<std::map<std::string, CollectiveTally>>());
+  if (color < 0) return nullptr;
+  const PlannedSplit& s = planned_splits_[i];
+  auto child = std::make_unique<PlanningCommunicator>(s.rank, s.size, addressable_, accepts_);
+  child->parent_tally_ = split_tallies_.back();
+  return child;
 }
 
 }  // namespace zero::comm

@@ -73,8 +73,19 @@ class PlanningCommunicator final : public Communicator {
   // rank's value is not the group's (a pipeline stage's unit count against the other stages'): the
   // result is the larger of the two. By default the other ranks hold this rank's values.
   void set_peer_int64_max(int64_t value) { peer_int64_max_ = value; }
-  // Not supported: a plan is for one communicator over all ranks (throws InvalidArgument).
+  // The groups the next split() calls cut, in order: this rank's place in each and its size (a plan
+  // runs one rank, which cannot see the other ranks' colors; the planner knows the groups the engine
+  // cuts, e.g. hpZ's and qgZ's nodes). Each split returns a PlanningCommunicator of that group, whose
+  // collectives this one tallies apart (split_tallies). A split beyond them throws InvalidArgument.
+  struct PlannedSplit {
+    int rank = 0;
+    int size = 1;
+  };
+  void plan_splits(std::vector<PlannedSplit> splits) { planned_splits_ = std::move(splits); }
   std::unique_ptr<Communicator> split(int color, int key) override;
+  // The collectives of the i-th split's group, by operation name, since the last reset.
+  const std::map<std::string, CollectiveTally>& split_tallies(size_t i) const { return *split_tallies_.at(i); }
+  size_t splits() const { return split_tallies_.size(); }
 
   // By operation name ("all_reduce", ...), since construction or the last reset.
   const std::map<std::string, CollectiveTally>& tallies() const { return tallies_; }
@@ -85,6 +96,7 @@ class PlanningCommunicator final : public Communicator {
     tallies_.clear();
     calls_.clear();
     p2p_tallies_.clear();
+    for (auto& t : split_tallies_) t->clear();
   }
 
  private:
@@ -98,6 +110,10 @@ class PlanningCommunicator final : public Communicator {
   std::vector<PlannedCall> calls_;
   std::map<int, P2PTally> p2p_tallies_;
   std::optional<int64_t> peer_int64_max_;
+  std::vector<PlannedSplit> planned_splits_;
+  std::vector<std::shared_ptr<std::map<std::string, CollectiveTally>>> split_tallies_;
+  // A split's: where its collectives are tallied for the communicator it was split from (null: none).
+  std::shared_ptr<std::map<std::string, CollectiveTally>> parent_tally_;
 };
 
 }  // namespace zero::comm

@@ -42,4 +42,25 @@ TEST_CASE("planned transfers check their arguments") {
 }
 
 }  // namespace
+TEST_CASE("planned splits: groups of the planned sizes, their collectives tallied apart; an unplanned split is named") {
+  PlanningCommunicator comm(3, 4, [](const void*, size_t) { return true; }, memory::DeviceKind::kHost);
+  CHECK_THROWS_WITH_AS(comm.split(0, 0), doctest::Contains("split() number 1 was not planned"), InvalidArgument);
+  PlanningCommunicator planned(3, 4, [](const void*, size_t) { return true; }, memory::DeviceKind::kHost);
+  planned.plan_splits({{1, 2}, {1, 2}});
+  auto node = planned.split(1, 3), across = planned.split(1, 3);
+  REQUIRE(node != nullptr);
+  CHECK(node->rank() == 1);
+  CHECK(node->size() == 2);
+  std::vector<float> send(4), recv(4);
+  node->all_to_all(send.data(), recv.data(), 2, DType::kFloat32)->wait();
+  across->all_gather(send.data(), recv.data(), 2, DType::kFloat32)->wait();
+  CHECK(planned.tallies().empty());
+  CHECK(planned.split_tallies(0).at("all_to_all").wire_bytes == 8);  // (n-1)/n of 16 bytes
+  CHECK(planned.split_tallies(1).count("all_to_all") == 0);
+  CHECK(planned.split_tallies(1).at("all_gather").calls == 1);
+  planned.reset_tallies();
+  CHECK(planned.split_tallies(0).empty());
+  CHECK_THROWS_WITH_AS(planned.split(0, 0), doctest::Contains("split() number 3 was not planned"), InvalidArgument);
+}
+
 }  // namespace zero::comm

@@ -137,6 +137,52 @@ TEST_CASE("zero_plan --auto ranks the GPT's layouts on a cluster; --explain brea
   CHECK(r.output.find("--time-limit (seconds) must be positive, got -1") != std::string::npos);
 }
 
+TEST_CASE("zero_plan prices hpZ and qgZ on the node's and the other nodes' links; --zeropp auto takes them where they pay") {
+  // 2 nodes of 2 devices, the link between them 100 times slower than inside.
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string cluster = std::string(tmp != nullptr ? tmp : "/tmp") + "/nodes.json";
+  std::ofstream(cluster) << R"({"name": "two nodes", "devices_per_node": 2, "nodes": 2, "device_memory": 1e10,
+      "peak_flops": 1e11, "matmul_efficiency": 0.5, "intra": {"bandwidth": 1e10, "latency": 1e-6},
+      "inter": {"bandwidth": 1e8, "latency": 1e-5}, "optimizer_rate": 1e8})";
+  auto plan = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args{"--gpt", "4,64,4,256,64", "--batch", "16", "--cluster", cluster};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return testing::run("tools/plan/zero_plan", args);
+  };
+  // "the engine's collectives X ms" of --explain dp=4,stage=3 with these flags.
+  auto collectives = [&](std::vector<std::string> flags) {
+    flags.insert(flags.begin(), {"--explain", "dp=4,stage=3"});
+    const auto r = plan(flags);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    const std::string key = "the engine's collectives ";
+    const size_t at = r.output.find(key);
+    REQUIRE(at != std::string::npos);
+    return std::stod(r.output.substr(at + key.size()));
+  };
+  const double plain = collectives({}), qw = collectives({"--quantized-weights", "int8"}),
+               hp = collectives({"--quantized-weights", "int8", "--hpz"}),
+               qg = collectives({"--quantized-weights", "int8", "--hpz", "--quantized-gradients", "int4"});
+  CAPTURE(plain);
+  CAPTURE(qw);
+  CAPTURE(hp);
+  CAPTURE(qg);
+  CHECK(qw < plain);
+  CHECK(hp < qw);  // the backward's gathers inside the node
+  CHECK(qg < hp / 2);  // the gradients cross nodes summed per node and in 4 bits
+  const auto r = plan({"--auto", "--zeropp", "auto", "--top", "3"});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  const size_t choice = r.output.find("choice: ");
+  REQUIRE(choice != std::string::npos);
+  const std::string line = r.output.substr(choice, r.output.find('\n', choice) - choice);
+  CHECK(line.find("stage 3") != std::string::npos);
+  CHECK(line.find("+ qwZ int8 + hpZ + qgZ int4:") != std::string::npos);
+  const auto bad = plan({"--auto", "--zeropp", "auto", "--hpz"});
+  CHECK(bad.exit_code != 0);
+  CHECK(bad.output.find("--zeropp auto chooses qwZ, hpZ and qgZ itself") != std::string::npos);
+}
+
 TEST_CASE("zero_plan --megatron plans Megatron-LM's GPT from all five numbers, fp16 allowed; not the example GPT in fp16") {
   const std::string cluster = write_cluster("m.json", "1e10", "1e10");
   auto plan = [&](std::vector<std::string> args) { return testing::run("tools/plan/zero_plan", args); };

@@ -10,8 +10,10 @@
 #include <functional>
 #include <future>
 #include <map>
+#include <numeric>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <queue>
 #include <set>
 #include <string>
@@ -267,7 +269,7 @@ MemoryFloor memory_floor(const Layout& l, const std::vector<RankTensors>& ranks,
                          const EngineOptions& base) {
   MemoryFloor floor;
   const auto dp = static_cast<uint64_t>(l.dp);
-  const EngineOptions options = planned_options(l, base);
+  const EngineOptions options = planned_options(l, base, 0);
   const double state = least_state_bytes(options);
   // A pipeline's micro-batches interleave: at ZeRO-3 its units stay gathered through the step
   // (unless a window limit is set) and from ZeRO-2 each unit's gradient accumulates whole until
@@ -394,7 +396,7 @@ std::pair<uint64_t, uint64_t> model_signature(const RankModel& m) {
 
 const plan::EnginePlan& engine_plan(const Layout& l, const std::vector<StageCosts>& stages,
                                     const parallel::Schedule& schedule, int rank, const PlanSettings& settings,
-                                    PlanCache& cache) {
+                                    int devices_per_node, PlanCache& cache) {
   RankModel model = rank_model(l, stages, schedule, rank);
   // (The placement matters with several chunks: interleaved and zb-v hold other virtual stages.)
   const auto [h1, h2] = model_signature(model);
@@ -405,7 +407,7 @@ const plan::EnginePlan& engine_plan(const Layout& l, const std::vector<StageCost
     plan::PlanInputs in;
     in.model = std::move(model.spec);
     in.step_schedule = std::move(model.step);
-    in.options = planned_options(l, settings.engine);
+    in.options = planned_options(l, settings.engine, devices_per_node);
     in.world_size = l.dp;
     in.tp = l.tp;
     in.pp = l.pp;
@@ -566,7 +568,7 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
   uint64_t worst_memory = 0;
   for (int r = 0; r < l.pp; ++r) {
     // The engine of this pipeline rank on the meta device: its memory and its data-parallel traffic.
-    const plan::EnginePlan& p = engine_plan(l, stages, schedule, r, settings, cache);
+    const plan::EnginePlan& p = engine_plan(l, stages, schedule, r, settings, cluster.devices_per_node, cache);
     MemoryParts m = memory_of(p, l.stage);
     m.activations = pipe.activations[static_cast<size_t>(r)];
     out.largest_activations = std::max(out.largest_activations, m.activations);
@@ -578,7 +580,11 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
     // Its data-parallel collectives, and its own over the tp group (the partial gradients of the
     // parameters sequence parallelism replicates, the norm's sum).
     const double engine_tp = engine_collectives_time(p.tp_traffic, l.tp, link_for(cluster, l.tp), cluster.copy);
-    const double dp = engine_collectives_time(p.traffic, l.dp, dp_link, cluster.copy) + engine_tp;
+    // hpZ's and qgZ's groups: a node's data-parallel ranks, and the ranks of one place on every node.
+    const int node = p.node_size;
+    const double nodes = engine_collectives_time(p.node_traffic, node, link_for(cluster, l.tp * node), cluster.copy) +
+                         engine_collectives_time(p.across_traffic, l.dp / std::max(1, node), dp_link, cluster.copy);
+    const double dp = engine_collectives_time(p.traffic, l.dp, dp_link, cluster.copy) + nodes + engine_tp;
     const double exposed = exposed_collectives(dp, overlap_window(pipe, l, cluster, r), stages.front().units);
     // Its waits for the slowest rank: with dp above 1 the end of each micro-step that reduces
     // (Engine::finish_backward completes its reductions before the next compute) and each
@@ -590,8 +596,10 @@ Prediction predict_stages(const Layout& l, const std::vector<StageCosts>& stages
     double syncs = pipe.tp_syncs[static_cast<size_t>(r)] + pipe.receives[static_cast<size_t>(r)];
     if (l.dp > 1) {
       syncs += reducing_micro_steps(l, settings.engine);
-      const auto gathers = p.traffic.find("all_gather");
-      if (gathers != p.traffic.end()) syncs += static_cast<double>(gathers->second.calls);
+      for (const auto* traffic : {&p.traffic, &p.node_traffic}) {
+        const auto gathers = traffic->find("all_gather");
+        if (gathers != traffic->end()) syncs += static_cast<double>(gathers->second.calls);
+      }
     }
     const double sync = cluster.sync.time(syncs, pipe.busy[static_cast<size_t>(r)]);
     const double optimizer = pipe.optimizer[static_cast<size_t>(r)];
@@ -645,9 +653,16 @@ void for_each_index(size_t count, int threads, const std::function<void(size_t)>
 
 }  // namespace
 
-EngineOptions planned_options(const Layout& layout, const EngineOptions& base) {
+EngineOptions planned_options(const Layout& layout, const EngineOptions& base, int devices_per_node) {
   EngineOptions o = engine_options(layout, base);
-  if (layout.stage != 3) o.quantized_weights = {};
+  if (layout.stage != 3) {
+    o.quantized_weights = {};
+    o.quantized_gradients = {};
+    o.secondary_shard = false;
+  }
+  if ((o.secondary_shard || o.quantized_gradients.bits != 0) && o.node_size == 0) {
+    o.node_size = std::gcd(layout.dp, std::max(1, devices_per_node / layout.tp));
+  }
   return o;
 }
 
@@ -721,6 +736,9 @@ std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int gl
   }
   return out;
 }
+
+// rank_layouts' order (below).
+void sort_ranked(std::vector<Prediction>& out);
 
 std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<Layout>& layouts, const Cluster& cluster,
                                      const PlanSettings& settings, size_t exact) {
@@ -920,6 +938,47 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
     out.push_back(p);
   }
   report(true);
+  sort_ranked(out);
+  return out;
+}
+
+EngineOptions zeropp_options(const EngineOptions& base, const std::string& zeropp) {
+  EngineOptions o = base;
+  if (zeropp.empty()) return o;
+  o.quantized_weights = {.bits = 8};
+  o.secondary_shard = zeropp.find("hpZ") != std::string::npos;
+  o.quantized_gradients = {.bits = zeropp.find("qgZ") != std::string::npos ? 4 : 0};
+  ZERO_CHECK(zeropp == "qwZ int8" || zeropp == "qwZ int8 + hpZ" || zeropp == "qwZ int8 + hpZ + qgZ int4",
+             "unknown ZeRO++ variant '{}'", zeropp);
+  return o;
+}
+
+std::vector<Prediction> rank_layouts_with_zeropp(const ModelCosts& model, const std::vector<Layout>& layouts,
+                                                 const Cluster& cluster, const PlanSettings& settings, size_t exact) {
+  std::vector<Prediction> out = rank_layouts(model, layouts, cluster, settings, exact);
+  std::vector<Layout> stage3;
+  for (const Layout& l : layouts) {
+    if (l.stage == 3 && l.dp > 1) stage3.push_back(l);
+  }
+  if (stage3.empty()) return out;
+  std::map<std::string, size_t> at;  // layout -> its place in `out`
+  for (size_t i = 0; i < out.size(); ++i) at[layout_key(out[i].layout)] = i;
+  for (const char* name : {"qwZ int8", "qwZ int8 + hpZ", "qwZ int8 + hpZ + qgZ int4"}) {
+    PlanSettings s = settings;
+    s.engine = zeropp_options(settings.engine, name);
+    for (Prediction& p : rank_layouts(model, stage3, cluster, s, exact)) {
+      if (p.estimate != Estimate::kExact || !p.fits) continue;
+      Prediction& current = out[at.at(layout_key(p.layout))];
+      if (current.fits && current.estimate == Estimate::kExact && current.time.step() <= p.time.step()) continue;
+      p.zeropp = name;
+      current = std::move(p);
+    }
+  }
+  sort_ranked(out);
+  return out;
+}
+
+void sort_ranked(std::vector<Prediction>& out) {
   // Fitting first, fastest first (equal times: the smaller); then the too slow and the unplanned,
   // by their floors; then the rest, smallest first; the unexamined last.
   auto group = [](const Prediction& p) {
@@ -933,7 +992,11 @@ std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<
     if (group(a) == 2 || a.time.step() == b.time.step()) return a.memory.device() < b.memory.device();
     return a.time.step() < b.time.step();
   });
-  return out;
+}
+
+// The layout, with the ZeRO++ parts rank_layouts_with_zeropp chose for it.
+std::string described(const Prediction& p) {
+  return p.zeropp.empty() ? describe(p.layout) : describe(p.layout) + " + " + p.zeropp;
 }
 
 std::string table(const std::vector<Prediction>& ranked, size_t limit) {
@@ -965,7 +1028,7 @@ std::string table(const std::vector<Prediction>& ranked, size_t limit) {
                : p.estimate == Estimate::kNotPlanned ? "not planned (time limit; at least)"
                                                      : "does not fit (at least)"};
     }
-    rows.emplace_back(describe(p.layout), std::move(cells));
+    rows.emplace_back(described(p), std::move(cells));
     width = std::max(width, rows.back().first.size());
   }
   auto line = [&](const std::string& number, const std::string& layout, const std::vector<std::string>& c) {
@@ -1014,12 +1077,12 @@ std::string reason(const std::vector<Prediction>& ranked) {
                        describe(best.layout), format_bytes(best.memory.device()), format_bytes(best.memory.activations),
                        cut);
   }
-  std::string s = fmt::format("{}: the fastest of {} layouts that fit{} ({:.2f} ms per step, {})", describe(best.layout),
+  std::string s = fmt::format("{}: the fastest of {} layouts that fit{} ({:.2f} ms per step, {})", described(best),
                               fitting, slower > 0 ? fmt::format(" and {} more whose floors are slower", slower) : "",
                               1e3 * best.time.step(), format_bytes(best.memory.device()));
   if (fitting > 1) {
     const Prediction& next = ranked[1];
-    s += fmt::format("; next {} at {:.2f} ms ({:+.1f}%)", describe(next.layout), 1e3 * next.time.step(),
+    s += fmt::format("; next {} at {:.2f} ms ({:+.1f}%)", described(next), 1e3 * next.time.step(),
                      100 * (next.time.step() / best.time.step() - 1));
   }
   return s + cut;

@@ -73,6 +73,9 @@ struct Prediction {
   // never above the exact figures (predict_test holds them).
   uint64_t memory_floor = 0;
   double time_floor = 0;
+  // The ZeRO++ parts priced in, where rank_layouts_with_zeropp chose some ("qwZ int8 + hpZ"); "":
+  // the settings' own options.
+  std::string zeropp;
 };
 
 // Where a search (rank_layouts) stands: layouts examined (their floors computed) of all given, then
@@ -104,9 +107,11 @@ struct PlanSettings {
 Prediction predict(const ModelCosts& model, const Layout& layout, const Cluster& cluster, const PlanSettings& settings);
 
 // The engine's options of a planned layout: zero::engine_options(layout, base), with stage 3's own
-// features (quantized gathers) off for a layout below stage 3, so that a search given them prices
-// them where they apply and runs the rest without.
-EngineOptions planned_options(const Layout& layout, const EngineOptions& base);
+// features (ZeRO++'s quantized gathers, secondary shards and quantized reduction) off for a layout
+// below stage 3, so that a search given them prices them where they apply and runs the rest
+// without. Where hpZ or qgZ is on and base.node_size is not given, the node holds
+// devices_per_node / tp of the layout's data-parallel ranks (as many as divide dp).
+EngineOptions planned_options(const Layout& layout, const EngineOptions& base, int devices_per_node);
 
 // The micro-batch counts the search tries for a replica of `global_batch` / dp sequences: for each
 // of pp, 2 pp, 4 pp, ... up to that batch, the smallest count at or above it dividing the batch and
@@ -130,6 +135,15 @@ std::vector<Layout> enumerate_layouts(const ModelCosts& model, int world, int gl
 // best of what was planned in time, and reason() says what was not.
 std::vector<Prediction> rank_layouts(const ModelCosts& model, const std::vector<Layout>& layouts, const Cluster& cluster,
                                      const PlanSettings& settings, size_t exact = SIZE_MAX);
+
+// rank_layouts, with ZeRO++ chosen where it pays: each stage 3 layout is also priced with ZeRO++'s
+// published combinations (qwZ int8; qwZ int8 + hpZ; qwZ int8 + hpZ + qgZ int4, the nodes from the
+// cluster) and keeps its fastest variant that fits (Prediction::zeropp names it). Quantization
+// changes the numerics (docs/zero.md has the parity): a caller asks for it.
+// `base` with the ZeRO++ variant a Prediction names (Prediction::zeropp; "" leaves it as it is).
+EngineOptions zeropp_options(const EngineOptions& base, const std::string& zeropp);
+std::vector<Prediction> rank_layouts_with_zeropp(const ModelCosts& model, const std::vector<Layout>& layouts,
+                                                 const Cluster& cluster, const PlanSettings& settings, size_t exact);
 
 // The table (layout, memory per rank by category, step time, tokens/s, bubble, exposed dp
 // communication); the one line on why the first is chosen; one prediction's breakdown.

@@ -46,10 +46,10 @@ EngineOptions base_options(const std::optional<EngineConfig>& file, DType dtype)
 
 // The config a run of layout `l` reads (docs/config.md): the planned engine options, the model's
 // dtype, the global batch and the layout; a --config file's other keys (log interval) kept.
-EngineConfig layout_config(const Layout& l, const EngineOptions& base, DType dtype, int batch,
+EngineConfig layout_config(const Layout& l, const EngineOptions& base, int devices_per_node, DType dtype, int batch,
                            const std::optional<EngineConfig>& file) {
   EngineConfig c = file.value_or(EngineConfig{});
-  c.engine = strategy::planned_options(l, base);
+  c.engine = strategy::planned_options(l, base, devices_per_node);
   c.model_dtype = dtype;
   c.loop.global_batch_size = batch;
   c.loop.micro_batch_size.reset();  // follows from the batch and the layout
@@ -126,8 +126,18 @@ int run_strategy(cli::Flags& flags) {
   if ((only_tp > 0 || only_pp > 0) && !explain_text.empty()) {
     ZERO_THROW(InvalidArgument, "--tp and --pp restrict --auto's search; --explain names its own layout");
   }
-  // Stage 3's quantized gathers (ZeRO++ qwZ), priced in the layouts at stage 3.
+  // ZeRO++ at stage 3, priced in the layouts at stage 3: quantized gathers (qwZ), secondary shards
+  // in each node (hpZ), quantized gradient reduction in two hops (qgZ).
   const int quantized_bits = parse_quantized_bits(flags.get("quantized-weights", "off"), "--quantized-weights");
+  const int gradient_bits = parse_quantized_bits(flags.get("quantized-gradients", "off"), "--quantized-gradients");
+  const bool hpz = flags.get_bool("hpz", false);
+  // --zeropp auto: each stage 3 layout also priced with ZeRO++'s combinations, the fastest kept.
+  const std::string zeropp = flags.get("zeropp", "off");
+  if (zeropp != "off" && zeropp != "auto") ZERO_THROW(InvalidArgument, "--zeropp takes auto or off, got '{}'", zeropp);
+  if (zeropp == "auto" && (quantized_bits != 0 || gradient_bits != 0 || hpz)) {
+    ZERO_THROW(InvalidArgument, "--zeropp auto chooses qwZ, hpZ and qgZ itself: leave out --quantized-weights, "
+               "--quantized-gradients and --hpz");
+  }
   // The search's threads (default: the machine's cores) and its time limit (0: none).
   const int threads = flags.get_int("threads", static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   if (threads < 1) ZERO_THROW(InvalidArgument, "--threads must be positive, got {}", threads);
@@ -148,6 +158,8 @@ int run_strategy(cli::Flags& flags) {
   strategy::PlanSettings settings;
   settings.engine = base_options(file, dtype);
   if (quantized_bits != 0) settings.engine.quantized_weights = {.bits = quantized_bits};
+  if (gradient_bits != 0) settings.engine.quantized_gradients = {.bits = gradient_bits};
+  settings.engine.secondary_shard = settings.engine.secondary_shard || hpz;
   settings.global_batch = batch;
   settings.threads = threads;
   settings.time_limit = time_limit;
@@ -159,7 +171,9 @@ int run_strategy(cli::Flags& flags) {
     }
     std::printf("%s on %s, global batch %d\n%s", model.name().c_str(), cluster.name.c_str(), batch,
                 strategy::explain(strategy::predict(model, l, cluster, settings)).c_str());
-    if (!write_path.empty()) write_config(write_path, layout_config(l, settings.engine, dtype, batch, file), l);
+    if (!write_path.empty()) {
+      write_config(write_path, layout_config(l, settings.engine, cluster.devices_per_node, dtype, batch, file), l);
+    }
     return 0;
   }
   std::vector<Layout> layouts = strategy::enumerate_layouts(model, world, batch);
@@ -185,8 +199,10 @@ int run_strategy(cli::Flags& flags) {
   // The table ranks its --top rows exactly (the rest by their floors, which is much faster at many
   // ranks); --list (what the validation reads) and the chart, every layout.
   const bool every = list || !svg.empty();
+  const size_t exact = every ? SIZE_MAX : static_cast<size_t>(std::max(top, 1));
   const std::vector<strategy::Prediction> ranked =
-      strategy::rank_layouts(model, layouts, cluster, settings, every ? SIZE_MAX : static_cast<size_t>(std::max(top, 1)));
+      zeropp == "auto" ? strategy::rank_layouts_with_zeropp(model, layouts, cluster, settings, exact)
+                       : strategy::rank_layouts(model, layouts, cluster, settings, exact);
   if (list) {
     for (const strategy::Prediction& p : ranked) {
       std::printf("%s\t%s\t%d\t%.4f\t%llu\t%llu\t%d\n", layout_key(p.layout).c_str(),
@@ -210,7 +226,8 @@ int run_strategy(cli::Flags& flags) {
       ZERO_THROW(InvalidArgument, "--write-config {}: no layout fits, so none was written", write_path);
     }
     const Layout& l = ranked.front().layout;
-    write_config(write_path, layout_config(l, settings.engine, dtype, batch, file), l);
+    const EngineOptions chosen = strategy::zeropp_options(settings.engine, ranked.front().zeropp);
+    write_config(write_path, layout_config(l, chosen, cluster.devices_per_node, dtype, batch, file), l);
   }
   if (!svg.empty()) {
     std::ofstream(svg) << strategy::frontier_svg(ranked, cluster.usable_memory(),

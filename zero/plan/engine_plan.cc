@@ -49,7 +49,9 @@ void run_micro_step(Engine& engine, const std::vector<ScopeEvent>& schedule, con
 
 uint64_t EnginePlan::wire_bytes() const {
   uint64_t n = 0;
-  for (const auto& [op, t] : traffic) n += t.wire_bytes;
+  for (const auto* m : {&traffic, &node_traffic, &across_traffic}) {
+    for (const auto& [op, t] : *m) n += t.wire_bytes;
+  }
   return n;
 }
 
@@ -69,6 +71,13 @@ EnginePlan plan_engine(const PlanInputs& in) {
   comm::PlanningCommunicator tied_comm(0, 2, addressable, meta->kind());
   if (in.model_parallel_units > 0) mp_comm.set_peer_int64_max(in.model_parallel_units);
   EngineOptions options = in.options;
+  // hpZ's and qgZ's node groups (comm::HybridGroups over the data-parallel group): this rank's node,
+  // then its place on every node.
+  const bool nodes = options.secondary_shard || options.quantized_gradients.bits != 0;
+  if (nodes && options.node_size > 0) {
+    const int node = options.node_size;
+    comm.plan_splits({{in.rank % node, node}, {in.rank / node, std::max(1, in.world_size / node)}});
+  }
   EngineComms comms{&comm, nullptr, meta.get()};
   if (in.tp > 1) comms.model_parallel = &tp_comm;
   if (in.pp > 1) comms.model_parallel = &mp_comm;
@@ -111,6 +120,11 @@ EnginePlan plan_engine(const PlanInputs& in) {
   }
   EnginePlan plan;
   plan.traffic = comm.tallies();
+  if (comm.splits() == 2) {
+    plan.node_size = options.node_size;
+    plan.node_traffic = comm.split_tallies(0);
+    plan.across_traffic = comm.split_tallies(1);
+  }
   plan.tp_traffic = tp_comm.tallies();
   plan.memory = engine.memory_report();
   plan.device_peak = tracker.peak_total();

@@ -69,6 +69,11 @@ struct EnginePlan {
   // The engine's collectives over the tensor-parallel group in that step (the model's own f and g
   // are the model's, not the engine's).
   std::map<std::string, comm::CollectiveTally> tp_traffic;
+  // hpZ and qgZ (EngineOptions.secondary_shard, quantized_gradients): the collectives within this
+  // rank's node of node_size data-parallel ranks, and across its place on every node (0 and empty
+  // without them, or when one node holds the whole group: then they are in `traffic`).
+  int node_size = 0;
+  std::map<std::string, comm::CollectiveTally> node_traffic, across_traffic;
   uint64_t wire_bytes() const;  // sent per rank per step
   std::string table() const;
 };
