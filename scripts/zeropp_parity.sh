@@ -17,23 +17,16 @@ STEPS=${STEPS:-1000}
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 bazel build -c opt //comm/launch:zerorun //examples/gpt:train_gpt >&2
-B=bazel-out/k8-opt/bin
-port=$((29600 + RANDOM % 300))
-
+B=${B:-bazel-out/k8-opt/bin}  # or a copy of them, so that the tree can be rebuilt during a long run
+# shellcheck source=scripts/two_nodes.sh
+source scripts/two_nodes.sh
 SEEDS=${SEEDS:-1}
 
 run() {  # name, then train_gpt's flags; prints the validation loss and the smallest gradient norm
   local name=$1
   shift
   local args=(--stage 3 --dtype bf16 --steps "$STEPS" --val-every "$STEPS" --sample-tokens 0 --log-every 10 --deterministic "$@")
-  port=$((port + 1))
-  ZERO_JOB_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-  export ZERO_JOB_TOKEN  # the two launchers' shared secret (docs/launcher.md)
-  for node in 0 1; do
-    "$B/comm/launch/zerorun" --nnodes 2 --node-rank "$node" --master-addr 127.0.0.1 --master-port "$port" \
-      --nproc-per-node 2 -- "$B/examples/gpt/train_gpt" "${args[@]}" >"$OUT/$name.node$node.log" 2>&1 &
-  done
-  wait
+  run_two_nodes "$name" "${args[@]}"
   grep -E "^\[rank 0\] step +[0-9]+ \| loss" "$OUT/$name.node0.log" | awk '{print $4, $7, $10}' >"$OUT/$name.loss"
   echo "$(sed -n 's/.*validation loss \([0-9.]*\).*/\1/p' "$OUT/$name.node0.log" | tail -1)" \
     "$(awk 'NR == 1 || $3 < m {m = $3} END {print m}' "$OUT/$name.loss")"

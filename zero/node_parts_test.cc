@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -56,7 +55,7 @@ Result train(comm::Communicator& comm, const Config& c) {
   }
   opt.deterministic = true;
   opt.timeout = 30s;
-  opt.layout = {.alignment = 4, .bucket_numel = 1024, .block = 16};
+  opt.layout = {.alignment = 4, .bucket_numel = 1024, .block = 64};
   opt.node_size = c.node_size;
   opt.secondary_shard = c.hpz;
   opt.quantized_gradients = {.bits = c.gradient_bits, .block = 64};
@@ -106,23 +105,12 @@ Result train(comm::Communicator& comm, const Config& c) {
   return r;
 }
 
+// Every rank's result; a rank's error fails the test with its message, or is collected in `errors`.
 std::vector<Result> run(int world, const Config& c, std::vector<std::string>* errors = nullptr) {
-  std::vector<Result> out(static_cast<size_t>(world));
-  std::mutex mu;
-  testing::run_thread_ranks(world, [&](comm::Communicator& comm) {
-    try {
-      Result r = train(comm, c);
-      std::lock_guard<std::mutex> lock(mu);
-      out[static_cast<size_t>(comm.rank())] = std::move(r);
-    } catch (const std::exception& e) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (errors != nullptr) {
-        errors->push_back(e.what());
-      } else {
-        FAIL_CHECK(e.what());
-      }
-    }
-  });
+  std::vector<std::string> own;
+  std::vector<Result> out = testing::thread_rank_results<Result>(
+      world, [&](comm::Communicator& comm) { return train(comm, c); }, errors != nullptr ? *errors : own);
+  for (const std::string& e : own) FAIL_CHECK(e);
   return out;
 }
 

@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -45,7 +44,7 @@ Result train(comm::Communicator& comm, const Config& c) {
   opt.optimizer.groups = {optim::Hyper{.lr = 1e-2f, .weight_decay = 0.01f}};
   opt.deterministic = true;
   opt.timeout = 30s;
-  opt.layout = {.alignment = 4, .bucket_numel = 1024, .block = 16};
+  opt.layout = {.alignment = 4, .bucket_numel = 1024, .block = 64};
   opt.quantized_weights = {.bits = c.bits, .block = 64, .backward = c.backward};
   opt.offload.optimizer = opt.offload.params = c.offload;
   Engine engine(comm, opt);
@@ -91,22 +90,10 @@ Result train(comm::Communicator& comm, const Config& c) {
 
 // Every rank's result; a rank's error fails the test with its message, or is collected in `errors`.
 std::vector<Result> run(int world, const Config& c, std::vector<std::string>* errors = nullptr) {
-  std::vector<Result> out(static_cast<size_t>(world));
-  std::mutex mu;
-  testing::run_thread_ranks(world, [&](comm::Communicator& comm) {
-    try {
-      Result r = train(comm, c);
-      std::lock_guard<std::mutex> lock(mu);
-      out[static_cast<size_t>(comm.rank())] = std::move(r);
-    } catch (const std::exception& e) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (errors != nullptr) {
-        errors->push_back(e.what());
-      } else {
-        FAIL_CHECK(e.what());
-      }
-    }
-  });
+  std::vector<std::string> own;
+  std::vector<Result> out = testing::thread_rank_results<Result>(
+      world, [&](comm::Communicator& comm) { return train(comm, c); }, errors != nullptr ? *errors : own);
+  for (const std::string& e : own) FAIL_CHECK(e);
   return out;
 }
 
@@ -194,6 +181,45 @@ TEST_CASE("qwZ: refused below stage 3, at other widths and with an empty block, 
                        InvalidArgument);
   o.quantized_weights = {.bits = 8, .block = 0};
   CHECK_THROWS_WITH_AS(validate(o), doctest::Contains("quantized_weights.block must be positive"), InvalidArgument);
+}
+
+TEST_CASE("qwZ: a quantization block never mixes two tensors, so a small tensor keeps its own scale") {
+  // One unit: a LayerNorm-like gain near 1 (40 values), then weights near 0.01 (300 values). With
+  // a block of 64 shared by both, the weights would be rounded in steps of 1/127.
+  testing::run_thread_ranks(2, [](comm::Communicator& comm) {
+    EngineOptions opt;
+    opt.stage = 3;
+    opt.optimizer.kind = optim::OptimizerKind::kSgd;
+    opt.timeout = 30s;
+    opt.layout = {.alignment = 4, .bucket_numel = 1024, .block = 64};
+    opt.quantized_weights = {.bits = 8, .block = 64};
+    Engine engine(comm, opt);
+    std::vector<float> gain(40, 1.0f), w(300);
+    for (size_t e = 0; e < w.size(); ++e) w[e] = 0.01f * std::sin(0.3f * static_cast<float>(e));
+    const std::vector<float> w0 = w;  // stage 3 owns the values from finalize() on
+    const int g = engine.add_param({.name = "ln.w", .shape = {40}, .dtype = DType::kFloat32, .data = {gain.data(), 40}, .unit = 0});
+    const int m = engine.add_param({.name = "fc.w", .shape = {300}, .dtype = DType::kFloat32, .data = {w.data(), 300}, .unit = 0});
+    engine.finalize();
+    EvaluationScope eval = engine.evaluation();
+    UnitScope s = engine.gather(0);
+    const float* read = s.param_as<float>(m);
+    const float bound = 0.01f / 127 / 2 * (1 + 1e-6f);
+    for (size_t e = 0; e < w0.size(); ++e) CHECK(std::fabs(read[e] - w0[e]) <= bound);
+    CHECK(s.param_as<float>(g)[0] == 1.0f);
+  });
+  // A layout block that the quantization block does not divide is refused, naming both.
+  testing::run_thread_ranks(1, [](comm::Communicator& comm) {
+    EngineOptions opt;
+    opt.stage = 3;
+    opt.layout = {.alignment = 4, .bucket_numel = 1024, .block = 16};
+    opt.quantized_weights = {.bits = 8, .block = 64};
+    Engine engine(comm, opt);
+    std::vector<float> w(10);
+    engine.add_param({.name = "w", .shape = {10}, .dtype = DType::kFloat32, .data = {w.data(), 10}, .unit = 0});
+    CHECK_THROWS_WITH_AS(engine.finalize(), doctest::Contains("layout.block (16) must be a multiple of the quantized "
+                                                              "collectives' blocks"),
+                         InvalidArgument);
+  });
 }
 
 }  // namespace zero

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <map>
 #include <set>
 
@@ -221,6 +222,22 @@ EngineParts wire_stage(const PolicyInputs& in) {
   if (quantized && lo.block % o.optimizer.quant_block != 0) {
     ZERO_THROW(InvalidArgument, "layout.block ({}) must be a multiple of optimizer.quant_block ({}) for 8-bit AdamW",
                lo.block, o.optimizer.quant_block);
+  }
+  // ZeRO++'s quantized gathers and reductions scale each block by its largest value: no block may
+  // mix two tensors (a LayerNorm's gains near 1 would set the scale of a matrix's weights near 0.02
+  // and round most of them away), so every tensor starts on a quantization block. Chunks start on
+  // layout blocks, a multiple of it.
+  size_t zeropp_block = 1;
+  if (o.quantized_weights.bits != 0) zeropp_block = std::lcm(zeropp_block, o.quantized_weights.block);
+  if (o.quantized_gradients.bits != 0) zeropp_block = std::lcm(zeropp_block, o.quantized_gradients.block);
+  if (zeropp_block > 1) {
+    lo.alignment = std::lcm(lo.alignment, zeropp_block);
+    if (lo.block % lo.alignment != 0) {
+      ZERO_THROW(InvalidArgument,
+                 "layout.block ({}) must be a multiple of the quantized collectives' blocks (quantized_weights.block, "
+                 "quantized_gradients.block: {}) and layout.alignment",
+                 lo.block, zeropp_block);
+    }
   }
   // Micro-batches reduced one by one: a unit's bucket is reduced each time its backward ends.
   const bool rounds = in.micro.each_pass_reduces();
