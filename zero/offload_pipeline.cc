@@ -22,6 +22,23 @@ OffloadPipeline::OffloadPipeline(const ApplierInputs& in, const OffloadConfig& c
   }
   const size_t numel = ownership_.numel();
   master_ = host_->allocate_elements(static_cast<int64_t>(numel), DType::kFloat32, memory::Category::kMasterParams);
+  // The padding between the owned pieces stays zero (as DeviceApplier's, zero/update_applier.cc).
+  host_->fill_zero(master_.data(), master_.size_bytes(), host_->compute_stream());
+  padding_.resize(layout_.buckets().size());
+  {
+    std::vector<std::vector<std::pair<size_t, size_t>>> held(layout_.buckets().size());  // (begin, end), optimizer space
+    for (const OwnedPiece& p : ownership_.pieces()) held[p.bucket].push_back({p.opt_offset, p.opt_offset + p.tensor_end - p.tensor_begin});
+    for (size_t b = 0; b < held.size(); ++b) {
+      const OwnedRange own = ownership_.range(b);
+      std::sort(held[b].begin(), held[b].end());
+      size_t at = own.opt_begin;
+      for (const auto& [lo, hi] : held[b]) {
+        if (lo > at) padding_[b].push_back({at - own.opt_begin, lo - at});
+        at = std::max(at, hi);
+      }
+      if (own.opt_begin + own.len > at) padding_[b].push_back({at - own.opt_begin, own.opt_begin + own.len - at});
+    }
+  }
   {
     // The registered values are device memory: bring the owned pieces over once (each element in
     // a slot as wide as the widest registered dtype), then widen.
@@ -134,6 +151,11 @@ void OffloadPipeline::apply(const GradReducer& grads, float grad_scale, ParamWri
     {
       ScopedTimer updating(&cpu_s);
       optimizer_->step_range(in, own.opt_begin, own.opt_begin + own.len, host_->compute_stream());
+    }
+    // The padding goes back as zeros (the staging last held bucket b-2's values there): quantized
+    // gathers scale each block by its largest value, padding included.
+    for (const auto& [at, len] : padding_[b]) {
+      std::memset(slot.params.as<char>() + at * dtype_size(in.model_dtype), 0, len * dtype_size(in.model_dtype));
     }
     // The writeback's range is free once the compute stream reaches this point.
     void* dst = writeback.owned_out(b, own);

@@ -22,6 +22,7 @@
 // ThreadSanitizer reports.
 #include <array>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "memory/device.h"
@@ -72,6 +73,10 @@ class OffloadPipeline final : public UpdateApplier {
   std::unique_ptr<memory::Stream> d2h_, h2d_;
   std::unique_ptr<memory::Event> grads_ready_, out_free_;
   std::array<Slot, 2> slots_;
+  // Per bucket, the element ranges of its owned range that no tensor holds (alignment and chunk
+  // padding), relative to the range's start: zeroed in the staging before its new values go back,
+  // since the optimizer writes only tensors and the staging last held another bucket.
+  std::vector<std::vector<std::pair<size_t, size_t>>> padding_;
   double d2h_s_ = 0, h2d_s_ = 0;  // written on the copy streams, read after their events
 };
 

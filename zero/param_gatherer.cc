@@ -1,6 +1,7 @@
 #include "zero/param_gatherer.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "base/check.h"
@@ -31,6 +32,14 @@ ParamGatherer::ParamGatherer(const GathererConfig& config, const ShardLayout& la
     slot_free_ = device_.create_event();
   } else {
     shard_ = device_.allocate(shard_bytes, memory::Category::kParams);
+  }
+  // The padding between tensors and at the chunks' ends holds zeros, never what the memory held
+  // before: quantized gathers take each block's scale from its largest value, padding included, and
+  // every rank must send the same bits for the same data.
+  if (offload) {
+    std::memset(shard_.data(), 0, shard_bytes);
+  } else {
+    device_.fill_zero(shard_.data(), shard_bytes, compute);
   }
   // The registered values, each piece converted to its bucket's dtype where that differs
   // (param_dtype) on the device, then copied to the host shard with parameter offload.

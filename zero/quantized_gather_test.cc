@@ -222,4 +222,70 @@ TEST_CASE("qwZ: a quantization block never mixes two tensors, so a small tensor 
   });
 }
 
+TEST_CASE("qwZ: units of several tensors train bitwise alike with and without offload") {
+  // Tensors of a unit start on quantization blocks: the padding between them must not change what
+  // the host optimizer computes.
+  auto train = [](bool offload) {
+    std::vector<std::string> errors;
+    auto out = testing::thread_rank_results<std::vector<float>>(
+        2,
+        [&](comm::Communicator& comm) {
+          EngineOptions opt;
+          opt.stage = 3;
+          opt.optimizer.kind = optim::OptimizerKind::kAdamW;
+          opt.optimizer.groups = {optim::Hyper{.lr = 1e-2f, .weight_decay = 0.01f}};
+          opt.deterministic = true;
+          opt.max_grad_norm = 1.0f;
+          opt.timeout = 30s;
+          opt.layout = {.alignment = 4, .bucket_numel = 1024, .block = 64};
+          opt.quantized_weights = {.bits = 8, .block = 64};
+          opt.offload.optimizer = opt.offload.params = offload;
+          Engine engine(comm, opt);
+          const std::vector<size_t> sizes = {40, 300, 7, 1000, 3};
+          std::vector<std::vector<float>> storage(sizes.size());
+          std::vector<int> ids;
+          for (size_t t = 0; t < sizes.size(); ++t) {
+            storage[t].resize(sizes[t]);
+            for (size_t e = 0; e < sizes[t]; ++e) storage[t][e] = (t % 2 == 0 ? 1.0f : 0.02f) * std::cos(0.7f * static_cast<float>(e + t));
+            ids.push_back(engine.add_param({.name = "t" + std::to_string(t), .shape = {static_cast<int64_t>(sizes[t])},
+                                            .dtype = DType::kFloat32, .data = {storage[t].data(), sizes[t]},
+                                            .unit = static_cast<int>(t / 2)}));
+          }
+          engine.finalize();
+          for (int step = 0; step < 4; ++step) {
+            for (int u = 0; u < 3; ++u) UnitScope s = engine.gather(u);
+            for (int u = 3; u-- > 0;) {
+              UnitScope s = engine.gather_for_backward(u);
+              for (size_t t = 0; t < sizes.size(); ++t) {
+                if (static_cast<int>(t / 2) != u) continue;
+                const float* p = s.param_as<float>(ids[t]);
+                float* g = s.grad_as<float>(ids[t]);
+                for (size_t e = 0; e < sizes[t]; ++e) g[e] += p[e] - 0.1f * std::sin(static_cast<float>(e + comm.rank() + step));
+              }
+            }
+            engine.step();
+          }
+          std::vector<float> all;
+          EvaluationScope eval = engine.evaluation();
+          for (int u = 0; u < 3; ++u) {
+            UnitScope s = engine.gather(u);
+            for (size_t t = 0; t < sizes.size(); ++t) {
+              if (static_cast<int>(t / 2) != u) continue;
+              const float* p = s.param_as<float>(ids[t]);
+              all.insert(all.end(), p, p + sizes[t]);
+            }
+          }
+          return all;
+        },
+        errors);
+    for (const std::string& e : errors) FAIL_CHECK(e);
+    return out[0];
+  };
+  const std::vector<float> device = train(false), host = train(true);
+  REQUIRE(device.size() == host.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < device.size(); ++i) differ += device[i] != host[i] ? 1 : 0;
+  CHECK(differ == 0);
+}
+
 }  // namespace zero

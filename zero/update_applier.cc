@@ -112,6 +112,9 @@ class DeviceApplier final : public UpdateApplier {
       : layout_(*in.layout), ownership_(*in.ownership), device_(*in.device), timeout_(in.timeout) {
     const size_t numel = ownership_.numel();
     master_ = device_.allocate_elements(static_cast<int64_t>(numel), DType::kFloat32, memory::Category::kMasterParams);
+    // The padding between the owned pieces stays zero: the update writes it back with the rest (at
+    // stage 3 into the parameter shard, where quantized gathers take each block's scale from it).
+    device_.fill_zero(master_.data(), master_.size_bytes(), device_.compute_stream());
     for (const OwnedPiece& p : ownership_.pieces()) {
       const UpdateTensor& t = in.tensors[p.tensor];
       device_.convert(static_cast<const char*>(t.data) + p.tensor_begin * dtype_size(t.dtype), t.dtype,
