@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "base/error.h"
+#include "comm/hybrid_groups.h"
 #include "testing/thread_ranks.h"
 #include "zero/engine.h"
 
@@ -30,6 +32,7 @@ struct Config {
   bool offload = false;
   bool sgd = false;       // plain SGD at lr 1: the update is the reduced gradient
   int steps = 3;
+  int shard_group = 0;  // hybrid sharding: shard groups of this many ranks (0: none)
 };
 
 struct Result {
@@ -61,7 +64,10 @@ Result train(comm::Communicator& comm, const Config& c) {
   opt.quantized_gradients = {.bits = c.gradient_bits, .block = 64};
   opt.quantized_weights = {.bits = c.weight_bits, .block = 64, .backward = false};
   opt.offload.optimizer = opt.offload.params = c.offload;
-  Engine engine(comm, opt);
+  std::unique_ptr<comm::HybridGroups> groups;
+  if (c.shard_group > 0) groups = std::make_unique<comm::HybridGroups>(comm, c.shard_group);
+  Engine engine(groups ? EngineComms{.shard = groups->shard(), .replica = groups->replica()} : EngineComms{.shard = &comm},
+                opt);
   Result r;
   std::vector<std::vector<float>> storage(kSizes.size());
   std::vector<int> ids;
@@ -167,6 +173,23 @@ TEST_CASE("qgZ: the reduced gradient is within the two hops' bound at every node
       }
       CHECK(differ > 0);
     }
+  }
+}
+
+TEST_CASE("qgZ and hpZ beside hybrid sharding: within the bound of the exact reduction, replicas alike") {
+  // Shard groups {0, 1} and {2, 3}, each cut into nodes of one rank: qgZ's second hop spans the
+  // shard group, then the replicas' all-reduce; hpZ's part is the whole unit.
+  const Config q{.node_size = 1, .hpz = true, .gradient_bits = 8, .sgd = true, .steps = 1, .shard_group = 2};
+  Config e = q;
+  e.hpz = false;
+  e.gradient_bits = 0;
+  const std::vector<Result> a = run(4, q), exact = run(4, e);
+  float gmax = 0;
+  for (const Result& r : exact) gmax = std::max(gmax, r.grad_absmax);
+  for (size_t u = 0; u < kSizes.size(); ++u) {
+    CAPTURE(u);
+    for (const Result& r : a) CHECK(r.final[u] == a[0].final[u]);
+    for (size_t i = 0; i < kSizes[u]; ++i) CHECK(std::fabs(a[0].final[u][i] - exact[0].final[u][i]) <= gmax / 127 * 1.001f);
   }
 }
 
