@@ -204,6 +204,7 @@ std::vector<std::pair<std::string, std::string>> fingerprint(const EngineOptions
   add("quantized_weights.bits", o.quantized_weights.bits);
   add("quantized_weights.block", o.quantized_weights.block);
   add("quantized_weights.backward", o.quantized_weights.backward);
+  add("quantized_weights.evaluation", o.quantized_weights.evaluation);
   add("node_size", o.node_size);
   add("secondary_shard", o.secondary_shard);
   add("quantized_gradients.bits", o.quantized_gradients.bits);

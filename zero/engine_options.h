@@ -144,7 +144,10 @@ struct EngineOptions {
   struct QuantizedGathers {
     int bits = 0;          // 0: off; 8 or 4
     size_t block = 256;    // elements per scale
-    bool backward = true;  // the backward's gathers too (false: the forward's and evaluations' only)
+    bool backward = true;  // the backward's gathers too (false: the forward's only)
+    // Evaluations' gathers too (EvaluationScope: validation, sampling). false (default): they gather
+    // at full precision, so that a validation loss measures the parameters the run trains and saves.
+    bool evaluation = false;
   };
   QuantizedGathers quantized_weights;
   // ZeRO++'s two parts that work on nodes, stage 3. The shard group is cut into nodes of `node_size`

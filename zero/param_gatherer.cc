@@ -192,7 +192,9 @@ bool ParamGatherer::make_prefetch_room(size_t bytes, const std::vector<size_t>& 
 }
 
 bool ParamGatherer::quantizes(GatherUse use) const {
-  return config_.quantized && (use != GatherUse::kBackward || config_.quantize_backward);
+  if (!config_.quantized) return false;
+  if (use == GatherUse::kBackward) return config_.quantize_backward;
+  return use == GatherUse::kForward || config_.quantize_evaluation;
 }
 
 void ParamGatherer::issue(size_t b, GatherUse use, bool ahead) {

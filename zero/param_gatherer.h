@@ -97,9 +97,11 @@ struct GathererConfig {
   // the chunk over as early as it issues the gather.
   memory::MemoryTracker* offload_tracker = nullptr;
   // Quantized gathers (see the top comment): empty, full precision. `quantize_backward`: the
-  // backward's gathers too (else the forward's and evaluations' only).
+  // backward's gathers too; `quantize_evaluation`: the evaluations' too (the training forward's
+  // always).
   std::optional<memory::BlockQuantization> quantized;
   bool quantize_backward = true;
+  bool quantize_evaluation = false;  // evaluations' gathers too
   // hpZ (see the top comment): this rank's node within the shard group (consecutive ranks); null:
   // off.
   comm::Communicator* node = nullptr;

@@ -192,7 +192,7 @@ TEST_CASE("qwZ: a quantization block never mixes two tensors, so a small tensor 
     opt.optimizer.kind = optim::OptimizerKind::kSgd;
     opt.timeout = 30s;
     opt.layout = {.alignment = 4, .bucket_numel = 1024, .block = 64};
-    opt.quantized_weights = {.bits = 8, .block = 64};
+    opt.quantized_weights = {.bits = 8, .block = 64, .evaluation = true};  // the evaluation reads what a forward does
     Engine engine(comm, opt);
     std::vector<float> gain(40, 1.0f), w(300);
     for (size_t e = 0; e < w.size(); ++e) w[e] = 0.01f * std::sin(0.3f * static_cast<float>(e));
@@ -238,7 +238,7 @@ TEST_CASE("qwZ: units of several tensors train bitwise alike with and without of
           opt.max_grad_norm = 1.0f;
           opt.timeout = 30s;
           opt.layout = {.alignment = 4, .bucket_numel = 1024, .block = 64};
-          opt.quantized_weights = {.bits = 8, .block = 64};
+          opt.quantized_weights = {.bits = 8, .block = 64, .evaluation = true};
           opt.offload.optimizer = opt.offload.params = offload;
           Engine engine(comm, opt);
           const std::vector<size_t> sizes = {40, 300, 7, 1000, 3};
@@ -286,6 +286,37 @@ TEST_CASE("qwZ: units of several tensors train bitwise alike with and without of
   size_t differ = 0;
   for (size_t i = 0; i < device.size(); ++i) differ += device[i] != host[i] ? 1 : 0;
   CHECK(differ == 0);
+}
+
+TEST_CASE("qwZ: evaluations gather at full precision unless asked") {
+  for (bool quantized_evaluation : {false, true}) {
+    CAPTURE(quantized_evaluation);
+    testing::run_thread_ranks(2, [&](comm::Communicator& comm) {
+      EngineOptions opt;
+      opt.stage = 3;
+      opt.timeout = 30s;
+      opt.layout = {.alignment = 4, .bucket_numel = 1024, .block = 64};
+      opt.quantized_weights = {.bits = 8, .block = 64, .evaluation = quantized_evaluation};
+      Engine engine(comm, opt);
+      std::vector<float> w(500);
+      for (size_t e = 0; e < w.size(); ++e) w[e] = std::sin(0.37f * static_cast<float>(e));
+      const std::vector<float> w0 = w;
+      const int id = engine.add_param({.name = "w", .shape = {500}, .dtype = DType::kFloat32, .data = {w.data(), 500}, .unit = 0});
+      engine.finalize();
+      std::vector<float> training, evaluation;
+      {
+        UnitScope s = engine.gather(0);
+        training.assign(s.param_as<float>(id), s.param_as<float>(id) + 500);
+      }
+      {
+        EvaluationScope eval = engine.evaluation();
+        UnitScope s = engine.gather(0);
+        evaluation.assign(s.param_as<float>(id), s.param_as<float>(id) + 500);
+      }
+      CHECK(training != w0);  // the training forward reads quantized values
+      CHECK(evaluation == (quantized_evaluation ? training : w0));
+    });
+  }
 }
 
 }  // namespace zero

@@ -335,6 +335,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
     if (o.quantized_weights.bits != 0) {
       gc.quantized = memory::BlockQuantization{.block = o.quantized_weights.block, .bits = o.quantized_weights.bits};
       gc.quantize_backward = o.quantized_weights.backward;
+      gc.quantize_evaluation = o.quantized_weights.evaluation;
     }
     if (in.micro.keep_gathered) {
       // Every unit stays from its first use to the step's end; the window holds them all unless the

@@ -680,7 +680,7 @@ EngineConfig every_field_changed() {
   o.prefetch_bytes = 1 << 20;
   o.max_live_gathered_bytes = size_t{3} << 30;
   o.param_persistence_bytes = 4096;
-  o.quantized_weights = {.bits = 4, .block = 128, .backward = false};
+  o.quantized_weights = {.bits = 4, .block = 128, .backward = false, .evaluation = true};
   o.node_size = 2;
   o.secondary_shard = true;
   o.quantized_gradients = {.bits = 8, .block = 64};

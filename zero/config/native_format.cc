@@ -169,6 +169,7 @@ void visit_native(V& v, EngineConfig& c) {
     v.field("bits", o.quantized_weights.bits);
     v.field("block", o.quantized_weights.block);
     v.field("backward", o.quantized_weights.backward);
+    v.field("evaluation", o.quantized_weights.evaluation);
   });
   v.field("node_size", o.node_size);
   v.field("secondary_shard", o.secondary_shard);
