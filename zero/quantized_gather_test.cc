@@ -319,4 +319,45 @@ TEST_CASE("qwZ: evaluations gather at full precision unless asked") {
   }
 }
 
+TEST_CASE("qwZ: bf16 units read within half a scale and bf16's rounding, every tensor and rank") {
+  testing::run_thread_ranks(3, [](comm::Communicator& comm) {
+    EngineOptions opt;
+    opt.stage = 3;
+    opt.timeout = 30s;
+    opt.quantized_weights = {.bits = 8};  // blocks of 256, the default layout
+    Engine engine(comm, opt);
+    const std::vector<size_t> sizes = {64, 64, 12288, 192, 4096, 64, 16384, 256};  // a GPT block's shapes
+    std::vector<std::vector<uint16_t>> bits(sizes.size());
+    std::vector<std::vector<float>> values(sizes.size());
+    std::vector<int> ids;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      values[t].resize(sizes[t]);
+      for (size_t e = 0; e < sizes[t]; ++e) {
+        values[t][e] = (t < 2 ? 1.0f : 0.02f) * std::sin(0.61f * static_cast<float>(e) + static_cast<float>(t));
+      }
+      bits[t].resize(sizes[t]);
+      convert_fp32_to_bf16(values[t].data(), bits[t].data(), sizes[t]);
+      convert_bf16_to_fp32(bits[t].data(), values[t].data(), sizes[t]);  // exactly what is registered
+      ids.push_back(engine.add_param({.name = "t" + std::to_string(t), .shape = {static_cast<int64_t>(sizes[t])},
+                                      .dtype = DType::kBFloat16, .data = {bits[t].data(), sizes[t]}, .unit = 0}));
+    }
+    engine.finalize();
+    UnitScope s = engine.gather(0);
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      CAPTURE(t);
+      std::vector<float> read(sizes[t]);
+      convert_bf16_to_fp32(static_cast<const uint16_t*>(s.param(ids[t])), read.data(), sizes[t]);
+      float absmax = 0;
+      for (float v : values[t]) absmax = std::max(absmax, std::fabs(v));
+      size_t bad = 0;
+      for (size_t e = 0; e < sizes[t]; ++e) {
+        // Half a scale of the tensor's largest value (a block's is at most that), then bf16's rounding.
+        const float bound = absmax / 127 / 2 + std::fabs(values[t][e]) / 256 + 1e-30f;
+        bad += std::fabs(read[e] - values[t][e]) <= bound ? 0 : 1;
+      }
+      CHECK(bad == 0);
+    }
+  });
+}
+
 }  // namespace zero

@@ -78,6 +78,11 @@ GptRun GptRun::read(cli::Flags& flags) {
   if (flags.has("quantized-gradients")) {
     opt.quantized_gradients.bits = parse_quantized_bits(flags.get("quantized-gradients", ""), "--quantized-gradients");
   }
+  if (flags.has("quantized-block")) {
+    const int block = flags.get_int("quantized-block", 256);
+    if (block < 1) ZERO_THROW(InvalidArgument, "--quantized-block must be positive, got {}", block);
+    opt.quantized_weights.block = opt.quantized_gradients.block = static_cast<size_t>(block);
+  }
   r.fp32_norms = flags.get_bool("fp32-norms", false);
   flags.check_all_used();
   if (r.fp32_norms && r.dtype != DType::kBFloat16 && !opt.param_dtype) {
