@@ -288,7 +288,7 @@ TEST_CASE("8-bit AdamW trains at stages 1-3 with the same bits, resumes bit for 
   }
 }
 
-TEST_CASE("--quantized-weights: stage 3 trains with int8 gathers; another stage or width is refused by name") {
+TEST_CASE("--quantized-weights: stage 3 trains with int8 gathers; another stage, width, node or block size is refused by name") {
   const auto r = testing::launch(2, "examples/gpt/train_gpt",
                                  {"--stage", "3", "--quantized-weights", "int8", "--steps", "4", "--val-every", "0",
                                   "--sample-tokens", "0", "--log-every", "1"});
@@ -301,6 +301,13 @@ TEST_CASE("--quantized-weights: stage 3 trains with int8 gathers; another stage 
   const auto width = testing::launch(2, "examples/gpt/train_gpt", {"--quantized-weights", "int2", "--steps", "2"});
   CHECK(width.exit_code != 0);
   CHECK(width.output.find("--quantized-weights takes int8, int4 or off, got 'int2'") != std::string::npos);
+  const auto node = testing::launch(2, "examples/gpt/train_gpt", {"--stage", "3", "--hpz-size", "0", "--steps", "2"});
+  CHECK(node.exit_code != 0);
+  CHECK(node.output.find("--hpz-size must be at least 1 (1: no hpZ), got 0") != std::string::npos);
+  const auto block = testing::launch(2, "examples/gpt/train_gpt",
+                                     {"--stage", "3", "--quantized-weights", "int8", "--quantized-block", "0", "--steps", "2"});
+  CHECK(block.exit_code != 0);
+  CHECK(block.output.find("--quantized-block must be positive, got 0") != std::string::npos);
 }
 
 // Adafactor: every tensor's row and column sums reduced over the 2 ranks from stage 1 on; under

@@ -37,6 +37,39 @@ TEST_CASE("bad values name the field") {
   CHECK(error_of([](EngineOptions& o) { o.micro_batches = 0; }).find("EngineOptions.micro_batches") != std::string::npos);
 }
 
+TEST_CASE("ZeRO++'s options: widths, blocks, node size and stage are refused by field") {
+  EngineOptions o;
+  o.stage = 3;
+  auto refused = [&](const std::function<void(EngineOptions&)>& edit, const char* what) {
+    EngineOptions bad = o;
+    edit(bad);
+    CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains(what), InvalidArgument);
+  };
+  refused([](EngineOptions& e) { e.quantized_weights.bits = 2; },
+          "EngineOptions.quantized_weights.bits must be 0 (off), 8 or 4, got 2");
+  refused([](EngineOptions& e) { e.quantized_weights = {.bits = 8, .block = 0}; },
+          "EngineOptions.quantized_weights.block must be positive");
+  refused([](EngineOptions& e) { e.quantized_gradients.bits = 16; },
+          "EngineOptions.quantized_gradients.bits must be 0 (off), 8 or 4, got 16");
+  refused([](EngineOptions& e) { e.quantized_gradients = {.bits = 4, .block = 0}; },
+          "EngineOptions.quantized_gradients.block must be positive");
+  refused([](EngineOptions& e) { e.node_size = -1; }, "EngineOptions.node_size must be >= 0, got -1");
+  refused([](EngineOptions& e) { e.stage = 2, e.secondary_shard = true; },
+          "EngineOptions.secondary_shard (hpZ) needs stage 3 (got stage 2)");
+  refused([](EngineOptions& e) { e.stage = 1, e.quantized_gradients.bits = 8; },
+          "EngineOptions.quantized_gradients (qgZ) needs stage 3 (got stage 1)");
+  // A zero block is harmless while its quantizer is off.
+  EngineOptions off = o;
+  off.quantized_weights.block = 0;
+  off.quantized_gradients.block = 0;
+  CHECK_NOTHROW(validate(off));
+  o.quantized_weights.bits = 8;
+  o.quantized_gradients.bits = 4;
+  o.secondary_shard = true;
+  o.node_size = 2;
+  CHECK_NOTHROW(validate(o));
+}
+
 TEST_CASE("parameter offload needs stage 3 and the optimizer offloaded") {
   EngineOptions o;
   o.stage = 3;

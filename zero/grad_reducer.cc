@@ -298,7 +298,7 @@ comm::WorkHandle GradReducer::issue(size_t b, const Piece& piece) {
   shard_order_.before_issue(*stream_);
   // Named for the schedule check, so a rank whose reduction meets another rank's different call is
   // told which gradients it was reducing.
-  comm::CallLabel label(comm, B.unit >= 0 ? fmt::format("unit {} gradients", B.unit) : fmt::format("bucket {} gradients", b));
+  comm::CallLabel label(comm, gradient_label(b, ""));
   if (config_.deterministic) {
     Slot& s = slot(st.slot);
     const size_t replicas = comms_.replica ? static_cast<size_t>(comms_.replica->size()) : 1;
@@ -386,13 +386,21 @@ void GradReducer::finish(size_t b, const Piece& piece, comm::Work& work) {
 // local index r % L, which gathers from its L node peers the rows of every rank of its local index
 // (ZeRO++'s reordering: the rows are quantized straight into the order the all-to-all sends them).
 // It sums the L copies of each, and the second hop sends each node's sum to that node's rank.
+GradReducer::Hops GradReducer::hops(const Piece& piece) const {
+  const size_t world = static_cast<size_t>(comms_.shard->size()), local = static_cast<size_t>(comms_.node->size());
+  return {world, local, world / local, config_.quantized->segment_bytes(piece.len)};
+}
+
+std::string GradReducer::gradient_label(size_t b, const char* suffix) const {
+  const int unit = layout_.buckets()[b].unit;
+  return unit >= 0 ? fmt::format("unit {} gradients{}", unit, suffix) : fmt::format("bucket {} gradients{}", b, suffix);
+}
+
 comm::WorkHandle GradReducer::issue_quantized(size_t b, const Piece& piece) {
-  const auto& B = layout_.buckets()[b];
   const DType rd = reduce_dtype(b);
   const memory::BlockQuantization& q = *config_.quantized;
   comm::Communicator& node = *comms_.node;
-  const size_t world = static_cast<size_t>(comms_.shard->size()), local = static_cast<size_t>(node.size());
-  const size_t nodes = world / local, seg = q.segment_bytes(piece.len);
+  const auto [world, local, nodes, seg] = hops(piece);
   Slot& s = slot(buckets_[b].slot);
   s.qsend = buffers_.take(world * seg, *stream_);
   s.qrecv = buffers_.take(world * seg, *stream_);
@@ -401,17 +409,15 @@ comm::WorkHandle GradReducer::issue_quantized(size_t b, const Piece& piece) {
     device_.quantize_blocks(at(piece.cbuf, rd, r * piece.len), rd, piece.len, q, dst, nullptr, *stream_);
   }
   node_order_->before_issue(*stream_);
-  comm::CallLabel label(node, B.unit >= 0 ? fmt::format("unit {} gradients, node", B.unit)
-                                          : fmt::format("bucket {} gradients, node", b));
+  comm::CallLabel label(node, gradient_label(b, ", node"));
   return node.all_to_all(s.qsend.data(), s.qrecv.data(), nodes * seg, DType::kUInt8);
 }
 
 void GradReducer::finish_quantized(size_t b, const Piece& piece, void* chunk) {
-  const auto& B = layout_.buckets()[b];
   const DType rd = reduce_dtype(b);
   const memory::BlockQuantization& q = *config_.quantized;
-  const size_t world = static_cast<size_t>(comms_.shard->size()), local = static_cast<size_t>(comms_.node->size());
-  const size_t nodes = world / local, seg = q.segment_bytes(piece.len), len = piece.len;
+  const auto [world, local, nodes, seg] = hops(piece);
+  const size_t len = piece.len;
   Slot& s = slot(buckets_[b].slot);
   // From each node peer in rank order, the rows of this local index on every node: their sums.
   s.rows = buffers_.take(world * len * sizeof(float), *stream_);
@@ -430,8 +436,7 @@ void GradReducer::finish_quantized(size_t b, const Piece& piece, void* chunk) {
     across_order_->before_issue(*stream_);
     comm::WorkHandle w;
     {
-      comm::CallLabel label(across, B.unit >= 0 ? fmt::format("unit {} gradients, across", B.unit)
-                                                : fmt::format("bucket {} gradients, across", b));
+      comm::CallLabel label(across, gradient_label(b, ", across"));
       w = across.all_to_all(s.qsend.data(), s.qrecv.data(), seg, DType::kUInt8);
     }
     {

@@ -152,6 +152,13 @@ class GradReducer {
   // the rest (sum, quantize, all-to-all across nodes, sum into `chunk`).
   comm::WorkHandle issue_quantized(size_t b, const Piece& piece);
   void finish_quantized(size_t b, const Piece& piece, void* chunk);
+  // qgZ's shape for a piece: the shard group's ranks, a node's, the nodes, one row's quantized bytes.
+  struct Hops {
+    size_t world, local, nodes, seg;
+  };
+  Hops hops(const Piece& piece) const;
+  // "unit U gradients<suffix>" (or "bucket B ..." outside units): what the collective's errors name.
+  std::string gradient_label(size_t b, const char* suffix) const;
   // Waits for the piece's collective, finishes its sum (deterministic, replicas) and routes the
   // owned part into the accumulator (or the full buffer).
   void finish(size_t b, const Piece& piece, comm::Work& work);

@@ -1,5 +1,7 @@
 #include "adapters/libtorch/torch_engine.h"
 
+#include "adapters/libtorch/tensor_parallel_module.h"
+
 #include <ATen/ops/from_blob.h>
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/function.h>
@@ -50,6 +52,23 @@ std::optional<DType> engine_dtype(at::ScalarType t) {
   }
 }
 
+// Parameter `name`'s placement: its tensor-parallel module's, else the options', else replicated.
+// The options may restate a module's placement, not change it.
+TpPlacement placement_of(const std::string& name, const torch::Tensor& t,
+                         const std::map<const c10::TensorImpl*, TpPlacement>& module_placement,
+                         const std::function<std::optional<TpPlacement>(const std::string&, const torch::Tensor&)>& given) {
+  const std::optional<TpPlacement> option = given ? given(name, t) : std::nullopt;
+  const auto it = module_placement.find(t.unsafeGetTensorImpl());
+  if (it == module_placement.end()) return option.value_or(TpPlacement::replicated());
+  if (option && *option != it->second) {
+    ZERO_THROW(InvalidArgument,
+               "TorchEngine: parameter '{}' belongs to a tensor-parallel module that places it {}; "
+               "TorchEngineOptions.placement says {}",
+               name, describe(it->second), describe(*option));
+  }
+  return it->second;
+}
+
 }  // namespace
 
 TorchEngine::TorchEngine(Engine& engine, torch::nn::Module& model, TorchEngineOptions options)
@@ -92,6 +111,16 @@ TorchEngine::TorchEngine(Engine& engine, torch::nn::Module& model, TorchEngineOp
     units_.push_back(std::move(u));
   }
 
+  // The parameters that tensor-parallel modules place, with their placements.
+  std::map<const c10::TensorImpl*, TpPlacement> module_placement;
+  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
+    const auto* tp_module = dynamic_cast<const TensorParallelModule*>(item.value().get());
+    if (tp_module == nullptr) continue;
+    for (const auto& param : item.value()->named_parameters(/*recurse=*/false)) {
+      module_placement[param.value().unsafeGetTensorImpl()] = tp_module->tp_placement(param.key());
+    }
+  }
+
   // Each parameter in the unit of its longest covering name. A tensor registered under two names
   // (tied weights) is one parameter, under its first name.
   std::map<const c10::TensorImpl*, std::string> first_name;
@@ -126,6 +155,7 @@ TorchEngine::TorchEngine(Engine& engine, torch::nn::Module& model, TorchEngineOp
     p.name = name;
     p.tensor = t;
     p.unit = best;
+    p.tp = placement_of(name, t, module_placement, options_.placement);
     p.trainable = t.requires_grad();
     units_[static_cast<size_t>(best)].params.push_back(params_.size());
     params_.push_back(std::move(p));
@@ -145,7 +175,8 @@ TorchEngine::TorchEngine(Engine& engine, torch::nn::Module& model, TorchEngineOp
                                .data = {p.tensor.data_ptr(), static_cast<size_t>(p.tensor.numel())},
                                .unit = static_cast<int>(u),
                                .group = group,
-                               .requires_grad = p.trainable});
+                               .requires_grad = p.trainable,
+                               .tp = p.tp});
       ids_[i] = p.id;
     }
   }

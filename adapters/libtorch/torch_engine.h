@@ -59,6 +59,7 @@
 #include <torch/nn/modules/container/sequential.h>
 
 #include "zero/engine.h"
+#include "zero/tp_placement.h"
 
 namespace zero::libtorch {
 
@@ -69,6 +70,11 @@ struct TorchEngineOptions {
   // The optimizer parameter group (EngineOptions.optimizer.groups index) of each parameter;
   // unset: group 0 for all.
   std::function<int(const std::string& name, const torch::Tensor& param)> group;
+  // The tensor-parallel placement (ParamSpec::tp) of each parameter that no TensorParallelModule
+  // (adapters/libtorch/tensor_parallel.h) places itself: a LayerNorm's gains under sequence
+  // parallelism are TpPlacement::replicated_partial(). Unset, or nullopt for a parameter: replicated.
+  // A placement given for a tensor-parallel module's parameter must be the module's own.
+  std::function<std::optional<TpPlacement>(const std::string& name, const torch::Tensor& param)> placement;
 };
 
 class TorchEngine {
@@ -121,6 +127,7 @@ class TorchEngine {
     int unit = 0;
     int id = -1;
     bool trainable = true;
+    TpPlacement tp;
     std::shared_ptr<torch::autograd::Node> accumulator;  // kept alive: it carries the post hook
     uintptr_t post_hook = 0;
     unsigned pre_hook = 0;
