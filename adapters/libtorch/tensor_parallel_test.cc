@@ -174,14 +174,15 @@ TEST_CASE("the vocabulary-parallel embedding and cross-entropy equal the unsplit
   });
 }
 
-TEST_CASE("TorchEngine trains a tensor-parallel block at tp 2 as the unsplit block on one rank") {
+TEST_CASE("TorchEngine trains a LayerNorm and a tensor-parallel block at tp 2, with and without sequence "
+          "parallelism, as the unsplit model on one rank") {
   constexpr int kSteps = 3;
   auto options = [](int stage) {
     EngineOptions o;
     o.stage = stage;
     o.optimizer.kind = optim::OptimizerKind::kAdamW;
     o.optimizer.groups = {optim::Hyper{.lr = 1e-2f, .weight_decay = 0.01f}};
-    o.max_grad_norm = 0.5f;  // engaged: the norm must count each split part once, the bias once
+    o.max_grad_norm = 0.5f;  // engaged: the norm must count each split part once, the replicated once
     o.timeout = std::chrono::seconds(60);
     return o;
   };
@@ -190,20 +191,22 @@ TEST_CASE("TorchEngine trains a tensor-parallel block at tp 2 as the unsplit blo
     torch::Tensor w = torch::cos(torch::arange(kBatch * kSeq * kOut, torch::kFloat).reshape({kBatch, kSeq, kOut}) * 0.7 - step);
     return std::pair{x, w};
   };
+  const TorchEngineOptions units{.units = {"0", "1", "3"}};
   for (int stage : {0, 3}) {
     CAPTURE(stage);
-    // The unsplit block on one rank.
+    // The unsplit model on one rank.
     std::vector<torch::Tensor> ref;
     testing::run_thread_ranks(1, [&](comm::Communicator& world) {
       torch::nn::Sequential model;
       {
         std::lock_guard<std::mutex> lock(generator_mutex());
         torch::manual_seed(21);
-        model = torch::nn::Sequential(torch::nn::Linear(kIn, kHidden), torch::nn::Functional(gelu),
+        model = torch::nn::Sequential(torch::nn::LayerNorm(torch::nn::LayerNormOptions({kIn})),
+                                      torch::nn::Linear(kIn, kHidden), torch::nn::Functional(gelu),
                                       torch::nn::Linear(kHidden, kOut));
       }
       Engine engine(world, options(stage));
-      TorchEngine zt(engine, *model, {.units = {"0", "2"}});
+      TorchEngine zt(engine, *model, units);
       zt.finalize();
       for (int step = 0; step < kSteps; ++step) {
         const auto [x, w] = batch(step);
@@ -212,31 +215,45 @@ TEST_CASE("TorchEngine trains a tensor-parallel block at tp 2 as the unsplit blo
       }
       for (auto& [name, t] : zt.full_parameters()) ref.push_back(t);
     });
-    testing::run_thread_ranks(kTp, [&](comm::Communicator& world) {
-      comm::Mesh mesh(world, comm::MeshShape{.pp = 1, .dp = 1, .tp = kTp});
-      torch::nn::Sequential model;
-      {
-        std::lock_guard<std::mutex> lock(generator_mutex());
-        torch::manual_seed(21);
-        model = torch::nn::Sequential(ColumnParallelLinear(kIn, kHidden, mesh.tp()), torch::nn::Functional(gelu),
-                                      RowParallelLinear(kHidden, kOut, mesh.tp()));
-      }
-      Engine engine(parallel::engine_comms(mesh), options(stage));
-      TorchEngine zt(engine, *model, {.units = {"0", "2"}});
-      zt.finalize();
-      for (int step = 0; step < kSteps; ++step) {
-        const auto [x, w] = batch(step);
-        zt.backward((zt.forward(model, x) * w).sum());
-        zt.step();
-      }
-      const auto params = zt.full_parameters();  // this rank's parts
-      REQUIRE(params.size() == 4);
-      const int r = mesh.coord().tp;
-      CHECK(close(params[0].second, slice(ref[0], r, 0)));  // 0.weight: rows
-      CHECK(close(params[1].second, slice(ref[1], r, 0)));  // 0.bias
-      CHECK(close(params[2].second, slice(ref[2], r, 1)));  // 2.weight: columns
-      CHECK(close(params[3].second, ref[3]));               // 2.bias: whole
-    });
+    for (bool sp : {false, true}) {
+      CAPTURE(sp);
+      testing::run_thread_ranks(kTp, [&](comm::Communicator& world) {
+        comm::Mesh mesh(world, comm::MeshShape{.pp = 1, .dp = 1, .tp = kTp});
+        const int r = mesh.coord().tp;
+        const ParallelLinearOptions o{.sequence_parallel = sp};
+        torch::nn::Sequential model;
+        {
+          std::lock_guard<std::mutex> lock(generator_mutex());
+          torch::manual_seed(21);
+          model = torch::nn::Sequential(torch::nn::LayerNorm(torch::nn::LayerNormOptions({kIn})),
+                                        ColumnParallelLinear(kIn, kHidden, mesh.tp(), o), torch::nn::Functional(gelu),
+                                        RowParallelLinear(kHidden, kOut, mesh.tp(), o));
+        }
+        Engine engine(parallel::engine_comms(mesh), options(stage));
+        TorchEngineOptions placed = units;
+        // Under sequence parallelism the LayerNorm sees this rank's rows only: its gradients are partial.
+        placed.placement = [&](const std::string& name, const torch::Tensor&) -> std::optional<TpPlacement> {
+          if (sp && name.rfind("0.", 0) == 0) return TpPlacement::replicated_partial();
+          return std::nullopt;
+        };
+        TorchEngine zt(engine, *model, placed);
+        zt.finalize();
+        for (int step = 0; step < kSteps; ++step) {
+          auto [x, w] = batch(step);
+          if (sp) x = slice(x, r, 1), w = slice(w, r, 1);
+          zt.backward((zt.forward(model, x) * w).sum());
+          zt.step();
+        }
+        const auto params = zt.full_parameters();  // this rank's parts
+        REQUIRE(params.size() == 6);
+        CHECK(close(params[0].second, ref[0]));               // 0.weight: LayerNorm gains, whole
+        CHECK(close(params[1].second, ref[1]));               // 0.bias
+        CHECK(close(params[2].second, slice(ref[2], r, 0)));  // 1.weight: rows
+        CHECK(close(params[3].second, slice(ref[3], r, 0)));  // 1.bias
+        CHECK(close(params[4].second, slice(ref[4], r, 1)));  // 3.weight: columns
+        CHECK(close(params[5].second, ref[5]));               // 3.bias: whole
+      });
+    }
   }
 }
 
