@@ -14,10 +14,13 @@ namespace zero {
 ShardedUpdate::ShardedUpdate(UpdateConfig config, const ShardLayout& layout, const ShardOwnership& ownership,
                              comm::Communicator& shard_comm, memory::Device& device,
                              std::unique_ptr<UpdateApplier> applier, ParamWriteback& writeback,
-                             std::vector<std::unique_ptr<PartialGradSum>> partial_sums)
+                             std::vector<std::unique_ptr<PartialGradSum>> partial_sums,
+                             std::vector<std::unique_ptr<CopiedGradCheck>> copied_checks)
     : config_(std::move(config)), layout_(layout), ownership_(ownership), comm_(shard_comm), device_(device),
       writeback_(writeback), order_(device, shard_comm, config_.timeout), applier_(std::move(applier)),
-      sums_ready_(device.create_event()), partial_sums_(std::move(partial_sums)) {
+      sums_ready_(device.create_event()), partial_sums_(std::move(partial_sums)),
+      copied_checks_(std::move(copied_checks)) {
+  ZERO_CHECK(config_.check_copies || copied_checks_.empty(), "copied gradients' checks without UpdateConfig.check_copies");
   const size_t block = layout_.options().block;
   for (size_t b = 0; b < layout_.buckets().size(); ++b) owned_blocks_ += ownership_.range(b).len / block;
   const size_t world = ownership_.is_replicated() ? 1 : static_cast<size_t>(comm_.size());
@@ -58,6 +61,50 @@ ShardedUpdate::ShardedUpdate(UpdateConfig config, const ShardLayout& layout, con
   units_ = static_cast<size_t>(units);
   mp_total_ = device_.allocate_elements(static_cast<int64_t>(units_), DType::kFloat64, cat);
   mp_host_ = device_.allocate_host_staging(units_ * sizeof(double), cat);
+  if (config_.check_copies) {
+    verdict_ = device_.allocate_elements(1, DType::kFloat32, cat);
+    verdict_host_ = device_.allocate_host_staging(sizeof(float), cat);
+  }
+}
+
+void ShardedUpdate::check_copies(const GradReducer& grads) {
+  if (!device_.holds_values()) return;  // a plan: no values to compare, on every rank alike
+  CopiedGradCheck::Verdict mine;
+  const CopiedGradCheck* where = nullptr;
+  for (const auto& check : copied_checks_) {
+    CopiedGradCheck::Verdict v = check->run([&](size_t b) { return grads.reduced(b).ptr; });
+    if (v.difference > mine.difference) mine = std::move(v), where = check.get();
+  }
+  // Every rank learns the largest difference any rank found: the ranks holding other pieces (other
+  // data-parallel coordinates, other pipeline stages) must stop too, not wait in the next collective.
+  memory::Stream& compute = device_.compute_stream();
+  float* agreed = verdict_host_.as<float>();
+  *agreed = mine.difference;
+  device_.copy(verdict_.data(), agreed, sizeof(float), compute);
+  if (comm_.size() > 1) {
+    order_.before_issue(compute);
+    order_.after(*comm_.all_reduce(verdict_.data(), 1, DType::kFloat32, comm::ReduceOp::kMax), compute);
+  }
+  if (mp_order_) {
+    mp_order_->before_issue(compute);
+    mp_order_->after(*config_.model_parallel->all_reduce(verdict_.data(), 1, DType::kFloat32, comm::ReduceOp::kMax),
+                     compute);
+  }
+  device_.copy(agreed, verdict_.data(), sizeof(float), compute);
+  device_.synchronize(compute, config_.timeout);
+  if (!(*agreed > CopiedGradCheck::kTolerance)) return;
+  if (where != nullptr && mine.difference > CopiedGradCheck::kTolerance) {
+    ZERO_THROW(InvalidArgument,
+               "parameter '{}' is held whole on every rank of its {} group, but its gradient differs across them at "
+               "the first step (by {:.3g} of its largest value): a parameter whose backward sees only this rank's part "
+               "of the input (a LayerNorm or a bias under sequence parallelism) is TpPlacement::replicated_partial(); "
+               "one split across the group is TpPlacement::split(dim)",
+               mine.name, where->what(), mine.difference);
+  }
+  ZERO_THROW(InvalidArgument,
+             "a parameter held whole on every rank of a model-parallel group has gradients that differ across it at the "
+             "first step (by {:.3g} of its largest value); the error on the ranks that hold it names it",
+             *agreed);
 }
 
 double ShardedUpdate::add_over_model_parallel() {
@@ -138,6 +185,10 @@ StepResult ShardedUpdate::step(const GradReducer& grads, float loss_scale, doubl
   r.step = steps_taken;
   // The reduced gradients are the update's to finish: the partial parts are summed in place.
   for (const auto& sum : partial_sums_) sum->run([&](size_t b) { return const_cast<void*>(grads.reduced(b).ptr); });
+  if (config_.check_copies && !copies_checked_) {
+    copies_checked_ = true;
+    check_copies(grads);
+  }
   const double total = global_sum_of_squares(grads);
   const bool found_inf = !std::isfinite(total);
   const double unscale = 1.0 / (static_cast<double>(loss_scale) * divisor);

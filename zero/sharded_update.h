@@ -3,6 +3,7 @@
 //
 //   0. the gradients that are partial sums over a finalizer's group (tensor parallelism's layer
 //      norms under sequence parallelism) completed (PartialGradSum), before anything reads them;
+//      at the first step, the copies' gradients checked equal over their groups (CopiedGradCheck);
 //   1. the global gradient norm: sums of squares per block of the flat space, each rank computing
 //      the blocks it owns, gathered and added in global block order, so the norm has the same bits
 //      at every stage and world size (see ShardLayout);
@@ -22,6 +23,7 @@
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "zero/collective_order.h"
+#include "zero/copied_grad_check.h"
 #include "zero/grad_reducer.h"
 #include "zero/param_writeback.h"
 #include "zero/partial_grad_sum.h"
@@ -52,6 +54,10 @@ struct UpdateConfig {
     bool counted = true;
   };
   std::vector<BlockRun> runs;
+  // At the first step, the copied parameters' gradients compared over their groups
+  // (zero/copied_grad_check.h) and the verdict agreed over the shard group and `model_parallel`:
+  // set on every rank alike (a finalizer's group of more than one rank that shares the registration).
+  bool check_copies = false;
 };
 
 class ShardedUpdate {
@@ -60,7 +66,8 @@ class ShardedUpdate {
   // per-block lists are turned into runs_ and not kept (pass it moved: they are a value per block).
   ShardedUpdate(UpdateConfig config, const ShardLayout& layout, const ShardOwnership& ownership,
                 comm::Communicator& shard_comm, memory::Device& device, std::unique_ptr<UpdateApplier> applier,
-                ParamWriteback& writeback, std::vector<std::unique_ptr<PartialGradSum>> partial_sums = {});
+                ParamWriteback& writeback, std::vector<std::unique_ptr<PartialGradSum>> partial_sums = {},
+                std::vector<std::unique_ptr<CopiedGradCheck>> copied_checks = {});
 
   // Steps with the reduced gradients. `divisor` turns reduced sums into means (ranks x micro-steps)
   // and `loss_scale` is the scale the loss carried; with a scaler, an overflow skips the step. On
@@ -74,6 +81,9 @@ class ShardedUpdate {
  private:
   double global_sum_of_squares(const GradReducer& grads);
   double add_over_model_parallel();
+  // Throws InvalidArgument on every rank when a copied parameter's gradient differs across its group
+  // on any rank (naming it where this rank found it).
+  void check_copies(const GradReducer& grads);
 
   UpdateConfig config_;  // without its per-block lists (runs_ holds them)
   const ShardLayout& layout_;
@@ -89,6 +99,9 @@ class ShardedUpdate {
   std::unique_ptr<memory::Event> sums_ready_;
   size_t owned_blocks_ = 0;
   std::vector<std::unique_ptr<PartialGradSum>> partial_sums_;
+  std::vector<std::unique_ptr<CopiedGradCheck>> copied_checks_;
+  bool copies_checked_ = false;
+  memory::Buffer verdict_, verdict_host_;  // the largest difference found, agreed over the ranks
   std::unique_ptr<CollectiveOrder> mp_order_;             // with tensor or pipeline parallelism
   memory::Buffer mp_total_, mp_host_;                     // the per-unit sums of squares, added over mp
   size_t units_ = 1;                                      // unit ids below this, on every mp rank

@@ -391,6 +391,25 @@ EngineParts wire_stage(const PolicyInputs& in) {
     }
     if (!partial.empty()) partial_sums.push_back(std::make_unique<PartialGradSum>(device, *f->group(), partial, o.timeout));
   }
+  // The copies' gradient checks, over each group of more than one rank that shares the registration.
+  std::vector<std::unique_ptr<CopiedGradCheck>> copied_checks;
+  for (const auto& f : finalizers) {
+    if (!f->same_registration() || f->group()->size() == 1) continue;
+    uc.check_copies = true;
+    std::vector<CopiedGradCheck::Piece> copied;
+    for (const OwnedPiece& piece : parts.ownership->pieces()) {
+      const ParamSpec& p = reg.param(in.tensor_param[piece.tensor]);
+      if (!f->copies(p)) continue;
+      copied.push_back({.bucket = piece.bucket,
+                        .offset = piece.opt_offset - parts.ownership->range(piece.bucket).opt_begin,
+                        .len = piece.tensor_end - piece.tensor_begin,
+                        .dtype = parts.reducer->reduced_dtype(piece.bucket),
+                        .name = p.name});
+    }
+    if (!copied.empty()) {
+      copied_checks.push_back(std::make_unique<CopiedGradCheck>(device, *f->group(), f->name(), std::move(copied), o.timeout));
+    }
+  }
   uc.model_parallel = in.norm_group;
   // The blocks' units (the norm's per-unit sums) and, with classes, whether this rank counts them,
   // as runs over the tensors in flat order; the padding between them is unit 0 and counted. A
@@ -411,7 +430,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
     next = std::max(next, end);
   }
   parts.update = std::make_unique<ShardedUpdate>(std::move(uc), layout, *parts.ownership, *in.shard, device, std::move(applier),
-                                                 *parts.writeback, std::move(partial_sums));
+                                                 *parts.writeback, std::move(partial_sums), std::move(copied_checks));
   const ShardOptimizer& opt = parts.update->optimizer();
   parts.formula.state_bytes = opt.state_bytes_per_element();
   // Last: the shard and the master above were read from the registered storage.

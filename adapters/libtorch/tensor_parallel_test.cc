@@ -257,6 +257,35 @@ TEST_CASE("TorchEngine trains a LayerNorm and a tensor-parallel block at tp 2, w
   }
 }
 
+TEST_CASE("a LayerNorm under sequence parallelism left replicated is refused at the first step, naming it") {
+  testing::run_thread_ranks(kTp, [&](comm::Communicator& world) {
+    comm::Mesh mesh(world, comm::MeshShape{.pp = 1, .dp = 1, .tp = kTp});
+    const ParallelLinearOptions o{.sequence_parallel = true};
+    torch::nn::Sequential model;
+    {
+      std::lock_guard<std::mutex> lock(generator_mutex());
+      torch::manual_seed(21);
+      model = torch::nn::Sequential(torch::nn::LayerNorm(torch::nn::LayerNormOptions({kIn})),
+                                    ColumnParallelLinear(kIn, kHidden, mesh.tp(), o),
+                                    RowParallelLinear(kHidden, kOut, mesh.tp(), o));
+    }
+    Engine engine(parallel::engine_comms(mesh), EngineOptions{});
+    TorchEngine zt(engine, *model, {.units = {"0", "1", "2"}});  // no placement for the LayerNorm
+    zt.finalize();
+    const torch::Tensor x = torch::sin(torch::arange(kBatch * kSeq * kIn, torch::kFloat).reshape({kBatch, kSeq, kIn}));
+    zt.backward(zt.forward(model, slice(x, mesh.coord().tp, 1)).square().sum());
+    try {
+      zt.step();
+      FAIL("stepped with the LayerNorm's partial gradients");
+    } catch (const InvalidArgument& e) {
+      const std::string m = e.what();
+      CHECK((m.find("parameter '0.weight'") == 0 || m.find("parameter '0.bias'") == 0));
+      CHECK(m.find("is held whole on every rank of its tensor-parallel group, but its gradient differs across them at "
+                   "the first step") != std::string::npos);
+    }
+  });
+}
+
 TEST_CASE("sizes tp does not divide, tokens outside the vocabulary and a contradicted placement are named") {
   testing::run_thread_ranks(kTp, [&](comm::Communicator& tp) {
     CHECK_THROWS_WITH_AS(ColumnParallelLinear(4, 7, tp), "ColumnParallelLinear: out_features = 7 must be a positive multiple of tp = 2",

@@ -12,6 +12,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -126,7 +127,7 @@ struct Checkpointing {
 // Trains on `comms` with this rank's parts (tp rank `r` of `tp`); partial gradients are split as
 // g / tp on each tp rank (exact for tp a power of two).
 Run train(const EngineComms& comms, const EngineOptions& options, int r, int tp, bool skew_replicated = false,
-          const Checkpointing& ck = {}) {
+          const Checkpointing& ck = {}, bool forget_partial = false) {
   memory::MemoryTracker tracker;
   std::unique_ptr<memory::Device> device = memory::make_host_device(tracker, {});
   EngineComms c = comms;
@@ -144,7 +145,10 @@ Run train(const EngineComms& comms, const EngineOptions& options, int r, int tp,
     run.params.push_back(std::move(part));
     ids.push_back(engine.add_param({.name = d.name, .shape = ls, .dtype = DType::kFloat32,
                                     .data = {run.params.back().data(), run.params.back().size()}, .unit = d.unit,
-                                    .group = d.group, .tp = d.tp}));
+                                    .group = d.group,
+                                    // forget_partial: a partial-gradient tensor registered plainly
+                                    // replicated, the mistake the first step must catch
+                                    .tp = forget_partial && d.tp.partial_grad ? TpPlacement::replicated() : d.tp}));
   }
   engine.finalize();
   if (!ck.load.empty()) {
@@ -161,7 +165,11 @@ Run train(const EngineComms& comms, const EngineOptions& options, int r, int tp,
         std::vector<float> part(run.params[t].size());
         shard(full.data(), d.shape, d.tp, r, tp, part.data());
         if (d.tp.partial_grad) {
-          for (float& x : part) x /= static_cast<float>(tp);
+          if (forget_partial && tp == 2) {  // unequal parts (3:1), as sequence parallelism's tokens give
+            for (float& x : part) x *= r == 0 ? 0.75f : 0.25f;
+          } else {
+            for (float& x : part) x /= static_cast<float>(tp);
+          }
         }
         float* g = scope.grad_as<float>(ids[t]);
         for (size_t e = 0; e < part.size(); ++e) g[e] += part[e];
@@ -399,6 +407,36 @@ TEST_CASE("replicated parameters whose values differ across tp are refused at fi
                                            "rank 0 holds values of digest"),
                          InvalidArgument);
   });
+}
+
+TEST_CASE("a partial gradient registered replicated is refused at the first step on every rank, naming it where held") {
+  // dp 2 x tp 2 at stage 2: the norm's pieces are owned by one data-parallel coordinate, so the other
+  // learns of it through the agreement; at stage 0 every rank holds them.
+  for (int stage : {0, 2}) {
+    CAPTURE(stage);
+    std::atomic<int> named{0}, told{0};
+    testing::run_thread_ranks(4, [&](comm::Communicator& world) {
+      comm::Mesh mesh(world, comm::MeshShape{.pp = 1, .dp = 2, .tp = 2});
+      try {
+        train(parallel::engine_comms(mesh), options(stage), mesh.coord().tp, 2, false, {}, /*forget_partial=*/true);
+        FAIL("trained with a partial gradient registered replicated");
+      } catch (const InvalidArgument& e) {
+        const std::string m = e.what();
+        if (m.find("is held whole on every rank of its tensor-parallel group, but its gradient differs across them at "
+                   "the first step") != std::string::npos) {
+          CHECK((m.find("parameter 'fc.norm'") != std::string::npos || m.find("parameter 'ln.") != std::string::npos));
+          CHECK(m.find("TpPlacement::replicated_partial()") != std::string::npos);
+          ++named;
+        } else {
+          CHECK(m.find("the error on the ranks that hold it names it") != std::string::npos);
+          ++told;
+        }
+      }
+    });
+    CHECK(named + told == 4);
+    CHECK(named >= 2);  // at least one tp pair holds a piece
+    if (stage == 0) CHECK(named == 4);
+  }
 }
 
 TEST_CASE("split placements without tensor parallelism's finalizer are refused at finalize, naming the parameter") {
