@@ -127,7 +127,7 @@ build_deb "$root" zero "$depends" \
 if [[ $libtorch == yes ]]; then
   root=$work/zero-libtorch
   install_library "$bin/adapters/libtorch/libzero_torch.so" "$root" libzero_torch
-  for h in torch_engine.h tensor_parallel.h tensor_parallel_module.h; do
+  for h in torch_engine.h tensor_parallel.h tensor_parallel_module.h torch_pipeline.h; do
     install -D -m 644 "adapters/libtorch/$h" "$root/usr/include/zero/adapters/libtorch/$h"
   done
   fill tools/package/zero-libtorch.cmake.in "$root/$libdir/cmake/zero/zero-libtorch.cmake"

@@ -1,6 +1,6 @@
 #include "adapters/libtorch/torch_engine.h"
 
-#include "adapters/libtorch/tensor_parallel_module.h"
+#include "adapters/libtorch/module_params.h"
 
 #include <ATen/ops/from_blob.h>
 #include <c10/core/StorageImpl.h>
@@ -32,41 +32,6 @@ std::string join(const std::vector<std::string>& names) {
   std::string s;
   for (const std::string& n : names) s += (s.empty() ? "'" : ", '") + n + "'";
   return s.empty() ? "none" : s;
-}
-
-c10::StorageImpl& storage_of(const torch::Tensor& t) { return *t.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl(); }
-
-// A non-owning view of the engine's memory with `like`'s shape and dtype.
-torch::Tensor view_of(void* ptr, const torch::Tensor& like) {
-  return at::from_blob(ptr, like.sizes(), at::TensorOptions().dtype(like.scalar_type()).device(at::kCPU));
-}
-
-// The engine's dtype of a parameter's scalar type: fp32, bf16 or fp16 (each parameter its own: a
-// module kept in fp32 beside bf16 ones), or none.
-std::optional<DType> engine_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return DType::kFloat32;
-    case at::kBFloat16: return DType::kBFloat16;
-    case at::kHalf: return DType::kFloat16;
-    default: return std::nullopt;
-  }
-}
-
-// Parameter `name`'s placement: its tensor-parallel module's, else the options', else replicated.
-// The options may restate a module's placement, not change it.
-TpPlacement placement_of(const std::string& name, const torch::Tensor& t,
-                         const std::map<const c10::TensorImpl*, TpPlacement>& module_placement,
-                         const std::function<std::optional<TpPlacement>(const std::string&, const torch::Tensor&)>& given) {
-  const std::optional<TpPlacement> option = given ? given(name, t) : std::nullopt;
-  const auto it = module_placement.find(t.unsafeGetTensorImpl());
-  if (it == module_placement.end()) return option.value_or(TpPlacement::replicated());
-  if (option && *option != it->second) {
-    ZERO_THROW(InvalidArgument,
-               "TorchEngine: parameter '{}' belongs to a tensor-parallel module that places it {}; "
-               "TorchEngineOptions.placement says {}",
-               name, describe(it->second), describe(*option));
-  }
-  return it->second;
 }
 
 }  // namespace
@@ -111,15 +76,7 @@ TorchEngine::TorchEngine(Engine& engine, torch::nn::Module& model, TorchEngineOp
     units_.push_back(std::move(u));
   }
 
-  // The parameters that tensor-parallel modules place, with their placements.
-  std::map<const c10::TensorImpl*, TpPlacement> module_placement;
-  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
-    const auto* tp_module = dynamic_cast<const TensorParallelModule*>(item.value().get());
-    if (tp_module == nullptr) continue;
-    for (const auto& param : item.value()->named_parameters(/*recurse=*/false)) {
-      module_placement[param.value().unsafeGetTensorImpl()] = tp_module->tp_placement(param.key());
-    }
-  }
+  const ModulePlacements module_placement = module_placements(model);
 
   // Each parameter in the unit of its longest covering name. A tensor registered under two names
   // (tied weights) is one parameter, under its first name.
@@ -128,19 +85,7 @@ TorchEngine::TorchEngine(Engine& engine, torch::nn::Module& model, TorchEngineOp
     const std::string& name = item.key();
     const torch::Tensor& t = item.value();
     if (!first_name.emplace(t.unsafeGetTensorImpl(), name).second) continue;
-    if (!engine_dtype(t.scalar_type()) || !t.device().is_cpu() || !t.is_contiguous()) {
-      ZERO_THROW(InvalidArgument,
-                 "TorchEngine: parameter '{}' is {} on {}{}: the adapter takes CPU contiguous tensors of float, bfloat16 "
-                 "or half",
-                 name, c10::toString(t.scalar_type()), t.device().str(), t.is_contiguous() ? "" : ", not contiguous");
-    }
-    if (stage3 && t.requires_grad() &&
-        (t.storage_offset() != 0 || storage_of(t).nbytes() != static_cast<size_t>(t.numel() * t.element_size()))) {
-      ZERO_THROW(InvalidArgument,
-                 "TorchEngine: parameter '{}' shares its storage with other tensors (offset {}, {} bytes for {} "
-                 "elements); stage 3 points each parameter's storage at its gathered copy, so each needs its own",
-                 name, t.storage_offset(), storage_of(t).nbytes(), t.numel());
-    }
+    check_registrable("TorchEngine", name, t, stage3);
     int best = -1;
     for (size_t u = 0; u < units_.size(); ++u) {
       if (covers(units_[u].name, name) && (best < 0 || units_[u].name.size() > units_[static_cast<size_t>(best)].name.size())) {
@@ -236,7 +181,7 @@ void TorchEngine::finalize() {
     sharded_params_ = true;
     for (Param& p : params_) {
       // Frozen parameters stay resident in their own storage at every stage.
-      if (p.trainable) storage_of(p.tensor).set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
+      if (p.trainable) libtorch::point_storage(p.tensor, nullptr);
     }
   }
   finalized_ = true;
@@ -247,7 +192,7 @@ void TorchEngine::point_storage(int unit, UnitScope* scope) {
     Param& p = params_[i];
     if (!p.trainable) continue;
     void* ptr = scope != nullptr ? scope->param(p.id) : nullptr;
-    storage_of(p.tensor).set_data_ptr_noswap(c10::DataPtr(ptr, c10::Device(c10::kCPU)));
+    libtorch::point_storage(p.tensor, ptr);
   }
 }
 
