@@ -3,17 +3,7 @@
 // and without sequence parallelism; the vocabulary-parallel embedding and cross-entropy; training
 // through TorchEngine at tp 2 (placements from the modules) against the unsplit model on one rank;
 // and the errors that name a size, a token or a parameter.
-// LibTorch first: Debian's c10 includes glog, whose CHECK macros would replace doctest's.
-#include <torch/torch.h>
-#undef CHECK
-#undef CHECK_EQ
-#undef CHECK_NE
-#undef CHECK_LT
-#undef CHECK_LE
-#undef CHECK_GT
-#undef CHECK_GE
-
-#include <doctest/doctest.h>
+#include "adapters/libtorch/torch_doctest.h"
 
 #include <mutex>
 #include <string>
@@ -30,15 +20,10 @@
 namespace zero::libtorch {
 namespace {
 
+using testing::generator_mutex;
+
 constexpr int kTp = 2;
 constexpr int64_t kBatch = 2, kSeq = 4, kIn = 6, kHidden = 8, kOut = 5;
-
-// LibTorch's default generator is one for the process: ranks as threads build their modules (and
-// the reference) one at a time, each from the same seed.
-std::mutex& generator_mutex() {
-  static std::mutex mu;
-  return mu;
-}
 
 bool close(const torch::Tensor& a, const torch::Tensor& b, double rtol = 1e-5, double atol = 1e-6) {
   return a.sizes() == b.sizes() && torch::allclose(a, b, rtol, atol);

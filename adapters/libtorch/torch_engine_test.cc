@@ -4,17 +4,7 @@
 // own parameter through a detached view after all of its gradients have accumulated (so at stage 3
 // its backward scope must stay open until its input's gradient is done). Also the errors that name
 // a parameter or a unit. The multi-process run of the example is //examples/libtorch:train_torch_test.
-// LibTorch first: Debian's c10 includes glog, whose CHECK macros would replace doctest's.
-#include <torch/torch.h>
-#undef CHECK
-#undef CHECK_EQ
-#undef CHECK_NE
-#undef CHECK_LT
-#undef CHECK_LE
-#undef CHECK_GT
-#undef CHECK_GE
-
-#include <doctest/doctest.h>
+#include "adapters/libtorch/torch_doctest.h"
 
 #include <cmath>
 #include <functional>

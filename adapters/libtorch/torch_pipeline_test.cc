@@ -4,17 +4,7 @@
 // backward), at ZeRO stages 0-3 (ZB-H1 at 0-2: refused at 3, by name), at pp 2 and dp 2 x pp 2,
 // with tensor-parallel blocks at dp 1 x tp 2 x pp 2, and with activation recompute; the trained
 // model's forward-only loss.
-// LibTorch first: Debian's c10 includes glog, whose CHECK macros would replace doctest's.
-#include <torch/torch.h>
-#undef CHECK
-#undef CHECK_EQ
-#undef CHECK_NE
-#undef CHECK_LT
-#undef CHECK_LE
-#undef CHECK_GT
-#undef CHECK_GE
-
-#include <doctest/doctest.h>
+#include "adapters/libtorch/torch_doctest.h"
 
 #include <map>
 #include <mutex>
@@ -34,6 +24,8 @@
 
 namespace zero::libtorch {
 namespace {
+
+using testing::generator_mutex;
 
 constexpr int64_t kDim = 8, kHidden = 16;
 constexpr int kLayers = 4, kBatch = 16, kMicro = 4, kSteps = 3;
@@ -68,12 +60,8 @@ struct SplitBlockImpl : torch::nn::Module, CountedForwards {
 };
 TORCH_MODULE(SplitBlock);
 
-// LibTorch's default generator is one for the process: layers are built one at a time, layer l
-// from seed 100 + l, so every rank (and the reference) draws the same values for it.
-std::mutex& generator_mutex() {
-  static std::mutex mu;
-  return mu;
-}
+// Layer l built from seed 100 + l, one at a time: every rank (and the reference) draws the same
+// values for it.
 template <typename Make>
 auto seeded(int layer, Make make) {
   std::lock_guard<std::mutex> lock(generator_mutex());
