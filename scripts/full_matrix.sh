@@ -9,3 +9,7 @@ cd "$(dirname "$0")/.."
 targets=(//tests:gpt_reference_test //tests:compose_dp2_pp2_test //tests:compose_dp2_tp2_test
          //tests:compose_dp2_tp2_pp2_test)
 bazel test --test_env=ZERO_FULL_MATRIX=1 --test_summary=short "$@" -- "${targets[@]}"
+# The LibTorch GPT against Python PyTorch, where libtorch-dev is installed (its own configuration).
+if [[ -f /usr/include/torch/csrc/api/include/torch/torch.h ]]; then
+  bazel test --config=libtorch --test_env=ZERO_FULL_MATRIX=1 --test_summary=short "$@" -- //examples/libtorch:torch_gpt_test
+fi
