@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -84,7 +85,14 @@ struct Run {
   int tp_rank = 0;
 };
 
-Run train(comm::Communicator& world, const comm::MeshShape& shape, int stage, const std::string& schedule) {
+// Steps [first, last) of the run; from the checkpoint in `load` when given, saved into `save` after.
+struct Checkpointing {
+  int first = 0, last = kSteps;
+  std::string load, save;
+};
+
+Run train(comm::Communicator& world, const comm::MeshShape& shape, int stage, const std::string& schedule,
+          const Checkpointing& ck = {}) {
   comm::Mesh mesh(world, shape);
   Engine engine(parallel::engine_comms(mesh), options(stage));
   const int chunks = schedule == "interleaved" ? 2 : 1;
@@ -115,11 +123,13 @@ Run train(comm::Communicator& world, const comm::MeshShape& shape, int stage, co
        .loss = [&](const parallel::StageCall& c, const torch::Tensor& out) { return gpt_loss(kConfig, mesh.tp(), out, samples(y, c)); },
        .activation_shape = [](int, int n) { return std::vector<int64_t>{n, kConfig.block_size, kConfig.n_embd}; }});
   stages.finalize();
+  if (!ck.load.empty()) engine.load(ck.load);
   Run r;
-  for (int step = 0; step < kSteps; ++step) {
+  for (int step = ck.first; step < ck.last; ++step) {
     r.losses.push_back(pipe.train_step(kBatch / shape.dp, engine.loss_scale()).loss);
     engine.step();
   }
+  if (!ck.save.empty()) engine.save(ck.save);
   r.evaluated = pipe.evaluate(kBatch / shape.dp).loss;
   r.params = stages.parameters();
   r.tp_rank = mesh.coord().tp;
@@ -194,6 +204,34 @@ TEST_CASE("the LibTorch GPT trains at (dp, tp, pp) layouts as Python PyTorch doe
       check_final(got, c.shape.tp);
     });
   }
+}
+
+TEST_CASE("a checkpoint of the LibTorch GPT saved at one layout resumes at others as the uninterrupted run") {
+  const std::vector<float> want = reference().at("losses").get<std::vector<float>>();
+  const std::string dir = (std::filesystem::temp_directory_path() / "torch_gpt_test_checkpoint").string();
+  std::filesystem::remove_all(dir);
+  // Steps 1-2 at (2,2,2) stage 1 under 1F1B, saved.
+  testing::run_thread_ranks(8, [&](comm::Communicator& world) {
+    const Run got = train(world, {.pp = 2, .dp = 2, .tp = 2}, 1, "1f1b", {.first = 0, .last = 2, .save = dir});
+    for (size_t s = 0; s < got.losses.size(); ++s) CHECK(got.losses[s] == doctest::Approx(want[s]).epsilon(1e-5));
+  });
+  // Steps 3-4 from it at other layouts, stages and schedules: the reference's losses and parameters.
+  const std::vector<Layout> resumed = {{{.pp = 1, .dp = 4, .tp = 1}, 3, "1f1b"},
+                                       {{.pp = 2, .dp = 1, .tp = 2}, 2, "interleaved"},
+                                       {{.pp = 1, .dp = 1, .tp = 1}, 0, "1f1b"}};
+  for (const Layout& c : resumed) {
+    CAPTURE(c.shape.dp);
+    CAPTURE(c.shape.tp);
+    CAPTURE(c.shape.pp);
+    CAPTURE(c.stage);
+    testing::run_thread_ranks(c.shape.dp * c.shape.tp * c.shape.pp, [&](comm::Communicator& world) {
+      const Run got = train(world, c.shape, c.stage, c.schedule, {.first = 2, .last = kSteps, .load = dir});
+      REQUIRE(got.losses.size() == 2);
+      for (size_t s = 0; s < 2; ++s) CHECK(got.losses[s] == doctest::Approx(want[2 + s]).epsilon(1e-5));
+      check_final(got, c.shape.tp);
+    });
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("heads that tp does not divide are refused by name") {
