@@ -4,7 +4,7 @@
 #include <torch/nn/functional/linear.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 #include <cstring>
 #include <vector>

@@ -1,7 +1,8 @@
 #include "adapters/libtorch/torch_pipeline.h"
 
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/utils.h>
 
 #include <any>
 #include <cstring>
