@@ -1,17 +1,20 @@
 #pragma once
-// CopiedGradCheck: at the first step, whether the gradients of the parameters that every rank of a
-// finalizer's group holds whole (zero/grad_finalizer.h: "copies"; under tensor parallelism the
-// replicated parameters) are the same on every rank of the group, as they must be for the copies to
-// stay one tensor. The wiring it catches trains silently wrong otherwise: a LayerNorm under sequence
-// parallelism registered replicated instead of TpPlacement::replicated_partial() sees only this
-// rank's tokens, so each rank steps its copy by its own part of the gradient and the copies drift
-// apart (the global norm counts only the group's rank 0's).
+// CopiedGradCheck: at the first step whose gradients are finite, whether the gradients of the
+// parameters that every rank of a finalizer's group holds whole (zero/grad_finalizer.h: "copies";
+// under tensor parallelism the replicated parameters) are the same on every rank of the group, as
+// they must be for the copies to stay one tensor. The wiring it catches trains silently wrong
+// otherwise: a LayerNorm under sequence parallelism registered replicated instead of
+// TpPlacement::replicated_partial() sees only this rank's tokens, so each rank steps its copy by its
+// own part of the gradient and the copies drift apart (the global norm counts only the group's rank
+// 0's).
 //
 // The rank's reduced pieces of those parameters go out packed, in fp32 rounds of at most kChunk
-// elements (buffers held for the check only), twice: all-reduced by max and by min over the group. A piece differs where max - min exceeds kTolerance times its largest
-// magnitude: a copy's gradient is the same computation on the same values on every rank (bitwise
-// equal on the host; a GPU kernel with atomics may differ in the last bits, hence the tolerance),
-// while a missing partial sum differs by the other ranks' parts.
+// elements (buffers held for the check only), twice: all-reduced by max and by min over the group.
+// A piece differs where max - min exceeds kTolerance times its largest magnitude: a copy's gradient
+// is the same computation on the same values on every rank (bitwise equal on the host; a GPU kernel
+// with atomics may differ in the last bits, hence the tolerance), while a missing partial sum differs
+// by the other ranks' parts. Non-finite values (a step that overflowed) are left out; the update
+// then checks at the next step.
 //
 // Every rank of the group owns the same pieces (the group's ranks share their data-parallel
 // coordinate, hence their ownership: same_registration()), so the packs line up.

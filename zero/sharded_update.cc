@@ -185,12 +185,11 @@ StepResult ShardedUpdate::step(const GradReducer& grads, float loss_scale, doubl
   r.step = steps_taken;
   // The reduced gradients are the update's to finish: the partial parts are summed in place.
   for (const auto& sum : partial_sums_) sum->run([&](size_t b) { return const_cast<void*>(grads.reduced(b).ptr); });
-  if (config_.check_copies && !copies_checked_) {
-    copies_checked_ = true;
-    check_copies(grads);
-  }
+  if (config_.check_copies && !copies_checked_) check_copies(grads);
   const double total = global_sum_of_squares(grads);
   const bool found_inf = !std::isfinite(total);
+  // A step that overflowed compared nothing (non-finite values are left out): the next one checks.
+  if (!found_inf) copies_checked_ = true;
   const double unscale = 1.0 / (static_cast<double>(loss_scale) * divisor);
   if (scaler != nullptr) {
     if (scaler->update(found_inf)) {

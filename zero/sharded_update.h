@@ -54,9 +54,10 @@ struct UpdateConfig {
     bool counted = true;
   };
   std::vector<BlockRun> runs;
-  // At the first step, the copied parameters' gradients compared over their groups
-  // (zero/copied_grad_check.h) and the verdict agreed over the shard group and `model_parallel`:
-  // set on every rank alike (a finalizer's group of more than one rank that shares the registration).
+  // At the first step whose gradients are finite, the copied parameters' gradients compared over
+  // their groups (zero/copied_grad_check.h) and the verdict agreed over the shard group and
+  // `model_parallel`: set on every rank alike (a finalizer's group of more than one rank that shares
+  // the registration).
   bool check_copies = false;
 };
 

@@ -38,7 +38,9 @@ struct CountedForwards {
 
 // y = x + fc2(relu(fc1(x))); with tp, fc1 column-parallel and fc2 row-parallel.
 struct BlockImpl : torch::nn::Module, CountedForwards {
-  BlockImpl() : fc1(register_module("fc1", torch::nn::Linear(kDim, kHidden))), fc2(register_module("fc2", torch::nn::Linear(kHidden, kDim))) {}
+  BlockImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(kDim, kHidden))),
+        fc2(register_module("fc2", torch::nn::Linear(kHidden, kDim))) {}
   torch::Tensor forward(torch::Tensor x) {
     count();
     return x + fc2(torch::relu(fc1(x)));
