@@ -378,16 +378,20 @@ EngineParts wire_stage(const PolicyInputs& in) {
   UpdateConfig uc;
   uc.max_grad_norm = o.max_grad_norm;
   uc.timeout = o.timeout;
+  // Where an owned piece's gradient lies in its bucket's reduced range (the partial sums' and the
+  // copies' checks read it there).
+  const auto reduced_range = [&](const OwnedPiece& piece) {
+    return PartialGradSum::Piece{.bucket = piece.bucket,
+                                 .offset = piece.opt_offset - parts.ownership->range(piece.bucket).opt_begin,
+                                 .len = piece.tensor_end - piece.tensor_begin,
+                                 .dtype = parts.reducer->reduced_dtype(piece.bucket)};
+  };
   // The finalizers' partial sums over their groups, one PartialGradSum each (none without pieces).
   std::vector<std::unique_ptr<PartialGradSum>> partial_sums;
   for (const auto& f : finalizers) {
     std::vector<PartialGradSum::Piece> partial;
     for (const OwnedPiece& piece : parts.ownership->pieces()) {
-      if (!f->sums_reduced(reg.param(in.tensor_param[piece.tensor]))) continue;
-      partial.push_back({.bucket = piece.bucket,
-                         .offset = piece.opt_offset - parts.ownership->range(piece.bucket).opt_begin,
-                         .len = piece.tensor_end - piece.tensor_begin,
-                         .dtype = parts.reducer->reduced_dtype(piece.bucket)});
+      if (f->sums_reduced(reg.param(in.tensor_param[piece.tensor]))) partial.push_back(reduced_range(piece));
     }
     if (!partial.empty()) partial_sums.push_back(std::make_unique<PartialGradSum>(device, *f->group(), partial, o.timeout));
   }
@@ -400,11 +404,8 @@ EngineParts wire_stage(const PolicyInputs& in) {
     for (const OwnedPiece& piece : parts.ownership->pieces()) {
       const ParamSpec& p = reg.param(in.tensor_param[piece.tensor]);
       if (!f->copies(p)) continue;
-      copied.push_back({.bucket = piece.bucket,
-                        .offset = piece.opt_offset - parts.ownership->range(piece.bucket).opt_begin,
-                        .len = piece.tensor_end - piece.tensor_begin,
-                        .dtype = parts.reducer->reduced_dtype(piece.bucket),
-                        .name = p.name});
+      const PartialGradSum::Piece r = reduced_range(piece);
+      copied.push_back({.bucket = r.bucket, .offset = r.offset, .len = r.len, .dtype = r.dtype, .name = p.name});
     }
     if (!copied.empty()) {
       copied_checks.push_back(std::make_unique<CopiedGradCheck>(device, *f->group(), f->name(), std::move(copied), o.timeout));

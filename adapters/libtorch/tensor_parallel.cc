@@ -31,9 +31,8 @@ DType comm_dtype(const torch::Tensor& t, const char* what) {
 
 // The communicator travels through the autograd context as an integer (the context holds IValues).
 int64_t handle(comm::Communicator& c) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(&c)); }
-comm::Communicator& group_of(AutogradContext* ctx) {
-  return *reinterpret_cast<comm::Communicator*>(static_cast<intptr_t>(ctx->saved_data["tp"].toInt()));
-}
+comm::Communicator& group_of(int64_t handle) { return *reinterpret_cast<comm::Communicator*>(static_cast<intptr_t>(handle)); }
+comm::Communicator& group_of(AutogradContext* ctx) { return group_of(ctx->saved_data["tp"].toInt()); }
 
 // `x` summed over tp (a new tensor).
 torch::Tensor summed(const torch::Tensor& x, comm::Communicator& tp) {
@@ -95,7 +94,7 @@ struct CopyToTp : torch::autograd::Function<CopyToTp> {
 
 struct ReduceFromTp : torch::autograd::Function<ReduceFromTp> {
   static torch::Tensor forward(AutogradContext*, const torch::Tensor& x, int64_t tp) {
-    return summed(x, *reinterpret_cast<comm::Communicator*>(static_cast<intptr_t>(tp)));
+    return summed(x, group_of(tp));
   }
   static variable_list backward(AutogradContext*, variable_list grad) { return {grad[0], torch::Tensor()}; }
 };
@@ -137,7 +136,7 @@ struct GatherLastDim : torch::autograd::Function<GatherLastDim> {
 struct VocabCrossEntropy : torch::autograd::Function<VocabCrossEntropy> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits, const torch::Tensor& targets,
                                int64_t tp, int64_t vocab, int64_t padded, int64_t begin, int64_t end) {
-    comm::Communicator& group = *reinterpret_cast<comm::Communicator*>(static_cast<intptr_t>(tp));
+    comm::Communicator& group = group_of(tp);
     const parallel::VocabRange range{.vocab = vocab, .padded = padded, .begin = begin, .end = end};
     const torch::Tensor local = logits.to(torch::kFloat).contiguous();
     const torch::Tensor t = targets.to(torch::kInt).contiguous();
