@@ -9,9 +9,10 @@
 #
 # The model (the C++ one's names): layer 0 "0.wte.weight" [V, C] and "0.wpe.weight" [T, C]; blocks
 # l = 1..n: x + attn_proj(attention(q, k, v of ln1(x))), then x + mlp_proj(gelu(fc(ln2(x)))), causal,
-# n_head heads; layer n+1: lm_head(ln_f(x)), no bias, not tied. The loss is the mean cross-entropy of
-# the whole batch. Training, per step: the loss, backward, clip_grad_norm_(1.0), torch.optim.AdamW
-# (lr 3e-3, weight decay 0.01 on every tensor, betas and eps PyTorch's defaults).
+# n_head heads; layer n+1: lm_head(ln_f(x)), no bias, its weight wte's (tied: listed once, as
+# "0.wte.weight"). The loss is the mean cross-entropy of the whole batch. Training, per step: the
+# loss, backward, clip_grad_norm_(1.0), torch.optim.AdamW (lr 3e-3, weight decay 0.01 on every
+# tensor, betas and eps PyTorch's defaults).
 import json
 import math
 import os
@@ -81,6 +82,7 @@ def layer(l):
 
 def main():
     model = nn.Sequential(*[layer(l) for l in range(N_LAYER + 2)])
+    model[N_LAYER + 1].lm_head.weight = model[0].wte.weight
     tokens = (torch.arange(BATCH * BLOCK).reshape(BATCH, BLOCK) * 7 + 3) % VOCAB
     targets = (tokens * 5 + 1) % VOCAB
     # 9 significant digits give a float32 back exactly, in half the text of a double's.

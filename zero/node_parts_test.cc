@@ -145,7 +145,7 @@ TEST_CASE("hpZ: the backward reads the forward's values; alone it trains bitwise
 }
 
 TEST_CASE("qgZ: the reduced gradient is within the two hops' bound at every node size, deterministic") {
-  for (const std::pair<int, int> shape : {std::pair{4, 2}, std::pair{4, 4}, std::pair{4, 1}, std::pair{3, 3}, std::pair{2, 1}}) {
+  for (const std::pair<int, int>& shape : {std::pair{4, 2}, std::pair{4, 4}, std::pair{4, 1}, std::pair{3, 3}, std::pair{2, 1}}) {
     const int world = shape.first, node = shape.second;  // (plain names: doctest's CAPTURE cannot take a binding)
     const std::vector<Result> exact = run(world, {.node_size = node, .sgd = true, .steps = 1});
     float gmax = 0;

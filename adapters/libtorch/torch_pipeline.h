@@ -31,10 +31,20 @@
 // With `recompute` a micro-batch in flight holds only its layers' inputs (one activation per
 // layer), not their graphs; each layer's forward runs twice.
 //
+// Tied weights (`tied`: an input embedding and the output head that reuses it): the last virtual
+// stage's copy is the first's. Where two ranks hold them, each registers its copy under the first's
+// name as a tied parameter (ParamSpec::tied): the engine starts the last's from the first's values
+// and sums the two gradients over the mesh's tied group (parallel::engine_comms(mesh)). Where one
+// rank holds both (one stage, or a V's rank 0), the copy is registered once, the last's tensor reads
+// the first's (its storage, or at stage 3 the first layer's gathered copy), and its gradient,
+// collected over the step's micro-batches, is added into the first's as that layer's last backward of
+// the step closes: E + H, the sum two ranks make, so every layout gives the same bits.
+//
 // Caveats: activations are float32 (the shape `activation_shape` gives); a layer reads its input
 // only through the tensor it is given.
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <torch/nn/modules/container/any.h>
@@ -44,6 +54,12 @@
 #include "zero/engine.h"
 
 namespace zero::libtorch {
+
+// A weight the last virtual stage reuses from the first: parameter names "<layer>.<name>".
+struct TiedWeight {
+  std::string first;  // in layer 0: the copy registered (and checkpointed, and listed) by this name
+  std::string last;   // in the last layer, of the same shape (its own initial values are not used)
+};
 
 struct TorchStageFunctions {
   // The first virtual stage's input for the call's micro-batch (no gradient is taken of it).
@@ -56,6 +72,9 @@ struct TorchStageFunctions {
   // without autograd and keeps only each layer's input; the backward runs each layer's forward
   // again under autograd, inside the layer's backward scope, before taking its gradients.
   bool recompute = false;
+  // Weights the last layer shares with layer 0 (above). Each name must be a parameter of its layer
+  // (InvalidArgument naming it on the rank that holds the layer, or the shapes that differ).
+  std::vector<TiedWeight> tied;
 };
 
 class TorchPipeline {

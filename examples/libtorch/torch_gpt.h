@@ -7,10 +7,10 @@
 //                    (this rank's heads), the attention's projection row-parallel; the MLP's fc
 //                    column-parallel, its projection row-parallel
 //   layer n + 1      head: ln_f, then this rank's vocabulary columns of the logits (the loss is
-//                    vocabulary-parallel: gpt_loss)
+//                    vocabulary-parallel: gpt_loss), its weight tied to the token embedding's
+//                    (gpt_tied: TorchStageFunctions.tied)
 //
-// The head is its own weight here (not tied to the token embedding). At tp 1 every module is its
-// unsplit self, so a run at any (dp, tp, pp) is comparable with the run on one rank: each layer is
+// At tp 1 every module is its unsplit self, so a run at any (dp, tp, pp) is comparable with the run on one rank: each layer is
 // built from seed + its index (the tensor-parallel modules keep their slices of the unsplit draw).
 #include <cmath>
 #include <cstdint>
@@ -18,6 +18,7 @@
 #include <torch/torch.h>
 
 #include "adapters/libtorch/tensor_parallel.h"
+#include "adapters/libtorch/torch_pipeline.h"
 #include "base/check.h"
 #include "base/error.h"
 #include "comm/communicator.h"
@@ -98,6 +99,11 @@ inline torch::nn::AnyModule gpt_layer(const TorchGptConfig& c, comm::Communicato
   if (l == 0) return torch::nn::AnyModule(GptEmbedding(c, tp));
   if (l == c.layers() - 1) return torch::nn::AnyModule(GptHead(c, tp));
   return torch::nn::AnyModule(GptBlock(c, tp));
+}
+
+// The head's weight is the token embedding's: both [vocab / tp, n_embd], split alike.
+inline std::vector<libtorch::TiedWeight> gpt_tied(const TorchGptConfig& c) {
+  return {{.first = "0.wte.weight", .last = std::to_string(c.layers() - 1) + ".lm_head.weight"}};
 }
 
 // The mean cross-entropy of the head's local logits [B, T, vocab / tp] against targets [B, T].

@@ -1,12 +1,14 @@
-// The LibTorch GPT (examples/libtorch/torch_gpt.h) through TorchPipeline at (dp, tp, pp) layouts and
-// ZeRO stages, on ranks as threads, against the same model in Python PyTorch on one process
-// (scripts/torch_gpt_reference.py: its initial values, batch, 4 steps' losses and final
-// parameters): every step's loss within 1e-5 (relative) and every final parameter (this rank's
-// slice) within the bound of check_final. The covering subset takes every path: data parallelism,
-// tensor parallelism (heads, the MLP and the vocabulary split), pipeline stages under 1F1B,
-// interleaved and ZB-H1, all three at once, stages 0-3; ZERO_FULL_MATRIX=1 runs (4,1,1), (2,2,1),
-// (2,1,2) and (2,2,2) at stages 0-3 under every schedule. Also the refusal of heads tp does not
-// divide.
+// The LibTorch GPT (examples/libtorch/torch_gpt.h, its head tied to the token embedding) through
+// TorchPipeline at (dp, tp, pp) layouts and ZeRO stages, on ranks as threads, against the same model
+// in Python PyTorch on one process (scripts/torch_gpt_reference.py: its initial values, batch, 4
+// steps' losses and final parameters): every step's loss within 1e-5 (relative) and every final
+// parameter (this rank's slice) within the bound of check_final. The covering subset takes every
+// path: data parallelism, tensor parallelism (heads, the MLP and the vocabulary split), pipeline
+// stages under 1F1B, interleaved, ZB-H1 and ZB-V, all three at once, stages 0-3, the tied weight's
+// two copies on one rank (one stage; a V's rank 0; stage 3's gathered copy) and on two (summed over
+// the tied group); ZERO_FULL_MATRIX=1 runs (4,1,1), (2,2,1), (2,1,2) and (2,2,2) at stages 0-3
+// under every schedule. Also the refusals of heads tp does not divide and of tied names that name
+// no parameter.
 #include "adapters/libtorch/torch_doctest.h"
 
 #include <algorithm>
@@ -92,10 +94,10 @@ struct Checkpointing {
 };
 
 Run train(comm::Communicator& world, const comm::MeshShape& shape, int stage, const std::string& schedule,
-          const Checkpointing& ck = {}) {
+          const Checkpointing& ck = {}, const std::vector<libtorch::TiedWeight>& tied = gpt_tied(kConfig)) {
   comm::Mesh mesh(world, shape);
   Engine engine(parallel::engine_comms(mesh), options(stage));
-  const int chunks = schedule == "interleaved" ? 2 : 1;
+  const int chunks = schedule == "interleaved" || schedule == "zb-v" ? 2 : 1;
   const int micro = std::min(kMicro, kBatch / shape.dp);  // at dp 4, 2 samples a rank: 2 micro-batches
   parallel::PipelineStage pipe(mesh, engine, parallel::make_schedule(schedule, shape.pp, micro, chunks),
                                {.layers = kConfig.layers()});
@@ -112,16 +114,19 @@ Run train(comm::Communicator& world, const comm::MeshShape& shape, int stage, co
           std::lock_guard<std::mutex> lock(testing::generator_mutex());
           m = gpt_layer(kConfig, mesh.tp(), l, kSeed);
         }
-        // The reference's initial values (this rank's slices), whatever this build's generator drew.
+        // The reference's initial values (this rank's slices), whatever this build's generator drew;
+        // the head's tied weight has none of its own (it starts as the embedding's).
         torch::NoGradGuard no_grad;
         for (auto& p : m.ptr()->named_parameters()) {
+          if (std::to_string(l) + "." + p.key() == gpt_tied(kConfig)[0].last) continue;
           p.value().copy_(slice_like(whole("initial", std::to_string(l) + "." + p.key()), p.value(), shape.tp, mesh.coord().tp));
         }
         return m;
       },
       {.input = [&](const parallel::StageCall& c) { return samples(x, c); },
        .loss = [&](const parallel::StageCall& c, const torch::Tensor& out) { return gpt_loss(kConfig, mesh.tp(), out, samples(y, c)); },
-       .activation_shape = [](int, int n) { return std::vector<int64_t>{n, kConfig.block_size, kConfig.n_embd}; }});
+       .activation_shape = [](int, int n) { return std::vector<int64_t>{n, kConfig.block_size, kConfig.n_embd}; },
+       .tied = tied});
   stages.finalize();
   if (!ck.load.empty()) engine.load(ck.load);
   Run r;
@@ -162,22 +167,23 @@ struct Layout {
 };
 
 // The covering subset, or with ZERO_FULL_MATRIX=1 (4,1,1), (2,2,1), (2,1,2), (2,2,2) at stages 0-3
-// under every schedule (zb-h1 below stage 3).
+// under every schedule (those that split the backward below stage 3).
 std::vector<Layout> layouts() {
   const char* full = std::getenv("ZERO_FULL_MATRIX");
   if (full == nullptr || std::string(full) != "1") {
-    return {{{.pp = 1, .dp = 1, .tp = 1}, 0, "1f1b"},        {{.pp = 1, .dp = 2, .tp = 1}, 2, "1f1b"},
+    return {{{.pp = 1, .dp = 1, .tp = 1}, 0, "1f1b"},        {{.pp = 1, .dp = 2, .tp = 1}, 3, "1f1b"},
             {{.pp = 1, .dp = 1, .tp = 2}, 1, "1f1b"},        {{.pp = 2, .dp = 1, .tp = 1}, 3, "1f1b"},
             {{.pp = 2, .dp = 1, .tp = 1}, 0, "interleaved"}, {{.pp = 2, .dp = 1, .tp = 1}, 2, "zb-h1"},
-            {{.pp = 2, .dp = 2, .tp = 2}, 1, "gpipe"},       {{.pp = 2, .dp = 2, .tp = 2}, 3, "interleaved"}};
+            {{.pp = 2, .dp = 1, .tp = 1}, 1, "zb-v"},        {{.pp = 2, .dp = 2, .tp = 2}, 1, "gpipe"},
+            {{.pp = 2, .dp = 2, .tp = 2}, 3, "interleaved"}};
   }
   std::vector<Layout> all;
   for (const comm::MeshShape& shape : {comm::MeshShape{.pp = 1, .dp = 4, .tp = 1}, comm::MeshShape{.pp = 1, .dp = 2, .tp = 2},
                                        comm::MeshShape{.pp = 2, .dp = 2, .tp = 1}, comm::MeshShape{.pp = 2, .dp = 2, .tp = 2}}) {
     for (int stage = 0; stage <= 3; ++stage) {
-      for (const char* schedule : {"1f1b", "gpipe", "interleaved", "zb-h1"}) {
-        if (shape.pp == 1 && std::string(schedule) != "1f1b") continue;
-        if (stage == 3 && std::string(schedule) == "zb-h1") continue;  // refused (torch_pipeline.h)
+      for (const std::string schedule : {"1f1b", "gpipe", "interleaved", "zb-h1", "zb-v"}) {
+        if (shape.pp == 1 && schedule != "1f1b") continue;
+        if (stage == 3 && schedule.rfind("zb-", 0) == 0) continue;  // a split backward: refused (torch_pipeline.h)
         all.push_back({shape, stage, schedule});
       }
     }
@@ -242,6 +248,23 @@ TEST_CASE("heads that tp does not divide are refused by name") {
     CHECK_THROWS_WITH_AS(GptBlock(c, tp), "GPT: n_head = 3 is not a multiple of tp = 2: each rank takes whole heads",
                          InvalidArgument);
   });
+}
+
+TEST_CASE("tied weights that name no parameter of their layers are refused by name") {
+  const std::vector<std::pair<libtorch::TiedWeight, std::string>> cases = {
+      {{.first = "1.ln1.weight", .last = "3.lm_head.weight"},
+       "TorchPipeline: tied weight '1.ln1.weight' is not a parameter of layer 0 (\"0.<name>\")"},
+      {{.first = "0.wte.weight", .last = "2.fc.weight"},
+       "TorchPipeline: tied weight '0.wte.weight': its copy '2.fc.weight' is not a parameter of the last layer, 3"},
+      {{.first = "0.wte.weight", .last = "3.lm_head.bias"}, "TorchPipeline: tied weight '3.lm_head.bias' is no parameter of its layer"},
+      {{.first = "0.wpe.weight", .last = "3.lm_head.weight"},
+       "TorchPipeline: tied weight '0.wpe.weight' is Float [8, 32], its copy '3.lm_head.weight' Float [64, 32]"}};
+  for (const auto& [tie, message] : cases) {
+    CAPTURE(message);
+    testing::run_thread_ranks(1, [&](comm::Communicator& world) {
+      CHECK_THROWS_WITH_AS(train(world, {.pp = 1, .dp = 1, .tp = 1}, 0, "1f1b", {}, {tie}), message.c_str(), InvalidArgument);
+    });
+  }
 }
 
 }  // namespace zero::examples
