@@ -54,15 +54,3 @@ class Communicator;
 class Mesh;
 }  // namespace comm
 }  // namespace zero
-
-namespace zero::examples {
-
-// Collective over the mesh's world: the largest rank's engine memory (current and peak) and process
-// memory (RSS, current and peak), printed by rank 0 as "memory at step N | ..." (the soak run reads
-// these lines to show memory steady after warm-up).
-void report_memory(Engine& engine, const comm::Mesh& mesh, int step);
-// Collective: every rank's memory report in world rank order, each headed by its mesh coordinate
-// under model parallelism (the engine's table names its data-parallel rank).
-void print_memory_tables(Engine& engine, const comm::Mesh& mesh);
-
-}  // namespace zero::examples

@@ -30,6 +30,7 @@
 #include "examples/gpt/progress_log.h"
 #include "examples/gpt/text_data.h"
 #include "examples/heap.h"
+#include "examples/mesh_memory.h"
 #include "memory/tracker.h"
 #include "optim/lr_schedule.h"
 #include "parallel/engine_comms.h"
