@@ -4,6 +4,8 @@
 #include <torch/nn/modules/container/any.h>
 #include <torch/utils.h>
 
+#include <fmt/format.h>
+
 #include <any>
 #include <cstring>
 #include <map>
@@ -77,7 +79,12 @@ struct TorchPipeline::Impl {
 
   Layer& layer(int l) {
     const auto it = layers.find(l);
-    if (it == layers.end()) ZERO_THROW(InvalidArgument, "TorchPipeline: layer {} is not in this rank's chunks", l);
+    if (it == layers.end()) {
+      std::vector<int> held;
+      for (const auto& [index, unused] : layers) held.push_back(index);
+      ZERO_THROW(InvalidArgument, "TorchPipeline: layer {} is not in this rank's chunks, which hold layers {}", l,
+                 fmt::join(held, ", "));
+    }
     return it->second;
   }
 

@@ -6,6 +6,8 @@
 // model's forward-only loss.
 #include "adapters/libtorch/torch_doctest.h"
 
+#include <fmt/format.h>
+
 #include <map>
 #include <mutex>
 #include <string>
@@ -244,6 +246,24 @@ TEST_CASE("a split backward at stage 3 and missing functions are refused by name
     no_loss.loss = nullptr;
     CHECK_THROWS_WITH_AS(TorchPipeline(engine, pipe, block, no_loss), "TorchPipeline: TorchStageFunctions.loss is not set",
                          InvalidArgument);
+  });
+}
+
+TEST_CASE("a layer of another pipeline stage is refused by name") {
+  testing::run_thread_ranks(2, [&](comm::Communicator& world) {
+    comm::Mesh mesh(world, comm::MeshShape{.pp = 2, .dp = 1, .tp = 1});
+    Engine engine(parallel::engine_comms(mesh), options(1));
+    parallel::PipelineStage pipe(mesh, engine, parallel::make_schedule("1f1b", 2, kMicro, 1), {.layers = kLayers});
+    TorchPipeline stages(engine, pipe, [](int) { return torch::nn::AnyModule(Block()); },
+                         {.input = [](const parallel::StageCall&) { return torch::Tensor(); },
+                          .loss = [](const parallel::StageCall&, const torch::Tensor& t) { return t.sum(); },
+                          .activation_shape = [](int, int n) { return std::vector<int64_t>{n, kDim}; }});
+    const int other = mesh.coord().pp == 0 ? kLayers - 1 : 0;
+    const std::string held = mesh.coord().pp == 0 ? "0, 1" : "2, 3";
+    CHECK_THROWS_WITH_AS(stages.layer(other),
+                         fmt::format("TorchPipeline: layer {} is not in this rank's chunks, which hold layers {}", other, held).c_str(),
+                         InvalidArgument);
+    CHECK_NOTHROW(stages.layer(mesh.coord().pp == 0 ? 0 : kLayers - 1));
   });
 }
 
