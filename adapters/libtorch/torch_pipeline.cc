@@ -247,13 +247,19 @@ struct TorchPipeline::Impl {
   }
 
   // kWeight after kInput: each layer's parameters' gradients from its output's kept gradient,
-  // walking the layer's retained graph again.
+  // walking the layer's retained graph again. That walk may read the parameters (the graph's saved
+  // tensors are the parameters themselves), which a kWeight scope does not gather at stage 3: there a
+  // second scope, an input part that writes no gradient, gathers them for it.
   void weight(const StageCall& call) {
     Saved& s = *std::any_cast<std::shared_ptr<Saved>&>(call.context);
     for (size_t i = s.outputs.size(); i-- > 0;) {
       const int l = call.layers.first + static_cast<int>(i);
       Layer& L = layer(l);
       UnitScope scope = engine.gather_for_backward(l, BackwardPart::kWeight);
+      std::optional<UnitScope> reader, lender;
+      if (sharded) reader.emplace(engine.gather_for_backward(l, BackwardPart::kInput));
+      open_lender(lender, L, /*backward=*/true);
+      point(L, reader ? &*reader : nullptr, lender ? &*lender : nullptr);
       const std::vector<Param*> params = trainable(L);
       if (!params.empty()) {
         std::vector<torch::Tensor> inputs;
@@ -263,6 +269,7 @@ struct TorchPipeline::Impl {
                                                                        /*allow_unused=*/true);
         accumulate(scope, params, grads, 0);
       }
+      point(L, nullptr);
       settle(l, scope);
     }
   }
@@ -277,12 +284,6 @@ TorchPipeline::TorchPipeline(Engine& engine, parallel::PipelineStage& pipe,
     if (!given) ZERO_THROW(InvalidArgument, "TorchPipeline: TorchStageFunctions.{} is not set", name);
   }
   const bool stage3 = engine.options().stage == 3;
-  if (stage3 && pipe.schedule().split_backward) {
-    ZERO_THROW(InvalidArgument,
-               "TorchPipeline: schedule '{}' splits the backward, whose weight part walks each layer's graph again and "
-               "reads its parameters, which stage 3 does not gather for it; use stage 0-2 or a schedule without the "
-               "split", pipe.schedule().name);
-  }
   // Where the tied weights' copies are: layer 0 (the first virtual stage's) and the last layer.
   int last_layer = -1;
   bool holds_first = false;

@@ -25,8 +25,9 @@
 // weight part asks for the parameters' gradients from there, walking each layer's graph a second
 // time (the price of the split here: a hand-written model computes each weight gradient once). At
 // stage 3 each scope points the layer's parameter storage at its gathered copy, as TorchEngine
-// does; the weight part's scopes gather nothing (BackwardPart::kWeight), so a split backward at
-// stage 3 is refused at construction, naming the schedule.
+// does; the weight part's scope gathers nothing (BackwardPart::kWeight) while the second walk may
+// read the parameters, so it opens an input-part scope beside it to gather them (one more gather
+// of each layer per micro-batch than a hand-written model's split).
 //
 // With `recompute` a micro-batch in flight holds only its layers' inputs (one activation per
 // layer), not their graphs; each layer's forward runs twice.
@@ -81,7 +82,7 @@ class TorchPipeline {
  public:
   // Builds the layers of this rank's chunks with `layer(l)` and registers their parameters with
   // `engine` (before finalize). Throws InvalidArgument naming a missing function, a layer module
-  // without parameters' own storage (as TorchEngine), or a schedule that splits the backward at stage 3.
+  // without parameters' own storage (as TorchEngine), or a tied weight (above) that does not fit.
   TorchPipeline(Engine& engine, parallel::PipelineStage& pipe, const std::function<torch::nn::AnyModule(int layer)>& layer,
                 TorchStageFunctions functions);
   ~TorchPipeline();

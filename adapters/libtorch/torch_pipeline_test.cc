@@ -1,9 +1,9 @@
 // Pipeline stages of torch::nn modules (TorchPipeline) against the whole model on one rank through
 // TorchEngine, on ranks as threads: a residual MLP of 4 torch::nn blocks, every step's loss and every
 // final parameter within 1e-5, under GPipe, 1F1B, interleaved (2 chunks) and ZB-H1 (its split
-// backward), at ZeRO stages 0-3 (ZB-H1 at 0-2: refused at 3, by name), at pp 2 and dp 2 x pp 2,
-// with tensor-parallel blocks at dp 1 x tp 2 x pp 2, and with activation recompute; the trained
-// model's forward-only loss.
+// backward; at stage 3 its weight part gathers the parameters in a scope of its own), at ZeRO
+// stages 0-3, at pp 2 and dp 2 x pp 2, with tensor-parallel blocks at dp 1 x tp 2 x pp 2, and with
+// activation recompute; the trained model's forward-only loss.
 #include "adapters/libtorch/torch_doctest.h"
 
 #include <fmt/format.h>
@@ -195,7 +195,6 @@ void run_layout(const comm::MeshShape& shape, const std::vector<int>& stages, co
   for (int stage : stages) {
     const Trained want = reference(stage);
     for (const std::string& schedule : schedules) {
-      if (stage == 3 && schedule == "zb-h1") continue;  // refused: below
       CAPTURE(stage);
       CAPTURE(schedule);
       testing::run_thread_ranks(shape.dp * shape.tp * shape.pp, [&](comm::Communicator& world) {
@@ -231,7 +230,7 @@ TEST_CASE("torch::nn stages with activation recompute train as the whole model")
   run_layout({.pp = 2, .dp = 1, .tp = 1}, {0, 3}, {"1f1b", "zb-h1"}, /*recompute=*/true);
 }
 
-TEST_CASE("a split backward at stage 3 and missing functions are refused by name") {
+TEST_CASE("missing functions are refused by name") {
   testing::run_thread_ranks(2, [&](comm::Communicator& world) {
     comm::Mesh mesh(world, comm::MeshShape{.pp = 2, .dp = 1, .tp = 1});
     Engine engine(parallel::engine_comms(mesh), options(3));
@@ -240,8 +239,6 @@ TEST_CASE("a split backward at stage 3 and missing functions are refused by name
     const TorchStageFunctions fns{.input = [](const parallel::StageCall&) { return torch::Tensor(); },
                                   .loss = [](const parallel::StageCall&, const torch::Tensor& t) { return t.sum(); },
                                   .activation_shape = [](int, int n) { return std::vector<int64_t>{n, kDim}; }};
-    CHECK_THROWS_WITH_AS(TorchPipeline(engine, pipe, block, fns),
-                         doctest::Contains("TorchPipeline: schedule 'zb-h1' splits the backward"), InvalidArgument);
     TorchStageFunctions no_loss = fns;
     no_loss.loss = nullptr;
     CHECK_THROWS_WITH_AS(TorchPipeline(engine, pipe, block, no_loss), "TorchPipeline: TorchStageFunctions.loss is not set",
