@@ -16,10 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "testing/fp32_export.h"
 #include "testing/launch.h"
 #include "testing/metrics.h"
-#include "zero/checkpoint/file_io.h"
-#include "zero/checkpoint/safetensors.h"
 
 namespace zero {
 namespace {
@@ -41,23 +40,8 @@ std::string slurp(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-// Every tensor of an fp32 safetensors file, by name, with its shape.
-struct Weights {
-  std::map<std::string, std::vector<int64_t>> shapes;
-  std::map<std::string, std::vector<float>> values;
-};
-Weights read_weights(const std::string& path) {
-  Weights w;
-  const SafetensorsLayout layout = read_safetensors_header(path);
-  const FileReader f(path);
-  for (const SafetensorsTensor& t : layout.tensors) {
-    std::vector<float>& v = w.values[t.name];
-    v.resize((t.end - t.begin) / sizeof(float));
-    f.read(v.data(), t.end - t.begin, layout.data_start + t.begin);
-    w.shapes[t.name] = t.shape;
-  }
-  return w;
-}
+using testing::Fp32Export;
+using testing::read_fp32_export;
 
 // A layout: ranks and flags.
 struct Layout {
@@ -101,7 +85,7 @@ TEST_CASE("a checkpoint saved at one (dp, tp, pp, stage, offload) resumes at ano
   REQUIRE(whole.exit_code == 0);
   const std::vector<double> want = losses();
   REQUIRE(want.size() == 6);
-  const Weights reference = read_weights(dir + "/whole.safetensors");
+  const Fp32Export reference = read_fp32_export(dir + "/whole.safetensors");
   struct Move {
     Layout from, to;
     std::string saved_at;  // as the resume and zero_ckpt inspect report it
@@ -151,7 +135,7 @@ TEST_CASE("a checkpoint saved at one (dp, tp, pp, stage, offload) resumes at ano
     REQUIRE(got.size() == 2);
     check_losses(got, want, 4);
     // The export: GPT-2's tensors, whole, equal to the single-rank run's.
-    const Weights w = read_weights(out);
+    const Fp32Export w = read_fp32_export(out);
     CHECK(w.shapes == reference.shapes);
     for (const auto& [name, values] : reference.values) {
       CAPTURE(name);

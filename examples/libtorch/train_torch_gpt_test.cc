@@ -16,9 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "testing/fp32_export.h"
 #include "testing/launch.h"
-#include "zero/checkpoint/file_io.h"
-#include "zero/checkpoint/safetensors.h"
 
 namespace zero {
 namespace {
@@ -43,18 +42,6 @@ std::map<int, double> losses(const std::string& out) {
     v[std::stoi(line.substr(s + 7))] = std::stod(line.substr(l + 7));
   }
   return v;
-}
-
-std::map<std::string, std::vector<float>> read_export(const std::string& path) {
-  std::map<std::string, std::vector<float>> w;
-  const SafetensorsLayout layout = read_safetensors_header(path);
-  const FileReader f(path);
-  for (const SafetensorsTensor& t : layout.tensors) {
-    std::vector<float>& v = w[t.name];
-    v.resize((t.end - t.begin) / sizeof(float));
-    f.read(v.data(), t.end - t.begin, layout.data_start + t.begin);
-  }
-  return w;
 }
 
 struct Run {
@@ -88,7 +75,7 @@ TEST_CASE("the LibTorch GPT's checkpoint moves between layouts and the run goes 
   const std::map<int, double> want = losses(whole.output);
   REQUIRE(want.size() == static_cast<size_t>(steps));
   CHECK(want.at(steps) < 0.5 * want.at(1));  // it learns
-  const auto want_weights = read_export(whole_export);
+  const auto want_weights = testing::read_fp32_export(whole_export).values;
 
   // Saved at dp 2 x tp 2 x pp 2 (8 ranks) at stage 1 under 1F1B; in CI at dp 1 x tp 2 x pp 2.
   const Run saver = full_matrix() ? Run{8, {"--tp", "2", "--pp", "2", "--stage", "1"}}
@@ -120,7 +107,7 @@ TEST_CASE("the LibTorch GPT's checkpoint moves between layouts and the run goes 
       CAPTURE(step);
       CHECK(loss == doctest::Approx(want.at(step)).epsilon(1e-5));
     }
-    const auto weights = read_export(out_export);
+    const auto weights = testing::read_fp32_export(out_export).values;
     REQUIRE(weights.size() == want_weights.size());
     for (const auto& [name, w] : want_weights) {
       CAPTURE(name);
