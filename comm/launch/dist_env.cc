@@ -4,7 +4,6 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
-#include <atomic>
 #include <charconv>
 #include <optional>
 
@@ -44,6 +43,17 @@ int64_t env_int_required(const char* name, int64_t lo, int64_t hi, const char* s
   const auto v = env_get(name);
   if (!v) ZERO_THROW(InvalidArgument, "{} launch detected but {} is not set", source, name);
   return parse_int(name, *v, lo, hi);
+}
+
+// A non-negative decimal number of seconds; errors name the variable and its value.
+double parse_seconds(const char* name, const std::string& value) {
+  double out = 0;
+  const char* end = value.data() + value.size();
+  const auto [ptr, ec] = std::from_chars(value.data(), end, out);
+  if (value.empty() || ec != std::errc() || ptr != end || !(out >= 0)) {
+    ZERO_THROW(InvalidArgument, "{}='{}' is not a number of seconds", name, value);
+  }
+  return out;
 }
 
 constexpr int64_t kMaxWorld = 1 << 24;
@@ -167,10 +177,6 @@ DistEnv read_slurm() {
   return env;
 }
 
-// Process-wide: the inherited listening socket can be adopted once (a second connect_store would
-// otherwise adopt a closed, or reused, descriptor number).
-std::atomic<bool> g_listen_fd_used{false};
-
 bool resolves_to_loopback(const std::string& host) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
@@ -186,16 +192,6 @@ bool resolves_to_loopback(const std::string& host) {
   }
   ::freeaddrinfo(list);
   return loopback;
-}
-
-// The local port of a socket, 0 when it is not a bound TCP socket.
-uint16_t local_port(int fd) {
-  sockaddr_storage addr{};
-  socklen_t len = sizeof(addr);
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return 0;
-  if (addr.ss_family == AF_INET) return ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-  if (addr.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
-  return 0;
 }
 
 }  // namespace
@@ -272,10 +268,16 @@ DistEnv read_dist_env() {
     env.source = "default";
   }
   env.token = env_string("ZERO_JOB_TOKEN", "");
-  if (env.rank == 0) {
-    if (const auto fd = env_int_opt("ZERO_STORE_LISTEN_FD", 0, INT32_MAX)) {
-      env.store_listen_fd = static_cast<int>(*fd);
-    }
+  if (const auto v = env_get("ZERO_STORE_IN_LAUNCHER")) {
+    if (*v != "0" && *v != "1") ZERO_THROW(InvalidArgument, "ZERO_STORE_IN_LAUNCHER='{}' must be 0 or 1", *v);
+    env.store_in_launcher = *v == "1";
+  }
+  env.restart_count = static_cast<int>(env_int_opt("ZERO_RESTART_COUNT", 0, INT32_MAX).value_or(0));
+  if (const auto at = env_get("ZERO_RESTART_FAILED_AT")) env.restart_failed_at = parse_seconds("ZERO_RESTART_FAILED_AT", *at);
+  env.restart_reason = env_string("ZERO_RESTART_REASON", "");
+  if (const auto fd = env_int_opt("ZERO_HEARTBEAT_FD", 0, INT32_MAX)) {
+    env.heartbeat_fd = static_cast<int>(*fd);
+    env.heartbeat_interval_ms = static_cast<int>(env_int_required("ZERO_HEARTBEAT_INTERVAL_MS", 1, 3600 * 1000, "ZERO_HEARTBEAT_FD"));
   }
   return env;
 }
@@ -295,19 +297,11 @@ std::shared_ptr<Store> connect_store(const DistEnv& env, std::chrono::millisecon
   o.port = env.master_port;
   o.token = env.token;
   o.timeout = timeout;
-  o.is_server = env.rank == 0;
+  o.is_server = env.rank == 0 && !env.store_in_launcher;
   // A failing rank 0 keeps the store up while the others may still be failing and reporting: past
   // their deadline and the failure report's grace.
   o.linger_on_failure = timeout + std::chrono::seconds(5);
-  if (o.is_server && env.store_listen_fd >= 0 && !g_listen_fd_used.load()) {
-    // The other ranks connect to MASTER_PORT: the inherited socket must be listening there.
-    if (env.master_port != 0 && local_port(env.store_listen_fd) != env.master_port) {
-      ZERO_THROW(InvalidArgument, "ZERO_STORE_LISTEN_FD={} is not a socket listening on MASTER_PORT={}",
-                 env.store_listen_fd, env.master_port);
-    }
-    if (!g_listen_fd_used.exchange(true)) o.listen_fd = env.store_listen_fd;
-  }
-  if (o.listen_fd < 0 && o.port == 0) {
+  if (o.port == 0) {
     ZERO_THROW(InvalidArgument, "connect_store: DistEnv.master_port is 0 for world size {}", env.world_size);
   }
   if (o.is_server && env.world_size > env.local_world_size && resolves_to_loopback(env.master_addr)) {

@@ -31,19 +31,30 @@ struct DistEnv {
   uint16_t master_port = 0;
   std::string token;   // ZERO_JOB_TOKEN
   std::string source;  // "torchrun", "slurm", "openmpi", or "default" (single process)
-  // Rank 0 only: a listening socket inherited from zerorun (ZERO_STORE_LISTEN_FD), served instead of
-  // binding master_addr:master_port; -1 when none.
-  int store_listen_fd = -1;
+  // ZERO_STORE_IN_LAUNCHER=1 (zerorun): the launcher hosts the rendezvous store at
+  // master_addr:master_port, so rank 0 connects to it as every other rank does and its death loses
+  // no rendezvous. Otherwise (torchrun, Slurm, mpirun) rank 0 hosts it.
+  bool store_in_launcher = false;
+  // zerorun --max-restarts (docs/reliability.md): which attempt of the job this is (ZERO_RESTART_COUNT,
+  // 0 for the first), and, from the second on, when the launcher saw the failure that ended the last
+  // one (ZERO_RESTART_FAILED_AT, seconds since the epoch with a fraction; 0 for the first) and what
+  // it was (ZERO_RESTART_REASON: "rank 3 was killed by signal 9 (SIGKILL)").
+  int restart_count = 0;
+  double restart_failed_at = 0;
+  std::string restart_reason;
+  // ZERO_HEARTBEAT_FD: a pipe to the launcher that init_process_group beats into every
+  // ZERO_HEARTBEAT_INTERVAL_MS (comm/launch/heartbeat.h); -1 when the launcher watches no heartbeat.
+  int heartbeat_fd = -1;
+  int heartbeat_interval_ms = 0;
 };
 
 DistEnv read_dist_env();
 
-// The rendezvous store of the job. World size 1: an in-process MemoryStore. Otherwise rank 0 hosts
-// a TcpStoreServer on master_addr:master_port (or the inherited listening socket) and connects to it
-// as a client too; the other ranks connect, retrying until `timeout` (TimeoutError naming the
-// address). Rank 0's process must outlive the others' use of the store. Call it once per process
-// and share the store (PrefixStore gives each user its own key space): an inherited listening
-// socket can be adopted only once.
+// The rendezvous store of the job. World size 1: an in-process MemoryStore. Otherwise the ranks
+// connect to master_addr:master_port, retrying until `timeout` (TimeoutError naming the address):
+// to the launcher's store (store_in_launcher), or to the TcpStoreServer rank 0 hosts there and
+// connects to as a client too (rank 0's process must then outlive the others' use of the store).
+// Call it once per process and share the store (PrefixStore gives each user its own key space).
 std::shared_ptr<Store> connect_store(const DistEnv& env, std::chrono::milliseconds timeout);
 
 // Exposed for tests.

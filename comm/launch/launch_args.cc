@@ -40,17 +40,24 @@ double parse_seconds_flag(const std::string& flag, const std::string& value) {
 
 const char* launch_usage() {
   return "usage: zerorun [--nproc-per-node N] [--nnodes M] [--node-rank K] [--master-addr A]\n"
-         "               [--master-port P] [--timeout-s S] [--grace-s S] [--report-s S] -- program [args...]\n"
+         "               [--master-port P] [--timeout-s S] [--grace-s S] [--report-s S]\n"
+         "               [--max-restarts N] [--min-nproc M] [--heartbeat-s S] -- program [args...]\n"
          "  --nproc-per-node N  ranks on this node (default 1)\n"
          "  --nnodes M          nodes in the job (default 1); more than one needs --master-addr,\n"
          "                      --master-port and the same ZERO_JOB_TOKEN exported on every node\n"
          "  --node-rank K       this node's index, 0..M-1 (default 0)\n"
-         "  --master-addr A     address of rank 0's store (default 127.0.0.1)\n"
+         "  --master-addr A     address of the rendezvous store, which node 0's zerorun hosts\n"
+         "                      (default 127.0.0.1)\n"
          "  --master-port P     its port; 0 (default, single node) picks a free one\n"
          "  --timeout-s S       stop the job after S seconds and exit 124 (default 0: no limit)\n"
          "  --grace-s S         SIGTERM-to-SIGKILL delay when tearing down (default 3)\n"
          "  --report-s S        after a rank fails, time the others have to exit on their own (and\n"
          "                      report what they saw) before SIGTERM (default 5)\n"
+         "  --max-restarts N    after a rank fails, start the job again without it, up to N times\n"
+         "                      (default 0; one node): the program resumes (train_gpt --resume auto)\n"
+         "  --min-nproc M       restart only while at least M ranks are left (default 1)\n"
+         "  --heartbeat-s S     a rank whose heartbeat stops for S seconds (a stopped process) is\n"
+         "                      killed and counts as failed (default 0: not watched)\n"
          "Every rank's output lines are prefixed with \"[rank R] \". See docs/launcher.md.\n";
 }
 
@@ -77,7 +84,8 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
     }
     static const std::set<std::string> kKnown = {"--nproc-per-node", "--nnodes", "--node-rank",
                                                  "--master-addr", "--master-port", "--timeout-s",
-                                                 "--grace-s", "--report-s"};
+                                                 "--grace-s", "--report-s", "--max-restarts",
+                                                 "--min-nproc", "--heartbeat-s"};
     if (kKnown.count(name) == 0) ZERO_THROW(InvalidArgument, "unknown flag '{}'", a);
     std::string value;
     if (a.find('=') != std::string::npos) {
@@ -93,6 +101,9 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
     if (name == "--timeout-s") o.timeout_s = parse_seconds_flag(name, value);
     if (name == "--grace-s") o.grace_s = parse_seconds_flag(name, value);
     if (name == "--report-s") o.report_s = parse_seconds_flag(name, value);
+    if (name == "--max-restarts") o.max_restarts = parse_int_flag(name, value, 0, 1000);
+    if (name == "--min-nproc") o.min_nproc = parse_int_flag(name, value, 1, kMaxProcsPerNode);
+    if (name == "--heartbeat-s") o.heartbeat_s = parse_seconds_flag(name, value);
     if (name == "--master-addr") {
       if (value.empty()) ZERO_THROW(InvalidArgument, "--master-addr is empty");
       o.master_addr = value;
@@ -110,6 +121,13 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
   }
   if (o.nnodes > 1 && !o.master_addr_given) {
     ZERO_THROW(InvalidArgument, "--master-addr is required when --nnodes={} (> 1)", o.nnodes);
+  }
+  if (o.max_restarts > 0 && o.nnodes > 1) {
+    ZERO_THROW(InvalidArgument, "--max-restarts={} with --nnodes={}: elastic restarts run on one node only", o.max_restarts,
+               o.nnodes);
+  }
+  if (o.min_nproc > o.nproc_per_node) {
+    ZERO_THROW(InvalidArgument, "--min-nproc={} is more than --nproc-per-node={}", o.min_nproc, o.nproc_per_node);
   }
   if (static_cast<int64_t>(o.nnodes) * o.nproc_per_node > (int64_t{1} << 24)) {
     ZERO_THROW(InvalidArgument, "--nnodes={} x --nproc-per-node={} ranks is too many", o.nnodes,

@@ -13,8 +13,7 @@ struct LaunchOptions {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   bool master_addr_given = false;
-  // 0: pick a free port (single node only). The launcher binds it and hands the listening socket
-  // to rank 0 (ZERO_STORE_LISTEN_FD), so no other process can take it in between.
+  // The rendezvous store's port, which node 0's zerorun hosts; 0: a free one (single node only).
   int master_port = 0;
   // Wall-clock limit of the whole job; 0 = none. Past it the ranks are stopped and zerorun exits 124.
   double timeout_s = 0;
@@ -24,6 +23,13 @@ struct LaunchOptions {
   // surviving rank's collective fails at once when its peer dies, and this lets it say so (which
   // operation, which ranks never reached it) instead of being killed mid-sentence.
   double report_s = 5;
+  // Elastic restarts (single node): after a rank fails, the job starts again on the others, up to
+  // max_restarts times, while at least min_nproc ranks are left (docs/reliability.md).
+  int max_restarts = 0;
+  int min_nproc = 1;
+  // A rank whose heartbeat (comm/launch/heartbeat.h) stops for this long is taken as gone: killed,
+  // and the job ends or restarts as for any failed rank. 0: not watched.
+  double heartbeat_s = 0;
   bool help = false;
   std::vector<std::string> command;  // program and its arguments
 };

@@ -5,6 +5,8 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include <algorithm>
+
 namespace zero::comm {
 
 namespace {
@@ -47,24 +49,41 @@ StopResponse JobOutcome::signal_received(int sig) {
           .message = fmt::format("got signal {} (SIG{}); forwarding it to the ranks", sig, signal_name(sig))};
 }
 
+void JobOutcome::lose(int rank) {
+  if (std::find(lost_.begin(), lost_.end(), rank) == lost_.end()) lost_.push_back(rank);
+}
+
+StopResponse JobOutcome::first_failure(int rank, const std::string& what, int exit_code) {
+  reason_ = StopReason::kRankFailed;
+  exit_code_ = exit_code;
+  failure_ = what;
+  lose(rank);
+  return {.action = StopResponse::Action::kTearDownAfterReport,
+          .message = fmt::format("{}; stopping the other ranks{}", what,
+                                 report_s_ > 0 ? fmt::format(" (after up to {} s for them to report)", report_s_) : "")};
+}
+
 StopResponse JobOutcome::rank_exited(int rank, pid_t pid, int status) {
   const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   if (!failed) return {};
-  if (reason_ == StopReason::kNone) {
-    reason_ = StopReason::kRankFailed;
-    exit_code_ = exit_code_of(status);
-    return {.action = StopResponse::Action::kTearDownAfterReport,
-            .message = fmt::format("rank {} (pid {}) {}; stopping the other ranks{}", rank, pid,
-                                   describe_status(status),
-                                   report_s_ > 0 ? fmt::format(" (after up to {} s for them to report)", report_s_)
-                                                 : "")};
-  }
+  const std::string what = fmt::format("rank {} (pid {}) {}", rank, pid, describe_status(status));
+  if (reason_ == StopReason::kNone) return first_failure(rank, what, exit_code_of(status));
   // After a rank failure the others' statuses help tell its consequences from other faults; after a
   // signal, the timeout or a failed start the ranks die because zerorun stops them.
   if (reason_ == StopReason::kRankFailed) {
-    return {.message = fmt::format("rank {} (pid {}) {}", rank, pid, describe_status(status))};
+    if (!teardown_ && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) lose(rank);
+    return {.message = what};
   }
   return {};
+}
+
+StopResponse JobOutcome::rank_silent(int rank, pid_t pid, double silent_s) {
+  const std::string what =
+      fmt::format("rank {} (pid {}) sent no heartbeat for {:.1f} s (--heartbeat-s): stopped or frozen; killed it", rank,
+                  pid, silent_s);
+  if (reason_ == StopReason::kNone) return first_failure(rank, what, 128 + SIGKILL);
+  if (reason_ == StopReason::kRankFailed && !teardown_) lose(rank);
+  return {.message = what};
 }
 
 StopResponse JobOutcome::deadline_passed() {

@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <vector>
 
 namespace zero::comm {
 
@@ -42,6 +43,20 @@ class JobOutcome {
   StopResponse rank_exited(int rank, pid_t pid, int status);
   // The job ran past --timeout-s: exit 124, unless the job was already ending for another reason.
   StopResponse deadline_passed();
+  // A rank's heartbeat has been silent for silent_s (--heartbeat-s) and the supervisor has killed
+  // it (a stopped process takes no SIGTERM): a failure like rank_exited's, exit status 128 + SIGKILL.
+  StopResponse rank_silent(int rank, pid_t pid, double silent_s);
+  // The supervisor begins signalling the ranks: a rank killed from here on is zerorun's doing.
+  void teardown_started() { teardown_ = true; }
+
+  // The ranks taken as lost for a restart (--max-restarts): the one whose failure ended the job
+  // (killed, exited with an error, or silent), and any other that was killed by SIGKILL or went
+  // silent before the teardown. A rank that exits with an error after a peer's failure is a
+  // survivor: that is how a rank reports a peer it lost (its collective fails), never by a SIGKILL.
+  const std::vector<int>& lost_ranks() const { return lost_; }
+  // The failure that ended the job ("rank 3 (pid 123) was killed by signal 9 (SIGKILL)"); empty
+  // unless a rank failed.
+  const std::string& failure() const { return failure_; }
 
   StopReason reason() const { return reason_; }
   bool ending() const { return reason_ != StopReason::kNone; }
@@ -49,9 +64,16 @@ class JobOutcome {
   int exit_code() const { return exit_code_; }
 
  private:
+  void lose(int rank);
+  // The first rank failure: the job's reason, exit status and cause.
+  StopResponse first_failure(int rank, const std::string& what, int exit_code);
+
   double report_s_, timeout_s_;
   StopReason reason_ = StopReason::kNone;
   int exit_code_ = 0;
+  bool teardown_ = false;
+  std::vector<int> lost_;
+  std::string failure_;
 };
 
 }  // namespace zero::comm

@@ -128,5 +128,36 @@ TEST_CASE("a failed start: exit 1 and SIGTERM to the ranks that started; their e
   CHECK(outcome.reason() == StopReason::kStartFailed);
 }
 
+TEST_CASE("the lost ranks: the first failure, and any other SIGKILL before the teardown; errors after it survive") {
+  JobOutcome outcome(5, 0);
+  feed_exits(outcome, {{3, killed_by(SIGKILL)}, {0, exited(1)}, {1, killed_by(SIGKILL)}});
+  CHECK(outcome.lost_ranks() == std::vector<int>{3, 1});
+  CHECK(outcome.failure() == "rank 3 (pid 103) was killed by signal 9 (SIGKILL)");
+  outcome.teardown_started();
+  feed_exits(outcome, {{2, killed_by(SIGKILL)}});  // zerorun's own SIGKILL past --grace-s
+  CHECK(outcome.lost_ranks() == std::vector<int>{3, 1});
+
+  // A program error is lost too when it comes first: its rank is the one the restart leaves out.
+  JobOutcome error(5, 0);
+  feed_exits(error, {{2, exited(1)}, {0, exited(1)}});
+  CHECK(error.lost_ranks() == std::vector<int>{2});
+}
+
+TEST_CASE("a silent rank: killed, named with its silence, lost; 128 + SIGKILL") {
+  JobOutcome outcome(5, 0);
+  const StopResponse r = outcome.rank_silent(1, 101, 3.04);
+  CHECK(r.action == Action::kTearDownAfterReport);
+  CHECK(r.message ==
+        "rank 1 (pid 101) sent no heartbeat for 3.0 s (--heartbeat-s): stopped or frozen; killed it; stopping the other "
+        "ranks (after up to 5 s for them to report)");
+  CHECK(outcome.exit_code() == 128 + SIGKILL);
+  CHECK(outcome.reason() == StopReason::kRankFailed);
+  // Its SIGKILL, reaped later, is only reported.
+  const std::vector<std::string> said = feed_exits(outcome, {{1, killed_by(SIGKILL)}, {0, exited(1)}});
+  CHECK(said.size() == 2);
+  CHECK(outcome.lost_ranks() == std::vector<int>{1});
+  CHECK(outcome.exit_code() == 128 + SIGKILL);
+}
+
 }  // namespace
 }  // namespace zero::comm

@@ -1,5 +1,7 @@
 #include "comm/launch/launch_rank_env.h"
 
+#include <fmt/format.h>
+
 #include <set>
 #include <utility>
 
@@ -8,10 +10,13 @@ namespace zero::comm {
 int global_rank(const LaunchOptions& o, int local_rank) { return o.node_rank * o.nproc_per_node + local_rank; }
 
 std::vector<std::string> rank_environment(const LaunchOptions& o, const RankRendezvous& rendezvous,
-                                          const std::vector<std::string>& parent, int local_rank) {
+                                          const RankAttempt& attempt, const std::vector<std::string>& parent,
+                                          int local_rank, int heartbeat_fd) {
   static const std::set<std::string> kOwned = {
-      "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-      "GROUP_RANK", "ZERO_JOB_TOKEN", "ZERO_STORE_LISTEN_FD"};
+      "MASTER_ADDR",          "MASTER_PORT",         "RANK",           "WORLD_SIZE",
+      "LOCAL_RANK",           "LOCAL_WORLD_SIZE",    "GROUP_RANK",     "ZERO_JOB_TOKEN",
+      "ZERO_STORE_IN_LAUNCHER", "ZERO_RESTART_COUNT", "ZERO_RESTART_FAILED_AT", "ZERO_RESTART_REASON",
+      "ZERO_HEARTBEAT_FD",    "ZERO_HEARTBEAT_INTERVAL_MS"};
   const int rank = global_rank(o, local_rank);
   std::vector<std::pair<std::string, std::string>> vars = {
       {"MASTER_ADDR", o.master_addr},
@@ -22,9 +27,16 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, const RankRend
       {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
       {"GROUP_RANK", std::to_string(o.node_rank)},
       {"ZERO_JOB_TOKEN", rendezvous.token},
+      {"ZERO_STORE_IN_LAUNCHER", "1"},
+      {"ZERO_RESTART_COUNT", std::to_string(attempt.restart_count)},
   };
-  if (rendezvous.store_listen_fd >= 0 && rank == 0) {
-    vars.emplace_back("ZERO_STORE_LISTEN_FD", std::to_string(rendezvous.store_listen_fd));
+  if (attempt.restart_count > 0) {
+    vars.emplace_back("ZERO_RESTART_FAILED_AT", fmt::format("{:.3f}", attempt.failed_at));
+    vars.emplace_back("ZERO_RESTART_REASON", attempt.reason);
+  }
+  if (heartbeat_fd >= 0) {
+    vars.emplace_back("ZERO_HEARTBEAT_FD", std::to_string(heartbeat_fd));
+    vars.emplace_back("ZERO_HEARTBEAT_INTERVAL_MS", std::to_string(attempt.heartbeat_interval_ms));
   }
   std::vector<std::string> out;
   for (const std::string& entry : parent) {

@@ -13,19 +13,27 @@ namespace zero::comm {
 // The rendezvous values every rank gets (comm/launch/launch_rendezvous.h), as plain values.
 struct RankRendezvous {
   std::string token;
-  uint16_t port = 0;
-  // The listening socket rank 0 inherits (ZERO_STORE_LISTEN_FD), or -1 when the port was given.
-  int store_listen_fd = -1;
+  uint16_t port = 0;  // of the store node 0's zerorun hosts
+};
+
+// What one attempt of the job tells its ranks (--max-restarts, --heartbeat-s).
+struct RankAttempt {
+  int restart_count = 0;  // 0: the first attempt
+  double failed_at = 0;   // when the failure that ended the last attempt was seen (seconds since the epoch)
+  std::string reason;     // what it was
+  int heartbeat_interval_ms = 0;
 };
 
 // The environment ("NAME=value" entries) of the rank with index local_rank on this node: the parent
-// entries (zerorun's environment) minus MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK,
-// LOCAL_WORLD_SIZE, GROUP_RANK, ZERO_JOB_TOKEN and ZERO_STORE_LISTEN_FD, then this rank's values of
-// them. Removed first so that each name appears once: an inherited value (say zerorun started from
-// inside another job's rank) cannot shadow the rank's own. Only global rank 0 gets
-// ZERO_STORE_LISTEN_FD.
+// entries (zerorun's environment) minus the variables zerorun sets, then this rank's values of them:
+// MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+// ZERO_JOB_TOKEN, ZERO_STORE_IN_LAUNCHER=1, ZERO_RESTART_COUNT; ZERO_RESTART_FAILED_AT and
+// ZERO_RESTART_REASON from the second attempt on; ZERO_HEARTBEAT_FD (heartbeat_fd, when >= 0) and
+// ZERO_HEARTBEAT_INTERVAL_MS. Removed first so that each name appears once: an inherited value (say
+// zerorun started from inside another job's rank) cannot shadow the rank's own.
 std::vector<std::string> rank_environment(const LaunchOptions& options, const RankRendezvous& rendezvous,
-                                          const std::vector<std::string>& parent, int local_rank);
+                                          const RankAttempt& attempt, const std::vector<std::string>& parent,
+                                          int local_rank, int heartbeat_fd);
 
 // Global rank of the rank with index local_rank on this node.
 int global_rank(const LaunchOptions& options, int local_rank);

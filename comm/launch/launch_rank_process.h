@@ -7,6 +7,7 @@
 // stdout and stderr are pipes that zerorun reads (RankOutputStream).
 #include <sys/types.h>
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,6 +21,12 @@ struct RankProcess {
   pid_t pid = -1;      // also its process group id
   bool running = false;
   RankOutputStream out, err;
+  // zerorun's end of the rank's heartbeat socket (--heartbeat-s; comm/launch/heartbeat.h), -1 when
+  // not watched or closed. The rank is watched from its first beat on: a program that never starts
+  // a process group never beats, and is not taken as silent.
+  int heartbeat_fd = -1;
+  std::chrono::steady_clock::time_point last_beat{};
+  bool beating = false;
 };
 
 // Forks and execs `command` (searched in PATH) as global rank `rank` with exactly `env`, keeping

@@ -3,8 +3,13 @@
 #include <fmt/format.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <utility>
 
 #include "comm/store/tcp_store_socket.h"
 
@@ -31,17 +36,18 @@ class Supervisor {
         start_(Clock::now()),
         grace_(seconds(options.grace_s)) {}
 
-  JobOutcome run(bool all_started) {
+  SupervisedJob run(bool all_started) {
     if (!all_started) apply(outcome_.start_failed());
     while (any_running()) {
       wait_and_pump_output();
       forward_signals();
       reap_exited_ranks();
+      check_heartbeats();
       end_report_window();
       enforce_job_deadline();
       enforce_grace_period();
     }
-    return outcome_;
+    return {.outcome = outcome_, .failed_at = failed_at_};
   }
 
  private:
@@ -67,14 +73,51 @@ class Supervisor {
         }
       }
     }
+    std::vector<RankProcess*> beaters;
+    for (auto& r : ranks_) {
+      if (r.heartbeat_fd >= 0) {
+        fds.push_back({r.heartbeat_fd, POLLIN, 0});
+        beaters.push_back(&r);
+      }
+    }
     auto wake_at = Clock::now() + std::chrono::milliseconds(200);
     if (!killed_ && kill_at_ < wake_at) wake_at = kill_at_;
     if (term_at_ < wake_at) wake_at = term_at_;
     const int rc = ::poll(fds.data(), fds.size(), net::poll_timeout_ms(wake_at));
     if (rc <= 0) return;
     if (fds[0].revents != 0) signals_.drain_wake();
-    for (size_t k = 1; k < fds.size(); ++k) {
-      if (fds[k].revents != 0) streams[k - 1]->read_available();
+    for (size_t k = 0; k < streams.size(); ++k) {
+      if (fds[1 + k].revents != 0) streams[k]->read_available();
+    }
+    for (size_t k = 0; k < beaters.size(); ++k) {
+      if (fds[1 + streams.size() + k].revents != 0) take_beats(*beaters[k]);
+    }
+  }
+
+  // Reads the beats that arrived; end of stream (the rank is exiting) ends the watch.
+  static void take_beats(RankProcess& r) {
+    char buf[256];
+    const ssize_t n = ::read(r.heartbeat_fd, buf, sizeof(buf));
+    if (n > 0) {
+      r.last_beat = Clock::now();
+      r.beating = true;
+    } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+      ::close(r.heartbeat_fd);
+      r.heartbeat_fd = -1;
+      r.beating = false;
+    }
+  }
+
+  // --heartbeat-s: a running rank that beat once and has been silent since for that long is stopped
+  // or frozen. It gets SIGKILL now (a stopped process takes no SIGTERM) and fails the job.
+  void check_heartbeats() {
+    if (options_.heartbeat_s <= 0) return;
+    const auto now = Clock::now();
+    for (auto& r : ranks_) {
+      if (!r.running || !r.beating || now - r.last_beat < seconds(options_.heartbeat_s)) continue;
+      r.beating = false;
+      signal_rank(r, SIGKILL);
+      apply(outcome_.rank_silent(r.rank, r.pid, std::chrono::duration<double>(now - r.last_beat).count()));
     }
   }
 
@@ -83,11 +126,17 @@ class Supervisor {
     if (const int sig = signals_.take_new_signal(); sig != 0) apply(outcome_.signal_received(sig));
   }
 
+  // The ranks killed by a signal are taken first among those that exited since the last look: a
+  // rank that a peer's death makes fail exits with an error moments after it, and when both land
+  // in one look, the killed rank is the cause (and the one a restart leaves out).
   void reap_exited_ranks() {
+    std::vector<std::pair<RankProcess*, int>> exits;
     for (auto& r : ranks_) {
       if (!r.running) continue;
-      if (const auto status = reap_if_exited(r)) apply(outcome_.rank_exited(r.rank, r.pid, *status));
+      if (const auto status = reap_if_exited(r)) exits.emplace_back(&r, *status);
     }
+    std::stable_partition(exits.begin(), exits.end(), [](const auto& e) { return WIFSIGNALED(e.second); });
+    for (const auto& [r, status] : exits) apply(outcome_.rank_exited(r->rank, r->pid, status));
   }
 
   // After a rank failed, the others had --report-s to exit on their own; then they get SIGTERM.
@@ -106,6 +155,7 @@ class Supervisor {
 
   void enforce_grace_period() {
     if (killed_ || !any_running() || Clock::now() < kill_at_) return;
+    outcome_.teardown_started();
     say(fmt::format("ranks still running {} s after SIGTERM; sending SIGKILL", options_.grace_s));
     for (const auto& r : ranks_) {
       if (r.running) signal_rank(r, SIGKILL);
@@ -115,6 +165,9 @@ class Supervisor {
 
   void apply(const StopResponse& response) {
     if (!response.message.empty()) say(response.message);
+    if (failed_at_ == 0 && outcome_.reason() == StopReason::kRankFailed) {
+      failed_at_ = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    }
     switch (response.action) {
       case StopResponse::Action::kNone:
         break;
@@ -132,6 +185,7 @@ class Supervisor {
 
   // Signals every running rank; the first teardown starts the grace period before SIGKILL.
   void tear_down(int sig) {
+    outcome_.teardown_started();
     for (const auto& r : ranks_) {
       if (r.running) signal_rank(r, sig);
     }
@@ -147,12 +201,13 @@ class Supervisor {
   Clock::time_point kill_at_ = Clock::time_point::max();  // SIGKILL whatever still runs then
   Clock::time_point term_at_ = Clock::time_point::max();  // a rank failed: SIGTERM the rest then
   bool killed_ = false;
+  double failed_at_ = 0;
 };
 
 }  // namespace
 
-JobOutcome supervise_ranks(std::vector<RankProcess>& ranks, LaunchSignals& signals, const LaunchOptions& options,
-                           bool all_started) {
+SupervisedJob supervise_ranks(std::vector<RankProcess>& ranks, LaunchSignals& signals, const LaunchOptions& options,
+                              bool all_started) {
   return Supervisor(ranks, signals, options).run(all_started);
 }
 

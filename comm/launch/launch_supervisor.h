@@ -1,7 +1,7 @@
 #pragma once
 // Supervising a started job until every rank has exited: re-emitting the ranks' output, forwarding
-// zerorun's signals, noticing the first failure and the deadline, and tearing the job down
-// (SIGTERM, SIGKILL after --grace-s) when it must end.
+// zerorun's signals, noticing the first failure (an exit, or a heartbeat gone silent) and the
+// deadline, and tearing the job down (SIGTERM, SIGKILL after --grace-s) when it must end.
 #include <vector>
 
 #include "comm/launch/launch_args.h"
@@ -11,10 +11,16 @@
 
 namespace zero::comm {
 
+struct SupervisedJob {
+  JobOutcome outcome;
+  double failed_at = 0;  // when the rank failure that ended it was seen (seconds since the epoch); 0: none
+};
+
 // Returns once no rank is running, with the job's outcome. all_started false (a rank could not be
 // started) ends the job at once: the ranks in `ranks` are stopped and zerorun exits 1. The ranks'
-// pipes may still be open afterwards (a rank's leftover child can hold them).
-JobOutcome supervise_ranks(std::vector<RankProcess>& ranks, LaunchSignals& signals, const LaunchOptions& options,
-                           bool all_started);
+// pipes may still be open afterwards (a rank's leftover child can hold them). With --heartbeat-s a
+// rank whose heartbeat stops for that long is killed and counts as failed.
+SupervisedJob supervise_ranks(std::vector<RankProcess>& ranks, LaunchSignals& signals, const LaunchOptions& options,
+                              bool all_started);
 
 }  // namespace zero::comm

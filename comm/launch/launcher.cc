@@ -1,16 +1,26 @@
-// zerorun: a small torchrun-style launcher. run_launch is the sequence of the launch's phases; each
-// phase lives in its own file:
+// zerorun: a small torchrun-style launcher. run_launch is the sequence of the launch's phases, run
+// once, or once per attempt with --max-restarts; each phase lives in its own file:
 //
-//   launch_rendezvous  the job token and rank 0's store port (a socket bound here when it is 0)
+//   launch_rendezvous  the job token, and the rendezvous store node 0 hosts (fresh per attempt)
 //   launch_signals     the signal handlers and their self-pipe, installed before the first fork
 //   launch_rank_env    each rank's environment
 //   launch_rank_process  forking a rank into its own process group with its output pipes
-//   launch_supervisor  the poll loop: output, signals, the first failure, the deadline, teardown
-//   launch_outcome     the exit status and zerorun's messages about why the job ends
+//   launch_supervisor  the poll loop: output, heartbeats, signals, the first failure, the deadline,
+//                      teardown
+//   launch_outcome     the exit status, the lost ranks, and zerorun's messages about why the job ends
 #include "comm/launch/launcher.h"
 
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +28,7 @@
 #include "base/check.h"
 #include "base/env.h"
 #include "comm/launch/launch_outcome.h"
+#include "comm/launch/launch_output.h"
 #include "comm/launch/launch_rank_env.h"
 #include "comm/launch/launch_rank_process.h"
 #include "comm/launch/launch_rendezvous.h"
@@ -37,19 +48,34 @@ std::vector<std::string> current_environment() {
   return out;
 }
 
+// The interval ranks beat at under --heartbeat-s: a tenth of it (so that a busy machine's late beat
+// is not silence), between 10 ms and one second.
+int heartbeat_interval_ms(double heartbeat_s) {
+  return static_cast<int>(std::clamp(heartbeat_s * 100.0, 10.0, 1000.0));
+}
+
 // Starts the node's ranks in order and stops at the first that cannot be started (the spawn says
 // why): the ranks started so far are in `ranks` either way, so that the supervisor can stop them.
-// Returns whether every rank started.
-bool start_ranks(const LaunchOptions& o, const Rendezvous& rendezvous, std::vector<RankProcess>& ranks) {
-  const RankRendezvous shared{.token = rendezvous.token,
-                              .port = rendezvous.port,
-                              .store_listen_fd = rendezvous.listen_fd.valid() ? rendezvous.listen_fd.get() : -1};
+// Under --heartbeat-s each rank gets one end of a socket pair (ZERO_HEARTBEAT_FD) and zerorun keeps
+// the other. Returns whether every rank started.
+bool start_ranks(const LaunchOptions& o, const RankRendezvous& rendezvous, const RankAttempt& attempt,
+                 std::vector<RankProcess>& ranks) {
   const std::vector<std::string> parent = current_environment();
   for (int local = 0; local < o.nproc_per_node; ++local) {
-    const int rank = global_rank(o, local);
-    const int inherit_fd = rank == 0 ? shared.store_listen_fd : -1;
-    auto started = spawn_rank(rank, o.command, rank_environment(o, shared, parent, local), inherit_fd);
-    if (!started) return false;
+    int beat[2] = {-1, -1};
+    if (o.heartbeat_s > 0 && ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, beat) != 0) {
+      say(fmt::format("socketpair: {}", std::strerror(errno)));
+      return false;
+    }
+    auto started = spawn_rank(global_rank(o, local), o.command,
+                              rank_environment(o, rendezvous, attempt, parent, local, beat[1]), beat[1]);
+    if (beat[1] >= 0) ::close(beat[1]);  // the rank's end, which it holds now
+    if (!started) {
+      if (beat[0] >= 0) ::close(beat[0]);
+      return false;
+    }
+    if (beat[0] >= 0) ::fcntl(beat[0], F_SETFL, ::fcntl(beat[0], F_GETFL) | O_NONBLOCK);
+    started->heartbeat_fd = beat[0];
     ranks.push_back(std::move(*started));
   }
   return true;
@@ -66,23 +92,61 @@ void stop_leftovers_and_flush_output(std::vector<RankProcess>& ranks) {
       if (s->fd >= 0) s->read_available();
       if (s->fd >= 0) s->close();
     }
+    if (r.heartbeat_fd >= 0) ::close(r.heartbeat_fd);
+    r.heartbeat_fd = -1;
   }
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  return fmt::format("{}", fmt::join(ranks, ", "));
 }
 
 }  // namespace
 
-int run_launch(const LaunchOptions& o) {
-  ZERO_CHECK(!o.command.empty(), "run_launch: no program");
-  Rendezvous rendezvous = prepare_rendezvous(o, env_string("ZERO_JOB_TOKEN", ""));
+int run_launch(const LaunchOptions& options) {
+  ZERO_CHECK(!options.command.empty(), "run_launch: no program");
+  const std::string token = job_token(options, env_string("ZERO_JOB_TOKEN", ""));
   // Installed before the first fork: a signal that arrives while the ranks start is then forwarded to
   // them like any later one instead of killing zerorun halfway.
   LaunchSignals signals;
-  std::vector<RankProcess> ranks;
-  const bool all_started = start_ranks(o, rendezvous, ranks);
-  rendezvous.listen_fd.reset();  // rank 0 holds its own copy now
-  const JobOutcome outcome = supervise_ranks(ranks, signals, o, all_started);
-  stop_leftovers_and_flush_output(ranks);
-  return outcome.exit_code();
+  LaunchOptions o = options;  // o.nproc_per_node: this attempt's ranks
+  RankAttempt attempt{.heartbeat_interval_ms = heartbeat_interval_ms(options.heartbeat_s)};
+  while (true) {
+    // Node 0 hosts the store for as long as the attempt's ranks run; a restart meets at a new one,
+    // so no key of the failed attempt (a dead rank's address, a half-done barrier) is read again.
+    std::unique_ptr<TcpStoreServer> store;
+    if (o.node_rank == 0) store = host_rendezvous_store(o, token);
+    const RankRendezvous rendezvous{.token = token,
+                                    .port = store ? store->port() : static_cast<uint16_t>(o.master_port)};
+    std::vector<RankProcess> ranks;
+    const bool all_started = start_ranks(o, rendezvous, attempt, ranks);
+    const SupervisedJob job = supervise_ranks(ranks, signals, o, all_started);
+    stop_leftovers_and_flush_output(ranks);
+    const JobOutcome& outcome = job.outcome;
+    if (outcome.exit_code() == 0 || outcome.reason() != StopReason::kRankFailed) return outcome.exit_code();
+    if (options.max_restarts == 0) return outcome.exit_code();
+    if (const int sig = signals.take_new_signal(); sig != 0) {
+      say(fmt::format("got signal {} while the job was stopping; not restarting", sig));
+      return 128 + sig;
+    }
+    if (attempt.restart_count == options.max_restarts) {
+      say(fmt::format("no restart left (--max-restarts={})", options.max_restarts));
+      return outcome.exit_code();
+    }
+    const int left = o.nproc_per_node - static_cast<int>(outcome.lost_ranks().size());
+    if (left < options.min_nproc) {
+      say(fmt::format("{} rank(s) left after losing rank(s) {}: fewer than --min-nproc={}; not restarting", left,
+                      rank_list(outcome.lost_ranks()), options.min_nproc));
+      return outcome.exit_code();
+    }
+    ++attempt.restart_count;
+    attempt.failed_at = job.failed_at;
+    attempt.reason = outcome.failure();
+    say(fmt::format("restart {} of {}: lost rank(s) {} of {}; starting the job again on {} rank(s)",
+                    attempt.restart_count, options.max_restarts, rank_list(outcome.lost_ranks()), o.nproc_per_node,
+                    left));
+    o.nproc_per_node = left;
+  }
 }
 
 }  // namespace zero::comm

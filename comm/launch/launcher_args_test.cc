@@ -60,6 +60,24 @@ TEST_CASE("errors name the flag") {
   CHECK(error_of({"--nnodes=2", "--master-addr=h", "p"}).find("--master-port") != std::string::npos);
   CHECK(error_of({"--nnodes=2", "--master-port=5", "p"}).find("--master-addr") != std::string::npos);
   CHECK(error_of({"--master-addr=", "p"}).find("--master-addr") != std::string::npos);
+  CHECK(error_of({"--max-restarts=-1", "p"}).find("--max-restarts=-1") != std::string::npos);
+  CHECK(error_of({"--nproc-per-node=2", "--min-nproc=3", "p"}).find("--min-nproc=3 is more than --nproc-per-node=2") !=
+        std::string::npos);
+  CHECK(error_of({"--heartbeat-s=x", "p"}).find("--heartbeat-s") != std::string::npos);
+  CHECK(error_of({"--nnodes=2", "--master-addr=h", "--master-port=1", "--max-restarts=1", "p"})
+            .find("elastic restarts run on one node only") != std::string::npos);
+}
+
+TEST_CASE("the elastic flags") {
+  const LaunchOptions o =
+      parse_launch_args({"--nproc-per-node=4", "--max-restarts", "2", "--min-nproc=2", "--heartbeat-s=5", "p"});
+  CHECK(o.max_restarts == 2);
+  CHECK(o.min_nproc == 2);
+  CHECK(o.heartbeat_s == 5);
+  const LaunchOptions d = parse_launch_args({"p"});
+  CHECK(d.max_restarts == 0);
+  CHECK(d.min_nproc == 1);
+  CHECK(d.heartbeat_s == 0);
 }
 
 }  // namespace

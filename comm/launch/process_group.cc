@@ -34,6 +34,9 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options) {
   ProcessGroup pg;
   pg.env = read_dist_env();
   set_log_rank(pg.env.rank);
+  if (pg.env.heartbeat_fd >= 0) {
+    pg.heartbeat = std::make_unique<Heartbeat>(pg.env.heartbeat_fd, std::chrono::milliseconds(pg.env.heartbeat_interval_ms));
+  }
   pg.store = connect_store(pg.env, options.timeout);
 
   GlooOptions gloo = options.gloo;

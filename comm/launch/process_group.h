@@ -8,7 +8,8 @@
 //
 // The device communicator: backend "auto" uses NCCL when the build has CUDA and a GPU is visible
 // (device = local_rank % device count), else none; "nccl" requires it; "gloo" never builds one.
-// The environment variable ZERO_COMM_BACKEND overrides "auto" (only). Sets the log rank.
+// The environment variable ZERO_COMM_BACKEND overrides "auto" (only). Sets the log rank. Starts the
+// heartbeat the launcher asks for (comm/launch/heartbeat.h) before anything that may wait.
 #include <chrono>
 #include <memory>
 #include <string>
@@ -16,6 +17,7 @@
 #include "comm/communicator.h"
 #include "comm/gloo/gloo_communicator.h"
 #include "comm/launch/dist_env.h"
+#include "comm/launch/heartbeat.h"
 #include "comm/store/store.h"
 
 namespace zero::comm {
@@ -41,6 +43,8 @@ struct ProcessGroup {
   // The host communicator's bytes sent to each world rank (comm/peer_traffic.h); null when not
   // counted.
   std::shared_ptr<PeerTraffic> traffic;
+  // Beating to the launcher while the group lives, when it asked (ZERO_HEARTBEAT_FD); else null.
+  std::unique_ptr<Heartbeat> heartbeat;
 };
 
 ProcessGroup init_process_group(const ProcessGroupOptions& options = {});

@@ -128,12 +128,12 @@ TEST_CASE("three ranks print their environment with prefixed, whole lines") {
     CHECK_MESSAGE((std::sscanf(line.c_str(), "[rank %d] %n", &prefix_rank, &prefix_len) == 1 &&
                    prefix_len == 9 && prefix_rank >= 0 && prefix_rank < 3),
                   line);
-    // "[rank R] rank=R world=3 local=R/3 group=0 addr=127.0.0.1 port=P token=T fd=F"
+    // "[rank R] rank=R world=3 local=R/3 group=0 addr=127.0.0.1 port=P token=T store_in_launcher=1"
     int rank = -1, world = -1, local = -1, local_world = -1, group = -1, end = 0;
     char addr[64] = {}, port[16] = {}, token[80] = {}, fd[16] = {};
     if (std::sscanf(line.c_str(),
                     "[rank %*d] rank=%d world=%d local=%d/%d group=%d addr=%63s port=%15s "
-                    "token=%79s fd=%15s%n",
+                    "token=%79s store_in_launcher=%15s%n",
                     &rank, &world, &local, &local_world, &group, addr, port, token, fd, &end) == 9) {
       CHECK(static_cast<size_t>(end) == line.size());
       CHECK(rank == prefix_rank);
@@ -147,8 +147,8 @@ TEST_CASE("three ranks print their environment with prefixed, whole lines") {
       tokens.insert(token);
       CHECK(std::string(token).size() == 32);
       CHECK(std::string(token).find_first_not_of("0123456789abcdef") == std::string::npos);
-      // Only rank 0 inherits the listening socket.
-      CHECK((std::string(fd) != "-") == (rank == 0));
+      // zerorun hosts the store: every rank, rank 0 included, is its client.
+      CHECK(std::string(fd) == "1");
     }
   }
   CHECK(ranks == std::set<int>{0, 1, 2});
@@ -300,3 +300,46 @@ TEST_CASE("an explicit --master-port is used by rank 0's server") {
 }
 
 }  // namespace
+
+TEST_CASE("--max-restarts: the job runs again without the rank that was killed, rank 0 included") {
+  for (const char* who : {"0", "2"}) {
+    CAPTURE(who);
+    const Result r = run({"--nproc-per-node=3", "--max-restarts=1", "--report-s=0.2", "--timeout-s=50", "--", kProg, "elastic", who});
+    INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+    CHECK(r.code == 0);
+    CHECK(contains(r.err, "zerorun: rank " + std::string(who) + " (pid "));
+    CHECK(contains(r.err, "zerorun: restart 1 of 1: lost rank(s) " + std::string(who) +
+                              " of 3; starting the job again on 2 rank(s)"));
+    for (int k = 0; k < 2; ++k) {
+      const std::string rk = "[rank " + std::to_string(k) + "] ";
+      CHECK(contains(r.out, rk + "attempt 1 of world 2 after 'rank " + std::string(who) + " (pid "));
+      CHECK(contains(r.out, rk + "store ok rank " + std::to_string(k) + " of 2 (torchrun, 3 rounds)"));
+    }
+    CHECK(!contains(r.out, "[rank 2] attempt 1"));
+  }
+}
+
+TEST_CASE("--max-restarts runs out, and --min-nproc stops the shrinking; each says so") {
+  Result r = run({"--nproc-per-node=3", "--max-restarts=1", "--report-s=0.2", "--", kProg, "crash", "0"});
+  INFO("stderr:\n" << r.err);
+  CHECK(r.code == 128 + SIGKILL);
+  CHECK(contains(r.err, "restart 1 of 1: lost rank(s) 0 of 3"));
+  CHECK(contains(r.err, "zerorun: no restart left (--max-restarts=1)"));
+  r = run({"--nproc-per-node=2", "--max-restarts=3", "--min-nproc=2", "--report-s=0.2", "--", kProg, "crash", "1"});
+  CHECK(r.code == 128 + SIGKILL);
+  CHECK(contains(r.err, "zerorun: 1 rank(s) left after losing rank(s) 1: fewer than --min-nproc=2; not restarting"));
+  CHECK(!contains(r.err, "restart 1"));
+}
+
+TEST_CASE("--heartbeat-s: a stopped rank is found, killed and left out") {
+  const Result r = run({"--nproc-per-node=2", "--heartbeat-s=1", "--max-restarts=1", "--report-s=0.2", "--timeout-s=50", "--", kProg,
+                        "silent", "1"});
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(r.code == 0);
+  CHECK(contains(r.err, "zerorun: rank 1 (pid "));
+  CHECK(contains(r.err, "sent no heartbeat for "));
+  CHECK(contains(r.err, "(--heartbeat-s): stopped or frozen; killed it"));
+  CHECK(contains(r.err, "restart 1 of 1: lost rank(s) 1 of 2; starting the job again on 1 rank(s)"));
+  CHECK(contains(r.out, "[rank 0] attempt 1 of world 1 after 'rank 1 (pid "));
+  CHECK(r.seconds < 20);
+}

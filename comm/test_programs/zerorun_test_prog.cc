@@ -8,10 +8,15 @@
 //   orphan              rank 0 leaves a child sleeping 60 s (holding the output pipe) and exits 0
 //   longline N          rank 0 prints one line of N 'x' characters
 //   store ROUNDS        connect_store(read_dist_env()) and run ROUNDS barrier rounds of adds/waits
+//   elastic R           first attempt: rank R kills itself with SIGKILL, the others sleep; a restarted
+//                       attempt says what it was told and runs the store's rounds
+//   silent R            with zerorun's heartbeat: first attempt, rank R stops itself (SIGSTOP), the
+//                       others sleep; a restarted attempt says so and exits 0
 #include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <memory>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -19,6 +24,7 @@
 #include <vector>
 
 #include "comm/launch/dist_env.h"
+#include "comm/launch/heartbeat.h"
 
 namespace {
 
@@ -78,11 +84,11 @@ int main(int argc, char** argv) {
   const std::string mode = args[0];
   try {
     if (mode == "env") {
-      std::printf("rank=%s world=%s local=%s/%s group=%s addr=%s port=%s token=%s fd=%s\n",
+      std::printf("rank=%s world=%s local=%s/%s group=%s addr=%s port=%s token=%s store_in_launcher=%s\n",
                   env_or("RANK", "-"), env_or("WORLD_SIZE", "-"), env_or("LOCAL_RANK", "-"),
                   env_or("LOCAL_WORLD_SIZE", "-"), env_or("GROUP_RANK", "-"),
                   env_or("MASTER_ADDR", "-"), env_or("MASTER_PORT", "-"),
-                  env_or("ZERO_JOB_TOKEN", "-"), env_or("ZERO_STORE_LISTEN_FD", "-"));
+                  env_or("ZERO_JOB_TOKEN", "-"), env_or("ZERO_STORE_IN_LAUNCHER", "-"));
       std::fflush(stdout);
       std::printf("first half ");
       std::fflush(stdout);
@@ -146,6 +152,28 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (mode == "store") return run_store(std::stoi(args.at(1)));
+    if (mode == "elastic" || mode == "silent") {
+      const zero::comm::DistEnv env = zero::comm::read_dist_env();
+      std::unique_ptr<zero::comm::Heartbeat> beat;
+      if (env.heartbeat_fd >= 0) {
+        beat = std::make_unique<zero::comm::Heartbeat>(env.heartbeat_fd,
+                                                       std::chrono::milliseconds(env.heartbeat_interval_ms));
+      }
+      if (env.restart_count > 0) {
+        std::printf("attempt %d of world %d after '%s' (%.1f s ago)\n", env.restart_count, env.world_size,
+                    env.restart_reason.c_str(),
+                    std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() -
+                        env.restart_failed_at);
+        std::fflush(stdout);
+        return mode == "elastic" ? run_store(3) : 0;
+      }
+      if (env.rank == std::stoi(args.at(1))) {
+        std::this_thread::sleep_for(300ms);
+        ::raise(mode == "elastic" ? SIGKILL : SIGSTOP);
+      }
+      sleep_long();
+      return 0;
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -19,6 +19,7 @@
 #include "base/error.h"
 #include "testing/thread_ranks.h"
 #include "zero/checkpoint/checkpoint_offline.h"
+#include "zero/checkpoint/latest_checkpoint.h"
 #include "zero/checkpoint/safetensors.h"
 #include "zero/engine.h"
 
@@ -363,4 +364,45 @@ TEST_CASE("frozen parameters are saved, loaded, exported and imported whole") {
   CHECK(slurp(file + ".offline") == bytes);
 }
 
+}  // namespace zero
+
+namespace zero {
+namespace {
+
+TEST_CASE("the latest complete checkpoint: DIR, DIR.old left by a save killed between its renames, or none") {
+  const std::string dir = tmp("threads_ckpt_latest");
+  fs::remove_all(dir);
+  fs::remove_all(dir + ".old");
+  CHECK_FALSE(latest_checkpoint(dir).has_value());  // a run that never saved
+  testing::run_thread_ranks(2, [&](comm::Communicator& c) {
+    Model m;
+    auto e = trained(c, m, 2, 3);
+    e->save(dir);
+  });
+  std::optional<FoundCheckpoint> found = latest_checkpoint(dir);
+  REQUIRE(found.has_value());
+  CHECK(found->dir == dir);
+  CHECK(found->step == 3);
+
+  // Killed after DIR -> DIR.old and before DIR.partial -> DIR: the previous save is in DIR.old.
+  fs::rename(dir, dir + ".old");
+  found = latest_checkpoint(dir);
+  REQUIRE(found.has_value());
+  CHECK(found->dir == dir + ".old");
+  CHECK(found->step == 3);
+
+  // A DIR whose data file is cut short is passed over, and says why.
+  fs::copy(dir + ".old", dir, fs::copy_options::recursive);
+  fs::resize_file(dir + "/rank-00001.bin", 8);
+  std::vector<std::string> why;
+  found = latest_checkpoint(dir, &why);
+  REQUIRE(found.has_value());
+  CHECK(found->dir == dir + ".old");
+  REQUIRE(why.size() == 1);
+  CAPTURE(why[0]);
+  CHECK(why[0].find("'" + dir + "' is not complete") != std::string::npos);
+  CHECK(why[0].find("rank-00001.bin") != std::string::npos);
+}
+
+}  // namespace
 }  // namespace zero
