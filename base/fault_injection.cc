@@ -31,6 +31,7 @@ void fire(const Plan& p) {
   std::fprintf(stderr, "fault injection: %s at '%s'\n",
                p.action == Plan::Action::kKill    ? "killing this process"
                : p.action == Plan::Action::kStall ? "stalling this thread for good"
+               : p.action == Plan::Action::kStop  ? "stopping this process (SIGSTOP)"
                : p.action == Plan::Action::kThrow ? "throwing"
                                                   : "delaying this thread",
                p.point.c_str());
@@ -38,6 +39,9 @@ void fire(const Plan& p) {
   switch (p.action) {
     case Plan::Action::kKill:
       ::kill(::getpid(), SIGKILL);
+      break;
+    case Plan::Action::kStop:
+      ::kill(::getpid(), SIGSTOP);
       break;
     case Plan::Action::kStall:
       for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
@@ -69,6 +73,8 @@ Plan parse_plan(std::string_view text) {
     p.action = Plan::Action::kKill;
   } else if (action == "stall") {
     p.action = Plan::Action::kStall;
+  } else if (action == "stop") {
+    p.action = Plan::Action::kStop;
   } else if (action == "throw") {
     p.action = Plan::Action::kThrow;
   } else if (action.rfind("delay=", 0) == 0) {
@@ -79,7 +85,7 @@ Plan parse_plan(std::string_view text) {
       ZERO_THROW(InvalidArgument, "fault plan '{}': delay '{}' is not a number of seconds", t, action.substr(6));
     }
   } else {
-    ZERO_THROW(InvalidArgument, "fault plan '{}': unknown action '{}' (kill, stall, delay=S, throw)", t, action);
+    ZERO_THROW(InvalidArgument, "fault plan '{}': unknown action '{}' (kill, stop, stall, delay=S, throw)", t, action);
   }
   if (b != std::string::npos) {
     char* end = nullptr;

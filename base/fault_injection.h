@@ -7,8 +7,9 @@
 //
 //   POINT:ACTION[:N]        e.g. "reduce_scatter:kill", "prefetch:stall:3", "optimizer_step:delay=8"
 //
-// ACTION: kill (SIGKILL: the process vanishes mid-step, as an OOM kill or a node loss), stall (the
-// thread sleeps and never returns: the process stays alive and silent, its sockets open), delay=S
+// ACTION: kill (SIGKILL: the process vanishes mid-step, as an OOM kill or a node loss), stop (SIGSTOP:
+// the whole process freezes, its heartbeat too, as a hung node), stall (the thread sleeps and never
+// returns: the process stays alive and silent, its sockets open), delay=S
 // (sleeps S seconds, then goes on: a rank late past its peers' timeout), throw (an Error from the
 // point: a failing stage function). N: fire the N-th time the point is reached (default 1); it
 // fires once.
@@ -26,7 +27,7 @@
 namespace zero::fault {
 
 struct Plan {
-  enum class Action { kKill, kStall, kDelay, kThrow };
+  enum class Action { kKill, kStop, kStall, kDelay, kThrow };
   std::string point;
   Action action = Action::kKill;
   double delay_s = 0;

@@ -4,7 +4,9 @@
 //                                     interval from a JSON file, ours or DeepSpeed's (docs/config.md)
 //   --save DIR [--save-every K]       an async checkpoint every K steps and at the end
 //   --resume DIR                      load DIR before the first step: saved at any (dp, tp, pp), split of
-//                                     the layers and stage
+//                                     the layers and stage; "auto": the newest complete checkpoint the
+//                                     --save DIR holds (zero/checkpoint/latest_checkpoint.h), if any:
+//                                     how a job that zerorun --max-restarts starts again resumes
 //   --resume-optimizer same|convert|reset  where DIR's optimizer is not this run's: refuse (same), read
 //                                     each state of the same name (convert), or start the state anew
 //                                     (reset) (LoadOptions, zero/checkpoint/checkpoint_types.h)
@@ -28,6 +30,7 @@
 #include "examples/optimizer_groups.h"
 #include "tools/cli/flags.h"
 #include "parallel/strategy/described_model.h"  // two_optimizer_groups
+#include "zero/checkpoint/latest_checkpoint.h"
 #include "zero/config/engine_config.h"
 #include "zero/engine.h"
 
@@ -163,6 +166,9 @@ struct RunFlags {
     f.resume_dir = flags.get("resume", "");
     f.export_path = flags.get("export", "");
     const std::string how = flags.get("resume-optimizer", "same");
+    if (f.resume_dir == "auto" && f.save_dir.empty()) {
+      ZERO_THROW(InvalidArgument, "--resume auto resumes from what --save DIR holds: it needs --save");
+    }
     if (how == "convert") {
       f.load.optimizer_state = OptimizerStateLoad::kConvert;
     } else if (how == "reset") {
@@ -176,11 +182,26 @@ struct RunFlags {
   // default the engine's rank 0; under model parallelism the caller picks one of the engines).
   int resume(Engine& engine, std::optional<bool> report = std::nullopt) const {
     if (resume_dir.empty()) return 0;
-    const LoadedCheckpoint c = engine.load(resume_dir, load);
-    if (report.value_or(engine.rank() == 0)) {
+    const bool says = report.value_or(engine.rank() == 0);
+    std::string dir = resume_dir;
+    if (dir == "auto") {
+      // Every rank looks at the same files, which no save is writing yet.
+      std::vector<std::string> passed_over;
+      const std::optional<FoundCheckpoint> found = latest_checkpoint(save_dir, &passed_over);
+      if (says) {
+        for (const std::string& why : passed_over) std::printf("--resume auto: passed over %s\n", why.c_str());
+      }
+      if (!found) {
+        if (says) std::printf("--resume auto: no complete checkpoint in %s yet; starting at step 0\n", save_dir.c_str());
+        return 0;
+      }
+      dir = found->dir;
+    }
+    const LoadedCheckpoint c = engine.load(dir, load);
+    if (says) {
       const std::string saved_at = c.layout ? describe(*c.layout)
                                             : fmt::format("dp {} x tp {} x pp {}, stage {}", c.world_size, c.tp, c.pp, c.stage);
-      std::printf("resumed from %s at step %lld (saved at %s)\n", resume_dir.c_str(), static_cast<long long>(c.state.step),
+      std::printf("resumed from %s at step %lld (saved at %s)\n", dir.c_str(), static_cast<long long>(c.state.step),
                   saved_at.c_str());
       const std::string runs = optim::optimizer_label(engine.options().optimizer);
       if (c.optimizer != runs || !c.states_reset.empty()) {

@@ -273,6 +273,7 @@ DistEnv read_dist_env() {
     env.store_in_launcher = *v == "1";
   }
   env.restart_count = static_cast<int>(env_int_opt("ZERO_RESTART_COUNT", 0, INT32_MAX).value_or(0));
+  env.first_world_size = static_cast<int>(env_int_opt("ZERO_FIRST_WORLD_SIZE", 1, kMaxWorld).value_or(env.world_size));
   if (const auto at = env_get("ZERO_RESTART_FAILED_AT")) env.restart_failed_at = parse_seconds("ZERO_RESTART_FAILED_AT", *at);
   env.restart_reason = env_string("ZERO_RESTART_REASON", "");
   if (const auto fd = env_int_opt("ZERO_HEARTBEAT_FD", 0, INT32_MAX)) {

@@ -40,6 +40,9 @@ struct DistEnv {
   // one (ZERO_RESTART_FAILED_AT, seconds since the epoch with a fraction; 0 for the first) and what
   // it was (ZERO_RESTART_REASON: "rank 3 was killed by signal 9 (SIGKILL)").
   int restart_count = 0;
+  // The world the job was launched at (ZERO_FIRST_WORLD_SIZE; world_size when unset): the world its
+  // layout was planned for, which a restart's smaller world shrinks from (layout/shrink.h).
+  int first_world_size = 1;
   double restart_failed_at = 0;
   std::string restart_reason;
   // ZERO_HEARTBEAT_FD: a pipe to the launcher that init_process_group beats into every

@@ -24,7 +24,7 @@ using namespace std::chrono_literals;
 const char* const kVars[] = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "ZERO_JOB_TOKEN", "ZERO_STORE_IN_LAUNCHER", "GROUP_RANK", "ZERO_RESTART_COUNT", "ZERO_RESTART_FAILED_AT",
-    "ZERO_RESTART_REASON", "ZERO_HEARTBEAT_FD", "ZERO_HEARTBEAT_INTERVAL_MS",
+    "ZERO_RESTART_REASON", "ZERO_HEARTBEAT_FD", "ZERO_HEARTBEAT_INTERVAL_MS", "ZERO_FIRST_WORLD_SIZE",
     "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_LOCALID", "SLURM_NODEID",
     "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NNODES", "SLURM_JOB_NUM_NODES",
     "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM_JOB_ID",
@@ -321,6 +321,9 @@ TEST_CASE("zerorun's variables: the store in the launcher, the restart, the hear
   CHECK(d.restart_failed_at == 0);
   CHECK(d.restart_reason.empty());
   CHECK(d.heartbeat_fd == -1);
+  CHECK(d.first_world_size == 2);
+  e.set("ZERO_FIRST_WORLD_SIZE", "4");
+  CHECK(read_dist_env().first_world_size == 4);
   e.set("ZERO_STORE_IN_LAUNCHER", "1").set("ZERO_RESTART_COUNT", "2").set("ZERO_RESTART_FAILED_AT", "1780000000.25");
   e.set("ZERO_RESTART_REASON", "rank 1 was killed").set("ZERO_HEARTBEAT_FD", "9").set("ZERO_HEARTBEAT_INTERVAL_MS", "500");
   d = read_dist_env();

@@ -54,17 +54,19 @@ TEST_CASE("a rank's variables replace the inherited ones; the rest passes throug
   CHECK(env.at("RANKS") == std::vector<std::string>{"keep"});
   CHECK(env.at("EMPTY") == std::vector<std::string>{""});
   CHECK(env.at("A") == std::vector<std::string>{"b=c"});
-  CHECK(env.size() == 14);
+  CHECK(env.at("ZERO_FIRST_WORLD_SIZE") == std::vector<std::string>{"6"});
+  CHECK(env.size() == 15);
 }
 
 TEST_CASE("a restarted attempt says why, and a watched rank gets its heartbeat socket") {
   LaunchOptions o;
   o.nproc_per_node = 3;  // the attempt's ranks: what is left
-  const RankAttempt attempt{.restart_count = 1, .failed_at = 1780000000.5, .reason = "rank 3 was killed by signal 9 (SIGKILL)",
+  const RankAttempt attempt{.first_world = 4, .restart_count = 1, .failed_at = 1780000000.5, .reason = "rank 3 was killed by signal 9 (SIGKILL)",
                             .heartbeat_interval_ms = 250};
   const auto env = by_name(rank_environment(o, {.token = "t", .port = 4000}, attempt, {}, 1, 11));
   CHECK(env.at("WORLD_SIZE") == std::vector<std::string>{"3"});
   CHECK(env.at("ZERO_RESTART_COUNT") == std::vector<std::string>{"1"});
+  CHECK(env.at("ZERO_FIRST_WORLD_SIZE") == std::vector<std::string>{"4"});
   CHECK(env.at("ZERO_RESTART_FAILED_AT") == std::vector<std::string>{"1780000000.500"});
   CHECK(env.at("ZERO_RESTART_REASON") == std::vector<std::string>{"rank 3 was killed by signal 9 (SIGKILL)"});
   CHECK(env.at("ZERO_HEARTBEAT_FD") == std::vector<std::string>{"11"});

@@ -110,7 +110,8 @@ int run_launch(const LaunchOptions& options) {
   // them like any later one instead of killing zerorun halfway.
   LaunchSignals signals;
   LaunchOptions o = options;  // o.nproc_per_node: this attempt's ranks
-  RankAttempt attempt{.heartbeat_interval_ms = heartbeat_interval_ms(options.heartbeat_s)};
+  RankAttempt attempt{.first_world = options.nnodes * options.nproc_per_node,
+                      .heartbeat_interval_ms = heartbeat_interval_ms(options.heartbeat_s)};
   while (true) {
     // Node 0 hosts the store for as long as the attempt's ranks run; a restart meets at a new one,
     // so no key of the failed attempt (a dead rank's address, a half-done barrier) is read again.

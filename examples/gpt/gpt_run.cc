@@ -9,7 +9,9 @@
 #include "examples/gpt/gpt_flags.h"
 #include "examples/gpt/gpt_pipeline.h"
 #include "examples/gpt/text_data.h"
+#include "base/fault_injection.h"
 #include "examples/layout_flags.h"
+#include "layout/shrink.h"
 #include "zero/engine.h"
 
 namespace zero::examples {
@@ -82,6 +84,9 @@ GptRun GptRun::read(cli::Flags& flags) {
     opt.quantized_weights.block = opt.quantized_gradients.block = static_cast<size_t>(block);
   }
   r.fp32_norms = flags.get_bool("fp32-norms", false);
+  r.fault = flags.get("fault", "");
+  r.fault_rank = flags.get_int("fault-rank", 0);
+  if (!r.fault.empty()) fault::parse_plan(r.fault);  // refused before the launch, naming the text
   flags.check_all_used();
   if (r.fp32_norms && r.dtype != DType::kBFloat16 && !opt.param_dtype) {
     ZERO_THROW(InvalidArgument,
@@ -101,7 +106,17 @@ GptRun GptRun::read(cli::Flags& flags) {
   return r;
 }
 
-Layout GptRun::at_world(int world) {
+Layout GptRun::at_world(int world, int first_world) {
+  if (first_world > world) {
+    const Layout planned = at_world(first_world);
+    const int rows = global_batch(planned.dp);
+    const ShrunkLayout s =
+        shrink_layout(planned, rows, world, fmt::format("{} on {} of the {} ranks launched", layout_source, world, first_world));
+    batch = rows;
+    spares = s.spares;
+    options = engine_options(s.layout, options);
+    return s.layout;
+  }
   Layout l = with_world(layout, world, layout_source);
   if (infer_micro_batches) {
     l.micro_batches = resolve_micro_batches(*config.config, l.dp);

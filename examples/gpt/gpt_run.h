@@ -38,8 +38,16 @@ struct GptRun {
   static GptRun read(cli::Flags& flags);
   // The layout on `world` ranks (dp resolved); where the config leaves the micro-batches to the world
   // (DeepSpeed's train_batch_size and micro batch without gradient_accumulation_steps) and no flag
-  // sets them, they are inferred here, in the layout and the options.
-  Layout at_world(int world);
+  // sets them, they are inferred here, in the layout and the options. Where the job has lost ranks
+  // since its launch (a restart on fewer than the first_world ranks it was launched at: zerorun
+  // --max-restarts), the layout planned for first_world shrunk to this world (layout/shrink.h): the
+  // same model-parallel shape and global batch; `spares` ranks past it wait as replacements.
+  Layout at_world(int world, int first_world = 0);
+  int spares = 0;
+  // --fault POINT:ACTION[:N] (base/fault_injection.h) armed on rank --fault-rank, on the job's first
+  // attempt only (a restarted job runs clean): how the reliability tests kill a rank mid-step.
+  std::string fault;
+  int fault_rank = 0;
   // The global batch on `world` data-parallel ranks, checked to divide into their micro-batches.
   int global_batch(int world) const;
   bool infer_micro_batches = false;

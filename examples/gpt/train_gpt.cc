@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "base/fault_injection.h"
 #include "comm/launch/process_group.h"
 #include "comm/mesh.h"
 #include "comm/peer_traffic.h"
@@ -51,10 +52,23 @@ int run(int argc, char** argv) {
   examples::GptRun run = examples::GptRun::read(flags);
   const examples::GptConfig& cfg = run.model;
   comm::ProcessGroup pg = comm::init_process_group();
-  comm::Communicator& comm = *pg.host;
+  if (!run.fault.empty() && pg.env.restart_count == 0 && pg.host->rank() == run.fault_rank) {
+    fault::arm(fault::parse_plan(run.fault));
+  }
   // tp groups of consecutive ranks hold one stage's part between them, pipeline stages outermost;
-  // data parallelism (with its hybrid groups) runs across the copies of each stage.
-  const Layout layout = run.at_world(comm.size());
+  // data parallelism (with its hybrid groups) runs across the copies of each stage. After a restart
+  // on fewer ranks than launched, the launch's layout shrunk to them; the ranks past it are spares.
+  const Layout layout = run.at_world(pg.host->size(), pg.env.first_world_size);
+  std::unique_ptr<comm::Communicator> active;
+  if (run.spares > 0) {
+    active = pg.host->split(pg.host->rank() < layout.world() ? 0 : -1, pg.host->rank());
+    if (!active) {
+      std::printf("rank %d: a spare (the layout %s takes %d of the %d ranks left); it waits as a replacement\n",
+                  pg.host->rank(), describe(layout).c_str(), layout.world(), pg.host->size());
+      return 0;
+    }
+  }
+  comm::Communicator& comm = active ? *active : *pg.host;
   comm::Mesh mesh(comm, layout);
   const int rank = comm.rank(), dp_rank = mesh.dp().rank(), world = mesh.dp().size(), T = cfg.block_size;
   run.config.print(rank);
@@ -111,6 +125,10 @@ int run(int argc, char** argv) {
                 data.source().c_str(), data.train_bytes(), data.val_bytes(), data.unigram_entropy(), batch, T);
   }
 
+  if (pg.env.restart_count > 0 && rank == 0) {
+    std::printf("restart %d after %s: %s on %d of the %d ranks launched\n", pg.env.restart_count,
+                pg.env.restart_reason.c_str(), describe(layout).c_str(), layout.world(), pg.env.first_world_size);
+  }
   const int first_step = run.run_flags.resume(engine, rank == 0);
   std::optional<examples::ProgressLog> progress;
   if (rank == 0) progress.emplace(run.metrics);
@@ -192,6 +210,11 @@ int run(int argc, char** argv) {
       comm.all_reduce(&val, 1, DType::kFloat64, comm::ReduceOp::kAvg)->wait();
       if (progress) progress->validation(step + 1, val, data.unigram_entropy());
       examples::report_memory(engine, mesh, step + 1);
+    }
+    if (pg.env.restart_count > 0 && step == first_step && rank == 0) {
+      const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+      std::printf("restart %d: step %d trained %.1f s after the failure\n", pg.env.restart_count, step + 1,
+                  now - pg.env.restart_failed_at);
     }
     run.run_flags.after_step(engine, step + 1, run.steps);  // the data is a function of the step, which it keeps
   }

@@ -1,0 +1,139 @@
+// zerorun --max-restarts with the GPT example (docs/reliability.md): a 4-rank run that loses a rank
+// mid-run (rank 0, which no longer hosts the store, killed; or a rank stopped and found by the
+// heartbeat) goes on on the others from its newest complete checkpoint at the layout they allow, with
+// the same global batch, and trains the same steps as a run that lost nothing: the steps before the
+// failure bit for bit (the same world), the ones after within rounding (another data-parallel
+// width sums the micro-batches' gradients in another order).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "testing/launch.h"
+
+namespace zero {
+namespace {
+
+constexpr int kSteps = 16, kSaveEvery = 4;
+
+std::string tmp(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir ? dir : "/tmp") + "/" + name;
+}
+
+// train_gpt under zerorun: 16 deterministic steps of a global batch of 48 rows, a checkpoint every 4
+// steps into `save` and --resume auto from it.
+testing::LaunchResult train(int nproc, const std::vector<std::string>& zerorun_flags, const std::string& save,
+                            const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args{"--nproc-per-node", std::to_string(nproc), "--master-port", "0", "--report-s", "1"};
+  args.insert(args.end(), zerorun_flags.begin(), zerorun_flags.end());
+  for (const std::string a : {"--", "examples/gpt/train_gpt", "--steps", "16", "--batch", "48", "--deterministic",
+                              "--val-every", "16", "--sample-tokens", "0", "--save-every", "4", "--resume", "auto"}) {
+    args.push_back(a);
+  }
+  args.push_back("--save");
+  args.push_back(save);
+  args.insert(args.end(), extra.begin(), extra.end());
+  return testing::run("comm/launch/zerorun", args, 240);
+}
+
+// Each step's (last printed) loss line, cut after the loss, by step; and the last validation loss.
+struct Curve {
+  std::map<int, std::string> steps;
+  double validation = NAN;
+};
+
+Curve curve(const std::string& out) {
+  Curve c;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    const size_t p = line.find("[rank 0] step ");
+    if (p == std::string::npos) continue;
+    const int step = std::stoi(line.substr(p + 14));
+    if (const size_t v = line.find("validation loss "); v != std::string::npos) {
+      c.validation = std::stod(line.substr(v + 16));
+    } else if (const size_t l = line.find("| loss "); l != std::string::npos) {
+      c.steps[step] = line.substr(l, line.find(" | norm") - l);
+    }
+  }
+  return c;
+}
+
+double loss_in(const std::string& cut) { return std::stod(cut.substr(7)); }
+
+// The restarted run's curve against the uninterrupted one: every step there, the steps before
+// `resumed_at` (the same world, before the failure) the same text, the later ones and the final
+// validation loss within 1e-3 relative.
+void check_against(const Curve& got, const Curve& reference, int resumed_at) {
+  REQUIRE(got.steps.size() == static_cast<size_t>(kSteps));
+  for (const auto& [step, cut] : got.steps) {
+    CAPTURE(step);
+    REQUIRE(reference.steps.count(step) == 1);
+    if (step <= resumed_at) {
+      CHECK(cut == reference.steps.at(step));
+    } else {
+      CHECK(std::abs(loss_in(cut) - loss_in(reference.steps.at(step))) <= 1e-3 * loss_in(reference.steps.at(step)));
+    }
+  }
+  CHECK(std::abs(got.validation - reference.validation) <= 1e-3 * reference.validation);
+}
+
+// The same run on 4 ranks, nothing lost.
+const Curve& uninterrupted() {
+  static const Curve c = [] {
+    const std::string save = tmp("elastic_reference");
+    std::filesystem::remove_all(save);
+    const testing::LaunchResult r = train(4, {}, save, {"--micro-batches", "3"});
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    return curve(r.output);
+  }();
+  return c;
+}
+
+TEST_CASE("rank 0 killed at step 10 of 16: the job goes on on 3 ranks from step 8, dp 3 x 4 micro-batches") {
+  const std::string save = tmp("elastic_kill0");
+  std::filesystem::remove_all(save);
+  const testing::LaunchResult r =
+      train(4, {"--max-restarts", "1"}, save, {"--micro-batches", "3", "--fault", "optimizer_step:kill:10", "--fault-rank", "0"});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("zerorun: rank 0 (pid ") != std::string::npos);
+  CHECK(r.output.find("zerorun: restart 1 of 1: lost rank(s) 0 of 4; starting the job again on 3 rank(s)") !=
+        std::string::npos);
+  CHECK(r.output.find("[rank 0] restart 1 after rank 0 (pid ") != std::string::npos);
+  CHECK(r.output.find("dp 3 x tp 1 x pp 1, stage 3, 4 micro-batches on 3 of the 4 ranks launched") != std::string::npos);
+  // Killed in step 10's update: steps 9 and 10 are lost, at most --save-every.
+  CHECK(r.output.find("[rank 0] resumed from " + save + " at step 8") != std::string::npos);
+  CHECK(r.output.find("[rank 0] restart 1: step 9 trained ") != std::string::npos);
+  check_against(curve(r.output), uninterrupted(), 8);
+}
+
+TEST_CASE("a rank stopped (SIGSTOP) at step 7: the heartbeat finds it; 2 ranks left run dp 1 and keep a spare") {
+  const std::string save = tmp("elastic_stop");
+  std::filesystem::remove_all(save);
+  // 3 ranks of 16 rows each; on 2, 48 rows do not split into micro-batches of 16 on dp 2, so dp 1
+  // runs 3 of them and rank 1 waits.
+  const testing::LaunchResult r = train(3, {"--max-restarts", "1", "--heartbeat-s", "2"}, save,
+                                        {"--fault", "optimizer_step:stop:7", "--fault-rank", "1"});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("zerorun: rank 1 (pid ") != std::string::npos);
+  CHECK(r.output.find("(--heartbeat-s): stopped or frozen; killed it") != std::string::npos);
+  CHECK(r.output.find("zerorun: restart 1 of 1: lost rank(s) 1 of 3; starting the job again on 2 rank(s)") !=
+        std::string::npos);
+  CHECK(r.output.find("dp 1 x tp 1 x pp 1, stage 3, 3 micro-batches on 1 of the 3 ranks launched") != std::string::npos);
+  CHECK(r.output.find("[rank 1] rank 1: a spare (the layout dp 1 x tp 1 x pp 1, stage 3, 3 micro-batches takes 1 of the "
+                      "2 ranks left); it waits as a replacement") != std::string::npos);
+  CHECK(r.output.find("[rank 0] resumed from " + save + " at step 4") != std::string::npos);
+  // Another layout from the first step: all within rounding of the 4-rank run (16 rows per micro-batch).
+  check_against(curve(r.output), uninterrupted(), 0);
+}
+
+}  // namespace
+}  // namespace zero
