@@ -32,7 +32,7 @@ testing::LaunchResult train(int nproc, const std::vector<std::string>& zerorun_f
                             const std::vector<std::string>& extra = {}) {
   std::vector<std::string> args{"--nproc-per-node", std::to_string(nproc), "--master-port", "0", "--report-s", "1"};
   args.insert(args.end(), zerorun_flags.begin(), zerorun_flags.end());
-  for (const std::string a : {"--", "examples/gpt/train_gpt", "--steps", "16", "--batch", "48", "--deterministic",
+  for (const char* a : {"--", "examples/gpt/train_gpt", "--steps", "16", "--batch", "48", "--deterministic",
                               "--val-every", "16", "--sample-tokens", "0", "--save-every", "4", "--resume", "auto"}) {
     args.push_back(a);
   }

@@ -174,6 +174,9 @@ StepResult Engine::step() {
   // The step's end, past its one host wait: the ranks compare the calls each group issued (a
   // backend that checks every call as it is issued has nothing to do; NCCL compares here).
   verify_group_schedules(m.comms);
+  // Before the next step's prefetch reads the shard (after_step below).
+  const int every = m.options.replica_check_every;
+  if (every > 0 && r.step > m.steps_taken && r.step % every == 0) m.check_replicas(r.step, rank());
   if (m.parts.gatherer) m.parts.gatherer->after_step();
   m.parts.reducer->clear();
   m.micro_steps = 0;

@@ -59,6 +59,9 @@ struct Engine::Impl {
   std::unique_ptr<PendingSave> pending_save;  // save_async in progress (uses save_staging)
 
   int world() const { return comms.shard->size() * (comms.replica ? comms.replica->size() : 1); }
+  // EngineOptions::replica_check_every's check after step `step` (zero/engine_replicas.cc);
+  // rank_name: Engine::rank(), as its errors name this rank.
+  void check_replicas(int64_t step, int rank_name);
   // The current micro-step reduces unless no_sync is open or it is a deferred one.
   bool syncs() const {
     if (no_sync_depth > 0) return false;

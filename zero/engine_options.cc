@@ -118,6 +118,9 @@ void validate(const EngineOptions& o) {
     ZERO_THROW(InvalidArgument, "EngineOptions.quantized_gradients.block must be positive");
   }
   if (o.node_size < 0) ZERO_THROW(InvalidArgument, "EngineOptions.node_size must be >= 0, got {}", o.node_size);
+  if (o.replica_check_every < 0) {
+    ZERO_THROW(InvalidArgument, "EngineOptions.replica_check_every must be >= 0 (0: never), got {}", o.replica_check_every);
+  }
   for (const auto& [on, name] : {std::pair{o.secondary_shard, "secondary_shard (hpZ)"},
                                  std::pair{qg.bits != 0, "quantized_gradients (qgZ)"}}) {
     if (!on) continue;
@@ -211,6 +214,7 @@ std::vector<std::pair<std::string, std::string>> fingerprint(const EngineOptions
   add("quantized_gradients.block", o.quantized_gradients.block);
   add("offload.optimizer", o.offload.optimizer);
   add("offload.params", o.offload.params);
+  add("replica_check_every", o.replica_check_every);
   return f;
 }
 

@@ -173,6 +173,13 @@ struct EngineOptions {
 
   OffloadOptions offload;
 
+  // Every this many steps (0: never) the data-parallel replicas compare CRC32Cs of what they must hold
+  // alike, at the end of step(): the parameters at stages 0-2, the shard under hybrid sharding at
+  // stage 3 (zero/replica_check.h). A mismatch throws on every rank naming the tensor, the rank
+  // outside the majority and the step: silent data corruption caught before a checkpoint spreads it.
+  // It costs one checksum pass over those bytes and one small all-gather per check.
+  int replica_check_every = 0;
+
   // Deadline for every collective the engine waits on.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
 };

@@ -84,6 +84,8 @@ GptRun GptRun::read(cli::Flags& flags) {
     opt.quantized_weights.block = opt.quantized_gradients.block = static_cast<size_t>(block);
   }
   r.fp32_norms = flags.get_bool("fp32-norms", false);
+  // --check-replicas K: the data-parallel replicas compare checksums every K steps (docs/reliability.md).
+  if (flags.has("check-replicas")) opt.replica_check_every = flags.get_int("check-replicas", 0);
   r.fault = flags.get("fault", "");
   r.fault_rank = flags.get_int("fault-rank", 0);
   if (!r.fault.empty()) fault::parse_plan(r.fault);  // refused before the launch, naming the text

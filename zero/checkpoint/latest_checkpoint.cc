@@ -12,7 +12,7 @@ namespace zero {
 
 std::optional<FoundCheckpoint> latest_checkpoint(const std::string& dir, std::vector<std::string>* passed_over) {
   std::optional<FoundCheckpoint> best;
-  for (const std::string candidate : {dir, dir + ".old"}) {
+  for (const std::string& candidate : {dir, dir + ".old"}) {
     std::error_code ec;
     if (!std::filesystem::exists(candidate, ec)) continue;
     try {

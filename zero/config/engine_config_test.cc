@@ -685,6 +685,7 @@ EngineConfig every_field_changed() {
   o.secondary_shard = true;
   o.quantized_gradients = {.bits = 8, .block = 64};
   o.offload = {.optimizer = true, .params = true, .pinned_staging = false};
+  o.replica_check_every = 50;
   o.timeout = std::chrono::milliseconds(1234);
   c.model_dtype = DType::kBFloat16;
   c.loop = {.micro_batch_size = 4, .global_batch_size = 64, .log_every = 10, .infer_micro_batches = true};

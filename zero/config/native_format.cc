@@ -182,6 +182,7 @@ void visit_native(V& v, EngineConfig& c) {
     v.field("params", o.offload.params);
     v.field("pinned_staging", o.offload.pinned_staging);
   });
+  v.field("replica_check_every", o.replica_check_every);
   v.field("timeout_ms", o.timeout);
   v.field("model_dtype", c.model_dtype);
   v.object("loop", [&] {
