@@ -16,22 +16,25 @@
 namespace zero::fault {
 namespace {
 
-constexpr std::array<const char*, 8> kPoints = {"forward",        "reduce_scatter",   "prefetch",
+constexpr std::array<const char*, 9> kPoints = {"forward",        "reduce_scatter",   "prefetch",
                                                 "optimizer_step", "checkpoint_write", "collective_sends",
-                                                "tp_collective",  "pipeline_action"};
+                                                "tp_collective",  "pipeline_action",  "shard_at_rest"};
+// The points that hold bytes a "flip" can change.
+constexpr const char* kBytePoints = "shard_at_rest";
 
 std::atomic<bool> g_armed{false};
 std::mutex g_mu;
 Plan g_plan;
 int g_arrivals = 0;
 
-void fire(const Plan& p) {
+void fire(const Plan& p, void* data, size_t bytes) {
   // Straight to stderr, unbuffered and without the logger: the launcher shows it with the rank's
   // prefix, and a killed process flushes nothing later.
   std::fprintf(stderr, "fault injection: %s at '%s'\n",
                p.action == Plan::Action::kKill    ? "killing this process"
                : p.action == Plan::Action::kStall ? "stalling this thread for good"
                : p.action == Plan::Action::kStop  ? "stopping this process (SIGSTOP)"
+               : p.action == Plan::Action::kFlip  ? "flipping one bit"
                : p.action == Plan::Action::kThrow ? "throwing"
                                                   : "delaying this thread",
                p.point.c_str());
@@ -42,6 +45,11 @@ void fire(const Plan& p) {
       break;
     case Plan::Action::kStop:
       ::kill(::getpid(), SIGSTOP);
+      break;
+    case Plan::Action::kFlip:
+      // The lowest bit of the second byte: a mantissa bit of the first float (or of a bf16's exponent's
+      // neighbour): any flip changes what a checksum sees.
+      if (bytes > 1) static_cast<unsigned char*>(data)[1] ^= 1u;
       break;
     case Plan::Action::kStall:
       for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
@@ -65,7 +73,8 @@ Plan parse_plan(std::string_view text) {
   for (const char* k : kPoints) known = known || p.point == k;
   if (!known) {
     ZERO_THROW(InvalidArgument, "fault plan '{}': unknown point '{}' (forward, reduce_scatter, prefetch, optimizer_step, "
-                                "checkpoint_write, collective_sends, tp_collective, pipeline_action)", t, p.point);
+                                "checkpoint_write, collective_sends, tp_collective, pipeline_action, shard_at_rest)", t,
+               p.point);
   }
   const size_t b = t.find(':', a + 1);
   const std::string action = t.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1);
@@ -77,6 +86,12 @@ Plan parse_plan(std::string_view text) {
     p.action = Plan::Action::kStop;
   } else if (action == "throw") {
     p.action = Plan::Action::kThrow;
+  } else if (action == "flip") {
+    if (p.point != kBytePoints) {
+      ZERO_THROW(InvalidArgument, "fault plan '{}': flip changes the bytes a point holds; only {} holds any", t,
+                 kBytePoints);
+    }
+    p.action = Plan::Action::kFlip;
   } else if (action.rfind("delay=", 0) == 0) {
     p.action = Plan::Action::kDelay;
     char* end = nullptr;
@@ -85,7 +100,7 @@ Plan parse_plan(std::string_view text) {
       ZERO_THROW(InvalidArgument, "fault plan '{}': delay '{}' is not a number of seconds", t, action.substr(6));
     }
   } else {
-    ZERO_THROW(InvalidArgument, "fault plan '{}': unknown action '{}' (kill, stop, stall, delay=S, throw)", t, action);
+    ZERO_THROW(InvalidArgument, "fault plan '{}': unknown action '{}' (kill, stop, stall, delay=S, throw, flip)", t, action);
   }
   if (b != std::string::npos) {
     char* end = nullptr;
@@ -108,7 +123,9 @@ void disarm() {
   g_armed.store(false, std::memory_order_release);
 }
 
-void point(const char* name) {
+void point(const char* name) { point(name, nullptr, 0); }
+
+void point(const char* name, void* data, size_t bytes) {
   if (!g_armed.load(std::memory_order_relaxed)) return;
   Plan p;
   {
@@ -117,7 +134,7 @@ void point(const char* name) {
     g_armed.store(false, std::memory_order_relaxed);  // once
     p = g_plan;
   }
-  fire(p);
+  fire(p, data, bytes);
 }
 
 }  // namespace zero::fault

@@ -9,7 +9,8 @@
 //
 // ACTION: kill (SIGKILL: the process vanishes mid-step, as an OOM kill or a node loss), stop (SIGSTOP:
 // the whole process freezes, its heartbeat too, as a hung node), stall (the thread sleeps and never
-// returns: the process stays alive and silent, its sockets open), delay=S
+// returns: the process stays alive and silent, its sockets open), flip (one bit of the bytes the point
+// holds changes: memory corrupted at rest; only points that hold bytes take it), delay=S
 // (sleeps S seconds, then goes on: a rank late past its peers' timeout), throw (an Error from the
 // point: a failing stage function). N: fire the N-th time the point is reached (default 1); it
 // fires once.
@@ -20,14 +21,16 @@
 // written but not yet synced, renamed or indexed: once per save), "collective_sends" (inside a Gloo reduce-scatter, after its receives are posted and
 // before any data is sent: a rank that stalls mid-collective), "tp_collective" (a tensor-parallel
 // region's collective, f or g or their sequence-parallel forms, is about to be issued),
-// "pipeline_action" (the pipeline runner is about to run a compute action: F, B, W or BW).
+// "pipeline_action" (the pipeline runner is about to run a compute action: F, B, W or BW),
+// "shard_at_rest" (stage 3's parameter shard between two steps, with its bytes: what flip changes).
+#include <cstddef>
 #include <string>
 #include <string_view>
 
 namespace zero::fault {
 
 struct Plan {
-  enum class Action { kKill, kStop, kStall, kDelay, kThrow };
+  enum class Action { kKill, kStop, kStall, kDelay, kThrow, kFlip };
   std::string point;
   Action action = Action::kKill;
   double delay_s = 0;
@@ -42,5 +45,7 @@ void disarm();
 
 // A named point: does nothing unless the armed plan names it and this is its N-th arrival.
 void point(const char* name);
+// A point that holds `bytes` bytes at `data`, which a flip plan changes.
+void point(const char* name, void* data, size_t bytes);
 
 }  // namespace zero::fault

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -133,6 +135,43 @@ TEST_CASE("a rank stopped (SIGSTOP) at step 7: the heartbeat finds it; 2 ranks l
   CHECK(r.output.find("[rank 0] resumed from " + save + " at step 4") != std::string::npos);
   // Another layout from the first step: all within rounding of the 4-rank run (16 rows per micro-batch).
   check_against(curve(r.output), uninterrupted(), 0);
+}
+
+// Whether any process's command line holds `text` (/proc/*/cmdline).
+bool process_with(const std::string& text) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
+    std::string cmdline((std::istreambuf_iterator<char>(in)), {});
+    if (cmdline.find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
+TEST_CASE("a second rank killed while the restarted job restores: a second restart from the same checkpoint") {
+  const std::string save = tmp("elastic_twice");
+  std::filesystem::remove_all(save);
+  // Attempt 0 loses rank 2 in step 10; attempt 1 (3 ranks) loses rank 1 at its first forward, right
+  // after loading; attempt 2 (2 ranks: dp 2 x 6 micro-batches) finishes.
+  const testing::LaunchResult r = train(4, {"--max-restarts", "2"}, save,
+                                        {"--micro-batches", "3", "--fault", "optimizer_step:kill:10@2,forward:kill:1@1/1"});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("zerorun: restart 1 of 2: lost rank(s) 2 of 4; starting the job again on 3 rank(s)") !=
+        std::string::npos);
+  CHECK(r.output.find("zerorun: restart 2 of 2: lost rank(s) 1 of 3; starting the job again on 2 rank(s)") !=
+        std::string::npos);
+  CHECK(r.output.find("dp 2 x tp 1 x pp 1, stage 3, 6 micro-batches on 2 of the 4 ranks launched") != std::string::npos);
+  // The second restart resumed from the step 8 checkpoint too: the kill during the restore lost no
+  // complete checkpoint. (Attempt 1's own lines may be lost: its ranks were stopped by SIGTERM with
+  // their output still buffered.)
+  const size_t second = r.output.find("[rank 0] restart 2 after rank 1 (pid ");
+  REQUIRE(second != std::string::npos);
+  CHECK(r.output.find("[rank 0] resumed from " + save + " at step 8", second) != std::string::npos);
+  check_against(curve(r.output), uninterrupted(), 8);
+  // No rank of any attempt is left behind.
+  CHECK_FALSE(process_with(save));
 }
 
 }  // namespace

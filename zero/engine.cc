@@ -10,6 +10,7 @@
 
 #include "base/check.h"
 #include "base/env.h"
+#include "base/fault_injection.h"
 #include "optim/custom_optimizer.h"
 #include "zero/engine_groups.h"
 #include "zero/engine_impl.h"
@@ -160,6 +161,12 @@ StepResult Engine::step() {
   }
   // The mean over ranks, micro-steps and micro-batches.
   const double divisor = static_cast<double>(m.world()) * m.micro_steps * m.micro.passes;
+  // Stage 3's shard against the checksum it carried since the step before, before this update
+  // rewrites it (the check of the step that takes the engine to a multiple of replica_check_every).
+  const int every = m.options.replica_check_every;
+  if (every > 0 && m.shard_checksums_recorded && (m.steps_taken + 1) % every == 0) {
+    m.verify_shard_at_rest(m.steps_taken + 1, rank());
+  }
   StepResult r;
   try {
     ScopedTimer updating(&m.timings.optimizer_s);
@@ -175,9 +182,12 @@ StepResult Engine::step() {
   // backend that checks every call as it is issued has nothing to do; NCCL compares here).
   verify_group_schedules(m.comms);
   // Before the next step's prefetch reads the shard (after_step below).
-  const int every = m.options.replica_check_every;
   if (every > 0 && r.step > m.steps_taken && r.step % every == 0) m.check_replicas(r.step, rank());
-  if (m.parts.gatherer) m.parts.gatherer->after_step();
+  if (every > 0 && m.parts.gatherer && (r.step + 1) % every == 0) m.record_shard_at_rest();
+  if (m.parts.gatherer) {
+    fault::point("shard_at_rest", m.parts.gatherer->shard(), m.parts.layout->shard_bytes());
+    m.parts.gatherer->after_step();
+  }
   m.parts.reducer->clear();
   m.micro_steps = 0;
   m.steps_taken = r.step;

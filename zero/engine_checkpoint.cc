@@ -74,6 +74,7 @@ LoadedCheckpoint Engine::load(const std::vector<std::string>& dirs, const LoadOp
   LoadedCheckpoint c = load_checkpoint(checkpoint_parts(), dirs, options);
   const std::string& dir = dirs.front();
   if (m.parts.gatherer) m.parts.gatherer->invalidate();
+  m.shard_checksums_recorded = false;  // the shard was rewritten: nothing carried
   m.steps_taken = c.state.step;
   const bool reset = options.optimizer_state == OptimizerStateLoad::kReset;
   m.parts.update->optimizer().set_step_count(reset ? 0 : c.state.step);
@@ -105,6 +106,7 @@ void Engine::import_safetensors(const std::string& path, const std::map<std::str
   wait_for_save();
   ::zero::import_safetensors(checkpoint_parts(), path, name_map);
   if (m.parts.gatherer) m.parts.gatherer->invalidate();
+  m.shard_checksums_recorded = false;  // the shard was rewritten: nothing carried
 }
 
 }  // namespace zero

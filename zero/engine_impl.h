@@ -16,6 +16,7 @@
 #include "zero/stage_policy.h"
 #include "zero/grad_finalizer.h"
 #include "zero/held_grads.h"
+#include "zero/replica_check.h"
 
 namespace zero {
 
@@ -59,9 +60,20 @@ struct Engine::Impl {
   std::unique_ptr<PendingSave> pending_save;  // save_async in progress (uses save_staging)
 
   int world() const { return comms.shard->size() * (comms.replica ? comms.replica->size() : 1); }
-  // EngineOptions::replica_check_every's check after step `step` (zero/engine_replicas.cc);
-  // rank_name: Engine::rank(), as its errors name this rank.
+  // EngineOptions::replica_check_every's checks (zero/engine_replicas.cc); rank_name: Engine::rank(),
+  // as their errors name this rank. check_replicas after step `step`; at stage 3 the shard's
+  // checksums recorded at the end of the step before a check (record_shard_at_rest) and compared as
+  // the checked step's update begins (verify_shard_at_rest); load and import clear them.
   void check_replicas(int64_t step, int rank_name);
+  void record_shard_at_rest();
+  void verify_shard_at_rest(int64_t step, int rank_name);
+  std::vector<ReplicaPiece> shard_pieces();
+  // Throws on every rank the first non-empty verdict of any rank (after the groups agree).
+  void agree_and_throw(std::string verdict);
+  // Recorded for the next step's check (a rank that owns no piece of the shard records none, and
+  // must take part in the check all the same).
+  std::vector<uint32_t> shard_checksums;
+  bool shard_checksums_recorded = false;
   // The current micro-step reduces unless no_sync is open or it is a deferred one.
   bool syncs() const {
     if (no_sync_depth > 0) return false;

@@ -1,28 +1,43 @@
-// Engine::Impl::check_replicas: which bytes the data-parallel replicas must hold alike, handed to
-// compare_replicas (zero/replica_check.h) over each group that holds them.
+// Engine::Impl's replica checks (EngineOptions::replica_check_every): which bytes the data-parallel
+// replicas must hold alike, handed to compare_replicas (zero/replica_check.h) over each group that
+// holds them; and the checksum stage 3's shard carries from the end of one step to the next, where
+// no replica holds it.
 #include <fmt/format.h>
 
+#include "base/check.h"
 #include "zero/engine_impl.h"
 #include "zero/replica_check.h"
 
 namespace zero {
 
-void Engine::Impl::check_replicas(int64_t step, int rank_name) {
+std::vector<ReplicaPiece> Engine::Impl::shard_pieces() {
   std::vector<ReplicaPiece> pieces;
+  const char* shard = static_cast<const char*>(parts.gatherer->shard());
+  for (const OwnedPiece& p : parts.ownership->pieces()) {
+    const DType dt = parts.layout->buckets()[p.bucket].dtype;
+    pieces.push_back({fmt::format("the shard of '{}' [{}, {})", registry.param(tensor_param[p.tensor]).name,
+                                  p.tensor_begin, p.tensor_end),
+                      shard + parts.layout->shard_bytes(p.bucket, p.opt_offset), (p.tensor_end - p.tensor_begin) * dtype_size(dt)});
+  }
+  return pieces;
+}
+
+void Engine::Impl::agree_and_throw(std::string verdict) {
+  // Each group reached its own verdict; through the groups every rank shares, all reach one.
+  verdict = agree_on_verdict(*comms.shard, *device, verdict, options.timeout);
+  if (comms.replica) verdict = agree_on_verdict(*comms.replica, *device, verdict, options.timeout);
+  if (!verdict.empty()) ZERO_THROW(Error, "{}", verdict);
+}
+
+void Engine::Impl::check_replicas(int64_t step, int rank_name) {
   std::string verdict;
   if (parts.gatherer) {
     // The parameters live as shards: alike across the replicas of each shard (hybrid sharding) only.
     if (!comms.replica) return;
-    const char* shard = static_cast<const char*>(parts.gatherer->shard());
-    for (const OwnedPiece& p : parts.ownership->pieces()) {
-      const DType dt = parts.layout->buckets()[p.bucket].dtype;
-      pieces.push_back({fmt::format("the shard of '{}' [{}, {})", registry.param(tensor_param[p.tensor]).name,
-                                    p.tensor_begin, p.tensor_end),
-                        shard + parts.layout->shard_bytes(p.bucket, p.opt_offset), (p.tensor_end - p.tensor_begin) * dtype_size(dt)});
-    }
-    verdict = compare_replicas(*comms.replica, *device, pieces, rank_name, step, "replica group", options.timeout);
+    verdict = compare_replicas(*comms.replica, *device, shard_pieces(), rank_name, step, "replica group", options.timeout);
   } else {
     // Every rank holds every parameter, frozen ones included.
+    std::vector<ReplicaPiece> pieces;
     for (const ParamSpec& p : registry.params()) {
       pieces.push_back({fmt::format("parameter '{}'", p.name), p.data.ptr, p.data.numel * dtype_size(p.dtype)});
     }
@@ -34,12 +49,31 @@ void Engine::Impl::check_replicas(int64_t step, int rank_name) {
       if (verdict.empty()) verdict = across;
     }
   }
-  // Each group reached its own verdict; through the groups every rank shares, all reach one.
-  if (comms.replica) {
-    verdict = agree_on_verdict(*comms.shard, *device, verdict, options.timeout);
-    verdict = agree_on_verdict(*comms.replica, *device, verdict, options.timeout);
-  }
+  if (comms.replica) agree_and_throw(verdict);
   if (!verdict.empty()) ZERO_THROW(Error, "{}", verdict);
+}
+
+void Engine::Impl::record_shard_at_rest() {
+  const std::vector<ReplicaPiece> pieces = shard_pieces();
+  shard_checksums = replica_checksums(*device, pieces, options.timeout);
+  shard_checksums_recorded = true;
+}
+
+void Engine::Impl::verify_shard_at_rest(int64_t step, int rank_name) {
+  std::string verdict;
+  const std::vector<ReplicaPiece> pieces = shard_pieces();
+  const std::vector<uint32_t> now = replica_checksums(*device, pieces, options.timeout);
+  ZERO_CHECK(now.size() == shard_checksums.size(), "the shard's pieces changed between two steps");
+  for (size_t k = 0; k < pieces.size() && verdict.empty(); ++k) {
+    if (now[k] == shard_checksums[k]) continue;
+    verdict = fmt::format(
+        "{} on rank {} changed at rest between step {} and step {} (CRC32C {:08x} at the end of step {}, {:08x} now): "
+        "its memory was corrupted",
+        pieces[k].name, rank_name, step - 1, step, shard_checksums[k], step - 1, now[k]);
+  }
+  shard_checksums.clear();
+  shard_checksums_recorded = false;
+  agree_and_throw(verdict);
 }
 
 }  // namespace zero

@@ -12,11 +12,8 @@
 
 namespace zero {
 
-namespace {
-
-// CRC32C of each piece, read through host staging where the device's memory is not the host's.
-std::vector<uint32_t> checksums(memory::Device& device, const std::vector<ReplicaPiece>& pieces,
-                                std::chrono::milliseconds timeout) {
+std::vector<uint32_t> replica_checksums(memory::Device& device, const std::vector<ReplicaPiece>& pieces,
+                                        std::chrono::milliseconds timeout) {
   memory::Stream& compute = device.compute_stream();
   device.synchronize(compute, timeout);  // the step's writes of the copies
   std::vector<uint32_t> out;
@@ -35,6 +32,8 @@ std::vector<uint32_t> checksums(memory::Device& device, const std::vector<Replic
   return out;
 }
 
+namespace {
+
 // "ranks 0, 1, 3" / "rank 2".
 std::string ranks_text(const std::vector<int>& ranks) {
   return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", "));
@@ -45,7 +44,7 @@ std::string ranks_text(const std::vector<int>& ranks) {
 std::string compare_replicas(comm::Communicator& comm, memory::Device& device, const std::vector<ReplicaPiece>& pieces,
                              int rank_name, int64_t step, const std::string& group, std::chrono::milliseconds timeout) {
   if (comm.size() <= 1 || !device.holds_values()) return {};
-  const std::vector<uint32_t> mine = checksums(device, pieces, timeout);
+  const std::vector<uint32_t> mine = replica_checksums(device, pieces, timeout);
   std::vector<AgreementEntry> entries{{"rank", std::to_string(rank_name)}};
   for (uint32_t c : mine) entries.push_back({"", fmt::format("{:08x}", c)});
   const std::vector<std::vector<AgreementEntry>> all = all_gather_entries(comm, &device, entries, timeout);

@@ -11,7 +11,8 @@
 //   stages 0-2: every trainable parameter, over the shard group, and under hybrid sharding over the
 //               replica group too (the copies every rank gathers back after the update);
 //   stage 3:    the parameter shard, over the replica group (hybrid sharding's replicas of one
-//               shard); without replicas a shard has no peer to compare with.
+//               shard); and, replicas or not, against the checksum it carried from the end of the
+//               step before (memory corrupted at rest, which no peer could see).
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -28,6 +29,11 @@ struct ReplicaPiece {
   const void* data = nullptr;
   size_t bytes = 0;
 };
+
+// The CRC32C of each piece (read through host staging where the device's memory is not the host's),
+// after the device's compute stream has finished writing them.
+std::vector<uint32_t> replica_checksums(memory::Device& device, const std::vector<ReplicaPiece>& pieces,
+                                        std::chrono::milliseconds timeout);
 
 // Collective over `comm`, whose ranks hold the same pieces in the same order. `rank_name` is this
 // rank as errors name it (the engine's rank); `group` names the group ("data-parallel group",

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/fault_injection.h"
 #include "testing/thread_ranks.h"
 #include "zero/engine.h"
 
@@ -185,6 +186,38 @@ TEST_CASE("stage 3 with hybrid sharding: replicas of a shard that differ are nam
     CHECK(e.find("differs with no majority: rank 1 CRC32C ") != std::string::npos);
     CHECK(e.find("rank 3 CRC32C ") != std::string::npos);
   }
+}
+
+TEST_CASE("stage 3 without replicas: a bit flipped in a rank's shard between steps 1 and 2 is caught at step 2") {
+  // Checked every 2 steps: the shard's checksums are recorded at the end of step 1, and the flip
+  // (the second rank to arrive at the point, after the record) is found as step 2's update begins.
+  fault::arm(fault::parse_plan("shard_at_rest:flip:2"));
+  std::vector<std::string> errors(3);
+  std::mutex mu;
+  testing::run_thread_ranks(3, [&](comm::Communicator& c) {
+    Model m;
+    auto e = engine(EngineComms{&c}, m, options(3, 2));
+    try {
+      for (int s = 0; s < 2; ++s) step(*e, c.rank(), s);
+    } catch (const Error& err) {
+      std::lock_guard<std::mutex> lock(mu);
+      errors[static_cast<size_t>(c.rank())] = err.what();
+    }
+  });
+  fault::disarm();
+  for (const std::string& e : errors) {
+    CAPTURE(e);
+    CHECK(e == errors[0]);  // one verdict
+    CHECK(e.find("the shard of '") == 0);
+    CHECK(e.find(" changed at rest between step 1 and step 2 (CRC32C ") != std::string::npos);
+    CHECK(e.find("its memory was corrupted") != std::string::npos);
+  }
+  // Without the flip, the same run passes its check.
+  testing::run_thread_ranks(3, [&](comm::Communicator& c) {
+    Model m;
+    auto e = engine(EngineComms{&c}, m, options(3, 2));
+    for (int s = 0; s < 4; ++s) step(*e, c.rank(), s);
+  });
 }
 
 }  // namespace

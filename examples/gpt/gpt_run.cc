@@ -9,7 +9,6 @@
 #include "examples/gpt/gpt_flags.h"
 #include "examples/gpt/gpt_pipeline.h"
 #include "examples/gpt/text_data.h"
-#include "base/fault_injection.h"
 #include "examples/layout_flags.h"
 #include "layout/shrink.h"
 #include "zero/engine.h"
@@ -86,9 +85,32 @@ GptRun GptRun::read(cli::Flags& flags) {
   r.fp32_norms = flags.get_bool("fp32-norms", false);
   // --check-replicas K: the data-parallel replicas compare checksums every K steps (docs/reliability.md).
   if (flags.has("check-replicas")) opt.replica_check_every = flags.get_int("check-replicas", 0);
-  r.fault = flags.get("fault", "");
-  r.fault_rank = flags.get_int("fault-rank", 0);
-  if (!r.fault.empty()) fault::parse_plan(r.fault);  // refused before the launch, naming the text
+  const std::string faults = flags.get("fault", "");
+  const int fault_rank = flags.get_int("fault-rank", 0);
+  for (size_t at = 0; at < faults.size();) {
+    const size_t comma = std::min(faults.find(',', at), faults.size());
+    const std::string item = faults.substr(at, comma - at);
+    const size_t where = item.find('@');
+    Fault f{.plan = fault::parse_plan(item.substr(0, where)), .rank = fault_rank};  // refused by name before the launch
+    if (where != std::string::npos) {
+      const std::string target = item.substr(where + 1);
+      const size_t slash = target.find('/');
+      try {
+        f.rank = std::stoi(target.substr(0, slash));
+        if (slash != std::string::npos) f.attempt = std::stoi(target.substr(slash + 1));
+      } catch (const std::exception&) {
+        ZERO_THROW(InvalidArgument, "--fault '{}': expected PLAN@RANK or PLAN@RANK/ATTEMPT", item);
+      }
+    }
+    for (const Fault& g : r.faults) {
+      if (g.rank == f.rank && g.attempt == f.attempt) {
+        ZERO_THROW(InvalidArgument, "--fault '{}': rank {} already has a plan in attempt {} (one per rank and attempt)",
+                   item, f.rank, f.attempt);
+      }
+    }
+    r.faults.push_back(f);
+    at = comma + 1;
+  }
   flags.check_all_used();
   if (r.fp32_norms && r.dtype != DType::kBFloat16 && !opt.param_dtype) {
     ZERO_THROW(InvalidArgument,
@@ -106,6 +128,13 @@ GptRun GptRun::read(cli::Flags& flags) {
   }
   opt = engine_options(r.layout, opt);
   return r;
+}
+
+const fault::Plan* GptRun::fault_for(int rank, int attempt) const {
+  for (const Fault& f : faults) {
+    if (f.rank == rank && f.attempt == attempt) return &f.plan;
+  }
+  return nullptr;
 }
 
 Layout GptRun::at_world(int world, int first_world) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "base/fault_injection.h"
 #include "tools/cli/flags.h"
 #include "examples/gpt/gpt_model.h"
 #include "examples/run_flags.h"
@@ -44,10 +45,16 @@ struct GptRun {
   // same model-parallel shape and global batch; `spares` ranks past it wait as replacements.
   Layout at_world(int world, int first_world = 0);
   int spares = 0;
-  // --fault POINT:ACTION[:N] (base/fault_injection.h) armed on rank --fault-rank, on the job's first
-  // attempt only (a restarted job runs clean): how the reliability tests kill a rank mid-step.
-  std::string fault;
-  int fault_rank = 0;
+  // --fault PLAN[@RANK[/ATTEMPT]],... (PLAN: POINT:ACTION[:N], base/fault_injection.h): each plan
+  // armed on its rank (default --fault-rank, else 0) in its attempt of the job (default 0, the first;
+  // zerorun --max-restarts counts them): how the reliability tests kill a rank mid-step, and
+  // another while the restarted job restores. The plan for (rank, attempt), if any: fault_for.
+  struct Fault {
+    fault::Plan plan;
+    int rank = 0, attempt = 0;
+  };
+  std::vector<Fault> faults;
+  const fault::Plan* fault_for(int rank, int attempt) const;
   // The global batch on `world` data-parallel ranks, checked to divide into their micro-batches.
   int global_batch(int world) const;
   bool infer_micro_batches = false;

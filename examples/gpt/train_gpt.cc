@@ -52,9 +52,7 @@ int run(int argc, char** argv) {
   examples::GptRun run = examples::GptRun::read(flags);
   const examples::GptConfig& cfg = run.model;
   comm::ProcessGroup pg = comm::init_process_group();
-  if (!run.fault.empty() && pg.env.restart_count == 0 && pg.host->rank() == run.fault_rank) {
-    fault::arm(fault::parse_plan(run.fault));
-  }
+  if (const fault::Plan* plan = run.fault_for(pg.host->rank(), pg.env.restart_count)) fault::arm(*plan);
   // tp groups of consecutive ranks hold one stage's part between them, pipeline stages outermost;
   // data parallelism (with its hybrid groups) runs across the copies of each stage. After a restart
   // on fewer ranks than launched, the launch's layout shrunk to them; the ranks past it are spares.
