@@ -137,6 +137,21 @@ TEST_CASE("a rank stopped (SIGSTOP) at step 7: the heartbeat finds it; 2 ranks l
   check_against(curve(r.output), uninterrupted(), 0);
 }
 
+TEST_CASE("dp 2 x tp 2, rank 3 killed: tp 2 kept (dp 1 and a spare), from the model-parallel save that completed alone") {
+  const std::string save = tmp("elastic_tp");
+  std::filesystem::remove_all(save);
+  // The save after step 8 is asynchronous; its top manifest is written by the save's own thread (before,
+  // only by the next save or the run's end: a kill in between left no complete checkpoint).
+  const testing::LaunchResult r =
+      train(4, {"--max-restarts", "1"}, save, {"--tp", "2", "--micro-batches", "4", "--fault", "optimizer_step:kill:11@3"});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("dp 1 x tp 2 x pp 1, stage 3, 8 micro-batches on 2 of the 4 ranks launched") != std::string::npos);
+  CHECK(r.output.find("[rank 2] rank 2: a spare") != std::string::npos);
+  CHECK(r.output.find("[rank 0] resumed from " + save + " at step 8 (saved at dp 2 x tp 2 x pp 1") != std::string::npos);
+  check_against(curve(r.output), uninterrupted(), 0);
+}
+
 // Whether any process's command line holds `text` (/proc/*/cmdline).
 bool process_with(const std::string& text) {
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {

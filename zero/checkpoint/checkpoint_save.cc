@@ -256,17 +256,44 @@ void swap_in(const std::string& partial, const std::string& dir) {
 }
 
 // A model-parallel checkpoint's top manifest: the step, the layout and the part directories, one per
-// engine (model-parallel rank). Written into DIR.partial once every part is complete in it.
-void write_top_manifest(const CheckpointParts& p, const CheckpointState& state, const std::string& partial) {
+// engine (model-parallel rank).
+std::string top_manifest_text(const CheckpointParts& p, const CheckpointState& state) {
   json parts = json::array();
   for (int r = 0; r < p.model_parallel->size(); ++r) parts.push_back(checkpoint_part_dir(r));
   const json top = {{"format", kCheckpointFormat}, {"version", kCheckpointVersion}, {"step", state.step},
                     {"layout", saved_layout_json(p)}, {"parts", parts}};
-  const std::string text = top.dump(1);
+  return top.dump(1);
+}
+
+// The top manifest's writer: waits until every part is complete in DIR.partial (its manifest there,
+// which each engine's swap puts in last), writes the top manifest and swaps DIR.partial in. Run by the
+// save's own thread, so that a model-parallel save completes on its own like any other, and a run
+// killed before its next save still has it.
+void complete_top(const std::string& top, const std::string& text, int parts, std::chrono::milliseconds timeout) {
+  const std::string partial = top + ".partial";
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int r = 0; r < parts; ++r) {
+    const std::string part = partial + "/" + checkpoint_part_dir(r);
+    while (!path_exists(part + "/manifest.json")) {
+      // A rank of that part that could not write leaves a note in the part's own DIR.partial.
+      std::error_code ec;
+      for (const auto& f : fs::directory_iterator(part + ".partial", ec)) {
+        if (f.path().extension() == ".failed") {
+          ZERO_THROW(IoError, "checkpoint '{}': part {} could not be written: {}", top, r, read_whole_file(f.path().string()));
+        }
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        ZERO_THROW(TimeoutError, "checkpoint '{}': part {} ('{}') was not complete within {} ms", top, r, part,
+                   timeout.count());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
   FileWriter m(partial + "/manifest.json");
   m.write(text.data(), text.size());
   m.commit();
   sync_directory(partial);
+  swap_in(partial, top);
 }
 
 }  // namespace
@@ -276,6 +303,8 @@ struct PendingSave::Job {
   // whether this rank writes its top manifest. Empty otherwise.
   std::string top;
   bool top_leader = false;
+  std::string top_text;  // the top leader's: its top manifest
+  int parts = 0;
   CheckpointState state;
   std::string dir;
   int rank = 0, world = 1;
@@ -304,6 +333,8 @@ PendingSave::PendingSave(const CheckpointParts& p, const CheckpointState& state,
     j.top = dir;
     j.dir = dir + ".partial/" + checkpoint_part_dir(p.model_parallel->rank());
     j.top_leader = j.rank == 0 && p.model_parallel->rank() == 0;
+    j.parts = p.model_parallel->size();
+    if (j.top_leader) j.top_text = top_manifest_text(p, state);
     agree(p, "checkpoint save", attempt([&] {
             if (!j.top_leader) return;
             fs::remove_all(dir + ".partial");
@@ -347,6 +378,7 @@ PendingSave::PendingSave(const CheckpointParts& p, const CheckpointState& state,
       wait_for_ranks(j.world, partial, j.timeout);
       write_manifest(std::move(j.manifest), j.world, partial);
       swap_in(partial, j.dir);
+      if (j.top_leader) complete_top(j.top, j.top_text, j.parts, j.timeout);
     });
   };
   if (background) {
@@ -368,15 +400,8 @@ bool PendingSave::written() const { return !job_->thread.joinable(); }
 void PendingSave::wait(const CheckpointParts& p) {
   if (job_->thread.joinable()) job_->thread.join();
   std::string error = std::exchange(job_->error, {});
+  // Every rank learns whether any part (or the top manifest) failed.
   agree(p, "checkpoint save", error);
-  if (!job_->top.empty()) {
-    // Every part is complete: the top manifest, then the swap.
-    agree(p, "checkpoint save", attempt([&] {
-            if (!job_->top_leader) return;
-            write_top_manifest(p, job_->state, job_->top + ".partial");
-            swap_in(job_->top + ".partial", job_->top);
-          }));
-  }
   ZERO_LOG_INFO("checkpoint saved to '{}' ({} ranks)", job_->dir, job_->world);
 }
 
