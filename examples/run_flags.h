@@ -3,10 +3,15 @@
 //   --config FILE                     EngineOptions, the model dtype and the loop's batch and log
 //                                     interval from a JSON file, ours or DeepSpeed's (docs/config.md)
 //   --save DIR [--save-every K]       an async checkpoint every K steps and at the end
+//   --save-memory DIR --save-memory-every K  also an async checkpoint every K steps into DIR in the
+//                                     node's memory (tmpfs, /dev/shm): cheap enough to take often, and
+//                                     kept when the job's processes restart; the newest of the two is
+//                                     what --resume auto loads
 //   --resume DIR                      load DIR before the first step: saved at any (dp, tp, pp), split of
 //                                     the layers and stage; "auto": the newest complete checkpoint the
-//                                     --save DIR holds (zero/checkpoint/latest_checkpoint.h), if any:
-//                                     how a job that zerorun --max-restarts starts again resumes
+//                                     --save and --save-memory directories hold
+//                                     (zero/checkpoint/latest_checkpoint.h), if any: how a job that
+//                                     zerorun --max-restarts starts again resumes
 //   --resume-optimizer same|convert|reset  where DIR's optimizer is not this run's: refuse (same), read
 //                                     each state of the same name (convert), or start the state anew
 //                                     (reset) (LoadOptions, zero/checkpoint/checkpoint_types.h)
@@ -16,8 +21,13 @@
 //                                     adamw8bit, adafactor, adabelief or lamb (a user's own rules:
 //                                     examples/adabelief.h; examples/lamb.h, with whole-tensor ownership)
 #include <fmt/format.h>
+#include <linux/magic.h>
+#include <sys/vfs.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -152,11 +162,27 @@ inline EngineComms engine_comms(comm::Communicator& world, const comm::HybridGro
   return EngineComms{.shard = groups->shard(), .replica = groups->replica()};
 }
 
-// The checkpoint flags (--save, --save-every, --resume, --export) and what they do around the loop.
+// --save-memory's directory must be in memory: its parent on tmpfs (/dev/shm on Linux), else named.
+inline void require_in_memory(const std::string& dir) {
+  const std::string parent = std::filesystem::absolute(dir).parent_path().string();
+  struct statfs fs {};
+  if (::statfs(parent.c_str(), &fs) != 0) {
+    ZERO_THROW(InvalidArgument, "--save-memory {}: cannot look at '{}': {}", dir, parent, std::strerror(errno));
+  }
+  if (static_cast<unsigned long>(fs.f_type) != TMPFS_MAGIC) {
+    ZERO_THROW(InvalidArgument, "--save-memory {}: '{}' is not in memory (not tmpfs); use a directory under /dev/shm", dir,
+               parent);
+  }
+}
+
+// The checkpoint flags (--save, --save-every, --save-memory, --resume, --export) and what they do around
+// the loop.
 // (--stage, --offload and --offload-params are the layout's: examples/layout_flags.h.)
 struct RunFlags {
   std::string save_dir, resume_dir, export_path;
   int save_every = 0;
+  std::string memory_dir;
+  int memory_every = 0;
   LoadOptions load;
 
   static RunFlags read(cli::Flags& flags) {
@@ -166,8 +192,14 @@ struct RunFlags {
     f.resume_dir = flags.get("resume", "");
     f.export_path = flags.get("export", "");
     const std::string how = flags.get("resume-optimizer", "same");
-    if (f.resume_dir == "auto" && f.save_dir.empty()) {
-      ZERO_THROW(InvalidArgument, "--resume auto resumes from what --save DIR holds: it needs --save");
+    f.memory_dir = flags.get("save-memory", "");
+    f.memory_every = flags.get_int("save-memory-every", 0);
+    if (!f.memory_dir.empty()) {
+      if (f.memory_every < 1) ZERO_THROW(InvalidArgument, "--save-memory {} needs --save-memory-every K >= 1", f.memory_dir);
+      require_in_memory(f.memory_dir);
+    }
+    if (f.resume_dir == "auto" && f.save_dir.empty() && f.memory_dir.empty()) {
+      ZERO_THROW(InvalidArgument, "--resume auto resumes from what --save DIR (or --save-memory DIR) holds: it needs one");
     }
     if (how == "convert") {
       f.load.optimizer_state = OptimizerStateLoad::kConvert;
@@ -185,14 +217,20 @@ struct RunFlags {
     const bool says = report.value_or(engine.rank() == 0);
     std::string dir = resume_dir;
     if (dir == "auto") {
-      // Every rank looks at the same files, which no save is writing yet.
+      // Every rank looks at the same files, which no save is writing yet. The newer of the two
+      // places; the files where both hold the same step.
       std::vector<std::string> passed_over;
-      const std::optional<FoundCheckpoint> found = latest_checkpoint(save_dir, &passed_over);
+      std::optional<FoundCheckpoint> found;
+      for (const std::string& place : {save_dir, memory_dir}) {
+        if (place.empty()) continue;
+        const std::optional<FoundCheckpoint> here = latest_checkpoint(place, &passed_over);
+        if (here && (!found || here->step > found->step)) found = here;
+      }
       if (says) {
         for (const std::string& why : passed_over) std::printf("--resume auto: passed over %s\n", why.c_str());
       }
       if (!found) {
-        if (says) std::printf("--resume auto: no complete checkpoint in %s yet; starting at step 0\n", save_dir.c_str());
+        if (says) std::printf("--resume auto: no complete checkpoint yet; starting at step 0\n");
         return 0;
       }
       dir = found->dir;
@@ -214,14 +252,21 @@ struct RunFlags {
   }
   // After step `done` (1-based) of `steps`: the periodic and the final checkpoint.
   void after_step(Engine& engine, int done, int steps, std::string_view blob = {}) const {
-    if (save_dir.empty()) return;
-    if ((save_every > 0 && done % save_every == 0) || done == steps) engine.save_async(save_dir, blob);
+    if (!save_dir.empty() && ((save_every > 0 && done % save_every == 0) || done == steps)) {
+      engine.save_async(save_dir, blob);
+    } else if (!memory_dir.empty() && done % memory_every == 0) {
+      engine.save_async(memory_dir, blob);  // (a step the files take has no need of it)
+    }
   }
   // After the loop: waits for the last save, exports.
   void finish(Engine& engine, std::optional<bool> report = std::nullopt) const {
     const bool says = report.value_or(engine.rank() == 0);
     engine.wait_for_save();
     if (!save_dir.empty() && says) std::printf("checkpoint in %s\n", save_dir.c_str());
+    if (!save_dir.empty() && !memory_dir.empty() && says) {
+      // The files hold the end: the copy in memory has served and would hold the node's memory.
+      for (const char* tail : {"", ".old", ".partial"}) std::filesystem::remove_all(memory_dir + tail);
+    }
     if (export_path.empty()) return;
     engine.export_safetensors(export_path);
     if (says) std::printf("weights exported to %s\n", export_path.c_str());

@@ -5,6 +5,8 @@
 // failure bit for bit (the same world), the ones after within rounding (another data-parallel
 // width sums the micro-batches' gradients in another order).
 #include <doctest/doctest.h>
+#include <linux/magic.h>
+#include <sys/vfs.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -12,6 +14,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <unistd.h>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -150,6 +153,38 @@ TEST_CASE("dp 2 x tp 2, rank 3 killed: tp 2 kept (dp 1 and a spare), from the mo
   CHECK(r.output.find("[rank 2] rank 2: a spare") != std::string::npos);
   CHECK(r.output.find("[rank 0] resumed from " + save + " at step 8 (saved at dp 2 x tp 2 x pp 1") != std::string::npos);
   check_against(curve(r.output), uninterrupted(), 0);
+}
+
+TEST_CASE("a checkpoint in memory every 3 steps beside the files every 4: killed in step 11, resumed at 9, not 8") {
+  const std::string save = tmp("elastic_memory");
+  // In the node's memory, under a name of this test's own (the runs of several checkouts may share it).
+  const std::string memory = "/dev/shm/zero_elastic_test_" + std::to_string(::getpid());
+  for (const std::string& d : {save, memory}) std::filesystem::remove_all(d);
+  const testing::LaunchResult r =
+      train(4, {"--max-restarts", "1"}, save,
+            {"--micro-batches", "3", "--save-memory", memory, "--save-memory-every", "3", "--fault", "optimizer_step:kill:11@1"});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  // Killed in step 11: the files hold step 8, the memory step 9.
+  CHECK(r.output.find("[rank 0] resumed from " + memory + " at step 9") != std::string::npos);
+  check_against(curve(r.output), uninterrupted(), 9);
+  // The run ended with its files: the copy in memory is gone.
+  CHECK_FALSE(std::filesystem::exists(memory));
+  CHECK(std::filesystem::exists(save + "/manifest.json"));
+}
+
+TEST_CASE("--save-memory outside memory, or without its interval, is refused by name") {
+  struct statfs fs {};
+  REQUIRE(::statfs(tmp("").c_str(), &fs) == 0);
+  testing::LaunchResult r;
+  if (static_cast<unsigned long>(fs.f_type) != TMPFS_MAGIC) {  // the test's directory on a disk, as usual
+    r = testing::run("examples/gpt/train_gpt", {"--steps", "1", "--save-memory", tmp("on_disk"), "--save-memory-every", "2"});
+    CHECK(r.exit_code != 0);
+    CHECK(r.output.find("is not in memory (not tmpfs); use a directory under /dev/shm") != std::string::npos);
+  }
+  r = testing::run("examples/gpt/train_gpt", {"--steps", "1", "--save-memory", "/dev/shm/zero_x"});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("--save-memory /dev/shm/zero_x needs --save-memory-every K >= 1") != std::string::npos);
 }
 
 // Whether any process's command line holds `text` (/proc/*/cmdline).
