@@ -68,8 +68,9 @@ struct Engine::Impl {
   void record_shard_at_rest();
   void verify_shard_at_rest(int64_t step, int rank_name);
   std::vector<ReplicaPiece> shard_pieces();
-  // Throws on every rank the first non-empty verdict of any rank (after the groups agree).
-  void agree_and_throw(std::string verdict);
+  // Throws on every rank the first non-empty verdict of any rank (after the groups agree); `named`:
+  // this rank is the one at fault.
+  void agree_and_throw(std::string verdict, bool named);
   // Recorded for the next step's check (a rank that owns no piece of the shard records none, and
   // must take part in the check all the same).
   std::vector<uint32_t> shard_checksums;

@@ -4,6 +4,9 @@
 // no replica holds it.
 #include <fmt/format.h>
 
+#include <chrono>
+#include <thread>
+
 #include "base/check.h"
 #include "zero/engine_impl.h"
 #include "zero/replica_check.h"
@@ -22,15 +25,22 @@ std::vector<ReplicaPiece> Engine::Impl::shard_pieces() {
   return pieces;
 }
 
-void Engine::Impl::agree_and_throw(std::string verdict) {
+// How much later than the rank at fault the others throw. A launcher that restarts the job without
+// the rank whose failure it sees first (zerorun --max-restarts) then leaves out the corrupted one,
+// not a healthy rank that merely reported it sooner.
+constexpr std::chrono::milliseconds kHealthyRanksLater{1000};
+
+void Engine::Impl::agree_and_throw(std::string verdict, bool named) {
   // Each group reached its own verdict; through the groups every rank shares, all reach one.
   verdict = agree_on_verdict(*comms.shard, *device, verdict, options.timeout);
   if (comms.replica) verdict = agree_on_verdict(*comms.replica, *device, verdict, options.timeout);
-  if (!verdict.empty()) ZERO_THROW(Error, "{}", verdict);
+  if (verdict.empty()) return;
+  if (!named) std::this_thread::sleep_for(kHealthyRanksLater);
+  ZERO_THROW(Error, "{}", verdict);
 }
 
 void Engine::Impl::check_replicas(int64_t step, int rank_name) {
-  std::string verdict;
+  ReplicaVerdict verdict;
   if (parts.gatherer) {
     // The parameters live as shards: alike across the replicas of each shard (hybrid sharding) only.
     if (!comms.replica) return;
@@ -44,13 +54,13 @@ void Engine::Impl::check_replicas(int64_t step, int rank_name) {
     verdict = compare_replicas(*comms.shard, *device, pieces, rank_name, step,
                                comms.replica ? "shard group" : "data-parallel group", options.timeout);
     if (comms.replica) {  // every rank takes part, whatever its shard group found
-      const std::string across =
+      const ReplicaVerdict across =
           compare_replicas(*comms.replica, *device, pieces, rank_name, step, "replica group", options.timeout);
-      if (verdict.empty()) verdict = across;
+      if (verdict.text.empty()) verdict.text = across.text;
+      verdict.this_rank = verdict.this_rank || across.this_rank;
     }
   }
-  if (comms.replica) agree_and_throw(verdict);
-  if (!verdict.empty()) ZERO_THROW(Error, "{}", verdict);
+  agree_and_throw(verdict.text, verdict.this_rank);
 }
 
 void Engine::Impl::record_shard_at_rest() {
@@ -73,7 +83,7 @@ void Engine::Impl::verify_shard_at_rest(int64_t step, int rank_name) {
   }
   shard_checksums.clear();
   shard_checksums_recorded = false;
-  agree_and_throw(verdict);
+  agree_and_throw(verdict, !verdict.empty());
 }
 
 }  // namespace zero

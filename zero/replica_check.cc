@@ -41,9 +41,13 @@ std::string ranks_text(const std::vector<int>& ranks) {
 
 }  // namespace
 
-std::string compare_replicas(comm::Communicator& comm, memory::Device& device, const std::vector<ReplicaPiece>& pieces,
-                             int rank_name, int64_t step, const std::string& group, std::chrono::milliseconds timeout) {
+ReplicaVerdict compare_replicas(comm::Communicator& comm, memory::Device& device, const std::vector<ReplicaPiece>& pieces,
+                                int rank_name, int64_t step, const std::string& group, std::chrono::milliseconds timeout) {
   if (comm.size() <= 1 || !device.holds_values()) return {};
+  bool named = false;
+  const auto names_me = [&](const std::vector<int>& ranks) {
+    named = named || std::find(ranks.begin(), ranks.end(), rank_name) != ranks.end();
+  };
   const std::vector<uint32_t> mine = replica_checksums(device, pieces, timeout);
   std::vector<AgreementEntry> entries{{"rank", std::to_string(rank_name)}};
   for (uint32_t c : mine) entries.push_back({"", fmt::format("{:08x}", c)});
@@ -65,7 +69,10 @@ std::string compare_replicas(comm::Communicator& comm, memory::Device& device, c
                      }) > 1;
     if (tie) {
       std::vector<std::pair<std::vector<int>, std::string>> by_rank;
-      for (const auto& [crc, ranks] : holders) by_rank.emplace_back(ranks, crc);
+      for (const auto& [crc, ranks] : holders) {
+        by_rank.emplace_back(ranks, crc);
+        names_me(ranks);
+      }
       std::sort(by_rank.begin(), by_rank.end());
       std::vector<std::string> each;
       for (const auto& [ranks, crc] : by_rank) each.push_back(fmt::format("{} CRC32C {}", ranks_text(ranks), crc));
@@ -74,15 +81,17 @@ std::string compare_replicas(comm::Communicator& comm, memory::Device& device, c
     }
     for (const auto& [crc, ranks] : holders) {
       if (crc == most->first) continue;
+      names_me(ranks);
       found.push_back(fmt::format("{} on {} differs from {} (CRC32C {} against {})", pieces[k].name, ranks_text(ranks),
                                   ranks_text(most->second), crc, most->first));
     }
   }
   if (found.empty()) return {};
   const size_t listed = std::min<size_t>(found.size(), 8);
-  return fmt::format("replicas disagree after step {} in the {}: {}{}", step, group,
-                     fmt::join(found.begin(), found.begin() + static_cast<std::ptrdiff_t>(listed), "; "),
-                     found.size() > listed ? fmt::format("; and {} more", found.size() - listed) : "");
+  return {.text = fmt::format("replicas disagree after step {} in the {}: {}{}", step, group,
+                              fmt::join(found.begin(), found.begin() + static_cast<std::ptrdiff_t>(listed), "; "),
+                              found.size() > listed ? fmt::format("; and {} more", found.size() - listed) : ""),
+          .this_rank = named};
 }
 
 std::string agree_on_verdict(comm::Communicator& comm, memory::Device& device, const std::string& verdict,

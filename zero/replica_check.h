@@ -37,14 +37,19 @@ std::vector<uint32_t> replica_checksums(memory::Device& device, const std::vecto
 
 // Collective over `comm`, whose ranks hold the same pieces in the same order. `rank_name` is this
 // rank as errors name it (the engine's rank); `group` names the group ("data-parallel group",
-// "replica group"). Returns the same text on every rank of `comm`, empty when every piece agrees:
+// "replica group"). Returns the same text on every rank of `comm`, empty when every piece agrees, and
+// whether this rank is one named:
 //   "replicas disagree after step 12 in the data-parallel group: parameter 'fc1.weight' on rank 2
 //    differs from ranks 0, 1, 3 (CRC32C 5a1c... against 9e02...)"
 // or, where no checksum has a majority (2 ranks), "... differs with no majority: rank 0 CRC32C ...,
 // rank 1 CRC32C ...", with every such piece (at most 8 listed, then their count). A group of 1 rank
 // compares nothing.
-std::string compare_replicas(comm::Communicator& comm, memory::Device& device, const std::vector<ReplicaPiece>& pieces,
-                             int rank_name, int64_t step, const std::string& group, std::chrono::milliseconds timeout);
+struct ReplicaVerdict {
+  std::string text;        // empty: every piece agrees
+  bool this_rank = false;  // this rank is outside the majority of some piece (or in a split with none)
+};
+ReplicaVerdict compare_replicas(comm::Communicator& comm, memory::Device& device, const std::vector<ReplicaPiece>& pieces,
+                                int rank_name, int64_t step, const std::string& group, std::chrono::milliseconds timeout);
 
 // Collective over `comm`: the first non-empty verdict of its ranks (this rank's own when it has one),
 // so that a verdict reached in one group reaches the ranks of the others through the groups they
