@@ -11,6 +11,7 @@
 #include "base/env.h"
 #include "base/logging.h"
 #include "comm/store/memory_store.h"
+#include "comm/store/prefix_store.h"
 #include "comm/store/tcp_store.h"
 
 namespace zero::comm {
@@ -272,6 +273,7 @@ DistEnv read_dist_env() {
     if (*v != "0" && *v != "1") ZERO_THROW(InvalidArgument, "ZERO_STORE_IN_LAUNCHER='{}' must be 0 or 1", *v);
     env.store_in_launcher = *v == "1";
   }
+  env.store_prefix = env_string("ZERO_STORE_PREFIX", "");
   env.restart_count = static_cast<int>(env_int_opt("ZERO_RESTART_COUNT", 0, INT32_MAX).value_or(0));
   env.first_world_size = static_cast<int>(env_int_opt("ZERO_FIRST_WORLD_SIZE", 1, kMaxWorld).value_or(env.world_size));
   if (const auto at = env_get("ZERO_RESTART_FAILED_AT")) env.restart_failed_at = parse_seconds("ZERO_RESTART_FAILED_AT", *at);
@@ -312,7 +314,9 @@ std::shared_ptr<Store> connect_store(const DistEnv& env, std::chrono::millisecon
         "reach the store: set MASTER_ADDR to this node's network address",
         env.master_addr);
   }
-  return std::make_shared<TcpStore>(o);
+  std::shared_ptr<Store> store = std::make_shared<TcpStore>(o);
+  if (!env.store_prefix.empty()) return std::make_shared<PrefixStore>(env.store_prefix, std::move(store));
+  return store;
 }
 
 }  // namespace zero::comm

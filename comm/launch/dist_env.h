@@ -35,6 +35,9 @@ struct DistEnv {
   // master_addr:master_port, so rank 0 connects to it as every other rank does and its death loses
   // no rendezvous. Otherwise (torchrun, Slurm, mpirun) rank 0 hosts it.
   bool store_in_launcher = false;
+  // ZERO_STORE_PREFIX: the key prefix of this attempt of the job in the launcher's store, which
+  // outlives the attempts ("attempt1"); empty: none.
+  std::string store_prefix;
   // zerorun --max-restarts (docs/reliability.md): which attempt of the job this is (ZERO_RESTART_COUNT,
   // 0 for the first), and, from the second on, when the launcher saw the failure that ended the last
   // one (ZERO_RESTART_FAILED_AT, seconds since the epoch with a fraction; 0 for the first) and what
@@ -57,7 +60,8 @@ DistEnv read_dist_env();
 // connect to master_addr:master_port, retrying until `timeout` (TimeoutError naming the address):
 // to the launcher's store (store_in_launcher), or to the TcpStoreServer rank 0 hosts there and
 // connects to as a client too (rank 0's process must then outlive the others' use of the store).
-// Call it once per process and share the store (PrefixStore gives each user its own key space).
+// Call it once per process and share the store (PrefixStore gives each user its own key space). With
+// store_prefix the store returned is that prefix's view.
 std::shared_ptr<Store> connect_store(const DistEnv& env, std::chrono::milliseconds timeout);
 
 // Exposed for tests.

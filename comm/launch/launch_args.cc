@@ -44,7 +44,8 @@ const char* launch_usage() {
          "               [--max-restarts N] [--min-nproc M] [--heartbeat-s S] -- program [args...]\n"
          "  --nproc-per-node N  ranks on this node (default 1)\n"
          "  --nnodes M          nodes in the job (default 1); more than one needs --master-addr,\n"
-         "                      --master-port and the same ZERO_JOB_TOKEN exported on every node\n"
+         "                      --master-port and the same ZERO_JOB_TOKEN exported on every node;\n"
+         "                      MIN:MAX with --max-restarts: go on with as few as MIN nodes\n"
          "  --node-rank K       this node's index, 0..M-1 (default 0)\n"
          "  --master-addr A     address of the rendezvous store, which node 0's zerorun hosts\n"
          "                      (default 127.0.0.1)\n"
@@ -55,7 +56,9 @@ const char* launch_usage() {
          "                      report what they saw) before SIGTERM (default 5)\n"
          "  --max-restarts N    after a rank fails, start the job again without it, up to N times\n"
          "                      (default 0; one node): the program resumes (train_gpt --resume auto)\n"
-         "  --min-nproc M       restart only while at least M ranks are left (default 1)\n"
+         "  --min-nproc M       restart only while at least M ranks are left on this node (default 1)\n"
+         "  --join-timeout-s S  several nodes: how long node 0 waits for every node to join a\n"
+         "                      restarted attempt before going on without the missing ones (default 30)\n"
          "  --heartbeat-s S     a rank whose heartbeat stops for S seconds (a stopped process) is\n"
          "                      killed and counts as failed (default 0: not watched)\n"
          "Every rank's output lines are prefixed with \"[rank R] \". See docs/launcher.md.\n";
@@ -63,6 +66,7 @@ const char* launch_usage() {
 
 LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
   LaunchOptions o;
+  bool min_nnodes_given = false;
   size_t i = 0;
   for (; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -85,7 +89,7 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
     static const std::set<std::string> kKnown = {"--nproc-per-node", "--nnodes", "--node-rank",
                                                  "--master-addr", "--master-port", "--timeout-s",
                                                  "--grace-s", "--report-s", "--max-restarts",
-                                                 "--min-nproc", "--heartbeat-s"};
+                                                 "--min-nproc", "--heartbeat-s", "--join-timeout-s"};
     if (kKnown.count(name) == 0) ZERO_THROW(InvalidArgument, "unknown flag '{}'", a);
     std::string value;
     if (a.find('=') != std::string::npos) {
@@ -95,7 +99,13 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
       value = args[++i];
     }
     if (name == "--nproc-per-node") o.nproc_per_node = parse_int_flag(name, value, 1, kMaxProcsPerNode);
-    if (name == "--nnodes") o.nnodes = parse_int_flag(name, value, 1, kMaxNodes);
+    if (name == "--nnodes") {
+      const size_t colon = value.find(':');
+      o.nnodes = parse_int_flag(name, value.substr(colon == std::string::npos ? 0 : colon + 1), 1, kMaxNodes);
+      o.min_nnodes = colon == std::string::npos ? o.nnodes : parse_int_flag(name + " (MIN)", value.substr(0, colon), 1, kMaxNodes);
+      min_nnodes_given = colon != std::string::npos;
+    }
+    if (name == "--join-timeout-s") o.join_timeout_s = parse_seconds_flag(name, value);
     if (name == "--node-rank") o.node_rank = parse_int_flag(name, value, 0, kMaxNodes - 1);
     if (name == "--master-port") o.master_port = parse_int_flag(name, value, 0, 65535);
     if (name == "--timeout-s") o.timeout_s = parse_seconds_flag(name, value);
@@ -122,9 +132,12 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
   if (o.nnodes > 1 && !o.master_addr_given) {
     ZERO_THROW(InvalidArgument, "--master-addr is required when --nnodes={} (> 1)", o.nnodes);
   }
-  if (o.max_restarts > 0 && o.nnodes > 1) {
-    ZERO_THROW(InvalidArgument, "--max-restarts={} with --nnodes={}: elastic restarts run on one node only", o.max_restarts,
-               o.nnodes);
+  if (o.min_nnodes > o.nnodes) {
+    ZERO_THROW(InvalidArgument, "--nnodes {}:{}: MIN is more than MAX", o.min_nnodes, o.nnodes);
+  }
+  if (min_nnodes_given && o.min_nnodes < o.nnodes && o.max_restarts == 0) {
+    ZERO_THROW(InvalidArgument, "--nnodes {}:{}: a node range needs --max-restarts (a job without restarts never "
+               "goes on with fewer nodes)", o.min_nnodes, o.nnodes);
   }
   if (o.min_nproc > o.nproc_per_node) {
     ZERO_THROW(InvalidArgument, "--min-nproc={} is more than --nproc-per-node={}", o.min_nproc, o.nproc_per_node);

@@ -10,6 +10,12 @@ namespace zero::comm {
 struct LaunchOptions {
   int nproc_per_node = 1;
   int nnodes = 1;
+  // --nnodes MIN:MAX: with --max-restarts, the fewest nodes a restarted job goes on with (a node
+  // whose zerorun is gone, or that has no rank left, is left out); nnodes is MAX.
+  int min_nnodes = 1;
+  // With several nodes and --max-restarts: how long node 0 waits for every node to join an attempt
+  // before going on with those that did.
+  double join_timeout_s = 30;
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   bool master_addr_given = false;
@@ -23,8 +29,8 @@ struct LaunchOptions {
   // surviving rank's collective fails at once when its peer dies, and this lets it say so (which
   // operation, which ranks never reached it) instead of being killed mid-sentence.
   double report_s = 5;
-  // Elastic restarts (single node): after a rank fails, the job starts again on the others, up to
-  // max_restarts times, while at least min_nproc ranks are left (docs/reliability.md).
+  // Elastic restarts: after a rank fails, the job starts again on the others, up to max_restarts
+  // times, while at least min_nproc ranks are left on this node (docs/reliability.md).
   int max_restarts = 0;
   int min_nproc = 1;
   // A rank whose heartbeat (comm/launch/heartbeat.h) stops for this long is taken as gone: killed,

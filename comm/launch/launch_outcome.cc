@@ -67,7 +67,10 @@ StopResponse JobOutcome::rank_exited(int rank, pid_t pid, int status) {
   const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   if (!failed) return {};
   const std::string what = fmt::format("rank {} (pid {}) {}", rank, pid, describe_status(status));
-  if (reason_ == StopReason::kNone) return first_failure(rank, what, exit_code_of(status));
+  if (reason_ == StopReason::kNone) {
+    first_was_error_ = WIFEXITED(status);
+    return first_failure(rank, what, exit_code_of(status));
+  }
   // After a rank failure the others' statuses help tell its consequences from other faults; after a
   // signal, the timeout or a failed start the ranks die because zerorun stops them.
   if (reason_ == StopReason::kRankFailed) {
@@ -84,6 +87,20 @@ StopResponse JobOutcome::rank_silent(int rank, pid_t pid, double silent_s) {
   if (reason_ == StopReason::kNone) return first_failure(rank, what, 128 + SIGKILL);
   if (reason_ == StopReason::kRankFailed && !teardown_) lose(rank);
   return {.message = what};
+}
+
+StopResponse JobOutcome::peer_failed(const std::string& what) {
+  if (ending()) return {};
+  reason_ = StopReason::kPeerFailed;
+  exit_code_ = 1;
+  failure_ = what;
+  return {.action = StopResponse::Action::kTearDownAfterReport,
+          .message = fmt::format("another node's rank failed first ({}); stopping this node's ranks", what)};
+}
+
+void JobOutcome::after_another_node() {
+  if (first_was_error_ && !lost_.empty()) lost_.erase(lost_.begin());
+  first_was_error_ = false;
 }
 
 StopResponse JobOutcome::deadline_passed() {

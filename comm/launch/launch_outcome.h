@@ -12,7 +12,7 @@
 namespace zero::comm {
 
 // Why the job is ending; kNone while it runs normally.
-enum class StopReason { kNone, kStartFailed, kRankFailed, kSignal, kTimeout };
+enum class StopReason { kNone, kStartFailed, kRankFailed, kPeerFailed, kSignal, kTimeout };
 
 // What the supervisor does about an event: say `message` ("zerorun: " is added) when not empty,
 // then take `action`.
@@ -46,6 +46,13 @@ class JobOutcome {
   // A rank's heartbeat has been silent for silent_s (--heartbeat-s) and the supervisor has killed
   // it (a stopped process takes no SIGTERM): a failure like rank_exited's, exit status 128 + SIGKILL.
   StopResponse rank_silent(int rank, pid_t pid, double silent_s);
+  // Several nodes: another node's zerorun claimed the job's first failure (`what`). This node's ranks
+  // are stopped as survivors (exit 1); ignored once this node's job is ending for another reason.
+  StopResponse peer_failed(const std::string& what);
+  // Several nodes: this node's first failure came after another node's (whose claim was first). Its
+  // rank is a survivor unless it was killed by SIGKILL or went silent: those are lost either way.
+  void after_another_node();
+  bool first_was_error() const { return first_was_error_; }
   // The supervisor begins signalling the ranks: a rank killed from here on is zerorun's doing.
   void teardown_started() { teardown_ = true; }
 
@@ -72,6 +79,7 @@ class JobOutcome {
   StopReason reason_ = StopReason::kNone;
   int exit_code_ = 0;
   bool teardown_ = false;
+  bool first_was_error_ = false;  // the first failure: an exit with an error (not a kill or silence)
   std::vector<int> lost_;
   std::string failure_;
 };

@@ -159,5 +159,27 @@ TEST_CASE("a silent rank: killed, named with its silence, lost; 128 + SIGKILL") 
   CHECK(outcome.exit_code() == 128 + SIGKILL);
 }
 
+TEST_CASE("several nodes: another node's failure first stops this node's ranks as survivors") {
+  JobOutcome peer(5, 0);
+  const StopResponse r = peer.peer_failed("rank 5 (pid 9) was killed by signal 9 (SIGKILL)");
+  CHECK(r.action == Action::kTearDownAfterReport);
+  CHECK(r.message == "another node's rank failed first (rank 5 (pid 9) was killed by signal 9 (SIGKILL)); stopping this "
+                     "node's ranks");
+  CHECK(peer.reason() == StopReason::kPeerFailed);
+  CHECK(peer.exit_code() == 1);
+  feed_exits(peer, {{0, exited(1)}, {1, killed_by(SIGTERM)}});
+  CHECK(peer.lost_ranks().empty());
+
+  // An error exit here that lost the race to another node's claim: a survivor. A kill: lost anyway.
+  JobOutcome error(5, 0);
+  feed_exits(error, {{1, exited(1)}});
+  error.after_another_node();
+  CHECK(error.lost_ranks().empty());
+  JobOutcome killed(5, 0);
+  feed_exits(killed, {{1, killed_by(SIGKILL)}});
+  killed.after_another_node();
+  CHECK(killed.lost_ranks() == std::vector<int>{1});
+}
+
 }  // namespace
 }  // namespace zero::comm

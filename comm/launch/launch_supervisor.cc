@@ -28,8 +28,9 @@ Clock::duration seconds(double s) {
 // per iteration (output, signals, exits, deadlines), and the teardown deadlines need no timers.
 class Supervisor {
  public:
-  Supervisor(std::vector<RankProcess>& ranks, LaunchSignals& signals, const LaunchOptions& options)
-      : ranks_(ranks),
+  Supervisor(std::vector<RankProcess>& ranks, LaunchSignals& signals, const LaunchOptions& options, FailureBoard* board)
+      : board_(board),
+        ranks_(ranks),
         signals_(signals),
         options_(options),
         outcome_(options.report_s, options.timeout_s),
@@ -43,10 +44,12 @@ class Supervisor {
       forward_signals();
       reap_exited_ranks();
       check_heartbeats();
+      watch_board(false);
       end_report_window();
       enforce_job_deadline();
       enforce_grace_period();
     }
+    watch_board(true);  // a claim still waiting is made now
     return {.outcome = outcome_, .failed_at = failed_at_};
   }
 
@@ -140,6 +143,35 @@ class Supervisor {
   }
 
   // After a rank failed, the others had --report-s to exit on their own; then they get SIGTERM.
+  // Several nodes: claims this node's first failure (an error exit only after half a second, in which
+  // a node whose rank was killed may claim first), or stops this node's ranks when another node's
+  // claim comes first. The store is asked at most every 200 ms; its loss ends this node's job.
+  void watch_board(bool finishing) {
+    if (board_ == nullptr) return;
+    const auto now = Clock::now();
+    try {
+      if (claim_pending_) {
+        if (now < claim_at_ && !finishing) {
+          if (board_->elsewhere()) {
+            claim_pending_ = false;
+            outcome_.after_another_node();
+          }
+          return;
+        }
+        claim_pending_ = false;
+        if (!board_->claim(outcome_.failure())) outcome_.after_another_node();
+        return;
+      }
+      if (finishing || outcome_.ending() || now < next_poll_) return;
+      next_poll_ = now + std::chrono::milliseconds(200);
+      if (const std::optional<std::string> other = board_->elsewhere()) apply(outcome_.peer_failed(*other));
+    } catch (const std::exception& e) {
+      board_ = nullptr;
+      claim_pending_ = false;
+      if (!finishing) apply(outcome_.peer_failed(fmt::format("the store on node 0 is gone: {}", e.what())));
+    }
+  }
+
   void end_report_window() {
     if (term_at_ != Clock::time_point::max() && Clock::now() >= term_at_) {
       term_at_ = Clock::time_point::max();
@@ -165,8 +197,12 @@ class Supervisor {
 
   void apply(const StopResponse& response) {
     if (!response.message.empty()) say(response.message);
-    if (failed_at_ == 0 && outcome_.reason() == StopReason::kRankFailed) {
+    if (failed_at_ == 0 && (outcome_.reason() == StopReason::kRankFailed || outcome_.reason() == StopReason::kPeerFailed)) {
       failed_at_ = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+      if (board_ != nullptr && outcome_.reason() == StopReason::kRankFailed) {
+        claim_pending_ = true;
+        claim_at_ = Clock::now() + std::chrono::milliseconds(outcome_.first_was_error() ? 500 : 0);
+      }
     }
     switch (response.action) {
       case StopResponse::Action::kNone:
@@ -192,6 +228,9 @@ class Supervisor {
     if (kill_at_ == Clock::time_point::max()) kill_at_ = Clock::now() + grace_;
   }
 
+  FailureBoard* board_;
+  bool claim_pending_ = false;
+  Clock::time_point claim_at_{}, next_poll_{};
   std::vector<RankProcess>& ranks_;
   LaunchSignals& signals_;
   const LaunchOptions& options_;
@@ -207,8 +246,8 @@ class Supervisor {
 }  // namespace
 
 SupervisedJob supervise_ranks(std::vector<RankProcess>& ranks, LaunchSignals& signals, const LaunchOptions& options,
-                              bool all_started) {
-  return Supervisor(ranks, signals, options).run(all_started);
+                              bool all_started, FailureBoard* board) {
+  return Supervisor(ranks, signals, options, board).run(all_started);
 }
 
 }  // namespace zero::comm

@@ -2,6 +2,9 @@
 // Supervising a started job until every rank has exited: re-emitting the ranks' output, forwarding
 // zerorun's signals, noticing the first failure (an exit, or a heartbeat gone silent) and the
 // deadline, and tearing the job down (SIGTERM, SIGKILL after --grace-s) when it must end.
+#include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "comm/launch/launch_args.h"
@@ -10,6 +13,14 @@
 #include "comm/launch/launch_signals.h"
 
 namespace zero::comm {
+
+// Several nodes with restarts (comm/launch/launch_elastic.h): where the supervisor claims this node's
+// first rank failure as the job's, and sees another node's claim. Calls may throw CommError when the
+// store on node 0 is gone.
+struct FailureBoard {
+  std::function<bool(const std::string&)> claim;          // true: this node's failure is the first
+  std::function<std::optional<std::string>()> elsewhere;  // another node's claimed failure, if any
+};
 
 struct SupervisedJob {
   JobOutcome outcome;
@@ -20,7 +31,10 @@ struct SupervisedJob {
 // started) ends the job at once: the ranks in `ranks` are stopped and zerorun exits 1. The ranks'
 // pipes may still be open afterwards (a rank's leftover child can hold them). With --heartbeat-s a
 // rank whose heartbeat stops for that long is killed and counts as failed.
+// With a board, this node's first failure is claimed (an error exit after half a second, in which a
+// killed rank elsewhere may claim first; a kill at once), and another node's claim stops this node's
+// ranks as survivors.
 SupervisedJob supervise_ranks(std::vector<RankProcess>& ranks, LaunchSignals& signals, const LaunchOptions& options,
-                              bool all_started);
+                              bool all_started, FailureBoard* board = nullptr);
 
 }  // namespace zero::comm

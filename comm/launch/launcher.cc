@@ -1,7 +1,8 @@
 // zerorun: a small torchrun-style launcher. run_launch is the sequence of the launch's phases, run
 // once, or once per attempt with --max-restarts; each phase lives in its own file:
 //
-//   launch_rendezvous  the job token, and the rendezvous store node 0 hosts (fresh per attempt)
+//   launch_rendezvous  the job token, and the rendezvous store node 0 hosts for the whole job
+//   launch_elastic     several nodes with restarts: the launchers' joins, plans and failure claims
 //   launch_signals     the signal handlers and their self-pipe, installed before the first fork
 //   launch_rank_env    each rank's environment
 //   launch_rank_process  forking a rank into its own process group with its output pipes
@@ -20,13 +21,16 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "base/check.h"
 #include "base/env.h"
+#include "comm/launch/launch_elastic.h"
 #include "comm/launch/launch_outcome.h"
 #include "comm/launch/launch_output.h"
 #include "comm/launch/launch_rank_env.h"
@@ -67,7 +71,8 @@ bool start_ranks(const LaunchOptions& o, const RankRendezvous& rendezvous, const
       say(fmt::format("socketpair: {}", std::strerror(errno)));
       return false;
     }
-    auto started = spawn_rank(global_rank(o, local), o.command,
+    const int rank = attempt.first_rank >= 0 ? attempt.first_rank + local : global_rank(o, local);
+    auto started = spawn_rank(rank, o.command,
                               rank_environment(o, rendezvous, attempt, parent, local, beat[1]), beat[1]);
     if (beat[1] >= 0) ::close(beat[1]);  // the rank's end, which it holds now
     if (!started) {
@@ -109,23 +114,59 @@ int run_launch(const LaunchOptions& options) {
   // Installed before the first fork: a signal that arrives while the ranks start is then forwarded to
   // them like any later one instead of killing zerorun halfway.
   LaunchSignals signals;
-  LaunchOptions o = options;  // o.nproc_per_node: this attempt's ranks
+  // Node 0 hosts the store for the whole job. Attempt a's ranks use its keys under "attempt<a>/", so
+  // that no key of a failed attempt (a dead rank's address, a half-done barrier) is read again.
+  std::unique_ptr<TcpStoreServer> server;
+  if (options.node_rank == 0) server = host_rendezvous_store(options, token);
+  const uint16_t port = server ? server->port() : static_cast<uint16_t>(options.master_port);
+  const auto join_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::duration<double>(options.join_timeout_s));
+  // Several nodes with restarts: the launchers meet on the board (comm/launch/launch_elastic.h).
+  std::unique_ptr<JobBoard> board;
+  if (options.nnodes > 1 && options.max_restarts > 0) {
+    board = std::make_unique<JobBoard>(
+        std::make_shared<TcpStore>(TcpStoreOptions{.host = options.master_addr, .port = port, .token = token,
+                                                   .timeout = join_timeout + std::chrono::seconds(60)}),
+        options.node_rank, join_timeout);
+  }
+  LaunchOptions o = options;  // o.nproc_per_node: this node's ranks in this attempt
   RankAttempt attempt{.first_world = options.nnodes * options.nproc_per_node,
                       .heartbeat_interval_ms = heartbeat_interval_ms(options.heartbeat_s)};
+  int expected_nodes = options.nnodes;
   while (true) {
-    // Node 0 hosts the store for as long as the attempt's ranks run; a restart meets at a new one,
-    // so no key of the failed attempt (a dead rank's address, a half-done barrier) is read again.
-    std::unique_ptr<TcpStoreServer> store;
-    if (o.node_rank == 0) store = host_rendezvous_store(o, token);
-    const RankRendezvous rendezvous{.token = token,
-                                    .port = store ? store->port() : static_cast<uint16_t>(o.master_port)};
+    const int a = attempt.restart_count;
+    attempt.store_prefix = fmt::format("attempt{}", a);
+    std::optional<JobBoard::Plan> plan;
+    if (board) {
+      plan = board->join(a, o.nproc_per_node, expected_nodes, options.min_nnodes, options.nnodes);
+      if (!plan) {
+        say(fmt::format("this node has no place in attempt {} of the job; leaving it", a));
+        return 1;
+      }
+      attempt.first_rank = plan->first_rank;
+      attempt.world = plan->world;
+      attempt.group_rank = plan->node_index;
+      expected_nodes = static_cast<int>(plan->nodes.size());
+      if (a > 0) say(fmt::format("attempt {} runs on {} ({} ranks)", a, plan->text(), plan->world));
+    }
+    const RankRendezvous rendezvous{.token = token, .port = port};
+    FailureBoard failures{.claim = [&](const std::string& what) { return board->claim_failure(a, what); },
+                          .elsewhere = [&] { return board->failure(a); }};
     std::vector<RankProcess> ranks;
     const bool all_started = start_ranks(o, rendezvous, attempt, ranks);
-    const SupervisedJob job = supervise_ranks(ranks, signals, o, all_started);
+    const SupervisedJob job = supervise_ranks(ranks, signals, o, all_started, board ? &failures : nullptr);
     stop_leftovers_and_flush_output(ranks);
     const JobOutcome& outcome = job.outcome;
-    if (outcome.exit_code() == 0 || outcome.reason() != StopReason::kRankFailed) return outcome.exit_code();
-    if (options.max_restarts == 0) return outcome.exit_code();
+    if (outcome.exit_code() == 0) {
+      if (board) {
+        board->done(a);
+        // Node 0's store serves the others until they are done too.
+        if (options.node_rank == 0) board->wait_for_nodes(a, *plan, join_timeout + std::chrono::seconds(60));
+      }
+      return 0;
+    }
+    const bool failed = outcome.reason() == StopReason::kRankFailed || outcome.reason() == StopReason::kPeerFailed;
+    if (!failed || options.max_restarts == 0) return outcome.exit_code();
     if (const int sig = signals.take_new_signal(); sig != 0) {
       say(fmt::format("got signal {} while the job was stopping; not restarting", sig));
       return 128 + sig;
@@ -138,14 +179,30 @@ int run_launch(const LaunchOptions& options) {
     if (left < options.min_nproc) {
       say(fmt::format("{} rank(s) left after losing rank(s) {}: fewer than --min-nproc={}; not restarting", left,
                       rank_list(outcome.lost_ranks()), options.min_nproc));
+      // A node that leaves says so at the next attempt, so that node 0 need not wait for it.
+      if (board && options.node_rank != 0) board->join(a + 1, 0, expected_nodes, 0, options.nnodes);
       return outcome.exit_code();
     }
     ++attempt.restart_count;
     attempt.failed_at = job.failed_at;
-    attempt.reason = outcome.failure();
-    say(fmt::format("restart {} of {}: lost rank(s) {} of {}; starting the job again on {} rank(s)",
-                    attempt.restart_count, options.max_restarts, rank_list(outcome.lost_ranks()), o.nproc_per_node,
-                    left));
+    // Under several nodes, the failure every node's ranks are told of is the one claimed first.
+    std::optional<std::string> claimed;
+    if (board) {
+      try {
+        claimed = board->failure(a);
+      } catch (const std::exception&) {
+      }
+    }
+    attempt.reason = claimed.value_or(outcome.failure());
+    say(outcome.lost_ranks().empty()
+            ? fmt::format("restart {} of {}: another node lost a rank; starting this node's {} rank(s) again",
+                          attempt.restart_count, options.max_restarts, left)
+        : board ? fmt::format("restart {} of {}: lost rank(s) {} of this node's {}; starting its {} rank(s) again",
+                              attempt.restart_count, options.max_restarts, rank_list(outcome.lost_ranks()),
+                              o.nproc_per_node, left)
+                : fmt::format("restart {} of {}: lost rank(s) {} of {}; starting the job again on {} rank(s)",
+                              attempt.restart_count, options.max_restarts, rank_list(outcome.lost_ranks()),
+                              o.nproc_per_node, left));
     o.nproc_per_node = left;
   }
 }

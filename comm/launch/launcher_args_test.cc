@@ -64,8 +64,10 @@ TEST_CASE("errors name the flag") {
   CHECK(error_of({"--nproc-per-node=2", "--min-nproc=3", "p"}).find("--min-nproc=3 is more than --nproc-per-node=2") !=
         std::string::npos);
   CHECK(error_of({"--heartbeat-s=x", "p"}).find("--heartbeat-s") != std::string::npos);
-  CHECK(error_of({"--nnodes=2", "--master-addr=h", "--master-port=1", "--max-restarts=1", "p"})
-            .find("elastic restarts run on one node only") != std::string::npos);
+  CHECK(error_of({"--nnodes=3:2", "--master-addr=h", "--master-port=1", "--max-restarts=1", "p"})
+            .find("--nnodes 3:2: MIN is more than MAX") != std::string::npos);
+  CHECK(error_of({"--nnodes=1:2", "--master-addr=h", "--master-port=1", "p"}).find("a node range needs --max-restarts") !=
+        std::string::npos);
 }
 
 TEST_CASE("the elastic flags") {
@@ -78,6 +80,12 @@ TEST_CASE("the elastic flags") {
   CHECK(d.max_restarts == 0);
   CHECK(d.min_nproc == 1);
   CHECK(d.heartbeat_s == 0);
+  const LaunchOptions n = parse_launch_args({"--nnodes=1:3", "--master-addr=h", "--master-port=9", "--max-restarts=1",
+                                             "--join-timeout-s=4", "p"});
+  CHECK(n.nnodes == 3);
+  CHECK(n.min_nnodes == 1);
+  CHECK(n.join_timeout_s == 4);
+  CHECK(parse_launch_args({"--nnodes=2", "--master-addr=h", "--master-port=9", "p"}).min_nnodes == 2);
 }
 
 }  // namespace

@@ -7,7 +7,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <chrono>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -342,4 +347,48 @@ TEST_CASE("--heartbeat-s: a stopped rank is found, killed and left out") {
   CHECK(contains(r.err, "restart 1 of 1: lost rank(s) 1 of 2; starting the job again on 1 rank(s)"));
   CHECK(contains(r.out, "[rank 0] attempt 1 of world 1 after 'rank 1 (pid "));
   CHECK(r.seconds < 20);
+}
+
+// A port free a moment ago (bound by the kernel's choice, then closed).
+std::string free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  socklen_t len = sizeof(addr);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  ::close(fd);
+  return std::to_string(ntohs(addr.sin_port));
+}
+
+TEST_CASE("two nodes with --max-restarts: node 1 loses a rank; both go on as 2 + 1 ranks") {
+  const std::string port = free_port();
+  const auto node = [&](int k) {
+    return std::vector<std::string>{"--nnodes=2", "--node-rank=" + std::to_string(k), "--nproc-per-node=2",
+                                    "--master-addr=127.0.0.1", "--master-port=" + port, "--max-restarts=1",
+                                    "--report-s=0.2", "--timeout-s=50", "--", kProg, "elastic", "2"};
+  };
+  ::setenv("ZERO_JOB_TOKEN", "two-node-test", 1);
+  Result second;
+  std::thread one([&] { second = run(node(1)); });
+  const Result first = run(node(0));
+  one.join();
+  ::unsetenv("ZERO_JOB_TOKEN");
+  INFO("node 0 stdout:\n" << first.out << "\nnode 0 stderr:\n" << first.err << "\nnode 1 stdout:\n" << second.out
+                          << "\nnode 1 stderr:\n" << second.err);
+  CHECK(first.code == 0);
+  CHECK(second.code == 0);
+  // Node 1 saw its rank 2 killed, claimed the failure and restarts without it.
+  CHECK(contains(second.err, "zerorun: rank 2 (pid "));
+  CHECK(contains(second.err, "zerorun: restart 1 of 1: lost rank(s) 2 of this node's 2; starting its 1 rank(s) again"));
+  // Node 0 stopped its ranks as survivors and starts them all again.
+  CHECK(contains(first.err, "zerorun: another node's rank failed first (node 1: rank 2 (pid "));
+  CHECK(contains(first.err, "zerorun: restart 1 of 1: another node lost a rank; starting this node's 2 rank(s) again"));
+  CHECK(contains(first.err, "zerorun: attempt 1 runs on node 0: 2 ranks, node 1: 1 rank (3 ranks)"));
+  for (int k = 0; k < 2; ++k) {
+    CHECK(contains(first.out, "[rank " + std::to_string(k) + "] store ok rank " + std::to_string(k) + " of 3"));
+  }
+  CHECK(contains(second.out, "[rank 2] attempt 1 of world 3 after 'node 1: rank 2 (pid "));
+  CHECK(contains(second.out, "[rank 2] store ok rank 2 of 3"));
 }

@@ -78,7 +78,11 @@ int run(int argc, char** argv) {
 
   // hpZ and qgZ work on nodes: without --hpz-size, the data-parallel peers on this rank's node (the
   // launcher's LOCAL_WORLD_SIZE ranks hold tp-sized groups of them).
-  if (run.options.node_size == 0) run.options.node_size = std::clamp(pg.env.local_world_size / layout.tp, 1, world);
+  // Only where they are on: after an elastic restart the nodes may hold different numbers of ranks.
+  const bool node_parts = run.options.secondary_shard || run.options.quantized_gradients.bits != 0;
+  if (node_parts && run.options.node_size == 0) {
+    run.options.node_size = std::clamp(pg.env.local_world_size / layout.tp, 1, world);
+  }
   // Without a pipeline: this rank's (tp part of the) model in one set of the engine's unit scopes;
   // with one, this rank's chunks in a pipeline stage whose schedule runs the step's m micro-batches.
   Engine engine(parallel::engine_comms(mesh), run.options);
