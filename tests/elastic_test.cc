@@ -6,6 +6,9 @@
 // width sums the micro-batches' gradients in another order).
 #include <doctest/doctest.h>
 #include <linux/magic.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/vfs.h>
 
 #include <cmath>
@@ -17,6 +20,7 @@
 #include <unistd.h>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "testing/launch.h"
@@ -203,6 +207,46 @@ TEST_CASE("--save-memory outside memory, or without its interval, is refused by 
   r = testing::run("examples/gpt/train_gpt", {"--steps", "1", "--save-memory", "/dev/shm/zero_x"});
   CHECK(r.exit_code != 0);
   CHECK(r.output.find("--save-memory /dev/shm/zero_x needs --save-memory-every K >= 1") != std::string::npos);
+}
+
+// A port free a moment ago (bound by the kernel's choice, then closed).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  socklen_t len = sizeof(addr);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST_CASE("two launchers x 2 ranks: node 1's rank 3 killed at step 10; the job goes on as 2 + 1 ranks from step 8") {
+  const std::string save = tmp("elastic_two_nodes");
+  std::filesystem::remove_all(save);
+  const std::string port = std::to_string(free_port());
+  ::setenv("ZERO_JOB_TOKEN", "elastic-two-nodes", 1);
+  const auto node = [&](int k) {
+    return train(2, {"--nnodes", "2", "--node-rank", std::to_string(k), "--master-addr", "127.0.0.1", "--master-port", port,
+                     "--max-restarts", "1"},
+                 save, {"--micro-batches", "3", "--fault", "optimizer_step:kill:10@3"});
+  };
+  testing::LaunchResult second;
+  std::thread one([&] { second = node(1); });
+  const testing::LaunchResult first = node(0);
+  one.join();
+  ::unsetenv("ZERO_JOB_TOKEN");
+  INFO("node 0:\n" << first.output << "\nnode 1:\n" << second.output);
+  REQUIRE(first.exit_code == 0);
+  REQUIRE(second.exit_code == 0);
+  CHECK(second.output.find("zerorun: restart 1 of 1: lost rank(s) 3 of this node's 2; starting its 1 rank(s) again") !=
+        std::string::npos);
+  CHECK(first.output.find("zerorun: another node's rank failed first (node 1: rank 3 (pid ") != std::string::npos);
+  CHECK(first.output.find("zerorun: attempt 1 runs on node 0: 2 ranks, node 1: 1 rank (3 ranks)") != std::string::npos);
+  CHECK(first.output.find("dp 3 x tp 1 x pp 1, stage 3, 4 micro-batches on 3 of the 4 ranks launched") != std::string::npos);
+  CHECK(first.output.find("[rank 0] resumed from " + save + " at step 8") != std::string::npos);
+  check_against(curve(first.output), uninterrupted(), 8);
 }
 
 // Whether any process's command line holds `text` (/proc/*/cmdline).
