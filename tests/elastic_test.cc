@@ -242,7 +242,7 @@ TEST_CASE("two launchers x 2 ranks: node 1's rank 3 killed at step 10; the job g
   REQUIRE(second.exit_code == 0);
   CHECK(second.output.find("zerorun: restart 1 of 1: lost rank(s) 3 of this node's 2; starting its 1 rank(s) again") !=
         std::string::npos);
-  CHECK(first.output.find("zerorun: another node's rank failed first (node 1: rank 3 (pid ") != std::string::npos);
+  CHECK(first.output.find("zerorun: the job failed elsewhere first (node 1: rank 3 (pid ") != std::string::npos);
   CHECK(first.output.find("zerorun: attempt 1 runs on node 0: 2 ranks, node 1: 1 rank (3 ranks)") != std::string::npos);
   CHECK(first.output.find("dp 3 x tp 1 x pp 1, stage 3, 4 micro-batches on 3 of the 4 ranks launched") != std::string::npos);
   CHECK(first.output.find("[rank 0] resumed from " + save + " at step 8") != std::string::npos);

@@ -103,13 +103,40 @@ std::optional<std::string> JobBoard::failure(int attempt) {
   return store_->get_string(k, join_timeout_);
 }
 
-void JobBoard::done(int attempt) { store_->add(key(attempt, "done"), 1); }
+void JobBoard::done(int attempt) { store_->set_string(key(attempt, fmt::format("done/{}", node_rank_)), "1"); }
+
+void JobBoard::beat(int attempt, const Plan& plan) {
+  store_->add(key(attempt, fmt::format("alive/{}", node_rank_)), 1);
+  const auto now = Clock::now();
+  for (const auto& [node, n] : plan.nodes) {
+    if (node == node_rank_) continue;
+    const int64_t count = store_->add(key(attempt, fmt::format("alive/{}", node)), 0);
+    if (count == 0) continue;  // not started yet: watched from its first beat
+    if (store_->check({key(attempt, fmt::format("done/{}", node))})) {
+      seen_.erase(node);  // finished: silent by right
+      continue;
+    }
+    auto it = seen_.find(node);
+    if (it == seen_.end() || it->second.first != count) seen_[node] = {count, now};
+  }
+}
+
+std::optional<int> JobBoard::silent_node(const Plan& plan, std::chrono::milliseconds quiet) const {
+  const auto now = Clock::now();
+  for (const auto& [node, n] : plan.nodes) {
+    if (node == node_rank_) continue;
+    const auto it = seen_.find(node);
+    if (it != seen_.end() && now - it->second.second > quiet) return node;
+  }
+  return std::nullopt;
+}
 
 void JobBoard::wait_for_nodes(int attempt, const Plan& plan, std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
-  while (store_->add(key(attempt, "done"), 0) < static_cast<int64_t>(plan.nodes.size()) && !failure(attempt) &&
-         Clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (const auto& [node, n] : plan.nodes) {
+    while (!store_->check({key(attempt, fmt::format("done/{}", node))}) && !failure(attempt) && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   }
 }
 

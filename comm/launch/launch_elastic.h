@@ -9,11 +9,15 @@
 //   a failure:  the launcher that sees a rank fail claims the attempt's failure (compare-and-set:
 //               the first claim wins); the others see the claim in their supervisor's loop and stop
 //               their ranks, which are survivors
+//   alive:      every launcher beats ("zerorun/a/alive/K") from its supervisor's loop; a node of the
+//               plan whose beats stop is lost whole (its zerorun gone, its ranks with it), which its
+//               peers' ranks would otherwise report as failures of their own
 //   the end:    each node whose ranks all exited 0 says so; node 0 keeps the store up until every
 //               node of the plan has said so or the attempt failed
 //
 // Losing node 0's zerorun loses the store: the others end, naming it.
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -46,6 +50,10 @@ class JobBoard {
   std::optional<std::string> failure(int attempt);
   // This node's ranks all exited 0.
   void done(int attempt);
+  // Beats for this node and notes the others' beats (call it often: every 200 ms).
+  void beat(int attempt, const Plan& plan);
+  // A node of the plan whose beats have not moved for `quiet` (as seen by beat()), if any.
+  std::optional<int> silent_node(const Plan& plan, std::chrono::milliseconds quiet) const;
   // Node 0: until every node of the plan is done or the attempt failed, at most `timeout`.
   void wait_for_nodes(int attempt, const Plan& plan, std::chrono::milliseconds timeout);
 
@@ -54,6 +62,8 @@ class JobBoard {
   std::shared_ptr<Store> store_;
   int node_rank_;
   std::chrono::milliseconds join_timeout_;
+  // Each other node's last beat count and when it last moved.
+  std::map<int, std::pair<int64_t, std::chrono::steady_clock::time_point>> seen_;
 };
 
 }  // namespace zero::comm

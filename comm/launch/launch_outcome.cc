@@ -95,7 +95,7 @@ StopResponse JobOutcome::peer_failed(const std::string& what) {
   exit_code_ = 1;
   failure_ = what;
   return {.action = StopResponse::Action::kTearDownAfterReport,
-          .message = fmt::format("another node's rank failed first ({}); stopping this node's ranks", what)};
+          .message = fmt::format("the job failed elsewhere first ({}); stopping this node's ranks", what)};
 }
 
 void JobOutcome::after_another_node() {

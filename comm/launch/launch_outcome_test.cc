@@ -163,7 +163,7 @@ TEST_CASE("several nodes: another node's failure first stops this node's ranks a
   JobOutcome peer(5, 0);
   const StopResponse r = peer.peer_failed("rank 5 (pid 9) was killed by signal 9 (SIGKILL)");
   CHECK(r.action == Action::kTearDownAfterReport);
-  CHECK(r.message == "another node's rank failed first (rank 5 (pid 9) was killed by signal 9 (SIGKILL)); stopping this "
+  CHECK(r.message == "the job failed elsewhere first (rank 5 (pid 9) was killed by signal 9 (SIGKILL)); stopping this "
                      "node's ranks");
   CHECK(peer.reason() == StopReason::kPeerFailed);
   CHECK(peer.exit_code() == 1);

@@ -143,28 +143,46 @@ class Supervisor {
   }
 
   // After a rank failed, the others had --report-s to exit on their own; then they get SIGTERM.
-  // Several nodes: claims this node's first failure (an error exit only after half a second, in which
-  // a node whose rank was killed may claim first), or stops this node's ranks when another node's
-  // claim comes first. The store is asked at most every 200 ms; its loss ends this node's job.
+  // Several nodes: claims this node's first failure (an error exit only after 1.5 s, in which a node
+  // whose rank was killed may claim first, or a node's stopped beats show it lost whole), or stops
+  // this node's ranks when another node's claim comes first or a node falls silent. The store is
+  // asked at most every 200 ms; its loss ends this node's job.
   void watch_board(bool finishing) {
     if (board_ == nullptr) return;
     const auto now = Clock::now();
     try {
-      if (claim_pending_) {
-        if (now < claim_at_ && !finishing) {
-          if (board_->elsewhere()) {
-            claim_pending_ = false;
-            outcome_.after_another_node();
+      if (now >= next_poll_ || finishing) {
+        next_poll_ = now + std::chrono::milliseconds(200);
+        board_->beat();
+        if (!claim_pending_ && !outcome_.ending()) {
+          if (const std::optional<std::string> other = board_->elsewhere()) {
+            apply(outcome_.peer_failed(*other));
+          } else if (const std::optional<int> node = board_->silent_node()) {
+            const std::string what = fmt::format("node {}'s zerorun stopped answering (lost with its ranks)", *node);
+            board_->claim(what);  // the first claim wins; the job's failure is the one claimed
+            apply(outcome_.peer_failed(board_->elsewhere().value_or(what)));
           }
           return;
         }
-        claim_pending_ = false;
-        if (!board_->claim(outcome_.failure())) outcome_.after_another_node();
+      }
+      if (!claim_pending_) return;
+      if (now < claim_at_ && !finishing) {
+        if (board_->elsewhere()) {
+          claim_pending_ = false;
+          outcome_.after_another_node();
+        }
         return;
       }
-      if (finishing || outcome_.ending() || now < next_poll_) return;
-      next_poll_ = now + std::chrono::milliseconds(200);
-      if (const std::optional<std::string> other = board_->elsewhere()) apply(outcome_.peer_failed(*other));
+      claim_pending_ = false;
+      if (outcome_.first_was_error()) {
+        if (const std::optional<int> node = board_->silent_node()) {
+          // This node's rank failed because a whole node went: that node is the cause.
+          board_->claim(fmt::format("node {}'s zerorun stopped answering (lost with its ranks)", *node));
+          outcome_.after_another_node();
+          return;
+        }
+      }
+      if (!board_->claim(outcome_.failure())) outcome_.after_another_node();
     } catch (const std::exception& e) {
       board_ = nullptr;
       claim_pending_ = false;
@@ -201,7 +219,7 @@ class Supervisor {
       failed_at_ = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
       if (board_ != nullptr && outcome_.reason() == StopReason::kRankFailed) {
         claim_pending_ = true;
-        claim_at_ = Clock::now() + std::chrono::milliseconds(outcome_.first_was_error() ? 500 : 0);
+        claim_at_ = Clock::now() + std::chrono::milliseconds(outcome_.first_was_error() ? 1500 : 0);
       }
     }
     switch (response.action) {

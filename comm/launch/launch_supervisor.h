@@ -20,6 +20,8 @@ namespace zero::comm {
 struct FailureBoard {
   std::function<bool(const std::string&)> claim;          // true: this node's failure is the first
   std::function<std::optional<std::string>()> elsewhere;  // another node's claimed failure, if any
+  std::function<void()> beat;                             // this node's beat, the others' noted
+  std::function<std::optional<int>()> silent_node;        // a node whose beats stopped, if any
 };
 
 struct SupervisedJob {
@@ -31,9 +33,10 @@ struct SupervisedJob {
 // started) ends the job at once: the ranks in `ranks` are stopped and zerorun exits 1. The ranks'
 // pipes may still be open afterwards (a rank's leftover child can hold them). With --heartbeat-s a
 // rank whose heartbeat stops for that long is killed and counts as failed.
-// With a board, this node's first failure is claimed (an error exit after half a second, in which a
-// killed rank elsewhere may claim first; a kill at once), and another node's claim stops this node's
-// ranks as survivors.
+// With a board, this node's first failure is claimed (a kill at once; an error exit after 1.5 s, in
+// which a killed rank elsewhere may claim first, or a node's silence shows that it was lost whole,
+// which is then claimed instead), another node's claim stops this node's ranks as survivors, and a
+// node whose beats stop is claimed lost.
 SupervisedJob supervise_ranks(std::vector<RankProcess>& ranks, LaunchSignals& signals, const LaunchOptions& options,
                               bool all_started, FailureBoard* board = nullptr);
 

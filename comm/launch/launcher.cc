@@ -150,8 +150,11 @@ int run_launch(const LaunchOptions& options) {
       if (a > 0) say(fmt::format("attempt {} runs on {} ({} ranks)", a, plan->text(), plan->world));
     }
     const RankRendezvous rendezvous{.token = token, .port = port};
+    // A node is silent after 1 s without a beat (they come every 200 ms).
     FailureBoard failures{.claim = [&](const std::string& what) { return board->claim_failure(a, what); },
-                          .elsewhere = [&] { return board->failure(a); }};
+                          .elsewhere = [&] { return board->failure(a); },
+                          .beat = [&] { board->beat(a, *plan); },
+                          .silent_node = [&] { return board->silent_node(*plan, std::chrono::seconds(1)); }};
     std::vector<RankProcess> ranks;
     const bool all_started = start_ranks(o, rendezvous, attempt, ranks);
     const SupervisedJob job = supervise_ranks(ranks, signals, o, all_started, board ? &failures : nullptr);
@@ -195,7 +198,7 @@ int run_launch(const LaunchOptions& options) {
     }
     attempt.reason = claimed.value_or(outcome.failure());
     say(outcome.lost_ranks().empty()
-            ? fmt::format("restart {} of {}: another node lost a rank; starting this node's {} rank(s) again",
+            ? fmt::format("restart {} of {}: the job failed elsewhere; starting this node's {} rank(s) again",
                           attempt.restart_count, options.max_restarts, left)
         : board ? fmt::format("restart {} of {}: lost rank(s) {} of this node's {}; starting its {} rank(s) again",
                               attempt.restart_count, options.max_restarts, rank_list(outcome.lost_ranks()),

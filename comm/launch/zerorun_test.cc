@@ -383,12 +383,39 @@ TEST_CASE("two nodes with --max-restarts: node 1 loses a rank; both go on as 2 +
   CHECK(contains(second.err, "zerorun: rank 2 (pid "));
   CHECK(contains(second.err, "zerorun: restart 1 of 1: lost rank(s) 2 of this node's 2; starting its 1 rank(s) again"));
   // Node 0 stopped its ranks as survivors and starts them all again.
-  CHECK(contains(first.err, "zerorun: another node's rank failed first (node 1: rank 2 (pid "));
-  CHECK(contains(first.err, "zerorun: restart 1 of 1: another node lost a rank; starting this node's 2 rank(s) again"));
+  CHECK(contains(first.err, "zerorun: the job failed elsewhere first (node 1: rank 2 (pid "));
+  CHECK(contains(first.err, "zerorun: restart 1 of 1: the job failed elsewhere; starting this node's 2 rank(s) again"));
   CHECK(contains(first.err, "zerorun: attempt 1 runs on node 0: 2 ranks, node 1: 1 rank (3 ranks)"));
   for (int k = 0; k < 2; ++k) {
     CHECK(contains(first.out, "[rank " + std::to_string(k) + "] store ok rank " + std::to_string(k) + " of 3"));
   }
   CHECK(contains(second.out, "[rank 2] attempt 1 of world 3 after 'node 1: rank 2 (pid "));
   CHECK(contains(second.out, "[rank 2] store ok rank 2 of 3"));
+}
+
+TEST_CASE("two nodes, --nnodes 1:2: node 1's zerorun killed; node 0 finds it silent and goes on alone") {
+  const std::string port = free_port();
+  const auto node = [&](int k) {
+    return std::vector<std::string>{"--nnodes=1:2", "--node-rank=" + std::to_string(k), "--nproc-per-node=2",
+                                    "--master-addr=127.0.0.1", "--master-port=" + port, "--max-restarts=1",
+                                    "--join-timeout-s=2", "--report-s=0.2", "--timeout-s=50", "--", kProg, "elastic", "99"};
+  };
+  ::setenv("ZERO_JOB_TOKEN", "two-node-test", 1);
+  Result second;
+  // Node 1's zerorun is killed once both its ranks wait: its ranks die with it, silently for node 0's.
+  std::thread one([&] {
+    second = run(node(1), 30s, [](pid_t pid) { ::kill(pid, SIGKILL); },
+                 [](const std::string& out) { return contains(out, "rank 2 waiting") && contains(out, "rank 3 waiting"); });
+  });
+  const Result first = run(node(0));
+  one.join();
+  ::unsetenv("ZERO_JOB_TOKEN");
+  INFO("node 0 stdout:\n" << first.out << "\nnode 0 stderr:\n" << first.err);
+  CHECK(first.code == 0);
+  CHECK(second.code == 128 + SIGKILL);
+  CHECK(contains(first.err, "node 1's zerorun stopped answering (lost with its ranks)"));
+  CHECK(contains(first.err, "zerorun: attempt 1 runs on node 0: 2 ranks (2 ranks)"));
+  for (int k = 0; k < 2; ++k) {
+    CHECK(contains(first.out, "[rank " + std::to_string(k) + "] store ok rank " + std::to_string(k) + " of 2"));
+  }
 }

@@ -171,6 +171,8 @@ int main(int argc, char** argv) {
         std::this_thread::sleep_for(300ms);
         ::raise(mode == "elastic" ? SIGKILL : SIGSTOP);
       }
+      std::printf("rank %d waiting\n", env.rank);
+      std::fflush(stdout);
       sleep_long();
       return 0;
     }
