@@ -6,10 +6,8 @@
 // width sums the micro-batches' gradients in another order).
 #include <doctest/doctest.h>
 #include <linux/magic.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/vfs.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -17,12 +15,12 @@
 #include <fstream>
 #include <iterator>
 #include <map>
-#include <unistd.h>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "testing/free_port.h"
 #include "testing/launch.h"
 
 namespace zero {
@@ -209,23 +207,11 @@ TEST_CASE("--save-memory outside memory, or without its interval, is refused by 
   CHECK(r.output.find("--save-memory /dev/shm/zero_x needs --save-memory-every K >= 1") != std::string::npos);
 }
 
-// A port free a moment ago (bound by the kernel's choice, then closed).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  socklen_t len = sizeof(addr);
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 TEST_CASE("two launchers x 2 ranks: node 1's rank 3 killed at step 10; the job goes on as 2 + 1 ranks from step 8") {
   const std::string save = tmp("elastic_two_nodes");
   std::filesystem::remove_all(save);
-  const std::string port = std::to_string(free_port());
+  const std::string port = std::to_string(testing::free_port());
   ::setenv("ZERO_JOB_TOKEN", "elastic-two-nodes", 1);
   const auto node = [&](int k) {
     return train(2, {"--nnodes", "2", "--node-rank", std::to_string(k), "--master-addr", "127.0.0.1", "--master-port", port,

@@ -7,12 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <chrono>
-#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -20,7 +15,10 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include "testing/free_port.h"
 
 namespace {
 
@@ -349,21 +347,9 @@ TEST_CASE("--heartbeat-s: a stopped rank is found, killed and left out") {
   CHECK(r.seconds < 20);
 }
 
-// A port free a moment ago (bound by the kernel's choice, then closed).
-std::string free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  socklen_t len = sizeof(addr);
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  ::close(fd);
-  return std::to_string(ntohs(addr.sin_port));
-}
 
 TEST_CASE("two nodes with --max-restarts: node 1 loses a rank; both go on as 2 + 1 ranks") {
-  const std::string port = free_port();
+  const std::string port = std::to_string(zero::testing::free_port());
   const auto node = [&](int k) {
     return std::vector<std::string>{"--nnodes=2", "--node-rank=" + std::to_string(k), "--nproc-per-node=2",
                                     "--master-addr=127.0.0.1", "--master-port=" + port, "--max-restarts=1",
@@ -394,7 +380,7 @@ TEST_CASE("two nodes with --max-restarts: node 1 loses a rank; both go on as 2 +
 }
 
 TEST_CASE("two nodes, --nnodes 1:2: node 1's zerorun killed; node 0 finds it silent and goes on alone") {
-  const std::string port = free_port();
+  const std::string port = std::to_string(zero::testing::free_port());
   const auto node = [&](int k) {
     return std::vector<std::string>{"--nnodes=1:2", "--node-rank=" + std::to_string(k), "--nproc-per-node=2",
                                     "--master-addr=127.0.0.1", "--master-port=" + port, "--max-restarts=1",
