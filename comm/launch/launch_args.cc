@@ -55,7 +55,7 @@ const char* launch_usage() {
          "  --report-s S        after a rank fails, time the others have to exit on their own (and\n"
          "                      report what they saw) before SIGTERM (default 5)\n"
          "  --max-restarts N    after a rank fails, start the job again without it, up to N times\n"
-         "                      (default 0; one node): the program resumes (train_gpt --resume auto)\n"
+         "                      (default 0): the program resumes (train_gpt --resume auto)\n"
          "  --min-nproc M       restart only while at least M ranks are left on this node (default 1)\n"
          "  --join-timeout-s S  several nodes: how long node 0 waits for every node to join a\n"
          "                      restarted attempt before going on without the missing ones (default 30)\n"
