@@ -242,4 +242,22 @@ TEST_CASE("stage 3's default window runs a largest first unit whose backward spa
   CHECK(p.traffic.at("all_gather").calls > 0);
 }
 
+
+TEST_CASE("a plan of options that check replicas every step: the meta device has no bytes to check, nothing added") {
+  const ModelSpec model = model_of_count(1 << 16, 4, DType::kFloat32);
+  for (int stage : {0, 2, 3}) {
+    CAPTURE(stage);
+    EngineOptions checked = plan_test_options(stage);
+    checked.replica_check_every = 1;
+    const EnginePlan with = plan_engine({.model = model, .options = checked, .world_size = 4});
+    const EnginePlan without = plan_engine({.model = model, .options = plan_test_options(stage), .world_size = 4});
+    CHECK(with.traffic.size() == without.traffic.size());
+    for (const auto& [op, t] : without.traffic) {
+      CAPTURE(op);
+      REQUIRE(with.traffic.count(op) == 1);
+      CHECK(with.traffic.at(op).wire_bytes == t.wire_bytes);
+    }
+  }
+}
+
 }  // namespace zero::plan
