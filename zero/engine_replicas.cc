@@ -44,18 +44,21 @@ void Engine::Impl::check_replicas(int64_t step, int rank_name) {
   if (parts.gatherer) {
     // The parameters live as shards: alike across the replicas of each shard (hybrid sharding) only.
     if (!comms.replica) return;
-    verdict = compare_replicas(*comms.replica, *device, shard_pieces(), rank_name, step, "replica group", options.timeout);
+    const std::vector<ReplicaPiece> pieces = shard_pieces();
+    verdict = compare_replicas(*comms.replica, *device, pieces, replica_checksums(*device, pieces, options.timeout),
+                               rank_name, step, "replica group", options.timeout);
   } else {
-    // Every rank holds every parameter, frozen ones included.
+    // Every rank holds every parameter, frozen ones included; their checksums serve both groups.
     std::vector<ReplicaPiece> pieces;
     for (const ParamSpec& p : registry.params()) {
       pieces.push_back({fmt::format("parameter '{}'", p.name), p.data.ptr, p.data.numel * dtype_size(p.dtype)});
     }
-    verdict = compare_replicas(*comms.shard, *device, pieces, rank_name, step,
+    const std::vector<uint32_t> checksums = replica_checksums(*device, pieces, options.timeout);
+    verdict = compare_replicas(*comms.shard, *device, pieces, checksums, rank_name, step,
                                comms.replica ? "shard group" : "data-parallel group", options.timeout);
     if (comms.replica) {  // every rank takes part, whatever its shard group found
       const ReplicaVerdict across =
-          compare_replicas(*comms.replica, *device, pieces, rank_name, step, "replica group", options.timeout);
+          compare_replicas(*comms.replica, *device, pieces, checksums, rank_name, step, "replica group", options.timeout);
       if (verdict.text.empty()) verdict.text = across.text;
       verdict.this_rank = verdict.this_rank || across.this_rank;
     }

@@ -48,8 +48,10 @@ struct ReplicaVerdict {
   std::string text;        // empty: every piece agrees
   bool this_rank = false;  // this rank is outside the majority of some piece (or in a split with none)
 };
+// `checksums`: replica_checksums(pieces), computed once for every group the pieces are compared over.
 ReplicaVerdict compare_replicas(comm::Communicator& comm, memory::Device& device, const std::vector<ReplicaPiece>& pieces,
-                                int rank_name, int64_t step, const std::string& group, std::chrono::milliseconds timeout);
+                                const std::vector<uint32_t>& checksums, int rank_name, int64_t step,
+                                const std::string& group, std::chrono::milliseconds timeout);
 
 // Collective over `comm`: the first non-empty verdict of its ranks (this rank's own when it has one),
 // so that a verdict reached in one group reaches the ranks of the others through the groups they

@@ -19,6 +19,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The failure claimed for a node whose zerorun stopped beating.
+std::string node_lost(int node) { return fmt::format("node {}'s zerorun stopped answering (lost with its ranks)", node); }
+
 Clock::duration seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
@@ -142,7 +145,6 @@ class Supervisor {
     for (const auto& [r, status] : exits) apply(outcome_.rank_exited(r->rank, r->pid, status));
   }
 
-  // After a rank failed, the others had --report-s to exit on their own; then they get SIGTERM.
   // Several nodes: claims this node's first failure (an error exit only after 1.5 s, in which a node
   // whose rank was killed may claim first, or a node's stopped beats show it lost whole), or stops
   // this node's ranks when another node's claim comes first or a node falls silent. The store is
@@ -158,7 +160,7 @@ class Supervisor {
           if (const std::optional<std::string> other = board_->elsewhere()) {
             apply(outcome_.peer_failed(*other));
           } else if (const std::optional<int> node = board_->silent_node()) {
-            const std::string what = fmt::format("node {}'s zerorun stopped answering (lost with its ranks)", *node);
+            const std::string what = node_lost(*node);
             board_->claim(what);  // the first claim wins; the job's failure is the one claimed
             apply(outcome_.peer_failed(board_->elsewhere().value_or(what)));
           }
@@ -177,7 +179,7 @@ class Supervisor {
       if (outcome_.first_was_error()) {
         if (const std::optional<int> node = board_->silent_node()) {
           // This node's rank failed because a whole node went: that node is the cause.
-          board_->claim(fmt::format("node {}'s zerorun stopped answering (lost with its ranks)", *node));
+          board_->claim(node_lost(*node));
           outcome_.after_another_node();
           return;
         }
@@ -190,6 +192,7 @@ class Supervisor {
     }
   }
 
+  // After a rank failed, the others had --report-s to exit on their own; then they get SIGTERM.
   void end_report_window() {
     if (term_at_ != Clock::time_point::max() && Clock::now() >= term_at_) {
       term_at_ = Clock::time_point::max();
