@@ -193,7 +193,7 @@ TEST_CASE("a bit flipped in rank 2's shard after step 5: caught at step 6, the j
   check_against(curve(r.output), uninterrupted(), 4);
 }
 
-TEST_CASE("--save-memory outside memory, or without its interval, is refused by name") {
+TEST_CASE("--save-memory outside memory or without its interval, --resume auto with nowhere to look, a bad --fault: named") {
   struct statfs fs {};
   REQUIRE(::statfs(tmp("").c_str(), &fs) == 0);
   testing::LaunchResult r;
@@ -205,6 +205,16 @@ TEST_CASE("--save-memory outside memory, or without its interval, is refused by 
   r = testing::run("examples/gpt/train_gpt", {"--steps", "1", "--save-memory", "/dev/shm/zero_x"});
   CHECK(r.exit_code != 0);
   CHECK(r.output.find("--save-memory /dev/shm/zero_x needs --save-memory-every K >= 1") != std::string::npos);
+  r = testing::run("examples/gpt/train_gpt", {"--steps", "1", "--resume", "auto"});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("--resume auto resumes from what --save DIR (or --save-memory DIR) holds: it needs one") !=
+        std::string::npos);
+  r = testing::run("examples/gpt/train_gpt", {"--steps", "1", "--fault", "forward:kill@one"});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("--fault 'forward:kill@one': expected PLAN@RANK or PLAN@RANK/ATTEMPT") != std::string::npos);
+  r = testing::run("examples/gpt/train_gpt", {"--steps", "1", "--fault", "forward:kill@1,prefetch:kill@1"});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("rank 1 already has a plan in attempt 0") != std::string::npos);
 }
 
 

@@ -54,6 +54,8 @@ TEST_CASE("ZeRO++'s options: widths, blocks, node size and stage are refused by 
   refused([](EngineOptions& e) { e.quantized_gradients = {.bits = 4, .block = 0}; },
           "EngineOptions.quantized_gradients.block must be positive");
   refused([](EngineOptions& e) { e.node_size = -1; }, "EngineOptions.node_size must be >= 0, got -1");
+  refused([](EngineOptions& e) { e.replica_check_every = -2; },
+          "EngineOptions.replica_check_every must be >= 0 (0: never), got -2");
   refused([](EngineOptions& e) { e.stage = 2, e.secondary_shard = true; },
           "EngineOptions.secondary_shard (hpZ) needs stage 3 (got stage 2)");
   refused([](EngineOptions& e) { e.stage = 1, e.quantized_gradients.bits = 8; },
