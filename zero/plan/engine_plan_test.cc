@@ -252,10 +252,11 @@ TEST_CASE("a plan of options that check replicas every step: the meta device has
     const EnginePlan with = plan_engine({.model = model, .options = checked, .world_size = 4});
     const EnginePlan without = plan_engine({.model = model, .options = plan_test_options(stage), .world_size = 4});
     CHECK(with.traffic.size() == without.traffic.size());
-    for (const auto& [op, t] : without.traffic) {
+    for (const auto& entry : without.traffic) {
+      const std::string& op = entry.first;  // named: clang's CAPTURE takes no structured binding
       CAPTURE(op);
       REQUIRE(with.traffic.count(op) == 1);
-      CHECK(with.traffic.at(op).wire_bytes == t.wire_bytes);
+      CHECK(with.traffic.at(op).wire_bytes == entry.second.wire_bytes);
     }
   }
 }
