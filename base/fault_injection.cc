@@ -32,6 +32,7 @@ void fire(const Plan& p, void* data, size_t bytes) {
   // prefix, and a killed process flushes nothing later.
   std::fprintf(stderr, "fault injection: %s at '%s'\n",
                p.action == Plan::Action::kKill    ? "killing this process"
+               : p.action == Plan::Action::kKillParent ? "killing this process's parent (its launcher: the node lost whole)"
                : p.action == Plan::Action::kStall ? "stalling this thread for good"
                : p.action == Plan::Action::kStop  ? "stopping this process (SIGSTOP)"
                : p.action == Plan::Action::kFlip  ? "flipping one bit"
@@ -41,6 +42,11 @@ void fire(const Plan& p, void* data, size_t bytes) {
   std::fflush(stderr);
   switch (p.action) {
     case Plan::Action::kKill:
+      ::kill(::getpid(), SIGKILL);
+      break;
+    case Plan::Action::kKillParent:
+      // The launcher's ranks follow it (they die with their parent), this one included.
+      ::kill(::getppid(), SIGKILL);
       ::kill(::getpid(), SIGKILL);
       break;
     case Plan::Action::kStop:
@@ -80,6 +86,8 @@ Plan parse_plan(std::string_view text) {
   const std::string action = t.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1);
   if (action == "kill") {
     p.action = Plan::Action::kKill;
+  } else if (action == "kill_parent") {
+    p.action = Plan::Action::kKillParent;
   } else if (action == "stall") {
     p.action = Plan::Action::kStall;
   } else if (action == "stop") {
@@ -100,7 +108,7 @@ Plan parse_plan(std::string_view text) {
       ZERO_THROW(InvalidArgument, "fault plan '{}': delay '{}' is not a number of seconds", t, action.substr(6));
     }
   } else {
-    ZERO_THROW(InvalidArgument, "fault plan '{}': unknown action '{}' (kill, stop, stall, delay=S, throw, flip)", t, action);
+    ZERO_THROW(InvalidArgument, "fault plan '{}': unknown action '{}' (kill, kill_parent, stop, stall, delay=S, throw, flip)", t, action);
   }
   if (b != std::string::npos) {
     char* end = nullptr;

@@ -7,7 +7,9 @@
 //
 //   POINT:ACTION[:N]        e.g. "reduce_scatter:kill", "prefetch:stall:3", "optimizer_step:delay=8"
 //
-// ACTION: kill (SIGKILL: the process vanishes mid-step, as an OOM kill or a node loss), stop (SIGSTOP:
+// ACTION: kill (SIGKILL: the process vanishes mid-step, as an OOM kill or a node loss), kill_parent
+// (SIGKILL to the parent, then to this process: under a launcher whose ranks die with it, zerorun's,
+// the node is lost whole), stop (SIGSTOP:
 // the whole process freezes, its heartbeat too, as a hung node), stall (the thread sleeps and never
 // returns: the process stays alive and silent, its sockets open), flip (one bit of the bytes the point
 // holds changes: memory corrupted at rest; only points that hold bytes take it), delay=S
@@ -30,7 +32,7 @@
 namespace zero::fault {
 
 struct Plan {
-  enum class Action { kKill, kStop, kStall, kDelay, kThrow, kFlip };
+  enum class Action { kKill, kKillParent, kStop, kStall, kDelay, kThrow, kFlip };
   std::string point;
   Action action = Action::kKill;
   double delay_s = 0;

@@ -6,7 +6,12 @@
 //   --save-memory DIR --save-memory-every K  also an async checkpoint every K steps into DIR in the
 //                                     node's memory (tmpfs, /dev/shm): cheap enough to take often, and
 //                                     kept when the job's processes restart; the newest of the two is
-//                                     what --resume auto loads
+//                                     what --resume auto loads. With one engine (no tp or pp) each
+//                                     node keeps DIR/node-<node>, and each rank's data file is copied
+//                                     to a rank of the next node (zero/checkpoint/node_copies.h), so
+//                                     losing a node loses none of it; while memory checkpoints are
+//                                     taken, a --save that fails (a full or read-only disk) is
+//                                     reported and the run goes on
 //   --resume DIR                      load DIR before the first step: saved at any (dp, tp, pp), split of
 //                                     the layers and stage; "auto": the newest complete checkpoint the
 //                                     --save and --save-memory directories hold
@@ -30,6 +35,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -41,6 +47,7 @@
 #include "tools/cli/flags.h"
 #include "parallel/strategy/described_model.h"  // two_optimizer_groups
 #include "zero/checkpoint/latest_checkpoint.h"
+#include "zero/checkpoint/node_copies.h"
 #include "zero/config/engine_config.h"
 #include "zero/engine.h"
 
@@ -175,6 +182,14 @@ inline void require_in_memory(const std::string& dir) {
   }
 }
 
+// --save-memory on the nodes of one engine: this node's directory, and the copies' communicator
+// and node map (zero/checkpoint/node_copies.h).
+struct MemoryOnNodes {
+  std::unique_ptr<comm::Communicator> comm;  // the engine's ranks, rank for rank; the saves' copies alone use it
+  NodeCopies copies;
+  std::string dir;  // DIR/node-<node>
+};
+
 // The checkpoint flags (--save, --save-every, --save-memory, --resume, --export) and what they do around
 // the loop.
 // (--stage, --offload and --offload-params are the layout's: examples/layout_flags.h.)
@@ -184,6 +199,13 @@ struct RunFlags {
   std::string memory_dir;
   int memory_every = 0;
   LoadOptions load;
+  std::shared_ptr<MemoryOnNodes> nodes;  // use_nodes()
+  // The saves into --save DIR: whether one is in flight (a failure a memory tier outlives), and
+  // whether the last one failed.
+  struct FileSaves {
+    bool in_flight = false, last_failed = false;
+  };
+  std::shared_ptr<FileSaves> file_saves = std::make_shared<FileSaves>();
 
   static RunFlags read(cli::Flags& flags) {
     RunFlags f;
@@ -210,6 +232,18 @@ struct RunFlags {
     }
     return f;
   }
+  // Once the engine is built, with --save-memory: where the engine is the job's only one (no tensor
+  // or pipeline parallelism), each node's memory checkpoints go to DIR/node-<node>, each rank's data
+  // file copied to a rank of the next node. Collective over `engine_ranks`, which holds the engine's
+  // ranks (Engine::rank()). Otherwise DIR is one directory every rank sees (one machine).
+  void use_nodes(Engine& engine, comm::Communicator& engine_ranks, int node, bool one_engine) {
+    if (memory_dir.empty() || !one_engine) return;
+    auto m = std::make_shared<MemoryOnNodes>();
+    m->comm = engine_ranks.split(0, engine.rank());
+    m->copies = NodeCopies{.comm = m->comm.get(), .node_of_rank = gather_nodes(*m->comm, node, engine.options().timeout)};
+    m->dir = memory_dir + "/node-" + std::to_string(node);
+    nodes = std::move(m);
+  }
   // Loads --resume (if given) and returns the step to start from. `report`: this rank prints (by
   // default the engine's rank 0; under model parallelism the caller picks one of the engines).
   int resume(Engine& engine, std::optional<bool> report = std::nullopt) const {
@@ -223,7 +257,12 @@ struct RunFlags {
       std::optional<FoundCheckpoint> found;
       for (const std::string& place : {save_dir, memory_dir}) {
         if (place.empty()) continue;
-        const std::optional<FoundCheckpoint> here = latest_checkpoint(place, &passed_over);
+        // The nodes' memory: collective, it brings this node's directory up to the newest save the
+        // nodes hold between them.
+        const std::optional<FoundCheckpoint> here =
+            place == memory_dir && nodes ? restore_node_copies(*nodes->comm, nodes->copies.node_of_rank, nodes->dir,
+                                                               engine.options().timeout, &passed_over)
+                                         : latest_checkpoint(place, &passed_over);
         if (here && (!found || here->step > found->step)) found = here;
       }
       if (says) {
@@ -252,24 +291,72 @@ struct RunFlags {
   }
   // After step `done` (1-based) of `steps`: the periodic and the final checkpoint.
   void after_step(Engine& engine, int done, int steps, std::string_view blob = {}) const {
-    if (!save_dir.empty() && ((save_every > 0 && done % save_every == 0) || done == steps)) {
-      engine.save_async(save_dir, blob);
-    } else if (!memory_dir.empty() && done % memory_every == 0) {
-      engine.save_async(memory_dir, blob);  // (a step the files take has no need of it)
+    const bool files = !save_dir.empty() && ((save_every > 0 && done % save_every == 0) || done == steps);
+    const bool memory = !memory_dir.empty() && done % memory_every == 0;
+    if (!files && !memory) return;
+    settle(engine);
+    if (files) {
+      try {
+        engine.save_async(save_dir, blob);
+        file_saves->in_flight = true;
+        return;
+      } catch (const IoError& e) {
+        outlive(engine, e);  // the directory could not even be prepared: the memory takes the step
+      }
     }
+    if (!memory) return;
+    engine.save_async(nodes ? nodes->dir : memory_dir, blob, nodes ? &nodes->copies : nullptr);
   }
   // After the loop: waits for the last save, exports.
   void finish(Engine& engine, std::optional<bool> report = std::nullopt) const {
     const bool says = report.value_or(engine.rank() == 0);
-    engine.wait_for_save();
-    if (!save_dir.empty() && says) std::printf("checkpoint in %s\n", save_dir.c_str());
-    if (!save_dir.empty() && !memory_dir.empty() && says) {
-      // The files hold the end: the copy in memory has served and would hold the node's memory.
-      for (const char* tail : {"", ".old", ".partial"}) std::filesystem::remove_all(memory_dir + tail);
+    settle(engine);
+    const bool files_done = !save_dir.empty() && !file_saves->last_failed;
+    if (!save_dir.empty() && says) {
+      std::printf(files_done ? "checkpoint in %s\n" : "no checkpoint of the end in %s (its save failed)\n", save_dir.c_str());
+    }
+    if (files_done && !memory_dir.empty()) {
+      // The files hold the end: the copies in memory have served and would hold the nodes' memory.
+      // Each node's first rank removes its own; rank 0 the directory, once empty.
+      std::error_code ec;
+      const bool node_first = nodes && node_leader(nodes->copies.node_of_rank, engine.rank()) == engine.rank();
+      if (node_first) {
+        for (const char* tail : {"", ".old", ".partial"}) std::filesystem::remove_all(nodes->dir + tail, ec);
+      }
+      if (says && !nodes) {
+        for (const char* tail : {"", ".old", ".partial"}) std::filesystem::remove_all(memory_dir + tail, ec);
+      }
+      if (nodes) {
+        nodes->comm->barrier()->wait(engine.options().timeout);
+        if (says) std::filesystem::remove(memory_dir, ec);  // (only once empty)
+      }
     }
     if (export_path.empty()) return;
     engine.export_safetensors(export_path);
     if (says) std::printf("weights exported to %s\n", export_path.c_str());
+  }
+
+ private:
+  // Waits for the save in flight. A save into --save DIR that fails (a full or read-only disk) ends
+  // the run, unless memory checkpoints are taken: then it is reported and the run goes on with them.
+  // Every rank reaches the same verdict (the save's wait is collective).
+  void settle(Engine& engine) const {
+    const bool files = std::exchange(file_saves->in_flight, false);
+    try {
+      engine.wait_for_save();
+      if (files) file_saves->last_failed = false;
+    } catch (const IoError& e) {
+      if (!files) throw;
+      outlive(engine, e);
+    }
+  }
+  void outlive(Engine& engine, const IoError& e) const {
+    if (memory_dir.empty()) throw e;
+    file_saves->last_failed = true;
+    if (engine.rank() == 0) {
+      std::printf("checkpoint into %s failed; going on with the checkpoints in memory (%s): %s\n", save_dir.c_str(),
+                  memory_dir.c_str(), e.what());
+    }
   }
 };
 

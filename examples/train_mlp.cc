@@ -96,7 +96,9 @@ int run(int argc, char** argv) {
                 opt.deterministic ? ", deterministic" : "");
   }
 
-  const int first_step = run_flags.resume(engine);
+  examples::RunFlags saves = run_flags;
+  saves.use_nodes(engine, comm, pg.env.node, /*one_engine=*/true);
+  const int first_step = saves.resume(engine);
   examples::Matrix x;
   std::vector<int> labels;
   for (int step = first_step; step < steps; ++step) {
@@ -119,9 +121,9 @@ int run(int argc, char** argv) {
     }
     // The data is a pure function of the step, so the step (which the checkpoint keeps) is all the
     // loop needs to resume; the blob records it anyway, as a loop with an RNG would.
-    run_flags.after_step(engine, step + 1, steps, "data position: step " + std::to_string(step + 1));
+    saves.after_step(engine, step + 1, steps, "data position: step " + std::to_string(step + 1));
   }
-  run_flags.finish(engine);
+  saves.finish(engine);
   comm.barrier()->wait();
   std::fflush(stdout);
   std::printf("%s", engine.memory_report().table().c_str());

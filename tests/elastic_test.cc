@@ -6,9 +6,11 @@
 // width sums the micro-batches' gradients in another order).
 #include <doctest/doctest.h>
 #include <linux/magic.h>
+#include <sys/mount.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -168,7 +170,7 @@ TEST_CASE("a checkpoint in memory every 3 steps beside the files every 4: killed
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   // Killed in step 11: the files hold step 8, the memory step 9.
-  CHECK(r.output.find("[rank 0] resumed from " + memory + " at step 9") != std::string::npos);
+  CHECK(r.output.find("[rank 0] resumed from " + memory + "/node-0 at step 9") != std::string::npos);
   check_against(curve(r.output), uninterrupted(), 9);
   // The run ended with its files: the copy in memory is gone.
   CHECK_FALSE(std::filesystem::exists(memory));
@@ -256,6 +258,73 @@ bool process_with(const std::string& text) {
   }
   return false;
 }
+
+// A directory that a test can make read-only while a job writes into it: a bind mount of itself
+// (root only; `ok` false elsewhere), taken away at the end.
+struct ReadOnlyLater {
+  std::string dir;
+  bool ok = false;
+  explicit ReadOnlyLater(std::string d) : dir(std::move(d)) {
+    std::filesystem::create_directories(dir);
+    ok = ::mount(dir.c_str(), dir.c_str(), nullptr, MS_BIND, nullptr) == 0;
+  }
+  bool make_read_only() const {
+    return ok && ::mount(nullptr, dir.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr) == 0;
+  }
+  ~ReadOnlyLater() {
+    if (ok) ::umount2(dir.c_str(), MNT_DETACH);
+  }
+};
+
+TEST_CASE("two launchers x 2 ranks, memory checkpoints with copies on the other node, the files read-only after "
+          "their first save: node 1 lost whole in step 11, node 0 goes on from step 9 out of its memory") {
+  const ReadOnlyLater files(tmp("elastic_buddies"));
+  const std::string save = files.dir + "/ckpt";
+  std::filesystem::remove_all(save);
+  const std::string memory = "/dev/shm/zero_elastic_buddies_" + std::to_string(::getpid());
+  std::filesystem::remove_all(memory);
+  const std::string port = std::to_string(testing::free_port());
+  ::setenv("ZERO_JOB_TOKEN", "elastic-buddies", 1);
+  // Rank 0 pauses 2 s in step 5, while the checkpoint of step 4 completes and the directory turns
+  // read-only; rank 2 (node 1) kills its zerorun, and so node 1, in step 11.
+  const auto node = [&](int k) {
+    return train(2, {"--nnodes", "1:2", "--node-rank", std::to_string(k), "--master-addr", "127.0.0.1", "--master-port",
+                     port, "--max-restarts", "1"},
+                 save, {"--micro-batches", "3", "--save-memory", memory, "--save-memory-every", "3", "--fault",
+                        "optimizer_step:delay=2:5@0,optimizer_step:kill_parent:11@2"});
+  };
+  bool read_only = false;
+  std::thread watch([&] {
+    for (int i = 0; i < 6000 && !std::filesystem::exists(save + "/manifest.json"); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    read_only = files.make_read_only();
+  });
+  testing::LaunchResult second;
+  std::thread one([&] { second = node(1); });
+  const testing::LaunchResult first = node(0);
+  one.join();
+  watch.join();
+  ::unsetenv("ZERO_JOB_TOKEN");
+  INFO("node 0:\n" << first.output << "\nnode 1:\n" << second.output);
+  REQUIRE(first.exit_code == 0);
+  CHECK(second.exit_code == 128 + SIGKILL);
+  CHECK(first.output.find("node 1's zerorun stopped answering (lost with its ranks)") != std::string::npos);
+  CHECK(first.output.find("zerorun: attempt 1 runs on node 0: 2 ranks (2 ranks)") != std::string::npos);
+  // Node 0's memory held node 1's ranks' data files too: their copies.
+  CHECK(first.output.find("[rank 0] resumed from " + memory + "/node-0 at step 9") != std::string::npos);
+  check_against(curve(first.output), uninterrupted(), 9);
+  if (read_only) {
+    CHECK(first.output.find("[rank 0] checkpoint into " + save + " failed; going on with the checkpoints in memory") !=
+          std::string::npos);
+    CHECK(first.output.find("[rank 0] no checkpoint of the end in " + save + " (its save failed)") != std::string::npos);
+  } else {
+    MESSAGE("the files could not be made read-only here (not root?): that part is not shown");
+  }
+  std::filesystem::remove_all(memory);
+  CHECK_FALSE(process_with(memory));
+}
+
 
 TEST_CASE("a second rank killed while the restarted job restores: a second restart from the same checkpoint") {
   const std::string save = tmp("elastic_twice");

@@ -71,6 +71,7 @@
 namespace zero {
 
 struct CheckpointParts;  // zero/checkpoint/checkpoint_parts.h
+struct NodeCopies;       // zero/checkpoint/node_copies.h
 
 class Engine;
 
@@ -295,7 +296,10 @@ class Engine {
   // (collective) returns once the checkpoint is complete and raises its error, if any. The snapshot's
   // host memory (this rank's checkpoint size) is kept for the next save_async, since mapping it
   // anew costs more than the copy; release_save_staging() waits for the save and frees it.
-  void save_async(const std::string& dir, std::string_view user_blob = {});
+  // `node_copies`: DIR is each node's own (its /dev/shm), and each rank's data file is copied to a
+  // rank of another node on the save's thread (zero/checkpoint/node_copies.h); kept alive by the
+  // caller until the save is waited for.
+  void save_async(const std::string& dir, std::string_view user_blob = {}, const NodeCopies* node_copies = nullptr);
   void wait_for_save();
   void release_save_staging();
   size_t save_staging_bytes() const;

@@ -41,10 +41,11 @@ void Engine::save(const std::string& dir, std::string_view user_blob) {
   save_checkpoint(checkpoint_parts(), checkpoint_state(), dir, user_blob);
 }
 
-void Engine::save_async(const std::string& dir, std::string_view user_blob) {
+void Engine::save_async(const std::string& dir, std::string_view user_blob, const NodeCopies* node_copies) {
   impl_->require_finalized("save_async");
   wait_for_save();
-  impl_->pending_save = std::make_unique<PendingSave>(checkpoint_parts(), checkpoint_state(), dir, user_blob, &impl_->save_staging);
+  impl_->pending_save = std::make_unique<PendingSave>(checkpoint_parts(), checkpoint_state(), dir, user_blob,
+                                                      &impl_->save_staging, node_copies);
 }
 
 void Engine::wait_for_save() {

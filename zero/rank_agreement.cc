@@ -70,6 +70,8 @@ std::string first_difference(const AgreementSubject& subject, const std::vector<
                      ref.size(), other[i].key, other[i].value);
 }
 
+}  // namespace
+
 // An all_gather of the lengths, then of the payloads padded to int32 words.
 std::vector<std::string> all_gather_strings(comm::Communicator& comm, memory::Device* device,
                                             const std::string& mine, std::chrono::milliseconds timeout) {
@@ -90,8 +92,6 @@ std::vector<std::string> all_gather_strings(comm::Communicator& comm, memory::De
   }
   return out;
 }
-
-}  // namespace
 
 std::vector<std::vector<AgreementEntry>> all_gather_entries(comm::Communicator& comm, memory::Device* device,
                                                           const std::vector<AgreementEntry>& entries,

@@ -37,4 +37,8 @@ std::vector<std::vector<AgreementEntry>> all_gather_entries(comm::Communicator& 
                                                           const std::vector<AgreementEntry>& entries,
                                                           std::chrono::milliseconds timeout);
 
+// Collective: every rank's string, by rank (through buffers of `device` as above).
+std::vector<std::string> all_gather_strings(comm::Communicator& comm, memory::Device* device, const std::string& mine,
+                                            std::chrono::milliseconds timeout);
+
 }  // namespace zero

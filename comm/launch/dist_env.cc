@@ -104,6 +104,8 @@ DistEnv read_torchrun() {
   env.local_rank = static_cast<int>(local_rank.value_or(env.rank));
   env.local_world_size = static_cast<int>(local_size.value_or(env.world_size));
   check_ranks(env, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
+  const char* node_var = env_get("ZERO_NODE_RANK") ? "ZERO_NODE_RANK" : "GROUP_RANK";
+  env.node = static_cast<int>(env_int_opt(node_var, 0, kMaxWorld).value_or(env.rank / env.local_world_size));
   read_master(env, "torchrun-style");
   return env;
 }
@@ -118,6 +120,7 @@ DistEnv read_openmpi() {
       env_int_opt("OMPI_COMM_WORLD_LOCAL_SIZE", 1, kMaxWorld).value_or(env.world_size));
   check_ranks(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
               "OMPI_COMM_WORLD_LOCAL_SIZE");
+  env.node = env.rank / env.local_world_size;
   read_master(env, "Open MPI");
   return env;
 }
@@ -154,6 +157,7 @@ DistEnv read_slurm() {
     env.local_world_size = static_cast<int>(env.world_size / *nodes);
   }
   check_ranks(env, "SLURM_PROCID", ntasks_var, "SLURM_LOCALID", local_size_var);
+  env.node = node_id;
 
   if (const auto addr = env_get("MASTER_ADDR"); addr && !addr->empty()) {
     env.master_addr = *addr;

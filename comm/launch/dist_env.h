@@ -27,6 +27,9 @@ namespace zero::comm {
 
 struct DistEnv {
   int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
+  // The node this rank runs on, the same in every attempt of an elastic job: zerorun's --node-rank
+  // (ZERO_NODE_RANK), else torchrun's GROUP_RANK, SLURM_NODEID, or rank / local_world_size.
+  int node = 0;
   std::string master_addr = "127.0.0.1";
   uint16_t master_port = 0;
   std::string token;   // ZERO_JOB_TOKEN

@@ -24,7 +24,7 @@ using namespace std::chrono_literals;
 const char* const kVars[] = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "ZERO_JOB_TOKEN", "ZERO_STORE_IN_LAUNCHER", "GROUP_RANK", "ZERO_RESTART_COUNT", "ZERO_RESTART_FAILED_AT",
-    "ZERO_RESTART_REASON", "ZERO_HEARTBEAT_FD", "ZERO_HEARTBEAT_INTERVAL_MS", "ZERO_FIRST_WORLD_SIZE",
+    "ZERO_RESTART_REASON", "ZERO_HEARTBEAT_FD", "ZERO_HEARTBEAT_INTERVAL_MS", "ZERO_FIRST_WORLD_SIZE", "ZERO_NODE_RANK",
     "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_LOCALID", "SLURM_NODEID",
     "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NNODES", "SLURM_JOB_NUM_NODES",
     "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM_JOB_ID",
@@ -99,12 +99,19 @@ TEST_CASE("torchrun / zerorun variables") {
   CHECK(d.master_addr == "10.1.2.3");
   CHECK(d.master_port == 29501);
   CHECK(d.token == "s3cret");
+  CHECK(d.node == 1);  // rank 5 of nodes of 4
+  e.set("GROUP_RANK", "3");
+  CHECK(read_dist_env().node == 3);
+  e.set("ZERO_NODE_RANK", "2");  // zerorun's, which a restart keeps
+  CHECK(read_dist_env().node == 2);
+  e.unset("GROUP_RANK").unset("ZERO_NODE_RANK");
 
   // Without the local variables: one node.
   e.unset("LOCAL_RANK").unset("LOCAL_WORLD_SIZE");
   d = read_dist_env();
   CHECK(d.local_rank == 5);
   CHECK(d.local_world_size == 8);
+  CHECK(d.node == 0);
 
   // A single process needs no master.
   Env single;
@@ -173,6 +180,7 @@ TEST_CASE("Slurm variables") {
   CHECK(d.local_world_size == 4);
   CHECK(d.master_addr == "node03");
   CHECK(d.master_port == 29500 + 456);
+  CHECK(d.node == 0);  // SLURM_NODEID unset
   CHECK(d.token == "t");
 
   // MASTER_ADDR and MASTER_PORT override; the step's node list wins over the job's.
@@ -293,6 +301,7 @@ TEST_CASE("Open MPI variables") {
   CHECK(d.local_world_size == 2);
   CHECK(d.master_addr == "mpi-head");
   CHECK(d.master_port == 5555);
+  CHECK(d.node == 1);
 
   // mpirun inside a Slurm allocation: the MPI variables win over the daemons' SLURM_PROCID.
   e.set("SLURM_PROCID", "0").set("SLURM_NTASKS", "1").set("SLURM_LOCALID", "0");

@@ -131,6 +131,14 @@ std::optional<int> JobBoard::silent_node(const Plan& plan, std::chrono::millisec
   return std::nullopt;
 }
 
+void JobBoard::mark_lost(int attempt, int node) { store_->set_string(key(attempt, fmt::format("lost/{}", node)), "1"); }
+
+int JobBoard::lost_nodes(int attempt, const Plan& plan) {
+  int n = 0;
+  for (const auto& [node, ranks] : plan.nodes) n += store_->check({key(attempt, fmt::format("lost/{}", node))}) ? 1 : 0;
+  return n;
+}
+
 void JobBoard::wait_for_nodes(int attempt, const Plan& plan, std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   for (const auto& [node, n] : plan.nodes) {

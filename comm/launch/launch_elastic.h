@@ -11,7 +11,9 @@
 //               their ranks, which are survivors
 //   alive:      every launcher beats ("zerorun/a/alive/K") from its supervisor's loop; a node of the
 //               plan whose beats stop is lost whole (its zerorun gone, its ranks with it), which its
-//               peers' ranks would otherwise report as failures of their own
+//               peers' ranks would otherwise report as failures of their own; the node that
+//               finds it silent marks it ("zerorun/a/lost/K"), so that node 0 does not wait the
+//               join timeout for it at the next attempt
 //   the end:    each node whose ranks all exited 0 says so; node 0 keeps the store up until every
 //               node of the plan has said so or the attempt failed
 //
@@ -54,6 +56,9 @@ class JobBoard {
   void beat(int attempt, const Plan& plan);
   // A node of the plan whose beats have not moved for `quiet` (as seen by beat()), if any.
   std::optional<int> silent_node(const Plan& plan, std::chrono::milliseconds quiet) const;
+  // A node found silent in `attempt` is lost: node 0 does not wait for it to join the next one.
+  void mark_lost(int attempt, int node);
+  int lost_nodes(int attempt, const Plan& plan);
   // Node 0: until every node of the plan is done or the attempt failed, at most `timeout`.
   void wait_for_nodes(int attempt, const Plan& plan, std::chrono::milliseconds timeout);
 

@@ -16,7 +16,8 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, const RankRend
       "MASTER_ADDR",          "MASTER_PORT",         "RANK",           "WORLD_SIZE",
       "LOCAL_RANK",           "LOCAL_WORLD_SIZE",    "GROUP_RANK",     "ZERO_JOB_TOKEN",
       "ZERO_STORE_IN_LAUNCHER", "ZERO_RESTART_COUNT", "ZERO_RESTART_FAILED_AT", "ZERO_RESTART_REASON",
-      "ZERO_HEARTBEAT_FD",    "ZERO_HEARTBEAT_INTERVAL_MS", "ZERO_FIRST_WORLD_SIZE", "ZERO_STORE_PREFIX"};
+      "ZERO_HEARTBEAT_FD",    "ZERO_HEARTBEAT_INTERVAL_MS", "ZERO_FIRST_WORLD_SIZE", "ZERO_STORE_PREFIX",
+      "ZERO_NODE_RANK"};
   const int rank = attempt.first_rank >= 0 ? attempt.first_rank + local_rank : global_rank(o, local_rank);
   std::vector<std::pair<std::string, std::string>> vars = {
       {"MASTER_ADDR", o.master_addr},
@@ -26,6 +27,7 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, const RankRend
       {"LOCAL_RANK", std::to_string(local_rank)},
       {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
       {"GROUP_RANK", std::to_string(attempt.group_rank >= 0 ? attempt.group_rank : o.node_rank)},
+      {"ZERO_NODE_RANK", std::to_string(o.node_rank)},  // the same in every attempt, unlike GROUP_RANK
       {"ZERO_JOB_TOKEN", rendezvous.token},
       {"ZERO_STORE_IN_LAUNCHER", "1"},
       {"ZERO_RESTART_COUNT", std::to_string(attempt.restart_count)},

@@ -33,7 +33,7 @@ TEST_CASE("a rank's variables replace the inherited ones; the rest passes throug
   const std::vector<std::string> parent = {
       "PATH=/bin", "RANK=99", "WORLD_SIZE=1", "MASTER_ADDR=x", "MASTER_PORT=1", "LOCAL_RANK=5",
       "LOCAL_WORLD_SIZE=6", "GROUP_RANK=4", "RANKS=keep", "ZERO_JOB_TOKEN=old", "ZERO_STORE_IN_LAUNCHER=0",
-      "ZERO_RESTART_COUNT=7", "ZERO_HEARTBEAT_FD=3",
+      "ZERO_RESTART_COUNT=7", "ZERO_HEARTBEAT_FD=3", "ZERO_NODE_RANK=9",
       "EMPTY=", "A=b=c"};
   const auto env = by_name(rank_environment(o, rv, {}, parent, 2, -1));
   CHECK(global_rank(o, 2) == 5);
@@ -42,6 +42,7 @@ TEST_CASE("a rank's variables replace the inherited ones; the rest passes throug
   CHECK(env.at("LOCAL_RANK") == std::vector<std::string>{"2"});
   CHECK(env.at("LOCAL_WORLD_SIZE") == std::vector<std::string>{"3"});
   CHECK(env.at("GROUP_RANK") == std::vector<std::string>{"1"});
+  CHECK(env.at("ZERO_NODE_RANK") == std::vector<std::string>{"1"});
   CHECK(env.at("MASTER_ADDR") == std::vector<std::string>{"head"});
   CHECK(env.at("MASTER_PORT") == std::vector<std::string>{"29500"});
   CHECK(env.at("ZERO_JOB_TOKEN") == std::vector<std::string>{"t0k"});
@@ -55,7 +56,7 @@ TEST_CASE("a rank's variables replace the inherited ones; the rest passes throug
   CHECK(env.at("EMPTY") == std::vector<std::string>{""});
   CHECK(env.at("A") == std::vector<std::string>{"b=c"});
   CHECK(env.at("ZERO_FIRST_WORLD_SIZE") == std::vector<std::string>{"6"});
-  CHECK(env.size() == 15);
+  CHECK(env.size() == 16);
 }
 
 TEST_CASE("a restarted attempt says why, and a watched rank gets its heartbeat socket") {

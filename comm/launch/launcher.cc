@@ -154,7 +154,11 @@ int run_launch(const LaunchOptions& options) {
     FailureBoard failures{.claim = [&](const std::string& what) { return board->claim_failure(a, what); },
                           .elsewhere = [&] { return board->failure(a); },
                           .beat = [&] { board->beat(a, *plan); },
-                          .silent_node = [&] { return board->silent_node(*plan, std::chrono::seconds(1)); }};
+                          .silent_node = [&] {
+                            const std::optional<int> node = board->silent_node(*plan, std::chrono::seconds(1));
+                            if (node) board->mark_lost(a, *node);
+                            return node;
+                          }};
     std::vector<RankProcess> ranks;
     const bool all_started = start_ranks(o, rendezvous, attempt, ranks);
     const SupervisedJob job = supervise_ranks(ranks, signals, o, all_started, board ? &failures : nullptr);
@@ -169,6 +173,13 @@ int run_launch(const LaunchOptions& options) {
       return 0;
     }
     const bool failed = outcome.reason() == StopReason::kRankFailed || outcome.reason() == StopReason::kPeerFailed;
+    // A node lost whole will not join the next attempt: node 0 waits for the others alone.
+    if (board) {
+      try {
+        expected_nodes -= board->lost_nodes(a, *plan);
+      } catch (const std::exception&) {
+      }
+    }
     if (!failed || options.max_restarts == 0) return outcome.exit_code();
     if (const int sig = signals.take_new_signal(); sig != 0) {
       say(fmt::format("got signal {} while the job was stopping; not restarting", sig));

@@ -131,6 +131,7 @@ int run(int argc, char** argv) {
     std::printf("restart %d after %s: %s on %d of the %d ranks launched\n", pg.env.restart_count,
                 pg.env.restart_reason.c_str(), describe(layout).c_str(), layout.world(), pg.env.first_world_size);
   }
+  run.run_flags.use_nodes(engine, comm, pg.env.node, layout.tp * layout.pp == 1);
   const int first_step = run.run_flags.resume(engine, rank == 0);
   std::optional<examples::ProgressLog> progress;
   if (rank == 0) progress.emplace(run.metrics);

@@ -31,6 +31,7 @@
 
 #include "zero/checkpoint/checkpoint_parts.h"
 #include "zero/checkpoint/checkpoint_types.h"
+#include "zero/checkpoint/node_copies.h"
 #include "zero/checkpoint/save_staging.h"
 
 namespace zero {
@@ -45,8 +46,10 @@ namespace zero {
 // the checkpoint is complete on disk, and every rank raises the same error if any rank's part failed.
 class PendingSave {
  public:
+  // `copies`: each node saves into its own `dir`, with copies of its ranks' data files on other
+  // nodes (zero/checkpoint/node_copies.h); nullptr: `dir` is one directory every rank sees.
   PendingSave(const CheckpointParts& parts, const CheckpointState& state, const std::string& dir,
-              std::string_view user_blob, SaveStaging* staging);
+              std::string_view user_blob, SaveStaging* staging, const NodeCopies* copies = nullptr);
   ~PendingSave();  // joins the writer (an unreported failure is logged)
   PendingSave(const PendingSave&) = delete;
   PendingSave& operator=(const PendingSave&) = delete;

@@ -296,6 +296,24 @@ void complete_top(const std::string& top, const std::string& text, int parts, st
   swap_in(partial, top);
 }
 
+// InvalidArgument unless `copies` fits the engine: its ranks, rank for rank, and one engine (no
+// model parallelism).
+void check_node_copies(const CheckpointParts& p, const NodeCopies& copies) {
+  if (is_model_parallel(p)) {
+    ZERO_THROW(InvalidArgument, "a checkpoint with node copies holds one engine's state; this engine is one of {} "
+               "(tensor or pipeline parallelism): save to a directory all ranks see",
+               p.model_parallel->size());
+  }
+  const int world = world_size(p), rank = global_rank(p);
+  ZERO_CHECK(copies.comm != nullptr, "NodeCopies without a communicator");
+  if (copies.comm->size() != world || copies.comm->rank() != rank ||
+      copies.node_of_rank.size() != static_cast<size_t>(world)) {
+    ZERO_THROW(InvalidArgument, "NodeCopies: its communicator is rank {} of {} with {} nodes listed, but the engine is "
+               "rank {} of {}: it must hold the engine's ranks, rank for rank",
+               copies.comm->rank(), copies.comm->size(), copies.node_of_rank.size(), rank, world);
+  }
+}
+
 }  // namespace
 
 struct PendingSave::Job {
@@ -310,6 +328,8 @@ struct PendingSave::Job {
   int rank = 0, world = 1;
   std::chrono::milliseconds timeout{};
   SaveStaging* staging = nullptr;  // background saves
+  const NodeCopies* copies = nullptr;  // a save into each node's own directory (node_copies.h)
+  bool completes = false;  // writes the manifest and swaps the directory in: rank 0, or each node's first rank
   std::vector<StagedPiece> staged;
   json manifest;
   std::string error;
@@ -317,7 +337,7 @@ struct PendingSave::Job {
 };
 
 PendingSave::PendingSave(const CheckpointParts& p, const CheckpointState& state, const std::string& dir,
-                         std::string_view user_blob, SaveStaging* staging)
+                         std::string_view user_blob, SaveStaging* staging, const NodeCopies* copies)
     : job_(std::make_unique<Job>()) {
   Job& j = *job_;
   j.staging = staging;
@@ -327,6 +347,12 @@ PendingSave::PendingSave(const CheckpointParts& p, const CheckpointState& state,
   j.timeout = timeout_of(p);
   j.state = state;
   j.dir = dir;
+  j.copies = copies;
+  j.completes = j.rank == 0;
+  if (copies != nullptr) {
+    check_node_copies(p, *copies);
+    j.completes = node_leader(copies->node_of_rank, j.rank) == j.rank;
+  }
   if (is_model_parallel(p)) {
     // Each engine saves its part into DIR.partial/part-<model-parallel rank>; DIR.partial is swapped
     // in whole once every part is there (wait()). Its leader prepares it first.
@@ -342,10 +368,11 @@ PendingSave::PendingSave(const CheckpointParts& p, const CheckpointState& state,
           }));
   }
   const std::string partial = j.dir + ".partial";
-  // Rank 0 prepares an empty DIR.partial (a leftover of an interrupted save is discarded); every rank
-  // copies its pieces out of the engine. From here on nothing of the engine is touched.
+  // Rank 0 (with node copies: each node's first rank) prepares an empty DIR.partial (a leftover of an
+  // interrupted save is discarded); every rank copies its pieces out of the engine. From here on
+  // nothing of the engine is touched.
   agree(p, "checkpoint save", attempt([&] {
-          if (j.rank == 0) {
+          if (j.completes) {
             fs::remove_all(partial);
             fs::create_directories(partial);
             j.manifest = manifest_head(p, state);
@@ -361,20 +388,22 @@ PendingSave::PendingSave(const CheckpointParts& p, const CheckpointState& state,
   // out of the engine (only then may `fill` touch the engine).
   auto work = [&j, partial](const std::function<void(RankFiles&)>& fill) {
     j.error = attempt([&] {
-      try {
+      const std::string own = attempt([&] {
         RankFiles files(j.rank, partial);
         fill(files);
         files.commit();
-      } catch (const std::exception& e) {
-        // Rank 0 stops waiting for this rank as soon as it sees the note.
-        const std::string note = e.what();
-        FileWriter f(partial + "/" + checkpoint_rank_file(j.rank, "failed"));
-        f.write(note.data(), note.size());
-        f.commit();
-        throw;
-      }
+      });
       j.staged.clear();
-      if (j.rank != 0) return;
+      if (!own.empty() && j.copies == nullptr) {
+        // Rank 0 stops waiting for this rank as soon as it sees the note.
+        FileWriter f(partial + "/" + checkpoint_rank_file(j.rank, "failed"));
+        f.write(own.data(), own.size());
+        f.commit();
+      }
+      // With node copies the ranks learn of each other's failures there (and throw all alike).
+      if (j.copies != nullptr) exchange_node_copies(*j.copies, partial, own, j.timeout);
+      if (!own.empty()) throw IoError(own);
+      if (!j.completes) return;
       wait_for_ranks(j.world, partial, j.timeout);
       write_manifest(std::move(j.manifest), j.world, partial);
       swap_in(partial, j.dir);
@@ -407,7 +436,7 @@ void PendingSave::wait(const CheckpointParts& p) {
 
 void save_checkpoint(const CheckpointParts& p, const CheckpointState& state, const std::string& dir,
                      std::string_view user_blob) {
-  PendingSave(p, state, dir, user_blob, nullptr).wait(p);
+  PendingSave(p, state, dir, user_blob, nullptr, nullptr).wait(p);
 }
 
 }  // namespace zero
