@@ -326,6 +326,42 @@ TEST_CASE("two launchers x 2 ranks, memory checkpoints with copies on the other 
 }
 
 
+TEST_CASE("three launchers x 1 rank: nodes 1 and 2 lost together in step 11, rank 1's data file and its copy with "
+          "them: the memory save is passed over by name, and node 0 goes on from the files of step 8") {
+  const std::string save = tmp("elastic_buddy_lost");
+  std::filesystem::remove_all(save);
+  const std::string memory = "/dev/shm/zero_elastic_buddy_lost_" + std::to_string(::getpid());
+  std::filesystem::remove_all(memory);
+  const std::string port = std::to_string(testing::free_port());
+  ::setenv("ZERO_JOB_TOKEN", "elastic-buddy-lost", 1);
+  const auto node = [&](int k) {
+    return train(1, {"--nnodes", "1:3", "--node-rank", std::to_string(k), "--master-addr", "127.0.0.1", "--master-port",
+                     port, "--max-restarts", "1"},
+                 save, {"--micro-batches", "4", "--save-memory", memory, "--save-memory-every", "3", "--fault",
+                        "optimizer_step:kill_parent:11@1,optimizer_step:kill_parent:11@2"});
+  };
+  testing::LaunchResult second, third;
+  std::thread one([&] { second = node(1); });
+  std::thread two([&] { third = node(2); });
+  const testing::LaunchResult first = node(0);
+  one.join();
+  two.join();
+  ::unsetenv("ZERO_JOB_TOKEN");
+  INFO("node 0:\n" << first.output << "\nnode 1:\n" << second.output << "\nnode 2:\n" << third.output);
+  REQUIRE(first.exit_code == 0);
+  CHECK(second.exit_code == 128 + SIGKILL);
+  CHECK(third.exit_code == 128 + SIGKILL);
+  CHECK(first.output.find("zerorun: attempt 1 runs on node 0: 1 rank (1 ranks)") != std::string::npos);
+  CHECK(first.output.find("[rank 0] --resume auto: passed over the save of step 9 in '" + memory +
+                          "/node-0': no node holds rank 1's data file (lost with its node and its buddy's)") !=
+        std::string::npos);
+  CHECK(first.output.find("[rank 0] resumed from " + save + " at step 8") != std::string::npos);
+  // Another world than the reference's from the start (3 ranks, then 1): within rounding throughout.
+  check_against(curve(first.output), uninterrupted(), 0);
+  std::filesystem::remove_all(memory);
+  CHECK_FALSE(process_with(memory));
+}
+
 TEST_CASE("a second rank killed while the restarted job restores: a second restart from the same checkpoint") {
   const std::string save = tmp("elastic_twice");
   std::filesystem::remove_all(save);

@@ -121,14 +121,15 @@ void JobBoard::beat(int attempt, const Plan& plan) {
   }
 }
 
-std::optional<int> JobBoard::silent_node(const Plan& plan, std::chrono::milliseconds quiet) const {
+std::vector<int> JobBoard::silent_nodes(const Plan& plan, std::chrono::milliseconds quiet) const {
   const auto now = Clock::now();
+  std::vector<int> silent;
   for (const auto& [node, n] : plan.nodes) {
     if (node == node_rank_) continue;
     const auto it = seen_.find(node);
-    if (it != seen_.end() && now - it->second.second > quiet) return node;
+    if (it != seen_.end() && now - it->second.second > quiet) silent.push_back(node);
   }
-  return std::nullopt;
+  return silent;
 }
 
 void JobBoard::mark_lost(int attempt, int node) { store_->set_string(key(attempt, fmt::format("lost/{}", node)), "1"); }

@@ -54,8 +54,8 @@ class JobBoard {
   void done(int attempt);
   // Beats for this node and notes the others' beats (call it often: every 200 ms).
   void beat(int attempt, const Plan& plan);
-  // A node of the plan whose beats have not moved for `quiet` (as seen by beat()), if any.
-  std::optional<int> silent_node(const Plan& plan, std::chrono::milliseconds quiet) const;
+  // The nodes of the plan whose beats have not moved for `quiet` (as seen by beat()), in plan order.
+  std::vector<int> silent_nodes(const Plan& plan, std::chrono::milliseconds quiet) const;
   // A node found silent in `attempt` is lost: node 0 does not wait for it to join the next one.
   void mark_lost(int attempt, int node);
   int lost_nodes(int attempt, const Plan& plan);

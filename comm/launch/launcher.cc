@@ -154,10 +154,11 @@ int run_launch(const LaunchOptions& options) {
     FailureBoard failures{.claim = [&](const std::string& what) { return board->claim_failure(a, what); },
                           .elsewhere = [&] { return board->failure(a); },
                           .beat = [&] { board->beat(a, *plan); },
-                          .silent_node = [&] {
-                            const std::optional<int> node = board->silent_node(*plan, std::chrono::seconds(1));
-                            if (node) board->mark_lost(a, *node);
-                            return node;
+                          .silent_node = [&]() -> std::optional<int> {
+                            const std::vector<int> silent = board->silent_nodes(*plan, std::chrono::seconds(1));
+                            for (int node : silent) board->mark_lost(a, node);
+                            if (silent.empty()) return std::nullopt;
+                            return silent.front();
                           }};
     std::vector<RankProcess> ranks;
     const bool all_started = start_ranks(o, rendezvous, attempt, ranks);
