@@ -5,10 +5,11 @@
 # --heartbeat-s); then on two launchers of 2 ranks each ("nodes") with checkpoints in memory every M
 # steps (copies on the other node) and the checkpoint directory made read-only after its first save
 # (a bind mount; root only, else left writable and said so), node 1 lost whole (its zerorun killed,
-# its ranks with it) at step AT. Prints a markdown table: the layout the job went on at, the step it resumed from,
-# the steps lost (the last step trained before the failure less that), the seconds from the failure
-# to the next trained step (as the program prints them), the final validation loss and its
-# difference from the uninterrupted run's. Logs stay in OUT (default a temp dir).
+# its ranks with it) at step AT; and node 1's rank 3 stopped (SIGSTOP, found by node 1's heartbeat).
+# Prints a markdown table: the layout the job went on at, the step it resumed from, the steps lost
+# (the last step trained before the failure less that), the seconds from the failure to the next
+# trained step (as the program prints them), the final validation loss and its difference from the
+# uninterrupted run's. Logs stay in OUT (default a temp dir).
 #   bash scripts/elastic_gpt.sh                      (STEPS=200 AT=50 K=10 M=5)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +35,21 @@ run() {  # name, zerorun's extra flags (one word), then train_gpt's extra flags
 
 validation() { sed -n 's/^\[rank 0\] step *[0-9]* | validation loss \([0-9.]*\).*/\1/p' "$1" | tail -1; }
 
+# The table's row for the run logged in $2: the layout it went on at, the step it resumed from, the
+# steps lost (the last step trained before the line matching $3, zerorun's word of the failure,
+# less that), the seconds from the failure to the next trained step, the final validation loss.
+row() {  # title, log, failure line pattern, what the layout is followed by
+  local title=$1 log=$2 failure=$3 after=${4:-} layout resumed last seconds loss diff
+  grep -q "zerorun: restart 1 of 1" "$log" || { echo "$title: no restart (see $log)" >&2; exit 1; }
+  layout=$(sed -n 's/^\[rank 0\] restart 1 after .*: \(dp [^,]*\), stage [0-9], \([0-9]* micro-batches\).*/\1 x \2/p' "$log")
+  resumed=$(sed -n 's/^\[rank 0\] resumed from .* at step \([0-9]*\).*/\1/p' "$log")
+  last=$(awk -v failure="$failure" '$0 ~ failure {exit} /^\[rank 0\] step +[0-9]+ \| loss/ {s = $4} END {print s}' "$log")
+  seconds=$(sed -n 's/^\[rank 0\] restart 1: step [0-9]* trained \([0-9.]*\) s after the failure/\1/p' "$log")
+  loss=$(validation "$log")
+  diff=$(python3 -c "print(f'{($loss - $base) / $base:+.2e}')")
+  echo "| $title | $layout$after | $resumed | $((last - resumed)) | $seconds | $loss | $diff |"
+}
+
 run uninterrupted ""
 base=$(validation "$OUT/uninterrupted.log")
 echo "| run | went on at | resumed at step | steps lost | s from the failure to the next step | validation loss | vs uninterrupted |"
@@ -45,48 +61,45 @@ for case in "rank 0 killed:--max-restarts=1:optimizer_step:kill:$AT:0" \
   IFS=: read -r title launch point action nth who <<<"$case"
   name=$(echo "$title" | tr -c 'a-z0-9\n' '_')
   run "$name" "$launch" --fault "$point:$action:$nth" --fault-rank "$who"
-  log="$OUT/$name.log"
-  grep -q "zerorun: restart 1 of 1" "$log" || { echo "$title: no restart (see $log)" >&2; exit 1; }
-  layout=$(sed -n 's/^\[rank 0\] restart 1 after .*: \(dp [^,]*\), stage [0-9], \([0-9]* micro-batches\).*/\1 x \2/p' "$log")
-  resumed=$(sed -n 's/^\[rank 0\] resumed from .* at step \([0-9]*\).*/\1/p' "$log")
-  # The last step printed before zerorun saw the failure.
-  last=$(awk '/zerorun: rank [0-9]+ \(pid/ {exit} /^\[rank 0\] step +[0-9]+ \| loss/ {s = $4} END {print s}' "$log")
-  seconds=$(sed -n 's/^\[rank 0\] restart 1: step [0-9]* trained \([0-9.]*\) s after the failure/\1/p' "$log")
-  loss=$(validation "$log")
-  diff=$(python3 -c "print(f'{($loss - $base) / $base:+.2e}')")
-  echo "| $title | $layout | $resumed | $((last - resumed)) | $seconds | $loss | $diff |"
+  row "$title" "$OUT/$name.log" "zerorun: rank [0-9]+ \\(pid"
 done
 
-# Two launchers x 2 ranks; node 1's rank 2 kills its zerorun (and so node 1) at step AT.
-name=node_1_lost
-memory=/dev/shm/zero_elastic_gpt_$$
-rm -rf "$memory"
-mkdir -p "$OUT/ro"
-rm -rf "$OUT/ro/ckpt"
-read_only=no
-if mount --bind "$OUT/ro" "$OUT/ro" 2>/dev/null; then read_only=yes; fi
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-for k in 1 0; do
-  ZERO_JOB_TOKEN=elastic-gpt-nodes "$B/comm/launch/zerorun" --nproc-per-node 2 --nnodes 1:2 --node-rank $k \
-    --master-addr 127.0.0.1 --master-port "$port" --max-restarts 1 -- "$B/examples/gpt/train_gpt" --steps "$STEPS" \
-    --batch 48 --micro-batches 3 --val-every "$STEPS" --sample-tokens 0 --save "$OUT/ro/ckpt" --save-every "$K" \
-    --save-memory "$memory" --save-memory-every "$M" --resume auto --fault "optimizer_step:kill_parent:$AT@2" \
-    >"$OUT/$name.node$k.log" 2>&1 &
-done
-if [ $read_only = yes ]; then
-  until [ -f "$OUT/ro/ckpt/manifest.json" ]; do sleep 0.05; done
-  mount -o remount,ro,bind "$OUT/ro"
-fi
-wait || true
-[ $read_only = yes ] && umount "$OUT/ro"
-rm -rf "$memory"
-log="$OUT/$name.node0.log"
-grep -q "resumed from $memory/node-0" "$log" || { echo "node 1 lost: not resumed from the memory (see $log)" >&2; exit 1; }
-layout=$(sed -n 's/^\[rank 0\] restart 1 after .*: \(dp [^,]*\), stage [0-9], \([0-9]* micro-batches\).*/\1 x \2/p' "$log")
-resumed=$(sed -n 's/^\[rank 0\] resumed from .* at step \([0-9]*\).*/\1/p' "$log")
-last=$(awk '/zerorun: the job failed elsewhere/ {exit} /^\[rank 0\] step +[0-9]+ \| loss/ {s = $4} END {print s}' "$log")
-seconds=$(sed -n 's/^\[rank 0\] restart 1: step [0-9]* trained \([0-9.]*\) s after the failure/\1/p' "$log")
-loss=$(validation "$log")
-diff=$(python3 -c "print(f'{($loss - $base) / $base:+.2e}')")
-echo "| node 1 lost whole (2 launchers x 2 ranks; memory every $M, files read-only: $read_only) | $layout (memory) | $resumed | $((last - resumed)) | $seconds | $loss | $diff |"
+# Two launchers x 2 ranks ("nodes") with checkpoints in memory every M steps, copies on the other
+# node. $1: the run's name; $2: the fault plan; $3: "read-only" to make the files' directory
+# read-only once their first save is there; then zerorun's extra flags.
+two_launchers() {
+  local name=$1 fault=$2 files=$3 memory=/dev/shm/zero_elastic_gpt_$$ port k
+  shift 3
+  rm -rf "$memory" "$OUT/$name"
+  mkdir -p "$OUT/$name"
+  read_only=no
+  if [ "$files" = read-only ] && mount --bind "$OUT/$name" "$OUT/$name" 2>/dev/null; then read_only=yes; fi
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  for k in 1 0; do
+    # shellcheck disable=SC2068
+    ZERO_JOB_TOKEN=elastic-gpt-nodes "$B/comm/launch/zerorun" --nproc-per-node 2 --nnodes 1:2 --node-rank $k \
+      --master-addr 127.0.0.1 --master-port "$port" --max-restarts 1 $@ -- "$B/examples/gpt/train_gpt" \
+      --steps "$STEPS" --batch 48 --micro-batches 3 --val-every "$STEPS" --sample-tokens 0 --save "$OUT/$name/ckpt" \
+      --save-every "$K" --save-memory "$memory" --save-memory-every "$M" --resume auto --fault "$fault" \
+      >"$OUT/$name.node$k.log" 2>&1 &
+  done
+  if [ $read_only = yes ]; then
+    until [ -f "$OUT/$name/ckpt/manifest.json" ]; do sleep 0.05; done
+    mount -o remount,ro,bind "$OUT/$name"
+  fi
+  wait || true
+  if [ $read_only = yes ]; then umount "$OUT/$name"; fi
+  rm -rf "$memory"
+  grep -q "resumed from $memory/node-0" "$OUT/$name.node0.log" ||
+    { echo "$name: not resumed from the memory (see $OUT/$name.node0.log)" >&2; exit 1; }
+}
+
+# Node 1's rank 2 kills its zerorun (and so node 1) at step AT; the files turn read-only.
+two_launchers node_1_lost "optimizer_step:kill_parent:$AT@2" read-only
+row "node 1 lost whole (2 launchers x 2 ranks, memory every $M, files read-only: $read_only)" \
+  "$OUT/node_1_lost.node0.log" "zerorun: the job failed elsewhere" " (memory)"
+# Node 1's rank 3 stops (SIGSTOP): node 1's heartbeat finds it; the job goes on as 2 + 1 ranks.
+two_launchers rank_3_stopped "optimizer_step:stop:$AT@3" writable --heartbeat-s=3
+row "rank 3 stopped (SIGSTOP; 2 launchers x 2 ranks, memory every $M, --heartbeat-s 3)" \
+  "$OUT/rank_3_stopped.node0.log" "zerorun: the job failed elsewhere" " (memory)"
 echo "logs: $OUT" >&2

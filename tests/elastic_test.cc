@@ -326,6 +326,50 @@ TEST_CASE("two launchers x 2 ranks, memory checkpoints with copies on the other 
 }
 
 
+TEST_CASE("two launchers x 2 ranks: node 1 lost whole in step 7, node 0 goes on alone; a replacement node 1 "
+          "joins and the job starts again on 4 ranks with it, its memory filled from node 0's") {
+  const std::string save = tmp("elastic_replacement");
+  std::filesystem::remove_all(save);
+  const std::string memory = "/dev/shm/zero_elastic_replacement_" + std::to_string(::getpid());
+  std::filesystem::remove_all(memory);
+  const std::string port = std::to_string(testing::free_port());
+  ::setenv("ZERO_JOB_TOKEN", "elastic-replacement", 1);
+  // Attempt 0: rank 2 takes node 1 down in step 7. Attempt 1 (node 0 alone, from about 2.5 s after
+  // that): rank 0 pauses 6 s in its second step. The replacement comes 3.5 s after node 1 went, while
+  // attempt 1 runs (had it come before node 0 formed attempt 1, attempt 1 would have taken it).
+  const auto node = [&](int k) {
+    return train(2, {"--nnodes", "1:2", "--node-rank", std::to_string(k), "--master-addr", "127.0.0.1", "--master-port",
+                     port, "--max-restarts", "2"},
+                 save, {"--micro-batches", "3", "--save-memory", memory, "--save-memory-every", "3", "--fault",
+                        "optimizer_step:kill_parent:7@2/0,optimizer_step:delay=6:2@0/1"});
+  };
+  testing::LaunchResult lost, replacement;
+  std::thread one([&] {
+    lost = node(1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+    replacement = node(1);
+  });
+  const testing::LaunchResult first = node(0);
+  one.join();
+  ::unsetenv("ZERO_JOB_TOKEN");
+  INFO("node 0:\n" << first.output << "\nnode 1:\n" << lost.output << "\nnode 1 again:\n" << replacement.output);
+  REQUIRE(first.exit_code == 0);
+  CHECK(lost.exit_code == 128 + SIGKILL);
+  CHECK(replacement.exit_code == 0);
+  CHECK(first.output.find("zerorun: attempt 1 runs on node 0: 2 ranks (2 ranks)") != std::string::npos);
+  CHECK(replacement.output.find("zerorun: the job is at attempt 1; this node joins the next, which node 0 starts with "
+                                "it") != std::string::npos);
+  CHECK(first.output.find("zerorun: a node joined the job, which starts again with it; stopping this node's ranks") !=
+        std::string::npos);
+  CHECK(first.output.find("zerorun: attempt 2 runs on node 0: 2 ranks, node 1: 2 ranks (4 ranks)") != std::string::npos);
+  CHECK(first.output.find("[rank 0] restart 2 after node 0: a node joined the job, which starts again with it: dp 4 x "
+                          "tp 1 x pp 1, stage 3, 3 micro-batches on 4 of the 4 ranks launched") != std::string::npos);
+  CHECK(first.output.find("[rank 0] resumed from " + memory + "/node-0 at step ") != std::string::npos);
+  check_against(curve(first.output), uninterrupted(), 6);
+  std::filesystem::remove_all(memory);
+  CHECK_FALSE(process_with(memory));
+}
+
 TEST_CASE("three launchers x 1 rank: nodes 1 and 2 lost together in step 11, rank 1's data file and its copy with "
           "them: the memory save is passed over by name, and node 0 goes on from the files of step 8") {
   const std::string save = tmp("elastic_buddy_lost");

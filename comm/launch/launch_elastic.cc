@@ -51,13 +51,16 @@ std::string JobBoard::key(int attempt, const std::string& what) const {
   return fmt::format("zerorun/{}/{}", attempt, what);
 }
 
-std::optional<JobBoard::Plan> JobBoard::join(int attempt, int nproc, int expected, int min_nodes, int max_nodes) {
+std::optional<JobBoard::Plan> JobBoard::join(int attempt, int nproc, const std::vector<int>& awaited, int min_nodes,
+                                              int max_nodes) {
   store_->set_string(key(attempt, fmt::format("node/{}", node_rank_)), std::to_string(nproc));
   store_->add(key(attempt, "joined"), 1);
   if (node_rank_ == 0) {
     const auto deadline = Clock::now() + join_timeout_;
-    while (store_->add(key(attempt, "joined"), 0) < expected && Clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    for (int node : awaited) {
+      while (!store_->check({key(attempt, fmt::format("node/{}", node))}) && Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
     }
     std::vector<std::pair<int, int>> nodes;
     for (int k = 0; k < max_nodes; ++k) {
@@ -73,10 +76,35 @@ std::optional<JobBoard::Plan> JobBoard::join(int attempt, int nproc, int expecte
       ZERO_THROW(InvalidArgument, "{}", why);
     }
     store_->set_string(key(attempt, "plan"), encode(nodes));
+    store_->set_string("zerorun/current", std::to_string(attempt));
   }
   const std::string text = store_->get_string(key(attempt, "plan"), join_timeout_ + std::chrono::seconds(30));
+  Plan plan = read_plan(attempt, text);
+  if (plan.world == 0) return std::nullopt;
+  return plan;
+}
+
+std::optional<JobBoard::Plan> JobBoard::join_running(int nproc, int max_nodes) {
+  (void)max_nodes;
+  const int attempt = current_attempt() + 1;
+  store_->set_string(key(attempt, fmt::format("node/{}", node_rank_)), std::to_string(nproc));
+  store_->add(key(attempt, "joined"), 1);
+  const std::string plan_key = key(attempt, "plan");
+  while (!store_->check({plan_key})) {
+    if (store_->check({"zerorun/over"})) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  Plan plan = read_plan(attempt, store_->get_string(plan_key, join_timeout_));
+  if (plan.world == 0) return std::nullopt;
+  plan.attempt = attempt;
+  return plan;
+}
+
+// The plan's text as this node sees it: world 0 when this node is not in it.
+JobBoard::Plan JobBoard::read_plan(int attempt, const std::string& text) const {
   if (text.rfind("none: ", 0) == 0) ZERO_THROW(InvalidArgument, "node 0 could not form the job: {}", text.substr(6));
   Plan plan;
+  plan.attempt = attempt;
   plan.nodes = decode(text);
   bool in = false;
   for (size_t i = 0; i < plan.nodes.size(); ++i) {
@@ -87,9 +115,18 @@ std::optional<JobBoard::Plan> JobBoard::join(int attempt, int nproc, int expecte
     }
     plan.world += plan.nodes[i].second;
   }
-  if (!in) return std::nullopt;
+  if (!in) plan.world = 0;
   return plan;
 }
+
+int JobBoard::current_attempt() {
+  if (!store_->check({"zerorun/current"})) return -1;
+  return std::stoi(store_->get_string("zerorun/current", join_timeout_));
+}
+
+bool JobBoard::newcomer(int attempt) { return store_->add(key(attempt + 1, "joined"), 0) > 0; }
+
+void JobBoard::end_job() { store_->set_string("zerorun/over", "1"); }
 
 bool JobBoard::claim_failure(int attempt, const std::string& what) {
   const std::string text = fmt::format("node {}: {}", node_rank_, what);
@@ -106,6 +143,10 @@ std::optional<std::string> JobBoard::failure(int attempt) {
 void JobBoard::done(int attempt) { store_->set_string(key(attempt, fmt::format("done/{}", node_rank_)), "1"); }
 
 void JobBoard::beat(int attempt, const Plan& plan) {
+  if (attempt != seen_attempt_) {
+    seen_.clear();  // each attempt's beats are its own (a node back in a later attempt starts anew)
+    seen_attempt_ = attempt;
+  }
   store_->add(key(attempt, fmt::format("alive/{}", node_rank_)), 1);
   const auto now = Clock::now();
   for (const auto& [node, n] : plan.nodes) {
@@ -134,10 +175,12 @@ std::vector<int> JobBoard::silent_nodes(const Plan& plan, std::chrono::milliseco
 
 void JobBoard::mark_lost(int attempt, int node) { store_->set_string(key(attempt, fmt::format("lost/{}", node)), "1"); }
 
-int JobBoard::lost_nodes(int attempt, const Plan& plan) {
-  int n = 0;
-  for (const auto& [node, ranks] : plan.nodes) n += store_->check({key(attempt, fmt::format("lost/{}", node))}) ? 1 : 0;
-  return n;
+std::vector<int> JobBoard::kept_nodes(int attempt, const Plan& plan) {
+  std::vector<int> kept;
+  for (const auto& [node, ranks] : plan.nodes) {
+    if (!store_->check({key(attempt, fmt::format("lost/{}", node))})) kept.push_back(node);
+  }
+  return kept;
 }
 
 void JobBoard::wait_for_nodes(int attempt, const Plan& plan, std::chrono::milliseconds timeout) {

@@ -98,6 +98,12 @@ StopResponse JobOutcome::peer_failed(const std::string& what) {
           .message = fmt::format("the job failed elsewhere first ({}); stopping this node's ranks", what)};
 }
 
+StopResponse JobOutcome::re_form(const std::string& what) {
+  StopResponse r = peer_failed(what);
+  if (r.action != StopResponse::Action::kNone) r.message = fmt::format("{}; stopping this node's ranks", what);
+  return r;
+}
+
 void JobOutcome::after_another_node() {
   if (first_was_error_ && !lost_.empty()) lost_.erase(lost_.begin());
   first_was_error_ = false;

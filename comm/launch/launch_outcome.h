@@ -49,6 +49,9 @@ class JobOutcome {
   // Several nodes: another node's zerorun claimed the job's first failure (`what`). This node's ranks
   // are stopped as survivors (exit 1); ignored once this node's job is ending for another reason.
   StopResponse peer_failed(const std::string& what);
+  // The job stops to start again with a node that joined (`what` says which): as peer_failed, with
+  // nothing lost.
+  StopResponse re_form(const std::string& what);
   // Several nodes: this node's first failure came after another node's (whose claim was first). Its
   // rank is a survivor unless it was killed by SIGKILL or went silent: those are lost either way.
   void after_another_node();

@@ -163,6 +163,14 @@ class Supervisor {
             const std::string what = node_lost(*node);
             board_->claim(what);  // the first claim wins; the job's failure is the one claimed
             apply(outcome_.peer_failed(board_->elsewhere().value_or(what)));
+          } else if (board_->newcomer && board_->newcomer()) {
+            // A node came to join (a replacement): the job stops and starts again with it.
+            const std::string what = "a node joined the job, which starts again with it";
+            if (board_->claim(what)) {
+              apply(outcome_.re_form(what));
+            } else {
+              apply(outcome_.peer_failed(board_->elsewhere().value_or(what)));
+            }
           }
           return;
         }

@@ -22,6 +22,7 @@ struct FailureBoard {
   std::function<std::optional<std::string>()> elsewhere;  // another node's claimed failure, if any
   std::function<void()> beat;                             // this node's beat, the others' noted
   std::function<std::optional<int>()> silent_node;        // a node whose beats stopped, if any
+  std::function<bool()> newcomer;                         // node 0: a node joined the next attempt
 };
 
 struct SupervisedJob {

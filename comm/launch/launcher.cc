@@ -23,6 +23,7 @@
 #include <cstring>
 #include <chrono>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <utility>
@@ -132,13 +133,39 @@ int run_launch(const LaunchOptions& options) {
   LaunchOptions o = options;  // o.nproc_per_node: this node's ranks in this attempt
   RankAttempt attempt{.first_world = options.nnodes * options.nproc_per_node,
                       .heartbeat_interval_ms = heartbeat_interval_ms(options.heartbeat_s)};
-  int expected_nodes = options.nnodes;
+  // The nodes node 0 waits for at the next join: all at first, then the last attempt's less the lost.
+  std::vector<int> awaited(static_cast<size_t>(options.nnodes));
+  std::iota(awaited.begin(), awaited.end(), 0);
+  // A node that starts while the job runs (a replacement) joins the next attempt.
+  bool newcomer = board && options.node_rank != 0 && board->current_attempt() >= 0;
+  // Node 0 tells a newcomer still waiting that the job is over, however it ends.
+  struct JobEnd {
+    JobBoard* board;
+    ~JobEnd() {
+      try {
+        if (board != nullptr) board->end_job();
+      } catch (const std::exception&) {
+      }
+    }
+  } const job_end{options.node_rank == 0 ? board.get() : nullptr};
   while (true) {
+    std::optional<JobBoard::Plan> plan;
+    if (newcomer) {
+      say(fmt::format("the job is at attempt {}; this node joins the next, which node 0 starts with it",
+                      board->current_attempt()));
+      plan = board->join_running(o.nproc_per_node, options.nnodes);
+      if (!plan) {
+        say("the job ended before this node could join it");
+        return 0;
+      }
+      attempt.restart_count = plan->attempt;
+      if (const std::optional<std::string> why = board->failure(plan->attempt - 1)) attempt.reason = *why;
+      newcomer = false;
+    }
     const int a = attempt.restart_count;
     attempt.store_prefix = fmt::format("attempt{}", a);
-    std::optional<JobBoard::Plan> plan;
     if (board) {
-      plan = board->join(a, o.nproc_per_node, expected_nodes, options.min_nnodes, options.nnodes);
+      if (!plan) plan = board->join(a, o.nproc_per_node, awaited, options.min_nnodes, options.nnodes);
       if (!plan) {
         say(fmt::format("this node has no place in attempt {} of the job; leaving it", a));
         return 1;
@@ -146,7 +173,6 @@ int run_launch(const LaunchOptions& options) {
       attempt.first_rank = plan->first_rank;
       attempt.world = plan->world;
       attempt.group_rank = plan->node_index;
-      expected_nodes = static_cast<int>(plan->nodes.size());
       if (a > 0) say(fmt::format("attempt {} runs on {} ({} ranks)", a, plan->text(), plan->world));
     }
     const RankRendezvous rendezvous{.token = token, .port = port};
@@ -159,7 +185,8 @@ int run_launch(const LaunchOptions& options) {
                             for (int node : silent) board->mark_lost(a, node);
                             if (silent.empty()) return std::nullopt;
                             return silent.front();
-                          }};
+                          },
+                          .newcomer = [&] { return options.node_rank == 0 && board->newcomer(a); }};
     std::vector<RankProcess> ranks;
     const bool all_started = start_ranks(o, rendezvous, attempt, ranks);
     const SupervisedJob job = supervise_ranks(ranks, signals, o, all_started, board ? &failures : nullptr);
@@ -177,7 +204,7 @@ int run_launch(const LaunchOptions& options) {
     // A node lost whole will not join the next attempt: node 0 waits for the others alone.
     if (board) {
       try {
-        expected_nodes -= board->lost_nodes(a, *plan);
+        awaited = board->kept_nodes(a, *plan);
       } catch (const std::exception&) {
       }
     }
@@ -195,7 +222,7 @@ int run_launch(const LaunchOptions& options) {
       say(fmt::format("{} rank(s) left after losing rank(s) {}: fewer than --min-nproc={}; not restarting", left,
                       rank_list(outcome.lost_ranks()), options.min_nproc));
       // A node that leaves says so at the next attempt, so that node 0 need not wait for it.
-      if (board && options.node_rank != 0) board->join(a + 1, 0, expected_nodes, 0, options.nnodes);
+      if (board && options.node_rank != 0) board->join(a + 1, 0, awaited, 0, options.nnodes);
       return outcome.exit_code();
     }
     ++attempt.restart_count;

@@ -11,6 +11,7 @@
 
 #include "base/error.h"
 #include "zero/checkpoint/checkpoint_manifest.h"
+#include "zero/checkpoint/checkpoint_parts.h"
 #include "zero/checkpoint/crc32c.h"
 #include "zero/checkpoint/file_io.h"
 #include "zero/rank_agreement.h"
@@ -20,6 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using checkpoint_internal::attempt;
 
 // A file travels in pieces of this size, so that neither side holds a whole data file in memory.
 constexpr size_t kPieceBytes = size_t{64} << 20;
@@ -76,16 +78,6 @@ void agree_on(comm::Communicator& comm, const std::string& what, const std::stri
     if (!errors[r].empty()) all += fmt::format("\n  rank {}: {}", r, errors[r]);
   }
   if (!all.empty()) ZERO_THROW(IoError, "{} failed on some ranks:{}", what, all);
-}
-
-template <typename Fn>
-std::string attempt(Fn&& fn) {
-  try {
-    fn();
-    return {};
-  } catch (const std::exception& e) {
-    return e.what();
-  }
 }
 
 // ---- the restore ----------------------------------------------------------------------------------
