@@ -16,11 +16,12 @@
 namespace zero::fault {
 namespace {
 
-constexpr std::array<const char*, 9> kPoints = {"forward",        "reduce_scatter",   "prefetch",
-                                                "optimizer_step", "checkpoint_write", "collective_sends",
-                                                "tp_collective",  "pipeline_action",  "shard_at_rest"};
+constexpr std::array<const char*, 10> kPoints = {"forward",        "reduce_scatter",   "prefetch",
+                                                 "optimizer_step", "checkpoint_write", "collective_sends",
+                                                 "tp_collective",  "pipeline_action",  "shard_at_rest",
+                                                 "gathered"};
 // The points that hold bytes a "flip" can change.
-constexpr const char* kBytePoints = "shard_at_rest";
+constexpr std::array<const char*, 2> kBytePoints = {"shard_at_rest", "gathered"};
 
 std::atomic<bool> g_armed{false};
 std::mutex g_mu;
@@ -79,7 +80,7 @@ Plan parse_plan(std::string_view text) {
   for (const char* k : kPoints) known = known || p.point == k;
   if (!known) {
     ZERO_THROW(InvalidArgument, "fault plan '{}': unknown point '{}' (forward, reduce_scatter, prefetch, optimizer_step, "
-                                "checkpoint_write, collective_sends, tp_collective, pipeline_action, shard_at_rest)", t,
+                                "checkpoint_write, collective_sends, tp_collective, pipeline_action, shard_at_rest, gathered)", t,
                p.point);
   }
   const size_t b = t.find(':', a + 1);
@@ -95,9 +96,11 @@ Plan parse_plan(std::string_view text) {
   } else if (action == "throw") {
     p.action = Plan::Action::kThrow;
   } else if (action == "flip") {
-    if (p.point != kBytePoints) {
-      ZERO_THROW(InvalidArgument, "fault plan '{}': flip changes the bytes a point holds; only {} holds any", t,
-                 kBytePoints);
+    bool holds_bytes = false;
+    for (const char* k : kBytePoints) holds_bytes = holds_bytes || p.point == k;
+    if (!holds_bytes) {
+      ZERO_THROW(InvalidArgument, "fault plan '{}': flip changes the bytes a point holds; only shard_at_rest and "
+                                  "gathered hold any", t);
     }
     p.action = Plan::Action::kFlip;
   } else if (action.rfind("delay=", 0) == 0) {

@@ -24,7 +24,9 @@
 // before any data is sent: a rank that stalls mid-collective), "tp_collective" (a tensor-parallel
 // region's collective, f or g or their sequence-parallel forms, is about to be issued),
 // "pipeline_action" (the pipeline runner is about to run a compute action: F, B, W or BW),
-// "shard_at_rest" (stage 3's parameter shard between two steps, with its bytes: what flip changes).
+// "shard_at_rest" (stage 3's parameter shard between two steps, with its bytes: what flip changes),
+// "gathered" (a unit's parameters as stage 3 gathered them for a training forward, with their
+// bytes: a flip there stands for data corrupted in flight).
 #include <cstddef>
 #include <string>
 #include <string_view>

@@ -236,10 +236,25 @@ struct RunFlags {
   // or pipeline parallelism), each node's memory checkpoints go to DIR/node-<node>, each rank's data
   // file copied to a rank of the next node. Collective over `engine_ranks`, which holds the engine's
   // ranks (Engine::rank()). Otherwise DIR is one directory every rank sees (one machine).
+  // Otherwise (tp or pp) every rank must see DIR: the job must be on one node, else named here rather
+  // than at the first save's timeout.
   void use_nodes(Engine& engine, comm::Communicator& engine_ranks, int node, bool one_engine) {
-    if (memory_dir.empty() || !one_engine) return;
+    if (memory_dir.empty()) return;
+    std::vector<int> node_of_rank = gather_nodes(engine_ranks, node, engine.options().timeout);
+    if (!one_engine) {
+      for (size_t r = 0; r < node_of_rank.size(); ++r) {
+        if (node_of_rank[r] != node_of_rank[0]) {
+          ZERO_THROW(InvalidArgument, "--save-memory {}: ranks 0 and {} are on different nodes ({} and {}), and with "
+                     "tensor or pipeline parallelism the memory checkpoint has no copies on other nodes: use --save "
+                     "alone, or one node",
+                     memory_dir, r, node_of_rank[0], node_of_rank[r]);
+        }
+      }
+      return;
+    }
     auto m = std::make_shared<MemoryOnNodes>();
     m->comm = engine_ranks.split(0, engine.rank());
+    // By the engine's rank (the split's order), which under hybrid sharding is not the world's.
     m->copies = NodeCopies{.comm = m->comm.get(), .node_of_rank = gather_nodes(*m->comm, node, engine.options().timeout)};
     m->dir = memory_dir + "/node-" + std::to_string(node);
     nodes = std::move(m);

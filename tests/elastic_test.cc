@@ -370,6 +370,31 @@ TEST_CASE("two launchers x 2 ranks: node 1 lost whole in step 7, node 0 goes on 
   CHECK_FALSE(process_with(memory));
 }
 
+TEST_CASE("--save-memory with tp 2 on two launchers: refused by name before the first step") {
+  const std::string memory = "/dev/shm/zero_elastic_tp_refused_" + std::to_string(::getpid());
+  const std::string port = std::to_string(testing::free_port());
+  ::setenv("ZERO_JOB_TOKEN", "elastic-tp-refused", 1);
+  const auto node = [&](int k) {
+    return testing::run("comm/launch/zerorun",
+                        {"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", std::to_string(k), "--master-addr",
+                         "127.0.0.1", "--master-port", port, "--", "examples/gpt/train_gpt", "--steps", "2", "--tp", "2",
+                         "--save-memory", memory, "--save-memory-every", "1"},
+                        120);
+  };
+  testing::LaunchResult second;
+  std::thread one([&] { second = node(1); });
+  const testing::LaunchResult first = node(0);
+  one.join();
+  ::unsetenv("ZERO_JOB_TOKEN");
+  INFO("node 0:\n" << first.output << "\nnode 1:\n" << second.output);
+  CHECK(first.exit_code != 0);
+  CHECK(second.exit_code != 0);
+  CHECK(first.output.find("--save-memory " + memory + ": ranks 0 and 2 are on different nodes (0 and 1)") !=
+        std::string::npos);
+  CHECK(first.output.find("step    1") == std::string::npos);
+  std::filesystem::remove_all(memory);
+}
+
 TEST_CASE("three launchers x 1 rank: nodes 1 and 2 lost together in step 11, rank 1's data file and its copy with "
           "them: the memory save is passed over by name, and node 0 goes on from the files of step 8") {
   const std::string save = tmp("elastic_buddy_lost");

@@ -75,6 +75,15 @@ struct Engine::Impl {
   // must take part in the check all the same).
   std::vector<uint32_t> shard_checksums;
   bool shard_checksums_recorded = false;
+  // Stage 3, in a checked step's forward: each unit bucket's checksum as gathered (first gather of
+  // the step), which every rank of the shard group must agree on at the check.
+  std::vector<std::pair<size_t, uint32_t>> gathered_checksums;
+  // Whether a training forward's gather of this step records its checksum.
+  bool records_gathered(GatherUse use) const {
+    const int every = device->holds_values() ? options.replica_check_every : 0;
+    return every > 0 && use == GatherUse::kForward && (steps_taken + 1) % every == 0;
+  }
+  void record_gathered(size_t bucket, const void* gathered);
   // The current micro-step reduces unless no_sync is open or it is a deferred one.
   bool syncs() const {
     if (no_sync_depth > 0) return false;

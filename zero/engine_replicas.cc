@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <utility>
 #include <thread>
 
 #include "base/check.h"
@@ -42,11 +43,27 @@ void Engine::Impl::agree_and_throw(std::string verdict, bool named) {
 void Engine::Impl::check_replicas(int64_t step, int rank_name) {
   ReplicaVerdict verdict;
   if (parts.gatherer) {
-    // The parameters live as shards: alike across the replicas of each shard (hybrid sharding) only.
-    if (!comms.replica) return;
-    const std::vector<ReplicaPiece> pieces = shard_pieces();
-    verdict = compare_replicas(*comms.replica, *device, pieces, replica_checksums(*device, pieces, options.timeout),
-                               rank_name, step, "replica group", options.timeout);
+    // The parameters live as shards, alike across the replicas of each shard (hybrid sharding);
+    // what every rank of the shard group gathered for this step's forward is alike too (a copy
+    // that differs was corrupted on its way or in the rank's gather window).
+    std::vector<ReplicaPiece> gathered;
+    std::vector<uint32_t> gathered_sums;
+    for (const auto& [bucket, crc] : std::exchange(gathered_checksums, {})) {
+      const ShardLayout::Bucket& b = parts.layout->buckets()[bucket];
+      gathered.push_back({fmt::format("unit {}'s parameters as gathered for the forward (bucket {})", b.unit, bucket),
+                          nullptr, parts.layout->bucket_bytes(bucket)});
+      gathered_sums.push_back(crc);
+    }
+    verdict = compare_replicas(*comms.shard, *device, gathered, gathered_sums, rank_name, step,
+                               comms.replica ? "shard group" : "data-parallel group", options.timeout);
+    if (comms.replica) {  // every rank takes part, whatever its shard group found
+      const std::vector<ReplicaPiece> pieces = shard_pieces();
+      const ReplicaVerdict across =
+          compare_replicas(*comms.replica, *device, pieces, replica_checksums(*device, pieces, options.timeout),
+                           rank_name, step, "replica group", options.timeout);
+      if (verdict.text.empty()) verdict.text = across.text;
+      verdict.this_rank = verdict.this_rank || across.this_rank;
+    }
   } else {
     // Every rank holds every parameter, frozen ones included; their checksums serve both groups.
     std::vector<ReplicaPiece> pieces;
@@ -64,6 +81,14 @@ void Engine::Impl::check_replicas(int64_t step, int rank_name) {
     }
   }
   agree_and_throw(verdict.text, verdict.this_rank);
+}
+
+void Engine::Impl::record_gathered(size_t bucket, const void* data) {
+  for (const auto& [b, crc] : gathered_checksums) {
+    if (b == bucket) return;  // the step's first gather of it (micro-batches gather it again)
+  }
+  const ReplicaPiece piece{"", data, parts.layout->bucket_bytes(bucket)};
+  gathered_checksums.emplace_back(bucket, replica_checksums(*device, {piece}, options.timeout).front());
 }
 
 void Engine::Impl::record_shard_at_rest() {

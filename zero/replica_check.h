@@ -10,9 +10,11 @@
 // What must be alike, by stage (one rule here; the stage policy says which pieces a rank holds):
 //   stages 0-2: every trainable parameter, over the shard group, and under hybrid sharding over the
 //               replica group too (the copies every rank gathers back after the update);
-//   stage 3:    the parameter shard, over the replica group (hybrid sharding's replicas of one
-//               shard); and, replicas or not, against the checksum it carried from the end of the
-//               step before (memory corrupted at rest, which no peer could see).
+//   stage 3:    each unit as gathered for the checked step's forward, over the shard group (every
+//               rank gathers the same bytes: a copy that differs was corrupted on its way or in
+//               the rank's window); the parameter shard, over the replica group (hybrid sharding's
+//               replicas of one shard); and, replicas or not, against the checksum it carried from
+//               the end of the step before (memory corrupted at rest, which no peer could see).
 #include <chrono>
 #include <cstdint>
 #include <string>

@@ -1,7 +1,8 @@
 // EngineOptions::replica_check_every on thread ranks: no false alarm at any stage (with hybrid
 // sharding too); a bit flipped in one replica's parameter is caught at the next check, on every
 // rank, naming the tensor, the rank outside the majority and the step; at stage 3 under hybrid
-// sharding, replicas of a shard that differ are caught too.
+// sharding, replicas of a shard that differ are caught too, and so is a unit whose gathered copy
+// differs on one rank (corrupted in flight).
 #include "zero/replica_check.h"
 
 #include <doctest/doctest.h>
@@ -58,8 +59,10 @@ void write_weights(const std::string& path, Model m) {
   testing::run_thread_ranks(1, [&](comm::Communicator& c) { engine(EngineComms{&c}, m, options(1, 0))->export_safetensors(path); });
 }
 
-// One step of synthetic gradients that differ by rank (the reduction makes them alike).
+// One step of synthetic gradients that differ by rank (the reduction makes them alike), each unit's
+// forward scope opened first (at stage 3 its gather is what the check compares).
 void step(Engine& e, int rank, int s) {
+  for (int unit : {0, 1}) e.gather(unit).close();
   for (int unit : {0, 1}) {
     auto scope = e.gather_for_backward(unit);
     float* g = scope.grad_as<float>(unit);
@@ -218,6 +221,32 @@ TEST_CASE("stage 3 without replicas: a bit flipped in a rank's shard between ste
     auto e = engine(EngineComms{&c}, m, options(3, 2));
     for (int s = 0; s < 4; ++s) step(*e, c.rank(), s);
   });
+}
+
+TEST_CASE("stage 3: a bit flipped in one rank's gathered copy of a unit in step 2's forward is caught at step 2") {
+  // Each step's forward gathers units 0 and 1 on 3 ranks: the point's 8th arrival is in step 2's
+  // forward, on whichever rank gets there; the check after step 2 names that rank and the unit.
+  fault::arm(fault::parse_plan("gathered:flip:8"));
+  std::vector<std::string> errors(3);
+  std::mutex mu;
+  testing::run_thread_ranks(3, [&](comm::Communicator& c) {
+    Model m;
+    auto e = engine(EngineComms{&c}, m, options(3, 2));
+    try {
+      for (int s = 0; s < 2; ++s) step(*e, c.rank(), s);
+    } catch (const Error& err) {
+      std::lock_guard<std::mutex> lock(mu);
+      errors[static_cast<size_t>(c.rank())] = err.what();
+    }
+  });
+  fault::disarm();
+  for (const std::string& e : errors) {
+    CAPTURE(e);
+    CHECK(e == errors[0]);  // one verdict
+    CHECK(e.find("replicas disagree after step 2 in the data-parallel group: unit ") != std::string::npos);
+    CHECK(e.find("'s parameters as gathered for the forward (bucket ") != std::string::npos);
+    CHECK(e.find(" differs from ranks ") != std::string::npos);
+  }
 }
 
 }  // namespace

@@ -67,6 +67,10 @@ UnitScope Engine::open_scope(int unit, bool backward, BackwardPart part) {
     for (size_t b = it->second.first; b < it->second.second; ++b) {
       void* gathered = m.parts.gatherer->acquire(b, m.use(scope));
       if (b == it->second.first) scope.base_ = gathered;
+      if (m.use(scope) == GatherUse::kForward) {
+        fault::point("gathered", gathered, m.parts.layout->bucket_bytes(b));
+        if (m.records_gathered(GatherUse::kForward)) m.record_gathered(b, gathered);
+      }
     }
   }
   if (m.writes_grads(scope)) ++m.open_backward[unit];
