@@ -259,6 +259,34 @@ bool process_with(const std::string& text) {
   return false;
 }
 
+// A job of several launchers on this machine ("nodes"): its files (`save`), its memory checkpoints'
+// directory (under /dev/shm, named for this test process), its port and job token.
+struct NodesJob {
+  std::string save, memory, port;
+  explicit NodesJob(const std::string& name, const std::string& save_dir = "")
+      : save(save_dir.empty() ? tmp("elastic_" + name) : save_dir),
+        memory("/dev/shm/zero_elastic_" + name + "_" + std::to_string(::getpid())),
+        port(std::to_string(testing::free_port())) {
+    std::filesystem::remove_all(save);
+    std::filesystem::remove_all(memory);
+    ::setenv("ZERO_JOB_TOKEN", ("elastic-" + name).c_str(), 1);
+  }
+  ~NodesJob() {
+    ::unsetenv("ZERO_JOB_TOKEN");
+    std::filesystem::remove_all(memory);
+  }
+  // Node k's zerorun of `nproc` ranks (--nnodes `nnodes`, --max-restarts `restarts`): train_gpt with
+  // a memory checkpoint every 3 steps, `micro` micro-batches and the fault plan `faults`.
+  testing::LaunchResult node(int k, int nproc, const std::string& nnodes, int restarts, int micro,
+                             const std::string& faults) const {
+    return train(nproc,
+                 {"--nnodes", nnodes, "--node-rank", std::to_string(k), "--master-addr", "127.0.0.1", "--master-port",
+                  port, "--max-restarts", std::to_string(restarts)},
+                 save, {"--micro-batches", std::to_string(micro), "--save-memory", memory, "--save-memory-every", "3",
+                        "--fault", faults});
+  }
+};
+
 // A directory that a test can make read-only while a job writes into it: a bind mount of itself
 // (root only; `ok` false elsewhere), taken away at the end.
 struct ReadOnlyLater {
@@ -279,19 +307,12 @@ struct ReadOnlyLater {
 TEST_CASE("two launchers x 2 ranks, memory checkpoints with copies on the other node, the files read-only after "
           "their first save: node 1 lost whole in step 11, node 0 goes on from step 9 out of its memory") {
   const ReadOnlyLater files(tmp("elastic_buddies"));
-  const std::string save = files.dir + "/ckpt";
-  std::filesystem::remove_all(save);
-  const std::string memory = "/dev/shm/zero_elastic_buddies_" + std::to_string(::getpid());
-  std::filesystem::remove_all(memory);
-  const std::string port = std::to_string(testing::free_port());
-  ::setenv("ZERO_JOB_TOKEN", "elastic-buddies", 1);
+  const NodesJob job("buddies", files.dir + "/ckpt");
+  const std::string &save = job.save, &memory = job.memory;
   // Rank 0 pauses 2 s in step 5, while the checkpoint of step 4 completes and the directory turns
   // read-only; rank 2 (node 1) kills its zerorun, and so node 1, in step 11.
   const auto node = [&](int k) {
-    return train(2, {"--nnodes", "1:2", "--node-rank", std::to_string(k), "--master-addr", "127.0.0.1", "--master-port",
-                     port, "--max-restarts", "1"},
-                 save, {"--micro-batches", "3", "--save-memory", memory, "--save-memory-every", "3", "--fault",
-                        "optimizer_step:delay=2:5@0,optimizer_step:kill_parent:11@2"});
+    return job.node(k, 2, "1:2", 1, 3, "optimizer_step:delay=2:5@0,optimizer_step:kill_parent:11@2");
   };
   bool read_only = false;
   std::thread watch([&] {
@@ -305,7 +326,6 @@ TEST_CASE("two launchers x 2 ranks, memory checkpoints with copies on the other 
   const testing::LaunchResult first = node(0);
   one.join();
   watch.join();
-  ::unsetenv("ZERO_JOB_TOKEN");
   INFO("node 0:\n" << first.output << "\nnode 1:\n" << second.output);
   REQUIRE(first.exit_code == 0);
   CHECK(second.exit_code == 128 + SIGKILL);
@@ -321,27 +341,18 @@ TEST_CASE("two launchers x 2 ranks, memory checkpoints with copies on the other 
   } else {
     MESSAGE("the files could not be made read-only here (not root?): that part is not shown");
   }
-  std::filesystem::remove_all(memory);
   CHECK_FALSE(process_with(memory));
 }
 
-
 TEST_CASE("two launchers x 2 ranks: node 1 lost whole in step 7, node 0 goes on alone; a replacement node 1 "
           "joins and the job starts again on 4 ranks with it, its memory filled from node 0's") {
-  const std::string save = tmp("elastic_replacement");
-  std::filesystem::remove_all(save);
-  const std::string memory = "/dev/shm/zero_elastic_replacement_" + std::to_string(::getpid());
-  std::filesystem::remove_all(memory);
-  const std::string port = std::to_string(testing::free_port());
-  ::setenv("ZERO_JOB_TOKEN", "elastic-replacement", 1);
+  const NodesJob job("replacement");
+  const std::string& memory = job.memory;
   // Attempt 0: rank 2 takes node 1 down in step 7. Attempt 1 (node 0 alone, from about 2.5 s after
   // that): rank 0 pauses 6 s in its second step. The replacement comes 3.5 s after node 1 went, while
   // attempt 1 runs (had it come before node 0 formed attempt 1, attempt 1 would have taken it).
   const auto node = [&](int k) {
-    return train(2, {"--nnodes", "1:2", "--node-rank", std::to_string(k), "--master-addr", "127.0.0.1", "--master-port",
-                     port, "--max-restarts", "2"},
-                 save, {"--micro-batches", "3", "--save-memory", memory, "--save-memory-every", "3", "--fault",
-                        "optimizer_step:kill_parent:7@2/0,optimizer_step:delay=6:2@0/1"});
+    return job.node(k, 2, "1:2", 2, 3, "optimizer_step:kill_parent:7@2/0,optimizer_step:delay=6:2@0/1");
   };
   testing::LaunchResult lost, replacement;
   std::thread one([&] {
@@ -351,7 +362,6 @@ TEST_CASE("two launchers x 2 ranks: node 1 lost whole in step 7, node 0 goes on 
   });
   const testing::LaunchResult first = node(0);
   one.join();
-  ::unsetenv("ZERO_JOB_TOKEN");
   INFO("node 0:\n" << first.output << "\nnode 1:\n" << lost.output << "\nnode 1 again:\n" << replacement.output);
   REQUIRE(first.exit_code == 0);
   CHECK(lost.exit_code == 128 + SIGKILL);
@@ -366,7 +376,6 @@ TEST_CASE("two launchers x 2 ranks: node 1 lost whole in step 7, node 0 goes on 
                           "tp 1 x pp 1, stage 3, 3 micro-batches on 4 of the 4 ranks launched") != std::string::npos);
   CHECK(first.output.find("[rank 0] resumed from " + memory + "/node-0 at step ") != std::string::npos);
   check_against(curve(first.output), uninterrupted(), 6);
-  std::filesystem::remove_all(memory);
   CHECK_FALSE(process_with(memory));
 }
 
@@ -397,17 +406,10 @@ TEST_CASE("--save-memory with tp 2 on two launchers: refused by name before the 
 
 TEST_CASE("three launchers x 1 rank: nodes 1 and 2 lost together in step 11, rank 1's data file and its copy with "
           "them: the memory save is passed over by name, and node 0 goes on from the files of step 8") {
-  const std::string save = tmp("elastic_buddy_lost");
-  std::filesystem::remove_all(save);
-  const std::string memory = "/dev/shm/zero_elastic_buddy_lost_" + std::to_string(::getpid());
-  std::filesystem::remove_all(memory);
-  const std::string port = std::to_string(testing::free_port());
-  ::setenv("ZERO_JOB_TOKEN", "elastic-buddy-lost", 1);
+  const NodesJob job("buddy_lost");
+  const std::string &save = job.save, &memory = job.memory;
   const auto node = [&](int k) {
-    return train(1, {"--nnodes", "1:3", "--node-rank", std::to_string(k), "--master-addr", "127.0.0.1", "--master-port",
-                     port, "--max-restarts", "1"},
-                 save, {"--micro-batches", "4", "--save-memory", memory, "--save-memory-every", "3", "--fault",
-                        "optimizer_step:kill_parent:11@1,optimizer_step:kill_parent:11@2"});
+    return job.node(k, 1, "1:3", 1, 4, "optimizer_step:kill_parent:11@1,optimizer_step:kill_parent:11@2");
   };
   testing::LaunchResult second, third;
   std::thread one([&] { second = node(1); });
@@ -415,7 +417,6 @@ TEST_CASE("three launchers x 1 rank: nodes 1 and 2 lost together in step 11, ran
   const testing::LaunchResult first = node(0);
   one.join();
   two.join();
-  ::unsetenv("ZERO_JOB_TOKEN");
   INFO("node 0:\n" << first.output << "\nnode 1:\n" << second.output << "\nnode 2:\n" << third.output);
   REQUIRE(first.exit_code == 0);
   CHECK(second.exit_code == 128 + SIGKILL);
@@ -427,7 +428,6 @@ TEST_CASE("three launchers x 1 rank: nodes 1 and 2 lost together in step 11, ran
   CHECK(first.output.find("[rank 0] resumed from " + save + " at step 8") != std::string::npos);
   // Another world than the reference's from the start (3 ranks, then 1): within rounding throughout.
   check_against(curve(first.output), uninterrupted(), 0);
-  std::filesystem::remove_all(memory);
   CHECK_FALSE(process_with(memory));
 }
 
