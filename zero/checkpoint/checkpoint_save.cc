@@ -244,17 +244,6 @@ void wait_for_ranks(int world, const std::string& dir, std::chrono::milliseconds
   }
 }
 
-// The swap of a complete DIR.partial into DIR: the previous checkpoint stays whole in DIR.old until
-// DIR holds the new one.
-void swap_in(const std::string& partial, const std::string& dir) {
-  const std::string old = dir + ".old";
-  fs::remove_all(old);
-  if (fs::exists(dir)) fs::rename(dir, old);
-  fs::rename(partial, dir);
-  sync_directory(fs::absolute(fs::path(dir)).parent_path().string());
-  fs::remove_all(old);
-}
-
 // A model-parallel checkpoint's top manifest: the step, the layout and the part directories, one per
 // engine (model-parallel rank).
 std::string top_manifest_text(const CheckpointParts& p, const CheckpointState& state) {
@@ -293,7 +282,7 @@ void complete_top(const std::string& top, const std::string& text, int parts, st
   m.write(text.data(), text.size());
   m.commit();
   sync_directory(partial);
-  swap_in(partial, top);
+  swap_in_directory(partial, top);
 }
 
 // InvalidArgument unless `copies` fits the engine: its ranks, rank for rank, and one engine (no
@@ -406,7 +395,7 @@ PendingSave::PendingSave(const CheckpointParts& p, const CheckpointState& state,
       if (!j.completes) return;
       wait_for_ranks(j.world, partial, j.timeout);
       write_manifest(std::move(j.manifest), j.world, partial);
-      swap_in(partial, j.dir);
+      swap_in_directory(partial, j.dir);
       if (j.top_leader) complete_top(j.top, j.top_text, j.parts, j.timeout);
     });
   };

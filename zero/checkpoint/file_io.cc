@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <utility>
 
@@ -159,6 +160,16 @@ void sync_directory(const std::string& dir) {
   const int r = ::fsync(fd);
   ::close(fd);
   if (r != 0) ZERO_THROW(IoError, "'{}': fsync of the directory failed: {}", dir, why());
+}
+
+void swap_in_directory(const std::string& partial, const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string old = dir + ".old";
+  fs::remove_all(old);
+  if (fs::exists(dir)) fs::rename(dir, old);
+  fs::rename(partial, dir);
+  sync_directory(fs::absolute(fs::path(dir)).parent_path().string());
+  fs::remove_all(old);
 }
 
 }  // namespace zero

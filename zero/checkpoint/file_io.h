@@ -70,5 +70,8 @@ std::string read_whole_file(const std::string& path);
 bool path_exists(const std::string& path);
 // fsync of a directory, so that the renames inside it are durable.
 void sync_directory(const std::string& dir);
+// The swap of a complete DIR.partial into DIR: the previous checkpoint stays whole in DIR.old until
+// DIR holds the new one, then DIR.old is removed.
+void swap_in_directory(const std::string& partial, const std::string& dir);
 
 }  // namespace zero

@@ -69,15 +69,15 @@ void receive_file(comm::Communicator& comm, const std::string& path, uint64_t by
   out.commit();
 }
 
-// Every rank's error ("" for none) becomes the same IoError on every rank, naming the ranks.
+// Every rank's error ("" for none) becomes the same IoError on every rank, naming the ranks (the
+// agreement every checkpoint operation makes, on the copies' own communicator).
 void agree_on(comm::Communicator& comm, const std::string& what, const std::string& error,
               std::chrono::milliseconds timeout) {
-  const std::vector<std::string> errors = all_gather_strings(comm, nullptr, error, timeout);
-  std::string all;
-  for (size_t r = 0; r < errors.size(); ++r) {
-    if (!errors[r].empty()) all += fmt::format("\n  rank {}: {}", r, errors[r]);
+  try {
+    check_agreement(comm, {what, "has"}, {}, error, timeout);
+  } catch (const InvalidArgument& e) {
+    throw IoError(e.what());
   }
-  if (!all.empty()) ZERO_THROW(IoError, "{} failed on some ranks:{}", what, all);
 }
 
 // ---- the restore ----------------------------------------------------------------------------------
@@ -317,15 +317,8 @@ std::optional<FoundCheckpoint> restore_node_copies(comm::Communicator& comm, con
       if (rank == t.from) send_file(comm, dir + t.from_tail + "/" + t.file, bytes, t.to, timeout);
       if (rank == t.to) receive_file(comm, dir + t.to_tail + "/" + t.file, bytes, t.from, timeout);
     }
-    if (leader && mine == chosen->end()) {
-      // The manifest came first and is in: the directory is whole, and takes DIR's place.
-      const std::string old = dir + ".old";
-      fs::remove_all(old);
-      if (fs::exists(dir)) fs::rename(dir, old);
-      fs::rename(dir + ".partial", dir);
-      sync_directory(fs::absolute(fs::path(dir)).parent_path().string());
-      fs::remove_all(old);
-    }
+    // The manifest came first and is in: the directory is whole, and takes DIR's place.
+    if (leader && mine == chosen->end()) swap_in_directory(dir + ".partial", dir);
   });
   agree_on(comm, fmt::format("restoring the checkpoint of step {} from the nodes' copies", step), error, timeout);
   return FoundCheckpoint{.dir = dir + tail, .step = step};
