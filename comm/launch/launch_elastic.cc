@@ -51,10 +51,14 @@ std::string JobBoard::key(int attempt, const std::string& what) const {
   return fmt::format("zerorun/{}/{}", attempt, what);
 }
 
-std::optional<JobBoard::Plan> JobBoard::join(int attempt, int nproc, const std::vector<int>& awaited, int min_nodes,
-                                              int max_nodes) {
+void JobBoard::enter(int attempt, int nproc) {
   store_->set_string(key(attempt, fmt::format("node/{}", node_rank_)), std::to_string(nproc));
   store_->add(key(attempt, "joined"), 1);
+}
+
+std::optional<JobBoard::Plan> JobBoard::join(int attempt, int nproc, const std::vector<int>& awaited, int min_nodes,
+                                              int max_nodes) {
+  enter(attempt, nproc);
   if (node_rank_ == 0) {
     const auto deadline = Clock::now() + join_timeout_;
     for (int node : awaited) {
@@ -84,11 +88,9 @@ std::optional<JobBoard::Plan> JobBoard::join(int attempt, int nproc, const std::
   return plan;
 }
 
-std::optional<JobBoard::Plan> JobBoard::join_running(int nproc, int max_nodes) {
-  (void)max_nodes;
+std::optional<JobBoard::Plan> JobBoard::join_running(int nproc) {
   const int attempt = current_attempt() + 1;
-  store_->set_string(key(attempt, fmt::format("node/{}", node_rank_)), std::to_string(nproc));
-  store_->add(key(attempt, "joined"), 1);
+  enter(attempt, nproc);
   const std::string plan_key = key(attempt, "plan");
   while (!store_->check({plan_key})) {
     if (store_->check({"zerorun/over"})) return std::nullopt;

@@ -56,7 +56,7 @@ class JobBoard {
   // A node that comes while the job runs (a replacement): joins the attempt after the current one
   // and waits, for as long as the job lasts, for node 0 to form it (node 0 stops the running attempt
   // when it sees a newcomer). nullopt: the job ended first.
-  std::optional<Plan> join_running(int nproc, int max_nodes);
+  std::optional<Plan> join_running(int nproc);
   // The attempt whose plan node 0 published last; -1 before the first.
   int current_attempt();
   // Node 0: whether a node joined the attempt after `attempt` while `attempt` runs (a newcomer).
@@ -82,6 +82,7 @@ class JobBoard {
 
  private:
   std::string key(int attempt, const std::string& what) const;
+  void enter(int attempt, int nproc);  // this node's ranks for `attempt`, counted among the joined
   Plan read_plan(int attempt, const std::string& text) const;
   std::shared_ptr<Store> store_;
   int node_rank_;

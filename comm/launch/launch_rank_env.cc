@@ -7,7 +7,9 @@
 
 namespace zero::comm {
 
-int global_rank(const LaunchOptions& o, int local_rank) { return o.node_rank * o.nproc_per_node + local_rank; }
+int global_rank(const LaunchOptions& o, const RankAttempt& attempt, int local_rank) {
+  return (attempt.first_rank >= 0 ? attempt.first_rank : o.node_rank * o.nproc_per_node) + local_rank;
+}
 
 std::vector<std::string> rank_environment(const LaunchOptions& o, const RankRendezvous& rendezvous,
                                           const RankAttempt& attempt, const std::vector<std::string>& parent,
@@ -18,7 +20,7 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, const RankRend
       "ZERO_STORE_IN_LAUNCHER", "ZERO_RESTART_COUNT", "ZERO_RESTART_FAILED_AT", "ZERO_RESTART_REASON",
       "ZERO_HEARTBEAT_FD",    "ZERO_HEARTBEAT_INTERVAL_MS", "ZERO_FIRST_WORLD_SIZE", "ZERO_STORE_PREFIX",
       "ZERO_NODE_RANK"};
-  const int rank = attempt.first_rank >= 0 ? attempt.first_rank + local_rank : global_rank(o, local_rank);
+  const int rank = global_rank(o, attempt, local_rank);
   std::vector<std::pair<std::string, std::string>> vars = {
       {"MASTER_ADDR", o.master_addr},
       {"MASTER_PORT", std::to_string(rendezvous.port)},

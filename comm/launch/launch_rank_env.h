@@ -41,7 +41,8 @@ std::vector<std::string> rank_environment(const LaunchOptions& options, const Ra
                                           const RankAttempt& attempt, const std::vector<std::string>& parent,
                                           int local_rank, int heartbeat_fd);
 
-// Global rank of the rank with index local_rank on this node.
-int global_rank(const LaunchOptions& options, int local_rank);
+// Global rank of the rank with index local_rank on this node: after the attempt's plan where one
+// numbered the ranks, else node_rank x nproc_per_node + local_rank.
+int global_rank(const LaunchOptions& options, const RankAttempt& attempt, int local_rank);
 
 }  // namespace zero::comm

@@ -36,7 +36,8 @@ TEST_CASE("a rank's variables replace the inherited ones; the rest passes throug
       "ZERO_RESTART_COUNT=7", "ZERO_HEARTBEAT_FD=3", "ZERO_NODE_RANK=9",
       "EMPTY=", "A=b=c"};
   const auto env = by_name(rank_environment(o, rv, {}, parent, 2, -1));
-  CHECK(global_rank(o, 2) == 5);
+  CHECK(global_rank(o, {}, 2) == 5);
+  CHECK(global_rank(o, {.first_rank = 3}, 1) == 4);  // numbered by an elastic attempt's plan
   CHECK(env.at("RANK") == std::vector<std::string>{"5"});
   CHECK(env.at("WORLD_SIZE") == std::vector<std::string>{"6"});
   CHECK(env.at("LOCAL_RANK") == std::vector<std::string>{"2"});

@@ -72,8 +72,7 @@ bool start_ranks(const LaunchOptions& o, const RankRendezvous& rendezvous, const
       say(fmt::format("socketpair: {}", std::strerror(errno)));
       return false;
     }
-    const int rank = attempt.first_rank >= 0 ? attempt.first_rank + local : global_rank(o, local);
-    auto started = spawn_rank(rank, o.command,
+    auto started = spawn_rank(global_rank(o, attempt, local), o.command,
                               rank_environment(o, rendezvous, attempt, parent, local, beat[1]), beat[1]);
     if (beat[1] >= 0) ::close(beat[1]);  // the rank's end, which it holds now
     if (!started) {
@@ -153,7 +152,7 @@ int run_launch(const LaunchOptions& options) {
     if (newcomer) {
       say(fmt::format("the job is at attempt {}; this node joins the next, which node 0 starts with it",
                       board->current_attempt()));
-      plan = board->join_running(o.nproc_per_node, options.nnodes);
+      plan = board->join_running(o.nproc_per_node);
       if (!plan) {
         say("the job ended before this node could join it");
         return 0;
