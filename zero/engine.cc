@@ -163,8 +163,7 @@ StepResult Engine::step() {
   const double divisor = static_cast<double>(m.world()) * m.micro_steps * m.micro.passes;
   // Stage 3's shard against the checksum it carried since the step before, before this update
   // rewrites it (the check of the step that takes the engine to a multiple of replica_check_every).
-  // A device that holds no values (the planner's meta device) has no bytes to check.
-  const int every = m.device->holds_values() ? m.options.replica_check_every : 0;
+  const int every = m.replica_check_interval();
   if (every > 0 && m.shard_checksums_recorded && (m.steps_taken + 1) % every == 0) {
     m.verify_shard_at_rest(m.steps_taken + 1, rank());
   }

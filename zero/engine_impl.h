@@ -78,10 +78,13 @@ struct Engine::Impl {
   // Stage 3, in a checked step's forward: each unit bucket's checksum as gathered (first gather of
   // the step), which every rank of the shard group must agree on at the check.
   std::vector<std::pair<size_t, uint32_t>> gathered_checksums;
-  // Whether a training forward's gather of this step records its checksum.
-  bool records_gathered(GatherUse use) const {
-    const int every = device->holds_values() ? options.replica_check_every : 0;
-    return every > 0 && use == GatherUse::kForward && (steps_taken + 1) % every == 0;
+  // replica_check_every, or 0 on a device that holds no values (the planner's meta device: no bytes
+  // to check).
+  int replica_check_interval() const { return device->holds_values() ? options.replica_check_every : 0; }
+  // Whether this step's training forward gathers record their checksums (the step is checked).
+  bool records_gathered() const {
+    const int every = replica_check_interval();
+    return every > 0 && (steps_taken + 1) % every == 0;
   }
   void record_gathered(size_t bucket, const void* gathered);
   // The current micro-step reduces unless no_sync is open or it is a deferred one.

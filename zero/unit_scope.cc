@@ -69,7 +69,7 @@ UnitScope Engine::open_scope(int unit, bool backward, BackwardPart part) {
       if (b == it->second.first) scope.base_ = gathered;
       if (m.use(scope) == GatherUse::kForward) {
         fault::point("gathered", gathered, m.parts.layout->bucket_bytes(b));
-        if (m.records_gathered(GatherUse::kForward)) m.record_gathered(b, gathered);
+        if (m.records_gathered()) m.record_gathered(b, gathered);
       }
     }
   }
