@@ -235,13 +235,12 @@ struct RunFlags {
   // Once the engine is built, with --save-memory: where the engine is the job's only one (no tensor
   // or pipeline parallelism), each node's memory checkpoints go to DIR/node-<node>, each rank's data
   // file copied to a rank of the next node. Collective over `engine_ranks`, which holds the engine's
-  // ranks (Engine::rank()). Otherwise DIR is one directory every rank sees (one machine).
-  // Otherwise (tp or pp) every rank must see DIR: the job must be on one node, else named here rather
-  // than at the first save's timeout.
+  // ranks (Engine::rank()). Otherwise (tp or pp) DIR is one directory every rank must see: the job
+  // must be on one node, else named here rather than at the first save's timeout.
   void use_nodes(Engine& engine, comm::Communicator& engine_ranks, int node, bool one_engine) {
     if (memory_dir.empty()) return;
-    std::vector<int> node_of_rank = gather_nodes(engine_ranks, node, engine.options().timeout);
     if (!one_engine) {
+      const std::vector<int> node_of_rank = gather_nodes(engine_ranks, node, engine.options().timeout);
       for (size_t r = 0; r < node_of_rank.size(); ++r) {
         if (node_of_rank[r] != node_of_rank[0]) {
           ZERO_THROW(InvalidArgument, "--save-memory {}: ranks 0 and {} are on different nodes ({} and {}), and with "
