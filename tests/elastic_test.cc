@@ -220,45 +220,6 @@ TEST_CASE("--save-memory outside memory or without its interval, --resume auto w
 }
 
 
-TEST_CASE("two launchers x 2 ranks: node 1's rank 3 killed at step 10; the job goes on as 2 + 1 ranks from step 8") {
-  const std::string save = tmp("elastic_two_nodes");
-  std::filesystem::remove_all(save);
-  const std::string port = std::to_string(testing::free_port());
-  ::setenv("ZERO_JOB_TOKEN", "elastic-two-nodes", 1);
-  const auto node = [&](int k) {
-    return train(2, {"--nnodes", "2", "--node-rank", std::to_string(k), "--master-addr", "127.0.0.1", "--master-port", port,
-                     "--max-restarts", "1"},
-                 save, {"--micro-batches", "3", "--fault", "optimizer_step:kill:10@3"});
-  };
-  testing::LaunchResult second;
-  std::thread one([&] { second = node(1); });
-  const testing::LaunchResult first = node(0);
-  one.join();
-  ::unsetenv("ZERO_JOB_TOKEN");
-  INFO("node 0:\n" << first.output << "\nnode 1:\n" << second.output);
-  REQUIRE(first.exit_code == 0);
-  REQUIRE(second.exit_code == 0);
-  CHECK(second.output.find("zerorun: restart 1 of 1: lost rank(s) 3 of this node's 2; starting its 1 rank(s) again") !=
-        std::string::npos);
-  CHECK(first.output.find("zerorun: the job failed elsewhere first (node 1: rank 3 (pid ") != std::string::npos);
-  CHECK(first.output.find("zerorun: attempt 1 runs on node 0: 2 ranks, node 1: 1 rank (3 ranks)") != std::string::npos);
-  CHECK(first.output.find("dp 3 x tp 1 x pp 1, stage 3, 4 micro-batches on 3 of the 4 ranks launched") != std::string::npos);
-  CHECK(first.output.find("[rank 0] resumed from " + save + " at step 8") != std::string::npos);
-  check_against(curve(first.output), uninterrupted(), 8);
-}
-
-// Whether any process's command line holds `text` (/proc/*/cmdline).
-bool process_with(const std::string& text) {
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
-    std::string cmdline((std::istreambuf_iterator<char>(in)), {});
-    if (cmdline.find(text) != std::string::npos) return true;
-  }
-  return false;
-}
-
 // A job of several launchers on this machine ("nodes"): its files (`save`), its memory checkpoints'
 // directory (under /dev/shm, named for this test process), its port and job token.
 struct NodesJob {
@@ -286,6 +247,42 @@ struct NodesJob {
                         "--fault", faults});
   }
 };
+
+TEST_CASE("two launchers x 2 ranks: node 1's rank 3 killed at step 10; the job goes on as 2 + 1 ranks from step 8") {
+  const NodesJob job("two_nodes");
+  const std::string& save = job.save;
+  const auto node = [&](int k) {
+    return train(2, {"--nnodes", "2", "--node-rank", std::to_string(k), "--master-addr", "127.0.0.1", "--master-port", job.port,
+                     "--max-restarts", "1"},
+                 save, {"--micro-batches", "3", "--fault", "optimizer_step:kill:10@3"});
+  };
+  testing::LaunchResult second;
+  std::thread one([&] { second = node(1); });
+  const testing::LaunchResult first = node(0);
+  one.join();
+  INFO("node 0:\n" << first.output << "\nnode 1:\n" << second.output);
+  REQUIRE(first.exit_code == 0);
+  REQUIRE(second.exit_code == 0);
+  CHECK(second.output.find("zerorun: restart 1 of 1: lost rank(s) 3 of this node's 2; starting its 1 rank(s) again") !=
+        std::string::npos);
+  CHECK(first.output.find("zerorun: the job failed elsewhere first (node 1: rank 3 (pid ") != std::string::npos);
+  CHECK(first.output.find("zerorun: attempt 1 runs on node 0: 2 ranks, node 1: 1 rank (3 ranks)") != std::string::npos);
+  CHECK(first.output.find("dp 3 x tp 1 x pp 1, stage 3, 4 micro-batches on 3 of the 4 ranks launched") != std::string::npos);
+  CHECK(first.output.find("[rank 0] resumed from " + save + " at step 8") != std::string::npos);
+  check_against(curve(first.output), uninterrupted(), 8);
+}
+
+// Whether any process's command line holds `text` (/proc/*/cmdline).
+bool process_with(const std::string& text) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
+    std::string cmdline((std::istreambuf_iterator<char>(in)), {});
+    if (cmdline.find(text) != std::string::npos) return true;
+  }
+  return false;
+}
 
 // A directory that a test can make read-only while a job writes into it: a bind mount of itself
 // (root only; `ok` false elsewhere), taken away at the end.
@@ -380,28 +377,25 @@ TEST_CASE("two launchers x 2 ranks: node 1 lost whole in step 7, node 0 goes on 
 }
 
 TEST_CASE("--save-memory with tp 2 on two launchers: refused by name before the first step") {
-  const std::string memory = "/dev/shm/zero_elastic_tp_refused_" + std::to_string(::getpid());
-  const std::string port = std::to_string(testing::free_port());
-  ::setenv("ZERO_JOB_TOKEN", "elastic-tp-refused", 1);
+  const NodesJob job("tp_refused");
+  const std::string& memory = job.memory;
   const auto node = [&](int k) {
     return testing::run("comm/launch/zerorun",
                         {"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", std::to_string(k), "--master-addr",
-                         "127.0.0.1", "--master-port", port, "--", "examples/gpt/train_gpt", "--steps", "2", "--tp", "2",
-                         "--save-memory", memory, "--save-memory-every", "1"},
+                         "127.0.0.1", "--master-port", job.port, "--", "examples/gpt/train_gpt", "--steps", "2", "--tp",
+                         "2", "--save-memory", memory, "--save-memory-every", "1"},
                         120);
   };
   testing::LaunchResult second;
   std::thread one([&] { second = node(1); });
   const testing::LaunchResult first = node(0);
   one.join();
-  ::unsetenv("ZERO_JOB_TOKEN");
   INFO("node 0:\n" << first.output << "\nnode 1:\n" << second.output);
   CHECK(first.exit_code != 0);
   CHECK(second.exit_code != 0);
   CHECK(first.output.find("--save-memory " + memory + ": ranks 0 and 2 are on different nodes (0 and 1)") !=
         std::string::npos);
   CHECK(first.output.find("step    1") == std::string::npos);
-  std::filesystem::remove_all(memory);
 }
 
 TEST_CASE("three launchers x 1 rank: nodes 1 and 2 lost together in step 11, rank 1's data file and its copy with "
