@@ -32,6 +32,7 @@ const char* category_name(Category c) {
     case Category::kOptimizerState: return "optimizer_state";
     case Category::kCommBuffer: return "comm_buffer";
     case Category::kGatherWindow: return "gather_window";
+    case Category::kSecondaryShard: return "secondary_shard";
     case Category::kOffloadHost: return "offload_host";
     case Category::kOther: return "other";
   }

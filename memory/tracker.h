@@ -21,10 +21,11 @@ enum class Category : uint8_t {
   kOptimizerState,
   kCommBuffer,
   kGatherWindow,
+  kSecondaryShard,  // hpZ: the node parts of the forward's gathers, kept to the step's end
   kOffloadHost,
   kOther,
 };
-inline constexpr size_t kNumCategories = 8;
+inline constexpr size_t kNumCategories = 9;
 const char* category_name(Category c);
 
 enum class DeviceKind : uint8_t { kHost, kPinnedHost, kCuda };

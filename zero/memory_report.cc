@@ -81,7 +81,7 @@ std::string MemoryReport::table() const {
   s += fmt::format("  {:<18} {:>12} {:>12} {:>12}\n", "category", "current", "peak", "predicted");
   for (const Row& r : rows) {
     s += fmt::format("  {:<18} {:>12} {:>12} {:>12}\n", r.category, format_bytes(r.current),
-                     format_bytes(r.peak), r.in_formula ? format_bytes(r.predicted) : "-");
+                     format_bytes(r.peak), r.in_formula || r.predicted > 0 ? format_bytes(r.predicted) : "-");
   }
   s += fmt::format("  {:<18} {:>12} {:>12} {:>12}   measured/predicted = {:.3f}\n",
                    offloaded() ? "device formula" : "params+grads+optim", format_bytes(formula_current()), "",
@@ -126,6 +126,7 @@ MemoryReport build_memory_report(const EngineMemory& em) {
   row(t, Category::kOptimizerState, "optimizer_state", pred.optimizer_state, true);
   row(t, Category::kCommBuffer, "comm_buffer", 0, false);
   row(t, Category::kGatherWindow, "gather_window", 0, false);
+  if (in.secondary_shard > 0) row(t, Category::kSecondaryShard, "secondary_shard", in.secondary_shard, false);
   if (em.offload_tracker != nullptr) {
     const memory::MemoryTracker& h = *em.offload_tracker;
     if (in.offload_params) row(h, Category::kParams, "offload params", pred.offload_params, true, true);

@@ -35,6 +35,7 @@ struct MemoryFormulaInputs {
   double state_bytes = 8;      // k (an average where groups run different kinds)
   bool offload_optimizer = false;  // master and state in the host tier (OffloadPipeline)
   bool offload_params = false;     // stage 3: the parameter shard in the host tier too
+  uint64_t secondary_shard = 0;    // hpZ: the node parts' bytes (outside the formula); 0 without
 };
 
 struct MemoryPrediction {
@@ -55,7 +56,8 @@ struct MemoryReport {
     uint64_t current = 0;
     uint64_t peak = 0;
     uint64_t predicted = 0;
-    bool in_formula = true;  // counted in the ZeRO formula (false: bucket buffers and the like)
+    bool in_formula = true;  // counted in the ZeRO formula (false: bucket buffers and the like; such a
+                             // row may still have a prediction of its own, shown when nonzero)
     bool host_tier = false;  // in the offload tier's memory (compared with the formula's host part)
   };
   int rank = 0;

@@ -16,6 +16,7 @@
 #include "comm/hybrid_groups.h"
 #include "testing/thread_ranks.h"
 #include "zero/engine.h"
+#include "zero/memory_report.h"
 
 namespace zero {
 namespace {
@@ -39,6 +40,7 @@ struct Result {
   std::vector<std::vector<float>> forward, backward;  // what the last step's scopes read, per unit
   std::vector<std::vector<float>> initial, final;     // the parameters before and after training
   float grad_absmax = 0;                              // the largest gradient value any rank wrote
+  MemoryReport memory;                                // after the last step
 };
 
 float gradient(size_t u, size_t e, int rank, int step) {
@@ -102,6 +104,7 @@ Result train(comm::Communicator& comm, const Config& c) {
     }
     engine.step();
   }
+  r.memory = engine.memory_report();
   // The trained values, read by an evaluation's gathers (full precision without qwZ).
   EvaluationScope eval = engine.evaluation();
   for (size_t u = 0; u < kSizes.size(); ++u) {
@@ -118,6 +121,18 @@ std::vector<Result> run(int world, const Config& c, std::vector<std::string>* er
       world, [&](comm::Communicator& comm) { return train(comm, c); }, errors != nullptr ? *errors : own);
   for (const std::string& e : own) FAIL_CHECK(e);
   return out;
+}
+
+bool has_row(const MemoryReport& m, const std::string& category) {
+  return std::any_of(m.rows.begin(), m.rows.end(), [&](const MemoryReport::Row& r) { return r.category == category; });
+}
+
+const MemoryReport::Row& row(const MemoryReport& m, const std::string& category) {
+  for (const MemoryReport::Row& r : m.rows) {
+    if (r.category == category) return r;
+  }
+  FAIL("no row " << category);
+  return m.rows.front();
 }
 
 }  // namespace
@@ -139,6 +154,17 @@ TEST_CASE("hpZ: the backward reads the forward's values; alone it trains bitwise
         const std::vector<Result> plain = run(4, {.hpz = false, .offload = offload});
         CHECK(hpz[0].final == plain[0].final);
         CHECK(hpz[0].forward == plain[0].forward);
+        // The node parts have a row of their own: as predicted, and not in the gather window.
+        CHECK(row(hpz[0].memory, "gather_window").peak == row(plain[0].memory, "gather_window").peak);
+        CHECK_FALSE(has_row(plain[0].memory, "secondary_shard"));
+        const MemoryReport::Row& parts = row(hpz[0].memory, "secondary_shard");
+        CHECK(parts.predicted > 0);
+        CHECK(parts.peak == parts.predicted);
+        if (!offload) {
+          // A bucket's node part is padded / node size and its shard padded / world size: 4 / 2.
+          CHECK(parts.predicted == 2 * row(hpz[0].memory, "params (shard)").current);
+        }
+        CHECK(hpz[0].memory.table().find("secondary_shard") != std::string::npos);
       }
     }
   }

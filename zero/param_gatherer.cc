@@ -16,7 +16,7 @@ ParamGatherer::ParamGatherer(const GathererConfig& config, const ShardLayout& la
                              memory::Device& device, const std::vector<RegisteredValues>& initial)
     : config_(config), layout_(layout), comm_(shard_comm), device_(device), order_(device, shard_comm, config.timeout),
       window_(device, memory::Category::kGatherWindow), segments_(device, memory::Category::kCommBuffer),
-      secondaries_(device, memory::Category::kGatherWindow) {
+      secondaries_(device, memory::Category::kSecondaryShard) {
   if (config_.quantized) memory::check_block_quantization(*config_.quantized, "EngineOptions.quantized_weights");
   if (config_.node) {
     ZERO_CHECK(shard_comm.size() % config_.node->size() == 0, "a node of {} ranks in a shard group of {}",
@@ -134,6 +134,13 @@ void ParamGatherer::evict(size_t b) {
   memory::Buffer part = std::move(u.secondary);
   u = Unit{};
   u.secondary = std::move(part);
+}
+
+uint64_t ParamGatherer::node_parts_bytes() const {
+  if (!config_.node) return 0;
+  uint64_t bytes = 0;
+  for (size_t b = 0; b < units_.size(); ++b) bytes += part_numel(b) * dtype_size(layout_.buckets()[b].dtype);
+  return bytes;
 }
 
 void ParamGatherer::keep_node_part(size_t b) {

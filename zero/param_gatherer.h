@@ -144,6 +144,9 @@ class ParamGatherer {
   // The most bytes of gathered units resident at once so far (what the limit and the prefetch budget
   // bound; the window's memory is its slab).
   size_t peak_resident_bytes() const { return window_.peak_live_bytes(); }
+  // hpZ: the bytes of every unit's node part together, what this rank holds after a full forward
+  // (0 without node parts).
+  uint64_t node_parts_bytes() const;
 
  private:
   struct Unit {
@@ -206,7 +209,7 @@ class ParamGatherer {
   std::unique_ptr<memory::Event> slot_free_;
   memory::BufferCache window_;  // the gathered units (kGatherWindow)
   memory::BufferCache segments_;  // quantized gathers: the units' segments in flight (kCommBuffer)
-  memory::BufferCache secondaries_;  // hpZ: the units' node parts (kGatherWindow)
+  memory::BufferCache secondaries_;  // hpZ: the units' node parts (kSecondaryShard)
   std::unique_ptr<CollectiveOrder> node_order_;  // hpZ: the node group's gathers
   size_t cap_ = 0;
   // The step's order check: this rank's hash, then with quantized gathers its non-finite count per

@@ -351,6 +351,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
     if (o.secondary_shard) gc.node = parts.nodes->shard();
     parts.gatherer = std::make_unique<ParamGatherer>(gc, layout, *parts.ownership, *in.shard, device, initial);
     parts.writeback = make_shard_writeback(parts.gatherer->shard(), layout);
+    parts.formula.secondary_shard = parts.gatherer->node_parts_bytes();
   } else if (sharded) {
     parts.writeback = make_gather_writeback(device, std::move(target), *in.shard, o.timeout, in.timings);
   } else {

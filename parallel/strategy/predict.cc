@@ -96,8 +96,8 @@ MemoryParts memory_of(const plan::EnginePlan& p, int stage) {
       m.optimizer = r.peak;
     } else if (r.category == "comm_buffer") {
       m.buffers = r.peak;
-    } else if (r.category == "gather_window") {
-      m.window = r.peak;
+    } else if (r.category == "gather_window" || r.category == "secondary_shard") {
+      m.window += r.peak;  // hpZ's node parts live beside the window, to the step's end
     }
   }
   // Below stage 3 the parameters are the model's own storage, outside the engine's tracker.

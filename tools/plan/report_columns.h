@@ -17,7 +17,7 @@ inline const std::vector<std::pair<std::string, std::vector<std::string>>>& repo
       {"master", {"master_params"}},
       {"optim", {"optimizer_state"}},
       {"buckets", {"comm_buffer"}},
-      {"window", {"gather_window"}},
+      {"window", {"gather_window", "secondary_shard"}},
       {"host", {"offload params", "offload master", "offload state", "offload staging"}},
       {"scratch", {"comm (process)"}},
   };
