@@ -15,6 +15,7 @@
 #include "base/error.h"
 #include "comm/hybrid_groups.h"
 #include "testing/thread_ranks.h"
+#include "testing/unit_model.h"
 #include "zero/engine.h"
 #include "zero/memory_report.h"
 
@@ -71,37 +72,20 @@ Result train(comm::Communicator& comm, const Config& c) {
   Engine engine(groups ? EngineComms{.shard = groups->shard(), .replica = groups->replica()} : EngineComms{.shard = &comm},
                 opt);
   Result r;
-  std::vector<std::vector<float>> storage(kSizes.size());
-  std::vector<int> ids;
-  for (size_t u = 0; u < kSizes.size(); ++u) {
-    storage[u].resize(kSizes[u]);
-    for (size_t e = 0; e < kSizes[u]; ++e) storage[u][e] = std::sin(0.37f * static_cast<float>(e) + static_cast<float>(u)) * 0.05f;
-    r.initial.push_back(storage[u]);
-    ids.push_back(engine.add_param({.name = "unit" + std::to_string(u) + ".w",
-                                    .shape = {static_cast<int64_t>(kSizes[u])}, .dtype = DType::kFloat32,
-                                    .data = {storage[u].data(), storage[u].size()}, .unit = static_cast<int>(u)}));
-  }
+  testing::UnitModel model(engine, kSizes, [](size_t u, size_t e) {
+    return std::sin(0.37f * static_cast<float>(e) + static_cast<float>(u)) * 0.05f;
+  });
+  r.initial = model.initial();
   engine.finalize();
-  auto read = [&](UnitScope& s, size_t u) {
-    const float* p = s.param_as<float>(ids[u]);
-    return std::vector<float>(p, p + kSizes[u]);
-  };
   for (int step = 0; step < c.steps; ++step) {
-    r.forward.assign(kSizes.size(), {});
-    r.backward.assign(kSizes.size(), {});
-    for (size_t u = 0; u < kSizes.size(); ++u) {
-      UnitScope s = engine.gather(static_cast<int>(u));
-      r.forward[u] = read(s, u);
-    }
-    for (size_t u = kSizes.size(); u-- > 0;) {
-      UnitScope s = engine.gather_for_backward(static_cast<int>(u));
-      r.backward[u] = read(s, u);
-      float* g = s.grad_as<float>(ids[u]);
+    const testing::UnitReads reads = model.gather_step([&](size_t u, const std::vector<float>& read, float* g) {
       for (size_t e = 0; e < kSizes[u]; ++e) {
-        g[e] += gradient(u, e, comm.rank(), step) + 0.1f * r.backward[u][e];
+        g[e] += gradient(u, e, comm.rank(), step) + 0.1f * read[e];
         r.grad_absmax = std::max(r.grad_absmax, std::fabs(g[e]));
       }
-    }
+    });
+    r.forward = reads.forward;
+    r.backward = reads.backward;
     engine.step();
   }
   r.memory = engine.memory_report();
@@ -109,7 +93,7 @@ Result train(comm::Communicator& comm, const Config& c) {
   EvaluationScope eval = engine.evaluation();
   for (size_t u = 0; u < kSizes.size(); ++u) {
     UnitScope s = engine.gather(static_cast<int>(u));
-    r.final.push_back(read(s, u));
+    r.final.push_back(model.read(s, u));
   }
   return r;
 }

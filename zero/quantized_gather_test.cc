@@ -14,6 +14,7 @@
 
 #include "base/error.h"
 #include "testing/thread_ranks.h"
+#include "testing/unit_model.h"
 #include "zero/engine.h"
 
 namespace zero {
@@ -49,39 +50,24 @@ Result train(comm::Communicator& comm, const Config& c) {
   opt.offload.optimizer = opt.offload.params = c.offload;
   Engine engine(comm, opt);
   Result r;
-  std::vector<std::vector<float>> storage(kSizes.size());
-  std::vector<int> ids;
-  for (size_t u = 0; u < kSizes.size(); ++u) {
-    storage[u].resize(kSizes[u]);
-    for (size_t e = 0; e < kSizes[u]; ++e) {
-      storage[u][e] = std::sin(0.37f * static_cast<float>(e) + static_cast<float>(u)) * (e % 97 == 0 ? 3.0f : 0.05f);
-    }
-    if (c.nan && u == 1) storage[u][5] = std::numeric_limits<float>::quiet_NaN();
-    r.initial.push_back(storage[u]);
-    ids.push_back(engine.add_param({.name = "unit" + std::to_string(u) + ".w",
-                                    .shape = {static_cast<int64_t>(kSizes[u])}, .dtype = DType::kFloat32,
-                                    .data = {storage[u].data(), storage[u].size()}, .unit = static_cast<int>(u)}));
-  }
+  testing::UnitModel model(engine, kSizes, [&](size_t u, size_t e) {
+    if (c.nan && u == 1 && e == 5) return std::numeric_limits<float>::quiet_NaN();
+    return std::sin(0.37f * static_cast<float>(e) + static_cast<float>(u)) * (e % 97 == 0 ? 3.0f : 0.05f);
+  });
+  r.initial = model.initial();
   engine.finalize();
-  auto read = [&](UnitScope& s, size_t u) {
-    const float* p = s.param_as<float>(ids[u]);
-    return std::vector<float>(p, p + kSizes[u]);
-  };
   for (int step = 0; step < c.steps; ++step) {
-    r.forward.assign(kSizes.size(), {});
-    r.backward.assign(kSizes.size(), {});
-    for (size_t u = 0; u < kSizes.size(); ++u) {
-      UnitScope s = engine.gather(static_cast<int>(u));
-      r.forward[u] = read(s, u);
+    testing::UnitModel::Backward backward;
+    if (!c.nan) {
+      backward = [&](size_t u, const std::vector<float>& read, float* g) {
+        for (size_t e = 0; e < kSizes[u]; ++e) {
+          g[e] += 0.01f * std::cos(0.1f * static_cast<float>(e) + static_cast<float>(comm.rank() + step)) + 0.1f * read[e];
+        }
+      };
     }
-    for (size_t u = kSizes.size(); !c.nan && u-- > 0;) {
-      UnitScope s = engine.gather_for_backward(static_cast<int>(u));
-      r.backward[u] = read(s, u);
-      float* g = s.grad_as<float>(ids[u]);
-      for (size_t e = 0; e < kSizes[u]; ++e) {
-        g[e] += 0.01f * std::cos(0.1f * static_cast<float>(e) + static_cast<float>(comm.rank() + step)) + 0.1f * r.backward[u][e];
-      }
-    }
+    const testing::UnitReads reads = model.gather_step(backward);
+    r.forward = reads.forward;
+    r.backward = reads.backward;
     engine.step();
     r.gathered_bytes = engine.step_timings().gathered_bytes;
   }
