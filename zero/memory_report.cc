@@ -93,6 +93,29 @@ std::string MemoryReport::table() const {
   return s;
 }
 
+const char* memory_column_name(MemoryColumn c) {
+  switch (c) {
+    case MemoryColumn::kParams: return "params";
+    case MemoryColumn::kGrads: return "grads";
+    case MemoryColumn::kMaster: return "master";
+    case MemoryColumn::kOptimizer: return "optim";
+    case MemoryColumn::kBuffers: return "buckets";
+    case MemoryColumn::kWindow: return "window";
+    case MemoryColumn::kHost: return "host";
+    case MemoryColumn::kScratch: return "scratch";
+    case MemoryColumn::kNone: break;
+  }
+  return "none";
+}
+
+std::vector<uint64_t> MemoryReport::column_peaks() const {
+  std::vector<uint64_t> out(kNumMemoryColumns, 0);
+  for (const Row& r : rows) {
+    if (r.column != MemoryColumn::kNone) out[static_cast<size_t>(r.column)] += r.peak;
+  }
+  return out;
+}
+
 MemoryReport build_memory_report(const EngineMemory& em) {
   using memory::Category;
   MemoryFormulaInputs in = em.formula;
@@ -106,36 +129,40 @@ MemoryReport build_memory_report(const EngineMemory& em) {
   rep.world_size = in.world_size;
   rep.numel = in.numel;
   rep.formula = pred.formula;
+  using Column = MemoryColumn;
   auto row = [&](const memory::MemoryTracker& t, Category c, const std::string& name, uint64_t predicted,
-                 bool in_formula, bool host_tier = false) {
+                 bool in_formula, Column column, bool host_tier = false) {
     const auto u = t.usage(c);
-    rep.rows.push_back({name, u.current, u.peak, predicted, in_formula, host_tier});
+    rep.rows.push_back({name, u.current, u.peak, predicted, in_formula, host_tier, column});
   };
   const memory::MemoryTracker& t = *em.tracker;
   if (in.stage == 3) {
     // The engine keeps the parameter shard; the registered storage only gave the initial values.
-    row(t, Category::kParams, "params (shard)", pred.params, true);
+    row(t, Category::kParams, "params (shard)", pred.params, true, Column::kParams);
   } else {
     // Parameters are the user's storage: their registered size is what is resident.
     uint64_t param_bytes = 0;
     for (const ParamSpec& p : em.registry->params()) param_bytes += p.data.numel * dtype_size(p.dtype);
-    rep.rows.push_back({"params (user)", param_bytes, param_bytes, pred.params, true});
+    rep.rows.push_back({"params (user)", param_bytes, param_bytes, pred.params, true, false, Column::kParams});
   }
-  row(t, Category::kGrads, "grads", pred.grads, true);
-  row(t, Category::kMasterParams, "master_params", pred.master, true);
-  row(t, Category::kOptimizerState, "optimizer_state", pred.optimizer_state, true);
-  row(t, Category::kCommBuffer, "comm_buffer", 0, false);
-  row(t, Category::kGatherWindow, "gather_window", 0, false);
-  if (in.secondary_shard > 0) row(t, Category::kSecondaryShard, "secondary_shard", in.secondary_shard, false);
+  row(t, Category::kGrads, "grads", pred.grads, true, Column::kGrads);
+  row(t, Category::kMasterParams, "master_params", pred.master, true, Column::kMaster);
+  row(t, Category::kOptimizerState, "optimizer_state", pred.optimizer_state, true, Column::kOptimizer);
+  row(t, Category::kCommBuffer, "comm_buffer", 0, false, Column::kBuffers);
+  row(t, Category::kGatherWindow, "gather_window", 0, false, Column::kWindow);
+  // hpZ's node parts live beside the window, to the step's end.
+  if (in.secondary_shard > 0) {
+    row(t, Category::kSecondaryShard, "secondary_shard", in.secondary_shard, false, Column::kWindow);
+  }
   if (em.offload_tracker != nullptr) {
     const memory::MemoryTracker& h = *em.offload_tracker;
-    if (in.offload_params) row(h, Category::kParams, "offload params", pred.offload_params, true, true);
-    row(h, Category::kMasterParams, "offload master", pred.offload_master, true, true);
-    row(h, Category::kOptimizerState, "offload state", pred.offload_state, true, true);
-    row(h, Category::kOffloadHost, "offload staging", 0, false, true);
+    if (in.offload_params) row(h, Category::kParams, "offload params", pred.offload_params, true, Column::kHost, true);
+    row(h, Category::kMasterParams, "offload master", pred.offload_master, true, Column::kHost, true);
+    row(h, Category::kOptimizerState, "offload state", pred.offload_state, true, Column::kHost, true);
+    row(h, Category::kOffloadHost, "offload staging", 0, false, Column::kHost, true);
   }
   const memory::MemoryTracker& process = memory::MemoryTracker::global();
-  if (&process != em.tracker) row(process, Category::kCommBuffer, "comm (process)", 0, false);
+  if (&process != em.tracker) row(process, Category::kCommBuffer, "comm (process)", 0, false, Column::kScratch);
   return rep;
 }
 

@@ -50,6 +50,13 @@ struct MemoryPrediction {
 
 MemoryPrediction predict_memory(const MemoryFormulaInputs& in);
 
+// The groups a report's rows add into where one figure per kind of memory is wanted (the planner's
+// search, zero_plan's and zero_bench's tables). The report's builder sets each row's, so that every
+// reader groups alike; a row of kNone is shown in the report only.
+enum class MemoryColumn { kParams, kGrads, kMaster, kOptimizer, kBuffers, kWindow, kHost, kScratch, kNone };
+inline constexpr int kNumMemoryColumns = 8;  // all but kNone
+const char* memory_column_name(MemoryColumn c);  // "params", "grads", ..., "scratch"
+
 struct MemoryReport {
   struct Row {
     std::string category;
@@ -59,6 +66,7 @@ struct MemoryReport {
     bool in_formula = true;  // counted in the ZeRO formula (false: bucket buffers and the like; such a
                              // row may still have a prediction of its own, shown when nonzero)
     bool host_tier = false;  // in the offload tier's memory (compared with the formula's host part)
+    MemoryColumn column = MemoryColumn::kNone;
   };
   int rank = 0;
   int stage = 0;
@@ -75,6 +83,8 @@ struct MemoryReport {
   uint64_t host_predicted() const;
   double host_ratio() const;
   std::string table() const;
+  // Peak bytes per MemoryColumn (kParams first): the sum of the rows' peaks in each.
+  std::vector<uint64_t> column_peaks() const;
 };
 
 // What an engine knows about its own memory, for build_memory_report. `formula` comes from the stage

@@ -2,6 +2,10 @@
 
 #include <doctest/doctest.h>
 
+#include <vector>
+
+#include "memory/tracker.h"
+
 namespace zero {
 
 TEST_CASE("the ZeRO formulas for 16-bit parameters and Adam") {
@@ -74,6 +78,45 @@ TEST_CASE("report table and ratio") {
   CHECK(r.formula_predicted() == 140);
   CHECK(r.ratio() == doctest::Approx(150.0 / 140.0));
   CHECK(r.table().find("comm_buffer") != std::string::npos);
+}
+
+TEST_CASE("every row the builder makes is in one column, and the columns add their rows' peaks") {
+  // Stage 3 with both offloads and hpZ's parts: every row the builder can make.
+  memory::MemoryTracker device, host;
+  const memory::Location here{memory::DeviceKind::kHost, 0};
+  using memory::Category;
+  const std::vector<std::pair<Category, size_t>> device_bytes = {
+      {Category::kParams, 100}, {Category::kGrads, 20},        {Category::kMasterParams, 3},
+      {Category::kOptimizerState, 4000}, {Category::kCommBuffer, 500}, {Category::kGatherWindow, 60},
+      {Category::kSecondaryShard, 7}};
+  for (const auto& [c, b] : device_bytes) device.on_alloc(c, here, b);
+  for (const auto& [c, b] : std::vector<std::pair<Category, size_t>>{
+           {Category::kParams, 1}, {Category::kMasterParams, 10}, {Category::kOptimizerState, 1000},
+           {Category::kOffloadHost, 90000}}) {
+    host.on_alloc(c, here, b);
+  }
+  std::vector<float> w(8);
+  ParamRegistry registry;
+  registry.add({.name = "w", .shape = {8}, .dtype = DType::kFloat32, .data = {w.data(), w.size()}});
+  EngineMemory em{.tracker = &device, .offload_tracker = &host, .registry = &registry};
+  em.formula = {.stage = 3, .world_size = 2, .offload_optimizer = true, .offload_params = true, .secondary_shard = 7};
+  const MemoryReport r = build_memory_report(em);
+  for (const MemoryReport::Row& row : r.rows) {
+    CAPTURE(row.category);
+    CHECK(row.column != MemoryColumn::kNone);
+    CHECK((row.column == MemoryColumn::kHost) == row.host_tier);
+  }
+  const std::vector<uint64_t> c = r.column_peaks();
+  REQUIRE(c.size() == static_cast<size_t>(kNumMemoryColumns));
+  auto at = [&](MemoryColumn column) { return c[static_cast<size_t>(column)]; };
+  CHECK(at(MemoryColumn::kParams) == 100);
+  CHECK(at(MemoryColumn::kGrads) == 20);
+  CHECK(at(MemoryColumn::kMaster) == 3);
+  CHECK(at(MemoryColumn::kOptimizer) == 4000);
+  CHECK(at(MemoryColumn::kBuffers) == 500);
+  CHECK(at(MemoryColumn::kWindow) == 67);  // the gather window and the node parts beside it
+  CHECK(at(MemoryColumn::kHost) == 91011);
+  CHECK(std::string(memory_column_name(MemoryColumn::kWindow)) == "window");
 }
 
 }  // namespace zero

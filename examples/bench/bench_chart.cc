@@ -79,11 +79,11 @@ int run(int argc, char** argv) {
     }
     return nullptr;
   };
-  const auto& columns = plan::report_columns();
+  const std::vector<std::string> columns = plan::report_column_names();
   double top_mib = 0, top_ms = 0;
   for (const CsvRow& r : rows) {
     double t = 0;
-    for (const auto& [col, names] : columns) t += r.num(col + "_bytes") / (1 << 20);
+    for (const std::string& col : columns) t += r.num(col + "_bytes") / (1 << 20);
     top_mib = std::max({top_mib, t, r.num("formula_bytes") / (1 << 20)});
     top_ms = std::max(top_ms, r.num("step_ms"));
   }
@@ -123,13 +123,13 @@ int run(int argc, char** argv) {
       const int x = x0 + static_cast<int>(w) * bar;
       double acc = 0, planned = 0;
       for (size_t k = 0; k < columns.size(); ++k) {
-        const double v = r->num(columns[k].first + "_bytes") / (1 << 20);
-        planned += r->num("planned_" + columns[k].first + "_bytes") / (1 << 20);
+        const double v = r->num(columns[k] + "_bytes") / (1 << 20);
+        planned += r->num("planned_" + columns[k] + "_bytes") / (1 << 20);
         const int y1 = mem_top + panel_h - static_cast<int>(panel_h * (acc + v) / top_mib);
         const int y0 = mem_top + panel_h - static_cast<int>(panel_h * acc / top_mib);
         if (y0 > y1) {
           out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\"><title>{} N={} {}: {:.1f} MiB</title></rect>\n",
-                             x, y1, bar - 2, y0 - y1, kColors[k % 8], configs[c], worlds[w], columns[k].first, v);
+                             x, y1, bar - 2, y0 - y1, kColors[k % 8], configs[c], worlds[w], columns[k], v);
         }
         acc += v;
       }
@@ -152,7 +152,7 @@ int run(int argc, char** argv) {
   for (size_t k = 0; k < columns.size(); ++k) {
     const int y = mem_top + 10 + static_cast<int>(k) * 18;
     out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{}\" y=\"{}\">{}</text>\n",
-                       width - 140, y, kColors[k % 8], width - 122, y + 10, columns[k].first);
+                       width - 140, y, kColors[k % 8], width - 122, y + 10, columns[k]);
   }
   const int ly = mem_top + 10 + static_cast<int>(columns.size()) * 18;
   out += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\" stroke-width=\"2\"/><text x=\"{}\" y=\"{}\">planned total</text>\n",

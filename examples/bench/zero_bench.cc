@@ -44,8 +44,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-using plan::report_column_peaks;
-using plan::report_columns;
+using plan::report_column_names;
 using plan::sum_of;
 
 double mib(uint64_t b) { return static_cast<double>(b) / (1 << 20); }
@@ -139,7 +138,7 @@ int run(int argc, char** argv) {
         exposed.push_back(engine.step_timings().exposed_comm_s());
       }
       const MemoryReport report = engine.memory_report();
-      row.measured = report_column_peaks(report);
+      row.measured = report.column_peaks();
       row.formula = report.formula_predicted() + report.host_predicted();
       row.step_ms = 1e3 * median(times);
       row.tokens_per_s = batch * T / median(times);
@@ -147,7 +146,7 @@ int run(int argc, char** argv) {
     }
     const plan::EnginePlan planned = plan::plan_engine(
         {.model = spec, .options = opt, .world_size = world, .rank = rank, .finalizers = parallel::model_parallel_finalizers});
-    row.planned = report_column_peaks(planned.memory);
+    row.planned = planned.memory.column_peaks();
     row.sent_per_step = planned.wire_bytes();
     row.worst = worst_difference(row.measured, row.planned);
     comm->all_reduce(&row.worst, 1, DType::kFloat64, comm::ReduceOp::kMax)->wait();
@@ -161,7 +160,7 @@ int run(int argc, char** argv) {
                 static_cast<unsigned long long>(spec.numel()), world, batch, T,
                 steps - 1);
     std::string head = fmt::format("{:<16} {:>3}", "config", "N");
-    for (const auto& [col, names] : report_columns()) head += fmt::format(" {:>8}", col);
+    for (const std::string& col : report_column_names()) head += fmt::format(" {:>8}", col);
     head += fmt::format(" {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>8} {:>9} {:>10}", "total", "formula", "planned", "plan/m",
                         "worst", "step ms", "tok/s", "exposed", "sent/step");
     std::printf("%s\n", head.c_str());
@@ -181,8 +180,8 @@ int run(int argc, char** argv) {
       if (!out) ZERO_THROW(IoError, "--csv '{}': cannot open for appending", csv);
       if (fresh) {
         out << "config,world,params,n_layer,n_embd";
-        for (const auto& [col, names] : report_columns()) out << "," << col << "_bytes";
-        for (const auto& [col, names] : report_columns()) out << ",planned_" << col << "_bytes";
+        for (const std::string& col : report_column_names()) out << "," << col << "_bytes";
+        for (const std::string& col : report_column_names()) out << ",planned_" << col << "_bytes";
         out << ",formula_bytes,step_ms,tokens_per_s,exposed_comm_ms,sent_bytes_per_step,worst_plan_difference\n";
       }
       for (const Row& r : rows) {

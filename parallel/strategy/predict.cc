@@ -82,24 +82,16 @@ double engine_collectives_time(const std::map<std::string, comm::CollectiveTally
 }
 
 MemoryParts memory_of(const plan::EnginePlan& p, int stage) {
+  const std::vector<uint64_t> c = p.memory.column_peaks();
+  auto at = [&](MemoryColumn column) { return c[static_cast<size_t>(column)]; };
   MemoryParts m;
-  for (const MemoryReport::Row& r : p.memory.rows) {
-    if (r.host_tier) {
-      m.host += r.peak;
-    } else if (r.category.rfind("params", 0) == 0) {
-      m.params = r.peak;
-    } else if (r.category == "grads") {
-      m.grads = r.peak;
-    } else if (r.category == "master_params") {
-      m.master = r.peak;
-    } else if (r.category == "optimizer_state") {
-      m.optimizer = r.peak;
-    } else if (r.category == "comm_buffer") {
-      m.buffers = r.peak;
-    } else if (r.category == "gather_window" || r.category == "secondary_shard") {
-      m.window += r.peak;  // hpZ's node parts live beside the window, to the step's end
-    }
-  }
+  m.params = at(MemoryColumn::kParams);
+  m.grads = at(MemoryColumn::kGrads);
+  m.master = at(MemoryColumn::kMaster);
+  m.optimizer = at(MemoryColumn::kOptimizer);
+  m.buffers = at(MemoryColumn::kBuffers);
+  m.window = at(MemoryColumn::kWindow);
+  m.host = at(MemoryColumn::kHost);
   // Below stage 3 the parameters are the model's own storage, outside the engine's tracker.
   m.engine_peak = p.device_peak + (stage < 3 ? m.params : 0);
   return m;

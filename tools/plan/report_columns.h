@@ -1,40 +1,20 @@
 #pragma once
-// The memory report's rows grouped as the bench tables show them (zero_bench, zero_plan).
-#include <algorithm>
+// The memory report's columns as the bench tables name them (zero_bench, zero_plan, bench_chart).
+// Which rows each column adds is the report's own (MemoryReport::Row::column, set where the rows
+// are built), the same grouping the planner's search reads.
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "zero/memory_report.h"
 
 namespace zero::plan {
 
-inline const std::vector<std::pair<std::string, std::vector<std::string>>>& report_columns() {
-  static const std::vector<std::pair<std::string, std::vector<std::string>>> columns = {
-      {"params", {"params (user)", "params (shard)"}},
-      {"grads", {"grads"}},
-      {"master", {"master_params"}},
-      {"optim", {"optimizer_state"}},
-      {"buckets", {"comm_buffer"}},
-      {"window", {"gather_window", "secondary_shard"}},
-      {"host", {"offload params", "offload master", "offload state", "offload staging"}},
-      {"scratch", {"comm (process)"}},
-  };
-  return columns;
-}
-
-// Peak bytes per column.
-inline std::vector<uint64_t> report_column_peaks(const MemoryReport& r) {
-  std::vector<uint64_t> out;
-  for (const auto& [column, rows] : report_columns()) {
-    uint64_t sum = 0;
-    for (const MemoryReport::Row& row : r.rows) {
-      if (std::find(rows.begin(), rows.end(), row.category) != rows.end()) sum += row.peak;
-    }
-    out.push_back(sum);
-  }
-  return out;
+// "params", "grads", ..., in MemoryColumn order.
+inline std::vector<std::string> report_column_names() {
+  std::vector<std::string> names;
+  for (int c = 0; c < kNumMemoryColumns; ++c) names.emplace_back(memory_column_name(static_cast<MemoryColumn>(c)));
+  return names;
 }
 
 inline uint64_t sum_of(const std::vector<uint64_t>& v) {

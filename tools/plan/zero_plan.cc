@@ -166,7 +166,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   std::string head = fmt::format("{:>5} {:>5}", "stage", "N");
-  for (const auto& [column, rows] : plan::report_columns()) head += fmt::format(" {:>10}", column);
+  for (const std::string& column : plan::report_column_names()) head += fmt::format(" {:>10}", column);
   head += fmt::format(" {:>11} {:>10} {:>12}", "total MiB", "formula", "sent/step");
   std::printf("rank %d's peak MiB by category\n%s\n", in.rank, head.c_str());
   for (int stage : stages) {
@@ -174,7 +174,7 @@ int run(int argc, char** argv) {
       set_stage(stage);
       in.world_size = world;
       const plan::EnginePlan p = plan::plan_engine(in);
-      const std::vector<uint64_t> cols = plan::report_column_peaks(p.memory);
+      const std::vector<uint64_t> cols = p.memory.column_peaks();
       std::string line = fmt::format("{:>5} {:>5}", stage, world);
       for (uint64_t c : cols) line += fmt::format(" {:>10.1f}", mib(c));
       line += fmt::format(" {:>11.1f} {:>10.1f} {:>12.1f}", mib(plan::sum_of(cols)),
