@@ -65,10 +65,22 @@ void manifest(std::string_view text) {
 void check_piece(const zero::SavedPiece& sp, const std::string& name) {
   const uint64_t es = zero::dtype_size(sp.dtype);
   FUZZ_CHECK(sp.begin <= sp.end, "piece %s of '%s' ends before it begins", sp.kind.c_str(), name.c_str());
-  // Division instead of the product: an element count whose byte count wraps around must not pass.
-  FUZZ_CHECK(sp.bytes % es == 0 && sp.bytes / es == sp.end - sp.begin,
-             "piece %s of '%s': [%zu, %zu) of a %llu-byte dtype in %llu bytes", sp.kind.c_str(), name.c_str(),
-             sp.begin, sp.end, static_cast<unsigned long long>(es), static_cast<unsigned long long>(sp.bytes));
+  const zero::StateEncoding& e = sp.encoding;
+  if (e.kind == zero::StateEncoding::Kind::kNone) {
+    // Division instead of the product: an element count whose byte count wraps around must not pass.
+    FUZZ_CHECK(sp.bytes % es == 0 && sp.bytes / es == sp.end - sp.begin,
+               "piece %s of '%s': [%zu, %zu) of a %llu-byte dtype in %llu bytes", sp.kind.c_str(), name.c_str(),
+               sp.begin, sp.end, static_cast<unsigned long long>(es), static_cast<unsigned long long>(sp.bytes));
+  } else {
+    // An encoded state: fp32 once decoded, a scale per block (and a code per element), no wrap.
+    FUZZ_CHECK(sp.dtype == zero::DType::kFloat32 && sp.kind.rfind("state:", 0) == 0 && e.block > 0,
+               "encoded piece %s of '%s' is not an fp32 state with a block", sp.kind.c_str(), name.c_str());
+    const uint64_t n = sp.end - sp.begin, blocks = n / e.block + (n % e.block != 0 ? 1 : 0);
+    const uint64_t codes = e.kind == zero::StateEncoding::Kind::kDynamic8 ? n : 0;
+    FUZZ_CHECK(blocks <= sp.bytes / 4 && sp.bytes - 4 * blocks == codes,
+               "encoded piece %s of '%s': [%zu, %zu) in blocks of %zu in %llu bytes", sp.kind.c_str(), name.c_str(),
+               sp.begin, sp.end, e.block, static_cast<unsigned long long>(sp.bytes));
+  }
   FUZZ_CHECK(sp.offset <= kDataBytes && sp.bytes <= kDataBytes - sp.offset,
              "piece %s of '%s': %llu bytes at %llu, past the %llu-byte data file", sp.kind.c_str(), name.c_str(),
              static_cast<unsigned long long>(sp.bytes), static_cast<unsigned long long>(sp.offset),

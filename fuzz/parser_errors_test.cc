@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <vector>
 
 #include "base/error.h"
 #include "zero/checkpoint/checkpoint_manifest.h"
@@ -72,6 +73,25 @@ TEST_CASE("an index with an unknown dtype names the file and the field") {
   CHECK(index_error(path) ==
         "checkpoint '" + path +
             "': field 'dtype': unknown dtype 'fp8' (expected fp32, fp16, bf16, fp64, int32, int64 or uint8)");
+}
+
+TEST_CASE("an encoded state piece takes its encoding's bytes; another encoding or byte count is named") {
+  Manifest m;
+  const std::string good = "fuzz/corpus/manifest/index-encoded-8bit.json";
+  parse_index(slurp(good), good, 0, uint64_t{1} << 20, m);
+  const std::vector<SavedPiece>& w = m.pieces.at("w");
+  REQUIRE(w.size() == 3);
+  CHECK(w[1].encoding == StateEncoding{.kind = StateEncoding::Kind::kDynamic8, .block = 128, .is_signed = true});
+  CHECK(w[2].encoding == StateEncoding{.kind = StateEncoding::Kind::kBlockConstant, .block = 128});
+  const std::string bad = "fuzz/corpus/manifest/bad-index-encoding.json";
+  CHECK(index_error(bad) == "checkpoint '" + bad + "': piece state:exp_avg [0, 256) of 'w': unknown encoding 'dynamic4'");
+  // The same piece a byte short of its codes.
+  std::string text = slurp(good);
+  const std::string from = "\"bytes\": 264";
+  text.replace(text.find(from), from.size(), "\"bytes\": 263");
+  Manifest again;
+  CHECK_THROWS_WITH_AS(parse_index(text, good, 0, uint64_t{1} << 20, again),
+                       doctest::Contains("piece state:exp_avg [0, 256) of 'w' is inconsistent"), InvalidArgument);
 }
 
 TEST_CASE("safetensors bytes shorter than the header they announce are refused, naming the source") {

@@ -242,6 +242,24 @@ TEST_CASE("8-bit AdamW's codes and scales resume from a checkpoint at another st
   const std::string dir = temp_dir("checkpoint");
   std::filesystem::remove_all(dir);
   train_ranks({.stage = 2, .world = 2, .save_after_step_3 = dir}, 0.0);
+  // The file holds the state at its own size: a quantized tensor's two moments as a byte per element
+  // and an absmax per block each, and each absmax state once per block (16 bytes per block in
+  // all); a tensor kept in fp32 its moments in fp32 and its (zero) absmax once per block. Counted
+  // per piece (each rank's pieces start on blocks of their tensor).
+  const Manifest saved = read_manifest(dir);
+  for (const ReferenceParam& p : reference().params) {
+    CAPTURE(p.name);
+    const bool quantized = p.numel() >= reference().min_numel;
+    uint64_t state_bytes = 0, expected = 0;
+    for (const SavedPiece& sp : saved.pieces.at(p.name)) {
+      if (sp.kind.rfind("state:", 0) != 0) continue;
+      state_bytes += sp.bytes;
+      const uint64_t n = sp.end - sp.begin, blocks = (n + reference().block - 1) / reference().block;
+      const bool moment = sp.kind == "state:exp_avg" || sp.kind == "state:exp_avg_sq";
+      expected += moment ? (quantized ? n + 4 * blocks : 4 * n) : 4 * blocks;
+    }
+    CHECK(state_bytes == expected);
+  }
   for (const Run& run : {Run{.stage = 0, .world = 1, .resume_from = dir}, Run{.stage = 3, .world = 2, .resume_from = dir},
                         Run{.stage = 1, .world = 2, .offload = true, .resume_from = dir}}) {
     CAPTURE(describe(run));

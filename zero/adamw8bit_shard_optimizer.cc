@@ -8,7 +8,8 @@
 // Checkpoints see four fp32 states per element: the dequantized moments ("exp_avg", "exp_avg_sq")
 // and each block's absmax repeated on its elements ("exp_avg_absmax", "exp_avg_sq_absmax"). From
 // those the codes come back exactly: map[c] * absmax / absmax is within an ulp of map[c], and the
-// map's entries are percent apart. Writes are held until the next step (or read) and quantized
+// map's entries are percent apart. The file stores them at their own size (state_encoding below:
+// the codes and a scale per block, each absmax once per block). Writes are held until the next step (or read) and quantized
 // then, so that the states may be written in any order; moments written without an absmax, or with
 // a zero one (fp32 AdamW state converted on load), are quantized with their blocks' own absmax.
 #include <algorithm>
@@ -131,6 +132,18 @@ class AdamW8bitShardOptimizer final : public ShardOptimizer {
   float* host_state(const std::string&) override { return nullptr; }
   double state_bytes_per_element() const override {
     return numel_ == 0 ? 0.0 : static_cast<double>(2 * numel_ + 2 * sizeof(float) * num_blocks_) / static_cast<double>(numel_);
+  }
+
+  // A checkpoint stores each moment as its codes and its blocks' absmax, and each absmax once per
+  // block: about a byte per element and moment (the pieces of tensors kept in fp32 stay fp32).
+  StateEncoding state_encoding(const std::string& name) const override {
+    for (int k = 0; k < 2; ++k) {
+      if (name == kValueNames[k]) {
+        return {.kind = StateEncoding::Kind::kDynamic8, .block = block_, .is_signed = k == 0, .scale_state = kAbsmaxNames[k]};
+      }
+      if (name == kAbsmaxNames[k]) return {.kind = StateEncoding::Kind::kBlockConstant, .block = block_};
+    }
+    return {};
   }
 
   void read_state(const std::string& name, size_t begin, size_t n, float* out) override {

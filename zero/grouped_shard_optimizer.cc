@@ -180,6 +180,15 @@ class GroupedShardOptimizer final : public ShardOptimizer {
     });
   }
   float* host_state(const std::string&) override { return nullptr; }  // no array spans the optimizer space
+  // The first kind's that has one for the name (the save checks each piece, so the elements of a
+  // kind that keeps the state plainly are stored fp32).
+  StateEncoding state_encoding(const std::string& name) const override {
+    for (const Part& part : parts_) {
+      StateEncoding e = part.opt->state_encoding(name);
+      if (e.kind != StateEncoding::Kind::kNone) return e;
+    }
+    return {};
+  }
 
   double state_bytes_per_element() const override {
     double bytes = 0, elements = 0;

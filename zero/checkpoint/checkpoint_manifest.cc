@@ -64,6 +64,48 @@ std::optional<Layout> saved_layout(const json& doc, const std::string& path) {
   }
 }
 
+namespace {
+
+// A piece's "encoding" (state_encoding.h): of an optimizer state, fp32 once decoded, its block in
+// [1, 2^30].
+StateEncoding parse_encoding(const json& pj, const SavedPiece& sp, const std::string& index_path) {
+  const std::string name = checkpoint_field<std::string>(pj, "name", index_path);
+  const json& ej = pj["encoding"];
+  auto bad = [&](const std::string& what) {
+    checkpoint_error(index_path, fmt::format("piece {} [{}, {}) of '{}': {}", sp.kind, sp.begin, sp.end, name, what));
+  };
+  StateEncoding e;
+  const std::string kind = checkpoint_field<std::string>(ej, "kind", index_path);
+  if (!parse_state_encoding_kind(kind, &e.kind)) bad(fmt::format("unknown encoding '{}'", kind));
+  if (sp.kind.rfind(checkpoint_state_kind(""), 0) != 0 || sp.dtype != DType::kFloat32) {
+    bad("only an fp32 optimizer state is stored encoded");
+  }
+  e.block = checkpoint_field<size_t>(ej, "block", index_path);
+  if (e.block == 0 || e.block > (size_t{1} << 30)) bad(fmt::format("encoding block {} (1 to 2^30)", e.block));
+  if (e.kind == StateEncoding::Kind::kDynamic8) {
+    const std::string map = checkpoint_field<std::string>(ej, "map", index_path);
+    if (map != "signed" && map != "unsigned") bad(fmt::format("dynamic8 map '{}' (signed or unsigned)", map));
+    e.is_signed = map == "signed";
+  }
+  return e;
+}
+
+// Whether a piece's byte count is what its element count takes (its end not before its begin).
+bool counted_bytes(const SavedPiece& sp) {
+  const uint64_t n = sp.end - sp.begin;
+  const StateEncoding& e = sp.encoding;
+  if (e.kind == StateEncoding::Kind::kNone) {
+    const uint64_t es = dtype_size(sp.dtype);
+    return sp.bytes % es == 0 && sp.bytes / es == n;
+  }
+  const uint64_t blocks = n / e.block + (n % e.block != 0 ? 1 : 0);
+  if (blocks > sp.bytes / sizeof(float)) return false;
+  const uint64_t scales = blocks * sizeof(float);
+  return e.kind == StateEncoding::Kind::kDynamic8 ? sp.bytes - scales == n : sp.bytes == scales;
+}
+
+}  // namespace
+
 void add_index_pieces(const json& index, const std::string& index_path, int rank, uint64_t data_bytes, Manifest& m) {
   for (const json& pj : checkpoint_field<json>(index, "pieces", index_path)) {
     SavedPiece sp;
@@ -81,12 +123,12 @@ void add_index_pieces(const json& index, const std::string& index_path, int rank
     sp.offset = checkpoint_field<uint64_t>(pj, "offset", index_path);
     sp.bytes = checkpoint_field<uint64_t>(pj, "bytes", index_path);
     sp.crc = checkpoint_field<uint32_t>(pj, "crc32c", index_path);
+    if (pj.contains("encoding")) sp.encoding = parse_encoding(pj, sp, index_path);
     // Checked without overflow: the loader allocates `bytes` and copies (end - begin) elements out of
     // them, so a count whose byte count wraps past 2^64 (end 2^62 of fp32 in 0 bytes) or an offset
-    // that wraps past the end of the file must not pass.
-    const uint64_t es = dtype_size(sp.dtype);
-    const bool consistent = sp.end >= sp.begin && sp.bytes % es == 0 && sp.bytes / es == sp.end - sp.begin &&
-                            sp.offset <= data_bytes && sp.bytes <= data_bytes - sp.offset;
+    // that wraps past the end of the file must not pass. An encoded piece's bytes are its encoding's.
+    const bool consistent = sp.end >= sp.begin && counted_bytes(sp) && sp.offset <= data_bytes &&
+                            sp.bytes <= data_bytes - sp.offset;
     if (!consistent) {
       checkpoint_error(index_path, fmt::format("piece {} [{}, {}) of '{}' is inconsistent", sp.kind, sp.begin, sp.end,
                                                checkpoint_field<std::string>(pj, "name", index_path)));

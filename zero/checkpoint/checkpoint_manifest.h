@@ -22,6 +22,7 @@
 #include "base/check.h"
 #include "base/dtype.h"
 #include "layout/layout.h"
+#include "zero/checkpoint/state_encoding.h"
 
 namespace zero {
 
@@ -33,7 +34,9 @@ inline constexpr const char* kCheckpointFormat = "zero-checkpoint";
 // tensor-parallel part says which ("tp": parts, part, dim, blocks; its pieces' ranges are in the
 // part); a model-parallel run writes one directory per (tp, pp) coordinate under a top manifest
 // that lists them ("parts") and the layout. Version 1 (no tp) reads as version 2 without parts.
-inline constexpr int kCheckpointVersion = 2;
+// Version 3: a piece of an optimizer state may be stored encoded (its index entry's "encoding":
+// zero/checkpoint/state_encoding.h); versions 1 and 2 have none.
+inline constexpr int kCheckpointVersion = 3;
 inline constexpr int kCheckpointOldestVersion = 1;
 inline constexpr const char* kCheckpointMasterKind = "master";
 inline constexpr const char* kCheckpointParamsKind = "params";
@@ -60,6 +63,7 @@ struct SavedPiece {
   int file = 0;  // rank
   uint64_t offset = 0, bytes = 0;
   uint32_t crc = 0;
+  StateEncoding encoding;  // how an optimizer state's piece is stored (kNone: `dtype` per element)
 };
 
 struct Manifest {

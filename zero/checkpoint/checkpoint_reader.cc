@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "zero/checkpoint/crc32c.h"
+#include "zero/checkpoint/state_encoding.h"
 
 namespace zero {
 
@@ -103,6 +104,9 @@ void gather_range(const Manifest& m, PieceReader& reader, const std::string& nam
       const size_t lo = std::max(begin, sp.begin), hi = std::min(end, sp.end);
       if (out == nullptr) {
         reader.verify_only(sp);
+      } else if (sp.encoding.kind != StateEncoding::Kind::kNone) {
+        decode_state(sp.encoding, reader.bytes(sp).data(), sp.end - sp.begin, lo - sp.begin, hi - sp.begin,
+                     reinterpret_cast<float*>(static_cast<char*>(out) + (lo - begin) * es));
       } else if (lo == sp.begin && hi == sp.end) {
         reader.read_into(sp, static_cast<char*>(out) + (lo - begin) * es);  // the whole piece is wanted
       } else {

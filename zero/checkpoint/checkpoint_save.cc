@@ -16,6 +16,7 @@
 #include "zero/checkpoint/checkpoint_manifest.h"
 #include "zero/checkpoint/crc32c.h"
 #include "zero/checkpoint/file_io.h"
+#include "zero/checkpoint/state_encoding.h"
 
 namespace zero {
 namespace {
@@ -41,6 +42,7 @@ struct PieceView {
   DType dtype;
   const void* bytes;
   size_t n;
+  const StateEncoding* encoding = nullptr;  // an optimizer state's piece stored encoded; else none
 };
 
 // A piece of an async save's staging: its bytes are staging[offset, offset + n).
@@ -49,7 +51,21 @@ struct StagedPiece {
   size_t begin = 0, end = 0;
   DType dtype = DType::kFloat32;
   uint64_t offset = 0, n = 0;
+  StateEncoding encoding;
 };
+
+// A state's piece of n values at optimizer-space element `at` as its encoding stores it, into
+// `encoded`; false where it has none, or where this piece's values do not decode back to their bits
+// (an 8-bit optimizer's tensors kept in fp32, say): then the piece goes fp32.
+bool encode(ShardOptimizer& opt, const StateEncoding& e, size_t at, const float* values, size_t n,
+            std::vector<float>& scales, std::vector<char>& encoded) {
+  if (e.kind == StateEncoding::Kind::kNone) return false;
+  if (e.kind == StateEncoding::Kind::kDynamic8) {
+    scales.resize(n);
+    opt.read_state(e.scale_state, at, n, scales.data());
+  }
+  return encode_state(e, values, scales.data(), n, encoded);
+}
 
 // Hands each of this rank's pieces to `sink`, straight from the engine's memory where the master and
 // the state are host memory in fp32, else through a copy.
@@ -60,8 +76,10 @@ void for_each_piece(const CheckpointParts& p, std::string_view blob, Sink&& sink
   ShardOptimizer& opt = shard_optimizer(p);
   std::vector<const float*> host_states;
   for (const std::string& st : states) host_states.push_back(opt.host_state(st));
-  std::vector<float> master, state;
-  std::vector<char> params;
+  std::vector<StateEncoding> encodings;
+  for (const std::string& st : states) encodings.push_back(opt.state_encoding(st));
+  std::vector<float> master, state, scales;
+  std::vector<char> params, encoded;
   for (const OwnedPiece& piece : p.ownership->pieces()) {
     if (!writes(p, piece)) continue;
     const size_t n = piece.tensor_end - piece.tensor_begin;
@@ -81,6 +99,11 @@ void for_each_piece(const CheckpointParts& p, std::string_view blob, Sink&& sink
         v = state.data();
       }
       const std::string kind = checkpoint_state_kind(states[s]);
+      if (encode(opt, encodings[s], piece.opt_offset, v, n, scales, encoded)) {
+        sink(PieceView{name, kind.c_str(), piece.tensor_begin, piece.tensor_end, DType::kFloat32, encoded.data(),
+                       encoded.size(), &encodings[s]});
+        continue;
+      }
       sink(PieceView{name, kind.c_str(), piece.tensor_begin, piece.tensor_end, DType::kFloat32, v, n * sizeof(float)});
     }
     // The parameters are the master rounded to their registered dtype (what every step writes).
@@ -114,7 +137,7 @@ class RankFiles {
       : rank_(rank), dir_(std::move(dir)), data_(dir_ + "/" + checkpoint_rank_file(rank, "bin"), FileWriter::Mode::kDirect) {}
   // A piece from the engine's memory.
   void add(const PieceView& v) {
-    index(v.name, v.kind, v.begin, v.end, v.dtype, data_.bytes(), v.n, crc32c(v.bytes, v.n));
+    index(v.name, v.kind, v.begin, v.end, v.dtype, data_.bytes(), v.n, crc32c(v.bytes, v.n), v.encoding);
     data_.write(v.bytes, v.n);
   }
   // Staged pieces, which are the staging's bytes in file order: then the staging is written whole.
@@ -123,7 +146,7 @@ class RankFiles {
     for (const StagedPiece& sp : pieces) {
       uint32_t crc = 0;
       staging.for_each_span(sp.offset, sp.n, [&](const char* bytes, size_t n) { crc = crc32c(bytes, n, crc); });
-      index(sp.name, sp.kind.c_str(), sp.begin, sp.end, sp.dtype, sp.offset, sp.n, crc);
+      index(sp.name, sp.kind.c_str(), sp.begin, sp.end, sp.dtype, sp.offset, sp.n, crc, &sp.encoding);
     }
     staging.for_each_span(0, staging.size(), [&](const char* bytes, size_t n) { data_.write(bytes, n); });
   }
@@ -141,10 +164,16 @@ class RankFiles {
 
  private:
   void index(const std::string& name, const char* kind, size_t begin, size_t end, DType dtype, uint64_t offset,
-             uint64_t n, uint32_t crc) {
+             uint64_t n, uint32_t crc, const StateEncoding* encoding) {
     ZERO_CHECK(offset == indexed_, "pieces are back to back");
-    pieces_.push_back({{"name", name}, {"kind", kind}, {"begin", begin}, {"end", end}, {"dtype", dtype_name(dtype)},
-                       {"offset", offset}, {"bytes", n}, {"crc32c", crc}});
+    json piece = {{"name", name}, {"kind", kind}, {"begin", begin}, {"end", end}, {"dtype", dtype_name(dtype)},
+                  {"offset", offset}, {"bytes", n}, {"crc32c", crc}};
+    if (encoding != nullptr && encoding->kind != StateEncoding::Kind::kNone) {
+      json e = {{"kind", state_encoding_name(encoding->kind)}, {"block", encoding->block}};
+      if (encoding->kind == StateEncoding::Kind::kDynamic8) e["map"] = encoding->is_signed ? "signed" : "unsigned";
+      piece["encoding"] = std::move(e);
+    }
+    pieces_.push_back(std::move(piece));
     file_crc_ = crc32c_combine(file_crc_, crc, n);
     indexed_ += n;
   }
@@ -369,7 +398,8 @@ PendingSave::PendingSave(const CheckpointParts& p, const CheckpointState& state,
           if (background) {
             staging->clear();
             for_each_piece(p, user_blob, [&](const PieceView& v) {
-              j.staged.push_back({v.name, v.kind, v.begin, v.end, v.dtype, staging->append(v.bytes, v.n), v.n});
+              j.staged.push_back({v.name, v.kind, v.begin, v.end, v.dtype, staging->append(v.bytes, v.n), v.n,
+                                  v.encoding != nullptr ? *v.encoding : StateEncoding{}});
             });
           }
         }));
