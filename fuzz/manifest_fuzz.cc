@@ -75,7 +75,12 @@ void check_piece(const zero::SavedPiece& sp, const std::string& name) {
     // An encoded state: fp32 once decoded, a scale per block (and a code per element), no wrap.
     FUZZ_CHECK(sp.dtype == zero::DType::kFloat32 && sp.kind.rfind("state:", 0) == 0 && e.block > 0,
                "encoded piece %s of '%s' is not an fp32 state with a block", sp.kind.c_str(), name.c_str());
-    const uint64_t n = sp.end - sp.begin, blocks = n / e.block + (n % e.block != 0 ? 1 : 0);
+    FUZZ_CHECK(e.phase < e.block, "encoded piece %s of '%s': phase %zu in blocks of %zu", sp.kind.c_str(),
+               name.c_str(), e.phase, e.block);
+    const uint64_t n = sp.end - sp.begin;
+    uint64_t blocks = n / e.block + (n % e.block != 0 ? 1 : 0);
+    if (e.kind == zero::StateEncoding::Kind::kPeriodic) blocks = n < e.block ? n : e.block;
+    if (e.kind == zero::StateEncoding::Kind::kBlockConstant && n > 0) blocks = (n - 1 + e.phase) / e.block + 1;
     const uint64_t codes = e.kind == zero::StateEncoding::Kind::kDynamic8 ? n : 0;
     FUZZ_CHECK(blocks <= sp.bytes / 4 && sp.bytes - 4 * blocks == codes,
                "encoded piece %s of '%s': [%zu, %zu) in blocks of %zu in %llu bytes", sp.kind.c_str(), name.c_str(),

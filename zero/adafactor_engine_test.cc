@@ -4,12 +4,13 @@
 // ranks (so the row and column sums are reduced over the shard group, zero/adafactor_stats.h): after
 // every step each tensor within 1e-6 of its largest reference value (the sums are in double, in
 // another order than numpy's). Also: deterministic mode gives the same bits at every stage; a
-// checkpoint after step 3 (R and C per element, a vector's V) resumes at other stages and world
-// sizes; the memory report prices O(n + m) per matrix; a vector group, a matrix and a 3-D kernel.
+// checkpoint after step 3 (R and C, a vector's V) resumes at other stages and world sizes, holding
+// R and C at O(n + m) bytes per matrix; the memory report prices O(n + m) per matrix; a vector group, a matrix and a 3-D kernel.
 // The relative-step group keeps a first moment (adafactor.beta1 0.9, state "exp_avg_update"); a
 // beta1 changed between steps is taken where the group has a first moment and refused across 0.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -27,6 +28,7 @@
 #include "base/error.h"
 #include "testing/reference_training.h"
 #include "testing/thread_ranks.h"
+#include "zero/checkpoint/checkpoint_reader.h"
 #include "zero/engine.h"
 
 namespace zero {
@@ -118,6 +120,27 @@ TEST_CASE("Adafactor's row, column and vector statistics resume from a checkpoin
   const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/adafactor_engine_test_checkpoint";
   std::filesystem::remove_all(dir);
   train_ranks({.stage = 2, .world = 2, .save_after_step_3 = dir});
+  // The file holds R once per row and C once per column of each piece of a matrix (O(n + m), not 4
+  // bytes per element each), and the states an element does not keep (a matrix's V, a vector's R
+  // and C) as one value per piece.
+  const Manifest saved = read_manifest(dir);
+  for (const ReferenceParam& p : reference().model.params) {
+    CAPTURE(p.name);
+    const bool adafactor = reference().groups.at(static_cast<size_t>(p.group)).kind == optim::OptimizerKind::kAdafactor;
+    const bool matrix = adafactor && p.shape.size() >= 2;
+    const size_t cols = matrix ? p.numel() / static_cast<size_t>(p.shape[0]) : 0;
+    for (const SavedPiece& sp : saved.pieces.at(p.name)) {
+      CAPTURE(sp.kind);
+      const size_t n = sp.end - sp.begin;
+      if (sp.kind == "state:exp_avg_sq_row") {
+        CHECK(sp.bytes == (matrix ? 4 * ((n + sp.begin % cols + cols - 1) / cols) : 4));
+      } else if (sp.kind == "state:exp_avg_sq_col") {
+        CHECK(sp.bytes == (matrix ? 4 * std::min(n, cols) : 4));
+      } else if (sp.kind == "state:exp_avg_sq" && matrix) {
+        CHECK(sp.bytes == 4);
+      }
+    }
+  }
   using Run = ReferenceRun;
   for (const Run& run : {Run{.stage = 0, .world = 1, .resume_from = dir}, Run{.stage = 3, .world = 3, .resume_from = dir},
                         Run{.stage = 1, .world = 2, .offload = true, .resume_from = dir}}) {

@@ -230,6 +230,29 @@ float* AdafactorUpdate::state_at(const std::string& name, const Run& r, size_t x
   return name == "exp_avg_sq_row" ? rc() + m.r_at + e / s.t.cols : rc() + m.c_at + e % s.t.cols;
 }
 
+bool AdafactorUpdate::holds(size_t x) const {
+  bool found = false;
+  for_each_overlap(runs_, x, x + 1, [&](const Run&, size_t, size_t) { found = true; });
+  return found;
+}
+
+StateEncoding AdafactorUpdate::state_encoding(const std::string& name, size_t begin, size_t) const {
+  StateEncoding e;
+  for_each_overlap(runs_, begin, begin + 1, [&](const Run& r, size_t lo, size_t) {
+    // The registered tensor (a tp part, or the whole) as a matrix: R is constant along each of its
+    // rows and C periodic along them, whichever way a split cut the whole.
+    const optim::Segment& seg = *r.segment;
+    if (r.slot->t.rows == 0 || seg.cols == 0) return;
+    if (name == "exp_avg_sq_row") {
+      const size_t at = seg.param_offset + (lo - r.begin);  // the piece's first element in the tensor
+      e = {.kind = StateEncoding::Kind::kBlockConstant, .block = seg.cols, .phase = at % seg.cols};
+    } else if (name == "exp_avg_sq_col") {
+      e = {.kind = StateEncoding::Kind::kPeriodic, .block = seg.cols};
+    }
+  });
+  return e;
+}
+
 void AdafactorUpdate::read_state(const std::string& name, size_t begin, size_t n, float* out) {
   if (meta_) return;
   for_each_overlap(runs_, begin, begin + n, [&](const Run& r, size_t lo, size_t hi) {

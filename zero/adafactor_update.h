@@ -21,6 +21,7 @@
 #include "memory/device.h"
 #include "optim/optimizer.h"
 #include "zero/adafactor_stats.h"
+#include "zero/checkpoint/state_encoding.h"
 
 namespace zero {
 
@@ -44,6 +45,12 @@ class AdafactorUpdate {
   // Checkpoint access by optimizer-space element (zeros where an element keeps no such state).
   void read_state(const std::string& name, size_t begin, size_t n, float* out);
   void write_state(const std::string& name, size_t begin, size_t n, const float* in);
+  // Whether optimizer-space element x is one of Adafactor's.
+  bool holds(size_t x) const;
+  // How a checkpoint stores [begin, begin + n) of state `name` (one tensor's elements): a matrix's R
+  // once per row of the part (block_constant, its rows' length, the piece's start within a row) and
+  // its C once per period (periodic): O(rows + cols) bytes, not 8 per element; none otherwise.
+  StateEncoding state_encoding(const std::string& name, size_t begin, size_t n) const;
   size_t state_bytes() const;
   size_t numel() const;  // this rank's Adafactor elements
 

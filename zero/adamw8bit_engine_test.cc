@@ -244,8 +244,8 @@ TEST_CASE("8-bit AdamW's codes and scales resume from a checkpoint at another st
   train_ranks({.stage = 2, .world = 2, .save_after_step_3 = dir}, 0.0);
   // The file holds the state at its own size: a quantized tensor's two moments as a byte per element
   // and an absmax per block each, and each absmax state once per block (16 bytes per block in
-  // all); a tensor kept in fp32 its moments in fp32 and its (zero) absmax once per block. Counted
-  // per piece (each rank's pieces start on blocks of their tensor).
+  // all); a tensor kept in fp32 its moments in fp32 and its absmax states, zeros, as one value per
+  // piece. Counted per piece (each rank's pieces start on blocks of their tensor).
   const Manifest saved = read_manifest(dir);
   for (const ReferenceParam& p : reference().params) {
     CAPTURE(p.name);
@@ -256,7 +256,7 @@ TEST_CASE("8-bit AdamW's codes and scales resume from a checkpoint at another st
       state_bytes += sp.bytes;
       const uint64_t n = sp.end - sp.begin, blocks = (n + reference().block - 1) / reference().block;
       const bool moment = sp.kind == "state:exp_avg" || sp.kind == "state:exp_avg_sq";
-      expected += moment ? (quantized ? n + 4 * blocks : 4 * n) : 4 * blocks;
+      expected += moment ? (quantized ? n + 4 * blocks : 4 * n) : (quantized ? 4 * blocks : 4);
     }
     CHECK(state_bytes == expected);
   }

@@ -136,7 +136,7 @@ class AdamW8bitShardOptimizer final : public ShardOptimizer {
 
   // A checkpoint stores each moment as its codes and its blocks' absmax, and each absmax once per
   // block: about a byte per element and moment (the pieces of tensors kept in fp32 stay fp32).
-  StateEncoding state_encoding(const std::string& name) const override {
+  StateEncoding state_encoding(const std::string& name, size_t, size_t) const override {
     for (int k = 0; k < 2; ++k) {
       if (name == kValueNames[k]) {
         return {.kind = StateEncoding::Kind::kDynamic8, .block = block_, .is_signed = k == 0, .scale_state = kAbsmaxNames[k]};

@@ -180,14 +180,19 @@ class GroupedShardOptimizer final : public ShardOptimizer {
     });
   }
   float* host_state(const std::string&) override { return nullptr; }  // no array spans the optimizer space
-  // The first kind's that has one for the name (the save checks each piece, so the elements of a
-  // kind that keeps the state plainly are stored fp32).
-  StateEncoding state_encoding(const std::string& name) const override {
-    for (const Part& part : parts_) {
-      StateEncoding e = part.opt->state_encoding(name);
-      if (e.kind != StateEncoding::Kind::kNone) return e;
+  // The encoding of the kind that keeps the piece's elements (a piece is one tensor's, so one kind's).
+  StateEncoding state_encoding(const std::string& name, size_t begin, size_t n) const override {
+    if (adafactor_ && AdafactorUpdate::keeps(name) && adafactor_->holds(begin)) {
+      return adafactor_->state_encoding(name, begin, n);
     }
-    return {};
+    StateEncoding e;
+    for (const Part& part : parts_) {
+      if (std::find(part.states.begin(), part.states.end(), name) == part.states.end()) continue;
+      for_each_overlap(part.runs, begin, begin + 1, [&](const Run& r, size_t lo, size_t) {
+        e = part.opt->state_encoding(name, r.packed + (lo - r.begin), n);
+      });
+    }
+    return e;
   }
 
   double state_bytes_per_element() const override {

@@ -58,7 +58,7 @@ const float* scaled_fp32_grad(const optim::StepInput& in, size_t at, size_t n, s
   return scratch.data();
 }
 
-StateEncoding ShardOptimizer::state_encoding(const std::string&) const { return {}; }
+StateEncoding ShardOptimizer::state_encoding(const std::string&, size_t, size_t) const { return {}; }
 
 double ShardOptimizer::state_bytes_per_element() const {
   return static_cast<double>(state_names().size() * dtype_size(state_dtype()));

@@ -44,9 +44,10 @@ class ShardOptimizer {
   // The state array itself when it is fp32 in host memory, as long as the optimizer space
   // (checkpoints then read and write it in place); else nullptr.
   virtual float* host_state(const std::string& name);
-  // How a checkpoint may store state `name` in fewer bytes (zero/checkpoint/state_encoding.h; the
-  // save keeps it only for the pieces that decode back to their bits): none by default.
-  virtual StateEncoding state_encoding(const std::string& name) const;
+  // How a checkpoint may store the elements [begin, begin + n) of state `name` (one tensor's) in
+  // fewer bytes (zero/checkpoint/state_encoding.h; the save keeps it only where they decode back to
+  // their bits, and stores a uniform piece as one value anyway): none by default.
+  virtual StateEncoding state_encoding(const std::string& name, size_t begin, size_t n) const;
   // The state's bytes per element (the memory formula's k): where groups run different kinds, the
   // average over the elements of the groups.
   virtual double state_bytes_per_element() const;

@@ -1,5 +1,7 @@
 #include "zero/checkpoint/checkpoint_manifest.h"
 
+#include <algorithm>
+
 #include "layout/layout_json.h"
 
 namespace zero {
@@ -82,6 +84,12 @@ StateEncoding parse_encoding(const json& pj, const SavedPiece& sp, const std::st
   }
   e.block = checkpoint_field<size_t>(ej, "block", index_path);
   if (e.block == 0 || e.block > (size_t{1} << 30)) bad(fmt::format("encoding block {} (1 to 2^30)", e.block));
+  if (ej.contains("phase")) {
+    e.phase = checkpoint_field<size_t>(ej, "phase", index_path);
+    if (e.kind != StateEncoding::Kind::kBlockConstant || e.phase >= e.block) {
+      bad(fmt::format("encoding phase {} ({} in blocks of {})", e.phase, kind, e.block));
+    }
+  }
   if (e.kind == StateEncoding::Kind::kDynamic8) {
     const std::string map = checkpoint_field<std::string>(ej, "map", index_path);
     if (map != "signed" && map != "unsigned") bad(fmt::format("dynamic8 map '{}' (signed or unsigned)", map));
@@ -98,10 +106,13 @@ bool counted_bytes(const SavedPiece& sp) {
     const uint64_t es = dtype_size(sp.dtype);
     return sp.bytes % es == 0 && sp.bytes / es == n;
   }
-  const uint64_t blocks = n / e.block + (n % e.block != 0 ? 1 : 0);
-  if (blocks > sp.bytes / sizeof(float)) return false;
-  const uint64_t scales = blocks * sizeof(float);
-  return e.kind == StateEncoding::Kind::kDynamic8 ? sp.bytes - scales == n : sp.bytes == scales;
+  // e.stored(n), without a sum that could wrap (block and phase are below 2^30).
+  uint64_t stored = n / e.block + (n % e.block != 0 ? 1 : 0);
+  if (e.kind == StateEncoding::Kind::kBlockConstant) stored = n == 0 ? 0 : n / e.block + (n % e.block + e.phase + e.block - 1) / e.block;
+  if (e.kind == StateEncoding::Kind::kPeriodic) stored = std::min<uint64_t>(n, e.block);
+  if (stored > sp.bytes / sizeof(float)) return false;
+  const uint64_t values = stored * sizeof(float);
+  return e.kind == StateEncoding::Kind::kDynamic8 ? sp.bytes - values == n : sp.bytes == values;
 }
 
 }  // namespace

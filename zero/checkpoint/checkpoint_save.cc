@@ -54,17 +54,20 @@ struct StagedPiece {
   StateEncoding encoding;
 };
 
-// A state's piece of n values at optimizer-space element `at` as its encoding stores it, into
-// `encoded`; false where it has none, or where this piece's values do not decode back to their bits
-// (an 8-bit optimizer's tensors kept in fp32, say): then the piece goes fp32.
-bool encode(ShardOptimizer& opt, const StateEncoding& e, size_t at, const float* values, size_t n,
-            std::vector<float>& scales, std::vector<char>& encoded) {
-  if (e.kind == StateEncoding::Kind::kNone) return false;
+// State `name`'s piece of n values at optimizer-space element `at`, stored as the optimizer's
+// encoding says, or else as one value where all are the same bits (the zeros a state reads for the
+// elements of another kind of optimizer), into `encoded` and `e`; false where neither decodes back
+// to every value's bits (an 8-bit optimizer's tensors kept in fp32, say): then the piece goes fp32.
+bool encode(ShardOptimizer& opt, const std::string& name, size_t at, const float* values, size_t n,
+            std::vector<float>& scales, std::vector<char>& encoded, StateEncoding& e) {
+  e = opt.state_encoding(name, at, n);
   if (e.kind == StateEncoding::Kind::kDynamic8) {
     scales.resize(n);
     opt.read_state(e.scale_state, at, n, scales.data());
   }
-  return encode_state(e, values, scales.data(), n, encoded);
+  if (e.kind != StateEncoding::Kind::kNone && encode_state(e, values, scales.data(), n, encoded)) return true;
+  e = uniform_encoding(n);
+  return n > 1 && encode_state(e, values, nullptr, n, encoded);
 }
 
 // Hands each of this rank's pieces to `sink`, straight from the engine's memory where the master and
@@ -76,8 +79,7 @@ void for_each_piece(const CheckpointParts& p, std::string_view blob, Sink&& sink
   ShardOptimizer& opt = shard_optimizer(p);
   std::vector<const float*> host_states;
   for (const std::string& st : states) host_states.push_back(opt.host_state(st));
-  std::vector<StateEncoding> encodings;
-  for (const std::string& st : states) encodings.push_back(opt.state_encoding(st));
+  StateEncoding encoding;
   std::vector<float> master, state, scales;
   std::vector<char> params, encoded;
   for (const OwnedPiece& piece : p.ownership->pieces()) {
@@ -99,9 +101,9 @@ void for_each_piece(const CheckpointParts& p, std::string_view blob, Sink&& sink
         v = state.data();
       }
       const std::string kind = checkpoint_state_kind(states[s]);
-      if (encode(opt, encodings[s], piece.opt_offset, v, n, scales, encoded)) {
+      if (encode(opt, states[s], piece.opt_offset, v, n, scales, encoded, encoding)) {
         sink(PieceView{name, kind.c_str(), piece.tensor_begin, piece.tensor_end, DType::kFloat32, encoded.data(),
-                       encoded.size(), &encodings[s]});
+                       encoded.size(), &encoding});
         continue;
       }
       sink(PieceView{name, kind.c_str(), piece.tensor_begin, piece.tensor_end, DType::kFloat32, v, n * sizeof(float)});
@@ -171,6 +173,7 @@ class RankFiles {
     if (encoding != nullptr && encoding->kind != StateEncoding::Kind::kNone) {
       json e = {{"kind", state_encoding_name(encoding->kind)}, {"block", encoding->block}};
       if (encoding->kind == StateEncoding::Kind::kDynamic8) e["map"] = encoding->is_signed ? "signed" : "unsigned";
+      if (encoding->phase != 0) e["phase"] = encoding->phase;
       piece["encoding"] = std::move(e);
     }
     pieces_.push_back(std::move(piece));

@@ -34,14 +34,22 @@ bool encode_state(const StateEncoding& e, const float* values, const float* scal
   ZERO_CHECK(e.kind != StateEncoding::Kind::kNone && e.block > 0, "encode_state: no encoding");
   out.resize(e.bytes(n));
   auto* stored = reinterpret_cast<float*>(out.data());
-  const size_t blocks = e.blocks(n);
+  const size_t blocks = e.stored(n);
   if (e.kind == StateEncoding::Kind::kBlockConstant) {
+    if (e.phase >= e.block) return false;
     for (size_t b = 0; b < blocks; ++b) {
-      const size_t first = b * e.block, last = std::min(n, first + e.block);
+      const size_t first = b == 0 ? 0 : b * e.block - e.phase, last = std::min(n, (b + 1) * e.block - e.phase);
       stored[b] = values[first];
       for (size_t i = first + 1; i < last; ++i) {
         if (!same_bits(values[i], values[first])) return false;
       }
+    }
+    return true;
+  }
+  if (e.kind == StateEncoding::Kind::kPeriodic) {
+    std::memcpy(stored, values, blocks * sizeof(float));
+    for (size_t i = blocks; i < n; ++i) {
+      if (!same_bits(values[i], stored[i % e.block])) return false;
     }
     return true;
   }
@@ -60,11 +68,15 @@ bool encode_state(const StateEncoding& e, const float* values, const float* scal
 }
 
 void decode_state(const StateEncoding& e, const char* bytes, size_t n, size_t lo, size_t hi, float* out) {
-  ZERO_CHECK(lo <= hi && hi <= n && e.block > 0, "decode_state: [{}, {}) of {} elements", lo, hi, n);
-  std::vector<float> stored(e.blocks(n));
+  ZERO_CHECK(lo <= hi && hi <= n && e.block > 0 && e.phase < e.block, "decode_state: [{}, {}) of {} elements", lo, hi, n);
+  std::vector<float> stored(e.stored(n));
   std::memcpy(stored.data(), bytes, stored.size() * sizeof(float));  // the bytes need not be aligned
   if (e.kind == StateEncoding::Kind::kBlockConstant) {
-    for (size_t i = lo; i < hi; ++i) out[i - lo] = stored[i / e.block];
+    for (size_t i = lo; i < hi; ++i) out[i - lo] = stored[(i + e.phase) / e.block];
+    return;
+  }
+  if (e.kind == StateEncoding::Kind::kPeriodic) {
+    for (size_t i = lo; i < hi; ++i) out[i - lo] = stored[i % e.block];
     return;
   }
   ZERO_CHECK(e.kind == StateEncoding::Kind::kDynamic8, "decode_state: no encoding");

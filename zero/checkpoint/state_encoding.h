@@ -8,12 +8,17 @@
 // index records it beside the piece ("encoding"); a reader decodes, so loads, conversions between
 // optimizers and layouts, and the offline tools see the same fp32 values.
 //
-//   block_constant, block B:   [ v[0] | v[B] | v[2B] | ... ]         one fp32 per block
+//   block_constant, block B, phase p:  one fp32 per block: v[i] = stored[(i + p) / B]
+//                              (a row's statistic on each of its elements: B the row's length,
+//                              p the piece's start within its row; a uniform piece: B = n)
+//   periodic, period P:        the first min(n, P) values: v[i] = stored[i % P] (a column's
+//                              statistic on each element of its column)
 //   dynamic8, block B, map M:  [ scale 0 | scale 1 | ... ][ codes ] one fp32 per block, then a
 //                              byte per element: v[i] = M[code i] * scale[i / B] (fp32)
 //
-// Blocks count from the piece's first element (a rank's pieces of an 8-bit tensor start on its
-// blocks); the last may be shorter. M is optim/dynamic_quantization.h's signed or unsigned map.
+// dynamic8's blocks count from the piece's first element (a rank's pieces of an 8-bit tensor start
+// on its blocks); the last may be shorter. M is optim/dynamic_quantization.h's signed or unsigned
+// map.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -22,36 +27,49 @@
 namespace zero {
 
 struct StateEncoding {
-  enum class Kind { kNone, kBlockConstant, kDynamic8 };
+  enum class Kind { kNone, kBlockConstant, kPeriodic, kDynamic8 };
   Kind kind = Kind::kNone;
-  size_t block = 0;         // elements per stored scale (> 0 unless kNone)
+  size_t block = 0;         // elements per stored value or scale, or the period (> 0 unless kNone)
   bool is_signed = false;   // kDynamic8: the signed map (first moments) or the unsigned one
   std::string scale_state;  // kDynamic8, when saving: the state whose values are the blocks' scales
+  size_t phase = 0;         // kBlockConstant: elements of its first block before the piece (< block)
 
-  bool operator==(const StateEncoding& o) const { return kind == o.kind && block == o.block && is_signed == o.is_signed; }
-  size_t blocks(size_t n) const { return block == 0 ? 0 : (n + block - 1) / block; }
-  // The bytes of n elements so stored.
-  uint64_t bytes(size_t n) const {
+  bool operator==(const StateEncoding& o) const {
+    return kind == o.kind && block == o.block && is_signed == o.is_signed && phase == o.phase;
+  }
+  // The stored values (or scales) of n elements.
+  size_t stored(size_t n) const {
     switch (kind) {
-      case Kind::kBlockConstant: return blocks(n) * sizeof(float);
-      case Kind::kDynamic8: return blocks(n) * sizeof(float) + n;
+      case Kind::kBlockConstant: return n == 0 ? 0 : (n + phase + block - 1) / block;
+      case Kind::kPeriodic: return n < block ? n : block;
+      case Kind::kDynamic8: return (n + block - 1) / block;
       case Kind::kNone: break;
     }
-    return n * sizeof(float);
+    return n;
   }
+  // The bytes of n elements so stored.
+  uint64_t bytes(size_t n) const { return stored(n) * sizeof(float) + (kind == Kind::kDynamic8 ? n : 0); }
 };
+
+// A uniform piece of n elements (every value the same bits: the zeros a state reads where another
+// kind of optimizer keeps the elements) as one value.
+inline StateEncoding uniform_encoding(size_t n) {
+  return {.kind = StateEncoding::Kind::kBlockConstant, .block = n == 0 ? 1 : n};
+}
 
 // The index's name of an encoding ("block_constant", "dynamic8"), and back (false for another name).
 inline const char* state_encoding_name(StateEncoding::Kind kind) {
   switch (kind) {
     case StateEncoding::Kind::kBlockConstant: return "block_constant";
+    case StateEncoding::Kind::kPeriodic: return "periodic";
     case StateEncoding::Kind::kDynamic8: return "dynamic8";
     case StateEncoding::Kind::kNone: break;
   }
   return "none";
 }
 inline bool parse_state_encoding_kind(const std::string& name, StateEncoding::Kind* kind) {
-  for (StateEncoding::Kind k : {StateEncoding::Kind::kBlockConstant, StateEncoding::Kind::kDynamic8}) {
+  for (StateEncoding::Kind k :
+       {StateEncoding::Kind::kBlockConstant, StateEncoding::Kind::kPeriodic, StateEncoding::Kind::kDynamic8}) {
     if (name == state_encoding_name(k)) {
       *kind = k;
       return true;
@@ -62,7 +80,8 @@ inline bool parse_state_encoding_kind(const std::string& name, StateEncoding::Ki
 
 // values[0, n) as `e` stores them, into `out` (e.bytes(n)); `scales` (kDynamic8 only) is the scale
 // state's values of the same elements, each block's taken at its first element. Returns false, with
-// `out` unspecified, where the stored bytes would not decode back to every value's bits.
+// `out` unspecified, where the stored bytes would not decode back to every value's bits (so an
+// encoding the optimizer names wrongly costs bytes, never values).
 bool encode_state(const StateEncoding& e, const float* values, const float* scales, size_t n, std::vector<char>& out);
 
 // Elements [lo, hi) of a piece of n elements stored as `e` in `bytes` (e.bytes(n) of them), into

@@ -1,6 +1,7 @@
 // The encodings a checkpoint stores optimizer states in: each round trip bit for bit (the signed
-// and unsigned maps, zeros of either sign under a zero scale, a short last block, a sub-range
-// decoded), and each refusal where the values are not what the encoding describes.
+// and unsigned maps, zeros of either sign under a zero scale, a short last block, a piece starting
+// inside a row, a period longer than the piece, a sub-range decoded), and each refusal where the
+// values are not what the encoding describes.
 #include "zero/checkpoint/state_encoding.h"
 
 #include <doctest/doctest.h>
@@ -90,12 +91,46 @@ TEST_CASE("block_constant stores one value per block, and refuses a block that i
   CHECK_FALSE(encode_state(e, v.data(), nullptr, v.size(), bytes));
 }
 
+TEST_CASE("block_constant with a phase: a piece that starts inside its first block (a row's statistic)") {
+  // Rows of 4; the piece starts at element 3 of its row: 1 + 4 + 4 + 2 elements.
+  const StateEncoding e{.kind = StateEncoding::Kind::kBlockConstant, .block = 4, .phase = 3};
+  const std::vector<float> v = {1.0f, 2.0f, 2.0f, 2.0f, 2.0f, 3.0f, 3.0f, 3.0f, 3.0f, 4.0f, 4.0f};
+  std::vector<char> bytes;
+  REQUIRE(encode_state(e, v.data(), nullptr, v.size(), bytes));
+  CHECK(bytes.size() == 4 * sizeof(float));
+  CHECK(same_bits(decoded(e, bytes, v.size(), 0, v.size()), v));
+  CHECK(same_bits(decoded(e, bytes, v.size(), 4, 6), {2.0f, 3.0f}));
+  // Without the phase the rows do not line up.
+  CHECK_FALSE(encode_state({.kind = StateEncoding::Kind::kBlockConstant, .block = 4}, v.data(), nullptr, v.size(), bytes));
+  // One value for a uniform piece.
+  const std::vector<float> zeros(1000, 0.0f);
+  REQUIRE(encode_state(uniform_encoding(zeros.size()), zeros.data(), nullptr, zeros.size(), bytes));
+  CHECK(bytes.size() == sizeof(float));
+  CHECK(same_bits(decoded(uniform_encoding(zeros.size()), bytes, zeros.size(), 10, 1000), std::vector<float>(990, 0.0f)));
+}
+
+TEST_CASE("periodic stores one period (a column's statistic), from the piece's first element") {
+  const StateEncoding e{.kind = StateEncoding::Kind::kPeriodic, .block = 3};
+  const std::vector<float> v = {5.0f, 6.0f, 7.0f, 5.0f, 6.0f, 7.0f, 5.0f, 6.0f};
+  std::vector<char> bytes;
+  REQUIRE(encode_state(e, v.data(), nullptr, v.size(), bytes));
+  CHECK(bytes.size() == 3 * sizeof(float));
+  CHECK(same_bits(decoded(e, bytes, v.size(), 2, 8), std::vector<float>(v.begin() + 2, v.end())));
+  // A piece shorter than the period keeps what it has.
+  CHECK(e.bytes(2) == 2 * sizeof(float));
+  std::vector<float> off = v;
+  off[7] = 6.5f;
+  CHECK_FALSE(encode_state(e, off.data(), nullptr, off.size(), bytes));
+}
+
 TEST_CASE("the index's names of the encodings") {
   StateEncoding::Kind k{};
   CHECK(parse_state_encoding_kind("dynamic8", &k));
   CHECK(k == StateEncoding::Kind::kDynamic8);
   CHECK(parse_state_encoding_kind(state_encoding_name(StateEncoding::Kind::kBlockConstant), &k));
   CHECK(k == StateEncoding::Kind::kBlockConstant);
+  CHECK(parse_state_encoding_kind("periodic", &k));
+  CHECK(k == StateEncoding::Kind::kPeriodic);
   CHECK_FALSE(parse_state_encoding_kind("none", &k));
   CHECK_FALSE(parse_state_encoding_kind("int4", &k));
 }
