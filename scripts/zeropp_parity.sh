@@ -7,6 +7,9 @@
 #   STEPS=1000 bash scripts/zeropp_parity.sh
 #   SEEDS="1 2 3" STEPS=1000 bash scripts/zeropp_parity.sh   (each variant at each seed: the mean, and
 #                                                             the spread of the seeds' differences)
+#   ONLY="qwZ int8|qgZ int8" bash scripts/zeropp_parity.sh -- --n-embd 128
+#                      (the variants whose names match the pattern, beside plain; the flags after --
+#                       go to every run, plain's included: a larger model here)
 # Variants: plain stage 3; qwZ int8; qwZ int8 with optimizer and parameter offload; qwZ int4; hpZ
 # (nodes of 2) with qwZ; qgZ int8 and int4 alone; all three, and all three offloaded (the case
 # DeepSpeed's hpZ + offload broke). The smallest gradient norm of the logged steps is printed beside
@@ -21,11 +24,14 @@ B=${B:-bazel-out/k8-opt/bin}  # or a copy of them, so that the tree can be rebui
 # shellcheck source=scripts/two_nodes.sh
 source scripts/two_nodes.sh
 SEEDS=${SEEDS:-1}
+ONLY=${ONLY:-}
+[[ ${1:-} == -- ]] && shift
+model=("$@")
 
 run() {  # name, then train_gpt's flags; prints the validation loss and the smallest gradient norm
   local name=$1
   shift
-  local args=(--stage 3 --dtype bf16 --steps "$STEPS" --val-every "$STEPS" --sample-tokens 0 --log-every 10 --deterministic "$@")
+  local args=(--stage 3 --dtype bf16 --steps "$STEPS" --val-every "$STEPS" --sample-tokens 0 --log-every 10 --deterministic "${model[@]}" "$@")
   run_two_nodes "$name" "${args[@]}"
   grep -E "^\[rank 0\] step +[0-9]+ \| loss" "$OUT/$name.node0.log" | awk '{print $4, $7, $10}' >"$OUT/$name.loss"
   echo "$(sed -n 's/.*validation loss \([0-9.]*\).*/\1/p' "$OUT/$name.node0.log" | tail -1)" \
@@ -60,6 +66,7 @@ for v in "qwZ int8|--quantized-weights int8" "qwZ int8, offload|--quantized-weig
          "qgZ int8|--quantized-gradients int8" "qgZ int4|--quantized-gradients int4" \
          "qwZ int8 + hpZ + qgZ int4|$all3" "qwZ int8 + hpZ + qgZ int4, offload|$all3 --offload --offload-params"; do
   IFS='|' read -r name flags <<<"$v"
+  [[ -n $ONLY && ! $name =~ ^($ONLY)$ ]] && continue
   # shellcheck disable=SC2086
   runs=$(seeded "$(printf '%s' "$name" | tr -c 'a-zA-Z0-9' '_')" $flags)
   echo "| $name | $(summarize "$runs" "$plain_runs") |"
