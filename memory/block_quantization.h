@@ -22,6 +22,19 @@
 //
 // so a finite element comes back within scale / 2 (plus the destination's rounding) of itself.
 //
+// Stochastic rounding (BlockQuantization::stochastic_key nonzero; a gradient's reduction, where
+// round-to-nearest zeroes every value below half a step of its block's largest, a bias that adds
+// up over steps): code = floor(x * (qmax / absmax) + u), clamped to [-qmax, qmax], with u in
+// [0, 1) drawn from the key and the element's index i in the segment,
+//
+//   h = splitmix64(key ^ (i * 0x9E3779B97F4A7C15)),  u = (h >> 40) * 2^-24
+//
+// (splitmix64's finalizer: h ^= h >> 30; h *= 0xBF58476D1CE4E5B9; h ^= h >> 27;
+// h *= 0x94D049BB133111EB; h ^= h >> 31), so each code's mean is x's (to u's 24 bits) and a call
+// with the same key writes the same bytes. A finite element then comes back within one scale of
+// itself. The host runs it on every SIMD path with the scalar loop (the same bytes); the CUDA
+// kernels do not have it yet (the CUDA device refuses it).
+//
 // A non-finite element (NaN, +-Inf) takes the code -qmax - 1, which no finite value takes, and
 // comes back as NaN: it stays in its own element instead of spreading through the block's scale
 // (the other elements keep theirs), and the quantizer counts it so that its caller can name it.
@@ -37,6 +50,7 @@ namespace zero::memory {
 struct BlockQuantization {
   size_t block = 256;  // elements per scale, > 0
   int bits = 8;        // 8 or 4
+  uint64_t stochastic_key = 0;  // 0: round to nearest even; else stochastic rounding keyed by it (above)
 
   int qmax() const { return bits == 8 ? 127 : 7; }
   size_t blocks(size_t n) const { return (n + block - 1) / block; }

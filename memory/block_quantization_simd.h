@@ -40,5 +40,8 @@ inline BlockScale block_scale(float absmax, float qmax) {
 
 // One code, any width: rint(v * inv) clamped to [-qmax, qmax], or -qmax - 1 for a non-finite v.
 float quantize_code(float v, float inv, float qmax);
+// The same with stochastic rounding (memory/block_quantization.h): floor(v * inv + u), u from `key`
+// and the element's index in its segment.
+float quantize_code_stochastic(float v, float inv, float qmax, uint64_t key, size_t index);
 
 }  // namespace zero::memory::host_kernels

@@ -3,6 +3,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -203,7 +204,9 @@ TEST_CASE("every SIMD path writes the same segment bytes and the same values, Na
         convert_fp32_to_bf16(x.data(), xb.data(), n);
         const void* src = dt == DType::kFloat32 ? static_cast<const void*>(x.data()) : xb.data();
         for (int bits : {8, 4}) {
-          const BlockQuantization q{.block = block, .bits = bits};
+         for (uint64_t key : {uint64_t{0}, uint64_t{0x5EED}}) {  // round to nearest, stochastic
+          CAPTURE(key);
+          const BlockQuantization q{.block = block, .bits = bits, .stochastic_key = key};
           std::vector<uint8_t> first;
           std::vector<uint16_t> first_out;
           for (SimdPath path : supported_simd_paths()) {
@@ -220,9 +223,55 @@ TEST_CASE("every SIMD path writes the same segment bytes and the same values, Na
             CHECK(seg == first);
             CHECK(out == first_out);
           }
+         }
         }
       }
     }
+  }
+}
+
+// The stochastic rule restated from memory/block_quantization.h, for one element.
+int stochastic_code(float x, float inv, int qmax, uint64_t key, size_t i) {
+  uint64_t h = key ^ (static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull);
+  h ^= h >> 30;
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 27;
+  h *= 0x94D049BB133111EBull;
+  h ^= h >> 31;
+  const float u = static_cast<float>(h >> 40) / 16777216.0f;
+  const float c = std::floor(x * inv + u);
+  return static_cast<int>(std::min(std::max(c, static_cast<float>(-qmax)), static_cast<float>(qmax)));
+}
+
+TEST_CASE("stochastic rounding: the documented draw, each code's mean the value, within one scale, keyed") {
+  // One block of 4096 (int8) whose largest value 127 makes the scale 1: every other element is 0.3,
+  // which round-to-nearest would zero.
+  const size_t n = 4096;
+  std::vector<float> x(n, 0.3f);
+  x[0] = 127.0f;
+  for (int bits : {8, 4}) {
+    CAPTURE(bits);
+    const float top = bits == 8 ? 127.0f : 7.0f;  // int4: the largest value's scale makes 0.3 tiny steps
+    x[0] = top;
+    const BlockQuantization q{.block = n, .bits = bits, .stochastic_key = 42};
+    const std::vector<uint8_t> seg = quantize(x, q);
+    CHECK(scale_at(seg, 0) == 1.0f);
+    const std::vector<float> back = dequantize(seg, n, q);
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i) {
+      CAPTURE(i);
+      REQUIRE(back[i] == static_cast<float>(stochastic_code(x[i], 1.0f, q.qmax(), 42, i)));
+      CHECK(std::fabs(back[i] - x[i]) < 1.0f);
+      if (i > 0) sum += back[i];
+    }
+    // 4095 draws of 0 or 1 with mean 0.3: the mean's standard deviation is 0.007.
+    CHECK(sum / (n - 1) == doctest::Approx(0.3).epsilon(0.1));
+    CHECK(back[0] == top);
+    // Another key draws otherwise; round to nearest gives zeros.
+    CHECK(quantize(x, {.block = n, .bits = bits, .stochastic_key = 43}) != seg);
+    CHECK(quantize(x, q) == seg);
+    const std::vector<float> nearest = dequantize(quantize(x, {.block = n, .bits = bits}), n, q);
+    CHECK(nearest[1] == 0.0f);
   }
 }
 

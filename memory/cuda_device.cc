@@ -247,6 +247,10 @@ class CudaDevice final : public Device {
     const op_checks::QuantizedExtents e = op_checks::quantized(1, n, q, 0, src_dtype, 0, dev, "quantize_blocks");
     op_checks::pointer(src, e.element_bytes, dev, "quantize_blocks", "src");
     op_checks::pointer(segment, e.segment_bytes, dev, "quantize_blocks", "segment");
+    if (q.stochastic_key != 0) {
+      ZERO_THROW(InvalidArgument, "{}: quantize_blocks with stochastic rounding (EngineOptions.quantized_gradients."
+                 "stochastic) runs on the host quantizer only; the CUDA kernels round to nearest", dev);
+    }
     if (n == 0) return;
     DeviceGuard guard(ordinal_);
     launch("quantize_blocks",

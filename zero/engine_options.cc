@@ -117,6 +117,10 @@ void validate(const EngineOptions& o) {
   if (qg.bits != 0 && qg.block == 0) {
     ZERO_THROW(InvalidArgument, "EngineOptions.quantized_gradients.block must be positive");
   }
+  if (qg.stochastic && qg.bits == 0) {
+    ZERO_THROW(InvalidArgument, "EngineOptions.quantized_gradients.stochastic rounds qgZ's codes, but "
+               "quantized_gradients.bits is 0 (off)");
+  }
   if (o.node_size < 0) ZERO_THROW(InvalidArgument, "EngineOptions.node_size must be >= 0, got {}", o.node_size);
   if (o.replica_check_every < 0) {
     ZERO_THROW(InvalidArgument, "EngineOptions.replica_check_every must be >= 0 (0: never), got {}", o.replica_check_every);
@@ -212,6 +216,7 @@ std::vector<std::pair<std::string, std::string>> fingerprint(const EngineOptions
   add("secondary_shard", o.secondary_shard);
   add("quantized_gradients.bits", o.quantized_gradients.bits);
   add("quantized_gradients.block", o.quantized_gradients.block);
+  add("quantized_gradients.stochastic", o.quantized_gradients.stochastic);
   add("offload.optimizer", o.offload.optimizer);
   add("offload.params", o.offload.params);
   add("replica_check_every", o.replica_check_every);

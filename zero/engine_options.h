@@ -168,6 +168,11 @@ struct EngineOptions {
   struct QuantizedReduction {
     int bits = 0;          // 0: off; 8 or 4
     size_t block = 256;    // elements per scale
+    // Both hops' codes rounded stochastically (memory/block_quantization.h), so that each code's
+    // mean is the value instead of round-to-nearest zeroing the small ones; each draw is keyed by
+    // the step, the micro-step, the bucket, the piece, the row, the hop and the rank, so a run
+    // (and a resume) repeats bit for bit. Host quantizer only (a CUDA engine refuses it).
+    bool stochastic = false;
   };
   QuantizedReduction quantized_gradients;
 

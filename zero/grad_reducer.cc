@@ -396,9 +396,35 @@ std::string GradReducer::gradient_label(size_t b, const char* suffix) const {
   return unit >= 0 ? fmt::format("unit {} gradients{}", unit, suffix) : fmt::format("bucket {} gradients{}", b, suffix);
 }
 
+namespace {
+
+// splitmix64's finalizer over the running key and one more value.
+uint64_t mix(uint64_t key, uint64_t value) {
+  uint64_t h = (key ^ value) + 0x9E3779B97F4A7C15ull;
+  h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+  h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+  return h ^ (h >> 31);
+}
+
+}  // namespace
+
+void GradReducer::set_step(int64_t step, int64_t micro_step) {
+  step_key_ = mix(mix(0, static_cast<uint64_t>(step)), static_cast<uint64_t>(micro_step));
+}
+
+uint64_t GradReducer::rounding_key(size_t b, const Piece& piece, size_t row, int hop) const {
+  if (!config_.stochastic_rounding) return 0;
+  uint64_t k = step_key_;
+  for (uint64_t v : {uint64_t{b}, uint64_t{piece.begin}, uint64_t{row}, static_cast<uint64_t>(hop),
+                     static_cast<uint64_t>(comms_.shard->rank())}) {
+    k = mix(k, v);
+  }
+  return k | 1;  // never 0, which means round to nearest
+}
+
 comm::WorkHandle GradReducer::issue_quantized(size_t b, const Piece& piece) {
   const DType rd = reduce_dtype(b);
-  const memory::BlockQuantization& q = *config_.quantized;
+  memory::BlockQuantization q = *config_.quantized;
   comm::Communicator& node = *comms_.node;
   const auto [world, local, nodes, seg] = hops(piece);
   Slot& s = slot(buckets_[b].slot);
@@ -406,6 +432,7 @@ comm::WorkHandle GradReducer::issue_quantized(size_t b, const Piece& piece) {
   s.qrecv = buffers_.take(world * seg, *stream_);
   for (size_t r = 0; r < world; ++r) {
     char* dst = s.qsend.as<char>() + ((r % local) * nodes + r / local) * seg;
+    q.stochastic_key = rounding_key(b, piece, r, 0);
     device_.quantize_blocks(at(piece.cbuf, rd, r * piece.len), rd, piece.len, q, dst, nullptr, *stream_);
   }
   node_order_->before_issue(*stream_);
@@ -415,7 +442,7 @@ comm::WorkHandle GradReducer::issue_quantized(size_t b, const Piece& piece) {
 
 void GradReducer::finish_quantized(size_t b, const Piece& piece, void* chunk) {
   const DType rd = reduce_dtype(b);
-  const memory::BlockQuantization& q = *config_.quantized;
+  memory::BlockQuantization q = *config_.quantized;
   const auto [world, local, nodes, seg] = hops(piece);
   const size_t len = piece.len;
   Slot& s = slot(buckets_[b].slot);
@@ -429,6 +456,7 @@ void GradReducer::finish_quantized(size_t b, const Piece& piece, void* chunk) {
     device_.ordered_sum(s.rows.data(), DType::kFloat32, nodes * len, static_cast<int>(local), s.partial.data(),
                         DType::kFloat32, nodes * len, *stream_);
     for (size_t n = 0; n < nodes; ++n) {
+      q.stochastic_key = rounding_key(b, piece, n, 1);
       device_.quantize_blocks(s.partial.as<float>() + n * len, DType::kFloat32, len, q, s.qsend.as<char>() + n * seg,
                               nullptr, *stream_);
     }

@@ -68,6 +68,7 @@ struct ReducerConfig {
   // by a dequantized fp32 sum in rank order; the result lands where the reduce-scatter's would. Replaces
   // the reduce-scatter and deterministic mode's all-to-all (its sums are ordered too).
   std::optional<memory::BlockQuantization> quantized;
+  bool stochastic_rounding = false;  // qgZ's codes rounded stochastically (EngineOptions)
 };
 
 // User-provided gradient storage of one tensor (ParamSpec::grad), or null: the engine provides it.
@@ -94,6 +95,9 @@ class GradReducer {
 
   // Opens a micro-step (no-op if one is open): `sync` says whether it reduces.
   void begin_micro_step(bool sync);
+  // The step and micro-step the next reductions belong to: qgZ's stochastic rounding keys its draws
+  // with them (so a resumed run draws as the uninterrupted one).
+  void set_step(int64_t step, int64_t micro_step);
   bool micro_step_open() const { return open_; }
   bool micro_step_syncs() const { return sync_; }
   // Where backward accumulates tensor t's gradient in this micro-step (see the header comment).
@@ -134,6 +138,10 @@ class GradReducer {
     size_t begin = 0;
     size_t len = 0;
   };
+  // The key of one quantization's stochastic draws (0 where rounding is to nearest): row `row` of
+  // bucket b's piece in hop `hop` (0 inside the node, 1 across), this step, this rank.
+  uint64_t rounding_key(size_t b, const Piece& piece, size_t row, int hop) const;
+  uint64_t step_key_ = 0;  // set_step's
 
   void* bucket_buffer(size_t b);  // bucket b's gradients in its dtype (full buffer or staging)
   void* in_full(size_t b, size_t flat);  // flat element `flat` of bucket b in the full buffer

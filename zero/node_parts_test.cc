@@ -3,7 +3,8 @@
 // without quantized gathers the whole run is bitwise plain stage 3's; qgZ
 // (EngineOptions.quantized_gradients): the reduced gradient is within the two hops' quantization
 // bound of the exact one at every node size (one node, one rank per node, 2 x 2), two runs are
-// bitwise equal, and offload works; wrong node sizes are refused naming the option.
+// bitwise equal (with stochastic rounding too, within a scale per hop), and offload works; wrong
+// node sizes are refused naming the option.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -35,6 +36,7 @@ struct Config {
   bool sgd = false;       // plain SGD at lr 1: the update is the reduced gradient
   int steps = 3;
   int shard_group = 0;  // hybrid sharding: shard groups of this many ranks (0: none)
+  bool stochastic = false;  // qgZ's codes rounded stochastically
 };
 
 struct Result {
@@ -64,7 +66,7 @@ Result train(comm::Communicator& comm, const Config& c) {
   opt.layout = {.alignment = 4, .bucket_numel = 1024, .block = 64};
   opt.node_size = c.node_size;
   opt.secondary_shard = c.hpz;
-  opt.quantized_gradients = {.bits = c.gradient_bits, .block = 64};
+  opt.quantized_gradients = {.bits = c.gradient_bits, .block = 64, .stochastic = c.stochastic};
   opt.quantized_weights = {.bits = c.weight_bits, .block = 64, .backward = false};
   opt.offload.optimizer = opt.offload.params = c.offload;
   std::unique_ptr<comm::HybridGroups> groups;
@@ -185,6 +187,39 @@ TEST_CASE("qgZ: the reduced gradient is within the two hops' bound at every node
       CHECK(differ > 0);
     }
   }
+}
+
+TEST_CASE("qgZ with stochastic rounding: within a scale per hop of the exact reduction, deterministic, unlike nearest") {
+  const int world = 4, node = 2;
+  const std::vector<Result> exact = run(world, {.node_size = node, .sgd = true, .steps = 1});
+  float gmax = 0;
+  for (const Result& r : exact) gmax = std::max(gmax, r.grad_absmax);
+  for (int bits : {8, 4}) {
+    CAPTURE(bits);
+    const Config q{.node_size = node, .gradient_bits = bits, .sgd = true, .steps = 1, .stochastic = true};
+    Config nearest_config = q;
+    nearest_config.stochastic = false;
+    const std::vector<Result> a = run(world, q), b = run(world, q), nearest = run(world, nearest_config);
+    // Each hop's code is within one scale of its value (not half): each rank's gradient gmax / qmax,
+    // each node's sum of L L gmax / qmax; averaged over the world, at most 2 gmax / qmax.
+    const float qmax = bits == 8 ? 127.0f : 7.0f;
+    size_t unlike_nearest = 0;
+    for (size_t u = 0; u < kSizes.size(); ++u) {
+      CAPTURE(u);
+      CHECK(a[0].final[u] == b[0].final[u]);
+      for (const Result& r : a) CHECK(r.final[u] == a[0].final[u]);
+      for (size_t e = 0; e < kSizes[u]; ++e) {
+        CHECK(std::fabs(a[0].final[u][e] - exact[0].final[u][e]) <= 2 * gmax / qmax * 1.001f);
+        unlike_nearest += a[0].final[u][e] != nearest[0].final[u][e] ? 1 : 0;
+      }
+    }
+    CHECK(unlike_nearest > 0);
+  }
+  EngineOptions o;
+  o.stage = 3;
+  o.quantized_gradients.stochastic = true;
+  CHECK_THROWS_WITH_AS(validate(o), doctest::Contains("quantized_gradients.stochastic rounds qgZ's codes, but "
+                                                      "quantized_gradients.bits is 0 (off)"), InvalidArgument);
 }
 
 TEST_CASE("qgZ and hpZ beside hybrid sharding: within the bound of the exact reduction, replicas alike") {

@@ -318,6 +318,7 @@ EngineParts wire_stage(const PolicyInputs& in) {
   }
   if (o.quantized_gradients.bits != 0) {
     rc.quantized = memory::BlockQuantization{.block = o.quantized_gradients.block, .bits = o.quantized_gradients.bits};
+    rc.stochastic_rounding = o.quantized_gradients.stochastic;
   }
   ReducerComms reducer_comms{in.shard, in.replica};
   if (rc.quantized) {

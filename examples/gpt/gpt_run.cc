@@ -65,7 +65,8 @@ GptRun GptRun::read(cli::Flags& flags) {
     opt.quantized_weights.bits = parse_quantized_bits(flags.get("quantized-weights", ""), "--quantized-weights");
   }
   // ZeRO++'s hpZ (--hpz-size N: the secondary shard within groups of N data-parallel ranks) and qgZ
-  // (--quantized-gradients int8|int4); without --hpz-size the node size comes from the launcher.
+  // (--quantized-gradients int8|int4, --quantized-gradients-stochastic); without --hpz-size the node
+  // size comes from the launcher.
   if (flags.has("hpz-size")) {
     const int hpz = flags.get_int("hpz-size", 1);
     if (hpz < 1) ZERO_THROW(InvalidArgument, "--hpz-size must be at least 1 (1: no hpZ), got {}", hpz);
@@ -77,6 +78,7 @@ GptRun GptRun::read(cli::Flags& flags) {
   if (flags.has("quantized-gradients")) {
     opt.quantized_gradients.bits = parse_quantized_bits(flags.get("quantized-gradients", ""), "--quantized-gradients");
   }
+  opt.quantized_gradients.stochastic = flags.get_bool("quantized-gradients-stochastic", false);
   if (flags.has("quantized-block")) {
     const int block = flags.get_int("quantized-block", 256);
     if (block < 1) ZERO_THROW(InvalidArgument, "--quantized-block must be positive, got {}", block);

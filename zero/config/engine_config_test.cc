@@ -683,7 +683,7 @@ EngineConfig every_field_changed() {
   o.quantized_weights = {.bits = 4, .block = 128, .backward = false, .evaluation = true};
   o.node_size = 2;
   o.secondary_shard = true;
-  o.quantized_gradients = {.bits = 8, .block = 64};
+  o.quantized_gradients = {.bits = 8, .block = 64, .stochastic = true};
   o.offload = {.optimizer = true, .params = true, .pinned_staging = false};
   o.replica_check_every = 50;
   o.timeout = std::chrono::milliseconds(1234);

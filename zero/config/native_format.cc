@@ -176,6 +176,7 @@ void visit_native(V& v, EngineConfig& c) {
   v.object("quantized_gradients", [&] {
     v.field("bits", o.quantized_gradients.bits);
     v.field("block", o.quantized_gradients.block);
+    v.field("stochastic", o.quantized_gradients.stochastic);
   });
   v.object("offload", [&] {
     v.field("optimizer", o.offload.optimizer);
