@@ -11,8 +11,8 @@
 #                      (the variants whose names match the pattern, beside plain; the flags after --
 #                       go to every run, plain's included: a larger model here)
 # Variants: plain stage 3; qwZ int8; qwZ int8 with optimizer and parameter offload; qwZ int4; hpZ
-# (nodes of 2) with qwZ; qgZ int8 and int4 alone; all three, and all three offloaded (the case
-# DeepSpeed's hpZ + offload broke). The smallest gradient norm of the logged steps is printed beside
+# (nodes of 2) with qwZ; qgZ int8 and int4 alone, rounded to nearest and stochastically; all three
+# (also with stochastic qgZ), and all three offloaded (the case DeepSpeed's hpZ + offload broke). The smallest gradient norm of the logged steps is printed beside
 # each loss (DeepSpeed's broken runs showed 0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -64,7 +64,10 @@ all3="--quantized-weights int8 --hpz-size 2 --quantized-gradients int4"
 for v in "qwZ int8|--quantized-weights int8" "qwZ int8, offload|--quantized-weights int8 --offload --offload-params" \
          "qwZ int4|--quantized-weights int4" "qwZ int8 + hpZ|--quantized-weights int8 --hpz-size 2" \
          "qgZ int8|--quantized-gradients int8" "qgZ int4|--quantized-gradients int4" \
-         "qwZ int8 + hpZ + qgZ int4|$all3" "qwZ int8 + hpZ + qgZ int4, offload|$all3 --offload --offload-params"; do
+         "qgZ int8, stochastic|--quantized-gradients int8 --quantized-gradients-stochastic" \
+         "qgZ int4, stochastic|--quantized-gradients int4 --quantized-gradients-stochastic" \
+         "qwZ int8 + hpZ + qgZ int4|$all3" "qwZ int8 + hpZ + qgZ int4, stochastic|$all3 --quantized-gradients-stochastic" \
+         "qwZ int8 + hpZ + qgZ int4, offload|$all3 --offload --offload-params"; do
   IFS='|' read -r name flags <<<"$v"
   [[ -n $ONLY && ! $name =~ ^($ONLY)$ ]] && continue
   # shellcheck disable=SC2086
