@@ -123,6 +123,12 @@ int run(int argc, char** argv) {
   row("quantize fp32 -> int8",
       best_of(rounds, [&] { host_kernels::quantize_blocks(x.data(), DType::kFloat32, n, q, seg.data()); }),
       best_of(rounds, [&] { quantize_traffic(x.data(), n, 4, q.block, codes, scales.data()); }), qb);
+  // qgZ's stochastic rounding (the scalar loop on every path, memory/block_quantization.h).
+  BlockQuantization stochastic = q;
+  stochastic.stochastic_key = 0x5EED;
+  row("quantize fp32 -> int8, stochastic",
+      best_of(rounds, [&] { host_kernels::quantize_blocks(x.data(), DType::kFloat32, n, stochastic, seg.data()); }),
+      best_of(rounds, [&] { quantize_traffic(x.data(), n, 4, q.block, codes, scales.data()); }), qb);
   row("quantize bf16 -> int8",
       best_of(rounds, [&] { host_kernels::quantize_blocks(xb.data(), DType::kBFloat16, n, q, seg.data()); }),
       best_of(rounds, [&] { quantize_traffic(xb.data(), n, 2, q.block, codes, scales.data()); }), qbb);
