@@ -14,6 +14,7 @@
 
 #include "base/dtype.h"
 #include "base/simd.h"
+#include "base/splitmix64.h"
 
 namespace zero::memory::host_kernels {
 namespace {
@@ -344,10 +345,7 @@ float quantize_code(float v, float inv, float qmax) { return code_scalar(v, inv,
 
 float quantize_code_stochastic(float v, float inv, float qmax, uint64_t key, size_t index) {
   if (!finite(v)) return -qmax - 1.0f;
-  uint64_t h = key ^ (static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull);
-  h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
-  h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
-  h ^= h >> 31;
+  const uint64_t h = splitmix64_mix(key ^ (static_cast<uint64_t>(index) * kSplitMix64Gamma));
   const float u = static_cast<float>(h >> 40) * 0x1p-24f;
   return std::min(std::max(std::floor(v * inv + u), -qmax), qmax);
 }

@@ -5,6 +5,7 @@
 #include "base/fault_injection.h"
 #include "base/check.h"
 #include "base/logging.h"
+#include "base/splitmix64.h"
 
 namespace zero {
 
@@ -396,20 +397,8 @@ std::string GradReducer::gradient_label(size_t b, const char* suffix) const {
   return unit >= 0 ? fmt::format("unit {} gradients{}", unit, suffix) : fmt::format("bucket {} gradients{}", b, suffix);
 }
 
-namespace {
-
-// splitmix64's finalizer over the running key and one more value.
-uint64_t mix(uint64_t key, uint64_t value) {
-  uint64_t h = (key ^ value) + 0x9E3779B97F4A7C15ull;
-  h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
-  h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
-  return h ^ (h >> 31);
-}
-
-}  // namespace
-
 void GradReducer::set_step(int64_t step, int64_t micro_step) {
-  step_key_ = mix(mix(0, static_cast<uint64_t>(step)), static_cast<uint64_t>(micro_step));
+  step_key_ = splitmix64(splitmix64(static_cast<uint64_t>(step)) ^ static_cast<uint64_t>(micro_step));
 }
 
 uint64_t GradReducer::rounding_key(size_t b, const Piece& piece, size_t row, int hop) const {
@@ -417,7 +406,7 @@ uint64_t GradReducer::rounding_key(size_t b, const Piece& piece, size_t row, int
   uint64_t k = step_key_;
   for (uint64_t v : {uint64_t{b}, uint64_t{piece.begin}, uint64_t{row}, static_cast<uint64_t>(hop),
                      static_cast<uint64_t>(comms_.shard->rank())}) {
-    k = mix(k, v);
+    k = splitmix64(k ^ v);
   }
   return k | 1;  // never 0, which means round to nearest
 }

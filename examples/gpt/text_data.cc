@@ -7,6 +7,7 @@
 #include <iterator>
 
 #include "base/check.h"
+#include "base/splitmix64.h"
 
 namespace zero::examples {
 namespace {
@@ -17,14 +18,6 @@ void append_file(const fs::path& p, std::vector<uint8_t>* out) {
   std::ifstream in(p, std::ios::binary);
   if (!in) ZERO_THROW(IoError, "cannot read '{}'", p.string());
   out->insert(out->end(), std::istreambuf_iterator<char>(in), {});
-}
-
-// SplitMix64: a position from (seed, step, index) alone.
-uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
 }
 
 }  // namespace
@@ -63,7 +56,9 @@ void TextData::batch(int64_t step, int first, int count, bool validation, std::v
   inputs->clear();
   targets->clear();
   for (int j = first; j < first + count; ++j) {
-    const uint64_t key = mix(mix(seed_ ^ (validation ? 0x5a5a5a5aull : 0)) ^ mix(static_cast<uint64_t>(step) * 1000003 + j));
+    // A position from (seed, step, index) alone.
+    const uint64_t key = splitmix64(splitmix64(seed_ ^ (validation ? 0x5a5a5a5aull : 0)) ^
+                                    splitmix64(static_cast<uint64_t>(step) * 1000003 + j));
     const size_t at = static_cast<size_t>(key % positions);
     for (int t = 0; t < block_; ++t) {
       inputs->push_back(text[at + static_cast<size_t>(t)]);
