@@ -45,41 +45,6 @@ void narrow(const float* src, void* dst, DType dtype, size_t n, SimdPath path) {
   }
 }
 
-// Stochastic rounding, block by block with the scalar code (every path the same bytes). The
-// segment's padding is zeroed by the caller.
-uint64_t quantize_stochastic(const void* src, DType src_dtype, size_t n, const BlockQuantization& q, float* scales,
-                             uint8_t* codes, SimdPath path) {
-  const QuantizeLoops& loops = quantize_loops(path);
-  const float qmax = static_cast<float>(q.qmax());
-  uint64_t nonfinite = 0;
-  float tmp[kTile];
-  for (size_t first = 0, k = 0; first < n; first += q.block, ++k) {
-    const size_t len = std::min(q.block, n - first);
-    float absmax = 0.0f;
-    for (size_t t = 0; t < len; t += kTile) {
-      const size_t m = std::min(kTile, len - t);
-      absmax = std::max(absmax, loops.absmax(widen(element(src, src_dtype, first + t), src_dtype, m, tmp, path), m));
-    }
-    const BlockScale bs = block_scale(absmax, qmax);
-    scales[k] = bs.scale;
-    for (size_t t = 0; t < len; t += kTile) {
-      const size_t m = std::min(kTile, len - t);
-      const float* x = widen(element(src, src_dtype, first + t), src_dtype, m, tmp, path);
-      for (size_t i = 0; i < m; ++i) {
-        const size_t e = first + t + i;
-        const int c = static_cast<int>(quantize_code_stochastic(x[i], bs.inv, qmax, q.stochastic_key, e));
-        if (q.bits == 8) {
-          codes[e] = static_cast<uint8_t>(static_cast<int8_t>(c));
-        } else {
-          codes[e / 2] |= static_cast<uint8_t>((static_cast<unsigned>(c) & 0xFu) << (4 * (e % 2)));
-        }
-        nonfinite += c == -q.qmax() - 1 ? 1 : 0;  // the marker: a non-finite value
-      }
-    }
-  }
-  return nonfinite;
-}
-
 }  // namespace
 
 uint64_t quantize_blocks(const void* src, DType src_dtype, size_t n, const BlockQuantization& q, void* segment,
@@ -96,11 +61,13 @@ uint64_t quantize_blocks(const void* src, DType src_dtype, size_t n, const Block
   const float qmax = static_cast<float>(q.qmax());
   uint64_t nonfinite = 0;
   float tmp[kTile];
-  if (q.stochastic_key != 0) return quantize_stochastic(src, src_dtype, n, q, scales, codes, path);
-  if (q.bits == 8 && src_dtype == DType::kBFloat16 && loops.quantize8_bf16 != nullptr) {
+  // Stochastic rounding takes the block loop below with its scalar code (the same bytes on every
+  // path); rounding to nearest, the vector loops where they are.
+  const bool stochastic = q.stochastic_key != 0;
+  if (!stochastic && q.bits == 8 && src_dtype == DType::kBFloat16 && loops.quantize8_bf16 != nullptr) {
     return loops.quantize8_bf16(static_cast<const uint16_t*>(src), n, q.block, scales, codes);
   }
-  if (q.bits == 8 && q.block <= kTile) {
+  if (!stochastic && q.bits == 8 && q.block <= kTile) {
     // Whole blocks a tile at a time, widened once: the common case in one call per tile.
     const size_t per = kTile / q.block * q.block;
     for (size_t first = 0; first < n; first += per) {
@@ -126,14 +93,19 @@ uint64_t quantize_blocks(const void* src, DType src_dtype, size_t n, const Block
       const size_t m = std::min(kTile, len - t);
       const float* x = whole != nullptr ? whole : widen(element(src, src_dtype, first + t), src_dtype, m, tmp, path);
       const size_t e0 = first + t;
-      if (q.bits == 8) {
+      if (q.bits == 8 && !stochastic) {
         nonfinite += loops.codes8(x, m, bs.inv, codes + e0);
         continue;
       }
       for (size_t i = 0; i < m; ++i) {
         const size_t e = e0 + i;
-        const int c = static_cast<int>(quantize_code(x[i], bs.inv, qmax));
-        codes[e / 2] |= static_cast<uint8_t>((static_cast<unsigned>(c) & 0xFu) << (4 * (e % 2)));
+        const int c = static_cast<int>(stochastic ? quantize_code_stochastic(x[i], bs.inv, qmax, q.stochastic_key, e)
+                                                  : quantize_code(x[i], bs.inv, qmax));
+        if (q.bits == 8) {
+          codes[e] = static_cast<uint8_t>(static_cast<int8_t>(c));
+        } else {
+          codes[e / 2] |= static_cast<uint8_t>((static_cast<unsigned>(c) & 0xFu) << (4 * (e % 2)));
+        }
         nonfinite += c == -q.qmax() - 1 ? 1 : 0;  // the marker: a non-finite value
       }
     }
