@@ -142,10 +142,7 @@ void Engine::finish_backward() {
       }
     }
   }
-  if (!m.parts.reducer->micro_step_open()) {
-    m.parts.reducer->set_step(m.steps_taken, m.micro_steps);
-    m.parts.reducer->begin_micro_step(m.syncs());
-  }
+  m.open_micro_step(m.syncs());
   m.held.complete(*m.parts.reducer, m.registry, m.dtypes);
   m.parts.reducer->end_micro_step();
   m.clear_passes();
@@ -159,8 +156,7 @@ StepResult Engine::step() {
   if (m.parts.reducer->micro_step_open() || m.micro_steps == 0) finish_backward();
   if (m.parts.reducer->holds_unreduced()) {
     // Fewer micro-steps than configured, or the last one inside no_sync: reduce what accumulated.
-    m.parts.reducer->set_step(m.steps_taken, m.micro_steps);
-    m.parts.reducer->begin_micro_step(true);
+    m.open_micro_step(true);
     m.parts.reducer->end_micro_step();
   }
   // The mean over ranks, micro-steps and micro-batches.

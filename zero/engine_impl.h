@@ -92,6 +92,13 @@ struct Engine::Impl {
     if (no_sync_depth > 0) return false;
     return micro.reduce_every_micro_step || micro_steps + 1 == micro.micro_steps;
   }
+  // Opens the reducer's micro-step unless one is open, telling it the step and micro-step its
+  // reductions belong to (qgZ's stochastic rounding keys its draws with them).
+  void open_micro_step(bool sync) {
+    if (parts.reducer->micro_step_open()) return;
+    parts.reducer->set_step(steps_taken, micro_steps);
+    parts.reducer->begin_micro_step(sync);
+  }
   void require_finalized(const char* what) {
     if (scope_error) std::rethrow_exception(std::exchange(scope_error, nullptr));
     if (!finalized) ZERO_THROW(InvalidArgument, "{}() called before finalize()", what);
@@ -111,7 +118,7 @@ struct Engine::Impl {
                  what, id, p.name, p.unit, p.unit);
     }
     const size_t t = static_cast<size_t>(param_tensor[static_cast<size_t>(id)]);
-    parts.reducer->begin_micro_step(syncs());
+    open_micro_step(syncs());
     if (parts.reducer->is_ready(t)) {
       ZERO_THROW(InvalidArgument, "{}({}): parameter '{}' was already marked ready in this micro-step", what, id,
                  p.name);

@@ -53,10 +53,7 @@ UnitScope Engine::open_scope(int unit, bool backward, BackwardPart part) {
     }
     ++(part == BackwardPart::kWeight ? weights : inputs);
   }
-  if (backward && !m.parts.reducer->micro_step_open()) {
-    m.parts.reducer->set_step(m.steps_taken, m.micro_steps);
-    m.parts.reducer->begin_micro_step(m.syncs());
-  }
+  if (backward) m.open_micro_step(m.syncs());
   UnitScope scope(this, unit, backward, part, m.evaluating);
   // Micro-batches reduced one by one: the unit's bucket takes its next micro-batch's gradients.
   if (m.writes_grads(scope) && m.each_micro_batch() && m.backward_passes[unit] > 0 && !m.held.unit(unit)) {
