@@ -230,12 +230,6 @@ float* AdafactorUpdate::state_at(const std::string& name, const Run& r, size_t x
   return name == "exp_avg_sq_row" ? rc() + m.r_at + e / s.t.cols : rc() + m.c_at + e % s.t.cols;
 }
 
-bool AdafactorUpdate::holds(size_t x) const {
-  bool found = false;
-  for_each_overlap(runs_, x, x + 1, [&](const Run&, size_t, size_t) { found = true; });
-  return found;
-}
-
 StateEncoding AdafactorUpdate::state_encoding(const std::string& name, size_t begin, size_t) const {
   StateEncoding e;
   for_each_overlap(runs_, begin, begin + 1, [&](const Run& r, size_t lo, size_t) {

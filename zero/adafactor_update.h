@@ -45,11 +45,10 @@ class AdafactorUpdate {
   // Checkpoint access by optimizer-space element (zeros where an element keeps no such state).
   void read_state(const std::string& name, size_t begin, size_t n, float* out);
   void write_state(const std::string& name, size_t begin, size_t n, const float* in);
-  // Whether optimizer-space element x is one of Adafactor's.
-  bool holds(size_t x) const;
   // How a checkpoint stores [begin, begin + n) of state `name` (one tensor's elements): a matrix's R
   // once per row of the part (block_constant, its rows' length, the piece's start within a row) and
-  // its C once per period (periodic): O(rows + cols) bytes, not 8 per element; none otherwise.
+  // its C once per period (periodic): O(rows + cols) bytes, not 8 per element; none otherwise (an
+  // element not Adafactor's too).
   StateEncoding state_encoding(const std::string& name, size_t begin, size_t n) const;
   size_t state_bytes() const;
   size_t numel() const;  // this rank's Adafactor elements

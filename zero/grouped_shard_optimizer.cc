@@ -182,10 +182,9 @@ class GroupedShardOptimizer final : public ShardOptimizer {
   float* host_state(const std::string&) override { return nullptr; }  // no array spans the optimizer space
   // The encoding of the kind that keeps the piece's elements (a piece is one tensor's, so one kind's).
   StateEncoding state_encoding(const std::string& name, size_t begin, size_t n) const override {
-    if (adafactor_ && AdafactorUpdate::keeps(name) && adafactor_->holds(begin)) {
-      return adafactor_->state_encoding(name, begin, n);
-    }
     StateEncoding e;
+    if (adafactor_ && AdafactorUpdate::keeps(name)) e = adafactor_->state_encoding(name, begin, n);
+    if (e.kind != StateEncoding::Kind::kNone) return e;
     for (const Part& part : parts_) {
       if (std::find(part.states.begin(), part.states.end(), name) == part.states.end()) continue;
       for_each_overlap(part.runs, begin, begin + 1, [&](const Run& r, size_t lo, size_t) {
