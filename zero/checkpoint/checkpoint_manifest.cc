@@ -1,7 +1,5 @@
 #include "zero/checkpoint/checkpoint_manifest.h"
 
-#include <algorithm>
-
 #include "layout/layout_json.h"
 
 namespace zero {
@@ -106,10 +104,7 @@ bool counted_bytes(const SavedPiece& sp) {
     const uint64_t es = dtype_size(sp.dtype);
     return sp.bytes % es == 0 && sp.bytes / es == n;
   }
-  // e.stored(n), without a sum that could wrap (block and phase are below 2^30).
-  uint64_t stored = n / e.block + (n % e.block != 0 ? 1 : 0);
-  if (e.kind == StateEncoding::Kind::kBlockConstant) stored = n == 0 ? 0 : n / e.block + (n % e.block + e.phase + e.block - 1) / e.block;
-  if (e.kind == StateEncoding::Kind::kPeriodic) stored = std::min<uint64_t>(n, e.block);
+  const uint64_t stored = e.stored(n);  // parse_encoding checked block and phase
   if (stored > sp.bytes / sizeof(float)) return false;
   const uint64_t values = stored * sizeof(float);
   return e.kind == StateEncoding::Kind::kDynamic8 ? sp.bytes - values == n : sp.bytes == values;

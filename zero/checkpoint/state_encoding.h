@@ -37,12 +37,13 @@ struct StateEncoding {
   bool operator==(const StateEncoding& o) const {
     return kind == o.kind && block == o.block && is_signed == o.is_signed && phase == o.phase;
   }
-  // The stored values (or scales) of n elements.
+  // The stored values (or scales) of n elements; no sum wraps for any n (phase < block below 2^30,
+  // which a reader checks before it asks).
   size_t stored(size_t n) const {
     switch (kind) {
-      case Kind::kBlockConstant: return n == 0 ? 0 : (n + phase + block - 1) / block;
+      case Kind::kBlockConstant: return n == 0 ? 0 : n / block + (n % block + phase + block - 1) / block;
       case Kind::kPeriodic: return n < block ? n : block;
-      case Kind::kDynamic8: return (n + block - 1) / block;
+      case Kind::kDynamic8: return n / block + (n % block != 0 ? 1 : 0);
       case Kind::kNone: break;
     }
     return n;
