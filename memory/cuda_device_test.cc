@@ -290,6 +290,12 @@ TEST_CASE("quantize_blocks and dequantize_rows give the host device's bytes, the
       }
     }
   }
+  // Stochastic rounding is the host quantizer's only: refused, naming the option.
+  const BlockQuantization stochastic{.block = 256, .bits = 8, .stochastic_key = 7};
+  Buffer x = p.upload(std::vector<unsigned char>(256 * sizeof(float), 0));
+  Buffer seg = p.upload(std::vector<unsigned char>(stochastic.segment_bytes(256), 0));
+  CHECK_THROWS_WITH_AS(p.gpu->quantize_blocks(x.data(), DType::kFloat32, 256, stochastic, seg.data(), nullptr, *p.stream),
+                       doctest::Contains("EngineOptions.quantized_gradients.stochastic"), InvalidArgument);
 }
 
 TEST_CASE("events order two streams and the compute stream; host tasks run in stream order") {
