@@ -61,8 +61,9 @@ uint64_t quantize_blocks(const void* src, DType src_dtype, size_t n, const Block
   const float qmax = static_cast<float>(q.qmax());
   uint64_t nonfinite = 0;
   float tmp[kTile];
-  // Stochastic rounding takes the block loop below with its scalar code (the same bytes on every
-  // path); rounding to nearest, the vector loops where they are.
+  int8_t tile_codes[kTile];  // int4's codes of a tile, before they are packed
+  // Stochastic rounding takes the block loop below (its codes drawn by the path's loop); rounding
+  // to nearest, the fused loops where they are.
   const bool stochastic = q.stochastic_key != 0;
   if (!stochastic && q.bits == 8 && src_dtype == DType::kBFloat16 && loops.quantize8_bf16 != nullptr) {
     return loops.quantize8_bf16(static_cast<const uint16_t*>(src), n, q.block, scales, codes);
@@ -97,16 +98,20 @@ uint64_t quantize_blocks(const void* src, DType src_dtype, size_t n, const Block
         nonfinite += loops.codes8(x, m, bs.inv, codes + e0);
         continue;
       }
-      for (size_t i = 0; i < m; ++i) {
-        const size_t e = e0 + i;
-        const int c = static_cast<int>(stochastic ? quantize_code_stochastic(x[i], bs.inv, qmax, q.stochastic_key, e)
-                                                  : quantize_code(x[i], bs.inv, qmax));
-        if (q.bits == 8) {
-          codes[e] = static_cast<uint8_t>(static_cast<int8_t>(c));
-        } else {
-          codes[e / 2] |= static_cast<uint8_t>((static_cast<unsigned>(c) & 0xFu) << (4 * (e % 2)));
+      int8_t* c = q.bits == 8 ? reinterpret_cast<int8_t*>(codes + e0) : tile_codes;
+      if (stochastic) {
+        nonfinite += loops.codes_stochastic(x, m, bs.inv, qmax, q.stochastic_key, e0, c);
+      } else {  // int4 to nearest
+        for (size_t i = 0; i < m; ++i) {
+          c[i] = static_cast<int8_t>(quantize_code(x[i], bs.inv, qmax));
+          nonfinite += c[i] == -q.qmax() - 1 ? 1 : 0;  // the marker: a non-finite value
         }
-        nonfinite += c == -q.qmax() - 1 ? 1 : 0;  // the marker: a non-finite value
+      }
+      if (q.bits == 4) {
+        for (size_t i = 0; i < m; ++i) {
+          const size_t e = e0 + i;
+          codes[e / 2] |= static_cast<uint8_t>((static_cast<unsigned>(c[i]) & 0xFu) << (4 * (e % 2)));
+        }
       }
     }
   }

@@ -27,12 +27,13 @@
 // up over steps): code = floor(x * (qmax / absmax) + u), clamped to [-qmax, qmax], with u in
 // [0, 1) drawn from the key and the element's index i in the segment,
 //
-//   h = splitmix64(key ^ (i * 0x9E3779B97F4A7C15)),  u = (h >> 40) * 2^-24
+//   k = splitmix64's finalizer of the key, its top 32 bits (base/splitmix64.h)
+//   h = lowbias32(k ^ (i * 0x9E3779B9 mod 2^32)),  u = (h >> 8) * 2^-24   (base/lowbias32.h)
 //
-// (splitmix64's finalizer: h ^= h >> 30; h *= 0xBF58476D1CE4E5B9; h ^= h >> 27;
-// h *= 0x94D049BB133111EB; h ^= h >> 31), so each code's mean is x's (to u's 24 bits) and a call
-// with the same key writes the same bytes. A finite element then comes back within one scale of
-// itself. The host runs it on every SIMD path with the scalar loop (the same bytes); the CUDA
+// (32-bit arithmetic, which vectors and GPUs multiply natively; the draws repeat past 2^32
+// elements of one segment), so each code's mean is x's (to u's 24 bits) and a call with the same
+// key writes the same bytes. A finite element then comes back within one scale of itself. The
+// host's SIMD paths draw 8 or 16 elements at once and write the scalar loop's bytes; the CUDA
 // kernels do not have it yet (the CUDA device refuses it).
 //
 // A non-finite element (NaN, +-Inf) takes the code -qmax - 1, which no finite value takes, and

@@ -123,7 +123,7 @@ int run(int argc, char** argv) {
   row("quantize fp32 -> int8",
       best_of(rounds, [&] { host_kernels::quantize_blocks(x.data(), DType::kFloat32, n, q, seg.data()); }),
       best_of(rounds, [&] { quantize_traffic(x.data(), n, 4, q.block, codes, scales.data()); }), qb);
-  // qgZ's stochastic rounding (the scalar loop on every path, memory/block_quantization.h).
+  // qgZ's stochastic rounding (memory/block_quantization.h): a hash drawn per element.
   BlockQuantization stochastic = q;
   stochastic.stochastic_key = 0x5EED;
   row("quantize fp32 -> int8, stochastic",

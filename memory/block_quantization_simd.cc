@@ -3,7 +3,8 @@
 // conversion to int32 rounds to nearest even (the default rounding mode) as the scalar's 1.5 x 2^23
 // trick does, and a code in [-128, 127] narrows exactly. The vector loops skip the scalar's clamp:
 // |v| <= absmax makes |v x (127 / absmax)| at most 127 (1 + 2^-24)^2, below 127.5, so the rounded
-// code is within [-127, 127] already.
+// code is within [-127, 127] already. Stochastic rounding's loops restate the scalar's hash on
+// 32-bit lanes (integer arithmetic, exact) and its product, sum and floor as one fp32 operation each.
 #include "memory/block_quantization_simd.h"
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <limits>
 
 #include "base/dtype.h"
+#include "base/lowbias32.h"
 #include "base/simd.h"
 #include "base/splitmix64.h"
 
@@ -54,6 +56,38 @@ void decode8_scalar(const uint8_t* codes, size_t n, float scale, float* out) {
     const int c = static_cast<int8_t>(codes[i]);
     out[i] = c == -128 ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(c) * scale;
   }
+}
+
+// Stochastic rounding's draw (memory/block_quantization.h): the key folded to 32 bits once per
+// call, then u = (lowbias32(k ^ index x golden) >> 8) x 2^-24 (exact) for the element at `index`
+// of its segment, on 32-bit lanes (the vector loops' index x golden advances by a multiple of golden
+// per vector, mod 2^32 as the scalar's product).
+uint32_t stochastic_key32(uint64_t key) { return static_cast<uint32_t>(splitmix64_mix(key) >> 32); }
+
+float stochastic_offset(uint32_t k, size_t index) {
+  return static_cast<float>(lowbias32(k ^ (static_cast<uint32_t>(index) * kGolden32)) >> 8) * 0x1p-24f;
+}
+
+// floor(v x inv + u) clamped to [-qmax, qmax]; the marker for a non-finite v. The product and the
+// sum are separate statements: a compiler that contracts within an expression (clang by default)
+// would fuse them into one FMA where the target has it, rounding once where the vector loops round
+// twice.
+float code_stochastic_scalar(float v, float inv, float qmax, float u) {
+  if (!finite(v)) return -qmax - 1.0f;
+  const float y = v * inv;
+  const float z = y + u;
+  return std::min(std::max(std::floor(z), -qmax), qmax);
+}
+
+uint64_t codes_stochastic_scalar(const float* x, size_t n, float inv, float qmax, uint64_t key, size_t first,
+                                 int8_t* out) {
+  const uint32_t k = stochastic_key32(key);
+  uint64_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = static_cast<int8_t>(code_stochastic_scalar(x[i], inv, qmax, stochastic_offset(k, first + i)));
+    bad += finite(x[i]) ? 0 : 1;
+  }
+  return bad;
 }
 
 // ---- AVX2 ----
@@ -103,6 +137,45 @@ ZERO_AVX2_TARGET void decode8_avx2(const uint8_t* codes, size_t n, float scale, 
     _mm256_storeu_ps(out + i, _mm256_blendv_ps(v, nan, _mm256_castsi256_ps(_mm256_cmpeq_epi32(c, marker))));
   }
   decode8_scalar(codes + i, n - i, scale, out + i);
+}
+
+// lowbias32 of eight lanes.
+ZERO_AVX2_TARGET __m256i lowbias32_avx2(__m256i x) {
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32(static_cast<int>(kLowbias32Mul1)));
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32(static_cast<int>(kLowbias32Mul2)));
+  return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+}
+
+ZERO_AVX2_TARGET uint64_t codes_stochastic_avx2(const float* x, size_t n, float inv, float qmax, uint64_t key,
+                                                size_t first, int8_t* out) {
+  const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(FLT_MAX);
+  const __m256 vinv = _mm256_set1_ps(inv), hi = _mm256_set1_ps(qmax), lo = _mm256_set1_ps(-qmax);
+  const __m256 unit = _mm256_set1_ps(0x1p-24f);
+  const __m256i marker = _mm256_set1_epi32(static_cast<int>(-qmax - 1.0f));
+  const __m256i k = _mm256_set1_epi32(static_cast<int>(stochastic_key32(key)));
+  const __m256i step = _mm256_set1_epi32(static_cast<int>(8 * kGolden32));
+  const auto f32 = static_cast<uint32_t>(first);
+  __m256i ig = _mm256_mullo_epi32(_mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(f32)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+                                  _mm256_set1_epi32(static_cast<int>(kGolden32)));
+  uint64_t bad = 0;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i h = lowbias32_avx2(_mm256_xor_si256(k, ig));
+    const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)), unit);
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 ok = _mm256_cmp_ps(_mm256_andnot_ps(sign, v), big, _CMP_LE_OQ);
+    const __m256 y = _mm256_mul_ps(v, vinv);
+    const __m256 z = _mm256_add_ps(y, u);
+    const __m256i c = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_floor_ps(z), lo), hi));
+    const __m256i coded = _mm256_blendv_epi8(marker, c, _mm256_castps_si256(ok));
+    const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(coded), _mm256_extracti128_si256(coded, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm_packs_epi16(w16, w16));
+    bad += static_cast<uint64_t>(8 - __builtin_popcount(static_cast<unsigned>(_mm256_movemask_ps(ok))));
+    ig = _mm256_add_epi32(ig, step);
+  }
+  return bad + codes_stochastic_scalar(x + i, n - i, inv, qmax, key, first + i, out + i);
 }
 
 // ---- AVX-512 ----
@@ -164,6 +237,44 @@ ZERO_AVX512_TARGET void decode8_avx512(const uint8_t* codes, size_t n, float sca
     _mm512_storeu_ps(out + i, _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(c, marker), v, nan));
   }
   decode8_scalar(codes + i, n - i, scale, out + i);
+}
+
+// lowbias32 of sixteen lanes (the maskz shifts with every lane set: GCC 12's plain ones draw a
+// false -Wuninitialized, as max_lane says).
+ZERO_AVX512_TARGET __m512i lowbias32_avx512(__m512i x) {
+  x = _mm512_xor_si512(x, _mm512_maskz_srli_epi32(0xFFFF, x, 16));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(static_cast<int>(kLowbias32Mul1)));
+  x = _mm512_xor_si512(x, _mm512_maskz_srli_epi32(0xFFFF, x, 15));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(static_cast<int>(kLowbias32Mul2)));
+  return _mm512_xor_si512(x, _mm512_maskz_srli_epi32(0xFFFF, x, 16));
+}
+
+ZERO_AVX512_TARGET uint64_t codes_stochastic_avx512(const float* x, size_t n, float inv, float qmax, uint64_t key,
+                                                    size_t first, int8_t* out) {
+  const __m512 big = _mm512_set1_ps(FLT_MAX), vinv = _mm512_set1_ps(inv);
+  const __m512 hi = _mm512_set1_ps(qmax), lo = _mm512_set1_ps(-qmax), unit = _mm512_set1_ps(0x1p-24f);
+  const __m512i marker = _mm512_set1_epi32(static_cast<int>(-qmax - 1.0f));
+  const __m512i k = _mm512_set1_epi32(static_cast<int>(stochastic_key32(key)));
+  const __m512i step = _mm512_set1_epi32(static_cast<int>(16 * kGolden32));
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  __m512i ig = _mm512_mullo_epi32(_mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(first))), lanes),
+                                  _mm512_set1_epi32(static_cast<int>(kGolden32)));
+  uint64_t bad = 0;
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i h = lowbias32_avx512(_mm512_xor_si512(k, ig));
+    const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_maskz_srli_epi32(0xFFFF, h, 8)), unit);
+    const __m512 v = _mm512_loadu_ps(x + i);
+    const __mmask16 ok = _mm512_cmp_ps_mask(_mm512_abs_ps(v), big, _CMP_LE_OQ);
+    const __m512 y = _mm512_mul_ps(v, vinv);
+    const __m512 z = _mm512_add_ps(y, u);
+    const __m512 f = _mm512_roundscale_ps(z, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    const __m512i c = _mm512_cvtps_epi32(_mm512_maskz_min_ps(0xFFFF, _mm512_maskz_max_ps(0xFFFF, f, lo), hi));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(_mm512_mask_blend_epi32(ok, marker, c)));
+    bad += static_cast<uint64_t>(16 - __builtin_popcount(static_cast<unsigned>(ok)));
+    ig = _mm512_add_epi32(ig, step);
+  }
+  return bad + codes_stochastic_scalar(x + i, n - i, inv, qmax, key, first + i, out + i);
 }
 
 // Whole blocks of x[0, n) (the last may be short) into their scales and int8 codes.
@@ -327,12 +438,13 @@ ZERO_AVX512_TARGET void decode8_bf16_avx512(const uint8_t* codes, size_t n, size
 }  // namespace
 
 const QuantizeLoops& quantize_loops(SimdPath path) {
-  static const QuantizeLoops scalar{absmax_scalar, codes8_scalar, decode8_scalar,
-                                    quantize8_composed<absmax_scalar, codes8_scalar>, nullptr, nullptr};
+  static const QuantizeLoops scalar{absmax_scalar,   codes8_scalar, decode8_scalar,
+                                    quantize8_composed<absmax_scalar, codes8_scalar>,
+                                    nullptr,         nullptr,       codes_stochastic_scalar};
   static const QuantizeLoops avx2{absmax_avx2, codes8_avx2, decode8_avx2, quantize8_composed<absmax_avx2, codes8_avx2>,
-                                  nullptr, nullptr};
-  static const QuantizeLoops avx512{absmax_avx512, codes8_avx512, decode8_avx512, quantize8_avx512,
-                                    quantize8_bf16_avx512, decode8_bf16_avx512};
+                                  nullptr,     nullptr,     codes_stochastic_avx2};
+  static const QuantizeLoops avx512{absmax_avx512,         codes8_avx512,       decode8_avx512,         quantize8_avx512,
+                                    quantize8_bf16_avx512, decode8_bf16_avx512, codes_stochastic_avx512};
   switch (path) {
     case SimdPath::kAvx512: return avx512;
     case SimdPath::kAvx2: return avx2;
@@ -342,12 +454,5 @@ const QuantizeLoops& quantize_loops(SimdPath path) {
 }
 
 float quantize_code(float v, float inv, float qmax) { return code_scalar(v, inv, qmax); }
-
-float quantize_code_stochastic(float v, float inv, float qmax, uint64_t key, size_t index) {
-  if (!finite(v)) return -qmax - 1.0f;
-  const uint64_t h = splitmix64_mix(key ^ (static_cast<uint64_t>(index) * kSplitMix64Gamma));
-  const float u = static_cast<float>(h >> 40) * 0x1p-24f;
-  return std::min(std::max(std::floor(v * inv + u), -qmax), qmax);
-}
 
 }  // namespace zero::memory::host_kernels

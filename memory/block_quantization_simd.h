@@ -23,6 +23,11 @@ struct QuantizeLoops {
   // widened tile: null on paths without them (the caller widens and narrows a tile instead).
   uint64_t (*quantize8_bf16)(const uint16_t* x, size_t n, size_t block, float* scales, uint8_t* codes);
   void (*decode8_bf16)(const uint8_t* codes, size_t n, size_t block, const float* scales, uint16_t* out);
+  // Stochastic codes (memory/block_quantization.h) of x[0, n) at `inv` = qmax / absmax, x[i] being
+  // element first + i of its segment, as int8 (int4's too, which the caller packs); the marker
+  // -qmax - 1 for a non-finite value. Returns how many were not finite.
+  uint64_t (*codes_stochastic)(const float* x, size_t n, float inv, float qmax, uint64_t key, size_t first,
+                               int8_t* out);
 };
 
 const QuantizeLoops& quantize_loops(SimdPath path);
@@ -40,8 +45,5 @@ inline BlockScale block_scale(float absmax, float qmax) {
 
 // One code, any width: rint(v * inv) clamped to [-qmax, qmax], or -qmax - 1 for a non-finite v.
 float quantize_code(float v, float inv, float qmax);
-// The same with stochastic rounding (memory/block_quantization.h): floor(v * inv + u), u from `key`
-// and the element's index in its segment.
-float quantize_code_stochastic(float v, float inv, float qmax, uint64_t key, size_t index);
 
 }  // namespace zero::memory::host_kernels

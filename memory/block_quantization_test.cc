@@ -232,14 +232,19 @@ TEST_CASE("every SIMD path writes the same segment bytes and the same values, Na
 
 // The stochastic rule restated from memory/block_quantization.h, for one element.
 int stochastic_code(float x, float inv, int qmax, uint64_t key, size_t i) {
-  uint64_t h = key ^ (static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull);
-  h ^= h >> 30;
-  h *= 0xBF58476D1CE4E5B9ull;
-  h ^= h >> 27;
-  h *= 0x94D049BB133111EBull;
-  h ^= h >> 31;
-  const float u = static_cast<float>(h >> 40) / 16777216.0f;
-  const float c = std::floor(x * inv + u);
+  uint64_t z = key;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  const auto k = static_cast<uint32_t>((z ^ (z >> 31)) >> 32);
+  uint32_t h = k ^ (static_cast<uint32_t>(i) * 0x9E3779B9u);
+  h ^= h >> 16;
+  h *= 0x7FEB352Du;
+  h ^= h >> 15;
+  h *= 0x846CA68Bu;
+  h ^= h >> 16;
+  const float u = static_cast<float>(h >> 8) / 16777216.0f;
+  const float y = x * inv;
+  const float c = std::floor(y + u);
   return static_cast<int>(std::min(std::max(c, static_cast<float>(-qmax)), static_cast<float>(qmax)));
 }
 
@@ -272,6 +277,40 @@ TEST_CASE("stochastic rounding: the documented draw, each code's mean the value,
     CHECK(quantize(x, q) == seg);
     const std::vector<float> nearest = dequantize(quantize(x, {.block = n, .bits = bits}), n, q);
     CHECK(nearest[1] == 0.0f);
+  }
+}
+
+TEST_CASE("stochastic rounding on every SIMD path: the documented draw at every element, keys of 64 bits") {
+  // Blocks shorter than a vector, over a tile (1024) and across tiles, so that the vector loops
+  // start at many element indices; a key with its top bits set; values over many scales.
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const size_t n = 4500;
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) x[i] = normal(rng) * (i % 11 == 0 ? 300.0f : 1.0f);
+  const uint64_t key = 0xF00D000000000001ull;
+  for (SimdPath path : supported_simd_paths()) {
+    for (int bits : {8, 4}) {
+      for (size_t block : {16u, 300u, 2000u}) {
+        const std::string path_name(simd_path_name(path));
+        CAPTURE(path_name);
+        CAPTURE(bits);
+        CAPTURE(block);
+        const BlockQuantization q{.block = block, .bits = bits, .stochastic_key = key};
+        std::vector<uint8_t> seg(q.segment_bytes(n), 0xAB);
+        CHECK(quantize_blocks(x.data(), DType::kFloat32, n, q, seg.data(), path) == 0);
+        const std::vector<float> back = dequantize(seg, n, q);
+        for (size_t first = 0, k = 0; first < n; first += block, ++k) {
+          float absmax = 0;
+          for (size_t i = first; i < std::min(n, first + block); ++i) absmax = std::max(absmax, std::fabs(x[i]));
+          const float inv = static_cast<float>(q.qmax()) / absmax;
+          for (size_t i = first; i < std::min(n, first + block); ++i) {
+            CAPTURE(i);
+            REQUIRE(back[i] == static_cast<float>(stochastic_code(x[i], inv, q.qmax(), key, i)) * scale_at(seg, k));
+          }
+        }
+      }
+    }
   }
 }
 
