@@ -33,8 +33,8 @@
 // (32-bit arithmetic, which vectors and GPUs multiply natively; the draws repeat past 2^32
 // elements of one segment), so each code's mean is x's (to u's 24 bits) and a call with the same
 // key writes the same bytes. A finite element then comes back within one scale of itself. The
-// host's SIMD paths draw 8 or 16 elements at once and write the scalar loop's bytes; the CUDA
-// kernels do not have it yet (the CUDA device refuses it).
+// host's SIMD paths draw 8 or 16 elements at once and write the scalar loop's bytes, and so do the
+// CUDA kernels (memory/stochastic_draw.h defines the draw for both).
 //
 // A non-finite element (NaN, +-Inf) takes the code -qmax - 1, which no finite value takes, and
 // comes back as NaN: it stays in its own element instead of spreading through the block's scale

@@ -16,7 +16,7 @@
 #include "base/dtype.h"
 #include "base/lowbias32.h"
 #include "base/simd.h"
-#include "base/splitmix64.h"
+#include "memory/stochastic_draw.h"
 
 namespace zero::memory::host_kernels {
 namespace {
@@ -58,14 +58,11 @@ void decode8_scalar(const uint8_t* codes, size_t n, float scale, float* out) {
   }
 }
 
-// Stochastic rounding's draw (memory/block_quantization.h): the key folded to 32 bits once per
-// call, then u = (lowbias32(k ^ index x golden) >> 8) x 2^-24 (exact) for the element at `index`
-// of its segment, on 32-bit lanes (the vector loops' index x golden advances by a multiple of golden
-// per vector, mod 2^32 as the scalar's product).
-uint32_t stochastic_key32(uint64_t key) { return static_cast<uint32_t>(splitmix64_mix(key) >> 32); }
-
-float stochastic_offset(uint32_t k, size_t index) {
-  return static_cast<float>(lowbias32(k ^ (static_cast<uint32_t>(index) * kGolden32)) >> 8) * 0x1p-24f;
+// Stochastic rounding's u for the element at `index` of its segment (memory/stochastic_draw.h; the
+// vector loops below restate the draw on 32-bit lanes, their index x golden advanced by a multiple
+// of golden per vector, mod 2^32 as the scalar's product).
+float stochastic_offset(uint32_t key32, size_t index) {
+  return static_cast<float>(stochastic_draw24(key32, index)) * 0x1p-24f;
 }
 
 // floor(v x inv + u) clamped to [-qmax, qmax]; the marker for a non-finite v. The product and the

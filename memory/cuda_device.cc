@@ -247,14 +247,11 @@ class CudaDevice final : public Device {
     const op_checks::QuantizedExtents e = op_checks::quantized(1, n, q, 0, src_dtype, 0, dev, "quantize_blocks");
     op_checks::pointer(src, e.element_bytes, dev, "quantize_blocks", "src");
     op_checks::pointer(segment, e.segment_bytes, dev, "quantize_blocks", "segment");
-    if (q.stochastic_key != 0) {
-      ZERO_THROW(InvalidArgument, "{}: quantize_blocks with stochastic rounding (EngineOptions.quantized_gradients."
-                 "stochastic) runs on the host quantizer only; the CUDA kernels round to nearest", dev);
-    }
     if (n == 0) return;
     DeviceGuard guard(ordinal_);
     launch("quantize_blocks",
-           cuda_kernels::quantize_blocks(src, src_dtype, n, q.block, q.bits, segment, nonfinite, s.handle()));
+           cuda_kernels::quantize_blocks(src, src_dtype, n, q.block, q.bits, q.stochastic_key, segment, nonfinite,
+                                         s.handle()));
   }
 
   void dequantize_rows(const void* segments, size_t segment_stride, size_t rows, size_t n, const BlockQuantization& q,

@@ -249,7 +249,7 @@ TEST_CASE("allocation is zero-filled and tracked under cuda:0; copy and fill_zer
   CHECK_THROWS_AS(make_cuda_device(1 << 20, p.gpu_tracker), Error);
 }
 
-TEST_CASE("quantize_blocks and dequantize_rows give the host device's bytes, the non-finite count too") {
+TEST_CASE("quantize_blocks and dequantize_rows give the host device's bytes (stochastic rounding too), the non-finite count too") {
   if (!have_gpu("block quantization")) return;
   Pair p;
   Stream& hs = p.host->compute_stream();
@@ -257,11 +257,13 @@ TEST_CASE("quantize_blocks and dequantize_rows give the host device's bytes, the
     for (size_t n : kSizes) {
       for (int bits : {8, 4}) {
         for (size_t block : {size_t{7}, size_t{256}}) {
+         for (uint64_t key : {uint64_t{0}, uint64_t{0xF00D000000000001}}) {  // to nearest, stochastic
           CAPTURE(dtype_name(a));
           CAPTURE(n);
           CAPTURE(bits);
           CAPTURE(block);
-          const BlockQuantization q{.block = block, .bits = bits};
+          CAPTURE(key);
+          const BlockQuantization q{.block = block, .bits = bits, .stochastic_key = key};
           const auto x = pattern(a, n, 29 + static_cast<uint32_t>(n));  // NaN and Inf among them
           const std::vector<unsigned char> zeros(q.segment_bytes(n) + sizeof(uint64_t), 0);
           Buffer gx = p.upload(x), gseg = p.upload(zeros);
@@ -286,16 +288,11 @@ TEST_CASE("quantize_blocks and dequantize_rows give the host device's bytes, the
             p.host->dequantize_rows(hsrc.data(), q.segment_bytes(n), 2, n, q, hd.data(), b, n, hs);
             check_same(b, p.download(gd), hd, 2 * n, false);
           }
+         }
         }
       }
     }
   }
-  // Stochastic rounding is the host quantizer's only: refused, naming the option.
-  const BlockQuantization stochastic{.block = 256, .bits = 8, .stochastic_key = 7};
-  Buffer x = p.upload(std::vector<unsigned char>(256 * sizeof(float), 0));
-  Buffer seg = p.upload(std::vector<unsigned char>(stochastic.segment_bytes(256), 0));
-  CHECK_THROWS_WITH_AS(p.gpu->quantize_blocks(x.data(), DType::kFloat32, 256, stochastic, seg.data(), nullptr, *p.stream),
-                       doctest::Contains("EngineOptions.quantized_gradients.stochastic"), InvalidArgument);
 }
 
 TEST_CASE("events order two streams and the compute stream; host tasks run in stream order") {

@@ -7,6 +7,7 @@
 #include "base/dtype.h"
 #include "base/float16.h"  // the host's conversions, compiled for the device too
 #include "memory/cuda_kernels.h"
+#include "memory/stochastic_draw.h"
 
 namespace zero::memory::cuda_kernels {
 namespace {
@@ -125,10 +126,15 @@ constexpr float kSmallestAbsmax = 0x1p-120f;  // block_quantization_simd.h's blo
 
 __device__ bool finite(float v) { return fabsf(v) <= 3.402823466e+38f; }
 
-__device__ int code_of(float v, float absmax, float qmax) {
+// The code of v in a block of that absmax: rint(v x inv), or with stochastic rounding (key32
+// nonzero; memory/stochastic_draw.h) floor(v x inv + u), each operation rounded once as the host's.
+__device__ int code_of(float v, float absmax, float qmax, bool stochastic, uint32_t key32, size_t e) {
   if (!finite(v)) return -static_cast<int>(qmax) - 1;
   const float inv = absmax < kSmallestAbsmax ? 0.0f : __fdiv_rn(qmax, absmax);
-  return static_cast<int>(fminf(fmaxf(rintf(__fmul_rn(v, inv)), -qmax), qmax));
+  const float y = __fmul_rn(v, inv);
+  const float rounded =
+      stochastic ? floorf(__fadd_rn(y, __fmul_rn(static_cast<float>(stochastic_draw24(key32, e)), 0x1p-24f))) : rintf(y);
+  return static_cast<int>(fminf(fmaxf(rounded, -qmax), qmax));
 }
 
 template <class E>
@@ -156,8 +162,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // One byte per thread: an int8 code, or two int4 codes (element 2u low, 2u + 1 high).
 template <class E>
-__global__ void block_codes_kernel(const typename E::T* x, size_t n, size_t block, int bits, const float* absmax,
-                                   uint8_t* codes, unsigned long long* nonfinite) {
+__global__ void block_codes_kernel(const typename E::T* x, size_t n, size_t block, int bits, bool stochastic,
+                                   uint32_t key32, const float* absmax, uint8_t* codes, unsigned long long* nonfinite) {
   const float qmax = bits == 8 ? 127.0f : 7.0f;
   const size_t bytes = bits == 8 ? n : (n + 1) / 2;
   ZERO_GRID_STRIDE(u, bytes) {
@@ -167,7 +173,7 @@ __global__ void block_codes_kernel(const typename E::T* x, size_t n, size_t bloc
       const size_t e = u * per + h;
       if (e >= n) break;
       const float v = E::load(x, e);
-      const int c = code_of(v, absmax[e / block], qmax);
+      const int c = code_of(v, absmax[e / block], qmax, stochastic, key32, e);
       if (!finite(v) && nonfinite != nullptr) atomicAdd(nonfinite, 1ull);
       byte |= bits == 8 ? static_cast<unsigned>(c) & 0xFFu : (static_cast<unsigned>(c) & 0xFu) << (4 * h);
     }
@@ -286,8 +292,8 @@ int block_sum_of_squares(const void* x, DType dtype, size_t block, size_t blocks
   });
 }
 
-int quantize_blocks(const void* src, DType src_dtype, size_t n, size_t block, int bits, void* segment,
-                    uint64_t* nonfinite, void* stream) {
+int quantize_blocks(const void* src, DType src_dtype, size_t n, size_t block, int bits, uint64_t stochastic_key,
+                    void* segment, uint64_t* nonfinite, void* stream) {
   if (n == 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
   const size_t blocks = (n + block - 1) / block;
@@ -307,7 +313,8 @@ int quantize_blocks(const void* src, DType src_dtype, size_t n, size_t block, in
     block_absmax_kernel<E><<<ctas, kThreads, 0, s>>>(x, n, block, blocks, slots);
     if (const int err = launched(); err != 0) return err;
     block_codes_kernel<E><<<grid_for(code_bytes), kThreads, 0, s>>>(
-        x, n, block, bits, slots, codes, reinterpret_cast<unsigned long long*>(nonfinite));
+        x, n, block, bits, stochastic_key != 0, stochastic_key32(stochastic_key), slots, codes,
+        reinterpret_cast<unsigned long long*>(nonfinite));
     if (const int err = launched(); err != 0) return err;
     block_scales_kernel<<<grid_for(blocks), kThreads, 0, s>>>(slots, blocks, bits == 8 ? 127.0f : 7.0f);
     return launched();

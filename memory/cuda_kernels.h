@@ -25,10 +25,11 @@ int ordered_sum(const void* ins, DType in_dtype, size_t stride, int k, void* out
                 size_t n, void* stream);
 int block_sum_of_squares(const void* x, DType dtype, size_t block, size_t blocks, double* out,
                          void* stream);
-// memory/block_quantization.h's segment of src[0, n) (blocks of `block`, int8 or int4 by `bits`);
-// `nonfinite` (device memory, may be null) counts the non-finite elements.
-int quantize_blocks(const void* src, DType src_dtype, size_t n, size_t block, int bits, void* segment,
-                    uint64_t* nonfinite, void* stream);
+// memory/block_quantization.h's segment of src[0, n) (blocks of `block`, int8 or int4 by `bits`,
+// rounded to nearest, or stochastically where stochastic_key is nonzero); `nonfinite` (device
+// memory, may be null) counts the non-finite elements.
+int quantize_blocks(const void* src, DType src_dtype, size_t n, size_t block, int bits, uint64_t stochastic_key,
+                    void* segment, uint64_t* nonfinite, void* stream);
 int dequantize_rows(const void* segments, size_t segment_stride, size_t rows, size_t n, size_t block, int bits,
                     void* dst, DType dst_dtype, size_t dst_stride, void* stream);
 

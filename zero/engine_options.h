@@ -171,7 +171,7 @@ struct EngineOptions {
     // Both hops' codes rounded stochastically (memory/block_quantization.h), so that each code's
     // mean is the value instead of round-to-nearest zeroing the small ones; each draw is keyed by
     // the step, the micro-step, the bucket, the piece, the row, the hop and the rank, so a run
-    // (and a resume) repeats bit for bit. Host quantizer only (a CUDA engine refuses it).
+    // (and a resume) repeats bit for bit. The host's and the CUDA kernels' codes are the same bytes.
     bool stochastic = false;
   };
   QuantizedReduction quantized_gradients;
