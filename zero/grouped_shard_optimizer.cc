@@ -12,6 +12,10 @@
 //   exchange  u -> the orthogonalized update O, whole matrix by whole matrix (zero/matrix_exchange.h)
 //   apply     W = W (1 - lr wd) - lr rms_scale sqrt(max(rows, cols)) O, then the model's copy
 //
+// Where the shard group exchanges, the momentum runs in prepare_range (every bucket's, before any
+// update: the exchange balances the whole step's matrices over the ranks), the exchange at the
+// step's first bucket with matrices, and the rest in step_range; else all three bucket by bucket.
+//
 // Checkpoints address the state by optimizer-space element as for one kind: an element reads zeros
 // for the states its kind does not keep, and writes to them are dropped.
 #include <algorithm>
@@ -122,6 +126,18 @@ class GroupedShardOptimizer final : public ShardOptimizer {
     }
     ++steps_;
     if (adafactor_) adafactor_->begin_step(options_, steps_);
+    prepared_ = 0;
+    exchanged_ = false;
+  }
+
+  bool prepares() const override { return matrices_ != nullptr && !meta_ && matrices_->exchanges(); }
+
+  void prepare_range(const optim::StepInput& in, size_t begin, size_t end) override {
+    if (!prepares()) return;
+    const size_t bucket = matrices_->bucket_at(begin);
+    if (!matrices_->has_matrices(bucket)) return;
+    muon_momentum(in, begin, end, matrices_->input(bucket));
+    ++prepared_;
   }
 
   void step_range(const optim::StepInput& in, size_t begin, size_t end, memory::Stream& stream) override {
@@ -267,7 +283,22 @@ class GroupedShardOptimizer final : public ShardOptimizer {
     const size_t bucket = matrices_->bucket_at(begin);
     if (!matrices_->has_matrices(bucket)) return;
     float* u = matrices_->input(bucket);
-    const size_t out_size = dtype_size(in.model_dtype);
+    if (!matrices_->exchanges()) {
+      muon_momentum(in, begin, end, u);
+      matrices_->orthogonalize_bucket(bucket);
+    } else if (!exchanged_) {
+      // Every rank reaches the step's first bucket with matrices here, in the same order.
+      ZERO_CHECK(prepared_ == matrices_->buckets_with_matrices(),
+                 "Muon's exchange with {} of {} buckets prepared (the applier calls prepare_range for every bucket "
+                 "first)", prepared_, matrices_->buckets_with_matrices());
+      matrices_->orthogonalize_step();
+      exchanged_ = true;
+    }
+    muon_apply(in, begin, end, u);
+  }
+
+  // m = mu m + g, and the update input u, for Muon's elements in [begin, end) (u: over the range).
+  void muon_momentum(const optim::StepInput& in, size_t begin, size_t end, float* u) {
     for_each_overlap(muon_runs_, begin, end, [&](const Run& r, size_t lo, size_t hi) {
       const size_t at = lo - begin, n = hi - lo;
       const float* grad = scaled_fp32_grad(in, at, n, grad_);
@@ -280,7 +311,12 @@ class GroupedShardOptimizer final : public ShardOptimizer {
         u[at + i] = h.nesterov ? g + mu * m[i] : m[i];
       }
     });
-    matrices_->orthogonalize(bucket, u);
+  }
+
+  // W = W (1 - lr wd) - lr rms_scale sqrt(max(rows, cols)) O for Muon's elements in [begin, end)
+  // (`orthogonalized`: O over the range), and the model's copy.
+  void muon_apply(const optim::StepInput& in, size_t begin, size_t end, const float* orthogonalized) {
+    const size_t out_size = dtype_size(in.model_dtype);
     for_each_overlap(muon_runs_, begin, end, [&](const Run& r, size_t lo, size_t hi) {
       const size_t at = lo - begin, n = hi - lo;
       const MuonScalars& s = muon_scalars_[static_cast<size_t>(r.segment->group)];
@@ -288,7 +324,7 @@ class GroupedShardOptimizer final : public ShardOptimizer {
       const double side = static_cast<double>(std::max(r.segment->rows, r.segment->cols));
       const auto step = static_cast<float>(s.lr_times_rms_scale * std::sqrt(side));
       float* w = in.master + at;
-      const float* o = u + at;
+      const float* o = orthogonalized + at;
       for (size_t i = 0; i < n; ++i) {
         const float decayed = w[i] * decay;
         w[i] = decayed - step * o[i];
@@ -337,6 +373,8 @@ class GroupedShardOptimizer final : public ShardOptimizer {
   std::vector<MuonScalars> muon_scalars_;  // per group, this step's
   std::unique_ptr<AdafactorUpdate> adafactor_;  // Adafactor's groups (null without)
   int64_t steps_ = 0;
+  size_t prepared_ = 0;    // buckets with matrices prepared this step
+  bool exchanged_ = false;  // this step's exchange has run
 };
 
 }  // namespace

@@ -1,28 +1,33 @@
 #pragma once
 // MatrixExchange: Muon's matrices on the even-shard layout. Muon orthogonalizes each matrix's update
 // whole (optim/newton_schulz.h), but at stages 1-3 a rank's chunk of a bucket holds pieces of rows
-// and columns. Per bucket, in the update's bucket order, every rank of the shard group:
+// and columns. Once per step, after the caller has written the update input u (fp32) of every
+// bucket with matrices, every rank of the shard group:
 //
-//   all-gathers its chunk of the update input u (fp32)      -> the bucket, whole, on every rank
-//   orthogonalizes the matrices it was handed               -> into a zeroed bucket buffer
-//   reduce-scatters that buffer (sum)                       -> each chunk's orthogonalized update
+//   all-gathers each bucket's chunks of u, keeping the matrices it was handed  -> its matrices, whole
+//   orthogonalizes them                                                        -> in that buffer
+//   reduce-scatters each bucket (its own matrices, zeros elsewhere; a sum)    -> each chunk's update
 //
-// Each matrix is handed to one rank (per bucket, the largest first, each to the rank least loaded in
-// that bucket, then over all buckets, by Newton-Schulz FLOPs), so the ranks split the work; the sum adds one value
-// and zeros per element, which is exact, so the result has the owner's bits at every world size.
-// The layout keeps every matrix inside one bucket (ShardLayoutOptions::whole_tensor_buckets).
-// Replicated ownership (stage 0) or one rank: the owned range is the whole bucket, and every rank
-// orthogonalizes every matrix itself (the same bits), with no collective.
+// Each matrix is handed to one rank for the whole step (the largest first, each to the least loaded
+// rank, by Newton-Schulz FLOPs), so the busiest rank runs at most the largest matrix's FLOPs beyond
+// an even share: the step waits for it once, not for each bucket's slowest rank (a bucket holds a
+// few matrices, fewer than a large group's ranks). The sum adds one value and zeros per element,
+// which is exact, so the result has the owner's bits at every world size. The layout keeps every
+// matrix inside one bucket (ShardLayoutOptions::whole_tensor_buckets).
+// Replicated ownership (stage 0) or one rank: nothing is exchanged; the owned range is the whole
+// bucket, and every rank orthogonalizes every matrix itself (the same bits), bucket by bucket.
 //
 // A matrix that is one rank's part of a matrix split across another group (tensor parallelism's
 // split placements; ExchangedMatrix::whole) is orthogonalized whole: its owner gathers the parts
-// over that group (every rank of it owns the same matrices, the layouts being equal), runs
-// Newton-Schulz on the whole matrix and keeps its part. Each rank of the group computes the same
-// whole matrix from the same bits, so the parts stay one matrix.
+// over that group (every rank of it owns the same matrices, the layouts being equal, and visits them
+// in the same order), runs Newton-Schulz on the whole matrix and keeps its part. Each rank of the
+// group computes the same whole matrix from the same bits, so the parts stay one matrix.
 //
-// The traffic is two bucket-sized collectives over the buckets that hold matrices, fp32 (more than
-// Moonlight's one gather per matrix, which computes every matrix on every rank instead); host
-// memory only (the shard group must take host buffers: Gloo).
+// The traffic is two bucket-sized collectives per bucket with matrices, fp32 (more than Moonlight's
+// one gather per matrix, which computes every matrix on every rank instead). The memory, where it
+// exchanges: u over the rank's owned ranges of those buckets, the matrices it was handed (the
+// largest rank's share, on every rank), and two bucket-sized buffers; host memory only (the shard
+// group must take host buffers: Gloo).
 #include <chrono>
 #include <cstddef>
 #include <map>
@@ -56,13 +61,20 @@ class MatrixExchange {
   // The bucket whose owned range starts at optimizer-space element `opt_begin`; SIZE_MAX if none.
   size_t bucket_at(size_t opt_begin) const;
   bool has_matrices(size_t bucket) const;
+  size_t buckets_with_matrices() const { return matrix_buckets_.size(); }
+  // Whether a shard group exchanges the matrices (orthogonalize_step); else each bucket is
+  // orthogonalized by itself (orthogonalize_bucket).
+  bool exchanges() const { return shard_ != nullptr; }
   // Where the caller writes the update input of a bucket with matrices: fp32, as long as the
-  // bucket's owned range (the same buffer for every bucket).
+  // bucket's owned range; on return from the orthogonalization, at the matrices' elements, the
+  // orthogonalized update (other elements: unspecified). Where it exchanges, each bucket has its own
+  // (they are all read at once); else one buffer serves every bucket.
   float* input(size_t bucket);
-  // `u`: fp32 over bucket `bucket`'s owned range; at the matrices' elements the update input, on
-  // return the orthogonalized update (other elements: unspecified). Collective over the shard group
-  // for a bucket with matrices: every rank calls it for such a bucket, in the same order.
-  void orthogonalize(size_t bucket, float* u);
+  // Exchanging: every bucket's matrices, from the inputs written this step. Collective over the
+  // shard group: every rank calls it once per step, after writing every bucket's input.
+  void orthogonalize_step();
+  // Not exchanging: bucket `bucket`'s matrices in its input, here.
+  void orthogonalize_bucket(size_t bucket);
   // The rank of the shard group that orthogonalizes layout tensor `tensor` (-1: not a matrix).
   int owner(size_t tensor) const;
   // FLOPs of the Newton-Schulz steps each rank runs per step (the balance, for reports and tests).
@@ -71,9 +83,11 @@ class MatrixExchange {
  private:
   struct Placed {
     ExchangedMatrix m;
+    size_t bucket = 0;
     size_t bucket_offset = 0;  // where it starts in its bucket
     size_t numel = 0;          // its elements here (a part's where m.whole is set)
     int owner = 0;
+    size_t mine_offset = 0;  // where it lies in the owner's buffer of its matrices
   };
   // Orthogonalizes p's matrix at `x` in place.
   static void orthogonalize_one(const Placed& p, float* x);
@@ -82,10 +96,13 @@ class MatrixExchange {
   std::chrono::milliseconds timeout_;
   std::map<size_t, size_t> bucket_at_;         // owned range start -> bucket
   std::vector<std::vector<Placed>> by_bucket_;  // per bucket
+  std::vector<size_t> matrix_buckets_;          // the buckets with matrices, in order
+  std::vector<size_t> input_at_;                // per bucket: its input's offset in input_ (exchanging)
   std::vector<int> owner_;                      // per layout tensor
   std::vector<double> flops_;
-  memory::Buffer input_;           // the largest owned range of a bucket with matrices, fp32
-  memory::Buffer gathered_, out_;  // a bucket of fp32 each, when sharded
+  memory::Buffer input_;           // exchanging: every such bucket's owned range; else the largest one
+  memory::Buffer mine_;            // exchanging: the matrices this rank was handed, whole
+  memory::Buffer gathered_, out_;  // exchanging: a bucket of fp32 each
 };
 
 }  // namespace zero

@@ -1,8 +1,8 @@
 // MatrixExchange on real collectives (thread ranks): on 1-4 ranks, with matrices that rank chunks
 // cut, every rank's chunk comes back as newton_schulz of each whole matrix computed on one rank,
-// bit for bit; the matrices are handed out so that no rank runs more than the largest matrix's
-// FLOPs beyond the least loaded one; replicated ownership orthogonalizes locally; a matrix across
-// buckets is refused.
+// bit for bit; the whole step's matrices are handed out so that no rank runs more than the largest
+// matrix's FLOPs beyond the least loaded one (nor beyond an even share); replicated ownership
+// orthogonalizes locally, bucket by bucket; a matrix across buckets is refused.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -41,14 +41,32 @@ std::vector<float> flat_values(const ShardLayout& layout) {
   return flat;
 }
 
-// Bucket b's owned range of `flat` through the exchange; the result (in the exchange's input buffer).
-const float* exchange_bucket(MatrixExchange& exchange, const ShardOwnership& own, size_t b,
-                             const std::vector<float>& flat) {
-  const OwnedRange r = own.range(b);
-  float* u = exchange.input(b);
-  std::memcpy(u, flat.data() + r.flat_begin, r.len * sizeof(float));
-  exchange.orthogonalize(b, u);
-  return u;
+// Writes every bucket's owned range of `flat` as its input, then orthogonalizes as a step does:
+// the whole step's at once where the exchange exchanges, else bucket by bucket. fn(bucket, result)
+// for each bucket with matrices (the result in the exchange's input buffer).
+template <typename Fn>
+void exchange_step(MatrixExchange& exchange, const ShardOwnership& own, size_t buckets, const std::vector<float>& flat,
+                   Fn&& fn) {
+  auto write = [&](size_t b) {
+    const OwnedRange r = own.range(b);
+    std::memcpy(exchange.input(b), flat.data() + r.flat_begin, r.len * sizeof(float));
+  };
+  if (exchange.exchanges()) {
+    for (size_t b = 0; b < buckets; ++b) {
+      if (exchange.has_matrices(b)) write(b);
+    }
+    exchange.orthogonalize_step();
+    for (size_t b = 0; b < buckets; ++b) {
+      if (exchange.has_matrices(b)) fn(b, static_cast<const float*>(exchange.input(b)));
+    }
+    return;
+  }
+  for (size_t b = 0; b < buckets; ++b) {
+    if (!exchange.has_matrices(b)) continue;
+    write(b);
+    exchange.orthogonalize_bucket(b);
+    fn(b, static_cast<const float*>(exchange.input(b)));
+  }
 }
 
 std::vector<ExchangedMatrix> matrices() {
@@ -82,11 +100,10 @@ TEST_CASE("each matrix is orthogonalized whole by one rank and its pieces come b
       auto host = memory::make_host_device(tracker);
       const ShardOwnership own = ShardOwnership::sharded(layout, comm.rank());
       MatrixExchange exchange(layout, own, matrices(), &comm, *host, 10s);
-      for (size_t b = 0; b < layout.buckets().size(); ++b) {
+      CHECK(exchange.exchanges() == (world > 1));
+      exchange_step(exchange, own, layout.buckets().size(), flat, [&](size_t b, const float* u) {
         CAPTURE(b);
-        if (!exchange.has_matrices(b)) continue;
         const OwnedRange r = own.range(b);
-        const float* u = exchange_bucket(exchange, own, b, flat);
         for (const ExchangedMatrix& m : matrices()) {
           const ShardLayout::Tensor& t = layout.tensors()[m.tensor];
           for (size_t e = 0; e < t.numel; ++e) {
@@ -97,15 +114,19 @@ TEST_CASE("each matrix is orthogonalized whole by one rank and its pieces come b
             }
           }
         }
-      }
+      });
       flops[static_cast<size_t>(comm.rank())] = exchange.flops_per_rank();
     });
     // Every rank agrees on the assignment, and it is balanced within the largest matrix.
-    double largest = 0;
-    for (const ExchangedMatrix& m : matrices()) largest = std::max(largest, optim::newton_schulz_flops(m.rows, m.cols, 5));
+    double largest = 0, total = 0;
+    for (const ExchangedMatrix& m : matrices()) {
+      largest = std::max(largest, optim::newton_schulz_flops(m.rows, m.cols, 5));
+      total += optim::newton_schulz_flops(m.rows, m.cols, 5);
+    }
     for (const auto& f : flops) {
       CHECK(f == flops[0]);
       CHECK(*std::max_element(f.begin(), f.end()) - *std::min_element(f.begin(), f.end()) <= largest);
+      CHECK(*std::max_element(f.begin(), f.end()) <= total / world + largest);
     }
     if (world > 1) CHECK(*std::min_element(flops[0].begin(), flops[0].end()) > 0);  // every rank takes a share
   }
@@ -118,10 +139,9 @@ TEST_CASE("replicated ownership orthogonalizes every matrix locally") {
   auto host = memory::make_host_device(tracker);
   const ShardOwnership own = ShardOwnership::replicated(layout);
   MatrixExchange exchange(layout, own, matrices(), nullptr, *host, 10s);
-  for (size_t b = 0; b < layout.buckets().size(); ++b) {
-    if (!exchange.has_matrices(b)) continue;
+  CHECK_FALSE(exchange.exchanges());
+  exchange_step(exchange, own, layout.buckets().size(), flat, [&](size_t b, const float* u) {
     const OwnedRange r = own.range(b);
-    const float* u = exchange_bucket(exchange, own, b, flat);
     for (const ExchangedMatrix& m : matrices()) {
       const ShardLayout::Tensor& t = layout.tensors()[m.tensor];
       if (layout.buckets_of_tensor(m.tensor).first != b) continue;
@@ -129,7 +149,7 @@ TEST_CASE("replicated ownership orthogonalizes every matrix locally") {
       optim::newton_schulz(want.data(), m.rows, m.cols, want.data());
       CHECK(std::memcmp(want.data(), u + (t.offset - r.flat_begin), t.numel * sizeof(float)) == 0);
     }
-  }
+  });
 }
 
 TEST_CASE("a matrix across buckets is refused") {

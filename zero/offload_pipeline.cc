@@ -130,8 +130,9 @@ void OffloadPipeline::apply(const GradReducer& grads, float grad_scale, ParamWri
   // The reduced gradients are complete in compute-stream order.
   device_.record(*grads_ready_, compute);
   device_.wait(*d2h_, *grads_ready_);
-  if (n > 0) copy_grad_in(grads, 0, slots_[0]);
   double cpu_s = 0;
+  if (optimizer_->prepares()) prepare(grads, grad_scale, cpu_s);
+  if (n > 0) copy_grad_in(grads, 0, slots_[0]);
   for (size_t b = 0; b < n; ++b) {
     Slot& slot = slots_[b % 2];
     // The other slot's gradient staging was consumed by bucket b-1's update: fill it with b+1's.
@@ -179,6 +180,27 @@ void OffloadPipeline::apply(const GradReducer& grads, float grad_scale, ParamWri
     config_.timings->offload_cpu_s += cpu_s;
     config_.timings->offload_d2h_s += d2h_s_;
     config_.timings->offload_h2d_s += h2d_s_;
+  }
+}
+
+// The optimizer's first pass (ShardOptimizer::prepares): every bucket's gradient through the
+// staging slots, one copy ahead, before the update's pass copies them again.
+void OffloadPipeline::prepare(const GradReducer& grads, float grad_scale, double& cpu_s) {
+  const size_t n = layout_.buckets().size();
+  if (n > 0) copy_grad_in(grads, 0, slots_[0]);
+  for (size_t b = 0; b < n; ++b) {
+    Slot& slot = slots_[b % 2];
+    if (b + 1 < n) copy_grad_in(grads, b + 1, slots_[(b + 1) % 2]);
+    wait(*slot.grad_landed);
+    const OwnedRange own = ownership_.range(b);
+    optim::StepInput in;
+    in.master = master_.as<float>() + own.opt_begin;
+    in.grad = slot.grad.data();
+    in.grad_dtype = grads.reduced(b).dtype;
+    in.grad_scale = grad_scale;
+    in.model_dtype = layout_.buckets()[b].dtype;
+    ScopedTimer updating(&cpu_s);
+    optimizer_->prepare_range(in, own.opt_begin, own.opt_begin + own.len);
   }
 }
 

@@ -58,6 +58,7 @@ class OffloadPipeline final : public UpdateApplier {
     bool sending = false;  // params_sent recorded and not yet waited for
   };
   void copy_grad_in(const GradReducer& grads, size_t b, Slot& slot);
+  void prepare(const GradReducer& grads, float grad_scale, double& cpu_s);
   void wait(const memory::Event& e);
   // Copy-stream time, measured on the stream itself: starts and stops a stopwatch in stream order.
   void time_on(memory::Stream& stream, double* total, std::function<void()> work);

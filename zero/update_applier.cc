@@ -129,7 +129,9 @@ class DeviceApplier final : public UpdateApplier {
 
   void apply(const GradReducer& grads, float grad_scale, ParamWriteback& writeback) override {
     optimizer_->begin_step();
-    for (size_t b = 0; b < layout_.buckets().size(); ++b) {
+    // The gradients are complete in compute-stream order (the optimizer's, where it prepares: a
+    // kind that does runs on the host).
+    auto input = [&](size_t b) {
       const OwnedRange own = ownership_.range(b);
       const GradReducer::Reduced g = grads.reduced(b);
       optim::StepInput in;
@@ -137,8 +139,19 @@ class DeviceApplier final : public UpdateApplier {
       in.grad = g.ptr;
       in.grad_dtype = g.dtype;
       in.grad_scale = grad_scale;
-      in.model_out = writeback.owned_out(b, own);
       in.model_dtype = layout_.buckets()[b].dtype;
+      return in;
+    };
+    if (optimizer_->prepares()) {
+      for (size_t b = 0; b < layout_.buckets().size(); ++b) {
+        const OwnedRange own = ownership_.range(b);
+        optimizer_->prepare_range(input(b), own.opt_begin, own.opt_begin + own.len);
+      }
+    }
+    for (size_t b = 0; b < layout_.buckets().size(); ++b) {
+      const OwnedRange own = ownership_.range(b);
+      optim::StepInput in = input(b);
+      in.model_out = writeback.owned_out(b, own);
       optimizer_->step_range(in, own.opt_begin, own.opt_begin + own.len, device_.compute_stream());
       writeback.publish(b);
     }
