@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <numeric>
 
 #include "base/check.h"
 #include "memory/meta_device.h"
@@ -34,7 +33,7 @@ MatrixExchange::MatrixExchange(const ShardLayout& layout, const ShardOwnership& 
     const size_t whole = m.rows * m.cols;
     ZERO_CHECK(m.whole ? whole % t.numel == 0 : whole == t.numel, "matrix {} x {} for a tensor of {} elements", m.rows,
                m.cols, t.numel);
-    by_bucket_[first].push_back({m, first, t.offset - layout.buckets()[first].offset, t.numel, 0, 0});
+    by_bucket_[first].push_back({m, t.offset - layout.buckets()[first].offset, t.numel, 0, 0});
   }
   // The whole step's matrices, the largest first, each to the least loaded rank (ties: the lowest),
   // so that every rank computes the same assignment.

@@ -83,7 +83,6 @@ class MatrixExchange {
  private:
   struct Placed {
     ExchangedMatrix m;
-    size_t bucket = 0;
     size_t bucket_offset = 0;  // where it starts in its bucket
     size_t numel = 0;          // its elements here (a part's where m.whole is set)
     int owner = 0;
