@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <limits>
 
 #include "base/check.h"
 #include "base/cpu.h"
@@ -37,6 +36,35 @@ const float* widen(const void* src, DType dtype, size_t n, float* tmp, SimdPath 
   }
 }
 
+// Elements e0.. e0 + m of int4 codes (a byte each, in [-8, 7]) into their nibbles, element e in
+// byte e / 2, low nibble first; the bytes start as zeros. Whole bytes in one loop the compiler
+// vectorizes.
+void pack_int4(const uint8_t* c, size_t m, size_t e0, uint8_t* codes) {
+  size_t i = 0;
+  if (m > 0 && e0 % 2 == 1) codes[e0 / 2] |= static_cast<uint8_t>((c[i++] & 0xFu) << 4);
+  uint8_t* out = codes + (e0 + i) / 2;
+  const size_t pairs = (m - i) / 2;
+  for (size_t j = 0; j < pairs; ++j) {
+    out[j] = static_cast<uint8_t>((c[i + 2 * j] & 0xFu) | ((c[i + 2 * j + 1] & 0xFu) << 4));
+  }
+  i += 2 * pairs;
+  if (i < m) out[pairs] |= static_cast<uint8_t>(c[i] & 0xFu);
+}
+
+// The reverse: elements e0.. e0 + m of the nibbles as int8 bytes (sign-extended).
+void unpack_int4(const uint8_t* codes, size_t m, size_t e0, uint8_t* c) {
+  size_t i = 0;
+  if (m > 0 && e0 % 2 == 1) c[i++] = static_cast<uint8_t>(static_cast<int8_t>(codes[e0 / 2]) >> 4);
+  const uint8_t* in = codes + (e0 + i) / 2;
+  const size_t pairs = (m - i) / 2;
+  for (size_t j = 0; j < pairs; ++j) {
+    c[i + 2 * j] = static_cast<uint8_t>(static_cast<int8_t>(static_cast<uint8_t>(in[j] << 4)) >> 4);
+    c[i + 2 * j + 1] = static_cast<uint8_t>(static_cast<int8_t>(in[j]) >> 4);
+  }
+  i += 2 * pairs;
+  if (i < m) c[i] = static_cast<uint8_t>(static_cast<int8_t>(static_cast<uint8_t>(in[pairs] << 4)) >> 4);
+}
+
 void narrow(const float* src, void* dst, DType dtype, size_t n, SimdPath path) {
   switch (dtype) {
     case DType::kFloat16: convert_fp32_to_fp16(src, static_cast<uint16_t*>(dst), n, path); return;
@@ -61,9 +89,9 @@ uint64_t quantize_blocks(const void* src, DType src_dtype, size_t n, const Block
   const float qmax = static_cast<float>(q.qmax());
   uint64_t nonfinite = 0;
   float tmp[kTile];
-  int8_t tile_codes[kTile];  // int4's codes of a tile, before they are packed
-  // Stochastic rounding takes the block loop below (its codes drawn by the path's loop); rounding
-  // to nearest, the fused loops where they are.
+  uint8_t tile_codes[kTile];  // int4's codes of a tile (a byte each), before they are packed
+  // Stochastic rounding and int4 take the block loop below; int8 rounded to nearest, the fused
+  // loops where they are.
   const bool stochastic = q.stochastic_key != 0;
   if (!stochastic && q.bits == 8 && src_dtype == DType::kBFloat16 && loops.quantize8_bf16 != nullptr) {
     return loops.quantize8_bf16(static_cast<const uint16_t*>(src), n, q.block, scales, codes);
@@ -94,25 +122,10 @@ uint64_t quantize_blocks(const void* src, DType src_dtype, size_t n, const Block
       const size_t m = std::min(kTile, len - t);
       const float* x = whole != nullptr ? whole : widen(element(src, src_dtype, first + t), src_dtype, m, tmp, path);
       const size_t e0 = first + t;
-      if (q.bits == 8 && !stochastic) {
-        nonfinite += loops.codes8(x, m, bs.inv, codes + e0);
-        continue;
-      }
-      int8_t* c = q.bits == 8 ? reinterpret_cast<int8_t*>(codes + e0) : tile_codes;
-      if (stochastic) {
-        nonfinite += loops.codes_stochastic(x, m, bs.inv, qmax, q.stochastic_key, e0, c);
-      } else {  // int4 to nearest
-        for (size_t i = 0; i < m; ++i) {
-          c[i] = static_cast<int8_t>(quantize_code(x[i], bs.inv, qmax));
-          nonfinite += c[i] == -q.qmax() - 1 ? 1 : 0;  // the marker: a non-finite value
-        }
-      }
-      if (q.bits == 4) {
-        for (size_t i = 0; i < m; ++i) {
-          const size_t e = e0 + i;
-          codes[e / 2] |= static_cast<uint8_t>((static_cast<unsigned>(c[i]) & 0xFu) << (4 * (e % 2)));
-        }
-      }
+      uint8_t* c = q.bits == 8 ? codes + e0 : tile_codes;
+      nonfinite += stochastic ? loops.codes_stochastic(x, m, bs.inv, qmax, q.stochastic_key, e0, c)
+                              : loops.codes(x, m, bs.inv, qmax, c);
+      if (q.bits == 4) pack_int4(c, m, e0, codes);
     }
   }
   return nonfinite;
@@ -129,6 +142,7 @@ void dequantize_rows(const void* segments, size_t segment_stride, size_t rows, s
   const int marker = -q.qmax() - 1;
   const size_t es = dtype_size(dst_dtype);
   float tmp[kTile];
+  uint8_t tile_codes[kTile];  // int4's codes of a tile, a byte each
   for (size_t r = 0; r < rows; ++r) {
     const auto* seg = static_cast<const uint8_t*>(segments) + r * segment_stride;
     const auto* scales = reinterpret_cast<const float*>(seg);
@@ -144,7 +158,7 @@ void dequantize_rows(const void* segments, size_t segment_stride, size_t rows, s
       for (size_t first = 0; first < n; first += per) {
         const size_t m = std::min(per, n - first);
         for (size_t b = 0; b < m; b += q.block) {
-          loops.decode8(codes + first + b, std::min(q.block, m - b), scales[(first + b) / q.block], tmp + b);
+          loops.decode(codes + first + b, std::min(q.block, m - b), scales[(first + b) / q.block], marker, tmp + b);
         }
         narrow(tmp, out + first * es, dst_dtype, m, path);
       }
@@ -155,16 +169,12 @@ void dequantize_rows(const void* segments, size_t segment_stride, size_t rows, s
       const size_t len = std::min(q.block, n - first);
       for (size_t t = 0; t < len; t += kTile) {
         const size_t m = std::min(kTile, len - t), e0 = first + t;
-        if (q.bits == 8) {
-          loops.decode8(codes + e0, m, scales[k], tmp);
-        } else {
-          for (size_t i = 0; i < m; ++i) {
-            const size_t e = e0 + i;
-            const int nibble = (codes[e / 2] >> (4 * (e % 2))) & 0xF;
-            const int c = nibble >= 8 ? nibble - 16 : nibble;
-            tmp[i] = c == marker ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(c) * scales[k];
-          }
+        const uint8_t* c = codes + e0;
+        if (q.bits == 4) {
+          unpack_int4(codes, m, e0, tile_codes);
+          c = tile_codes;
         }
+        loops.decode(c, m, scales[k], marker, tmp);
         narrow(tmp, out + e0 * es, dst_dtype, m, path);
       }
     }

@@ -129,6 +129,25 @@ int run(int argc, char** argv) {
   row("quantize fp32 -> int8, stochastic",
       best_of(rounds, [&] { host_kernels::quantize_blocks(x.data(), DType::kFloat32, n, stochastic, seg.data()); }),
       best_of(rounds, [&] { quantize_traffic(x.data(), n, 4, q.block, codes, scales.data()); }), qb);
+  // int4 (qgZ's): half a byte per element out; the bound is int8's traffic (a byte per element),
+  // which the int4 kernels' half-sized writes do not reach below.
+  BlockQuantization int4 = q;
+  int4.bits = 4;
+  BlockQuantization int4_stochastic = int4;
+  int4_stochastic.stochastic_key = 0x5EED;
+  std::vector<uint8_t> seg4(int4.segment_bytes(n));
+  row("quantize fp32 -> int4",
+      best_of(rounds, [&] { host_kernels::quantize_blocks(x.data(), DType::kFloat32, n, int4, seg4.data()); }),
+      best_of(rounds, [&] { quantize_traffic(x.data(), n, 4, q.block, codes, scales.data()); }), qb);
+  row("quantize fp32 -> int4, stochastic",
+      best_of(rounds, [&] { host_kernels::quantize_blocks(x.data(), DType::kFloat32, n, int4_stochastic, seg4.data()); }),
+      best_of(rounds, [&] { quantize_traffic(x.data(), n, 4, q.block, codes, scales.data()); }), qb);
+  row("dequantize int4 -> fp32",
+      best_of(rounds,
+              [&] {
+                host_kernels::dequantize_rows(seg4.data(), seg4.size(), 1, n, int4, outf.data(), DType::kFloat32, n);
+              }),
+      best_of(rounds, [&] { dequantize_traffic(codes, n, 4, outf.data()); }), qb);
   row("quantize bf16 -> int8",
       best_of(rounds, [&] { host_kernels::quantize_blocks(xb.data(), DType::kBFloat16, n, q, seg.data()); }),
       best_of(rounds, [&] { quantize_traffic(xb.data(), n, 2, q.block, codes, scales.data()); }), qbb);

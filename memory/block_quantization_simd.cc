@@ -2,8 +2,8 @@
 // bit for bit the scalar loop: a max is exact in any order, the product is one fp32 operation, the
 // conversion to int32 rounds to nearest even (the default rounding mode) as the scalar's 1.5 x 2^23
 // trick does, and a code in [-128, 127] narrows exactly. The vector loops skip the scalar's clamp:
-// |v| <= absmax makes |v x (127 / absmax)| at most 127 (1 + 2^-24)^2, below 127.5, so the rounded
-// code is within [-127, 127] already. Stochastic rounding's loops restate the scalar's hash on
+// |v| <= absmax makes |v x (qmax / absmax)| at most qmax (1 + 2^-24)^2, below qmax + 0.5 (127 or
+// 7), so the rounded code is within [-qmax, qmax] already. Stochastic rounding's loops restate the scalar's hash on
 // 32-bit lanes (integer arithmetic, exact) and its product, sum and floor as one fp32 operation each.
 #include "memory/block_quantization_simd.h"
 
@@ -42,19 +42,19 @@ float code_scalar(float v, float inv, float qmax) {
   return finite(v) ? (y + 0x1.8p23f) - 0x1.8p23f : -qmax - 1.0f;
 }
 
-uint64_t codes8_scalar(const float* x, size_t n, float inv, uint8_t* out) {
+uint64_t codes_scalar(const float* x, size_t n, float inv, float qmax, uint8_t* out) {
   uint64_t bad = 0;
   for (size_t i = 0; i < n; ++i) {
-    out[i] = static_cast<uint8_t>(static_cast<int8_t>(code_scalar(x[i], inv, 127.0f)));
+    out[i] = static_cast<uint8_t>(static_cast<int8_t>(code_scalar(x[i], inv, qmax)));
     bad += finite(x[i]) ? 0 : 1;
   }
   return bad;
 }
 
-void decode8_scalar(const uint8_t* codes, size_t n, float scale, float* out) {
+void decode_scalar(const uint8_t* codes, size_t n, float scale, int marker, float* out) {
   for (size_t i = 0; i < n; ++i) {
     const int c = static_cast<int8_t>(codes[i]);
-    out[i] = c == -128 ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(c) * scale;
+    out[i] = c == marker ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(c) * scale;
   }
 }
 
@@ -77,11 +77,12 @@ float code_stochastic_scalar(float v, float inv, float qmax, float u) {
 }
 
 uint64_t codes_stochastic_scalar(const float* x, size_t n, float inv, float qmax, uint64_t key, size_t first,
-                                 int8_t* out) {
+                                 uint8_t* out) {
   const uint32_t k = stochastic_key32(key);
   uint64_t bad = 0;
   for (size_t i = 0; i < n; ++i) {
-    out[i] = static_cast<int8_t>(code_stochastic_scalar(x[i], inv, qmax, stochastic_offset(k, first + i)));
+    const float c = code_stochastic_scalar(x[i], inv, qmax, stochastic_offset(k, first + i));
+    out[i] = static_cast<uint8_t>(static_cast<int8_t>(c));
     bad += finite(x[i]) ? 0 : 1;
   }
   return bad;
@@ -106,10 +107,10 @@ ZERO_AVX2_TARGET float absmax_avx2(const float* x, size_t n) {
   return out;
 }
 
-ZERO_AVX2_TARGET uint64_t codes8_avx2(const float* x, size_t n, float inv, uint8_t* out) {
+ZERO_AVX2_TARGET uint64_t codes_avx2(const float* x, size_t n, float inv, float qmax, uint8_t* out) {
   const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(FLT_MAX);
   const __m256 vinv = _mm256_set1_ps(inv);
-  const __m256i marker = _mm256_set1_epi32(-128);
+  const __m256i marker = _mm256_set1_epi32(static_cast<int>(-qmax - 1.0f));
   uint64_t bad = 0;
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -121,19 +122,19 @@ ZERO_AVX2_TARGET uint64_t codes8_avx2(const float* x, size_t n, float inv, uint8
     _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm_packs_epi16(w16, w16));
     bad += static_cast<uint64_t>(8 - __builtin_popcount(static_cast<unsigned>(_mm256_movemask_ps(ok))));
   }
-  return bad + codes8_scalar(x + i, n - i, inv, out + i);
+  return bad + codes_scalar(x + i, n - i, inv, qmax, out + i);
 }
 
-ZERO_AVX2_TARGET void decode8_avx2(const uint8_t* codes, size_t n, float scale, float* out) {
+ZERO_AVX2_TARGET void decode_avx2(const uint8_t* codes, size_t n, float scale, int marker_code, float* out) {
   const __m256 s = _mm256_set1_ps(scale), nan = _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN());
-  const __m256i marker = _mm256_set1_epi32(-128);
+  const __m256i marker = _mm256_set1_epi32(marker_code);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i)));
     const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(c), s);
     _mm256_storeu_ps(out + i, _mm256_blendv_ps(v, nan, _mm256_castsi256_ps(_mm256_cmpeq_epi32(c, marker))));
   }
-  decode8_scalar(codes + i, n - i, scale, out + i);
+  decode_scalar(codes + i, n - i, scale, marker_code, out + i);
 }
 
 // lowbias32 of eight lanes.
@@ -146,7 +147,7 @@ ZERO_AVX2_TARGET __m256i lowbias32_avx2(__m256i x) {
 }
 
 ZERO_AVX2_TARGET uint64_t codes_stochastic_avx2(const float* x, size_t n, float inv, float qmax, uint64_t key,
-                                                size_t first, int8_t* out) {
+                                                size_t first, uint8_t* out) {
   const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(FLT_MAX);
   const __m256 vinv = _mm256_set1_ps(inv), hi = _mm256_set1_ps(qmax), lo = _mm256_set1_ps(-qmax);
   const __m256 unit = _mm256_set1_ps(0x1p-24f);
@@ -208,10 +209,10 @@ ZERO_AVX512_TARGET float absmax_avx512(const float* x, size_t n) {
   return std::max(std::max(max_lane(m[0], m[1]), max_lane(m[2], m[3])), absmax_scalar(x + i, n - i));
 }
 
-ZERO_AVX512_TARGET uint64_t codes8_avx512(const float* x, size_t n, float inv, uint8_t* out) {
+ZERO_AVX512_TARGET uint64_t codes_avx512(const float* x, size_t n, float inv, float qmax, uint8_t* out) {
   const __m512 big = _mm512_set1_ps(FLT_MAX);
   const __m512 vinv = _mm512_set1_ps(inv);
-  const __m512i marker = _mm512_set1_epi32(-128);
+  const __m512i marker = _mm512_set1_epi32(static_cast<int>(-qmax - 1.0f));
   uint64_t bad = 0;
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -221,19 +222,19 @@ ZERO_AVX512_TARGET uint64_t codes8_avx512(const float* x, size_t n, float inv, u
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(_mm512_mask_blend_epi32(ok, marker, c)));
     bad += static_cast<uint64_t>(16 - __builtin_popcount(static_cast<unsigned>(ok)));
   }
-  return bad + codes8_scalar(x + i, n - i, inv, out + i);
+  return bad + codes_scalar(x + i, n - i, inv, qmax, out + i);
 }
 
-ZERO_AVX512_TARGET void decode8_avx512(const uint8_t* codes, size_t n, float scale, float* out) {
+ZERO_AVX512_TARGET void decode_avx512(const uint8_t* codes, size_t n, float scale, int marker_code, float* out) {
   const __m512 s = _mm512_set1_ps(scale), nan = _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN());
-  const __m512i marker = _mm512_set1_epi32(-128);
+  const __m512i marker = _mm512_set1_epi32(marker_code);
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m512i c = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)));
     const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(c), s);
     _mm512_storeu_ps(out + i, _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(c, marker), v, nan));
   }
-  decode8_scalar(codes + i, n - i, scale, out + i);
+  decode_scalar(codes + i, n - i, scale, marker_code, out + i);
 }
 
 // lowbias32 of sixteen lanes (the maskz shifts with every lane set: GCC 12's plain ones draw a
@@ -247,7 +248,7 @@ ZERO_AVX512_TARGET __m512i lowbias32_avx512(__m512i x) {
 }
 
 ZERO_AVX512_TARGET uint64_t codes_stochastic_avx512(const float* x, size_t n, float inv, float qmax, uint64_t key,
-                                                    size_t first, int8_t* out) {
+                                                    size_t first, uint8_t* out) {
   const __m512 big = _mm512_set1_ps(FLT_MAX), vinv = _mm512_set1_ps(inv);
   const __m512 hi = _mm512_set1_ps(qmax), lo = _mm512_set1_ps(-qmax), unit = _mm512_set1_ps(0x1p-24f);
   const __m512i marker = _mm512_set1_epi32(static_cast<int>(-qmax - 1.0f));
@@ -275,14 +276,14 @@ ZERO_AVX512_TARGET uint64_t codes_stochastic_avx512(const float* x, size_t n, fl
 }
 
 // Whole blocks of x[0, n) (the last may be short) into their scales and int8 codes.
-template <float (*Absmax)(const float*, size_t), uint64_t (*Codes)(const float*, size_t, float, uint8_t*)>
+template <float (*Absmax)(const float*, size_t), uint64_t (*Codes)(const float*, size_t, float, float, uint8_t*)>
 uint64_t quantize8_composed(const float* x, size_t n, size_t block, float* scales, uint8_t* codes) {
   uint64_t bad = 0;
   for (size_t first = 0, k = 0; first < n; first += block, ++k) {
     const size_t len = std::min(block, n - first);
     const BlockScale bs = block_scale(Absmax(x + first, len), 127.0f);
     scales[k] = bs.scale;
-    bad += Codes(x + first, len, bs.inv, codes + first);
+    bad += Codes(x + first, len, bs.inv, 127.0f, codes + first);
   }
   return bad;
 }
@@ -393,7 +394,7 @@ ZERO_AVX512_TARGET uint64_t quantize8_fused_avx512(const void* x, size_t n, size
         bad += static_cast<uint64_t>(16 - __builtin_popcount(static_cast<unsigned>(ok)));
       }
     }
-    if (len > whole) bad += codes8_scalar(rest, len - whole, inv, out + whole);
+    if (len > whole) bad += codes_scalar(rest, len - whole, inv, 127.0f, out + whole);
   }
   return bad;
 }
@@ -409,7 +410,7 @@ uint64_t quantize8_bf16_avx512(const uint16_t* x, size_t n, size_t block, float*
 ZERO_AVX512_TARGET void decode8_bf16_avx512(const uint8_t* codes, size_t n, size_t block, const float* scales,
                                             uint16_t* out) {
   const __m512i marker = _mm512_set1_epi32(-128), one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
-  // The quiet NaN decode8 writes, as bf16 (base/dtype.h keeps a NaN quiet: its top half).
+  // The quiet NaN decode writes, as bf16 (base/dtype.h keeps a NaN quiet: its top half).
   const __m512i nan_bits = _mm512_set1_epi32(0x7fc0);
   float tail[16];
   for (size_t first = 0, k = 0; first < n; first += block, ++k) {
@@ -426,7 +427,7 @@ ZERO_AVX512_TARGET void decode8_bf16_avx512(const uint8_t* codes, size_t n, size
                           _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(c, marker), rounded, nan_bits)));
     }
     if (len > whole) {  // a short block's last elements
-      decode8_scalar(codes + first + whole, len - whole, scales[k], tail);
+      decode_scalar(codes + first + whole, len - whole, scales[k], -128, tail);
       convert_fp32_to_bf16(tail, out + first + whole, len - whole, SimdPath::kScalar);
     }
   }
@@ -435,12 +436,12 @@ ZERO_AVX512_TARGET void decode8_bf16_avx512(const uint8_t* codes, size_t n, size
 }  // namespace
 
 const QuantizeLoops& quantize_loops(SimdPath path) {
-  static const QuantizeLoops scalar{absmax_scalar,   codes8_scalar, decode8_scalar,
-                                    quantize8_composed<absmax_scalar, codes8_scalar>,
-                                    nullptr,         nullptr,       codes_stochastic_scalar};
-  static const QuantizeLoops avx2{absmax_avx2, codes8_avx2, decode8_avx2, quantize8_composed<absmax_avx2, codes8_avx2>,
-                                  nullptr,     nullptr,     codes_stochastic_avx2};
-  static const QuantizeLoops avx512{absmax_avx512,         codes8_avx512,       decode8_avx512,         quantize8_avx512,
+  static const QuantizeLoops scalar{absmax_scalar,   codes_scalar, decode_scalar,
+                                    quantize8_composed<absmax_scalar, codes_scalar>,
+                                    nullptr,         nullptr,      codes_stochastic_scalar};
+  static const QuantizeLoops avx2{absmax_avx2, codes_avx2, decode_avx2, quantize8_composed<absmax_avx2, codes_avx2>,
+                                  nullptr,     nullptr,    codes_stochastic_avx2};
+  static const QuantizeLoops avx512{absmax_avx512,         codes_avx512,        decode_avx512,          quantize8_avx512,
                                     quantize8_bf16_avx512, decode8_bf16_avx512, codes_stochastic_avx512};
   switch (path) {
     case SimdPath::kAvx512: return avx512;
@@ -449,7 +450,5 @@ const QuantizeLoops& quantize_loops(SimdPath path) {
   }
   return scalar;
 }
-
-float quantize_code(float v, float inv, float qmax) { return code_scalar(v, inv, qmax); }
 
 }  // namespace zero::memory::host_kernels

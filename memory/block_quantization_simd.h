@@ -11,11 +11,11 @@ namespace zero::memory::host_kernels {
 struct QuantizeLoops {
   // The largest finite |x| of x[0, n) (0 when none).
   float (*absmax)(const float* x, size_t n);
-  // int8 codes of x[0, n) at `inv` = 127 / absmax (the marker -128 for a non-finite value); returns
-  // how many were not finite.
-  uint64_t (*codes8)(const float* x, size_t n, float inv, uint8_t* out);
-  // out[i] = code * scale, NaN for the marker.
-  void (*decode8)(const uint8_t* codes, size_t n, float scale, float* out);
+  // Codes of x[0, n) at `inv` = qmax / absmax (127 for int8, 7 for int4), as int8 bytes; the
+  // marker -qmax - 1 for a non-finite value. Returns how many were not finite.
+  uint64_t (*codes)(const float* x, size_t n, float inv, float qmax, uint8_t* out);
+  // out[i] = code * scale (codes as int8 bytes), NaN for the marker.
+  void (*decode)(const uint8_t* codes, size_t n, float scale, int marker, float* out);
   // Blocks of `block` of x[0, n) (the last may be short): each one's scale and int8 codes; returns
   // how many values were not finite.
   uint64_t (*quantize8)(const float* x, size_t n, size_t block, float* scales, uint8_t* codes);
@@ -27,7 +27,7 @@ struct QuantizeLoops {
   // element first + i of its segment, as int8 (int4's too, which the caller packs); the marker
   // -qmax - 1 for a non-finite value. Returns how many were not finite.
   uint64_t (*codes_stochastic)(const float* x, size_t n, float inv, float qmax, uint64_t key, size_t first,
-                               int8_t* out);
+                               uint8_t* out);
 };
 
 const QuantizeLoops& quantize_loops(SimdPath path);
@@ -42,8 +42,5 @@ inline BlockScale block_scale(float absmax, float qmax) {
   if (absmax < kSmallestAbsmax) return {};
   return {absmax / qmax, qmax / absmax};
 }
-
-// One code, any width: rint(v * inv) clamped to [-qmax, qmax], or -qmax - 1 for a non-finite v.
-float quantize_code(float v, float inv, float qmax);
 
 }  // namespace zero::memory::host_kernels
