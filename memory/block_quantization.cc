@@ -37,32 +37,27 @@ const float* widen(const void* src, DType dtype, size_t n, float* tmp, SimdPath 
 }
 
 // Elements e0.. e0 + m of int4 codes (a byte each, in [-8, 7]) into their nibbles, element e in
-// byte e / 2, low nibble first; the bytes start as zeros. Whole bytes in one loop the compiler
-// vectorizes.
-void pack_int4(const uint8_t* c, size_t m, size_t e0, uint8_t* codes) {
+// byte e / 2, low nibble first; the bytes start as zeros. Whole bytes by the path's loop.
+void pack_int4(const QuantizeLoops& loops, const uint8_t* c, size_t m, size_t e0, uint8_t* codes) {
   size_t i = 0;
   if (m > 0 && e0 % 2 == 1) codes[e0 / 2] |= static_cast<uint8_t>((c[i++] & 0xFu) << 4);
   uint8_t* out = codes + (e0 + i) / 2;
   const size_t pairs = (m - i) / 2;
-  for (size_t j = 0; j < pairs; ++j) {
-    out[j] = static_cast<uint8_t>((c[i + 2 * j] & 0xFu) | ((c[i + 2 * j + 1] & 0xFu) << 4));
-  }
+  loops.pack4(c + i, pairs, out);
   i += 2 * pairs;
   if (i < m) out[pairs] |= static_cast<uint8_t>(c[i] & 0xFu);
 }
 
 // The reverse: elements e0.. e0 + m of the nibbles as int8 bytes (sign-extended).
-void unpack_int4(const uint8_t* codes, size_t m, size_t e0, uint8_t* c) {
+void unpack_int4(const QuantizeLoops& loops, const uint8_t* codes, size_t m, size_t e0, uint8_t* c) {
+  auto nibble = [](unsigned v) { return static_cast<uint8_t>(((v & 0xFu) ^ 8u) - 8u); };
   size_t i = 0;
-  if (m > 0 && e0 % 2 == 1) c[i++] = static_cast<uint8_t>(static_cast<int8_t>(codes[e0 / 2]) >> 4);
+  if (m > 0 && e0 % 2 == 1) c[i++] = nibble(codes[e0 / 2] >> 4u);
   const uint8_t* in = codes + (e0 + i) / 2;
   const size_t pairs = (m - i) / 2;
-  for (size_t j = 0; j < pairs; ++j) {
-    c[i + 2 * j] = static_cast<uint8_t>(static_cast<int8_t>(static_cast<uint8_t>(in[j] << 4)) >> 4);
-    c[i + 2 * j + 1] = static_cast<uint8_t>(static_cast<int8_t>(in[j]) >> 4);
-  }
+  loops.unpack4(in, pairs, c + i);
   i += 2 * pairs;
-  if (i < m) c[i] = static_cast<uint8_t>(static_cast<int8_t>(static_cast<uint8_t>(in[pairs] << 4)) >> 4);
+  if (i < m) c[i] = nibble(in[pairs]);
 }
 
 void narrow(const float* src, void* dst, DType dtype, size_t n, SimdPath path) {
@@ -125,7 +120,7 @@ uint64_t quantize_blocks(const void* src, DType src_dtype, size_t n, const Block
       uint8_t* c = q.bits == 8 ? codes + e0 : tile_codes;
       nonfinite += stochastic ? loops.codes_stochastic(x, m, bs.inv, qmax, q.stochastic_key, e0, c)
                               : loops.codes(x, m, bs.inv, qmax, c);
-      if (q.bits == 4) pack_int4(c, m, e0, codes);
+      if (q.bits == 4) pack_int4(loops, c, m, e0, codes);
     }
   }
   return nonfinite;
@@ -152,15 +147,22 @@ void dequantize_rows(const void* segments, size_t segment_stride, size_t rows, s
       loops.decode8_bf16(codes, n, q.block, scales, reinterpret_cast<uint16_t*>(out));
       continue;
     }
-    if (q.bits == 8 && q.block <= kTile) {
-      // Whole blocks a tile at a time, narrowed once per tile.
+    if (q.block <= kTile) {
+      // Whole blocks a tile at a time: int4's unpacked once per tile, narrowed once per tile (fp32:
+      // decoded in place).
       const size_t per = kTile / q.block * q.block;
       for (size_t first = 0; first < n; first += per) {
         const size_t m = std::min(per, n - first);
-        for (size_t b = 0; b < m; b += q.block) {
-          loops.decode(codes + first + b, std::min(q.block, m - b), scales[(first + b) / q.block], marker, tmp + b);
+        const uint8_t* c = codes + first;
+        if (q.bits == 4) {
+          unpack_int4(loops, codes, m, first, tile_codes);
+          c = tile_codes;
         }
-        narrow(tmp, out + first * es, dst_dtype, m, path);
+        float* values = dst_dtype == DType::kFloat32 ? reinterpret_cast<float*>(out) + first : tmp;
+        for (size_t b = 0; b < m; b += q.block) {
+          loops.decode(c + b, std::min(q.block, m - b), scales[(first + b) / q.block], marker, values + b);
+        }
+        if (dst_dtype != DType::kFloat32) narrow(tmp, out + first * es, dst_dtype, m, path);
       }
       continue;
     }
@@ -171,7 +173,7 @@ void dequantize_rows(const void* segments, size_t segment_stride, size_t rows, s
         const size_t m = std::min(kTile, len - t), e0 = first + t;
         const uint8_t* c = codes + e0;
         if (q.bits == 4) {
-          unpack_int4(codes, m, e0, tile_codes);
+          unpack_int4(loops, codes, m, e0, tile_codes);
           c = tile_codes;
         }
         loops.decode(c, m, scales[k], marker, tmp);

@@ -88,6 +88,20 @@ uint64_t codes_stochastic_scalar(const float* x, size_t n, float inv, float qmax
   return bad;
 }
 
+void pack4_scalar(const uint8_t* c, size_t pairs, uint8_t* out) {
+  for (size_t j = 0; j < pairs; ++j) out[j] = static_cast<uint8_t>((c[2 * j] & 0xFu) | ((c[2 * j + 1] & 0xFu) << 4));
+}
+
+// A nibble's two's complement in a byte: (v ^ 8) - 8.
+uint8_t widen_nibble(unsigned v) { return static_cast<uint8_t>(((v & 0xFu) ^ 8u) - 8u); }
+
+void unpack4_scalar(const uint8_t* in, size_t pairs, uint8_t* c) {
+  for (size_t j = 0; j < pairs; ++j) {
+    c[2 * j] = widen_nibble(in[j]);
+    c[2 * j + 1] = widen_nibble(in[j] >> 4u);
+  }
+}
+
 // ---- AVX2 ----
 
 #define ZERO_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
@@ -174,6 +188,37 @@ ZERO_AVX2_TARGET uint64_t codes_stochastic_avx2(const float* x, size_t n, float 
     ig = _mm256_add_epi32(ig, step);
   }
   return bad + codes_stochastic_scalar(x + i, n - i, inv, qmax, key, first + i, out + i);
+}
+
+// A byte per pair from 16-bit lanes c0 | c1 << 8: (c0 & 0xF) | (c1 & 0xF) << 4 in each lane's low byte.
+ZERO_AVX2_TARGET __m256i pack4_lanes_avx2(__m256i w) {
+  return _mm256_or_si256(_mm256_and_si256(w, _mm256_set1_epi16(0x000F)),
+                         _mm256_and_si256(_mm256_srli_epi16(w, 4), _mm256_set1_epi16(0x00F0)));
+}
+
+ZERO_AVX2_TARGET void pack4_avx2(const uint8_t* c, size_t pairs, uint8_t* out) {
+  size_t j = 0;
+  for (; j + 32 <= pairs; j += 32) {
+    const __m256i a = pack4_lanes_avx2(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 2 * j)));
+    const __m256i b = pack4_lanes_avx2(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 2 * j + 32)));
+    // packus interleaves the 128-bit halves (a0 b0 a1 b1); the permute puts them in order.
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j),
+                        _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xD8));
+  }
+  pack4_scalar(c + 2 * j, pairs - j, out + j);
+}
+
+ZERO_AVX2_TARGET void unpack4_avx2(const uint8_t* in, size_t pairs, uint8_t* c) {
+  const __m128i low = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+  size_t j = 0;
+  for (; j + 16 <= pairs; j += 16) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + j));
+    const __m128i lo = _mm_and_si128(b, low), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
+    auto widen = [&](__m128i v) { return _mm_sub_epi8(_mm_xor_si128(v, eight), eight); };
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(c + 2 * j), widen(_mm_unpacklo_epi8(lo, hi)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(c + 2 * j + 16), widen(_mm_unpackhi_epi8(lo, hi)));
+  }
+  unpack4_scalar(in + j, pairs - j, c + 2 * j);
 }
 
 // ---- AVX-512 ----
@@ -273,6 +318,31 @@ ZERO_AVX512_TARGET uint64_t codes_stochastic_avx512(const float* x, size_t n, fl
     ig = _mm512_add_epi32(ig, step);
   }
   return bad + codes_stochastic_scalar(x + i, n - i, inv, qmax, key, first + i, out + i);
+}
+
+ZERO_AVX512_TARGET void pack4_avx512(const uint8_t* c, size_t pairs, uint8_t* out) {
+  const __m512i low = _mm512_set1_epi16(0x000F), high = _mm512_set1_epi16(0x00F0);
+  size_t j = 0;
+  for (; j + 32 <= pairs; j += 32) {
+    const __m512i w = _mm512_loadu_si512(c + 2 * j);
+    const __m512i packed =
+        _mm512_or_si512(_mm512_and_si512(w, low), _mm512_and_si512(_mm512_maskz_srli_epi16(0xFFFFFFFF, w, 4), high));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), _mm512_maskz_cvtepi16_epi8(0xFFFFFFFF, packed));
+  }
+  pack4_scalar(c + 2 * j, pairs - j, out + j);
+}
+
+ZERO_AVX512_TARGET void unpack4_avx512(const uint8_t* in, size_t pairs, uint8_t* c) {
+  const __m512i low = _mm512_set1_epi16(0x000F), eight = _mm512_set1_epi8(8);
+  size_t j = 0;
+  for (; j + 32 <= pairs; j += 32) {
+    // Each byte into a 16-bit lane, its low nibble into the lane's low byte and its high one above.
+    const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + j)));
+    const __m512i split = _mm512_or_si512(_mm512_and_si512(w, low),
+                                          _mm512_maskz_slli_epi16(0xFFFFFFFF, _mm512_maskz_srli_epi16(0xFFFFFFFF, w, 4), 8));
+    _mm512_storeu_si512(c + 2 * j, _mm512_sub_epi8(_mm512_xor_si512(split, eight), eight));
+  }
+  unpack4_scalar(in + j, pairs - j, c + 2 * j);
 }
 
 // Whole blocks of x[0, n) (the last may be short) into their scales and int8 codes.
@@ -438,11 +508,14 @@ ZERO_AVX512_TARGET void decode8_bf16_avx512(const uint8_t* codes, size_t n, size
 const QuantizeLoops& quantize_loops(SimdPath path) {
   static const QuantizeLoops scalar{absmax_scalar,   codes_scalar, decode_scalar,
                                     quantize8_composed<absmax_scalar, codes_scalar>,
-                                    nullptr,         nullptr,      codes_stochastic_scalar};
+                                    nullptr,         nullptr,      codes_stochastic_scalar,
+                                    pack4_scalar,    unpack4_scalar};
   static const QuantizeLoops avx2{absmax_avx2, codes_avx2, decode_avx2, quantize8_composed<absmax_avx2, codes_avx2>,
-                                  nullptr,     nullptr,    codes_stochastic_avx2};
+                                  nullptr,     nullptr,    codes_stochastic_avx2,
+                                  pack4_avx2,  unpack4_avx2};
   static const QuantizeLoops avx512{absmax_avx512,         codes_avx512,        decode_avx512,          quantize8_avx512,
-                                    quantize8_bf16_avx512, decode8_bf16_avx512, codes_stochastic_avx512};
+                                    quantize8_bf16_avx512, decode8_bf16_avx512, codes_stochastic_avx512,
+                                    pack4_avx512,          unpack4_avx512};
   switch (path) {
     case SimdPath::kAvx512: return avx512;
     case SimdPath::kAvx2: return avx2;

@@ -28,6 +28,10 @@ struct QuantizeLoops {
   // -qmax - 1 for a non-finite value. Returns how many were not finite.
   uint64_t (*codes_stochastic)(const float* x, size_t n, float inv, float qmax, uint64_t key, size_t first,
                                uint8_t* out);
+  // int4: pairs of codes (a byte each, in [-8, 7]) into one byte each, the first in the low nibble;
+  // and back, each nibble sign-extended into its byte.
+  void (*pack4)(const uint8_t* codes, size_t pairs, uint8_t* out);
+  void (*unpack4)(const uint8_t* in, size_t pairs, uint8_t* codes);
 };
 
 const QuantizeLoops& quantize_loops(SimdPath path);

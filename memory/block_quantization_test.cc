@@ -191,7 +191,7 @@ TEST_CASE("every SIMD path writes the same segment bytes and the same values, Na
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (size_t n : {1u, 15u, 16u, 17u, 300u, 4099u}) {
-    for (size_t block : {5u, 16u, 256u}) {
+    for (size_t block : {5u, 16u, 256u, 301u}) {
       for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
         CAPTURE(n);
         CAPTURE(block);
