@@ -50,14 +50,13 @@ void pack_int4(const QuantizeLoops& loops, const uint8_t* c, size_t m, size_t e0
 
 // The reverse: elements e0.. e0 + m of the nibbles as int8 bytes (sign-extended).
 void unpack_int4(const QuantizeLoops& loops, const uint8_t* codes, size_t m, size_t e0, uint8_t* c) {
-  auto nibble = [](unsigned v) { return static_cast<uint8_t>(((v & 0xFu) ^ 8u) - 8u); };
   size_t i = 0;
-  if (m > 0 && e0 % 2 == 1) c[i++] = nibble(codes[e0 / 2] >> 4u);
+  if (m > 0 && e0 % 2 == 1) c[i++] = widen_nibble(codes[e0 / 2] >> 4u);
   const uint8_t* in = codes + (e0 + i) / 2;
   const size_t pairs = (m - i) / 2;
   loops.unpack4(in, pairs, c + i);
   i += 2 * pairs;
-  if (i < m) c[i] = nibble(in[pairs]);
+  if (i < m) c[i] = widen_nibble(in[pairs]);
 }
 
 void narrow(const float* src, void* dst, DType dtype, size_t n, SimdPath path) {

@@ -92,9 +92,6 @@ void pack4_scalar(const uint8_t* c, size_t pairs, uint8_t* out) {
   for (size_t j = 0; j < pairs; ++j) out[j] = static_cast<uint8_t>((c[2 * j] & 0xFu) | ((c[2 * j + 1] & 0xFu) << 4));
 }
 
-// A nibble's two's complement in a byte: (v ^ 8) - 8.
-uint8_t widen_nibble(unsigned v) { return static_cast<uint8_t>(((v & 0xFu) ^ 8u) - 8u); }
-
 void unpack4_scalar(const uint8_t* in, size_t pairs, uint8_t* c) {
   for (size_t j = 0; j < pairs; ++j) {
     c[2 * j] = widen_nibble(in[j]);

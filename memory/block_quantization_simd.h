@@ -47,4 +47,7 @@ inline BlockScale block_scale(float absmax, float qmax) {
   return {absmax / qmax, qmax / absmax};
 }
 
+// An int4 code's nibble (the low four bits of v) as its int8 byte: (v ^ 8) - 8, two's complement.
+inline uint8_t widen_nibble(unsigned v) { return static_cast<uint8_t>(((v & 0xFu) ^ 8u) - 8u); }
+
 }  // namespace zero::memory::host_kernels
