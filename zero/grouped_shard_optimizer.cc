@@ -130,13 +130,14 @@ class GroupedShardOptimizer final : public ShardOptimizer {
     exchanged_ = false;
   }
 
-  bool prepares() const override { return matrices_ != nullptr && !meta_ && matrices_->exchanges(); }
+  // The buckets with matrices, where the shard group exchanges them.
+  bool prepares(size_t begin) const override {
+    return matrices_ != nullptr && !meta_ && matrices_->exchanges() && matrices_->has_matrices(matrices_->bucket_at(begin));
+  }
 
   void prepare_range(const optim::StepInput& in, size_t begin, size_t end) override {
-    if (!prepares()) return;
-    const size_t bucket = matrices_->bucket_at(begin);
-    if (!matrices_->has_matrices(bucket)) return;
-    muon_momentum(in, begin, end, matrices_->input(bucket));
+    if (!prepares(begin)) return;
+    muon_momentum(in, begin, end, matrices_->input(matrices_->bucket_at(begin)));
     ++prepared_;
   }
 

@@ -131,7 +131,7 @@ void OffloadPipeline::apply(const GradReducer& grads, float grad_scale, ParamWri
   device_.record(*grads_ready_, compute);
   device_.wait(*d2h_, *grads_ready_);
   double cpu_s = 0;
-  if (optimizer_->prepares()) prepare(grads, grad_scale, cpu_s);
+  prepare(grads, grad_scale, cpu_s);
   if (n > 0) copy_grad_in(grads, 0, slots_[0]);
   for (size_t b = 0; b < n; ++b) {
     Slot& slot = slots_[b % 2];
@@ -183,14 +183,18 @@ void OffloadPipeline::apply(const GradReducer& grads, float grad_scale, ParamWri
   }
 }
 
-// The optimizer's first pass (ShardOptimizer::prepares): every bucket's gradient through the
-// staging slots, one copy ahead, before the update's pass copies them again.
+// The optimizer's first pass (ShardOptimizer::prepares): the gradients of the buckets it asks for
+// through the staging slots, one copy ahead, before the update's pass copies them again.
 void OffloadPipeline::prepare(const GradReducer& grads, float grad_scale, double& cpu_s) {
-  const size_t n = layout_.buckets().size();
-  if (n > 0) copy_grad_in(grads, 0, slots_[0]);
-  for (size_t b = 0; b < n; ++b) {
-    Slot& slot = slots_[b % 2];
-    if (b + 1 < n) copy_grad_in(grads, b + 1, slots_[(b + 1) % 2]);
+  std::vector<size_t> wanted;
+  for (size_t b = 0; b < layout_.buckets().size(); ++b) {
+    if (optimizer_->prepares(ownership_.range(b).opt_begin)) wanted.push_back(b);
+  }
+  if (!wanted.empty()) copy_grad_in(grads, wanted[0], slots_[0]);
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    const size_t b = wanted[i];
+    Slot& slot = slots_[i % 2];
+    if (i + 1 < wanted.size()) copy_grad_in(grads, wanted[i + 1], slots_[(i + 1) % 2]);
     wait(*slot.grad_landed);
     const OwnedRange own = ownership_.range(b);
     optim::StepInput in;

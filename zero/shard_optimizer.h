@@ -25,12 +25,15 @@ class ShardOptimizer {
   // Updates the segment elements in [begin, end); `in`'s pointers address element `begin` in the
   // device's memory. Runs on `stream`.
   virtual void step_range(const optim::StepInput& in, size_t begin, size_t end, memory::Stream& stream) = 0;
-  // A kind whose update needs every bucket's gradient before any bucket's (Muon where the shard
+  // A kind whose update needs several buckets' gradients before any bucket's (Muon where the shard
   // group exchanges its matrices: the exchange balances the whole step's over the ranks) reads them
-  // first: where prepares() is true, the applier calls prepare_range for every bucket, in bucket
-  // order, after begin_step and before the step's first step_range, with `in` as step_range will get
-  // it (its gradient is what it reads; host memory).
-  virtual bool prepares() const { return false; }
+  // first: for every bucket whose owned range starts at `begin` where prepares(begin) is true, the
+  // applier calls prepare_range, in bucket order, after begin_step and before the step's first
+  // step_range, with `in` as step_range will get it (its gradient is what it reads; host memory).
+  virtual bool prepares(size_t begin) const {
+    (void)begin;
+    return false;
+  }
   virtual void prepare_range(const optim::StepInput& in, size_t begin, size_t end) {
     (void)in;
     (void)begin;

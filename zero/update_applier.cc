@@ -129,8 +129,8 @@ class DeviceApplier final : public UpdateApplier {
 
   void apply(const GradReducer& grads, float grad_scale, ParamWriteback& writeback) override {
     optimizer_->begin_step();
-    // The gradients are complete in compute-stream order (the optimizer's, where it prepares: a
-    // kind that does runs on the host).
+    // The gradients are complete in compute-stream order (the optimizer's; a kind that prepares
+    // runs on the host).
     auto input = [&](size_t b) {
       const OwnedRange own = ownership_.range(b);
       const GradReducer::Reduced g = grads.reduced(b);
@@ -142,11 +142,9 @@ class DeviceApplier final : public UpdateApplier {
       in.model_dtype = layout_.buckets()[b].dtype;
       return in;
     };
-    if (optimizer_->prepares()) {
-      for (size_t b = 0; b < layout_.buckets().size(); ++b) {
-        const OwnedRange own = ownership_.range(b);
-        optimizer_->prepare_range(input(b), own.opt_begin, own.opt_begin + own.len);
-      }
+    for (size_t b = 0; b < layout_.buckets().size(); ++b) {
+      const OwnedRange own = ownership_.range(b);
+      if (optimizer_->prepares(own.opt_begin)) optimizer_->prepare_range(input(b), own.opt_begin, own.opt_begin + own.len);
     }
     for (size_t b = 0; b < layout_.buckets().size(); ++b) {
       const OwnedRange own = ownership_.range(b);
