@@ -3,8 +3,9 @@
 // conversion to int32 rounds to nearest even (the default rounding mode) as the scalar's 1.5 x 2^23
 // trick does, and a code in [-128, 127] narrows exactly. The vector loops skip the scalar's clamp:
 // |v| <= absmax makes |v x (qmax / absmax)| at most qmax (1 + 2^-24)^2, below qmax + 0.5 (127 or
-// 7), so the rounded code is within [-qmax, qmax] already. Stochastic rounding's loops restate the scalar's hash on
-// 32-bit lanes (integer arithmetic, exact) and its product, sum and floor as one fp32 operation each.
+// 7), so the rounded code is within [-qmax, qmax] already. Stochastic rounding's loops restate the
+// scalar's hash on 32-bit lanes (integer arithmetic, exact) and its product, sum and floor as one
+// fp32 operation each.
 #include "memory/block_quantization_simd.h"
 
 #include <algorithm>
@@ -58,13 +59,9 @@ void decode_scalar(const uint8_t* codes, size_t n, float scale, int marker, floa
   }
 }
 
-// Stochastic rounding's u for the element at `index` of its segment (memory/stochastic_draw.h; the
-// vector loops below restate the draw on 32-bit lanes, their index x golden advanced by a multiple
-// of golden per vector, mod 2^32 as the scalar's product).
-float stochastic_offset(uint32_t key32, size_t index) {
-  return static_cast<float>(stochastic_draw24(key32, index)) * 0x1p-24f;
-}
-
+// Stochastic rounding's u comes from memory/stochastic_draw.h; the vector loops below restate the
+// draw on 32-bit lanes, their index x golden advanced by a multiple of golden per vector, mod 2^32
+// as the scalar's product.
 // floor(v x inv + u) clamped to [-qmax, qmax]; the marker for a non-finite v. The product and the
 // sum are separate statements: a compiler that contracts within an expression (clang by default)
 // would fuse them into one FMA where the target has it, rounding once where the vector loops round

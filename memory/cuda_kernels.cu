@@ -133,7 +133,7 @@ __device__ int code_of(float v, float absmax, float qmax, bool stochastic, uint3
   const float inv = absmax < kSmallestAbsmax ? 0.0f : __fdiv_rn(qmax, absmax);
   const float y = __fmul_rn(v, inv);
   const float rounded =
-      stochastic ? floorf(__fadd_rn(y, __fmul_rn(static_cast<float>(stochastic_draw24(key32, e)), 0x1p-24f))) : rintf(y);
+      stochastic ? floorf(__fadd_rn(y, stochastic_offset(key32, e))) : rintf(y);
   return static_cast<int>(fminf(fmaxf(rounded, -qmax), qmax));
 }
 

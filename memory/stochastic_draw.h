@@ -18,4 +18,9 @@ constexpr uint32_t stochastic_draw24(uint32_t key32, size_t index) {
   return lowbias32(key32 ^ (static_cast<uint32_t>(index) * kGolden32)) >> 8;
 }
 
+// u itself: the draw times 2^-24, exact in fp32.
+constexpr float stochastic_offset(uint32_t key32, size_t index) {
+  return static_cast<float>(stochastic_draw24(key32, index)) * 0x1p-24f;
+}
+
 }  // namespace zero::memory
